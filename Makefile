@@ -1,0 +1,141 @@
+# dispatch: the one entry point.
+#   make            build everything (gcc, warnings are errors)
+#   make test       install missing packages, build, run every Criterion suite
+#   make sanitize   the same suites built with -fsanitize=address,undefined
+#   make demo       train the example MLP through a local dispatch-server
+#   make bench      benchmarks, each figure beside its limit
+#   make fuzz       libFuzzer targets for a bounded time
+#   make install PREFIX=/usr/local
+#   make clean
+
+ifeq ($(origin CC),default)
+  CC := gcc
+endif
+BUILD ?= build
+PREFIX ?= /usr/local
+VERSION_MAJOR := 0
+VERSION_MINOR := 1
+VERSION_PATCH := 0
+VERSION := $(VERSION_MAJOR).$(VERSION_MINOR).$(VERSION_PATCH)
+
+PKGS := libuv libprotobuf-c openssl zlib
+PKG_CFLAGS = $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
+PKG_LIBS = $(shell pkg-config --libs $(PKGS) 2>/dev/null)
+BLAS_CFLAGS := -I/usr/include/x86_64-linux-gnu
+BLAS_LIBS := -lopenblas
+
+OPT ?= -O2
+CFLAGS_BASE := -std=c11 -D_GNU_SOURCE -g $(OPT) -fPIC -Wall -Wextra -Werror \
+  -Wno-unused-parameter -pthread -DDISPATCH_VERSION_STRING='"$(VERSION)"'
+ifeq ($(SAN),1)
+  CFLAGS_BASE += -fsanitize=address,undefined -fno-omit-frame-pointer \
+    -fno-sanitize-recover=undefined
+  LDFLAGS += -fsanitize=address,undefined
+endif
+INCLUDES := -Icommon -Iclient/include -Iclient -Iserver -I$(BUILD)/gen
+ALL_CFLAGS = $(CFLAGS_BASE) $(INCLUDES) $(BLAS_CFLAGS) $(PKG_CFLAGS) $(CFLAGS)
+LIBS = $(PKG_LIBS) $(BLAS_LIBS) -lm -pthread
+
+# ---------------------------------------------------------------- sources
+PROTO_SRC := $(wildcard proto/*.proto)
+GEN_C := $(patsubst proto/%.proto,$(BUILD)/gen/%.pb-c.c,$(PROTO_SRC))
+GEN_H := $(GEN_C:.c=.h)
+COMMON_SRC := $(wildcard common/*.c)
+SERVER_SRC := $(filter-out server/main.c,$(wildcard server/*.c))
+CLIENT_SRC := $(wildcard client/*.c)
+TEST_HELPER_SRC := $(wildcard tests/helpers/*.c)
+TEST_SRC := $(wildcard tests/test_*.c)
+EXAMPLE_SRC := $(wildcard examples/*.c)
+BENCH_SRC := $(wildcard bench/*.c)
+
+obj = $(patsubst %.c,$(BUILD)/obj/%.o,$(1))
+COMMON_OBJ := $(call obj,$(COMMON_SRC)) $(GEN_C:.c=.o)
+SERVER_OBJ := $(call obj,$(SERVER_SRC))
+CLIENT_OBJ := $(call obj,$(CLIENT_SRC))
+TEST_HELPER_OBJ := $(call obj,$(TEST_HELPER_SRC))
+TEST_BIN := $(patsubst tests/%.c,$(BUILD)/tests/%,$(TEST_SRC))
+EXAMPLE_BIN := $(patsubst examples/%.c,$(BUILD)/examples/%,$(EXAMPLE_SRC))
+BENCH_BIN := $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_SRC))
+
+SERVER_BIN := $(BUILD)/dispatch-server
+CLIENT_A := $(BUILD)/libdispatch-client.a
+CLIENT_SO := $(BUILD)/libdispatch-client.so.$(VERSION)
+CLIENT_SONAME := libdispatch-client.so.$(VERSION_MAJOR)
+COMMON_A := $(BUILD)/libdspcommon.a
+# server-side objects (everything but main) for tests and fuzzers
+SERVER_A := $(BUILD)/libdspserver.a
+
+.PHONY: all deps test test-run sanitize demo bench fuzz install clean
+all: $(if $(wildcard server/main.c),$(SERVER_BIN)) $(CLIENT_A) $(CLIENT_SO) $(TEST_BIN) $(EXAMPLE_BIN) $(BENCH_BIN)
+
+deps:
+	@scripts/deps.sh
+
+# ---------------------------------------------------------------- rules
+$(BUILD)/gen/%.pb-c.c $(BUILD)/gen/%.pb-c.h: proto/%.proto
+	@mkdir -p $(BUILD)/gen
+	protoc-c --proto_path=proto --c_out=$(BUILD)/gen $<
+
+$(BUILD)/gen/%.pb-c.o: $(BUILD)/gen/%.pb-c.c
+	$(CC) $(filter-out -Werror,$(ALL_CFLAGS)) -c $< -o $@
+
+$(BUILD)/obj/%.o: %.c $(GEN_H)
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_CFLAGS) -MMD -MP -c $< -o $@
+
+$(COMMON_A): $(COMMON_OBJ)
+	@rm -f $@
+	ar rcs $@ $^
+
+$(SERVER_A): $(SERVER_OBJ)
+	@rm -f $@
+	ar rcs $@ $^
+
+$(SERVER_BIN): $(BUILD)/obj/server/main.o $(SERVER_A) $(COMMON_A)
+	$(CC) $(LDFLAGS) -o $@ $^ $(LIBS)
+
+$(CLIENT_A): $(CLIENT_OBJ) $(COMMON_OBJ)
+	@rm -f $@
+	ar rcs $@ $^
+
+$(CLIENT_SO): $(CLIENT_OBJ) $(COMMON_OBJ) $(wildcard client/dispatch-client.map)
+	$(CC) $(LDFLAGS) -shared -Wl,-soname,$(CLIENT_SONAME) \
+	  $(if $(wildcard client/dispatch-client.map),-Wl$(comma)--version-script=client/dispatch-client.map) \
+	  -o $@ $(CLIENT_OBJ) $(COMMON_OBJ) $(LIBS)
+	ln -sf $(notdir $@) $(BUILD)/$(CLIENT_SONAME)
+	ln -sf $(CLIENT_SONAME) $(BUILD)/libdispatch-client.so
+comma := ,
+
+$(BUILD)/tests/%: tests/%.c $(TEST_HELPER_OBJ) $(CLIENT_A) $(SERVER_A) $(GEN_H)
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_CFLAGS) -Itests -MMD -MP -o $@ $< $(TEST_HELPER_OBJ) \
+	  $(SERVER_A) $(CLIENT_A) $(LDFLAGS) -lcriterion $(LIBS)
+
+$(BUILD)/examples/%: examples/%.c $(CLIENT_A)
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_CFLAGS) -MMD -MP -o $@ $< $(CLIENT_A) $(LDFLAGS) $(LIBS)
+
+$(BUILD)/bench/%: bench/%.c $(CLIENT_A) $(SERVER_A)
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_CFLAGS) -MMD -MP -o $@ $< $(SERVER_A) $(CLIENT_A) $(LDFLAGS) $(LIBS)
+
+# ---------------------------------------------------------------- commands
+# Each suite prints Criterion's synthesis line; the run fails if any fails.
+test: deps
+	@$(MAKE) --no-print-directory all
+	@$(MAKE) --no-print-directory test-run
+
+test-run: $(TEST_BIN) $(if $(wildcard server/main.c),$(SERVER_BIN))
+	@fail=0; for t in $(TEST_BIN); do \
+	  echo "== $$t"; \
+	  DISPATCH_SERVER_BIN=$(abspath $(SERVER_BIN)) $$t --jobs 2 || fail=1; \
+	done; \
+	if [ $$fail -ne 0 ]; then echo "TESTS FAILED"; exit 1; fi; echo "ALL SUITES PASSED"
+
+sanitize: deps
+	@$(MAKE) --no-print-directory BUILD=build-san SAN=1 OPT=-O1 test-run
+
+clean:
+	rm -rf build build-san build-fuzz
+
+-include $(shell find $(BUILD)/obj $(BUILD)/tests $(BUILD)/examples $(BUILD)/bench -name '*.d' 2>/dev/null)

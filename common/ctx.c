@@ -1,0 +1,41 @@
+/* The per-context error detail buffer and grad mode. */
+#include <stdarg.h>
+#include <stdio.h>
+
+#include "dsp_internal.h"
+
+dsp_ctx *dsp_ctx_new(void) {
+  dsp_ctx *ctx = dsp_calloc(1, sizeof *ctx);
+  if (!ctx) return NULL;
+  ctx->backend = dsp_cpu_backend();
+  ctx->grad_enabled = 1;
+  return ctx;
+}
+
+void dsp_ctx_free(dsp_ctx *ctx) { dsp_free(ctx); }
+
+const char *dsp_ctx_errmsg(const dsp_ctx *ctx) { return ctx ? ctx->err : ""; }
+
+const dsp_backend *dsp_ctx_backend(const dsp_ctx *ctx) { return ctx->backend; }
+
+int dsp_seterr(dsp_ctx *ctx, int code, const char *fmt, ...) {
+  if (ctx) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(ctx->err, sizeof ctx->err, fmt, ap);
+    va_end(ap);
+  }
+  return code;
+}
+
+void dsp_clearerr(dsp_ctx *ctx) {
+  if (ctx) ctx->err[0] = '\0';
+}
+
+int dsp_set_grad_enabled(dsp_ctx *ctx, int enabled) {
+  int prev = ctx->grad_enabled;
+  ctx->grad_enabled = enabled != 0;
+  return prev;
+}
+
+int dsp_grad_enabled(const dsp_ctx *ctx) { return ctx->grad_enabled; }

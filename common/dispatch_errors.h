@@ -1,0 +1,56 @@
+/* dispatch error codes: one table generates the enum, the name and the
+ * message functions. Codes are part of the wire protocol and of the public
+ * API: never renumber one, only append.
+ *
+ * This header is self-contained and public: libdispatch-client installs it
+ * inside its public header. */
+#ifndef DISPATCH_ERRORS_H
+#define DISPATCH_ERRORS_H
+
+#define DISPATCH_ERRNO_MAP(X)                                                \
+  X(OK, 0, "success")                                                        \
+  X(ENOMEM, -1, "out of memory")                                             \
+  X(EINVAL, -2, "invalid argument")                                          \
+  X(ESHAPE, -3, "shape mismatch")                                            \
+  X(EDTYPE, -4, "unsupported or mismatched dtype")                           \
+  X(EDIM, -5, "dimension out of range")                                      \
+  X(EOVERFLOW, -6, "size arithmetic overflows")                              \
+  X(EDOUBLEWRAP, -7, "autodiff should not wrap an autodiff tensor")          \
+  X(ENOTTRACKED, -8, "tensor is not tracked for autodiff")                   \
+  X(ENOTSCALAR, -9, "backward needs a one-element tensor")                   \
+  X(ENOGRAD, -10, "backward did not reach this tensor")                      \
+  X(EGRAPHFREED, -11, "graph was released by an earlier backward")           \
+  X(EUNSUPPORTED, -12, "operation not supported")                            \
+  X(EINDEX, -13, "index out of range")                                       \
+  X(EPROTO, -14, "protocol error")                                           \
+  X(EVERSION, -15, "protocol version mismatch")                              \
+  X(EAUTH, -16, "authentication failed")                                     \
+  X(EQUOTA, -17, "quota exceeded")                                           \
+  X(ENOID, -18, "unknown id")                                                \
+  X(EIDINUSE, -19, "id already in use")                                      \
+  X(ECONN, -20, "connection lost")                                           \
+  X(ETIMEDOUT, -21, "timed out")                                             \
+  X(EDEVICE, -22, "tensors live on different devices")                       \
+  X(EPOISONED, -23, "tensor poisoned by an earlier failed request")          \
+  X(ETOOLARGE, -24, "message or tensor too large")                           \
+  X(ELIMIT, -25, "server limit exceeded")                                    \
+  X(ETLS, -26, "TLS error")                                                  \
+  X(EIO, -27, "I/O error")                                                   \
+  X(EINTERNAL, -28, "internal error")                                        \
+  X(ENOTREMOTE, -29, "operation needs a remote tensor")                      \
+  X(EKIND, -30, "wrong dispatch kind for this operation")
+
+typedef enum dispatch_errno {
+#define DISPATCH_ERRNO_ENUM_(name, code, msg) DISPATCH_##name = (code),
+  DISPATCH_ERRNO_MAP(DISPATCH_ERRNO_ENUM_)
+#undef DISPATCH_ERRNO_ENUM_
+} dispatch_errno;
+
+/* Returns the constant name of an error code ("DISPATCH_ESHAPE"), or
+ * "DISPATCH_EUNKNOWN". The string is static; the caller owns nothing. */
+const char *dispatch_err_name(int code);
+
+/* Returns the generic message of an error code. The string is static. */
+const char *dispatch_strerror(int code);
+
+#endif

@@ -1,0 +1,414 @@
+/* common/: the core both dispatch-server and libdispatch-client link.
+ *
+ * Tensors, dtypes, the allocator, the error/detail context, the op table
+ * (codes shared with the wire protocol), shape inference, the backend
+ * interface with its CPU implementation, and the reverse-mode autodiff
+ * engine.
+ *
+ * Conventions
+ * - Every function that can fail returns 0 or a negative DISPATCH_E* code
+ *   and, when it has a ctx, writes a specific message into the ctx's detail
+ *   buffer (dsp_ctx_errmsg). Nothing here aborts on a caller's mistake.
+ * - Tensors are reference counted. A function that gives back a tensor
+ *   through `dsp_tensor **out` hands the caller one reference, which the
+ *   caller drops with dsp_tensor_unref. Inputs are borrowed.
+ * - Storage is contiguous and row-major. Reshape shares storage; other
+ *   ops write a fresh tensor. Nothing here is thread-safe per ctx; distinct
+ *   ctxs may be used from distinct threads.
+ */
+#ifndef DSP_H
+#define DSP_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "dispatch_errors.h"
+
+#define DSP_MAX_DIMS 8
+#define DSP_MAX_INPUTS 64      /* cat/stack take up to this many inputs */
+#define DSP_MAX_ATTR_INTS 16
+#define DSP_MAX_ATTR_FLOATS 4
+
+/* ------------------------------------------------------------------ */
+/* allocator                                                           */
+
+/* All memory common/, server/ and client/ take goes through these, so a
+ * test can fail the N-th allocation. */
+typedef struct dsp_allocator {
+  void *(*malloc_fn)(size_t size, void *ud);
+  void *(*realloc_fn)(void *ptr, size_t size, void *ud);
+  void (*free_fn)(void *ptr, void *ud);
+  void *ud;
+} dsp_allocator;
+
+/* Replaces the process-wide allocator; NULL restores malloc/realloc/free.
+ * Call only while no dsp memory is live, or with an allocator compatible
+ * with the previous one (a counting wrapper around malloc is). */
+void dsp_set_allocator(const dsp_allocator *a);
+void *dsp_malloc(size_t size);                 /* NULL on failure */
+void *dsp_calloc(size_t n, size_t size);       /* overflow-checked, zeroed */
+void *dsp_realloc(void *ptr, size_t size);
+void dsp_free(void *ptr);
+char *dsp_strdup(const char *s);
+
+/* ------------------------------------------------------------------ */
+/* dtypes                                                              */
+
+typedef enum dsp_dtype {
+  DSP_F32 = 0,
+  DSP_F64 = 1,
+  DSP_I64 = 2,
+  DSP_BOOL = 3, /* one byte per element, 0 or 1 */
+  DSP_NDTYPES
+} dsp_dtype;
+
+size_t dsp_dtype_size(dsp_dtype dt);      /* 0 for an invalid dtype */
+const char *dsp_dtype_name(dsp_dtype dt); /* "f32", ..., "invalid" */
+int dsp_dtype_valid(int dt);
+int dsp_dtype_is_float(dsp_dtype dt);
+
+/* ------------------------------------------------------------------ */
+/* context: error detail + grad mode                                   */
+
+typedef struct dsp_ctx dsp_ctx;
+
+/* Creates a context on the CPU backend. Returns NULL when out of memory.
+ * The caller owns the ctx and frees it with dsp_ctx_free after every
+ * tensor made through it has been released. */
+dsp_ctx *dsp_ctx_new(void);
+void dsp_ctx_free(dsp_ctx *ctx);
+
+/* The detail message of the last error set on ctx ("" if none). Valid
+ * until the next call that fails on the same ctx. */
+const char *dsp_ctx_errmsg(const dsp_ctx *ctx);
+
+/* Formats a detail message into ctx and returns `code`, so a failing path
+ * reads `return dsp_seterr(ctx, DISPATCH_ESHAPE, "matmul: ...", ...)`.
+ * ctx may be NULL (the message is dropped). */
+int dsp_seterr(dsp_ctx *ctx, int code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+void dsp_clearerr(dsp_ctx *ctx);
+
+/* While grad mode is off, ops record nothing on the tape. Returns the
+ * previous mode. The autodiff engine turns it off while running backward. */
+int dsp_set_grad_enabled(dsp_ctx *ctx, int enabled);
+int dsp_grad_enabled(const dsp_ctx *ctx);
+
+/* ------------------------------------------------------------------ */
+/* shapes                                                              */
+
+typedef struct dsp_meta {
+  dsp_dtype dtype;
+  int ndim;
+  int64_t shape[DSP_MAX_DIMS];
+} dsp_meta;
+
+/* a*b into *out; returns DISPATCH_EOVERFLOW instead of wrapping. */
+int dsp_mul_overflow(int64_t a, int64_t b, int64_t *out);
+/* Number of elements of a shape; checks 0 <= ndim <= 8, every size >= 0,
+ * and that numel * dtype size fits in int64 and size_t. */
+int dsp_meta_numel(dsp_ctx *ctx, const dsp_meta *m, int64_t *numel);
+/* Validates a meta (dtype, rank, sizes, byte size overflow). */
+int dsp_meta_check(dsp_ctx *ctx, const dsp_meta *m);
+/* Numpy broadcast of two shapes; DISPATCH_ESHAPE names both shapes. */
+int dsp_broadcast_shapes(dsp_ctx *ctx, const char *opname, const dsp_meta *a,
+                         const dsp_meta *b, dsp_meta *out);
+/* Maps a possibly negative dim into [0, ndim); DISPATCH_EDIM otherwise. */
+int dsp_norm_dim(dsp_ctx *ctx, const char *opname, int64_t dim, int ndim,
+                 int *out);
+/* Writes "[2, 3, 4]" into buf; returns buf. */
+char *dsp_shape_str(const dsp_meta *m, char *buf, size_t len);
+int dsp_meta_equal(const dsp_meta *a, const dsp_meta *b);
+
+/* ------------------------------------------------------------------ */
+/* tensors                                                             */
+
+typedef struct dsp_storage {
+  long refcount;
+  void *data;
+  size_t nbytes;
+  const struct dsp_backend *backend; /* frees data */
+} dsp_storage;
+
+struct dsp_node;
+
+typedef struct dsp_tensor {
+  long refcount;
+  dsp_meta meta;
+  int64_t numel;
+  dsp_storage *storage; /* data = storage->data, contiguous row-major */
+  struct dsp_node *node; /* autodiff: non-NULL when the tensor is tracked */
+} dsp_tensor;
+
+/* New tensor with zeroed storage. Caller owns the returned reference. */
+int dsp_tensor_new(dsp_ctx *ctx, const dsp_meta *m, dsp_tensor **out);
+/* New tensor with a copy of `nbytes` bytes of data; nbytes must equal the
+ * tensor's byte size. */
+int dsp_tensor_from_data(dsp_ctx *ctx, const dsp_meta *m, const void *data,
+                         size_t nbytes, dsp_tensor **out);
+/* New untracked tensor sharing t's storage, with another shape of the same
+ * numel (used by reshape and to save outputs without a cycle). */
+int dsp_tensor_alias(dsp_ctx *ctx, const dsp_tensor *t, const dsp_meta *m,
+                     dsp_tensor **out);
+dsp_tensor *dsp_tensor_ref(dsp_tensor *t); /* +1, returns t */
+void dsp_tensor_unref(dsp_tensor *t);      /* -1, frees at 0; NULL ok */
+static inline void *dsp_tensor_data(const dsp_tensor *t) {
+  return t->storage->data;
+}
+size_t dsp_tensor_nbytes(const dsp_tensor *t);
+
+/* ------------------------------------------------------------------ */
+/* ops                                                                 */
+
+/* The op table. Codes travel on the wire: never renumber, only append.
+ * Columns: NAME, code, "name", number of inputs (-1: 1..DSP_MAX_INPUTS),
+ * family. Attribute conventions (a.ints / a.floats) are given per op;
+ * every dim attribute may be negative (counted from the end).
+ *
+ * Families group ops whose infer/kernel/backward live together:
+ *   EW     elementwise, activations, comparisons, where
+ *   RED    reductions
+ *   SHAPE  reshape, permute, slice, cat, stack, broadcast, index, cast
+ *   LINALG matmul
+ *   NN     softmax, losses, conv, pooling, dropout (+ their backward ops)
+ *   CREATE zeros, ones, full, arange, random
+ *   OPTIM  in-place optimizer updates
+ */
+#define DSP_OP_MAP(X)                                                        \
+  /* elementwise binary with broadcasting; same dtype on both sides */       \
+  X(ADD, 1, "add", 2, EW)                                                    \
+  X(SUB, 2, "sub", 2, EW)                                                    \
+  X(MUL, 3, "mul", 2, EW)                                                    \
+  X(DIV, 4, "div", 2, EW)                                                    \
+  X(MAXIMUM, 5, "maximum", 2, EW)                                            \
+  X(MINIMUM, 6, "minimum", 2, EW)                                            \
+  /* comparisons: same dtype on both sides, result bool, broadcasting */     \
+  X(EQ, 7, "eq", 2, EW)                                                      \
+  X(NE, 8, "ne", 2, EW)                                                      \
+  X(LT, 9, "lt", 2, EW)                                                      \
+  X(LE, 10, "le", 2, EW)                                                     \
+  X(GT, 11, "gt", 2, EW)                                                     \
+  X(GE, 12, "ge", 2, EW)                                                     \
+  /* where(mask bool, a, b): three-way broadcast, a and b same dtype */      \
+  X(WHERE, 13, "where", 3, EW)                                               \
+  /* scalar forms: floats[0] is the scalar s. x+s, x-s, x*s, x/s, x^s,      \
+   * s-x (rsub), s/x (rdiv) */                                               \
+  X(ADD_SCALAR, 14, "add_scalar", 1, EW)                                     \
+  X(SUB_SCALAR, 15, "sub_scalar", 1, EW)                                     \
+  X(MUL_SCALAR, 16, "mul_scalar", 1, EW)                                     \
+  X(DIV_SCALAR, 17, "div_scalar", 1, EW)                                     \
+  X(POW_SCALAR, 18, "pow_scalar", 1, EW)                                     \
+  X(RSUB_SCALAR, 19, "rsub_scalar", 1, EW)                                   \
+  X(RDIV_SCALAR, 20, "rdiv_scalar", 1, EW)                                   \
+  /* unary */                                                                \
+  X(NEG, 21, "neg", 1, EW)                                                   \
+  X(EXP, 22, "exp", 1, EW)                                                   \
+  X(LOG, 23, "log", 1, EW)                                                   \
+  X(SQRT, 24, "sqrt", 1, EW)                                                 \
+  X(ABS, 25, "abs", 1, EW)                                                   \
+  X(SIGN, 26, "sign", 1, EW)                                                 \
+  X(RELU, 27, "relu", 1, EW)                                                 \
+  X(SIGMOID, 28, "sigmoid", 1, EW)                                           \
+  X(TANH, 29, "tanh", 1, EW)                                                 \
+  X(GELU, 30, "gelu", 1, EW) /* exact erf form */                            \
+  /* backward helpers: (grad, x) -> grad * f'(x), same shape */              \
+  X(RELU_BACKWARD, 31, "relu_backward", 2, EW)                               \
+  X(GELU_BACKWARD, 32, "gelu_backward", 2, EW)                               \
+  /* reductions: ints = dims to reduce (none: all dims); floats[0] != 0     \
+   * means keepdim. argmax takes exactly one dim or none (flattened) and   \
+   * gives i64; ties pick the first index. */                                \
+  X(SUM, 40, "sum", 1, RED)                                                  \
+  X(MEAN, 41, "mean", 1, RED)                                                \
+  X(MAX, 42, "max", 1, RED)                                                  \
+  X(ARGMAX, 43, "argmax", 1, RED)                                            \
+  /* shape ops */                                                            \
+  X(RESHAPE, 50, "reshape", 1, SHAPE)     /* ints = new shape, one -1 ok */  \
+  X(PERMUTE, 51, "permute", 1, SHAPE)     /* ints = permutation */           \
+  X(TRANSPOSE, 52, "transpose", 1, SHAPE) /* ints = {dim0, dim1} */          \
+  X(SLICE, 53, "slice", 1, SHAPE) /* ints = {dim, start, end, step>0},      \
+                                     python-style clamping of start/end */   \
+  X(CAT, 54, "cat", -1, SHAPE)            /* ints = {dim} */                 \
+  X(STACK, 55, "stack", -1, SHAPE)        /* ints = {dim} (new dim) */       \
+  X(BROADCAST_TO, 56, "broadcast_to", 1, SHAPE) /* ints = target shape */   \
+  /* index_select(x, index i64 1-D): ints = {dim} */                         \
+  X(INDEX_SELECT, 57, "index_select", 2, SHAPE)                              \
+  X(CAST, 58, "cast", 1, SHAPE)           /* ints = {dtype} */               \
+  /* slice_backward(grad): ints = {dim, start, end, step, then the input    \
+   * shape}; zeros of the input shape with grad placed at the slice */       \
+  X(SLICE_BACKWARD, 59, "slice_backward", 1, SHAPE)                          \
+  /* index_select_backward(grad, index): ints = {dim, size of that dim in   \
+   * the input}; scatter-adds grad rows into zeros */                        \
+  X(INDEX_SELECT_BACKWARD, 60, "index_select_backward", 2, SHAPE)            \
+  /* matmul(a, b): 1-D..N-D like numpy.matmul, batch dims broadcast */      \
+  X(MATMUL, 70, "matmul", 2, LINALG)                                         \
+  /* nn; ints[0] = dim for softmax/log_softmax */                            \
+  X(SOFTMAX, 80, "softmax", 1, NN)                                           \
+  X(LOG_SOFTMAX, 81, "log_softmax", 1, NN)                                   \
+  X(SOFTMAX_BACKWARD, 82, "softmax_backward", 2, NN) /* (grad, y) */         \
+  X(LOG_SOFTMAX_BACKWARD, 83, "log_softmax_backward", 2, NN) /* (grad,y) */  \
+  /* cross_entropy(logits [N,C] float, labels [N] i64): mean over N */       \
+  X(CROSS_ENTROPY, 84, "cross_entropy", 2, NN)                               \
+  /* (grad scalar, logits, labels) -> d loss / d logits */                   \
+  X(CROSS_ENTROPY_BACKWARD, 85, "cross_entropy_backward", 3, NN)             \
+  X(MSE, 86, "mse", 2, NN) /* mean((a-b)^2), same shape, scalar result */   \
+  /* conv2d(x [N,C,H,W], w [O,C,kh,kw]): ints = {stride_h, stride_w,        \
+   * pad_h, pad_w, dil_h, dil_w} (missing: 1,1,0,0,1,1); no bias */          \
+  X(CONV2D, 87, "conv2d", 2, NN)                                             \
+  /* (grad_out, w): ints = conv ints then the 4 dims of x */                 \
+  X(CONV2D_BACKWARD_INPUT, 88, "conv2d_backward_input", 2, NN)               \
+  /* (grad_out, x): ints = conv ints then the 4 dims of w */                 \
+  X(CONV2D_BACKWARD_WEIGHT, 89, "conv2d_backward_weight", 2, NN)             \
+  /* pools on [N,C,H,W]: ints = {kh, kw, stride_h, stride_w, pad_h, pad_w}   \
+   * (stride missing: = kernel; pad missing: 0). avg counts padding. */      \
+  X(MAX_POOL2D, 90, "max_pool2d", 1, NN)                                     \
+  X(AVG_POOL2D, 91, "avg_pool2d", 1, NN)                                     \
+  X(MAX_POOL2D_BACKWARD, 92, "max_pool2d_backward", 2, NN) /* (grad, x) */   \
+  X(AVG_POOL2D_BACKWARD, 93, "avg_pool2d_backward", 2, NN) /* (grad, x) */   \
+  /* dropout(x): floats[0] = p in [0,1), ints[0] = seed (as uint64); keeps  \
+   * element i iff uniform(seed)[i] >= p and scales kept ones by 1/(1-p) */  \
+  X(DROPOUT, 94, "dropout", 1, NN)                                           \
+  /* creation: ints[0] = dtype, ints[1..] = shape */                         \
+  X(ZEROS, 100, "zeros", 0, CREATE)                                          \
+  X(ONES, 101, "ones", 0, CREATE)                                            \
+  X(FULL, 102, "full", 0, CREATE)       /* floats[0] = value */              \
+  /* arange: ints[0] = dtype; floats = {start, end, step}: 1-D */            \
+  X(ARANGE, 103, "arange", 0, CREATE)                                        \
+  /* uniform in [floats[0], floats[1]); normal with mean floats[0], std     \
+   * floats[1]; ints = {dtype, seed, shape...}; float dtypes only */         \
+  X(UNIFORM, 104, "uniform", 0, CREATE)                                      \
+  X(NORMAL, 105, "normal", 0, CREATE)                                        \
+  /* in-place optimizer updates: inputs[0] is the parameter, updated in     \
+   * place and also returned as the output (a new reference to it) */        \
+  /* sgd(param, grad, velocity): floats = {lr, momentum, weight_decay} */    \
+  X(SGD_STEP, 110, "sgd_step", 3, OPTIM)                                     \
+  /* adam(param, grad, m, v): floats = {lr, beta1, beta2, eps},             \
+   * ints[0] = step t (>= 1) */                                              \
+  X(ADAM_STEP, 111, "adam_step", 4, OPTIM)
+
+typedef enum dsp_opcode {
+#define DSP_OP_ENUM_(NAME, code, str, nin, fam) DSP_OP_##NAME = (code),
+  DSP_OP_MAP(DSP_OP_ENUM_)
+#undef DSP_OP_ENUM_
+} dsp_opcode;
+
+typedef enum dsp_op_family {
+  DSP_FAM_EW,
+  DSP_FAM_RED,
+  DSP_FAM_SHAPE,
+  DSP_FAM_LINALG,
+  DSP_FAM_NN,
+  DSP_FAM_CREATE,
+  DSP_FAM_OPTIM
+} dsp_op_family;
+
+typedef struct dsp_attrs {
+  int n_ints;
+  int64_t ints[DSP_MAX_ATTR_INTS];
+  int n_floats;
+  double floats[DSP_MAX_ATTR_FLOATS];
+} dsp_attrs;
+
+typedef struct dsp_op_info {
+  dsp_opcode code;
+  const char *name;
+  int n_inputs; /* -1: variadic */
+  dsp_op_family family;
+} dsp_op_info;
+
+/* Table row of an op code, or NULL for a code that is not an op (any int
+ * is safe to pass, including one read from the network). */
+const dsp_op_info *dsp_op_lookup(int code);
+
+/* Validates inputs and attributes of an op given only the inputs' metas
+ * and computes the output's meta. Used by the client (remote tensors know
+ * their shapes without a round trip), by the server before anything runs,
+ * and by dsp_op. Errors name the op and the offending values. */
+int dsp_op_infer(dsp_ctx *ctx, dsp_opcode op, const dsp_meta *in, int n_in,
+                 const dsp_attrs *a, dsp_meta *out);
+
+/* Runs an op: infer, allocate the output, run the backend kernel, and, if
+ * grad mode is on and any input is tracked, record the op on the tape so
+ * the output is tracked. The caller owns *out. On failure *out is NULL
+ * and nothing leaks. */
+int dsp_op(dsp_ctx *ctx, dsp_opcode op, dsp_tensor *const *in, int n_in,
+           const dsp_attrs *a, dsp_tensor **out);
+
+/* Attribute builders (no allocation). */
+dsp_attrs dsp_attrs_none(void);
+dsp_attrs dsp_attrs_ints(int n, const int64_t *v);
+dsp_attrs dsp_attrs_f1(double f0);
+
+/* ------------------------------------------------------------------ */
+/* backend interface                                                   */
+
+/* A backend is a table of functions plus a context pointer. The CPU backend
+ * is the first implementation; a CUDA one plugs into the same table. */
+typedef struct dsp_backend {
+  const char *name;
+  const char *device; /* human description, e.g. "cpu x86_64 (openblas)" */
+  void *bctx;
+  /* storage; data pointers are opaque to callers other than the backend */
+  int (*alloc)(void *bctx, size_t nbytes, void **data);
+  void (*free)(void *bctx, void *data);
+  int (*copy_in)(void *bctx, void *dst, const void *src, size_t n);
+  int (*copy_out)(void *bctx, void *dst, const void *src, size_t n);
+  /* 1 if the backend runs op on these dtypes */
+  int (*supports_op)(void *bctx, dsp_opcode op, const dsp_meta *in, int n_in);
+  /* runs the kernel into the already allocated `out`, whose meta is the
+   * one dsp_op_infer computed; kernels may still fail on values (an index
+   * out of range) and then return an error with the detail set in ctx */
+  int (*run_op)(void *bctx, dsp_ctx *ctx, dsp_opcode op,
+                dsp_tensor *const *in, int n_in, const dsp_attrs *a,
+                dsp_tensor *out);
+} dsp_backend;
+
+const dsp_backend *dsp_cpu_backend(void);
+const dsp_backend *dsp_ctx_backend(const dsp_ctx *ctx);
+
+/* ------------------------------------------------------------------ */
+/* autodiff                                                            */
+
+/* Makes t a tracked leaf. A tensor already tracked (a leaf or an op's
+ * output) gives DISPATCH_EDOUBLEWRAP: autodiff never wraps an autodiff
+ * tensor. Only float tensors can be tracked (DISPATCH_EDTYPE). */
+int dsp_track(dsp_ctx *ctx, dsp_tensor *t);
+int dsp_is_tracked(const dsp_tensor *t);
+
+/* Gradients of one backward pass: a container the caller owns. */
+typedef struct dsp_grads dsp_grads;
+
+/* Computes d loss / d leaf for every tracked leaf reachable from loss.
+ * loss must be tracked (DISPATCH_ENOTTRACKED) and have one element
+ * (DISPATCH_ENOTSCALAR). Unless retain is set the graph's saved tensors are
+ * released afterwards and a second backward through any of its nodes gives
+ * DISPATCH_EGRAPHFREED. The caller owns *out (dsp_grads_free). */
+int dsp_backward(dsp_ctx *ctx, dsp_tensor *loss, int retain,
+                 dsp_grads **out);
+/* New reference to the gradient of tracked leaf t; DISPATCH_ENOGRAD if
+ * backward did not reach t, DISPATCH_ENOTTRACKED if t is not tracked. */
+int dsp_grads_get(dsp_ctx *ctx, const dsp_grads *g, const dsp_tensor *t,
+                  dsp_tensor **out);
+int dsp_grads_count(const dsp_grads *g);
+void dsp_grads_free(dsp_grads *g); /* NULL ok */
+
+/* Returns a new untracked reference sharing t's storage (detach). */
+int dsp_detach(dsp_ctx *ctx, dsp_tensor *t, dsp_tensor **out);
+
+/* ------------------------------------------------------------------ */
+/* family entry points (internal to common/)                           */
+
+#define DSP_FAMILY_DECL_(fam)                                                \
+  int dsp__infer_##fam(dsp_ctx *ctx, dsp_opcode op, const dsp_meta *in,      \
+                       int n_in, const dsp_attrs *a, dsp_meta *out);         \
+  int dsp__cpu_##fam(dsp_ctx *ctx, dsp_opcode op, dsp_tensor *const *in,     \
+                     int n_in, const dsp_attrs *a, dsp_tensor *out);
+DSP_FAMILY_DECL_(ew)
+DSP_FAMILY_DECL_(red)
+DSP_FAMILY_DECL_(shape)
+DSP_FAMILY_DECL_(linalg)
+DSP_FAMILY_DECL_(nn)
+DSP_FAMILY_DECL_(create)
+DSP_FAMILY_DECL_(optim)
+#undef DSP_FAMILY_DECL_
+
+#endif

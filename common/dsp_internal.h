@@ -1,0 +1,22 @@
+/* Internal to common/: the ctx layout and hooks between the op runner and
+ * the autodiff engine. server/ and client/ include dsp.h only. */
+#ifndef DSP_INTERNAL_H
+#define DSP_INTERNAL_H
+
+#include "dsp.h"
+
+struct dsp_ctx {
+  const dsp_backend *backend;
+  int grad_enabled;
+  char err[512];
+};
+
+/* Called by dsp_op after a successful kernel when grad mode is on and at
+ * least one input is tracked: records the op so `out` becomes tracked.
+ * On failure out is left untouched (the caller drops it). */
+int dsp__autodiff_record(dsp_ctx *ctx, dsp_opcode op, dsp_tensor *const *in,
+                         int n_in, const dsp_attrs *a, dsp_tensor *out);
+/* Drops a node reference (called when a tracked tensor is freed). */
+void dsp__node_unref(struct dsp_node *n);
+
+#endif

@@ -1,0 +1,39 @@
+/* Frame header codec: explicit little-endian, limits checked first. */
+#include "frame.h"
+
+#include "dispatch_errors.h"
+
+static void put32(uint8_t *p, uint32_t v) {
+  for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+static void put64(uint8_t *p, uint64_t v) {
+  for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+static uint32_t get32(const uint8_t *p) {
+  uint32_t v = 0;
+  for (int i = 0; i < 4; i++) v |= (uint32_t)p[i] << (8 * i);
+  return v;
+}
+static uint64_t get64(const uint8_t *p) {
+  uint64_t v = 0;
+  for (int i = 0; i < 8; i++) v |= (uint64_t)p[i] << (8 * i);
+  return v;
+}
+
+void dsp_frame_header_encode(uint8_t out[DSP_FRAME_HEADER_SIZE],
+                             const dsp_frame_header *h) {
+  put32(out, h->msg_len);
+  put32(out + 4, h->flags);
+  put64(out + 8, h->bulk_len);
+}
+
+int dsp_frame_header_decode(const uint8_t in[DSP_FRAME_HEADER_SIZE],
+                            uint64_t max_msg, uint64_t max_bulk,
+                            dsp_frame_header *h) {
+  h->msg_len = get32(in);
+  h->flags = get32(in + 4);
+  h->bulk_len = get64(in + 8);
+  if (h->flags != 0) return DISPATCH_EPROTO;
+  if (h->msg_len > max_msg || h->bulk_len > max_bulk) return DISPATCH_ETOOLARGE;
+  return 0;
+}

@@ -1,0 +1,111 @@
+/* The op table, validation by family, and the op runner that ties the
+ * backend kernel to the autodiff tape. */
+#include <string.h>
+
+#include "dsp_internal.h"
+
+static const dsp_op_info g_ops[] = {
+#define ROW_(NAME, code, str, nin, fam) \
+  {DSP_OP_##NAME, str, nin, DSP_FAM_##fam},
+    DSP_OP_MAP(ROW_)
+#undef ROW_
+};
+
+const dsp_op_info *dsp_op_lookup(int code) {
+  for (size_t i = 0; i < sizeof g_ops / sizeof g_ops[0]; i++)
+    if ((int)g_ops[i].code == code) return &g_ops[i];
+  return NULL;
+}
+
+dsp_attrs dsp_attrs_none(void) {
+  dsp_attrs a;
+  memset(&a, 0, sizeof a);
+  return a;
+}
+
+dsp_attrs dsp_attrs_ints(int n, const int64_t *v) {
+  dsp_attrs a = dsp_attrs_none();
+  if (n > DSP_MAX_ATTR_INTS) n = DSP_MAX_ATTR_INTS;
+  for (int i = 0; i < n; i++) a.ints[i] = v[i];
+  a.n_ints = n;
+  return a;
+}
+
+dsp_attrs dsp_attrs_f1(double f0) {
+  dsp_attrs a = dsp_attrs_none();
+  a.floats[0] = f0;
+  a.n_floats = 1;
+  return a;
+}
+
+int dsp_op_infer(dsp_ctx *ctx, dsp_opcode op, const dsp_meta *in, int n_in,
+                 const dsp_attrs *a, dsp_meta *out) {
+  const dsp_op_info *info = dsp_op_lookup((int)op);
+  if (!info) return dsp_seterr(ctx, DISPATCH_EUNSUPPORTED, "unknown op code %d", (int)op);
+  if (info->n_inputs >= 0 ? n_in != info->n_inputs
+                          : (n_in < 1 || n_in > DSP_MAX_INPUTS))
+    return dsp_seterr(ctx, DISPATCH_EINVAL, "%s: takes %d inputs, got %d",
+                      info->name, info->n_inputs, n_in);
+  if (!a || a->n_ints < 0 || a->n_ints > DSP_MAX_ATTR_INTS ||
+      a->n_floats < 0 || a->n_floats > DSP_MAX_ATTR_FLOATS)
+    return dsp_seterr(ctx, DISPATCH_EINVAL, "%s: bad attribute counts",
+                      info->name);
+  for (int i = 0; i < n_in; i++) {
+    int rc = dsp_meta_check(ctx, &in[i]);
+    if (rc < 0) return rc;
+  }
+  int rc;
+  switch (info->family) {
+    case DSP_FAM_EW: rc = dsp__infer_ew(ctx, op, in, n_in, a, out); break;
+    case DSP_FAM_RED: rc = dsp__infer_red(ctx, op, in, n_in, a, out); break;
+    case DSP_FAM_SHAPE: rc = dsp__infer_shape(ctx, op, in, n_in, a, out); break;
+    case DSP_FAM_LINALG: rc = dsp__infer_linalg(ctx, op, in, n_in, a, out); break;
+    case DSP_FAM_NN: rc = dsp__infer_nn(ctx, op, in, n_in, a, out); break;
+    case DSP_FAM_CREATE: rc = dsp__infer_create(ctx, op, in, n_in, a, out); break;
+    case DSP_FAM_OPTIM: rc = dsp__infer_optim(ctx, op, in, n_in, a, out); break;
+    default: rc = dsp_seterr(ctx, DISPATCH_EINTERNAL, "bad family");
+  }
+  if (rc < 0) return rc;
+  return dsp_meta_check(ctx, out);
+}
+
+int dsp_op(dsp_ctx *ctx, dsp_opcode op, dsp_tensor *const *in, int n_in,
+           const dsp_attrs *a, dsp_tensor **out) {
+  *out = NULL;
+  dsp_attrs none = dsp_attrs_none();
+  if (!a) a = &none;
+  if (n_in < 0 || n_in > DSP_MAX_INPUTS || (n_in > 0 && !in))
+    return dsp_seterr(ctx, DISPATCH_EINVAL, "op: bad input count %d", n_in);
+  dsp_meta metas[DSP_MAX_INPUTS];
+  int tracked = 0;
+  for (int i = 0; i < n_in; i++) {
+    if (!in[i]) return dsp_seterr(ctx, DISPATCH_EINVAL, "op: input %d is NULL", i);
+    metas[i] = in[i]->meta;
+    tracked |= in[i]->node != NULL;
+  }
+  dsp_meta om;
+  int rc = dsp_op_infer(ctx, op, metas, n_in, a, &om);
+  if (rc < 0) return rc;
+  const dsp_backend *be = ctx->backend;
+  if (be->supports_op && !be->supports_op(be->bctx, op, metas, n_in))
+    return dsp_seterr(ctx, DISPATCH_EUNSUPPORTED, "%s: not supported by backend %s",
+                      dsp_op_lookup((int)op)->name, be->name);
+  dsp_tensor *t;
+  if (dsp_op_lookup((int)op)->family == DSP_FAM_OPTIM) {
+    /* in-place: the parameter itself is the output */
+    t = dsp_tensor_ref(in[0]);
+  } else {
+    rc = dsp_tensor_new(ctx, &om, &t);
+    if (rc < 0) return rc;
+  }
+  rc = be->run_op(be->bctx, ctx, op, in, n_in, a, t);
+  if (rc == 0 && tracked && ctx->grad_enabled &&
+      dsp_op_lookup((int)op)->family != DSP_FAM_OPTIM)
+    rc = dsp__autodiff_record(ctx, op, in, n_in, a, t);
+  if (rc < 0) {
+    dsp_tensor_unref(t);
+    return rc;
+  }
+  *out = t;
+  return 0;
+}

@@ -1,0 +1,115 @@
+/* Reference-counted tensors over reference-counted contiguous storage. */
+#include <string.h>
+
+#include "dsp_internal.h"
+
+static int storage_new(dsp_ctx *ctx, size_t nbytes, dsp_storage **out) {
+  const dsp_backend *be = ctx->backend;
+  dsp_storage *s = dsp_malloc(sizeof *s);
+  if (!s) return dsp_seterr(ctx, DISPATCH_ENOMEM, "out of memory (storage)");
+  s->refcount = 1;
+  s->nbytes = nbytes;
+  s->backend = be;
+  s->data = NULL;
+  int rc = be->alloc(be->bctx, nbytes, &s->data);
+  if (rc < 0) {
+    dsp_free(s);
+    return dsp_seterr(ctx, rc, "out of memory allocating %zu bytes", nbytes);
+  }
+  *out = s;
+  return 0;
+}
+
+static void storage_unref(dsp_storage *s) {
+  if (!s || --s->refcount > 0) return;
+  s->backend->free(s->backend->bctx, s->data);
+  dsp_free(s);
+}
+
+static int tensor_shell(dsp_ctx *ctx, const dsp_meta *m, dsp_tensor **out) {
+  int64_t numel;
+  int rc = dsp_meta_numel(ctx, m, &numel);
+  if (rc < 0) return rc;
+  dsp_tensor *t = dsp_calloc(1, sizeof *t);
+  if (!t) return dsp_seterr(ctx, DISPATCH_ENOMEM, "out of memory (tensor)");
+  t->refcount = 1;
+  t->meta = *m;
+  for (int i = m->ndim; i < DSP_MAX_DIMS; i++) t->meta.shape[i] = 0;
+  t->numel = numel;
+  *out = t;
+  return 0;
+}
+
+int dsp_tensor_new(dsp_ctx *ctx, const dsp_meta *m, dsp_tensor **out) {
+  *out = NULL;
+  dsp_tensor *t;
+  int rc = tensor_shell(ctx, m, &t);
+  if (rc < 0) return rc;
+  rc = storage_new(ctx, (size_t)t->numel * dsp_dtype_size(m->dtype),
+                   &t->storage);
+  if (rc < 0) {
+    dsp_free(t);
+    return rc;
+  }
+  *out = t;
+  return 0;
+}
+
+int dsp_tensor_from_data(dsp_ctx *ctx, const dsp_meta *m, const void *data,
+                         size_t nbytes, dsp_tensor **out) {
+  *out = NULL;
+  dsp_tensor *t;
+  int rc = dsp_tensor_new(ctx, m, &t);
+  if (rc < 0) return rc;
+  if (nbytes != t->storage->nbytes) {
+    dsp_tensor_unref(t);
+    return dsp_seterr(ctx, DISPATCH_EINVAL,
+                      "tensor data: got %zu bytes, shape needs %zu", nbytes,
+                      dsp_tensor_nbytes(t));
+  }
+  if (nbytes) {
+    rc = ctx->backend->copy_in(ctx->backend->bctx, t->storage->data, data,
+                               nbytes);
+    if (rc < 0) {
+      dsp_tensor_unref(t);
+      return dsp_seterr(ctx, rc, "tensor data: copy failed");
+    }
+  }
+  *out = t;
+  return 0;
+}
+
+int dsp_tensor_alias(dsp_ctx *ctx, const dsp_tensor *src, const dsp_meta *m,
+                     dsp_tensor **out) {
+  *out = NULL;
+  dsp_tensor *t;
+  int rc = tensor_shell(ctx, m, &t);
+  if (rc < 0) return rc;
+  if (t->numel != src->numel || m->dtype != src->meta.dtype) {
+    dsp_free(t);
+    return dsp_seterr(ctx, DISPATCH_ESHAPE,
+                      "alias: %lld elements of %s cannot view %lld of %s",
+                      (long long)src->numel, dsp_dtype_name(src->meta.dtype),
+                      (long long)t->numel, dsp_dtype_name(m->dtype));
+  }
+  t->storage = src->storage;
+  t->storage->refcount++;
+  *out = t;
+  return 0;
+}
+
+dsp_tensor *dsp_tensor_ref(dsp_tensor *t) {
+  if (t) t->refcount++;
+  return t;
+}
+
+void dsp_tensor_unref(dsp_tensor *t) {
+  if (!t || --t->refcount > 0) return;
+  if (t->node) dsp__node_unref(t->node);
+  storage_unref(t->storage);
+  dsp_free(t);
+}
+
+size_t dsp_tensor_nbytes(const dsp_tensor *t) {
+  return (size_t)t->numel * dsp_dtype_size(t->meta.dtype);
+}
