@@ -46,6 +46,7 @@ CLIENT_SRC := $(wildcard client/*.c)
 TEST_HELPER_SRC := $(wildcard tests/helpers/*.c)
 TEST_SRC := $(wildcard tests/test_*.c)
 EXAMPLE_SRC := $(wildcard examples/*.c)
+EXAMPLE_LIB_SRC := $(wildcard examples/lib/*.c)
 BENCH_SRC := $(wildcard bench/*.c)
 
 obj = $(patsubst %.c,$(BUILD)/obj/%.o,$(1))
@@ -55,6 +56,7 @@ CLIENT_OBJ := $(call obj,$(CLIENT_SRC))
 TEST_HELPER_OBJ := $(call obj,$(TEST_HELPER_SRC))
 TEST_BIN := $(patsubst tests/%.c,$(BUILD)/tests/%,$(TEST_SRC))
 EXAMPLE_BIN := $(patsubst examples/%.c,$(BUILD)/examples/%,$(EXAMPLE_SRC))
+EXAMPLE_LIB_OBJ := $(call obj,$(EXAMPLE_LIB_SRC))
 BENCH_BIN := $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_SRC))
 
 SERVER_BIN := $(BUILD)/dispatch-server
@@ -111,9 +113,10 @@ $(BUILD)/tests/%: tests/%.c $(TEST_HELPER_OBJ) $(CLIENT_A) $(SERVER_A) $(GEN_H)
 	$(CC) $(ALL_CFLAGS) -Itests -MMD -MP -o $@ $< $(TEST_HELPER_OBJ) \
 	  $(SERVER_A) $(CLIENT_A) $(LDFLAGS) -lcriterion $(LIBS)
 
-$(BUILD)/examples/%: examples/%.c $(CLIENT_A)
+$(BUILD)/examples/%: examples/%.c $(EXAMPLE_LIB_OBJ) $(CLIENT_A)
 	@mkdir -p $(dir $@)
-	$(CC) $(ALL_CFLAGS) -MMD -MP -o $@ $< $(CLIENT_A) $(LDFLAGS) $(LIBS)
+	$(CC) $(ALL_CFLAGS) -Iexamples/lib -MMD -MP -o $@ $< $(EXAMPLE_LIB_OBJ) \
+	  $(CLIENT_A) $(LDFLAGS) $(LIBS)
 
 $(BUILD)/bench/%: bench/%.c $(CLIENT_A) $(SERVER_A)
 	@mkdir -p $(dir $@)
