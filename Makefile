@@ -138,6 +138,10 @@ test-run: $(TEST_BIN) $(if $(wildcard server/main.c),$(SERVER_BIN))
 sanitize: deps
 	@$(MAKE) --no-print-directory BUILD=build-san SAN=1 OPT=-O1 test-run
 
+demo: deps
+	@$(MAKE) --no-print-directory all
+	@BUILD=$(BUILD) scripts/demo.sh
+
 clean:
 	rm -rf build build-san build-fuzz
 
