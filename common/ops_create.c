@@ -1,16 +1,205 @@
-/* create family: shape inference and CPU kernels (to be implemented). */
-#include "dsp_internal.h"
+/* create family: zeros, ones, full, arange, uniform, normal.
+ *
+ * Attributes: ints[0] = dtype, then (zeros/ones/full) the shape, or
+ * (uniform/normal) the seed (as uint64) and the shape; full's value is
+ * floats[0]; arange's floats are {start, end, step}; uniform's floats are
+ * {low, high}, normal's {mean, std}.
+ *
+ * Random values come from the counter-based generator in rng.h: element i
+ * of a uniform tensor is low + (high - low) * dsp_rng_uniform01(seed, i)
+ * computed in double (then rounded once to f32 for an f32 tensor, and
+ * nudged below high if rounding reached it); element i of a normal tensor
+ * is mean + std * dsp_rng_normal(seed, i). So a seed gives the same tensor
+ * on every machine regardless of how it is computed. */
+#include <math.h>
+#include <string.h>
 
-int dsp__infer_create(dsp_ctx *ctx, dsp_opcode op, const dsp_meta *in, int n_in,
-                 const dsp_attrs *a, dsp_meta *out) {
-  (void)in, (void)n_in, (void)a, (void)out;
-  return dsp_seterr(ctx, DISPATCH_EUNSUPPORTED, "%s: not implemented",
-                    dsp_op_lookup((int)op)->name);
+#include "dsp_internal.h"
+#include "rng.h"
+
+static const char *opname(dsp_opcode op) { return dsp_op_lookup((int)op)->name; }
+
+/* Reads dtype and the shape that starts at ints[shape_at]. */
+static int create_meta(dsp_ctx *ctx, dsp_opcode op, const dsp_attrs *a,
+                       int shape_at, int n_floats, dsp_meta *o) {
+  const char *name = opname(op);
+  if (a->n_ints < shape_at || a->n_ints - shape_at > DSP_MAX_DIMS ||
+      a->n_floats != n_floats)
+    return dsp_seterr(ctx, DISPATCH_EINVAL,
+                      "%s: takes %d leading ints, a shape of rank <= %d and %d "
+                      "floats, got %d ints and %d floats",
+                      name, shape_at, DSP_MAX_DIMS, n_floats, a->n_ints,
+                      a->n_floats);
+  if (!dsp_dtype_valid((int)(a->ints[0] < 0 || a->ints[0] > 255 ? -1 : a->ints[0])))
+    return dsp_seterr(ctx, DISPATCH_EDTYPE, "%s: invalid dtype %lld", name,
+                      (long long)a->ints[0]);
+  memset(o, 0, sizeof *o);
+  o->dtype = (dsp_dtype)a->ints[0];
+  o->ndim = a->n_ints - shape_at;
+  int64_t n = 1;
+  for (int d = 0; d < o->ndim; d++) {
+    o->shape[d] = a->ints[shape_at + d];
+    if (o->shape[d] < 0)
+      return dsp_seterr(ctx, DISPATCH_ESHAPE, "%s: negative size %lld at dim %d",
+                        name, (long long)o->shape[d], d);
+    if (dsp_mul_overflow(n, o->shape[d], &n))
+      return dsp_seterr(ctx, DISPATCH_EOVERFLOW, "%s: element count overflows",
+                        name);
+  }
+  return 0;
 }
 
-int dsp__cpu_create(dsp_ctx *ctx, dsp_opcode op, dsp_tensor *const *in, int n_in,
-               const dsp_attrs *a, dsp_tensor *out) {
-  (void)in, (void)n_in, (void)a, (void)out;
-  return dsp_seterr(ctx, DISPATCH_EUNSUPPORTED, "%s: not implemented",
-                    dsp_op_lookup((int)op)->name);
+static int is_i64_value(double v) {
+  return isfinite(v) && v == trunc(v) && v >= -0x1p63 && v < 0x1p63;
+}
+
+/* arange length: ceil((end - start) / step), at least 0. */
+static int arange_len(dsp_ctx *ctx, const dsp_attrs *a, int64_t *len) {
+  double s = a->floats[0], e = a->floats[1], st = a->floats[2];
+  if (!isfinite(s) || !isfinite(e) || !isfinite(st) || st == 0)
+    return dsp_seterr(ctx, DISPATCH_EINVAL,
+                      "arange: start %g, end %g, step %g must be finite with "
+                      "step != 0", s, e, st);
+  double q = ceil((e - s) / st);
+  if (!(q < 0x1p62))
+    return dsp_seterr(ctx, DISPATCH_EOVERFLOW, "arange: %g elements is too many",
+                      q);
+  *len = q > 0 ? (int64_t)q : 0;
+  return 0;
+}
+
+int dsp__infer_create(dsp_ctx *ctx, dsp_opcode op, const dsp_meta *in,
+                      int n_in, const dsp_attrs *a, dsp_meta *out) {
+  (void)in, (void)n_in;
+  int rc;
+  switch (op) {
+    case DSP_OP_ZEROS:
+    case DSP_OP_ONES:
+      return create_meta(ctx, op, a, 1, 0, out);
+    case DSP_OP_FULL:
+      if ((rc = create_meta(ctx, op, a, 1, 1, out)) < 0) return rc;
+      if (out->dtype == DSP_I64 && !is_i64_value(a->floats[0]))
+        return dsp_seterr(ctx, DISPATCH_EINVAL,
+                          "full: value %g is not an i64 integer", a->floats[0]);
+      return 0;
+    case DSP_OP_ARANGE: {
+      if ((rc = create_meta(ctx, op, a, 1, 3, out)) < 0) return rc;
+      if (out->ndim != 0)
+        return dsp_seterr(ctx, DISPATCH_EINVAL,
+                          "arange: takes only the dtype int, got %d ints",
+                          a->n_ints);
+      if (out->dtype == DSP_BOOL)
+        return dsp_seterr(ctx, DISPATCH_EDTYPE, "arange: dtype bool not supported");
+      int64_t len = 0;
+      if ((rc = arange_len(ctx, a, &len)) < 0) return rc;
+      if (out->dtype == DSP_I64 &&
+          !(is_i64_value(a->floats[0]) && is_i64_value(a->floats[2]) &&
+            fabs(a->floats[1]) < 0x1p63))
+        return dsp_seterr(ctx, DISPATCH_EINVAL,
+                          "arange: i64 needs integer start and step, got %g and %g",
+                          a->floats[0], a->floats[2]);
+      out->ndim = 1;
+      out->shape[0] = len;
+      return 0;
+    }
+    case DSP_OP_UNIFORM:
+    case DSP_OP_NORMAL: {
+      if ((rc = create_meta(ctx, op, a, 2, 2, out)) < 0) return rc;
+      if (!dsp_dtype_is_float(out->dtype))
+        return dsp_seterr(ctx, DISPATCH_EDTYPE, "%s: dtype %s not supported",
+                          opname(op), dsp_dtype_name(out->dtype));
+      double p0 = a->floats[0], p1 = a->floats[1];
+      if (op == DSP_OP_UNIFORM && !(isfinite(p0) && isfinite(p1) && p0 <= p1))
+        return dsp_seterr(ctx, DISPATCH_EINVAL,
+                          "uniform: need finite low <= high, got %g and %g", p0, p1);
+      if (op == DSP_OP_NORMAL && !(isfinite(p0) && isfinite(p1) && p1 >= 0))
+        return dsp_seterr(ctx, DISPATCH_EINVAL,
+                          "normal: need finite mean and std >= 0, got %g and %g",
+                          p0, p1);
+      return 0;
+    }
+    default:
+      return dsp_seterr(ctx, DISPATCH_EINTERNAL, "create: op %d is not a creation op",
+                        (int)op);
+  }
+}
+
+/* Fills n elements of dtype dt with v (i64 checked exact by infer). */
+static void fill(void *po, dsp_dtype dt, int64_t n, double v) {
+  switch (dt) {
+    case DSP_F32: { float *o = po, f = (float)v; for (int64_t i = 0; i < n; i++) o[i] = f; break; }
+    case DSP_F64: { double *o = po; for (int64_t i = 0; i < n; i++) o[i] = v; break; }
+    case DSP_I64: { int64_t *o = po, x = (int64_t)v; for (int64_t i = 0; i < n; i++) o[i] = x; break; }
+    case DSP_BOOL: memset(po, v != 0, (size_t)n); break;
+    default: break;
+  }
+}
+
+int dsp__cpu_create(dsp_ctx *ctx, dsp_opcode op, dsp_tensor *const *in,
+                    int n_in, const dsp_attrs *a, dsp_tensor *out) {
+  (void)ctx, (void)in, (void)n_in;
+  void *po = dsp_tensor_data(out);
+  const int64_t n = out->numel;
+  const dsp_dtype dt = out->meta.dtype;
+  switch (op) {
+    case DSP_OP_ZEROS: return 0; /* dsp_op hands over zeroed storage */
+    case DSP_OP_ONES: fill(po, dt, n, 1.0); return 0;
+    case DSP_OP_FULL: fill(po, dt, n, a->floats[0]); return 0;
+    case DSP_OP_ARANGE: {
+      double s = a->floats[0], st = a->floats[2];
+      if (dt == DSP_I64) {
+        int64_t *o = po, s0 = (int64_t)s, d = (int64_t)st;
+        /* wrapping form: every value lies between start and end */
+        for (int64_t i = 0; i < n; i++)
+          o[i] = (int64_t)((uint64_t)s0 + (uint64_t)i * (uint64_t)d);
+      } else if (dt == DSP_F32) {
+        float *o = po;
+        for (int64_t i = 0; i < n; i++) o[i] = (float)(s + (double)i * st);
+      } else {
+        double *o = po;
+        for (int64_t i = 0; i < n; i++) o[i] = s + (double)i * st;
+      }
+      return 0;
+    }
+    case DSP_OP_UNIFORM: {
+      const uint64_t seed = (uint64_t)a->ints[1];
+      const double lo = a->floats[0], hi = a->floats[1], w = hi - lo;
+      if (dt == DSP_F64) {
+        double *o = po;
+        for (int64_t i = 0; i < n; i++) {
+          double v = lo + w * dsp_rng_uniform01(seed, (uint64_t)i);
+          o[i] = (v >= hi && hi > lo) ? nextafter(hi, lo) : v;
+        }
+      } else {
+        float *o = po;
+        const float fhi = (float)hi, flo = (float)lo;
+        for (int64_t i = 0; i < n; i++) {
+          float v = (float)(lo + w * dsp_rng_uniform01(seed, (uint64_t)i));
+          o[i] = (v >= fhi && fhi > flo) ? nextafterf(fhi, flo) : v;
+        }
+      }
+      return 0;
+    }
+    case DSP_OP_NORMAL: {
+      const uint64_t seed = (uint64_t)a->ints[1];
+      const double mu = a->floats[0], sd = a->floats[1];
+      for (int64_t i = 0; i < n; i += 2) {
+        double z0, z1;
+        dsp_rng_normal_pair(seed, (uint64_t)i / 2, &z0, &z1);
+        if (dt == DSP_F64) {
+          double *o = po;
+          o[i] = mu + sd * z0;
+          if (i + 1 < n) o[i + 1] = mu + sd * z1;
+        } else {
+          float *o = po;
+          o[i] = (float)(mu + sd * z0);
+          if (i + 1 < n) o[i + 1] = (float)(mu + sd * z1);
+        }
+      }
+      return 0;
+    }
+    default:
+      return dsp_seterr(ctx, DISPATCH_EINTERNAL, "create: op %d is not a creation op",
+                        (int)op);
+  }
 }
