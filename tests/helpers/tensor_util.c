@@ -104,3 +104,21 @@ dsp_tensor *tu_run(dsp_ctx *ctx, dsp_opcode op, const dsp_attrs *a, int n_in,
                dispatch_err_name(rc), dsp_ctx_errmsg(ctx));
   return out;
 }
+
+void tu_assert_err(dsp_ctx *ctx, int rc, int code, const char *substr) {
+  cr_assert_eq(rc, code, "rc %s, expected %s (message: %s)",
+               dispatch_err_name(rc), dispatch_err_name(code),
+               dsp_ctx_errmsg(ctx));
+  cr_assert(strstr(dsp_ctx_errmsg(ctx), substr) != NULL,
+            "message \"%s\" lacks \"%s\"", dsp_ctx_errmsg(ctx), substr);
+}
+
+void tu_run_fail(dsp_ctx *ctx, dsp_opcode op, const dsp_attrs *a, int n_in,
+                 dsp_tensor *x0, dsp_tensor *x1, dsp_tensor *x2, int code,
+                 const char *substr) {
+  dsp_tensor *in[3] = {x0, x1, x2};
+  dsp_tensor *out = NULL;
+  int rc = dsp_op(ctx, op, in, n_in, a, &out);
+  cr_assert_null(out, "op %d returned a tensor on failure", (int)op);
+  tu_assert_err(ctx, rc, code, substr);
+}

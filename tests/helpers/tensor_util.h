@@ -36,4 +36,13 @@ void tu_assert_shape(const dsp_tensor *t, int ndim, const int64_t *shape);
 dsp_tensor *tu_run(dsp_ctx *ctx, dsp_opcode op, const dsp_attrs *a, int n_in,
                    dsp_tensor *x0, dsp_tensor *x1, dsp_tensor *x2);
 
+/* rc must equal code and dsp_ctx_errmsg(ctx) must contain substr. */
+void tu_assert_err(dsp_ctx *ctx, int rc, int code, const char *substr);
+
+/* Runs op with 0..3 inputs expecting it to fail with code and a message
+ * containing substr; also checks no output was returned. */
+void tu_run_fail(dsp_ctx *ctx, dsp_opcode op, const dsp_attrs *a, int n_in,
+                 dsp_tensor *x0, dsp_tensor *x1, dsp_tensor *x2, int code,
+                 const char *substr);
+
 #endif
