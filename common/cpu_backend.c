@@ -6,7 +6,7 @@
 
 static int cpu_alloc(void *bctx, size_t nbytes, void **data) {
   (void)bctx;
-  *data = dsp_malloc(nbytes);
+  *data = dsp_calloc(1, nbytes); /* dsp_tensor_new promises zeroed storage */
   return *data ? 0 : DISPATCH_ENOMEM;
 }
 
