@@ -1,0 +1,154 @@
+/* AUTODIFF tensors: the one-wrap rule, backward and gradients. LOCAL
+ * tensors use common's engine in the device's ctx; REMOTE ones keep the
+ * tape and the gradients on the server. */
+#include "client_internal.h"
+
+int dispatch_autodiff(dispatch_tensor *t, dispatch_tensor **out) {
+  if (out) *out = NULL;
+  if (!t || !out) return DISPATCH_EINVAL;
+  dispatch_device *dev = t->dev;
+  if (t->kind == DISPATCH_KIND_AUTODIFF)
+    return dispatch__ret(dev, dsp_seterr(dev->ctx, DISPATCH_EDOUBLEWRAP,
+                                         "autodiff should not wrap an "
+                                         "autodiff tensor"));
+  if (t->tracked)
+    return dispatch__ret(dev, dsp_seterr(dev->ctx, DISPATCH_EDOUBLEWRAP,
+                                         "autodiff should not wrap an "
+                                         "autodiff tensor (this tensor is "
+                                         "already wrapped)"));
+  if (!dsp_dtype_is_float(t->meta.dtype))
+    return dispatch__ret(dev, dsp_seterr(dev->ctx, DISPATCH_EDTYPE,
+                                         "autodiff: only float tensors can "
+                                         "be tracked, got %s",
+                                         dsp_dtype_name(t->meta.dtype)));
+  dispatch_tensor *w;
+  int rc = dispatch__tensor_new(dev, DISPATCH_KIND_AUTODIFF, &t->meta, 0, &w);
+  if (rc < 0) return dispatch__ret(dev, rc);
+  if (t->kind == DISPATCH_KIND_LOCAL)
+    rc = dsp_track(dev->ctx, t->local);
+  else
+    rc = dispatch__remote_track(dev, t->id);
+  if (rc < 0) {
+    dispatch_tensor_free(w);
+    return dispatch__ret(dev, rc);
+  }
+  t->tracked = 1;
+  w->inner = dispatch_tensor_ref(t);
+  dispatch__scope_adopt(w);
+  *out = w;
+  return 0;
+}
+
+static int grads_new(dispatch_device *dev, dispatch_grads **out) {
+  *out = NULL;
+  dispatch_grads *g = dsp_calloc(1, sizeof *g);
+  if (!g)
+    return dsp_seterr(dev->ctx, DISPATCH_ENOMEM, "backward: out of memory");
+  g->dev = dev;
+  *out = g;
+  return 0;
+}
+
+static void grads_link(dispatch_grads *g) {
+  dispatch_device *dev = g->dev;
+  g->next = dev->grads;
+  if (dev->grads) dev->grads->prev = g;
+  dev->grads = g;
+}
+
+int dispatch_backward_ex(dispatch_tensor *loss, int retain,
+                         dispatch_grads **out) {
+  if (out) *out = NULL;
+  if (!loss || !out) return DISPATCH_EINVAL;
+  dispatch_device *dev = loss->dev;
+  if (loss->kind != DISPATCH_KIND_AUTODIFF)
+    return dispatch__ret(dev, dsp_seterr(dev->ctx, DISPATCH_ENOTTRACKED,
+                                         "backward: the loss is not an "
+                                         "AUTODIFF tensor"));
+  if (loss->numel != 1)
+    return dispatch__ret(dev, dsp_seterr(dev->ctx, DISPATCH_ENOTSCALAR,
+                                         "backward: the loss has %lld "
+                                         "elements, needs one",
+                                         (long long)loss->numel));
+  dispatch_grads *g;
+  int rc = grads_new(dev, &g);
+  if (rc < 0) return dispatch__ret(dev, rc);
+  if (dev->kind == DISPATCH_KIND_LOCAL) {
+    rc = dsp_backward(dev->ctx, loss->inner->local, retain, &g->local);
+  } else {
+    g->id = dispatch__remote_new_id(dev);
+    rc = dispatch__remote_backward(dev, loss->inner->id, g->id, retain);
+  }
+  if (rc < 0) {
+    dsp_free(g);
+    return dispatch__ret(dev, rc);
+  }
+  dev->local_stats.grads += dev->kind == DISPATCH_KIND_LOCAL;
+  grads_link(g);
+  *out = g;
+  return 0;
+}
+
+int dispatch_backward(dispatch_tensor *loss, dispatch_grads **out) {
+  return dispatch_backward_ex(loss, 0, out);
+}
+
+int dispatch_grad(dispatch_grads *grads, dispatch_tensor *t,
+                  dispatch_tensor **out) {
+  if (out) *out = NULL;
+  if (!grads || !t || !out) return DISPATCH_EINVAL;
+  dispatch_device *dev = grads->dev;
+  if (t->dev != dev)
+    return dispatch__ret(dev, dsp_seterr(dev->ctx, DISPATCH_EDEVICE,
+                                         "grad: the tensor lives on \"%s\", "
+                                         "the gradients on \"%s\"",
+                                         t->dev->spec, dev->spec));
+  dispatch_tensor *leaf = dispatch_inner(t);
+  if (!leaf->tracked)
+    return dispatch__ret(dev, dsp_seterr(dev->ctx, DISPATCH_ENOTTRACKED,
+                                         "grad: the tensor is not tracked "
+                                         "(wrap it with dispatch_autodiff)"));
+  dispatch_tensor *r;
+  int rc;
+  if (dev->kind == DISPATCH_KIND_LOCAL) {
+    dsp_tensor *lt;
+    rc = dsp_grads_get(dev->ctx, grads->local, leaf->local, &lt);
+    if (rc < 0) return dispatch__ret(dev, rc);
+    rc = dispatch__tensor_new(dev, DISPATCH_KIND_LOCAL, &lt->meta, 1, &r);
+    if (rc < 0) {
+      dsp_tensor_unref(lt);
+      return dispatch__ret(dev, rc);
+    }
+    r->local = lt;
+  } else {
+    rc = dispatch__tensor_new(dev, DISPATCH_KIND_REMOTE, &leaf->meta, 0, &r);
+    if (rc < 0) return dispatch__ret(dev, rc);
+    r->id = dispatch__remote_new_id(dev);
+    rc = dispatch__remote_grad(dev, grads->id, leaf->id, r->id);
+    if (rc < 0) {
+      r->id = 0;
+      dispatch_tensor_free(r);
+      return dispatch__ret(dev, rc);
+    }
+    dispatch__scope_adopt(r);
+  }
+  *out = r;
+  return 0;
+}
+
+void dispatch_grads_free(dispatch_grads *g) {
+  if (!g) return;
+  dispatch_device *dev = g->dev;
+  if (g->prev)
+    g->prev->next = g->next;
+  else
+    dev->grads = g->next;
+  if (g->next) g->next->prev = g->prev;
+  if (dev->kind == DISPATCH_KIND_LOCAL) {
+    dsp_grads_free(g->local);
+    dev->local_stats.grads--;
+  } else {
+    dispatch__remote_free(dev, g->id, 1);
+  }
+  dsp_free(g);
+}

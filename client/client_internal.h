@@ -1,0 +1,149 @@
+/* Internal to libdispatch-client: handle layouts shared by the client/ sources.
+ * Internal functions carry the dispatch__ prefix and hidden visibility, so
+ * the shared library exports only the public dispatch_* API. */
+#ifndef DISPATCH_CLIENT_INTERNAL_H
+#define DISPATCH_CLIENT_INTERNAL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "dispatch_client.h"
+#include "dsp.h"
+
+#define DISPATCH__HIDDEN __attribute__((visibility("hidden")))
+
+/* ids queued for one batched Free message */
+#define DISPATCH__FREE_BATCH 256
+
+struct dispatch__scope {
+  struct dispatch__scope *parent;
+  dispatch_tensor *head; /* tensors whose scope reference this scope holds */
+};
+
+struct dispatch_tensor {
+  long refcount;
+  dispatch_tensor_kind kind;
+  dispatch_device *dev;
+  dsp_meta meta;
+  int64_t numel;
+  dsp_tensor *local;      /* LOCAL: one reference */
+  uint64_t id;            /* REMOTE: the client-chosen id on the server */
+  dispatch_tensor *inner; /* AUTODIFF: one reference */
+  int tracked;            /* LOCAL/REMOTE: wrapped by an AUTODIFF already */
+  int status;             /* 0 or the error that poisoned it */
+  struct dispatch__scope *scope; /* the scope holding one reference */
+  dispatch_tensor *sprev, *snext; /* scope list */
+  dispatch_tensor *aprev, *anext; /* device's list of live tensors */
+};
+
+struct dispatch_grads {
+  dispatch_device *dev;
+  dsp_grads *local; /* LOCAL */
+  uint64_t id;      /* REMOTE container id */
+  dispatch_grads *prev, *next;
+};
+
+struct dispatch_optim {
+  dispatch_device *dev;
+  dsp_opcode op; /* DSP_OP_SGD_STEP or DSP_OP_ADAM_STEP */
+  int n;
+  int k; /* state tensors per parameter */
+  dispatch_tensor **params; /* AUTODIFF, one reference each */
+  dispatch_tensor **states; /* n*k plain tensors, one reference each */
+  double floats[DSP_MAX_ATTR_FLOATS];
+  int n_floats;
+  int64_t t; /* Adam step count */
+  dispatch_optim *prev, *next;
+};
+
+/* The wire side of a REMOTE device. */
+typedef struct dispatch__conn {
+  int fd;
+  int dead;        /* connection lost: every later call gives ECONN */
+  char dead_why[192];
+  int timeout_ms;
+  uint64_t next_id; /* tensor ids, container ids and request ids */
+  uint8_t *buf;     /* frames queued but not sent */
+  size_t len, cap;
+  uint64_t free_ids[DISPATCH__FREE_BATCH];
+  int n_free_ids;
+  uint64_t free_grads[DISPATCH__FREE_BATCH];
+  int n_free_grads;
+  uint64_t max_frame;
+} dispatch__conn;
+
+struct dispatch_device {
+  dispatch_tensor_kind kind; /* LOCAL or REMOTE */
+  char *spec;
+  dsp_ctx *ctx; /* detail messages; LOCAL: runs the ops */
+  int errcode;
+  struct dispatch__scope *scope;
+  dispatch_tensor *all;
+  dispatch_grads *grads;
+  dispatch_optim *optims;
+  dispatch_stats local_stats; /* LOCAL counters */
+  dispatch__conn conn;
+  int closing;
+};
+
+/* Records rc as the device's last error (if negative); returns rc. */
+DISPATCH__HIDDEN int dispatch__ret(dispatch_device *dev, int rc);
+
+/* A new handle of kind on dev with one reference; registered in the
+ * device's list and, if scoped, in its innermost scope. */
+DISPATCH__HIDDEN int dispatch__tensor_new(dispatch_device *dev,
+                                          dispatch_tensor_kind kind,
+                                          const dsp_meta *m, int scoped,
+                                          dispatch_tensor **out);
+/* Registers t in the innermost scope of its device (if any). */
+DISPATCH__HIDDEN void dispatch__scope_adopt(dispatch_tensor *t);
+/* Removes t from its scope's list (its last reference is going). */
+DISPATCH__HIDDEN void dispatch__scope_forget(dispatch_tensor *t);
+/* Frees a handle's resources without touching refcounts (device close). */
+DISPATCH__HIDDEN void dispatch__tensor_destroy(dispatch_tensor *t);
+
+/* The generic op runner every public op goes through. dev is used only
+ * for ops without inputs (creation). scoped: register the output in the
+ * innermost scope. */
+DISPATCH__HIDDEN int dispatch__run(dispatch_device *dev, dsp_opcode op,
+                                   dispatch_tensor *const *in, int n_in,
+                                   const dsp_attrs *a, int scoped,
+                                   dispatch_tensor **out);
+
+/* remote.c: the connection */
+DISPATCH__HIDDEN int dispatch__remote_open(dispatch_device *dev,
+                                           const char *host, const char *port,
+                                           const char *token,
+                                           const char *client_name);
+DISPATCH__HIDDEN void dispatch__remote_close(dispatch_device *dev);
+DISPATCH__HIDDEN uint64_t dispatch__remote_new_id(dispatch_device *dev);
+/* Queue requests that get no reply; ECONN once the connection is lost. */
+DISPATCH__HIDDEN int dispatch__remote_op(dispatch_device *dev, dsp_opcode op,
+                                         const uint64_t *in, int n_in,
+                                         const dsp_attrs *a, uint64_t out);
+DISPATCH__HIDDEN int dispatch__remote_upload(dispatch_device *dev,
+                                             uint64_t id, const dsp_meta *m,
+                                             const void *data, size_t n);
+DISPATCH__HIDDEN int dispatch__remote_track(dispatch_device *dev, uint64_t id);
+DISPATCH__HIDDEN int dispatch__remote_grad(dispatch_device *dev,
+                                           uint64_t grads, uint64_t tensor,
+                                           uint64_t out);
+DISPATCH__HIDDEN int dispatch__remote_step(dispatch_device *dev,
+                                           dsp_opcode op, uint64_t grads,
+                                           const uint64_t *params, int n,
+                                           const uint64_t *states, int n_st,
+                                           const dsp_attrs *a);
+/* Frees never fail towards the caller: the id is queued and batched. */
+DISPATCH__HIDDEN void dispatch__remote_free(dispatch_device *dev, uint64_t id,
+                                            int is_grads);
+/* Requests that wait. */
+DISPATCH__HIDDEN int dispatch__remote_read(dispatch_device *dev, uint64_t id,
+                                           void *buf, size_t nbytes);
+DISPATCH__HIDDEN int dispatch__remote_backward(dispatch_device *dev,
+                                               uint64_t loss, uint64_t grads,
+                                               int retain);
+DISPATCH__HIDDEN int dispatch__remote_sync(dispatch_device *dev);
+DISPATCH__HIDDEN int dispatch__remote_stats(dispatch_device *dev,
+                                            dispatch_stats *out);
+
+#endif

@@ -1,0 +1,172 @@
+/* Optimizers: in-place SGD and Adam updates where the parameters live.
+ * LOCAL runs the SGD_STEP/ADAM_STEP ops through dsp_op; REMOTE sends one
+ * Step message per step carrying every parameter. The parameters stay the
+ * same tracked leaves: an in-place update never re-wraps them. */
+#include "client_internal.h"
+
+static void optim_destroy(dispatch_optim *o) {
+  for (int i = 0; i < o->n; i++)
+    if (o->params) dispatch_tensor_free(o->params[i]);
+  for (int i = 0; i < o->n * o->k; i++)
+    if (o->states) dispatch_tensor_free(o->states[i]);
+  dsp_free(o->params);
+  dsp_free(o->states);
+  dsp_free(o);
+}
+
+/* Validates the parameters, takes a reference to each, and creates the
+ * zeroed state tensors (unscoped: they belong to the optimizer). */
+static int optim_new(dsp_opcode op, int k, dispatch_tensor *const *params,
+                     int n, const double *f, int nf, dispatch_optim **out) {
+  if (out) *out = NULL;
+  if (!params || n < 1 || !out || !params[0]) return DISPATCH_EINVAL;
+  dispatch_device *dev = params[0]->dev;
+  const char *name = op == DSP_OP_SGD_STEP ? "sgd" : "adam";
+  for (int i = 0; i < n; i++) {
+    dispatch_tensor *p = params[i];
+    if (!p)
+      return dispatch__ret(dev, dsp_seterr(dev->ctx, DISPATCH_EINVAL,
+                                           "%s: parameter %d is NULL", name,
+                                           i));
+    if (p->dev != dev)
+      return dispatch__ret(dev, dsp_seterr(dev->ctx, DISPATCH_EDEVICE,
+                                           "%s: parameter %d lives on \"%s\", "
+                                           "parameter 0 on \"%s\"",
+                                           name, i, p->dev->spec, dev->spec));
+    if (p->kind != DISPATCH_KIND_AUTODIFF)
+      return dispatch__ret(dev, dsp_seterr(dev->ctx, DISPATCH_EKIND,
+                                           "%s: parameter %d is not AUTODIFF "
+                                           "(wrap it with dispatch_autodiff)",
+                                           name, i));
+  }
+  dispatch_optim *o = dsp_calloc(1, sizeof *o);
+  if (!o)
+    return dispatch__ret(dev, dsp_seterr(dev->ctx, DISPATCH_ENOMEM,
+                                         "%s: out of memory", name));
+  o->dev = dev;
+  o->op = op;
+  o->k = k;
+  o->params = dsp_calloc((size_t)n, sizeof *o->params);
+  o->states = dsp_calloc((size_t)n * (size_t)k, sizeof *o->states);
+  if (!o->params || !o->states) {
+    optim_destroy(o);
+    return dispatch__ret(dev, dsp_seterr(dev->ctx, DISPATCH_ENOMEM,
+                                         "%s: out of memory", name));
+  }
+  for (int i = 0; i < nf; i++) o->floats[i] = f[i];
+  o->n_floats = nf;
+  for (int i = 0; i < n; i++) {
+    o->params[i] = dispatch_tensor_ref(params[i]);
+    o->n = i + 1;
+  }
+  for (int i = 0; i < n * k; i++) {
+    dispatch_tensor *p = params[i / k];
+    dsp_attrs a = dsp_attrs_none();
+    a.ints[a.n_ints++] = p->meta.dtype;
+    for (int d = 0; d < p->meta.ndim; d++) a.ints[a.n_ints++] = p->meta.shape[d];
+    int rc = dispatch__run(dev, DSP_OP_ZEROS, NULL, 0, &a, 0, &o->states[i]);
+    if (rc < 0) {
+      optim_destroy(o);
+      return rc;
+    }
+  }
+  o->next = dev->optims;
+  if (dev->optims) dev->optims->prev = o;
+  dev->optims = o;
+  *out = o;
+  return 0;
+}
+
+int dispatch_sgd_new(dispatch_tensor *const *params, int n, double lr,
+                     double momentum, double weight_decay,
+                     dispatch_optim **out) {
+  double f[3] = {lr, momentum, weight_decay};
+  return optim_new(DSP_OP_SGD_STEP, 1, params, n, f, 3, out);
+}
+
+int dispatch_adam_new(dispatch_tensor *const *params, int n, double lr,
+                      double beta1, double beta2, double eps,
+                      dispatch_optim **out) {
+  double f[4] = {lr, beta1, beta2, eps};
+  return optim_new(DSP_OP_ADAM_STEP, 2, params, n, f, 4, out);
+}
+
+int dispatch_optim_set_lr(dispatch_optim *opt, double lr) {
+  if (!opt) return DISPATCH_EINVAL;
+  opt->floats[0] = lr;
+  return 0;
+}
+
+/* LOCAL: each parameter's update runs as one in-place op; a parameter
+ * without a gradient stops the step with DISPATCH_ENOGRAD (earlier
+ * parameters are already updated). REMOTE: one Step message. */
+int dispatch_optim_step(dispatch_optim *opt, dispatch_grads *grads) {
+  if (!opt || !grads) return DISPATCH_EINVAL;
+  dispatch_device *dev = opt->dev;
+  if (grads->dev != dev)
+    return dispatch__ret(dev, dsp_seterr(dev->ctx, DISPATCH_EDEVICE,
+                                         "optim_step: gradients live on "
+                                         "\"%s\", parameters on \"%s\"",
+                                         grads->dev->spec, dev->spec));
+  dsp_attrs a = dsp_attrs_none();
+  for (int i = 0; i < opt->n_floats; i++) a.floats[i] = opt->floats[i];
+  a.n_floats = opt->n_floats;
+  if (opt->op == DSP_OP_ADAM_STEP) {
+    a.ints[0] = opt->t + 1;
+    a.n_ints = 1;
+  }
+  int rc = 0;
+  if (dev->kind == DISPATCH_KIND_LOCAL) {
+    for (int i = 0; i < opt->n && rc == 0; i++) {
+      dsp_tensor *in[4], *g, *res;
+      rc = dsp_grads_get(dev->ctx, grads->local, opt->params[i]->inner->local,
+                         &g);
+      if (rc < 0) break;
+      in[0] = opt->params[i]->inner->local;
+      in[1] = g;
+      for (int j = 0; j < opt->k; j++)
+        in[2 + j] = opt->states[i * opt->k + j]->local;
+      rc = dsp_op(dev->ctx, opt->op, in, 2 + opt->k, &a, &res);
+      dsp_tensor_unref(g);
+      if (rc == 0) {
+        dsp_tensor_unref(res);
+        dev->local_stats.ops++;
+      }
+    }
+  } else {
+    uint64_t pstack[64], sstack[128];
+    uint64_t *pids = pstack, *sids = sstack;
+    if (opt->n > 64) {
+      pids = dsp_calloc((size_t)opt->n, sizeof *pids);
+      sids = dsp_calloc((size_t)opt->n * (size_t)opt->k, sizeof *sids);
+      if (!pids || !sids) {
+        dsp_free(pids);
+        dsp_free(sids);
+        return dispatch__ret(dev, dsp_seterr(dev->ctx, DISPATCH_ENOMEM,
+                                             "optim_step: out of memory"));
+      }
+    }
+    for (int i = 0; i < opt->n; i++) pids[i] = opt->params[i]->inner->id;
+    for (int i = 0; i < opt->n * opt->k; i++) sids[i] = opt->states[i]->id;
+    rc = dispatch__remote_step(dev, opt->op, grads->id, pids, opt->n, sids,
+                               opt->n * opt->k, &a);
+    if (pids != pstack) {
+      dsp_free(pids);
+      dsp_free(sids);
+    }
+  }
+  if (rc < 0) return dispatch__ret(dev, rc);
+  opt->t++;
+  return 0;
+}
+
+void dispatch_optim_free(dispatch_optim *opt) {
+  if (!opt) return;
+  dispatch_device *dev = opt->dev;
+  if (opt->prev)
+    opt->prev->next = opt->next;
+  else
+    dev->optims = opt->next;
+  if (opt->next) opt->next->prev = opt->prev;
+  optim_destroy(opt);
+}

@@ -1,0 +1,565 @@
+/* The wire side of a REMOTE device: one blocking TCP socket, a send buffer
+ * that batches fire-and-forget requests, and waits bounded by poll()
+ * deadlines so a lost server gives DISPATCH_ECONN instead of a hang.
+ *
+ * Request ids: one counter per connection hands out tensor ids, gradient
+ * container ids and request ids, and a request that creates a tensor uses
+ * the new tensor's id as its req_id. A server error's failed_req_id thus
+ * names the tensor to poison without a table of pending requests. */
+#include <errno.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "client_internal.h"
+#include "dispatch.pb-c.h"
+#include "frame.h"
+
+#define MAX_REPLY_MSG (64u << 20)
+#define FLUSH_AT (1u << 20)  /* send the buffer once this much is queued */
+#define BULK_INLINE (64u << 10) /* larger bulk skips the buffer */
+
+static void *pb_alloc(void *ud, size_t n) {
+  (void)ud;
+  return dsp_malloc(n);
+}
+static void pb_free(void *ud, void *p) {
+  (void)ud;
+  dsp_free(p);
+}
+static ProtobufCAllocator g_pb_alloc = {pb_alloc, pb_free, NULL};
+
+static int64_t now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* Marks the connection lost: the socket is closed, queued bytes dropped,
+ * and every later call reports ECONN with the first reason. */
+static int conn_lost(dispatch_device *dev, const char *why) {
+  dispatch__conn *c = &dev->conn;
+  if (!c->dead) {
+    c->dead = 1;
+    if (c->fd >= 0) close(c->fd);
+    c->fd = -1;
+    c->len = 0;
+    c->n_free_ids = c->n_free_grads = 0;
+    dsp_seterr(dev->ctx, DISPATCH_ECONN, "connection to %s lost: %s",
+               dev->spec, why);
+    snprintf(c->dead_why, sizeof c->dead_why, "%s", why);
+  }
+  return DISPATCH_ECONN;
+}
+
+static int check_alive(dispatch_device *dev) {
+  if (!dev->conn.dead) return 0;
+  return dsp_seterr(dev->ctx, DISPATCH_ECONN, "connection to %s lost: %s",
+                    dev->spec, dev->conn.dead_why);
+}
+
+/* Writes all n bytes or loses the connection; each poll waits at most
+ * the remaining time to the deadline. */
+static int send_all(dispatch_device *dev, const void *p, size_t n) {
+  dispatch__conn *c = &dev->conn;
+  const uint8_t *b = p;
+  int64_t deadline = now_ms() + c->timeout_ms;
+  while (n > 0) {
+    ssize_t w = send(c->fd, b, n, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (w > 0) {
+      b += w;
+      n -= (size_t)w;
+      continue;
+    }
+    if (w < 0 && errno == EINTR) continue;
+    if (w < 0 && errno != EAGAIN && errno != EWOULDBLOCK) {
+      char why[128];
+      snprintf(why, sizeof why, "send: %s", strerror(errno));
+      return conn_lost(dev, why);
+    }
+    int64_t left = deadline - now_ms();
+    if (left <= 0) return conn_lost(dev, "send timed out");
+    struct pollfd pfd = {c->fd, POLLOUT, 0};
+    int pr = poll(&pfd, 1, (int)left);
+    if (pr < 0 && errno != EINTR) return conn_lost(dev, "poll failed");
+  }
+  return 0;
+}
+
+static int recv_all(dispatch_device *dev, void *p, size_t n,
+                    int64_t deadline) {
+  dispatch__conn *c = &dev->conn;
+  uint8_t *b = p;
+  while (n > 0) {
+    int64_t left = deadline - now_ms();
+    if (left <= 0) {
+      char why[128];
+      snprintf(why, sizeof why, "no reply within %d ms", c->timeout_ms);
+      return conn_lost(dev, why);
+    }
+    struct pollfd pfd = {c->fd, POLLIN, 0};
+    int pr = poll(&pfd, 1, (int)left);
+    if (pr < 0) {
+      if (errno == EINTR) continue;
+      return conn_lost(dev, "poll failed");
+    }
+    if (pr == 0) continue;
+    ssize_t r = recv(c->fd, b, n, MSG_DONTWAIT);
+    if (r > 0) {
+      b += r;
+      n -= (size_t)r;
+    } else if (r == 0) {
+      return conn_lost(dev, "the server closed the connection");
+    } else if (errno != EINTR && errno != EAGAIN && errno != EWOULDBLOCK) {
+      char why[128];
+      snprintf(why, sizeof why, "recv: %s", strerror(errno));
+      return conn_lost(dev, why);
+    }
+  }
+  return 0;
+}
+
+static int flush(dispatch_device *dev) {
+  dispatch__conn *c = &dev->conn;
+  if (c->len == 0) return 0;
+  int rc = send_all(dev, c->buf, c->len);
+  c->len = 0;
+  return rc;
+}
+
+static int reserve(dispatch_device *dev, size_t more) {
+  dispatch__conn *c = &dev->conn;
+  if (c->cap - c->len >= more) return 0;
+  size_t cap = c->cap ? c->cap : 4096;
+  while (cap - c->len < more) {
+    if (cap > SIZE_MAX / 2)
+      return dsp_seterr(dev->ctx, DISPATCH_ENOMEM, "send buffer overflow");
+    cap *= 2;
+  }
+  uint8_t *nb = dsp_realloc(c->buf, cap);
+  if (!nb)
+    return dsp_seterr(dev->ctx, DISPATCH_ENOMEM,
+                      "out of memory (send buffer of %zu bytes)", cap);
+  c->buf = nb;
+  c->cap = cap;
+  return 0;
+}
+
+/* Appends one frame (header, message, bulk). Either the whole frame is
+ * queued or sent, or nothing is (ENOMEM) or the connection is lost. */
+static int put_frame(dispatch_device *dev, Dispatch__Request *req,
+                     const void *bulk, size_t bulk_len) {
+  dispatch__conn *c = &dev->conn;
+  size_t mlen = dispatch__request__get_packed_size(req);
+  if (c->max_frame && mlen > c->max_frame)
+    return dsp_seterr(dev->ctx, DISPATCH_ETOOLARGE,
+                      "request of %zu bytes exceeds the server's frame limit "
+                      "%llu",
+                      mlen, (unsigned long long)c->max_frame);
+  int inline_bulk = bulk_len <= BULK_INLINE;
+  int rc = reserve(dev, DSP_FRAME_HEADER_SIZE + mlen + (inline_bulk ? bulk_len : 0));
+  if (rc < 0) return rc;
+  dsp_frame_header h = {(uint32_t)mlen, 0, bulk_len};
+  dsp_frame_header_encode(c->buf + c->len, &h);
+  dispatch__request__pack(req, c->buf + c->len + DSP_FRAME_HEADER_SIZE);
+  c->len += DSP_FRAME_HEADER_SIZE + mlen;
+  if (inline_bulk) {
+    if (bulk_len) memcpy(c->buf + c->len, bulk, bulk_len);
+    c->len += bulk_len;
+  } else {
+    rc = flush(dev);
+    if (rc == 0) rc = send_all(dev, bulk, bulk_len);
+    if (rc < 0) return rc;
+  }
+  if (c->len >= FLUSH_AT) return flush(dev);
+  return 0;
+}
+
+/* Queues one Free message for the ids gathered so far. */
+static int put_frees(dispatch_device *dev) {
+  dispatch__conn *c = &dev->conn;
+  if (!c->n_free_ids && !c->n_free_grads) return 0;
+  Dispatch__Free fr = DISPATCH__FREE__INIT;
+  fr.n_tensors = (size_t)c->n_free_ids;
+  fr.tensors = c->free_ids;
+  fr.n_grads = (size_t)c->n_free_grads;
+  fr.grads = c->free_grads;
+  Dispatch__Request req = DISPATCH__REQUEST__INIT;
+  req.req_id = c->next_id++;
+  req.body_case = DISPATCH__REQUEST__BODY_FREE;
+  req.free = &fr;
+  int rc = put_frame(dev, &req, NULL, 0);
+  if (rc == DISPATCH_ENOMEM) {
+    /* the caller cannot be told about a failed free: send it unbuffered */
+    rc = flush(dev);
+    if (rc == 0) {
+      uint8_t tmp[DSP_FRAME_HEADER_SIZE + 2 * DISPATCH__FREE_BATCH * 11 + 64];
+      size_t mlen = dispatch__request__get_packed_size(&req);
+      if (mlen + DSP_FRAME_HEADER_SIZE <= sizeof tmp) {
+        dsp_frame_header h = {(uint32_t)mlen, 0, 0};
+        dsp_frame_header_encode(tmp, &h);
+        dispatch__request__pack(&req, tmp + DSP_FRAME_HEADER_SIZE);
+        rc = send_all(dev, tmp, DSP_FRAME_HEADER_SIZE + mlen);
+      }
+    }
+  }
+  if (rc < 0 && rc != DISPATCH_ECONN) return rc;
+  c->n_free_ids = c->n_free_grads = 0;
+  return rc;
+}
+
+void dispatch__remote_free(dispatch_device *dev, uint64_t id, int is_grads) {
+  dispatch__conn *c = &dev->conn;
+  if (c->dead || dev->closing || c->fd < 0) return;
+  if (c->n_free_ids == DISPATCH__FREE_BATCH ||
+      c->n_free_grads == DISPATCH__FREE_BATCH)
+    put_frees(dev);
+  if (is_grads)
+    c->free_grads[c->n_free_grads++] = id;
+  else
+    c->free_ids[c->n_free_ids++] = id;
+}
+
+uint64_t dispatch__remote_new_id(dispatch_device *dev) {
+  return dev->conn.next_id++;
+}
+
+/* Maps the server's Error into the device: code, message, and the poison
+ * mark on the tensor the failed request was creating. */
+static int take_error(dispatch_device *dev, const Dispatch__Error *e) {
+  int code = e->code < 0 ? e->code : DISPATCH_EPROTO;
+  dsp_seterr(dev->ctx, code, "server: %s",
+             e->message && *e->message ? e->message : dispatch_strerror(code));
+  for (dispatch_tensor *t = dev->all; t; t = t->anext)
+    if (t->kind == DISPATCH_KIND_REMOTE && t->id == e->failed_req_id) {
+      t->status = code;
+      break;
+    }
+  return code;
+}
+
+/* Reads and throws away n bulk bytes the caller has no use for. */
+static int drain(dispatch_device *dev, uint64_t n, int64_t deadline) {
+  uint8_t tmp[16384];
+  while (n > 0) {
+    size_t k = n < sizeof tmp ? (size_t)n : sizeof tmp;
+    int rc = recv_all(dev, tmp, k, deadline);
+    if (rc < 0) return rc;
+    n -= k;
+  }
+  return 0;
+}
+
+/* Sends req (and everything queued before it, then the batched frees) and
+ * waits for its reply. A READ reply's bulk lands in dst when its size is
+ * dst_len. *reply is the caller's (free_unpacked) when it returns 0 or a
+ * server error; on ECONN/EPROTO *reply is NULL. */
+static int call(dispatch_device *dev, Dispatch__Request *req, void *dst,
+                size_t dst_len, Dispatch__Reply **reply) {
+  dispatch__conn *c = &dev->conn;
+  *reply = NULL;
+  int rc = check_alive(dev);
+  if (rc < 0) return rc;
+  req->req_id = c->next_id++;
+  rc = put_frees(dev);
+  if (rc == 0) rc = put_frame(dev, req, NULL, 0);
+  if (rc == 0) rc = flush(dev);
+  if (rc < 0) return rc;
+  int64_t deadline = now_ms() + c->timeout_ms;
+  for (;;) {
+    uint8_t hb[DSP_FRAME_HEADER_SIZE];
+    rc = recv_all(dev, hb, sizeof hb, deadline);
+    if (rc < 0) return rc;
+    dsp_frame_header h;
+    rc = dsp_frame_header_decode(hb, MAX_REPLY_MSG, UINT64_MAX, &h);
+    if (rc < 0) return conn_lost(dev, "malformed reply frame header");
+    uint8_t *mb = dsp_malloc(h.msg_len);
+    if (!mb) {
+      conn_lost(dev, "out of memory reading a reply");
+      return dsp_seterr(dev->ctx, DISPATCH_ENOMEM,
+                        "out of memory reading a reply of %u bytes "
+                        "(connection dropped)",
+                        h.msg_len);
+    }
+    rc = recv_all(dev, mb, h.msg_len, deadline);
+    if (rc < 0) {
+      dsp_free(mb);
+      return rc;
+    }
+    Dispatch__Reply *r = dispatch__reply__unpack(&g_pb_alloc, h.msg_len, mb);
+    dsp_free(mb);
+    if (!r) return conn_lost(dev, "undecodable reply message");
+    int mine = r->req_id == req->req_id;
+    if (h.bulk_len) {
+      if (mine && dst && r->body_case == DISPATCH__REPLY__BODY_READ &&
+          h.bulk_len == dst_len)
+        rc = recv_all(dev, dst, dst_len, deadline);
+      else
+        rc = drain(dev, h.bulk_len, deadline);
+      if (rc < 0) {
+        dispatch__reply__free_unpacked(r, &g_pb_alloc);
+        return rc;
+      }
+    }
+    if (!mine && !r->error) { /* not ours and harmless: skip it */
+      dispatch__reply__free_unpacked(r, &g_pb_alloc);
+      continue;
+    }
+    *reply = r;
+    if (r->error && r->error->code != 0) return take_error(dev, r->error);
+    if (!mine) return conn_lost(dev, "reply to an unknown request");
+    return 0;
+  }
+}
+
+static int queue(dispatch_device *dev, Dispatch__Request *req, uint64_t rid,
+                 const void *bulk, size_t bulk_len) {
+  int rc = check_alive(dev);
+  if (rc < 0) return rc;
+  req->req_id = rid ? rid : dev->conn.next_id++;
+  return put_frame(dev, req, bulk, bulk_len);
+}
+
+int dispatch__remote_op(dispatch_device *dev, dsp_opcode op,
+                        const uint64_t *in, int n_in, const dsp_attrs *a,
+                        uint64_t out) {
+  Dispatch__Op m = DISPATCH__OP__INIT;
+  m.op = (int32_t)op;
+  m.n_inputs = (size_t)n_in;
+  m.inputs = (uint64_t *)in;
+  m.output = out;
+  m.n_ints = (size_t)a->n_ints;
+  m.ints = (int64_t *)a->ints;
+  m.n_floats = (size_t)a->n_floats;
+  m.floats = (double *)a->floats;
+  Dispatch__Request req = DISPATCH__REQUEST__INIT;
+  req.body_case = DISPATCH__REQUEST__BODY_OP;
+  req.op = &m;
+  return queue(dev, &req, out, NULL, 0);
+}
+
+int dispatch__remote_upload(dispatch_device *dev, uint64_t id,
+                            const dsp_meta *meta, const void *data,
+                            size_t n) {
+  Dispatch__TensorMeta tm = DISPATCH__TENSOR_META__INIT;
+  tm.dtype = (int32_t)meta->dtype;
+  tm.n_shape = (size_t)meta->ndim;
+  tm.shape = (int64_t *)meta->shape;
+  Dispatch__Upload m = DISPATCH__UPLOAD__INIT;
+  m.id = id;
+  m.meta = &tm;
+  Dispatch__Request req = DISPATCH__REQUEST__INIT;
+  req.body_case = DISPATCH__REQUEST__BODY_UPLOAD;
+  req.upload = &m;
+  return queue(dev, &req, id, data, n);
+}
+
+int dispatch__remote_track(dispatch_device *dev, uint64_t id) {
+  Dispatch__Track m = DISPATCH__TRACK__INIT;
+  m.id = id;
+  Dispatch__Request req = DISPATCH__REQUEST__INIT;
+  req.body_case = DISPATCH__REQUEST__BODY_TRACK;
+  req.track = &m;
+  return queue(dev, &req, 0, NULL, 0);
+}
+
+int dispatch__remote_grad(dispatch_device *dev, uint64_t grads,
+                          uint64_t tensor, uint64_t out) {
+  Dispatch__Grad m = DISPATCH__GRAD__INIT;
+  m.grads = grads;
+  m.tensor = tensor;
+  m.output = out;
+  Dispatch__Request req = DISPATCH__REQUEST__INIT;
+  req.body_case = DISPATCH__REQUEST__BODY_GRAD;
+  req.grad = &m;
+  return queue(dev, &req, out, NULL, 0);
+}
+
+int dispatch__remote_step(dispatch_device *dev, dsp_opcode op, uint64_t grads,
+                          const uint64_t *params, int n,
+                          const uint64_t *states, int n_st,
+                          const dsp_attrs *a) {
+  Dispatch__Step m = DISPATCH__STEP__INIT;
+  m.op = (int32_t)op;
+  m.grads = grads;
+  m.n_params = (size_t)n;
+  m.params = (uint64_t *)params;
+  m.n_states = (size_t)n_st;
+  m.states = (uint64_t *)states;
+  m.n_ints = (size_t)a->n_ints;
+  m.ints = (int64_t *)a->ints;
+  m.n_floats = (size_t)a->n_floats;
+  m.floats = (double *)a->floats;
+  Dispatch__Request req = DISPATCH__REQUEST__INIT;
+  req.body_case = DISPATCH__REQUEST__BODY_STEP;
+  req.step = &m;
+  return queue(dev, &req, 0, NULL, 0);
+}
+
+int dispatch__remote_read(dispatch_device *dev, uint64_t id, void *buf,
+                          size_t nbytes) {
+  Dispatch__Read m = DISPATCH__READ__INIT;
+  m.id = id;
+  Dispatch__Request req = DISPATCH__REQUEST__INIT;
+  req.body_case = DISPATCH__REQUEST__BODY_READ;
+  req.read = &m;
+  Dispatch__Reply *r;
+  int rc = call(dev, &req, buf, nbytes, &r);
+  if (rc == 0 && r->body_case != DISPATCH__REPLY__BODY_READ)
+    rc = dsp_seterr(dev->ctx, DISPATCH_EPROTO,
+                    "read: the server's reply carries no tensor");
+  if (r) dispatch__reply__free_unpacked(r, &g_pb_alloc);
+  return rc;
+}
+
+int dispatch__remote_backward(dispatch_device *dev, uint64_t loss,
+                              uint64_t grads, int retain) {
+  Dispatch__Backward m = DISPATCH__BACKWARD__INIT;
+  m.loss = loss;
+  m.grads = grads;
+  m.retain = retain != 0;
+  Dispatch__Request req = DISPATCH__REQUEST__INIT;
+  req.body_case = DISPATCH__REQUEST__BODY_BACKWARD;
+  req.backward = &m;
+  Dispatch__Reply *r;
+  int rc = call(dev, &req, NULL, 0, &r);
+  if (r) dispatch__reply__free_unpacked(r, &g_pb_alloc);
+  return rc;
+}
+
+int dispatch__remote_sync(dispatch_device *dev) {
+  Dispatch__Sync m = DISPATCH__SYNC__INIT;
+  Dispatch__Request req = DISPATCH__REQUEST__INIT;
+  req.body_case = DISPATCH__REQUEST__BODY_SYNC;
+  req.sync = &m;
+  Dispatch__Reply *r;
+  int rc = call(dev, &req, NULL, 0, &r);
+  if (r) dispatch__reply__free_unpacked(r, &g_pb_alloc);
+  return rc;
+}
+
+int dispatch__remote_stats(dispatch_device *dev, dispatch_stats *out) {
+  Dispatch__Stats m = DISPATCH__STATS__INIT;
+  Dispatch__Request req = DISPATCH__REQUEST__INIT;
+  req.body_case = DISPATCH__REQUEST__BODY_STATS;
+  req.stats = &m;
+  Dispatch__Reply *r;
+  int rc = call(dev, &req, NULL, 0, &r);
+  if (rc == 0 && r->body_case != DISPATCH__REPLY__BODY_STATS)
+    rc = dsp_seterr(dev->ctx, DISPATCH_EPROTO,
+                    "stats: the server's reply carries no stats");
+  if (r && r->body_case == DISPATCH__REPLY__BODY_STATS) {
+    out->tensors = r->stats->tensors;
+    out->bytes = r->stats->bytes;
+    out->ops = r->stats->ops;
+    out->errors = r->stats->errors;
+    out->grads = r->stats->grads;
+  }
+  if (r) dispatch__reply__free_unpacked(r, &g_pb_alloc);
+  return rc;
+}
+
+/* Connects within the timeout (non-blocking connect + poll), then keeps
+ * the socket non-blocking: every I/O goes through poll deadlines. */
+static int connect_to(dispatch_device *dev, const char *host,
+                      const char *port) {
+  struct addrinfo hints, *res = NULL;
+  memset(&hints, 0, sizeof hints);
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  int gai = getaddrinfo(host, port, &hints, &res);
+  if (gai != 0)
+    return dsp_seterr(dev->ctx, DISPATCH_ECONN, "%s: cannot resolve %s: %s",
+                      dev->spec, host, gai_strerror(gai));
+  int err = 0;
+  for (struct addrinfo *ai = res; ai; ai = ai->ai_next) {
+    int fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC,
+                    ai->ai_protocol);
+    if (fd < 0) {
+      err = errno;
+      continue;
+    }
+    fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
+    int r = connect(fd, ai->ai_addr, ai->ai_addrlen);
+    if (r < 0 && errno == EINPROGRESS) {
+      struct pollfd pfd = {fd, POLLOUT, 0};
+      int pr;
+      do pr = poll(&pfd, 1, dev->conn.timeout_ms);
+      while (pr < 0 && errno == EINTR);
+      socklen_t sl = sizeof err;
+      if (pr == 1 && getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &sl) == 0 &&
+          err == 0)
+        r = 0;
+      else if (pr == 0)
+        err = ETIMEDOUT;
+    } else if (r < 0) {
+      err = errno;
+    }
+    if (r == 0) {
+      int one = 1;
+      setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+      dev->conn.fd = fd;
+      freeaddrinfo(res);
+      return 0;
+    }
+    close(fd);
+  }
+  freeaddrinfo(res);
+  return dsp_seterr(dev->ctx, DISPATCH_ECONN, "%s: cannot connect: %s",
+                    dev->spec, strerror(err ? err : ECONNREFUSED));
+}
+
+int dispatch__remote_open(dispatch_device *dev, const char *host,
+                          const char *port, const char *token,
+                          const char *client_name) {
+  dev->conn.next_id = 1;
+  int rc = connect_to(dev, host, port);
+  if (rc < 0) return rc;
+  Dispatch__Hello m = DISPATCH__HELLO__INIT;
+  m.major = DSP_PROTO_MAJOR;
+  m.minor = DSP_PROTO_MINOR;
+  m.token = (char *)token;
+  m.client_name = (char *)client_name;
+  Dispatch__Request req = DISPATCH__REQUEST__INIT;
+  req.body_case = DISPATCH__REQUEST__BODY_HELLO;
+  req.hello = &m;
+  Dispatch__Reply *r;
+  rc = call(dev, &req, NULL, 0, &r);
+  if (rc == 0 && r->body_case != DISPATCH__REPLY__BODY_HELLO)
+    rc = dsp_seterr(dev->ctx, DISPATCH_EPROTO,
+                    "%s: the server did not answer hello", dev->spec);
+  if (rc == 0 && r->hello->major != DSP_PROTO_MAJOR)
+    rc = dsp_seterr(dev->ctx, DISPATCH_EVERSION,
+                    "%s: server speaks protocol %u.%u, this client %d.%d",
+                    dev->spec, r->hello->major, r->hello->minor,
+                    DSP_PROTO_MAJOR, DSP_PROTO_MINOR);
+  if (rc == 0) dev->conn.max_frame = r->hello->max_frame;
+  if (r) dispatch__reply__free_unpacked(r, &g_pb_alloc);
+  return rc;
+}
+
+/* Says bye without waiting (the server frees the session's tensors when
+ * the connection closes), then releases the socket and buffer. */
+void dispatch__remote_close(dispatch_device *dev) {
+  dispatch__conn *c = &dev->conn;
+  if (c->fd >= 0 && !c->dead) {
+    Dispatch__Bye m = DISPATCH__BYE__INIT;
+    Dispatch__Request req = DISPATCH__REQUEST__INIT;
+    req.body_case = DISPATCH__REQUEST__BODY_BYE;
+    req.bye = &m;
+    c->n_free_ids = c->n_free_grads = 0;
+    if (queue(dev, &req, 0, NULL, 0) == 0) flush(dev);
+  }
+  if (c->fd >= 0) close(c->fd);
+  c->fd = -1;
+  dsp_free(c->buf);
+  c->buf = NULL;
+  c->len = c->cap = 0;
+}

@@ -1,0 +1,499 @@
+/* The generic op runner (one path for every op, keyed by op code) and the
+ * public op functions, which only build attributes and call it. */
+#include <string.h>
+
+#include "client_internal.h"
+
+/* Wraps `inner` (whose reference is transferred) as AUTODIFF. On failure
+ * inner is dropped. */
+static int wrap_autodiff(dispatch_tensor *inner, dispatch_tensor **out) {
+  dispatch_tensor *w;
+  int rc = dispatch__tensor_new(inner->dev, DISPATCH_KIND_AUTODIFF,
+                                &inner->meta, 0, &w);
+  if (rc < 0) {
+    dispatch_tensor_free(inner);
+    return rc;
+  }
+  inner->tracked = 1;
+  w->inner = inner;
+  *out = w;
+  return 0;
+}
+
+/* Runs op on inputs of one device. LOCAL: dsp_op in the device's ctx with
+ * grad mode on only when an input is AUTODIFF, so plain tensors never
+ * grow a tape. REMOTE: the output meta is inferred here (shape errors
+ * come back now) and the op is queued without waiting. Output: AUTODIFF
+ * when an input is AUTODIFF and the result is tracked (LOCAL: as the
+ * engine decided; REMOTE: a float result of a non-creation op, the rule
+ * the engine applies on the server). */
+int dispatch__run(dispatch_device *dev, dsp_opcode op,
+                  dispatch_tensor *const *in, int n_in, const dsp_attrs *a,
+                  int scoped, dispatch_tensor **out) {
+  if (!out) return dispatch__ret(dev, DISPATCH_EINVAL);
+  *out = NULL;
+  const dsp_op_info *info = dsp_op_lookup((int)op);
+  if (n_in > 0 && in && in[0]) dev = in[0]->dev;
+  if (!dev || !info) return DISPATCH_EINVAL;
+  if (n_in < 0 || n_in > DSP_MAX_INPUTS || (n_in > 0 && !in))
+    return dispatch__ret(dev, dsp_seterr(dev->ctx, DISPATCH_EINVAL,
+                                         "%s: bad input count %d", info->name,
+                                         n_in));
+  dsp_meta metas[DSP_MAX_INPUTS];
+  dispatch_tensor *cin[DSP_MAX_INPUTS];
+  int any_ad = 0, poisoned = 0;
+  for (int i = 0; i < n_in; i++) {
+    if (!in[i])
+      return dispatch__ret(dev, dsp_seterr(dev->ctx, DISPATCH_EINVAL,
+                                           "%s: input %d is NULL", info->name,
+                                           i));
+    if (in[i]->dev != dev)
+      return dispatch__ret(
+          dev, dsp_seterr(dev->ctx, DISPATCH_EDEVICE,
+                          "%s: input %d lives on \"%s\" but input 0 on \"%s\"; "
+                          "copy with dispatch_to_device",
+                          info->name, i, in[i]->dev->spec, dev->spec));
+    any_ad |= in[i]->kind == DISPATCH_KIND_AUTODIFF;
+    cin[i] = dispatch_inner(in[i]);
+    poisoned |= cin[i]->status != 0;
+    metas[i] = cin[i]->meta;
+  }
+  int rc;
+  dispatch_tensor *t;
+  int wrap;
+  if (dev->kind == DISPATCH_KIND_LOCAL) {
+    dsp_tensor *lin[DSP_MAX_INPUTS], *lt;
+    for (int i = 0; i < n_in; i++) lin[i] = cin[i]->local;
+    int prev = dsp_set_grad_enabled(dev->ctx, any_ad);
+    rc = dsp_op(dev->ctx, op, lin, n_in, a, &lt);
+    dsp_set_grad_enabled(dev->ctx, prev);
+    if (rc < 0) {
+      dev->local_stats.errors++;
+      return dispatch__ret(dev, rc);
+    }
+    dev->local_stats.ops++;
+    rc = dispatch__tensor_new(dev, DISPATCH_KIND_LOCAL, &lt->meta, 0, &t);
+    if (rc < 0) {
+      dsp_tensor_unref(lt);
+      return dispatch__ret(dev, rc);
+    }
+    t->local = lt;
+    wrap = any_ad && dsp_is_tracked(lt);
+  } else {
+    dsp_attrs none = dsp_attrs_none();
+    dsp_meta om;
+    rc = dsp_op_infer(dev->ctx, op, metas, n_in, a ? a : &none, &om);
+    if (rc < 0) return dispatch__ret(dev, rc);
+    rc = dispatch__tensor_new(dev, DISPATCH_KIND_REMOTE, &om, 0, &t);
+    if (rc < 0) return dispatch__ret(dev, rc);
+    uint64_t ids[DSP_MAX_INPUTS];
+    for (int i = 0; i < n_in; i++) ids[i] = cin[i]->id;
+    t->id = dispatch__remote_new_id(dev);
+    rc = dispatch__remote_op(dev, op, ids, n_in, a ? a : &none, t->id);
+    if (rc < 0) {
+      t->id = 0;
+      dispatch_tensor_free(t);
+      return dispatch__ret(dev, rc);
+    }
+    if (poisoned) t->status = DISPATCH_EPOISONED;
+    wrap = any_ad && dsp_dtype_is_float(om.dtype) &&
+           info->family != DSP_FAM_CREATE && info->family != DSP_FAM_OPTIM;
+  }
+  if (wrap) {
+    rc = wrap_autodiff(t, &t);
+    if (rc < 0) return dispatch__ret(dev, rc);
+  }
+  if (scoped) dispatch__scope_adopt(t);
+  *out = t;
+  return 0;
+}
+
+/* ------------------------------------------------------------------ */
+/* public ops                                                          */
+
+static int run1(dsp_opcode op, dispatch_tensor *x, const dsp_attrs *a,
+                dispatch_tensor **out) {
+  if (!x) {
+    if (out) *out = NULL;
+    return DISPATCH_EINVAL;
+  }
+  return dispatch__run(x->dev, op, &x, 1, a, 1, out);
+}
+
+static int run2(dsp_opcode op, dispatch_tensor *x, dispatch_tensor *y,
+                const dsp_attrs *a, dispatch_tensor **out) {
+  dispatch_tensor *in[2] = {x, y};
+  if (!x || !y) {
+    if (out) *out = NULL;
+    return x ? dispatch__ret(x->dev, dsp_seterr(x->dev->ctx, DISPATCH_EINVAL,
+                                                "%s: input 1 is NULL",
+                                                dsp_op_lookup((int)op)->name))
+             : DISPATCH_EINVAL;
+  }
+  return dispatch__run(x->dev, op, in, 2, a, 1, out);
+}
+
+static int run3(dsp_opcode op, dispatch_tensor *x, dispatch_tensor *y,
+                dispatch_tensor *z, const dsp_attrs *a,
+                dispatch_tensor **out) {
+  dispatch_tensor *in[3] = {x, y, z};
+  if (!x) {
+    if (out) *out = NULL;
+    return DISPATCH_EINVAL;
+  }
+  return dispatch__run(x->dev, op, in, 3, a, 1, out);
+}
+
+#define BIN_(name, OP)                                                      \
+  int dispatch_##name(dispatch_tensor *a, dispatch_tensor *b,               \
+                      dispatch_tensor **out) {                              \
+    return run2(DSP_OP_##OP, a, b, NULL, out);                              \
+  }
+BIN_(add, ADD)
+BIN_(sub, SUB)
+BIN_(mul, MUL)
+BIN_(div, DIV)
+BIN_(maximum, MAXIMUM)
+BIN_(minimum, MINIMUM)
+BIN_(eq, EQ)
+BIN_(ne, NE)
+BIN_(lt, LT)
+BIN_(le, LE)
+BIN_(gt, GT)
+BIN_(ge, GE)
+BIN_(relu_backward, RELU_BACKWARD)
+BIN_(gelu_backward, GELU_BACKWARD)
+BIN_(matmul, MATMUL)
+BIN_(cross_entropy, CROSS_ENTROPY)
+BIN_(mse, MSE)
+#undef BIN_
+
+int dispatch_where(dispatch_tensor *mask, dispatch_tensor *a,
+                   dispatch_tensor *b, dispatch_tensor **out) {
+  return run3(DSP_OP_WHERE, mask, a, b, NULL, out);
+}
+
+#define SCALAR_(name, OP)                                                   \
+  int dispatch_##name(dispatch_tensor *x, double s, dispatch_tensor **out) { \
+    dsp_attrs a = dsp_attrs_f1(s);                                          \
+    return run1(DSP_OP_##OP, x, &a, out);                                   \
+  }
+SCALAR_(add_scalar, ADD_SCALAR)
+SCALAR_(sub_scalar, SUB_SCALAR)
+SCALAR_(mul_scalar, MUL_SCALAR)
+SCALAR_(div_scalar, DIV_SCALAR)
+SCALAR_(pow_scalar, POW_SCALAR)
+SCALAR_(rsub_scalar, RSUB_SCALAR)
+SCALAR_(rdiv_scalar, RDIV_SCALAR)
+#undef SCALAR_
+
+#define UNARY_(name, OP)                                                    \
+  int dispatch_##name(dispatch_tensor *x, dispatch_tensor **out) {          \
+    return run1(DSP_OP_##OP, x, NULL, out);                                 \
+  }
+UNARY_(neg, NEG)
+UNARY_(exp, EXP)
+UNARY_(log, LOG)
+UNARY_(sqrt, SQRT)
+UNARY_(abs, ABS)
+UNARY_(sign, SIGN)
+UNARY_(relu, RELU)
+UNARY_(sigmoid, SIGMOID)
+UNARY_(tanh, TANH)
+UNARY_(gelu, GELU)
+#undef UNARY_
+
+/* Attributes from a caller's int list; too many is EINVAL, never a
+ * silent truncation. */
+static int ints_attrs(dispatch_tensor *x, const char *fn, int n,
+                      const int64_t *v, dsp_attrs *a) {
+  *a = dsp_attrs_none();
+  if (n < 0 || n > DSP_MAX_ATTR_INTS || (n > 0 && !v))
+    return x ? dispatch__ret(x->dev,
+                             dsp_seterr(x->dev->ctx, DISPATCH_EINVAL,
+                                        "%s: %d values (at most %d)", fn, n,
+                                        DSP_MAX_ATTR_INTS))
+             : DISPATCH_EINVAL;
+  *a = dsp_attrs_ints(n, v);
+  return 0;
+}
+
+#define RED_(name, OP)                                                      \
+  int dispatch_##name(dispatch_tensor *x, int ndims, const int64_t *dims,   \
+                      int keepdim, dispatch_tensor **out) {                 \
+    dsp_attrs a;                                                            \
+    if (out) *out = NULL;                                                   \
+    int rc = ints_attrs(x, #name, ndims, dims, &a);                         \
+    if (rc < 0) return rc;                                                  \
+    a.floats[0] = keepdim ? 1.0 : 0.0;                                      \
+    a.n_floats = 1;                                                         \
+    return run1(DSP_OP_##OP, x, &a, out);                                   \
+  }
+RED_(sum, SUM)
+RED_(mean, MEAN)
+RED_(max, MAX)
+RED_(argmax, ARGMAX)
+#undef RED_
+
+#define SHAPEV_(name, OP)                                                   \
+  int dispatch_##name(dispatch_tensor *x, int ndim, const int64_t *v,       \
+                      dispatch_tensor **out) {                              \
+    dsp_attrs a;                                                            \
+    if (out) *out = NULL;                                                   \
+    int rc = ints_attrs(x, #name, ndim, v, &a);                             \
+    if (rc < 0) return rc;                                                  \
+    return run1(DSP_OP_##OP, x, &a, out);                                   \
+  }
+SHAPEV_(reshape, RESHAPE)
+SHAPEV_(permute, PERMUTE)
+SHAPEV_(broadcast_to, BROADCAST_TO)
+#undef SHAPEV_
+
+int dispatch_transpose(dispatch_tensor *x, int64_t dim0, int64_t dim1,
+                       dispatch_tensor **out) {
+  int64_t v[2] = {dim0, dim1};
+  dsp_attrs a = dsp_attrs_ints(2, v);
+  return run1(DSP_OP_TRANSPOSE, x, &a, out);
+}
+
+int dispatch_slice(dispatch_tensor *x, int64_t dim, int64_t start,
+                   int64_t end, int64_t step, dispatch_tensor **out) {
+  int64_t v[4] = {dim, start, end, step};
+  dsp_attrs a = dsp_attrs_ints(4, v);
+  return run1(DSP_OP_SLICE, x, &a, out);
+}
+
+static int run_many(dsp_opcode op, dispatch_tensor *const *xs, int n,
+                    int64_t dim, dispatch_tensor **out) {
+  if (out) *out = NULL;
+  if (!xs || n < 1 || !xs[0]) return DISPATCH_EINVAL;
+  dsp_attrs a = dsp_attrs_ints(1, &dim);
+  return dispatch__run(xs[0]->dev, op, xs, n, &a, 1, out);
+}
+
+int dispatch_cat(dispatch_tensor *const *xs, int n, int64_t dim,
+                 dispatch_tensor **out) {
+  return run_many(DSP_OP_CAT, xs, n, dim, out);
+}
+
+int dispatch_stack(dispatch_tensor *const *xs, int n, int64_t dim,
+                   dispatch_tensor **out) {
+  return run_many(DSP_OP_STACK, xs, n, dim, out);
+}
+
+int dispatch_index_select(dispatch_tensor *x, int64_t dim,
+                          dispatch_tensor *index, dispatch_tensor **out) {
+  dsp_attrs a = dsp_attrs_ints(1, &dim);
+  return run2(DSP_OP_INDEX_SELECT, x, index, &a, out);
+}
+
+int dispatch_cast(dispatch_tensor *x, dispatch_dtype dtype,
+                  dispatch_tensor **out) {
+  int64_t v = (int64_t)dtype;
+  dsp_attrs a = dsp_attrs_ints(1, &v);
+  return run1(DSP_OP_CAST, x, &a, out);
+}
+
+int dispatch_slice_backward(dispatch_tensor *grad, int64_t dim,
+                            int64_t start, int64_t end, int64_t step,
+                            int in_ndim, const int64_t *in_shape,
+                            dispatch_tensor **out) {
+  if (out) *out = NULL;
+  int64_t v[4 + DSP_MAX_DIMS] = {dim, start, end, step};
+  if (in_ndim < 0 || in_ndim > DSP_MAX_DIMS || (in_ndim && !in_shape))
+    return grad ? dispatch__ret(grad->dev,
+                                dsp_seterr(grad->dev->ctx, DISPATCH_EINVAL,
+                                           "slice_backward: input rank %d",
+                                           in_ndim))
+                : DISPATCH_EINVAL;
+  for (int i = 0; i < in_ndim; i++) v[4 + i] = in_shape[i];
+  dsp_attrs a = dsp_attrs_ints(4 + in_ndim, v);
+  return run1(DSP_OP_SLICE_BACKWARD, grad, &a, out);
+}
+
+int dispatch_index_select_backward(dispatch_tensor *grad,
+                                   dispatch_tensor *index, int64_t dim,
+                                   int64_t dim_size, dispatch_tensor **out) {
+  int64_t v[2] = {dim, dim_size};
+  dsp_attrs a = dsp_attrs_ints(2, v);
+  return run2(DSP_OP_INDEX_SELECT_BACKWARD, grad, index, &a, out);
+}
+
+int dispatch_softmax(dispatch_tensor *x, int64_t dim, dispatch_tensor **out) {
+  dsp_attrs a = dsp_attrs_ints(1, &dim);
+  return run1(DSP_OP_SOFTMAX, x, &a, out);
+}
+
+int dispatch_log_softmax(dispatch_tensor *x, int64_t dim,
+                         dispatch_tensor **out) {
+  dsp_attrs a = dsp_attrs_ints(1, &dim);
+  return run1(DSP_OP_LOG_SOFTMAX, x, &a, out);
+}
+
+int dispatch_softmax_backward(dispatch_tensor *grad, dispatch_tensor *y,
+                              int64_t dim, dispatch_tensor **out) {
+  dsp_attrs a = dsp_attrs_ints(1, &dim);
+  return run2(DSP_OP_SOFTMAX_BACKWARD, grad, y, &a, out);
+}
+
+int dispatch_log_softmax_backward(dispatch_tensor *grad, dispatch_tensor *y,
+                                  int64_t dim, dispatch_tensor **out) {
+  dsp_attrs a = dsp_attrs_ints(1, &dim);
+  return run2(DSP_OP_LOG_SOFTMAX_BACKWARD, grad, y, &a, out);
+}
+
+int dispatch_cross_entropy_backward(dispatch_tensor *grad,
+                                    dispatch_tensor *logits,
+                                    dispatch_tensor *labels,
+                                    dispatch_tensor **out) {
+  return run3(DSP_OP_CROSS_ENTROPY_BACKWARD, grad, logits, labels, NULL, out);
+}
+
+static dsp_attrs conv_attrs(int64_t sh, int64_t sw, int64_t ph, int64_t pw,
+                            int64_t dh, int64_t dw, const int64_t *extra4) {
+  int64_t v[10] = {sh, sw, ph, pw, dh, dw};
+  int n = 6;
+  if (extra4)
+    for (int i = 0; i < 4; i++) v[n++] = extra4[i];
+  return dsp_attrs_ints(n, v);
+}
+
+int dispatch_conv2d(dispatch_tensor *x, dispatch_tensor *w, int64_t stride_h,
+                    int64_t stride_w, int64_t pad_h, int64_t pad_w,
+                    int64_t dil_h, int64_t dil_w, dispatch_tensor **out) {
+  dsp_attrs a =
+      conv_attrs(stride_h, stride_w, pad_h, pad_w, dil_h, dil_w, NULL);
+  return run2(DSP_OP_CONV2D, x, w, &a, out);
+}
+
+int dispatch_conv2d_backward_input(dispatch_tensor *grad, dispatch_tensor *w,
+                                   int64_t stride_h, int64_t stride_w,
+                                   int64_t pad_h, int64_t pad_w,
+                                   int64_t dil_h, int64_t dil_w,
+                                   const int64_t x_shape[4],
+                                   dispatch_tensor **out) {
+  if (!x_shape) {
+    if (out) *out = NULL;
+    return DISPATCH_EINVAL;
+  }
+  dsp_attrs a =
+      conv_attrs(stride_h, stride_w, pad_h, pad_w, dil_h, dil_w, x_shape);
+  return run2(DSP_OP_CONV2D_BACKWARD_INPUT, grad, w, &a, out);
+}
+
+int dispatch_conv2d_backward_weight(dispatch_tensor *grad, dispatch_tensor *x,
+                                    int64_t stride_h, int64_t stride_w,
+                                    int64_t pad_h, int64_t pad_w,
+                                    int64_t dil_h, int64_t dil_w,
+                                    const int64_t w_shape[4],
+                                    dispatch_tensor **out) {
+  if (!w_shape) {
+    if (out) *out = NULL;
+    return DISPATCH_EINVAL;
+  }
+  dsp_attrs a =
+      conv_attrs(stride_h, stride_w, pad_h, pad_w, dil_h, dil_w, w_shape);
+  return run2(DSP_OP_CONV2D_BACKWARD_WEIGHT, grad, x, &a, out);
+}
+
+static dsp_attrs pool_attrs(int64_t kh, int64_t kw, int64_t sh, int64_t sw,
+                            int64_t ph, int64_t pw) {
+  int64_t v[6] = {kh, kw, sh, sw, ph, pw};
+  return dsp_attrs_ints(6, v);
+}
+
+int dispatch_max_pool2d(dispatch_tensor *x, int64_t kh, int64_t kw,
+                        int64_t stride_h, int64_t stride_w, int64_t pad_h,
+                        int64_t pad_w, dispatch_tensor **out) {
+  dsp_attrs a = pool_attrs(kh, kw, stride_h, stride_w, pad_h, pad_w);
+  return run1(DSP_OP_MAX_POOL2D, x, &a, out);
+}
+
+int dispatch_avg_pool2d(dispatch_tensor *x, int64_t kh, int64_t kw,
+                        int64_t stride_h, int64_t stride_w, int64_t pad_h,
+                        int64_t pad_w, dispatch_tensor **out) {
+  dsp_attrs a = pool_attrs(kh, kw, stride_h, stride_w, pad_h, pad_w);
+  return run1(DSP_OP_AVG_POOL2D, x, &a, out);
+}
+
+int dispatch_max_pool2d_backward(dispatch_tensor *grad, dispatch_tensor *x,
+                                 int64_t kh, int64_t kw, int64_t stride_h,
+                                 int64_t stride_w, int64_t pad_h,
+                                 int64_t pad_w, dispatch_tensor **out) {
+  dsp_attrs a = pool_attrs(kh, kw, stride_h, stride_w, pad_h, pad_w);
+  return run2(DSP_OP_MAX_POOL2D_BACKWARD, grad, x, &a, out);
+}
+
+int dispatch_avg_pool2d_backward(dispatch_tensor *grad, dispatch_tensor *x,
+                                 int64_t kh, int64_t kw, int64_t stride_h,
+                                 int64_t stride_w, int64_t pad_h,
+                                 int64_t pad_w, dispatch_tensor **out) {
+  dsp_attrs a = pool_attrs(kh, kw, stride_h, stride_w, pad_h, pad_w);
+  return run2(DSP_OP_AVG_POOL2D_BACKWARD, grad, x, &a, out);
+}
+
+int dispatch_dropout(dispatch_tensor *x, double p, uint64_t seed,
+                     dispatch_tensor **out) {
+  dsp_attrs a = dsp_attrs_f1(p);
+  a.ints[0] = (int64_t)seed;
+  a.n_ints = 1;
+  return run1(DSP_OP_DROPOUT, x, &a, out);
+}
+
+/* ------------------------------------------------------------------ */
+/* creation                                                            */
+
+static int create(dispatch_device *dev, dsp_opcode op, int64_t head0,
+                  int has_seed, int64_t seed, int ndim, const int64_t *shape,
+                  const double *f, int nf, dispatch_tensor **out) {
+  if (out) *out = NULL;
+  if (!dev) return DISPATCH_EINVAL;
+  if (ndim < 0 || ndim > DSP_MAX_DIMS || (ndim && !shape))
+    return dispatch__ret(dev, dsp_seterr(dev->ctx, DISPATCH_EINVAL,
+                                         "%s: rank %d is outside 0..%d",
+                                         dsp_op_lookup((int)op)->name, ndim,
+                                         DSP_MAX_DIMS));
+  dsp_attrs a = dsp_attrs_none();
+  a.ints[a.n_ints++] = head0;
+  if (has_seed) a.ints[a.n_ints++] = seed;
+  for (int i = 0; i < ndim; i++) a.ints[a.n_ints++] = shape[i];
+  for (int i = 0; i < nf; i++) a.floats[a.n_floats++] = f[i];
+  return dispatch__run(dev, op, NULL, 0, &a, 1, out);
+}
+
+int dispatch_zeros(dispatch_device *dev, dispatch_dtype dtype, int ndim,
+                   const int64_t *shape, dispatch_tensor **out) {
+  return create(dev, DSP_OP_ZEROS, dtype, 0, 0, ndim, shape, NULL, 0, out);
+}
+
+int dispatch_ones(dispatch_device *dev, dispatch_dtype dtype, int ndim,
+                  const int64_t *shape, dispatch_tensor **out) {
+  return create(dev, DSP_OP_ONES, dtype, 0, 0, ndim, shape, NULL, 0, out);
+}
+
+int dispatch_full(dispatch_device *dev, dispatch_dtype dtype, int ndim,
+                  const int64_t *shape, double value, dispatch_tensor **out) {
+  return create(dev, DSP_OP_FULL, dtype, 0, 0, ndim, shape, &value, 1, out);
+}
+
+int dispatch_arange(dispatch_device *dev, dispatch_dtype dtype, double start,
+                    double end, double step, dispatch_tensor **out) {
+  double f[3] = {start, end, step};
+  return create(dev, DSP_OP_ARANGE, dtype, 0, 0, 0, NULL, f, 3, out);
+}
+
+int dispatch_uniform(dispatch_device *dev, dispatch_dtype dtype, int ndim,
+                     const int64_t *shape, double lo, double hi,
+                     uint64_t seed, dispatch_tensor **out) {
+  double f[2] = {lo, hi};
+  return create(dev, DSP_OP_UNIFORM, dtype, 1, (int64_t)seed, ndim, shape, f,
+                2, out);
+}
+
+int dispatch_normal(dispatch_device *dev, dispatch_dtype dtype, int ndim,
+                    const int64_t *shape, double mean, double std,
+                    uint64_t seed, dispatch_tensor **out) {
+  double f[2] = {mean, std};
+  return create(dev, DSP_OP_NORMAL, dtype, 1, (int64_t)seed, ndim, shape, f,
+                2, out);
+}
