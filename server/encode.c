@@ -1,0 +1,144 @@
+/* Reply framing and request descriptions shared by the loop and workers. */
+#include <stdio.h>
+#include <string.h>
+
+#include "frame.h"
+#include "sv.h"
+
+static void *pb_alloc(void *ud, size_t size) {
+  (void)ud;
+  return dsp_malloc(size);
+}
+static void pb_free(void *ud, void *p) {
+  (void)ud;
+  dsp_free(p);
+}
+ProtobufCAllocator sv_pb_allocator = {pb_alloc, pb_free, NULL};
+
+void sv_job_free(sv_job *j) {
+  if (!j) return;
+  if (j->req) dispatch__request__free_unpacked(j->req, &sv_pb_allocator);
+  dsp_tensor_unref(j->upload);
+  dsp_free(j->pre_msg);
+  dsp_free(j->out);
+  dsp_free(j);
+}
+
+int sv_encode_reply(const Dispatch__Reply *r, const void *bulk,
+                    size_t bulk_len, uint8_t **out, size_t *out_len) {
+  *out = NULL;
+  *out_len = 0;
+  size_t mlen = dispatch__reply__get_packed_size(r);
+  if (mlen > UINT32_MAX || bulk_len > SIZE_MAX - DSP_FRAME_HEADER_SIZE - mlen)
+    return DISPATCH_ETOOLARGE;
+  size_t total = DSP_FRAME_HEADER_SIZE + mlen + bulk_len;
+  uint8_t *buf = dsp_malloc(total);
+  if (!buf) return DISPATCH_ENOMEM;
+  dsp_frame_header h = {(uint32_t)mlen, 0, bulk_len};
+  dsp_frame_header_encode(buf, &h);
+  dispatch__reply__pack(r, buf + DSP_FRAME_HEADER_SIZE);
+  if (bulk_len) memcpy(buf + DSP_FRAME_HEADER_SIZE + mlen, bulk, bulk_len);
+  *out = buf;
+  *out_len = total;
+  return 0;
+}
+
+int sv_encode_error(uint64_t req_id, int code, const char *msg,
+                    uint64_t failed_req, uint8_t **out, size_t *out_len) {
+  Dispatch__Reply r = DISPATCH__REPLY__INIT;
+  Dispatch__Error e = DISPATCH__ERROR__INIT;
+  e.code = code;
+  e.message = (char *)(msg ? msg : "");
+  e.failed_req_id = failed_req;
+  r.req_id = req_id;
+  r.error = &e;
+  return sv_encode_reply(&r, NULL, 0, out, out_len);
+}
+
+/* Appends "a, b, c" of at most 8 ids, then ", ..." */
+static void ids_str(char *buf, size_t len, const uint64_t *ids, size_t n) {
+  size_t used = 0;
+  buf[0] = '\0';
+  for (size_t i = 0; i < n && used < len; i++) {
+    if (i == 8) {
+      snprintf(buf + used, len - used, ", ...");
+      return;
+    }
+    int w = snprintf(buf + used, len - used, "%s%llu", i ? ", " : "",
+                     (unsigned long long)ids[i]);
+    if (w < 0) return;
+    used += (size_t)w;
+  }
+}
+
+static const char *op_name(int code) {
+  const dsp_op_info *i = dsp_op_lookup(code);
+  return i ? i->name : "unknown-op";
+}
+
+void sv_describe(const Dispatch__Request *r, char *buf, size_t len) {
+  char ids[160], ids2[160];
+  switch (r->body_case) {
+    case DISPATCH__REQUEST__BODY_HELLO:
+      snprintf(buf, len, "hello %u.%u", r->hello->major, r->hello->minor);
+      break;
+    case DISPATCH__REQUEST__BODY_UPLOAD: {
+      dsp_meta m = {0};
+      char shape[128] = "?";
+      if (r->upload->meta) {
+        m.dtype = dsp_dtype_valid(r->upload->meta->dtype)
+                      ? (dsp_dtype)r->upload->meta->dtype
+                      : DSP_F32;
+        m.ndim = r->upload->meta->n_shape > DSP_MAX_DIMS
+                     ? DSP_MAX_DIMS
+                     : (int)r->upload->meta->n_shape;
+        for (int i = 0; i < m.ndim; i++) m.shape[i] = r->upload->meta->shape[i];
+        dsp_shape_str(&m, shape, sizeof shape);
+      }
+      snprintf(buf, len, "upload %llu %s %s",
+               (unsigned long long)r->upload->id,
+               r->upload->meta && dsp_dtype_valid(r->upload->meta->dtype)
+                   ? dsp_dtype_name(m.dtype)
+                   : "bad-dtype",
+               shape);
+      break;
+    }
+    case DISPATCH__REQUEST__BODY_OP:
+      ids_str(ids, sizeof ids, r->op->inputs, r->op->n_inputs);
+      snprintf(buf, len, "op %s [%s] -> %llu", op_name(r->op->op), ids,
+               (unsigned long long)r->op->output);
+      break;
+    case DISPATCH__REQUEST__BODY_TRACK:
+      snprintf(buf, len, "track %llu", (unsigned long long)r->track->id);
+      break;
+    case DISPATCH__REQUEST__BODY_BACKWARD:
+      snprintf(buf, len, "backward loss %llu -> grads %llu%s",
+               (unsigned long long)r->backward->loss,
+               (unsigned long long)r->backward->grads,
+               r->backward->retain ? " (retain)" : "");
+      break;
+    case DISPATCH__REQUEST__BODY_GRAD:
+      snprintf(buf, len, "grad grads %llu tensor %llu -> %llu",
+               (unsigned long long)r->grad->grads,
+               (unsigned long long)r->grad->tensor,
+               (unsigned long long)r->grad->output);
+      break;
+    case DISPATCH__REQUEST__BODY_STEP:
+      ids_str(ids, sizeof ids, r->step->params, r->step->n_params);
+      snprintf(buf, len, "step %s grads %llu params [%s]",
+               op_name(r->step->op), (unsigned long long)r->step->grads, ids);
+      break;
+    case DISPATCH__REQUEST__BODY_FREE:
+      ids_str(ids, sizeof ids, r->free->tensors, r->free->n_tensors);
+      ids_str(ids2, sizeof ids2, r->free->grads, r->free->n_grads);
+      snprintf(buf, len, "free tensors [%s] grads [%s]", ids, ids2);
+      break;
+    case DISPATCH__REQUEST__BODY_READ:
+      snprintf(buf, len, "read %llu", (unsigned long long)r->read->id);
+      break;
+    case DISPATCH__REQUEST__BODY_SYNC: snprintf(buf, len, "sync"); break;
+    case DISPATCH__REQUEST__BODY_STATS: snprintf(buf, len, "stats"); break;
+    case DISPATCH__REQUEST__BODY_BYE: snprintf(buf, len, "bye"); break;
+    default: snprintf(buf, len, "empty request"); break;
+  }
+}

@@ -1,0 +1,767 @@
+/* The libuv loop: accepts connections, frames and decodes requests, hands
+ * them to the worker pool and writes replies. The loop only does I/O and
+ * structural checks; nothing here runs a kernel.
+ *
+ * Ownership: a connection struct embeds its uv handles and is freed only
+ * when both handles are closed and its session's teardown job (the last
+ * job of the session, run on a worker after any running job) came back.
+ * Each uv_write has an sv_write that owns its buffer until on_write. */
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+#include <uv.h>
+
+#include "frame.h"
+#include "sv.h"
+
+enum { ST_HEADER, ST_MSG, ST_BULK, ST_DEAD };
+#define RBUF_SIZE 65536
+
+typedef struct sv_server sv_server;
+
+typedef struct sv_conn {
+  uv_tcp_t tcp; /* first: the handle pointer is the conn pointer */
+  uv_timer_t idle;
+  sv_server *srv;
+  sv_session *sess;
+  sv_job *teardown; /* allocated up front so closing never fails */
+  struct sv_conn *prev, *next;
+  unsigned long long id;
+  char peer[96];
+  /* parser: keeps its place across partial reads */
+  int state;
+  uint8_t hdr[DSP_FRAME_HEADER_SIZE];
+  size_t hdr_got;
+  uint8_t *msg;
+  uint32_t msg_len, msg_got;
+  uint64_t bulk_len, bulk_got;
+  uint8_t *bulk_dst; /* NULL: the bulk is read and discarded */
+  sv_job *bulk_job;
+  int hello_done;
+  /* lifecycle */
+  int closing, close_after_flush, paused, handles_open, teardown_done;
+  uint64_t outq_bytes;
+  int writes_pending;
+  uint32_t inflight;
+  unsigned long long n_requests;
+  uint8_t rbuf[RBUF_SIZE];
+} sv_conn;
+
+struct sv_server {
+  uv_loop_t loop;
+  uv_tcp_t listener;
+  uv_signal_t sigint, sigterm;
+  const sv_config *cfg;
+  sv_global g;
+  sv_pool *pool;
+  dsp_ctx *io_ctx; /* loop-thread ctx for upload allocation */
+  unsigned long long next_id;
+  int n_conns;
+  int shutting_down;
+  sv_conn *conns;
+};
+
+typedef struct sv_write {
+  uv_write_t req;
+  uint8_t *buf;
+  size_t len;
+} sv_write;
+
+static void conn_close(sv_conn *c, const char *reason);
+
+/* ------------------------------------------------------------ writes */
+
+static void on_write(uv_write_t *req, int status) {
+  sv_write *w = (sv_write *)req;
+  sv_conn *c = (sv_conn *)req->handle;
+  c->outq_bytes -= w->len;
+  c->writes_pending--;
+  dsp_free(w->buf);
+  dsp_free(w);
+  if (c->closing) return;
+  if (status < 0) conn_close(c, uv_strerror(status));
+  else if (c->close_after_flush && c->writes_pending == 0)
+    conn_close(c, "after its last reply");
+}
+
+/* Queues one frame, taking buf. A client whose unsent replies pass the
+ * output limit is dropped: it does not read what it asked for. */
+static void queue_write(sv_conn *c, uint8_t *buf, size_t len) {
+  if (c->closing) {
+    dsp_free(buf);
+    return;
+  }
+  if (c->outq_bytes > c->srv->cfg->max_output_queue) {
+    dsp_free(buf);
+    atomic_fetch_add(&c->srv->g.limit_violations, 1);
+    sv_log(SV_LOG_WARN,
+           "conn %llu (%s): output queue holds %llu bytes, over %llu: "
+           "dropping a client that does not read its replies",
+           c->id, c->peer, (unsigned long long)c->outq_bytes,
+           (unsigned long long)c->srv->cfg->max_output_queue);
+    conn_close(c, "slow reader");
+    return;
+  }
+  sv_write *w = dsp_malloc(sizeof *w);
+  if (!w) {
+    dsp_free(buf);
+    conn_close(c, "out of memory queueing a reply");
+    return;
+  }
+  w->buf = buf;
+  w->len = len;
+  uv_buf_t b = uv_buf_init((char *)buf, (unsigned)len);
+  int rc = uv_write(&w->req, (uv_stream_t *)&c->tcp, &b, 1, on_write);
+  if (rc < 0) {
+    dsp_free(buf);
+    dsp_free(w);
+    conn_close(c, uv_strerror(rc));
+    return;
+  }
+  c->outq_bytes += len;
+  c->writes_pending++;
+}
+
+/* Sends an Error frame and closes the connection once it is written. */
+static void refuse(sv_conn *c, uint64_t req_id, int code, const char *msg) {
+  uint8_t *buf;
+  size_t len;
+  c->state = ST_DEAD;
+  uv_read_stop((uv_stream_t *)&c->tcp);
+  if (sv_encode_error(req_id, code, msg, req_id, &buf, &len) < 0) {
+    conn_close(c, "out of memory for an error frame");
+    return;
+  }
+  c->close_after_flush = 1;
+  queue_write(c, buf, len);
+}
+
+static void proto_error(sv_conn *c, uint64_t req_id, int code,
+                        const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static void proto_error(sv_conn *c, uint64_t req_id, int code,
+                        const char *fmt, ...) {
+  char msg[512];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  atomic_fetch_add(&c->srv->g.protocol_errors, 1);
+  sv_log(SV_LOG_WARN, "conn %llu (%s): protocol error: %s: %s", c->id,
+         c->peer, dispatch_err_name(code), msg);
+  refuse(c, req_id, code, msg);
+}
+
+/* ------------------------------------------------------------ lifecycle */
+
+static void finish_shutdown(sv_server *srv) {
+  if (!srv->pool) return;
+  sv_pool_close(srv->pool);
+  srv->pool = NULL;
+}
+
+static void maybe_free(sv_conn *c) {
+  if (c->handles_open > 0 || !c->teardown_done) return;
+  sv_server *srv = c->srv;
+  if (c->prev) c->prev->next = c->next;
+  else srv->conns = c->next;
+  if (c->next) c->next->prev = c->prev;
+  dsp_free(c->sess);
+  dsp_free(c->msg);
+  sv_job_free(c->bulk_job);
+  dsp_free(c);
+  srv->n_conns--;
+  atomic_fetch_sub(&srv->g.sessions, 1);
+  if (srv->shutting_down && srv->n_conns == 0) finish_shutdown(srv);
+}
+
+static void on_handle_closed(uv_handle_t *h) {
+  sv_conn *c = h->data;
+  c->handles_open--;
+  maybe_free(c);
+}
+
+/* Stops reading, cancels the session's queued requests and queues its
+ * teardown behind any request a worker is running now. Idempotent. */
+static void conn_close(sv_conn *c, const char *reason) {
+  if (c->closing) return;
+  c->closing = 1;
+  c->state = ST_DEAD;
+  sv_log(SV_LOG_INFO, "conn %llu (%s) closed (%s) after %llu requests", c->id,
+         c->peer, reason, c->n_requests);
+  uv_read_stop((uv_stream_t *)&c->tcp);
+  uv_close((uv_handle_t *)&c->tcp, on_handle_closed);
+  uv_close((uv_handle_t *)&c->idle, on_handle_closed);
+  sv_job *list = sv_pool_cancel(c->srv->pool, c->sess);
+  while (list) {
+    sv_job *next = list->next;
+    c->inflight--;
+    sv_job_free(list);
+    list = next;
+  }
+  sv_job *t = c->teardown;
+  c->teardown = NULL;
+  sv_pool_submit(c->srv->pool, t);
+}
+
+static void on_idle(uv_timer_t *t) {
+  sv_conn *c = t->data;
+  if (c->inflight > 0 || c->writes_pending > 0) return; /* still working */
+  conn_close(c, "idle timeout");
+}
+
+static void touch(sv_conn *c) {
+  int s = c->srv->cfg->idle_timeout_s;
+  if (s > 0 && !c->closing)
+    uv_timer_start(&c->idle, on_idle, (uint64_t)s * 1000, (uint64_t)s * 1000);
+}
+
+/* ------------------------------------------------------------ requests */
+
+static void submit(sv_conn *c, sv_job *j) {
+  j->sess = c->sess;
+  c->inflight++;
+  sv_pool_submit(c->srv->pool, j);
+  if (c->inflight >= c->srv->cfg->max_queued && !c->paused) {
+    c->paused = 1; /* input backpressure until the workers catch up */
+    uv_read_stop((uv_stream_t *)&c->tcp);
+  }
+}
+
+static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf);
+static void on_alloc(uv_handle_t *h, size_t hint, uv_buf_t *buf);
+
+static void on_done(sv_job *j, void *ud) {
+  (void)ud;
+  sv_conn *c = j->sess->owner;
+  if (j->kind == SV_JOB_TEARDOWN) {
+    c->teardown_done = 1;
+    sv_job_free(j);
+    maybe_free(c);
+    return;
+  }
+  c->inflight--;
+  if (c->closing) {
+    sv_job_free(j);
+    return;
+  }
+  Dispatch__Request__BodyCase bc = j->req->body_case;
+  int wants_reply = bc == DISPATCH__REQUEST__BODY_READ ||
+                    bc == DISPATCH__REQUEST__BODY_BACKWARD ||
+                    bc == DISPATCH__REQUEST__BODY_SYNC ||
+                    bc == DISPATCH__REQUEST__BODY_STATS;
+  if (j->out) {
+    if (SV_LOG_ON(SV_LOG_DEBUG)) {
+      uint32_t mlen = (uint32_t)j->out[0] | (uint32_t)j->out[1] << 8 |
+                      (uint32_t)j->out[2] << 16 | (uint32_t)j->out[3] << 24;
+      Dispatch__Reply *r = dispatch__reply__unpack(&sv_pb_allocator, mlen,
+                                  j->out + DSP_FRAME_HEADER_SIZE);
+      if (r) {
+        const char *kind = r->error ? "error"
+                           : r->body_case == DISPATCH__REPLY__BODY_READ
+                               ? "read"
+                           : r->body_case == DISPATCH__REPLY__BODY_STATS
+                               ? "stats"
+                               : "ok";
+        sv_log(SV_LOG_DEBUG, "conn %llu <- reply req %llu: %s%s%s (%zu bytes)",
+               c->id, (unsigned long long)r->req_id, kind,
+               r->error ? ": " : "", r->error ? r->error->message : "",
+               j->out_len);
+        dispatch__reply__free_unpacked(r, &sv_pb_allocator);
+      }
+    }
+    uint8_t *out = j->out;
+    j->out = NULL;
+    queue_write(c, out, j->out_len);
+  } else if (wants_reply) {
+    conn_close(c, "out of memory for a reply");
+  }
+  if (j->is_bye && !c->closing) {
+    c->close_after_flush = 1;
+    if (c->writes_pending == 0) conn_close(c, "bye");
+  }
+  if (c->paused && !c->closing && c->state != ST_DEAD &&
+      c->inflight < c->srv->cfg->max_queued / 2 + 1) {
+    c->paused = 0;
+    uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read);
+  }
+  sv_job_free(j);
+}
+
+static void handle_hello(sv_conn *c, Dispatch__Request *req) {
+  Dispatch__Hello *h = req->hello;
+  const sv_config *cfg = c->srv->cfg;
+  if (h->major != DSP_PROTO_MAJOR) {
+    char msg[256];
+    snprintf(msg, sizeof msg,
+             "protocol version mismatch: client speaks %u.%u, server speaks "
+             "%d.%d",
+             h->major, h->minor, DSP_PROTO_MAJOR, DSP_PROTO_MINOR);
+    sv_log(SV_LOG_WARN, "conn %llu (%s): refused: %s", c->id, c->peer, msg);
+    refuse(c, req->req_id, DISPATCH_EVERSION, msg);
+    return;
+  }
+  const dsp_backend *be = dsp_cpu_backend();
+  char *dtypes[DSP_NDTYPES];
+  for (int i = 0; i < DSP_NDTYPES; i++)
+    dtypes[i] = (char *)dsp_dtype_name((dsp_dtype)i);
+  Dispatch__Reply r = DISPATCH__REPLY__INIT;
+  Dispatch__HelloReply hr = DISPATCH__HELLO_REPLY__INIT;
+  hr.major = DSP_PROTO_MAJOR;
+  hr.minor = DSP_PROTO_MINOR;
+  hr.server_version = DISPATCH_VERSION_STRING;
+  hr.backend = (char *)be->name;
+  hr.device = (char *)be->device;
+  hr.n_dtypes = DSP_NDTYPES;
+  hr.dtypes = dtypes;
+  hr.max_frame = cfg->max_frame;
+  hr.max_session_bytes = cfg->max_session_bytes;
+  hr.max_rank = DSP_MAX_DIMS;
+  hr.max_elements = cfg->max_elements;
+  hr.max_queued = cfg->max_queued;
+  r.req_id = req->req_id;
+  r.body_case = DISPATCH__REPLY__BODY_HELLO;
+  r.hello = &hr;
+  uint8_t *buf;
+  size_t len;
+  if (sv_encode_reply(&r, NULL, 0, &buf, &len) < 0) {
+    conn_close(c, "out of memory for the hello reply");
+    return;
+  }
+  c->hello_done = 1;
+  sv_log(SV_LOG_INFO, "conn %llu (%s): hello from '%s', protocol %u.%u",
+         c->id, c->peer, h->client_name ? h->client_name : "", h->major,
+         h->minor);
+  queue_write(c, buf, len);
+}
+
+static int set_pre_err(sv_job *j, int code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static int set_pre_err(sv_job *j, int code, const char *fmt, ...) {
+  char msg[512];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  j->pre_err = code;
+  j->pre_msg = dsp_strdup(msg); /* NULL is fine: the code still travels */
+  return code;
+}
+
+/* Checks an Upload against every limit before allocating, then allocates
+ * the tensor so the bulk lands straight in its storage. A failure keeps
+ * the stream in sync by discarding the bulk and defers the error. */
+static void prepare_upload(sv_conn *c, sv_job *j) {
+  const sv_config *cfg = c->srv->cfg;
+  Dispatch__Upload *u = j->req->upload;
+  dsp_meta m;
+  memset(&m, 0, sizeof m);
+  int64_t numel = 0;
+  if (!u->meta) {
+    set_pre_err(j, DISPATCH_EINVAL, "upload: no tensor meta");
+  } else if (u->meta->n_shape > DSP_MAX_DIMS) {
+    set_pre_err(j, DISPATCH_EINVAL, "upload: rank %zu, at most %d",
+                u->meta->n_shape, DSP_MAX_DIMS);
+  } else if (!dsp_dtype_valid(u->meta->dtype)) {
+    set_pre_err(j, DISPATCH_EDTYPE, "upload: dtype %d is not a dtype",
+                u->meta->dtype);
+  } else {
+    m.dtype = (dsp_dtype)u->meta->dtype;
+    m.ndim = (int)u->meta->n_shape;
+    for (int i = 0; i < m.ndim; i++) m.shape[i] = u->meta->shape[i];
+    char shape[160];
+    dsp_shape_str(&m, shape, sizeof shape);
+    int rc = dsp_meta_numel(c->srv->io_ctx, &m, &numel);
+    uint64_t nbytes = (uint64_t)numel * dsp_dtype_size(m.dtype);
+    uint64_t have = (uint64_t)atomic_load(&c->sess->bytes) +
+                    (uint64_t)atomic_load(&c->sess->queued_bytes);
+    if (rc < 0) {
+      set_pre_err(j, rc, "upload: %s", dsp_ctx_errmsg(c->srv->io_ctx));
+    } else if ((uint64_t)numel > cfg->max_elements) {
+      atomic_fetch_add(&c->srv->g.limit_violations, 1);
+      set_pre_err(j, DISPATCH_ELIMIT,
+                  "upload: shape %s has %lld elements, over the limit of "
+                  "%llu",
+                  shape, (long long)numel,
+                  (unsigned long long)cfg->max_elements);
+    } else if (nbytes != c->bulk_len) {
+      set_pre_err(j, DISPATCH_EINVAL,
+                  "upload: %llu bulk bytes, but %s %s needs %llu",
+                  (unsigned long long)c->bulk_len, dsp_dtype_name(m.dtype),
+                  shape, (unsigned long long)nbytes);
+    } else if (nbytes > cfg->max_session_bytes ||
+               have > cfg->max_session_bytes - nbytes) {
+      atomic_fetch_add(&c->srv->g.limit_violations, 1);
+      set_pre_err(j, DISPATCH_EQUOTA,
+                  "upload: session holds %llu bytes; %llu more would pass "
+                  "the quota of %llu bytes",
+                  (unsigned long long)have, (unsigned long long)nbytes,
+                  (unsigned long long)cfg->max_session_bytes);
+    } else {
+      dsp_tensor *t;
+      rc = dsp_tensor_new(c->srv->io_ctx, &m, &t);
+      if (rc < 0) {
+        set_pre_err(j, rc, "upload: %s", dsp_ctx_errmsg(c->srv->io_ctx));
+      } else {
+        j->upload = t;
+        j->upload_bytes = nbytes;
+        atomic_fetch_add(&c->sess->queued_bytes, (long long)nbytes);
+      }
+    }
+  }
+  c->bulk_job = j;
+  c->bulk_got = 0;
+  c->bulk_dst = j->upload ? dsp_tensor_data(j->upload) : NULL;
+  c->state = ST_BULK;
+}
+
+static void finish_bulk(sv_conn *c) {
+  sv_job *j = c->bulk_job;
+  c->bulk_job = NULL;
+  c->bulk_dst = NULL;
+  c->state = ST_HEADER;
+  c->hdr_got = 0;
+  submit(c, j);
+}
+
+/* Decodes one complete message; anything structurally wrong is a
+ * protocol error that closes this connection only. */
+static void handle_msg(sv_conn *c) {
+  Dispatch__Request *req =
+      dispatch__request__unpack(&sv_pb_allocator, c->msg_len, c->msg);
+  dsp_free(c->msg);
+  c->msg = NULL;
+  if (!req) {
+    proto_error(c, 0, DISPATCH_EPROTO,
+                "undecodable request message (%u bytes)", c->msg_len);
+    return;
+  }
+  c->n_requests++;
+  uint64_t rid = req->req_id;
+  if (SV_LOG_ON(SV_LOG_DEBUG)) {
+    char desc[256];
+    sv_describe(req, desc, sizeof desc);
+    sv_log(SV_LOG_DEBUG, "conn %llu -> req %llu: %s%s", c->id,
+           (unsigned long long)rid, desc,
+           c->bulk_len ? " (+bulk)" : "");
+  }
+  const char *bad = NULL;
+  char why[128];
+  if (req->body_case == DISPATCH__REQUEST__BODY__NOT_SET) {
+    bad = "request has no body";
+  } else if (!c->hello_done &&
+             req->body_case != DISPATCH__REQUEST__BODY_HELLO) {
+    bad = "the first request must be a hello";
+  } else if (c->hello_done &&
+             req->body_case == DISPATCH__REQUEST__BODY_HELLO) {
+    bad = "a second hello";
+  } else if (req->body_case != DISPATCH__REQUEST__BODY_UPLOAD &&
+             c->bulk_len != 0) {
+    bad = "only an upload may carry a bulk part";
+  } else if (req->body_case == DISPATCH__REQUEST__BODY_OP &&
+             !dsp_op_lookup(req->op->op)) {
+    snprintf(why, sizeof why, "unknown op code %d", req->op->op);
+    bad = why;
+  }
+  if (bad) {
+    dispatch__request__free_unpacked(req, &sv_pb_allocator);
+    proto_error(c, rid, DISPATCH_EPROTO, "request %llu: %s",
+                (unsigned long long)rid, bad);
+    return;
+  }
+  if (req->body_case == DISPATCH__REQUEST__BODY_HELLO) {
+    handle_hello(c, req);
+    dispatch__request__free_unpacked(req, &sv_pb_allocator);
+    c->state = c->state == ST_DEAD ? ST_DEAD : ST_HEADER;
+    c->hdr_got = 0;
+    return;
+  }
+  sv_job *j = dsp_calloc(1, sizeof *j);
+  if (!j) {
+    dispatch__request__free_unpacked(req, &sv_pb_allocator);
+    conn_close(c, "out of memory for a request");
+    return;
+  }
+  j->req = req;
+  if (req->body_case == DISPATCH__REQUEST__BODY_UPLOAD) {
+    prepare_upload(c, j);
+    if (c->bulk_len == 0) finish_bulk(c);
+    return;
+  }
+  c->state = ST_HEADER;
+  c->hdr_got = 0;
+  if (req->body_case == DISPATCH__REQUEST__BODY_BYE) {
+    c->state = ST_DEAD; /* nothing after a bye is read */
+    uv_read_stop((uv_stream_t *)&c->tcp);
+  }
+  submit(c, j);
+}
+
+static void parse(sv_conn *c, const uint8_t *p, size_t n) {
+  const sv_config *cfg = c->srv->cfg;
+  while (n > 0 && !c->closing) {
+    if (c->state == ST_HEADER) {
+      size_t take = DSP_FRAME_HEADER_SIZE - c->hdr_got;
+      if (take > n) take = n;
+      memcpy(c->hdr + c->hdr_got, p, take);
+      c->hdr_got += take;
+      p += take;
+      n -= take;
+      if (c->hdr_got < DSP_FRAME_HEADER_SIZE) return;
+      dsp_frame_header h;
+      int rc = dsp_frame_header_decode(c->hdr, cfg->max_msg, cfg->max_frame,
+                                       &h);
+      if (rc == 0 && h.msg_len + h.bulk_len > cfg->max_frame)
+        rc = DISPATCH_ETOOLARGE;
+      if (rc < 0) {
+        proto_error(c, 0, rc,
+                    "bad frame header: message %u bytes (limit %llu), bulk "
+                    "%llu bytes (frame limit %llu), flags %u",
+                    h.msg_len, (unsigned long long)cfg->max_msg,
+                    (unsigned long long)h.bulk_len,
+                    (unsigned long long)cfg->max_frame, h.flags);
+        return;
+      }
+      if (h.msg_len == 0) {
+        proto_error(c, 0, DISPATCH_EPROTO, "frame has no message");
+        return;
+      }
+      c->msg = dsp_malloc(h.msg_len);
+      if (!c->msg) {
+        conn_close(c, "out of memory for a message");
+        return;
+      }
+      c->msg_len = h.msg_len;
+      c->msg_got = 0;
+      c->bulk_len = h.bulk_len;
+      c->state = ST_MSG;
+    } else if (c->state == ST_MSG) {
+      size_t take = c->msg_len - c->msg_got;
+      if (take > n) take = n;
+      memcpy(c->msg + c->msg_got, p, take);
+      c->msg_got += (uint32_t)take;
+      p += take;
+      n -= take;
+      if (c->msg_got == c->msg_len) handle_msg(c);
+    } else if (c->state == ST_BULK) {
+      uint64_t rem = c->bulk_len - c->bulk_got;
+      size_t take = rem < n ? (size_t)rem : n;
+      if (c->bulk_dst) memcpy(c->bulk_dst + c->bulk_got, p, take);
+      c->bulk_got += take;
+      p += take;
+      n -= take;
+      if (c->bulk_got == c->bulk_len) finish_bulk(c);
+    } else {
+      return; /* ST_DEAD: the rest is ignored */
+    }
+  }
+}
+
+/* Points libuv straight into tensor storage while an upload's bulk is
+ * being read, so tensor bytes are never copied through a buffer. */
+static void on_alloc(uv_handle_t *h, size_t hint, uv_buf_t *buf) {
+  (void)hint;
+  sv_conn *c = h->data;
+  if (c->state == ST_BULK && c->bulk_dst && c->bulk_got < c->bulk_len) {
+    uint64_t rem = c->bulk_len - c->bulk_got;
+    if (rem > (1u << 30)) rem = 1u << 30;
+    *buf = uv_buf_init((char *)c->bulk_dst + c->bulk_got, (unsigned)rem);
+  } else {
+    *buf = uv_buf_init((char *)c->rbuf, RBUF_SIZE);
+  }
+}
+
+static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
+  sv_conn *c = s->data;
+  if (c->closing) return;
+  if (nread < 0) {
+    conn_close(c, nread == UV_EOF ? "peer closed" : uv_strerror((int)nread));
+    return;
+  }
+  if (nread == 0) return;
+  touch(c);
+  if ((uint8_t *)buf->base != c->rbuf) {
+    c->bulk_got += (uint64_t)nread;
+    if (c->bulk_got == c->bulk_len) finish_bulk(c);
+    return;
+  }
+  parse(c, c->rbuf, (size_t)nread);
+}
+
+/* ------------------------------------------------------------ accept */
+
+static void free_handle(uv_handle_t *h) { dsp_free(h); }
+
+static void on_connection(uv_stream_t *l, int status) {
+  sv_server *srv = l->data;
+  if (status < 0) {
+    sv_log(SV_LOG_WARN, "accept failed: %s", uv_strerror(status));
+    return;
+  }
+  sv_conn *c = dsp_calloc(1, sizeof *c);
+  sv_job *td = dsp_calloc(1, sizeof *td);
+  sv_session *sess = c ? sv_session_new(srv->cfg, &srv->g, c) : NULL;
+  if (!c || !td || !sess) {
+    /* accept and drop, so the kernel's backlog does not fill up */
+    uv_tcp_t *tmp = dsp_malloc(sizeof *tmp);
+    if (sess) {
+      sv_session_teardown(sess);
+      dsp_free(sess);
+    }
+    dsp_free(td);
+    dsp_free(c);
+    sv_log(SV_LOG_ERROR, "out of memory accepting a connection");
+    if (tmp && uv_tcp_init(&srv->loop, tmp) == 0) {
+      if (uv_accept(l, (uv_stream_t *)tmp) != 0) {}
+      uv_close((uv_handle_t *)tmp, free_handle);
+    } else {
+      dsp_free(tmp);
+    }
+    return;
+  }
+  c->srv = srv;
+  c->sess = sess;
+  td->kind = SV_JOB_TEARDOWN;
+  td->sess = sess;
+  c->teardown = td;
+  c->id = ++srv->next_id;
+  snprintf(c->peer, sizeof c->peer, "?");
+  uv_tcp_init(&srv->loop, &c->tcp);
+  uv_timer_init(&srv->loop, &c->idle);
+  c->tcp.data = c;
+  c->idle.data = c;
+  c->handles_open = 2;
+  c->next = srv->conns;
+  if (srv->conns) srv->conns->prev = c;
+  srv->conns = c;
+  srv->n_conns++;
+  atomic_fetch_add(&srv->g.sessions, 1);
+  if (uv_accept(l, (uv_stream_t *)&c->tcp) != 0) {
+    conn_close(c, "accept failed");
+    return;
+  }
+  struct sockaddr_storage ss;
+  int len = sizeof ss;
+  if (uv_tcp_getpeername(&c->tcp, (struct sockaddr *)&ss, &len) == 0 &&
+      ss.ss_family == AF_INET) {
+    char ip[32];
+    const struct sockaddr_in *sin = (const struct sockaddr_in *)&ss;
+    uv_ip4_name(sin, ip, sizeof ip);
+    snprintf(c->peer, sizeof c->peer, "%s:%d", ip, ntohs(sin->sin_port));
+  } else if (ss.ss_family == AF_INET6) {
+    char ip[64];
+    const struct sockaddr_in6 *s6 = (const struct sockaddr_in6 *)&ss;
+    uv_ip6_name(s6, ip, sizeof ip);
+    snprintf(c->peer, sizeof c->peer, "[%s]:%d", ip, ntohs(s6->sin6_port));
+  }
+  uv_tcp_nodelay(&c->tcp, 1);
+  sv_log(SV_LOG_INFO, "conn %llu (%s) opened", c->id, c->peer);
+  if (srv->shutting_down) {
+    conn_close(c, "server shutting down");
+    return;
+  }
+  if (srv->n_conns > srv->cfg->max_sessions) {
+    char msg[128];
+    atomic_fetch_add(&srv->g.limit_violations, 1);
+    snprintf(msg, sizeof msg, "server already serves %d sessions (limit)",
+             srv->n_conns - 1);
+    sv_log(SV_LOG_WARN, "conn %llu (%s): refused: %s", c->id, c->peer, msg);
+    refuse(c, 0, DISPATCH_ELIMIT, msg);
+    return;
+  }
+  touch(c);
+  uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read);
+}
+
+/* ------------------------------------------------------------ run */
+
+static void on_signal(uv_signal_t *sig, int signum) {
+  sv_server *srv = sig->data;
+  if (srv->shutting_down) return;
+  srv->shutting_down = 1;
+  sv_log(SV_LOG_INFO, "signal %d: shutting down (%d connections)", signum,
+         srv->n_conns);
+  uv_close((uv_handle_t *)&srv->listener, NULL);
+  uv_close((uv_handle_t *)&srv->sigint, NULL);
+  uv_close((uv_handle_t *)&srv->sigterm, NULL);
+  for (sv_conn *c = srv->conns; c; c = c->next) conn_close(c, "shutdown");
+  if (srv->n_conns == 0) finish_shutdown(srv);
+}
+
+int sv_run(const sv_config *cfg) {
+  sv_server *srv = dsp_calloc(1, sizeof *srv);
+  if (!srv) return DISPATCH_ENOMEM;
+  srv->cfg = cfg;
+  sv_log_level = cfg->log_level;
+  int rc = uv_loop_init(&srv->loop);
+  if (rc < 0) {
+    dsp_free(srv);
+    return DISPATCH_EIO;
+  }
+  srv->io_ctx = dsp_ctx_new();
+  srv->pool = srv->io_ctx ? sv_pool_new(&srv->loop, cfg->threads, on_done,
+                                        srv)
+                          : NULL;
+  int err = 0;
+  struct sockaddr_storage addr;
+  if (!srv->pool) {
+    sv_log(SV_LOG_ERROR, "cannot start %d worker threads", cfg->threads);
+    err = DISPATCH_ENOMEM;
+  } else if (uv_ip4_addr(cfg->host, cfg->port, (struct sockaddr_in *)&addr) !=
+                 0 &&
+             uv_ip6_addr(cfg->host, cfg->port,
+                         (struct sockaddr_in6 *)&addr) != 0) {
+    sv_log(SV_LOG_ERROR, "bad listen address '%s'", cfg->host);
+    err = DISPATCH_EINVAL;
+  } else {
+    uv_tcp_init(&srv->loop, &srv->listener);
+    srv->listener.data = srv;
+    rc = uv_tcp_bind(&srv->listener, (struct sockaddr *)&addr, 0);
+    if (rc == 0) rc = uv_listen((uv_stream_t *)&srv->listener, 128,
+                                on_connection);
+    if (rc < 0) {
+      sv_log(SV_LOG_ERROR, "cannot listen on %s:%d: %s", cfg->host,
+             cfg->port, uv_strerror(rc));
+      uv_close((uv_handle_t *)&srv->listener, NULL);
+      err = DISPATCH_EIO;
+    }
+  }
+  if (err < 0) {
+    if (srv->pool) sv_pool_close(srv->pool);
+    uv_run(&srv->loop, UV_RUN_DEFAULT);
+    uv_loop_close(&srv->loop);
+    dsp_ctx_free(srv->io_ctx);
+    dsp_free(srv);
+    return err;
+  }
+  struct sockaddr_storage bound;
+  int blen = sizeof bound;
+  uv_tcp_getsockname(&srv->listener, (struct sockaddr *)&bound, &blen);
+  char ip[64] = "?";
+  int port = 0;
+  if (bound.ss_family == AF_INET) {
+    uv_ip4_name((struct sockaddr_in *)&bound, ip, sizeof ip);
+    port = ntohs(((struct sockaddr_in *)&bound)->sin_port);
+  } else {
+    uv_ip6_name((struct sockaddr_in6 *)&bound, ip, sizeof ip);
+    port = ntohs(((struct sockaddr_in6 *)&bound)->sin6_port);
+  }
+  printf("dispatch-server listening on %s:%d\n", ip, port);
+  fflush(stdout);
+  sv_log(SV_LOG_INFO, "listening on %s:%d with %d worker threads", ip, port,
+         cfg->threads);
+  uv_signal_init(&srv->loop, &srv->sigint);
+  uv_signal_init(&srv->loop, &srv->sigterm);
+  srv->sigint.data = srv->sigterm.data = srv;
+  uv_signal_start(&srv->sigint, on_signal, SIGINT);
+  uv_signal_start(&srv->sigterm, on_signal, SIGTERM);
+
+  uv_run(&srv->loop, UV_RUN_DEFAULT);
+
+  rc = uv_loop_close(&srv->loop);
+  if (rc != 0) sv_log(SV_LOG_ERROR, "loop closed with live handles");
+  dsp_ctx_free(srv->io_ctx);
+  dsp_free(srv);
+  sv_log(SV_LOG_INFO, "shut down cleanly");
+  return 0;
+}

@@ -1,0 +1,510 @@
+/* Session execution on a worker thread: every request's ids, counts,
+ * attributes and sizes are checked before a kernel runs; failures of
+ * no-reply requests poison their outputs and become the session's deferred
+ * error, reported by the next waiting request. */
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "sv.h"
+
+#define WHY_LEN 512
+
+sv_session *sv_session_new(const sv_config *cfg, sv_global *g, void *owner) {
+  sv_session *s = dsp_calloc(1, sizeof *s);
+  if (!s) return NULL;
+  s->ctx = dsp_ctx_new();
+  if (!s->ctx) {
+    dsp_free(s);
+    return NULL;
+  }
+  sv_idmap_init(&s->tensors);
+  sv_idmap_init(&s->grads);
+  atomic_init(&s->bytes, 0);
+  atomic_init(&s->queued_bytes, 0);
+  s->cfg = cfg;
+  s->global = g;
+  s->owner = owner;
+  return s;
+}
+
+static int why_set(char *why, int code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static int why_set(char *why, int code, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(why, WHY_LEN, fmt, ap);
+  va_end(ap);
+  return code;
+}
+
+/* Copies the ctx's detail of a failed core call. */
+static int why_ctx(sv_session *s, char *why, int code) {
+  const char *m = dsp_ctx_errmsg(s->ctx);
+  return why_set(why, code, "%s", m && *m ? m : dispatch_strerror(code));
+}
+
+static void entry_free(sv_session *s, sv_entry *e) {
+  if (e->t) {
+    long long nb = (long long)dsp_tensor_nbytes(e->t);
+    atomic_fetch_sub(&s->bytes, nb);
+    atomic_fetch_sub(&s->global->bytes, nb);
+    atomic_fetch_sub(&s->global->tensors, 1);
+    s->n_live--;
+    dsp_tensor_unref(e->t);
+  }
+  dsp_free(e->poison);
+  dsp_free(e);
+}
+
+/* Inserts t under a free id, taking the caller's reference (dropped on
+ * failure). */
+static int insert(sv_session *s, uint64_t id, dsp_tensor *t, char *why) {
+  sv_entry *e = dsp_calloc(1, sizeof *e);
+  if (!e || sv_idmap_put(&s->tensors, id, e) < 0) {
+    dsp_free(e);
+    dsp_tensor_unref(t);
+    return why_set(why, DISPATCH_ENOMEM, "out of memory adding id %llu",
+                   (unsigned long long)id);
+  }
+  e->t = t;
+  long long nb = (long long)dsp_tensor_nbytes(t);
+  atomic_fetch_add(&s->bytes, nb);
+  atomic_fetch_add(&s->global->bytes, nb);
+  atomic_fetch_add(&s->global->tensors, 1);
+  s->n_live++;
+  return 0;
+}
+
+/* Marks a free id as poisoned by the failure `msg`; an id that is live is
+ * left alone (its request failed because it was in use). Out of memory
+ * leaves the id unknown, which later fails with DISPATCH_ENOID instead. */
+static void poison(sv_session *s, uint64_t id, int code, const char *msg) {
+  if (sv_idmap_get(&s->tensors, id)) return;
+  sv_entry *e = dsp_calloc(1, sizeof *e);
+  if (!e) return;
+  e->poison_code = code;
+  e->poison = dsp_strdup(msg);
+  if (!e->poison || sv_idmap_put(&s->tensors, id, e) < 0) {
+    dsp_free(e->poison);
+    dsp_free(e);
+  }
+}
+
+static int get_tensor(sv_session *s, uint64_t id, const char *what,
+                      char *why, dsp_tensor **t) {
+  sv_entry *e = sv_idmap_get(&s->tensors, id);
+  if (!e)
+    return why_set(why, DISPATCH_ENOID, "%s id %llu does not exist", what,
+                   (unsigned long long)id);
+  if (!e->t)
+    return why_set(why, DISPATCH_EPOISONED, "%s id %llu is poisoned by %s",
+                   what, (unsigned long long)id, e->poison ? e->poison : "?");
+  *t = e->t;
+  return 0;
+}
+
+static int check_free_id(sv_session *s, uint64_t id, char *why) {
+  if (sv_idmap_get(&s->tensors, id))
+    return why_set(why, DISPATCH_EIDINUSE, "output id %llu is already in use",
+                   (unsigned long long)id);
+  return 0;
+}
+
+static int check_quota(sv_session *s, uint64_t add, char *why) {
+  uint64_t have = (uint64_t)atomic_load(&s->bytes);
+  if (add > s->cfg->max_session_bytes ||
+      have > s->cfg->max_session_bytes - add) {
+    atomic_fetch_add(&s->global->limit_violations, 1);
+    return why_set(why, DISPATCH_EQUOTA,
+                   "session holds %llu bytes; %llu more would pass the quota "
+                   "of %llu bytes",
+                   (unsigned long long)have, (unsigned long long)add,
+                   (unsigned long long)s->cfg->max_session_bytes);
+  }
+  return 0;
+}
+
+/* Element limit and quota for a tensor of meta m about to be made. */
+static int check_new_meta(sv_session *s, const dsp_meta *m, char *why) {
+  int64_t numel;
+  int rc = dsp_meta_numel(s->ctx, m, &numel);
+  if (rc < 0) return why_ctx(s, why, rc);
+  if ((uint64_t)numel > s->cfg->max_elements) {
+    atomic_fetch_add(&s->global->limit_violations, 1);
+    return why_set(why, DISPATCH_ELIMIT,
+                   "result has %lld elements, over the limit of %llu",
+                   (long long)numel,
+                   (unsigned long long)s->cfg->max_elements);
+  }
+  return check_quota(s, (uint64_t)numel * dsp_dtype_size(m->dtype), why);
+}
+
+static int attrs_from(const char *name, size_t n_ints, const int64_t *ints,
+                      size_t n_floats, const double *floats, dsp_attrs *a,
+                      char *why) {
+  if (n_ints > DSP_MAX_ATTR_INTS)
+    return why_set(why, DISPATCH_EINVAL, "%s: %zu int attributes, at most %d",
+                   name, n_ints, DSP_MAX_ATTR_INTS);
+  if (n_floats > DSP_MAX_ATTR_FLOATS)
+    return why_set(why, DISPATCH_EINVAL,
+                   "%s: %zu float attributes, at most %d", name, n_floats,
+                   DSP_MAX_ATTR_FLOATS);
+  *a = dsp_attrs_none();
+  a->n_ints = (int)n_ints;
+  for (size_t i = 0; i < n_ints; i++) a->ints[i] = ints[i];
+  a->n_floats = (int)n_floats;
+  for (size_t i = 0; i < n_floats; i++) a->floats[i] = floats[i];
+  return 0;
+}
+
+/* ------------------------------------------------------------ requests */
+
+static int do_upload(sv_session *s, sv_job *j, char *why) {
+  Dispatch__Upload *u = j->req->upload;
+  atomic_fetch_sub(&s->queued_bytes, (long long)j->upload_bytes);
+  if (j->pre_err < 0)
+    return why_set(why, j->pre_err, "%s",
+                   j->pre_msg ? j->pre_msg : dispatch_strerror(j->pre_err));
+  int rc = check_free_id(s, u->id, why);
+  if (rc < 0) return rc;
+  rc = check_quota(s, dsp_tensor_nbytes(j->upload), why);
+  if (rc < 0) return rc;
+  dsp_tensor *t = j->upload;
+  j->upload = NULL;
+  return insert(s, u->id, t, why);
+}
+
+static int do_op(sv_session *s, sv_job *j, char *why) {
+  Dispatch__Op *o = j->req->op;
+  const dsp_op_info *info = dsp_op_lookup(o->op);
+  if (!info) /* the loop refuses these; kept for direct callers */
+    return why_set(why, DISPATCH_EUNSUPPORTED, "unknown op code %d", o->op);
+  if (o->n_inputs > DSP_MAX_INPUTS)
+    return why_set(why, DISPATCH_EINVAL, "%s: %zu inputs, at most %d",
+                   info->name, o->n_inputs, DSP_MAX_INPUTS);
+  dsp_attrs a;
+  int rc = attrs_from(info->name, o->n_ints, o->ints, o->n_floats, o->floats,
+                      &a, why);
+  if (rc < 0) return rc;
+  dsp_tensor *in[DSP_MAX_INPUTS];
+  dsp_meta metas[DSP_MAX_INPUTS];
+  for (size_t i = 0; i < o->n_inputs; i++) {
+    char what[64];
+    snprintf(what, sizeof what, "%s: input %zu", info->name, i);
+    rc = get_tensor(s, o->inputs[i], what, why, &in[i]);
+    if (rc < 0) return rc;
+    metas[i] = in[i]->meta;
+  }
+  rc = check_free_id(s, o->output, why);
+  if (rc < 0) return rc;
+  dsp_meta om;
+  rc = dsp_op_infer(s->ctx, (dsp_opcode)o->op, metas, (int)o->n_inputs, &a,
+                    &om);
+  if (rc < 0) return why_ctx(s, why, rc);
+  if (info->family != DSP_FAM_OPTIM) { /* optimizer ops write in place */
+    rc = check_new_meta(s, &om, why);
+    if (rc < 0) return rc;
+  }
+  dsp_tensor *out;
+  rc = dsp_op(s->ctx, (dsp_opcode)o->op, in, (int)o->n_inputs, &a, &out);
+  if (rc < 0) return why_ctx(s, why, rc);
+  s->n_ops++;
+  return insert(s, o->output, out, why);
+}
+
+static int do_track(sv_session *s, sv_job *j, char *why) {
+  dsp_tensor *t;
+  int rc = get_tensor(s, j->req->track->id, "track", why, &t);
+  if (rc < 0) return rc;
+  rc = dsp_track(s->ctx, t);
+  return rc < 0 ? why_ctx(s, why, rc) : 0;
+}
+
+static int do_backward(sv_session *s, sv_job *j, char *why) {
+  Dispatch__Backward *b = j->req->backward;
+  dsp_tensor *loss;
+  int rc = get_tensor(s, b->loss, "backward: loss", why, &loss);
+  if (rc < 0) return rc;
+  if (sv_idmap_get(&s->grads, b->grads))
+    return why_set(why, DISPATCH_EIDINUSE,
+                   "backward: gradients id %llu is already in use",
+                   (unsigned long long)b->grads);
+  dsp_grads *g;
+  rc = dsp_backward(s->ctx, loss, b->retain, &g);
+  if (rc < 0) return why_ctx(s, why, rc);
+  if (sv_idmap_put(&s->grads, b->grads, g) < 0) {
+    dsp_grads_free(g);
+    return why_set(why, DISPATCH_ENOMEM, "out of memory adding gradients");
+  }
+  return 0;
+}
+
+static int get_grads(sv_session *s, uint64_t id, char *why, dsp_grads **g) {
+  *g = sv_idmap_get(&s->grads, id);
+  if (!*g)
+    return why_set(why, DISPATCH_ENOID, "gradients id %llu does not exist",
+                   (unsigned long long)id);
+  return 0;
+}
+
+static int do_grad(sv_session *s, sv_job *j, char *why) {
+  Dispatch__Grad *gr = j->req->grad;
+  dsp_grads *g;
+  dsp_tensor *t, *gt;
+  int rc = get_grads(s, gr->grads, why, &g);
+  if (rc < 0) return rc;
+  rc = get_tensor(s, gr->tensor, "grad: tensor", why, &t);
+  if (rc < 0) return rc;
+  rc = check_free_id(s, gr->output, why);
+  if (rc < 0) return rc;
+  rc = dsp_grads_get(s->ctx, g, t, &gt);
+  if (rc < 0) return why_ctx(s, why, rc);
+  rc = check_quota(s, dsp_tensor_nbytes(gt), why);
+  if (rc < 0) {
+    dsp_tensor_unref(gt);
+    return rc;
+  }
+  return insert(s, gr->output, gt, why);
+}
+
+/* Validates every id and shape of the step first, then updates the
+ * parameters in place with grad mode off (an update is not a graph op). */
+static int do_step(sv_session *s, sv_job *j, char *why) {
+  Dispatch__Step *st = j->req->step;
+  size_t k;
+  if (st->op == DSP_OP_SGD_STEP) k = 1;
+  else if (st->op == DSP_OP_ADAM_STEP) k = 2;
+  else
+    return why_set(why, DISPATCH_EINVAL,
+                   "step: op %d is not sgd_step (%d) or adam_step (%d)",
+                   st->op, DSP_OP_SGD_STEP, DSP_OP_ADAM_STEP);
+  const char *name = dsp_op_lookup(st->op)->name;
+  if (st->n_params > s->tensors.count || st->n_states != k * st->n_params)
+    return why_set(why, DISPATCH_EINVAL,
+                   "step %s: %zu params need %zu state ids, got %zu", name,
+                   st->n_params, k * st->n_params, st->n_states);
+  dsp_attrs a;
+  int rc = attrs_from(name, st->n_ints, st->ints, st->n_floats, st->floats,
+                      &a, why);
+  if (rc < 0) return rc;
+  dsp_grads *g;
+  rc = get_grads(s, st->grads, why, &g);
+  if (rc < 0) return rc;
+  if (st->n_params == 0) return 0;
+  dsp_tensor **args = dsp_calloc(st->n_params * (k + 2), sizeof *args);
+  if (!args) return why_set(why, DISPATCH_ENOMEM, "step: out of memory");
+  size_t n_grads = 0;
+  for (size_t i = 0; i < st->n_params && rc == 0; i++) {
+    dsp_tensor **row = args + i * (k + 2);
+    char what[64];
+    snprintf(what, sizeof what, "step %s: param %zu", name, i);
+    rc = get_tensor(s, st->params[i], what, why, &row[0]);
+    for (size_t q = 0; q < k && rc == 0; q++) {
+      snprintf(what, sizeof what, "step %s: state %zu of param %zu", name, q,
+               i);
+      rc = get_tensor(s, st->states[i * k + q], what, why, &row[2 + q]);
+    }
+    if (rc < 0) break;
+    rc = dsp_grads_get(s->ctx, g, row[0], &row[1]);
+    if (rc < 0) {
+      rc = why_ctx(s, why, rc);
+      break;
+    }
+    n_grads = i + 1;
+    dsp_meta metas[4], om;
+    for (size_t q = 0; q < k + 2; q++) metas[q] = row[q]->meta;
+    rc = dsp_op_infer(s->ctx, (dsp_opcode)st->op, metas, (int)(k + 2), &a,
+                      &om);
+    if (rc < 0) rc = why_ctx(s, why, rc);
+  }
+  if (rc == 0) {
+    int prev = dsp_set_grad_enabled(s->ctx, 0);
+    for (size_t i = 0; i < st->n_params && rc == 0; i++) {
+      dsp_tensor *out;
+      rc = dsp_op(s->ctx, (dsp_opcode)st->op, args + i * (k + 2),
+                  (int)(k + 2), &a, &out);
+      if (rc < 0) {
+        const char *m = dsp_ctx_errmsg(s->ctx);
+        rc = why_set(why, rc, "param %zu (id %llu): %s", i,
+                     (unsigned long long)st->params[i], m);
+      } else {
+        dsp_tensor_unref(out);
+      }
+    }
+    dsp_set_grad_enabled(s->ctx, prev);
+    if (rc == 0) s->n_ops++;
+  }
+  for (size_t i = 0; i < n_grads; i++) dsp_tensor_unref(args[i * (k + 2) + 1]);
+  dsp_free(args);
+  return rc;
+}
+
+/* Frees every id it can; the first unknown id is reported after the rest
+ * were freed. */
+static int do_free(sv_session *s, sv_job *j, char *why) {
+  Dispatch__Free *f = j->req->free;
+  int rc = 0;
+  for (size_t i = 0; i < f->n_tensors; i++) {
+    sv_entry *e = sv_idmap_del(&s->tensors, f->tensors[i]);
+    if (e) entry_free(s, e);
+    else if (rc == 0)
+      rc = why_set(why, DISPATCH_ENOID, "free: tensor id %llu does not exist",
+                   (unsigned long long)f->tensors[i]);
+  }
+  for (size_t i = 0; i < f->n_grads; i++) {
+    dsp_grads *g = sv_idmap_del(&s->grads, f->grads[i]);
+    if (g) dsp_grads_free(g);
+    else if (rc == 0)
+      rc = why_set(why, DISPATCH_ENOID,
+                   "free: gradients id %llu does not exist",
+                   (unsigned long long)f->grads[i]);
+  }
+  return rc;
+}
+
+static int do_read(sv_session *s, sv_job *j, char *why) {
+  dsp_tensor *t;
+  int rc = get_tensor(s, j->req->read->id, "read", why, &t);
+  if (rc < 0) return rc;
+  Dispatch__Reply r = DISPATCH__REPLY__INIT;
+  Dispatch__ReadReply rr = DISPATCH__READ_REPLY__INIT;
+  Dispatch__TensorMeta m = DISPATCH__TENSOR_META__INIT;
+  m.dtype = (int32_t)t->meta.dtype;
+  m.n_shape = (size_t)t->meta.ndim;
+  m.shape = t->meta.shape;
+  rr.meta = &m;
+  r.req_id = j->req->req_id;
+  r.body_case = DISPATCH__REPLY__BODY_READ;
+  r.read = &rr;
+  rc = sv_encode_reply(&r, dsp_tensor_data(t), dsp_tensor_nbytes(t), &j->out,
+                       &j->out_len);
+  if (rc < 0) return why_set(why, rc, "read: out of memory for the reply");
+  return 0;
+}
+
+static int do_stats(sv_session *s, sv_job *j, char *why) {
+  Dispatch__Reply r = DISPATCH__REPLY__INIT;
+  Dispatch__StatsReply st = DISPATCH__STATS_REPLY__INIT;
+  sv_global *g = s->global;
+  st.tensors = s->n_live;
+  st.bytes = (uint64_t)atomic_load(&s->bytes);
+  st.ops = s->n_ops;
+  st.errors = s->n_errors;
+  st.grads = s->grads.count;
+  st.sessions = (uint64_t)atomic_load(&g->sessions);
+  st.server_tensors = (uint64_t)atomic_load(&g->tensors);
+  st.server_bytes = (uint64_t)atomic_load(&g->bytes);
+  st.protocol_errors = (uint64_t)atomic_load(&g->protocol_errors);
+  st.limit_violations = (uint64_t)atomic_load(&g->limit_violations);
+  r.req_id = j->req->req_id;
+  r.body_case = DISPATCH__REPLY__BODY_STATS;
+  r.stats = &st;
+  int rc = sv_encode_reply(&r, NULL, 0, &j->out, &j->out_len);
+  if (rc < 0) return why_set(why, rc, "stats: out of memory for the reply");
+  return 0;
+}
+
+static int empty_reply(sv_job *j, char *why) {
+  Dispatch__Reply r = DISPATCH__REPLY__INIT;
+  r.req_id = j->req->req_id;
+  int rc = sv_encode_reply(&r, NULL, 0, &j->out, &j->out_len);
+  if (rc < 0) return why_set(why, rc, "out of memory for the reply");
+  return 0;
+}
+
+static int waits(Dispatch__Request__BodyCase c) {
+  return c == DISPATCH__REQUEST__BODY_READ ||
+         c == DISPATCH__REQUEST__BODY_BACKWARD ||
+         c == DISPATCH__REQUEST__BODY_SYNC ||
+         c == DISPATCH__REQUEST__BODY_STATS ||
+         c == DISPATCH__REQUEST__BODY_HELLO;
+}
+
+/* An error reply for a waiting request; a failure to allocate even that
+ * leaves out NULL and the loop closes the connection (the client would
+ * otherwise wait forever). */
+static void error_reply(sv_job *j, int code, const char *msg,
+                        uint64_t failed) {
+  dsp_free(j->out);
+  j->out = NULL;
+  j->out_len = 0;
+  sv_encode_error(j->req->req_id, code, msg, failed, &j->out, &j->out_len);
+}
+
+void sv_session_exec(sv_session *s, sv_job *j) {
+  Dispatch__Request *r = j->req;
+  char why[WHY_LEN];
+  why[0] = '\0';
+  dsp_clearerr(s->ctx);
+  int wait = waits(r->body_case);
+  if (wait && s->err_code) {
+    error_reply(j, s->err_code, s->err_msg, s->err_req);
+    s->err_code = 0;
+    s->err_msg[0] = '\0';
+    s->err_req = 0;
+    return;
+  }
+  int rc = 0;
+  uint64_t out_id = 0;
+  int has_out = 0;
+  switch (r->body_case) {
+    case DISPATCH__REQUEST__BODY_UPLOAD:
+      rc = do_upload(s, j, why);
+      out_id = r->upload->id;
+      has_out = 1;
+      break;
+    case DISPATCH__REQUEST__BODY_OP:
+      rc = do_op(s, j, why);
+      out_id = r->op->output;
+      has_out = 1;
+      break;
+    case DISPATCH__REQUEST__BODY_TRACK: rc = do_track(s, j, why); break;
+    case DISPATCH__REQUEST__BODY_BACKWARD:
+      rc = do_backward(s, j, why);
+      if (rc == 0) rc = empty_reply(j, why);
+      break;
+    case DISPATCH__REQUEST__BODY_GRAD:
+      rc = do_grad(s, j, why);
+      out_id = r->grad->output;
+      has_out = 1;
+      break;
+    case DISPATCH__REQUEST__BODY_STEP: rc = do_step(s, j, why); break;
+    case DISPATCH__REQUEST__BODY_FREE: rc = do_free(s, j, why); break;
+    case DISPATCH__REQUEST__BODY_READ: rc = do_read(s, j, why); break;
+    case DISPATCH__REQUEST__BODY_SYNC: rc = empty_reply(j, why); break;
+    case DISPATCH__REQUEST__BODY_STATS: rc = do_stats(s, j, why); break;
+    case DISPATCH__REQUEST__BODY_BYE: j->is_bye = 1; break;
+    default:
+      rc = why_set(why, DISPATCH_EPROTO, "request has no body");
+      break;
+  }
+  if (rc >= 0) return;
+  s->n_errors++;
+  char desc[256], msg[sizeof s->err_msg];
+  sv_describe(r, desc, sizeof desc);
+  snprintf(msg, sizeof msg, "request %llu (%s): %s: %s",
+           (unsigned long long)r->req_id, desc, dispatch_err_name(rc), why);
+  sv_log(SV_LOG_DEBUG, "session error: %s", msg);
+  if (wait) {
+    error_reply(j, rc, msg, r->req_id);
+    return;
+  }
+  if (has_out) poison(s, out_id, rc, msg);
+  if (!s->err_code) {
+    s->err_code = rc;
+    s->err_req = r->req_id;
+    snprintf(s->err_msg, sizeof s->err_msg, "%s", msg);
+  }
+}
+
+void sv_session_teardown(sv_session *s) {
+  for (size_t i = 0; i < s->grads.cap; i++)
+    if (s->grads.vals[i]) dsp_grads_free(s->grads.vals[i]);
+  sv_idmap_clear(&s->grads);
+  for (size_t i = 0; i < s->tensors.cap; i++)
+    if (s->tensors.vals[i]) entry_free(s, s->tensors.vals[i]);
+  sv_idmap_clear(&s->tensors);
+  dsp_ctx_free(s->ctx);
+  s->ctx = NULL;
+}

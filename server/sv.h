@@ -1,0 +1,184 @@
+/* dispatch-server internals shared by the server/ files.
+ *
+ * Threads: the libuv loop thread does all socket I/O, framing, protobuf
+ * decoding and structural validation; worker threads (pool.c) run decoded
+ * requests (session.c) in order within a session, one worker per session at
+ * a time. A session's tensor table, ctx and tape are touched only by the
+ * worker running it; the loop only touches a session's FIFO (under the pool
+ * mutex) and its atomic byte counters. */
+#ifndef SV_H
+#define SV_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "dispatch.pb-c.h"
+#include "dsp.h"
+
+/* ------------------------------------------------------------ config */
+
+typedef struct sv_config {
+  char host[64];
+  int port;
+  uint64_t max_frame;          /* msg_len + bulk_len of one frame */
+  uint64_t max_msg;            /* protobuf part alone */
+  uint64_t max_session_bytes;  /* bytes of tensors named by a session's ids */
+  uint64_t max_elements;       /* elements of one tensor */
+  uint64_t max_output_queue;   /* unsent reply bytes before a client drops */
+  uint32_t max_queued;         /* decoded requests waiting per session */
+  int max_sessions;
+  int idle_timeout_s;          /* 0: never */
+  int threads;
+  int log_level;
+} sv_config;
+
+/* Fills the documented defaults. */
+void sv_config_defaults(sv_config *c);
+/* Parses argv into c; returns 0, 1 for --help (usage printed to stdout), or
+ * -1 with a message on stderr. */
+int sv_config_parse(sv_config *c, int argc, char **argv);
+
+/* Runs the server until SIGINT/SIGTERM; returns 0 after a clean shutdown,
+ * or a negative DISPATCH_E* code when it could not start. */
+int sv_run(const sv_config *c);
+
+/* ------------------------------------------------------------ logging */
+
+enum { SV_LOG_ERROR = 0, SV_LOG_WARN = 1, SV_LOG_INFO = 2, SV_LOG_DEBUG = 3 };
+extern int sv_log_level;
+int sv_log_parse_level(const char *s); /* -1 when unknown */
+void sv_log(int level, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+#define SV_LOG_ON(l) ((l) <= sv_log_level)
+
+/* ------------------------------------------------------------ id map */
+
+/* u64 -> pointer, open addressing with backward-shift deletion. Ids come
+ * from the network: any value (including 0 and UINT64_MAX) is a valid
+ * key. */
+typedef struct sv_idmap {
+  uint64_t *keys;
+  void **vals; /* NULL marks an empty slot: values are never NULL */
+  size_t cap;  /* 0 or a power of two */
+  size_t count;
+} sv_idmap;
+
+void sv_idmap_init(sv_idmap *m);
+void sv_idmap_clear(sv_idmap *m); /* frees the table, not the values */
+void *sv_idmap_get(const sv_idmap *m, uint64_t key);
+/* Inserts a key that is not present; DISPATCH_ENOMEM leaves m unchanged. */
+int sv_idmap_put(sv_idmap *m, uint64_t key, void *val);
+/* Removes key and returns its value (NULL when absent). */
+void *sv_idmap_del(sv_idmap *m, uint64_t key);
+/* Iteration: slots 0..cap-1 whose vals[i] != NULL. */
+
+/* ------------------------------------------------------------ counters */
+
+typedef struct sv_global {
+  atomic_llong sessions;
+  atomic_llong tensors;
+  atomic_llong bytes;
+  atomic_llong protocol_errors;
+  atomic_llong limit_violations;
+} sv_global;
+
+/* ------------------------------------------------------------ jobs */
+
+typedef enum sv_job_kind {
+  SV_JOB_REQUEST = 0, /* a decoded request */
+  SV_JOB_TEARDOWN,    /* frees the session; the last job of a session */
+} sv_job_kind;
+
+struct sv_session;
+
+typedef struct sv_job {
+  struct sv_job *next;
+  sv_job_kind kind;
+  struct sv_session *sess;
+  Dispatch__Request *req; /* owned; NULL for teardown */
+  dsp_tensor *upload;     /* owned upload tensor, filled from the bulk */
+  uint64_t upload_bytes;  /* counted in sess->queued_bytes until run */
+  int pre_err;            /* an error found while reading (deferred) */
+  char *pre_msg;          /* its detail (owned, may be NULL) */
+  /* results, filled by the worker: one frame ready to write */
+  uint8_t *out;
+  size_t out_len;
+  int is_bye;
+} sv_job;
+
+void sv_job_free(sv_job *j);
+
+/* ------------------------------------------------------------ sessions */
+
+typedef struct sv_entry {
+  dsp_tensor *t;   /* NULL when poisoned */
+  int poison_code; /* the original failure's code */
+  char *poison;    /* "request 7 (op matmul 3,4 -> 5): reason" (owned) */
+} sv_entry;
+
+typedef struct sv_session {
+  /* worker side */
+  dsp_ctx *ctx;
+  sv_idmap tensors; /* id -> sv_entry* */
+  sv_idmap grads;   /* id -> dsp_grads* */
+  uint64_t n_live;  /* tensors that are not poisoned */
+  uint64_t n_ops, n_errors;
+  int err_code; /* first deferred error, 0 when none */
+  uint64_t err_req;
+  char err_msg[640];
+  /* shared */
+  atomic_llong bytes;        /* bytes of the tensors in the table */
+  atomic_llong queued_bytes; /* upload bytes read but not yet run */
+  const sv_config *cfg;
+  sv_global *global;
+  /* pool scheduling, guarded by the pool mutex */
+  sv_job *fifo_head, *fifo_tail;
+  int scheduled; /* on the run queue or running */
+  int running;
+  struct sv_session *runq_next;
+  void *owner; /* the connection (loop side) */
+} sv_session;
+
+/* Creates the worker-side state; NULL when out of memory. */
+sv_session *sv_session_new(const sv_config *cfg, sv_global *g, void *owner);
+/* Frees every tensor, gradient container and the ctx (worker side: run
+ * from the teardown job), and takes the session's bytes out of the
+ * server-wide counters. The struct itself stays for the loop to free. */
+void sv_session_teardown(sv_session *s);
+/* Runs one request job on a worker; fills job->out for waiting requests. */
+void sv_session_exec(sv_session *s, sv_job *j);
+
+/* Encodes a reply frame (header + message + bulk copy) into one buffer
+ * from dsp_malloc. 0 or DISPATCH_ENOMEM / DISPATCH_ETOOLARGE. */
+int sv_encode_reply(const Dispatch__Reply *r, const void *bulk,
+                    size_t bulk_len, uint8_t **out, size_t *out_len);
+/* An Error reply frame (req_id, code, message, failed_req_id). */
+int sv_encode_error(uint64_t req_id, int code, const char *msg,
+                    uint64_t failed_req, uint8_t **out, size_t *out_len);
+
+/* protobuf-c allocator over dsp_malloc */
+extern ProtobufCAllocator sv_pb_allocator;
+
+/* Short description of a request for messages and debug logs:
+ * "op matmul [3, 4] -> 5", "upload 7 f32 [2, 3]". */
+void sv_describe(const Dispatch__Request *r, char *buf, size_t len);
+
+/* ------------------------------------------------------------ pool */
+
+typedef struct sv_pool sv_pool;
+/* Starts n workers. done_cb runs on the loop thread (via uv_async) for
+ * each finished job, in completion order. NULL on failure. */
+typedef void (*sv_done_fn)(sv_job *j, void *ud);
+sv_pool *sv_pool_new(void *uv_loop, int n, sv_done_fn done, void *ud);
+/* Appends a job to its session's FIFO and schedules the session. */
+void sv_pool_submit(sv_pool *p, sv_job *j);
+/* Removes the jobs of s that have not started and returns them (a list). */
+sv_job *sv_pool_cancel(sv_pool *p, sv_session *s);
+/* Stops and joins the workers (call when no session has jobs left) and
+ * closes the uv_async; the pool is freed in its close callback, so the
+ * loop must run once more. */
+void sv_pool_close(sv_pool *p);
+
+#endif

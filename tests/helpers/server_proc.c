@@ -1,0 +1,122 @@
+/* Starts and stops the real dispatch-server for integration tests. */
+#include "server_proc.h"
+
+#include <errno.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#define SP_MAX_ARGS 64
+
+/* Splits the wrapper string in place into argv words (spaces only). */
+static int split_words(char *s, char **argv, int max) {
+  int n = 0;
+  for (char *tok = strtok(s, " \t"); tok && n < max;
+       tok = strtok(NULL, " \t"))
+    argv[n++] = tok;
+  return n;
+}
+
+/* Reads stdout until one full line arrived; the child has at most a few
+ * minutes (valgrind is slow to start), then the start counts as failed. */
+static int read_port(int fd, int *port) {
+  char line[256];
+  size_t len = 0;
+  while (len < sizeof line - 1) {
+    struct pollfd p = {.fd = fd, .events = POLLIN};
+    int r = poll(&p, 1, 180000);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) return -1;
+    ssize_t n = read(fd, line + len, 1);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return -1;
+    if (line[len] == '\n') break;
+    len++;
+  }
+  line[len] = '\0';
+  const char *prefix = "dispatch-server listening on 127.0.0.1:";
+  if (strncmp(line, prefix, strlen(prefix)) != 0) return -1;
+  int p = atoi(line + strlen(prefix));
+  if (p <= 0 || p > 65535) return -1;
+  *port = p;
+  return 0;
+}
+
+static int status_of(int st) {
+  if (WIFEXITED(st)) return WEXITSTATUS(st);
+  if (WIFSIGNALED(st)) return 128 + WTERMSIG(st);
+  return -1;
+}
+
+int sp_start(sp_server *s, const char *const *extra_args) {
+  memset(s, 0, sizeof *s);
+  s->out_fd = -1;
+  const char *bin = getenv("DISPATCH_SERVER_BIN");
+  if (!bin || !*bin) return -1;
+  char wrap[1024] = "";
+  const char *w = getenv("DISPATCH_SERVER_WRAP");
+  if (w) snprintf(wrap, sizeof wrap, "%s", w);
+  char *argv[SP_MAX_ARGS + 1];
+  int argc = split_words(wrap, argv, SP_MAX_ARGS - 4);
+  argv[argc++] = (char *)bin;
+  argv[argc++] = "--listen";
+  argv[argc++] = "127.0.0.1:0";
+  for (int i = 0; extra_args && extra_args[i] && argc < SP_MAX_ARGS; i++)
+    argv[argc++] = (char *)extra_args[i];
+  argv[argc] = NULL;
+
+  int pfd[2];
+  if (pipe(pfd) < 0) return -1;
+  pid_t pid = fork();
+  if (pid < 0) {
+    close(pfd[0]);
+    close(pfd[1]);
+    return -1;
+  }
+  if (pid == 0) {
+    dup2(pfd[1], 1);
+    close(pfd[0]);
+    close(pfd[1]);
+    execvp(argv[0], argv);
+    _exit(127);
+  }
+  close(pfd[1]);
+  s->pid = pid;
+  s->out_fd = pfd[0];
+  if (read_port(s->out_fd, &s->port) < 0) {
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+    close(s->out_fd);
+    s->pid = 0;
+    s->out_fd = -1;
+    return -1;
+  }
+  return 0;
+}
+
+int sp_signal(sp_server *s, int sig) {
+  if (s->pid <= 0) return -1;
+  return kill(s->pid, sig) == 0 ? 0 : -1;
+}
+
+int sp_wait(sp_server *s) {
+  if (s->pid <= 0) return -1;
+  int st;
+  pid_t r;
+  do {
+    r = waitpid(s->pid, &st, 0);
+  } while (r < 0 && errno == EINTR);
+  s->pid = 0;
+  if (s->out_fd >= 0) close(s->out_fd);
+  s->out_fd = -1;
+  return r < 0 ? -1 : status_of(st);
+}
+
+int sp_stop(sp_server *s) {
+  if (sp_signal(s, SIGTERM) < 0) return -1;
+  return sp_wait(s);
+}

@@ -1,0 +1,345 @@
+/* Blocking raw-protocol test client (see wire.h). */
+#include "wire.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "frame.h"
+
+#define WIRE_WAIT_MS 180000
+
+int wire_connect(wire_conn *c, int port) {
+  c->fd = -1;
+  c->next_req_id = 1;
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return -1;
+  struct sockaddr_in sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sin_family = AF_INET;
+  sa.sin_port = htons((uint16_t)port);
+  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (connect(fd, (struct sockaddr *)&sa, sizeof sa) < 0) {
+    close(fd);
+    return -1;
+  }
+  int one = 1;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  c->fd = fd;
+  return 0;
+}
+
+void wire_close(wire_conn *c) {
+  if (c->fd >= 0) close(c->fd);
+  c->fd = -1;
+}
+
+int wire_send_raw(wire_conn *c, const void *buf, size_t n) {
+  const char *p = buf;
+  while (n > 0) {
+    ssize_t w = send(c->fd, p, n, MSG_NOSIGNAL);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return -1;
+    p += w;
+    n -= (size_t)w;
+  }
+  return 0;
+}
+
+int wire_send(wire_conn *c, const Dispatch__Request *req, const void *bulk,
+              size_t bulk_len) {
+  size_t len = dispatch__request__get_packed_size(req);
+  uint8_t *buf = malloc(DSP_FRAME_HEADER_SIZE + len);
+  if (!buf) return -1;
+  dsp_frame_header h = {(uint32_t)len, 0, bulk_len};
+  dsp_frame_header_encode(buf, &h);
+  dispatch__request__pack(req, buf + DSP_FRAME_HEADER_SIZE);
+  int rc = wire_send_raw(c, buf, DSP_FRAME_HEADER_SIZE + len);
+  free(buf);
+  if (rc == 0 && bulk_len) rc = wire_send_raw(c, bulk, bulk_len);
+  return rc;
+}
+
+static int recv_all(wire_conn *c, void *buf, size_t n) {
+  char *p = buf;
+  while (n > 0) {
+    struct pollfd pf = {.fd = c->fd, .events = POLLIN};
+    int r = poll(&pf, 1, WIRE_WAIT_MS);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) return -1;
+    ssize_t got = recv(c->fd, p, n, 0);
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0) return -1;
+    p += got;
+    n -= (size_t)got;
+  }
+  return 0;
+}
+
+int wire_recv(wire_conn *c, Dispatch__Reply **rep, void **bulk,
+              size_t *bulk_len) {
+  *rep = NULL;
+  if (bulk) *bulk = NULL;
+  if (bulk_len) *bulk_len = 0;
+  uint8_t hb[DSP_FRAME_HEADER_SIZE];
+  if (recv_all(c, hb, sizeof hb) < 0) return -1;
+  dsp_frame_header h;
+  if (dsp_frame_header_decode(hb, UINT32_MAX, UINT64_MAX, &h) < 0) return -1;
+  uint8_t *msg = malloc(h.msg_len ? h.msg_len : 1);
+  if (!msg) return -1;
+  if (recv_all(c, msg, h.msg_len) < 0) {
+    free(msg);
+    return -1;
+  }
+  Dispatch__Reply *r = dispatch__reply__unpack(NULL, h.msg_len, msg);
+  free(msg);
+  if (!r) return -1;
+  void *b = NULL;
+  if (h.bulk_len) {
+    b = malloc(h.bulk_len);
+    if (!b || recv_all(c, b, h.bulk_len) < 0) {
+      free(b);
+      dispatch__reply__free_unpacked(r, NULL);
+      return -1;
+    }
+  }
+  *rep = r;
+  if (bulk) *bulk = b;
+  else free(b);
+  if (bulk_len) *bulk_len = h.bulk_len;
+  return 0;
+}
+
+void wire_reply_free(Dispatch__Reply *rep, void *bulk) {
+  if (rep) dispatch__reply__free_unpacked(rep, NULL);
+  free(bulk);
+}
+
+int wire_wait_closed(wire_conn *c) {
+  char buf[4096];
+  for (;;) {
+    struct pollfd pf = {.fd = c->fd, .events = POLLIN};
+    int r = poll(&pf, 1, WIRE_WAIT_MS);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) return 0;
+    ssize_t got = recv(c->fd, buf, sizeof buf, 0);
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0) return 1;
+  }
+}
+
+static uint64_t send_req(wire_conn *c, Dispatch__Request *req,
+                         const void *bulk, size_t bulk_len) {
+  req->req_id = c->next_req_id++;
+  if (wire_send(c, req, bulk, bulk_len) < 0) return 0;
+  return req->req_id;
+}
+
+uint64_t wire_hello_send(wire_conn *c, uint32_t major, uint32_t minor,
+                         const char *name) {
+  Dispatch__Request req = DISPATCH__REQUEST__INIT;
+  Dispatch__Hello h = DISPATCH__HELLO__INIT;
+  h.major = major;
+  h.minor = minor;
+  h.client_name = (char *)name;
+  req.body_case = DISPATCH__REQUEST__BODY_HELLO;
+  req.hello = &h;
+  return send_req(c, &req, NULL, 0);
+}
+
+int wire_hello(wire_conn *c, const char *name) {
+  uint64_t id = wire_hello_send(c, DSP_PROTO_MAJOR, DSP_PROTO_MINOR, name);
+  if (!id) return -1;
+  Dispatch__Reply *r;
+  if (wire_recv(c, &r, NULL, NULL) < 0) return -1;
+  int ok = r->req_id == id && !r->error &&
+           r->body_case == DISPATCH__REPLY__BODY_HELLO;
+  wire_reply_free(r, NULL);
+  return ok ? 0 : -1;
+}
+
+uint64_t wire_upload(wire_conn *c, uint64_t id, int dtype, int ndim,
+                     const int64_t *shape, const void *data, size_t nbytes) {
+  Dispatch__Request req = DISPATCH__REQUEST__INIT;
+  Dispatch__Upload u = DISPATCH__UPLOAD__INIT;
+  Dispatch__TensorMeta m = DISPATCH__TENSOR_META__INIT;
+  m.dtype = dtype;
+  m.n_shape = (size_t)ndim;
+  m.shape = (int64_t *)shape;
+  u.id = id;
+  u.meta = &m;
+  req.body_case = DISPATCH__REQUEST__BODY_UPLOAD;
+  req.upload = &u;
+  return send_req(c, &req, data, nbytes);
+}
+
+uint64_t wire_op(wire_conn *c, int op, const uint64_t *inputs, int n_in,
+                 uint64_t output, const int64_t *ints, int n_ints,
+                 const double *floats, int n_floats) {
+  Dispatch__Request req = DISPATCH__REQUEST__INIT;
+  Dispatch__Op o = DISPATCH__OP__INIT;
+  o.op = op;
+  o.n_inputs = (size_t)n_in;
+  o.inputs = (uint64_t *)inputs;
+  o.output = output;
+  o.n_ints = (size_t)n_ints;
+  o.ints = (int64_t *)ints;
+  o.n_floats = (size_t)n_floats;
+  o.floats = (double *)floats;
+  req.body_case = DISPATCH__REQUEST__BODY_OP;
+  req.op = &o;
+  return send_req(c, &req, NULL, 0);
+}
+
+uint64_t wire_track(wire_conn *c, uint64_t id) {
+  Dispatch__Request req = DISPATCH__REQUEST__INIT;
+  Dispatch__Track t = DISPATCH__TRACK__INIT;
+  t.id = id;
+  req.body_case = DISPATCH__REQUEST__BODY_TRACK;
+  req.track = &t;
+  return send_req(c, &req, NULL, 0);
+}
+
+uint64_t wire_backward(wire_conn *c, uint64_t loss, uint64_t grads,
+                       int retain) {
+  Dispatch__Request req = DISPATCH__REQUEST__INIT;
+  Dispatch__Backward b = DISPATCH__BACKWARD__INIT;
+  b.loss = loss;
+  b.grads = grads;
+  b.retain = retain != 0;
+  req.body_case = DISPATCH__REQUEST__BODY_BACKWARD;
+  req.backward = &b;
+  return send_req(c, &req, NULL, 0);
+}
+
+uint64_t wire_grad(wire_conn *c, uint64_t grads, uint64_t tensor,
+                   uint64_t output) {
+  Dispatch__Request req = DISPATCH__REQUEST__INIT;
+  Dispatch__Grad g = DISPATCH__GRAD__INIT;
+  g.grads = grads;
+  g.tensor = tensor;
+  g.output = output;
+  req.body_case = DISPATCH__REQUEST__BODY_GRAD;
+  req.grad = &g;
+  return send_req(c, &req, NULL, 0);
+}
+
+uint64_t wire_free(wire_conn *c, const uint64_t *tensors, int n_t,
+                   const uint64_t *grads, int n_g) {
+  Dispatch__Request req = DISPATCH__REQUEST__INIT;
+  Dispatch__Free f = DISPATCH__FREE__INIT;
+  f.n_tensors = (size_t)n_t;
+  f.tensors = (uint64_t *)tensors;
+  f.n_grads = (size_t)n_g;
+  f.grads = (uint64_t *)grads;
+  req.body_case = DISPATCH__REQUEST__BODY_FREE;
+  req.free = &f;
+  return send_req(c, &req, NULL, 0);
+}
+
+uint64_t wire_read(wire_conn *c, uint64_t id) {
+  Dispatch__Request req = DISPATCH__REQUEST__INIT;
+  Dispatch__Read r = DISPATCH__READ__INIT;
+  r.id = id;
+  req.body_case = DISPATCH__REQUEST__BODY_READ;
+  req.read = &r;
+  return send_req(c, &req, NULL, 0);
+}
+
+uint64_t wire_sync(wire_conn *c) {
+  Dispatch__Request req = DISPATCH__REQUEST__INIT;
+  Dispatch__Sync s = DISPATCH__SYNC__INIT;
+  req.body_case = DISPATCH__REQUEST__BODY_SYNC;
+  req.sync = &s;
+  return send_req(c, &req, NULL, 0);
+}
+
+uint64_t wire_stats(wire_conn *c) {
+  Dispatch__Request req = DISPATCH__REQUEST__INIT;
+  Dispatch__Stats s = DISPATCH__STATS__INIT;
+  req.body_case = DISPATCH__REQUEST__BODY_STATS;
+  req.stats = &s;
+  return send_req(c, &req, NULL, 0);
+}
+
+uint64_t wire_bye(wire_conn *c) {
+  Dispatch__Request req = DISPATCH__REQUEST__INIT;
+  Dispatch__Bye b = DISPATCH__BYE__INIT;
+  req.body_case = DISPATCH__REQUEST__BODY_BYE;
+  req.bye = &b;
+  return send_req(c, &req, NULL, 0);
+}
+
+int wire_sync_check(wire_conn *c, char *msg, size_t msg_len,
+                    uint64_t *failed_req) {
+  uint64_t id = wire_sync(c);
+  if (!id) return 1;
+  Dispatch__Reply *r;
+  if (wire_recv(c, &r, NULL, NULL) < 0) return 1;
+  if (r->req_id != id) {
+    wire_reply_free(r, NULL);
+    return 1;
+  }
+  int code = 0;
+  if (msg && msg_len) msg[0] = '\0';
+  if (r->error) {
+    code = r->error->code;
+    if (msg && msg_len && r->error->message)
+      snprintf(msg, msg_len, "%s", r->error->message);
+    if (failed_req) *failed_req = r->error->failed_req_id;
+  }
+  wire_reply_free(r, NULL);
+  return code;
+}
+
+int wire_get_stats(wire_conn *c, Dispatch__StatsReply *out) {
+  uint64_t id = wire_stats(c);
+  if (!id) return -1;
+  Dispatch__Reply *r;
+  if (wire_recv(c, &r, NULL, NULL) < 0) return -1;
+  int ok = r->req_id == id && !r->error &&
+           r->body_case == DISPATCH__REPLY__BODY_STATS;
+  if (ok) *out = *r->stats;
+  wire_reply_free(r, NULL);
+  return ok ? 0 : -1;
+}
+
+int wire_read_tensor(wire_conn *c, uint64_t id, void **data, size_t *nbytes,
+                     int *ndim, int64_t *shape) {
+  *data = NULL;
+  *nbytes = 0;
+  uint64_t rid = wire_read(c, id);
+  if (!rid) return 1;
+  Dispatch__Reply *r;
+  void *bulk;
+  size_t blen;
+  if (wire_recv(c, &r, &bulk, &blen) < 0) return 1;
+  if (r->req_id != rid) {
+    wire_reply_free(r, bulk);
+    return 1;
+  }
+  if (r->error) {
+    int code = r->error->code;
+    wire_reply_free(r, bulk);
+    return code < 0 ? code : 1;
+  }
+  if (r->body_case != DISPATCH__REPLY__BODY_READ || !r->read->meta) {
+    wire_reply_free(r, bulk);
+    return 1;
+  }
+  if (ndim) *ndim = (int)r->read->meta->n_shape;
+  if (shape)
+    for (size_t i = 0; i < r->read->meta->n_shape && i < 8; i++)
+      shape[i] = r->read->meta->shape[i];
+  *data = bulk;
+  *nbytes = blen;
+  wire_reply_free(r, NULL);
+  return 0;
+}
