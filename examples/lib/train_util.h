@@ -1,0 +1,105 @@
+/* Shared code of the training examples (train_mlp, train_cnn): command
+ * line, the two models, and a training loop written only against the
+ * public client API (dispatch_client.h), so the same program trains on
+ * "local" or on a dispatch-server ("tcp://HOST:PORT").
+ *
+ * Every step runs inside a scope (dispatch_scope_begin/end), so the
+ * intermediate tensors of a step are dropped together and nothing grows
+ * across steps. Parameters are AUTODIFF leaves updated in place by an Adam
+ * optimizer. Evaluation runs the forward on the plain inner tensors of the
+ * parameters (no tape) and reads back only the argmax predictions.
+ *
+ * Errors: every function returns 0 or a negative DISPATCH_E* code and has
+ * already printed "<what> failed: <code name>: <device detail>" to stderr.
+ */
+#ifndef EXAMPLES_TRAIN_UTIL_H
+#define EXAMPLES_TRAIN_UTIL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "dispatch_client.h"
+#include "idx.h"
+
+#define TU_MAX_PARAMS 8
+#define TU_IMAGE_SIZE 784 /* 28 x 28 */
+#define TU_CLASSES 10
+
+typedef struct tu_opts {
+  const char *device; /* NULL: env DISPATCH_DEVICE, else "local" */
+  const char *data;   /* dataset folder */
+  int epochs;
+  size_t limit;       /* use the first `limit` training images; 0: all */
+  int batch;
+  int eval_batch;
+  double lr;
+  uint64_t seed;      /* weight init and shuffling */
+  int log_every;      /* progress line every N steps; 0: none */
+  double min_acc;     /* final test accuracy (percent) below this: failure */
+  int quiet;          /* 1: no progress or epoch lines (tests) */
+} tu_opts;
+
+typedef struct tu_model tu_model;
+/* Computes logits [B, 10] from x [B, 784] f32 on the model's device.
+ * train != 0 uses the AUTODIFF parameters (the result is AUTODIFF and a
+ * backward reaches every parameter); train == 0 uses their plain inner
+ * tensors so no tape is built. */
+typedef int (*tu_forward_fn)(tu_model *m, dispatch_tensor *x, int train,
+                             dispatch_tensor **logits);
+
+struct tu_model {
+  const char *name;
+  dispatch_device *dev;
+  int nparams;
+  dispatch_tensor *params[TU_MAX_PARAMS]; /* AUTODIFF leaves, owned */
+  int64_t nweights;                       /* total parameter elements */
+  tu_forward_fn forward;
+};
+
+/* Result of one epoch. */
+typedef struct tu_epoch {
+  double mean_loss;    /* mean of the step losses */
+  double accuracy;     /* percent of the test split classified right */
+  double train_s;      /* seconds of the training steps */
+  double eval_s;       /* seconds of the evaluation */
+  double images_per_s; /* training throughput */
+} tu_epoch;
+
+/* Fills *o with the defaults (batch 128, lr 1e-3, seed 42, epochs given). */
+void tu_opts_default(tu_opts *o, int epochs);
+
+/* Parses --device --epochs --data --limit --batch --lr --seed --log-every
+ * --min-acc --help. Returns 0, 1 when --help was printed, or -1 after
+ * printing what was wrong with which argument. */
+int tu_parse_args(int argc, char **argv, const char *prog, tu_opts *o);
+
+/* MLP 784-hidden-10 with ReLU; weights He (Kaiming) uniform from seed,
+ * biases zero. On failure nothing is left allocated in *m. */
+int tu_mlp_init(dispatch_device *dev, int hidden, uint64_t seed, tu_model *m);
+
+/* CNN: conv 1->c1 3x3 pad 1, relu, max_pool 2, conv c1->c2 3x3 pad 1,
+ * relu, max_pool 2, flatten, linear c2*7*7 -> 10. */
+int tu_cnn_init(dispatch_device *dev, int c1, int c2, uint64_t seed,
+                tu_model *m);
+
+/* Drops the model's parameter references. */
+void tu_model_free(tu_model *m);
+
+/* Trains on train[0..n_train-1] for o->epochs epochs with Adam, and after
+ * each epoch evaluates on test; fills res[0..epochs-1] when res is not
+ * NULL. Prints progress unless o->quiet. */
+int tu_fit(tu_model *m, const fmnist_split *train, size_t n_train,
+           const fmnist_split *test, const tu_opts *o, tu_epoch *res);
+
+/* Percent of test classified right by m, in batches of eval_batch. */
+int tu_evaluate(tu_model *m, const fmnist_split *test, int eval_batch,
+                double *accuracy);
+
+/* The whole program of an example: parses argv, opens the device, loads
+ * Fashion-MNIST, builds the model with init, trains and reports. Returns
+ * the process exit status (0 ok, 1 failure, 2 usage). */
+typedef int (*tu_init_fn)(dispatch_device *dev, uint64_t seed, tu_model *m);
+int tu_main(int argc, char **argv, const char *prog, int default_epochs,
+            tu_init_fn init);
+
+#endif

@@ -1,0 +1,23 @@
+/* train_cnn: a small CNN on Fashion-MNIST, on any device:
+ *
+ *   conv 1->16 3x3 pad 1, relu, max_pool 2   [B, 16, 14, 14]
+ *   conv 16->32 3x3 pad 1, relu, max_pool 2  [B, 32, 7, 7]
+ *   flatten, linear 32*7*7 -> 10
+ *
+ * conv2d has no bias argument: each conv adds a [1, C, 1, 1] bias by
+ * broadcasting. Adam lr 1e-3, batch 128, He-uniform init from a fixed seed.
+ * Same options and output as train_mlp (--device, --epochs, --data,
+ * --limit, ...). The model and the loop are in lib/train_util.c. */
+#include "train_util.h"
+
+#define CNN_C1 16
+#define CNN_C2 32
+#define CNN_EPOCHS 2
+
+static int cnn_init(dispatch_device *dev, uint64_t seed, tu_model *m) {
+  return tu_cnn_init(dev, CNN_C1, CNN_C2, seed, m);
+}
+
+int main(int argc, char **argv) {
+  return tu_main(argc, argv, "train_cnn", CNN_EPOCHS, cnn_init);
+}
