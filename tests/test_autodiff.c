@@ -336,3 +336,54 @@ Test(autodiff, deep_chain_sorts_and_frees_without_recursion) {
   dsp_tensor_unref(y); /* frees the whole retained chain */
   dsp_tensor_unref(x);
 }
+
+Test(autodiff, ties_follow_the_documented_rules) {
+  /* maximum/minimum give a tie to the first input; max over a dim splits
+   * the gradient evenly between tied maxima */
+  double av[3] = {1, 2, 3}, bv[3] = {1, 5, 0};
+  dsp_tensor *a = vec(av, 3), *b = vec(bv, 3);
+  cr_assert_eq(dsp_track(ctx, a), 0);
+  cr_assert_eq(dsp_track(ctx, b), 0);
+  dsp_tensor *m = tu_run(ctx, DSP_OP_MAXIMUM, NULL, 2, a, b, NULL);
+  dsp_tensor *s = sum_all(m);
+  dsp_grads *g;
+  cr_assert_eq(dsp_backward(ctx, s, 0, &g), 0);
+  dsp_tensor *ga = grad_of(g, a), *gb = grad_of(g, b);
+  tu_assert_f64(ga, (double[]){1, 0, 1}, 3, 0);
+  tu_assert_f64(gb, (double[]){0, 1, 0}, 3, 0);
+  dsp_tensor *list[] = {ga, gb, s, m};
+  for (size_t i = 0; i < sizeof list / sizeof list[0]; i++)
+    dsp_tensor_unref(list[i]);
+  dsp_grads_free(g);
+
+  double xv[6] = {4, 1, 4, 2, 7, 3};
+  dsp_tensor *x = tu_f64(ctx, 2, (int64_t[]){2, 3}, xv);
+  cr_assert_eq(dsp_track(ctx, x), 0);
+  int64_t d = 1;
+  dsp_attrs ra = dsp_attrs_ints(1, &d);
+  dsp_tensor *mx = tu_run(ctx, DSP_OP_MAX, &ra, 1, x, NULL, NULL);
+  dsp_tensor *s2 = sum_all(mx);
+  cr_assert_eq(dsp_backward(ctx, s2, 0, &g), 0);
+  dsp_tensor *gx = grad_of(g, x);
+  tu_assert_f64(gx, (double[]){0.5, 0, 0.5, 0, 1, 0}, 6, 0);
+  dsp_tensor *list2[] = {gx, s2, mx, x, a, b};
+  for (size_t i = 0; i < sizeof list2 / sizeof list2[0]; i++)
+    dsp_tensor_unref(list2[i]);
+  dsp_grads_free(g);
+}
+
+Test(autodiff, backward_helper_ops_have_no_second_order_rule) {
+  double v[2] = {-1, 2}, gv[2] = {1, 1};
+  dsp_tensor *x = vec(v, 2), *go = vec(gv, 2);
+  cr_assert_eq(dsp_track(ctx, x), 0);
+  dsp_tensor *y = tu_run(ctx, DSP_OP_RELU_BACKWARD, NULL, 2, go, x, NULL);
+  cr_assert(dsp_is_tracked(y));
+  dsp_tensor *s = sum_all(y);
+  dsp_grads *g;
+  cr_assert_eq(dsp_backward(ctx, s, 0, &g), DISPATCH_EUNSUPPORTED);
+  cr_assert_not_null(strstr(dsp_ctx_errmsg(ctx), "relu_backward"));
+  cr_assert_null(g);
+  dsp_tensor *list[] = {s, y, go, x};
+  for (size_t i = 0; i < sizeof list / sizeof list[0]; i++)
+    dsp_tensor_unref(list[i]);
+}
