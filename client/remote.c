@@ -233,12 +233,17 @@ uint64_t dispatch__remote_new_id(dispatch_device *dev) {
 
 /* Maps the server's Error into the device: code, message, and the poison
  * mark on the tensor the failed request was creating. */
-static int take_error(dispatch_device *dev, const Dispatch__Error *e) {
+static int take_error(dispatch_device *dev, const Dispatch__Error *e,
+                      uint64_t req_id, uint64_t target) {
   int code = e->code < 0 ? e->code : DISPATCH_EPROTO;
   dsp_seterr(dev->ctx, code, "server: %s",
              e->message && *e->message ? e->message : dispatch_strerror(code));
-  for (dispatch_tensor *t = dev->all; t; t = t->anext)
-    if (t->kind == DISPATCH_KIND_REMOTE && t->id == e->failed_req_id) {
+  /* a waiting request that failed itself on its target (a read of a
+   * poisoned tensor) marks that tensor */
+  uint64_t victim = e->failed_req_id;
+  if (victim == req_id) victim = target;
+  for (dispatch_tensor *t = dev->all; victim && t; t = t->anext)
+    if (t->kind == DISPATCH_KIND_REMOTE && t->id == victim) {
       t->status = code;
       break;
     }
@@ -262,7 +267,7 @@ static int drain(dispatch_device *dev, uint64_t n, int64_t deadline) {
  * dst_len. *reply is the caller's (free_unpacked) when it returns 0 or a
  * server error; on ECONN/EPROTO *reply is NULL. */
 static int call(dispatch_device *dev, Dispatch__Request *req, void *dst,
-                size_t dst_len, Dispatch__Reply **reply) {
+                size_t dst_len, uint64_t target, Dispatch__Reply **reply) {
   dispatch__conn *c = &dev->conn;
   *reply = NULL;
   int rc = check_alive(dev);
@@ -313,7 +318,7 @@ static int call(dispatch_device *dev, Dispatch__Request *req, void *dst,
       continue;
     }
     *reply = r;
-    if (r->error && r->error->code != 0) return take_error(dev, r->error);
+    if (r->error && r->error->code != 0) return take_error(dev, r->error, req->req_id, target);
     if (!mine) return conn_lost(dev, "reply to an unknown request");
     return 0;
   }
@@ -411,7 +416,7 @@ int dispatch__remote_read(dispatch_device *dev, uint64_t id, void *buf,
   req.body_case = DISPATCH__REQUEST__BODY_READ;
   req.read = &m;
   Dispatch__Reply *r;
-  int rc = call(dev, &req, buf, nbytes, &r);
+  int rc = call(dev, &req, buf, nbytes, id, &r);
   if (rc == 0 && r->body_case != DISPATCH__REPLY__BODY_READ)
     rc = dsp_seterr(dev->ctx, DISPATCH_EPROTO,
                     "read: the server's reply carries no tensor");
@@ -429,7 +434,7 @@ int dispatch__remote_backward(dispatch_device *dev, uint64_t loss,
   req.body_case = DISPATCH__REQUEST__BODY_BACKWARD;
   req.backward = &m;
   Dispatch__Reply *r;
-  int rc = call(dev, &req, NULL, 0, &r);
+  int rc = call(dev, &req, NULL, 0, 0, &r);
   if (r) dispatch__reply__free_unpacked(r, &g_pb_alloc);
   return rc;
 }
@@ -440,7 +445,7 @@ int dispatch__remote_sync(dispatch_device *dev) {
   req.body_case = DISPATCH__REQUEST__BODY_SYNC;
   req.sync = &m;
   Dispatch__Reply *r;
-  int rc = call(dev, &req, NULL, 0, &r);
+  int rc = call(dev, &req, NULL, 0, 0, &r);
   if (r) dispatch__reply__free_unpacked(r, &g_pb_alloc);
   return rc;
 }
@@ -451,7 +456,7 @@ int dispatch__remote_stats(dispatch_device *dev, dispatch_stats *out) {
   req.body_case = DISPATCH__REQUEST__BODY_STATS;
   req.stats = &m;
   Dispatch__Reply *r;
-  int rc = call(dev, &req, NULL, 0, &r);
+  int rc = call(dev, &req, NULL, 0, 0, &r);
   if (rc == 0 && r->body_case != DISPATCH__REPLY__BODY_STATS)
     rc = dsp_seterr(dev->ctx, DISPATCH_EPROTO,
                     "stats: the server's reply carries no stats");
@@ -531,7 +536,7 @@ int dispatch__remote_open(dispatch_device *dev, const char *host,
   req.body_case = DISPATCH__REQUEST__BODY_HELLO;
   req.hello = &m;
   Dispatch__Reply *r;
-  rc = call(dev, &req, NULL, 0, &r);
+  rc = call(dev, &req, NULL, 0, 0, &r);
   if (rc == 0 && r->body_case != DISPATCH__REPLY__BODY_HELLO)
     rc = dsp_seterr(dev->ctx, DISPATCH_EPROTO,
                     "%s: the server did not answer hello", dev->spec);
