@@ -14,7 +14,10 @@
 #include "frame.h"
 #include "sv.h"
 
-enum { ST_HEADER, ST_MSG, ST_BULK, ST_DEAD };
+/* ST_WAIT: an upload's header is decoded but the quota cannot be judged
+ * until the session's earlier requests (a free, say) have run; reading
+ * stops and the unparsed rest of rbuf is kept for later. */
+enum { ST_HEADER, ST_MSG, ST_BULK, ST_WAIT, ST_DEAD };
 #define RBUF_SIZE 65536
 
 typedef struct sv_server sv_server;
@@ -37,6 +40,9 @@ typedef struct sv_conn {
   uint64_t bulk_len, bulk_got;
   uint8_t *bulk_dst; /* NULL: the bulk is read and discarded */
   sv_job *bulk_job;
+  sv_job *wait_job;         /* ST_WAIT: the upload waiting for the FIFO */
+  const uint8_t *pend;      /* ST_WAIT: unparsed bytes left in rbuf */
+  size_t pend_n;
   int hello_done;
   /* lifecycle */
   int closing, close_after_flush, paused, handles_open, teardown_done;
@@ -169,6 +175,7 @@ static void maybe_free(sv_conn *c) {
   dsp_free(c->sess);
   dsp_free(c->msg);
   sv_job_free(c->bulk_job);
+  sv_job_free(c->wait_job);
   dsp_free(c);
   srv->n_conns--;
   atomic_fetch_sub(&srv->g.sessions, 1);
@@ -230,6 +237,26 @@ static void submit(sv_conn *c, sv_job *j) {
 
 static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf);
 static void on_alloc(uv_handle_t *h, size_t hint, uv_buf_t *buf);
+static void prepare_upload(sv_conn *c, sv_job *j, int final);
+static void finish_bulk(sv_conn *c);
+static void parse(sv_conn *c, const uint8_t *p, size_t n);
+
+/* Once the FIFO is empty, judges the waiting upload for good and parses
+ * what was left in rbuf before reading again. */
+static void resume_wait(sv_conn *c) {
+  sv_job *j = c->wait_job;
+  c->wait_job = NULL;
+  prepare_upload(c, j, 1);
+  if (c->bulk_len == 0) finish_bulk(c);
+  const uint8_t *p = c->pend;
+  size_t n = c->pend_n;
+  c->pend = NULL;
+  c->pend_n = 0;
+  parse(c, p, n);
+  if (!c->closing && !c->paused && c->state != ST_WAIT &&
+      c->state != ST_DEAD)
+    uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read);
+}
 
 static void on_done(sv_job *j, void *ud) {
   (void)ud;
@@ -280,12 +307,14 @@ static void on_done(sv_job *j, void *ud) {
     c->close_after_flush = 1;
     if (c->writes_pending == 0) conn_close(c, "bye");
   }
-  if (c->paused && !c->closing && c->state != ST_DEAD &&
-      c->inflight < c->srv->cfg->max_queued / 2 + 1) {
-    c->paused = 0;
-    uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read);
-  }
   sv_job_free(j);
+  if (c->closing) return;
+  if (c->paused && c->inflight < c->srv->cfg->max_queued / 2 + 1) {
+    c->paused = 0;
+    if (c->state != ST_DEAD && c->state != ST_WAIT)
+      uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read);
+  }
+  if (c->state == ST_WAIT && c->inflight == 0) resume_wait(c);
 }
 
 static void handle_hello(sv_conn *c, Dispatch__Request *req) {
@@ -351,7 +380,7 @@ static int set_pre_err(sv_job *j, int code, const char *fmt, ...) {
 /* Checks an Upload against every limit before allocating, then allocates
  * the tensor so the bulk lands straight in its storage. A failure keeps
  * the stream in sync by discarding the bulk and defers the error. */
-static void prepare_upload(sv_conn *c, sv_job *j) {
+static void prepare_upload(sv_conn *c, sv_job *j, int final) {
   const sv_config *cfg = c->srv->cfg;
   Dispatch__Upload *u = j->req->upload;
   dsp_meta m;
@@ -389,6 +418,14 @@ static void prepare_upload(sv_conn *c, sv_job *j) {
                   "upload: %llu bulk bytes, but %s %s needs %llu",
                   (unsigned long long)c->bulk_len, dsp_dtype_name(m.dtype),
                   shape, (unsigned long long)nbytes);
+    } else if ((nbytes > cfg->max_session_bytes ||
+                have > cfg->max_session_bytes - nbytes) &&
+               !final && c->inflight > 0) {
+      /* earlier requests may free memory: judge once they have run */
+      c->wait_job = j;
+      c->state = ST_WAIT;
+      uv_read_stop((uv_stream_t *)&c->tcp);
+      return;
     } else if (nbytes > cfg->max_session_bytes ||
                have > cfg->max_session_bytes - nbytes) {
       atomic_fetch_add(&c->srv->g.limit_violations, 1);
@@ -484,8 +521,8 @@ static void handle_msg(sv_conn *c) {
   }
   j->req = req;
   if (req->body_case == DISPATCH__REQUEST__BODY_UPLOAD) {
-    prepare_upload(c, j);
-    if (c->bulk_len == 0) finish_bulk(c);
+    prepare_upload(c, j, 0);
+    if (c->state == ST_BULK && c->bulk_len == 0) finish_bulk(c);
     return;
   }
   c->state = ST_HEADER;
@@ -543,6 +580,11 @@ static void parse(sv_conn *c, const uint8_t *p, size_t n) {
       p += take;
       n -= take;
       if (c->msg_got == c->msg_len) handle_msg(c);
+      if (c->state == ST_WAIT) {
+        c->pend = p;
+        c->pend_n = n;
+        return;
+      }
     } else if (c->state == ST_BULK) {
       uint64_t rem = c->bulk_len - c->bulk_got;
       size_t take = rem < n ? (size_t)rem : n;
