@@ -142,6 +142,25 @@ demo: deps
 	@$(MAKE) --no-print-directory all
 	@BUILD=$(BUILD) scripts/demo.sh
 
+# the programs and the server, then scripts/bench.sh runs them and writes
+# bench/results.csv
+bench: deps
+	@$(MAKE) --no-print-directory $(if $(wildcard server/main.c),$(SERVER_BIN)) $(BENCH_BIN)
+	@BUILD=$(BUILD) scripts/bench.sh
+
+# libdispatch-client: shared lib (SONAME .so.MAJOR), static lib, one
+# self-contained header (dispatch_errors.h inlined) and a pkg-config file.
+install: $(CLIENT_A) $(CLIENT_SO)
+	install -d $(DESTDIR)$(PREFIX)/lib/pkgconfig $(DESTDIR)$(PREFIX)/include
+	install -m 644 $(CLIENT_A) $(DESTDIR)$(PREFIX)/lib/
+	install -m 755 $(CLIENT_SO) $(DESTDIR)$(PREFIX)/lib/
+	ln -sf $(notdir $(CLIENT_SO)) $(DESTDIR)$(PREFIX)/lib/$(CLIENT_SONAME)
+	ln -sf $(CLIENT_SONAME) $(DESTDIR)$(PREFIX)/lib/libdispatch-client.so
+	sed -e '/#include "dispatch_errors.h"/{r common/dispatch_errors.h' -e 'd}' \
+	  client/include/dispatch_client.h > $(DESTDIR)$(PREFIX)/include/dispatch_client.h
+	sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@VERSION@|$(VERSION)|g' \
+	  client/dispatch-client.pc.in > $(DESTDIR)$(PREFIX)/lib/pkgconfig/dispatch-client.pc
+
 clean:
 	rm -rf build build-san build-fuzz
 
