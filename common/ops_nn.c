@@ -182,7 +182,7 @@ static int pool_attrs(dsp_ctx *ctx, dsp_opcode op, const dsp_attrs *a,
   if (g->sh < 1 || g->sw < 1 || g->sh > INT32_MAX || g->sw > INT32_MAX)
     return dsp_seterr(ctx, DISPATCH_EINVAL, "%s: stride %lldx%lld must be >= 1",
                       opname(op), (long long)g->sh, (long long)g->sw);
-  if (g->ph < 0 || g->pw < 0 || 2 * g->ph > g->KH || 2 * g->pw > g->KW)
+  if (g->ph < 0 || g->pw < 0 || g->ph > g->KH / 2 || g->pw > g->KW / 2)
     return dsp_seterr(ctx, DISPATCH_EINVAL,
                       "%s: padding %lldx%lld must be in [0, kernel/2] for "
                       "kernel %lldx%lld",

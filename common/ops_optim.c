@@ -17,7 +17,8 @@ int dsp__infer_optim(dsp_ctx *ctx, dsp_opcode op, const dsp_meta *in,
                      int n_in, const dsp_attrs *a, dsp_meta *out) {
   static const char *sgd_names[3] = {"lr", "momentum", "weight_decay"};
   static const char *adam_names[4] = {"lr", "beta1", "beta2", "eps"};
-  static const char *in_names[4] = {"param", "grad", "m", "v"};
+  static const char *adam_in[4] = {"param", "grad", "m", "v"};
+  static const char *sgd_in[3] = {"param", "grad", "velocity"};
   int is_sgd = op == DSP_OP_SGD_STEP;
   if (op != DSP_OP_SGD_STEP && op != DSP_OP_ADAM_STEP)
     return dsp_seterr(ctx, DISPATCH_EUNSUPPORTED, "optim: op %d unknown",
@@ -50,12 +51,12 @@ int dsp__infer_optim(dsp_ctx *ctx, dsp_opcode op, const dsp_meta *in,
   for (int i = 1; i < n_in; i++) {
     if (in[i].dtype != in[0].dtype)
       return dsp_seterr(ctx, DISPATCH_EDTYPE, "%s: %s is %s but param is %s",
-                        opname(op), in_names[is_sgd && i == 2 ? 3 : i],
+                        opname(op), is_sgd ? sgd_in[i] : adam_in[i],
                         dsp_dtype_name(in[i].dtype), dsp_dtype_name(in[0].dtype));
     if (!dsp_meta_equal(&in[i], &in[0])) {
       char s1[128], s2[128];
       return dsp_seterr(ctx, DISPATCH_ESHAPE, "%s: %s is %s but param is %s",
-                        opname(op), is_sgd && i == 2 ? "velocity" : in_names[i],
+                        opname(op), is_sgd ? sgd_in[i] : adam_in[i],
                         dsp_shape_str(&in[i], s1, sizeof s1),
                         dsp_shape_str(&in[0], s2, sizeof s2));
     }

@@ -508,6 +508,14 @@ Test(conv2d_errors, shapes_attrs_and_dtypes) {
   a = ints(3, bi);
   expect_err(ctx, DISPATCH_EINVAL, "4 dims of the input",
              DSP_OP_CONV2D_BACKWARD_INPUT, &a, g, wok, NULL);
+  int64_t huge[10] = {1, 1, INT64_MAX, 0, 1, 1, 1, 3, 5, 5};
+  a = ints(10, huge);
+  expect_err(ctx, DISPATCH_EINVAL, "pad_h = 9223372036854775807",
+             DSP_OP_CONV2D_BACKWARD_INPUT, &a, g, wok, NULL);
+  int64_t hugex[4] = {1, 3, INT64_MAX, 5};
+  a = ints(4, hugex);
+  expect_err(ctx, DISPATCH_EOVERFLOW, "exceed the BLAS int range",
+             DSP_OP_CONV2D_BACKWARD_INPUT, &a, g, wok, NULL);
   int64_t bw[4] = {2, 3, 3, 3};
   a = ints(4, bw);
   expect_err(ctx, DISPATCH_ESHAPE, "conv output is [1, 2, 3, 3]",
@@ -611,6 +619,10 @@ Test(pool_errors, attrs_and_shapes) {
   a = ints(6, pbig);
   expect_err(ctx, DISPATCH_EINVAL, "padding 2x0", DSP_OP_MAX_POOL2D, &a, x, NULL,
              NULL);
+  int64_t phuge[6] = {2, 2, 1, 1, INT64_MAX, 0};
+  a = ints(6, phuge);
+  expect_err(ctx, DISPATCH_EINVAL, "must be in [0, kernel/2]", DSP_OP_MAX_POOL2D,
+             &a, x, NULL, NULL);
   a = ints(2, kbig);
   expect_err(ctx, DISPATCH_ESHAPE, "output height <= 0 (input 4, kernel 5",
              DSP_OP_MAX_POOL2D, &a, x, NULL, NULL);

@@ -142,6 +142,10 @@ Test(optim_errors, attrs_shapes_and_dtypes) {
   cr_assert_null(out);
   expect(ctx, step(ctx, DSP_OP_SGD_STEP, &s, 3, p, gd, v, NULL, &out),
          DISPATCH_EDTYPE, "grad is f64 but param is f32");
+  expect(ctx, step(ctx, DSP_OP_SGD_STEP, &s, 3, p, g, gd, NULL, &out),
+         DISPATCH_EDTYPE, "velocity is f64 but param is f32");
+  expect(ctx, step(ctx, DSP_OP_ADAM_STEP, &ad, 4, p, g, v, gd, &out),
+         DISPATCH_EDTYPE, "v is f64 but param is f32");
   expect(ctx, step(ctx, DSP_OP_SGD_STEP, &s, 3, pi, pi, pi, NULL, &out),
          DISPATCH_EDTYPE, "param must be f32 or f64");
   bad = floats(2, sf, 0, 0);
