@@ -12,12 +12,12 @@
 
 #define CNN_C1 16
 #define CNN_C2 32
-#define CNN_EPOCHS 2
+#define CNN_EPOCHS 3
 
-static int cnn_init(dispatch_device *dev, uint64_t seed, tu_model *m) {
-  return tu_cnn_init(dev, CNN_C1, CNN_C2, seed, m);
+static int cnn_init(dispatch_device *dev, uint64_t seed, tr_model *m) {
+  return tr_cnn_init(dev, CNN_C1, CNN_C2, seed, m);
 }
 
 int main(int argc, char **argv) {
-  return tu_main(argc, argv, "train_cnn", CNN_EPOCHS, cnn_init);
+  return tr_main(argc, argv, "train_cnn", CNN_EPOCHS, cnn_init);
 }

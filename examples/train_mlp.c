@@ -13,10 +13,10 @@
 
 #define MLP_HIDDEN 256
 
-static int mlp_init(dispatch_device *dev, uint64_t seed, tu_model *m) {
-  return tu_mlp_init(dev, MLP_HIDDEN, seed, m);
+static int mlp_init(dispatch_device *dev, uint64_t seed, tr_model *m) {
+  return tr_mlp_init(dev, MLP_HIDDEN, seed, m);
 }
 
 int main(int argc, char **argv) {
-  return tu_main(argc, argv, "train_mlp", 3, mlp_init);
+  return tr_main(argc, argv, "train_mlp", 3, mlp_init);
 }

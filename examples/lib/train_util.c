@@ -15,7 +15,7 @@
 
 /* Prints one line naming the failed call, the code and the device's
  * detail message; returns rc unchanged so call sites stay one line. */
-static int tu_report(dispatch_device *dev, int rc, const char *what) {
+static int tr_report(dispatch_device *dev, int rc, const char *what) {
   if (rc < 0)
     fprintf(stderr, "%s failed: %s (%s): %s\n", what, dispatch_err_name(rc),
             dispatch_strerror(rc), dev ? dispatch_device_errmsg(dev) : "");
@@ -23,13 +23,13 @@ static int tu_report(dispatch_device *dev, int rc, const char *what) {
 }
 
 /* Runs call; on failure reports it and jumps to `out` with rc set. */
-#define TU_TRY(dev, call)                          \
+#define TR_TRY(dev, call)                          \
   do {                                             \
-    rc = tu_report((dev), (call), #call);          \
+    rc = tr_report((dev), (call), #call);          \
     if (rc < 0) goto out;                          \
   } while (0)
 
-static double tu_now(void) {
+static double tr_now(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
@@ -37,7 +37,7 @@ static double tu_now(void) {
 
 /* splitmix64: a fixed, documented sequence so shuffles are reproducible on
  * every machine. */
-static uint64_t tu_rng_next(uint64_t *state) {
+static uint64_t tr_rng_next(uint64_t *state) {
   uint64_t z = (*state += 0x9E3779B97F4A7C15ull);
   z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
   z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
@@ -45,11 +45,11 @@ static uint64_t tu_rng_next(uint64_t *state) {
 }
 
 /* Fisher-Yates over perm[0..n-1]; the order depends only on seed. */
-static void tu_shuffle(uint32_t *perm, size_t n, uint64_t seed) {
+static void tr_shuffle(uint32_t *perm, size_t n, uint64_t seed) {
   uint64_t st = seed;
   for (size_t i = 0; i < n; i++) perm[i] = (uint32_t)i;
   for (size_t i = n; i > 1; i--) {
-    size_t j = (size_t)(tu_rng_next(&st) % i);
+    size_t j = (size_t)(tr_rng_next(&st) % i);
     uint32_t t = perm[i - 1];
     perm[i - 1] = perm[j];
     perm[j] = t;
@@ -59,7 +59,7 @@ static void tu_shuffle(uint32_t *perm, size_t n, uint64_t seed) {
 /* ------------------------------------------------------------------ */
 /* options                                                             */
 
-void tu_opts_default(tu_opts *o, int epochs) {
+void tr_opts_default(tr_opts *o, int epochs) {
   memset(o, 0, sizeof *o);
   o->device = NULL;
   o->data = fmnist_default_dir();
@@ -74,7 +74,7 @@ void tu_opts_default(tu_opts *o, int epochs) {
   o->quiet = 0;
 }
 
-static void tu_usage(FILE *f, const char *prog, const tu_opts *d) {
+static void tr_usage(FILE *f, const char *prog, const tr_opts *d) {
   fprintf(f,
           "usage: %s [options]\n"
           "  --device SPEC   local | tcp://HOST:PORT (default: env "
@@ -93,7 +93,7 @@ static void tu_usage(FILE *f, const char *prog, const tu_opts *d) {
 }
 
 /* Parses a whole decimal integer in [lo, hi]; -1 if it is not one. */
-static int tu_parse_ll(const char *s, long long lo, long long hi,
+static int tr_parse_ll(const char *s, long long lo, long long hi,
                        long long *v) {
   char *end;
   errno = 0;
@@ -103,16 +103,16 @@ static int tu_parse_ll(const char *s, long long lo, long long hi,
   return 0;
 }
 
-int tu_parse_args(int argc, char **argv, const char *prog, tu_opts *o) {
+int tr_parse_args(int argc, char **argv, const char *prog, tr_opts *o) {
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
     if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-      tu_usage(stdout, prog, o);
+      tr_usage(stdout, prog, o);
       return 1;
     }
     if (i + 1 >= argc) {
       fprintf(stderr, "%s: unknown option or missing value: %s\n", prog, a);
-      tu_usage(stderr, prog, o);
+      tr_usage(stderr, prog, o);
       return -1;
     }
     const char *v = argv[++i];
@@ -122,19 +122,19 @@ int tu_parse_args(int argc, char **argv, const char *prog, tu_opts *o) {
     } else if (!strcmp(a, "--data")) {
       o->data = v;
     } else if (!strcmp(a, "--epochs")) {
-      if (tu_parse_ll(v, 1, 1000, &n) < 0) goto bad;
+      if (tr_parse_ll(v, 1, 1000, &n) < 0) goto bad;
       o->epochs = (int)n;
     } else if (!strcmp(a, "--limit")) {
-      if (tu_parse_ll(v, 1, 1LL << 40, &n) < 0) goto bad;
+      if (tr_parse_ll(v, 1, 1LL << 40, &n) < 0) goto bad;
       o->limit = (size_t)n;
     } else if (!strcmp(a, "--batch")) {
-      if (tu_parse_ll(v, 1, 65536, &n) < 0) goto bad;
+      if (tr_parse_ll(v, 1, 65536, &n) < 0) goto bad;
       o->batch = (int)n;
     } else if (!strcmp(a, "--seed")) {
-      if (tu_parse_ll(v, 0, INT64_MAX, &n) < 0) goto bad;
+      if (tr_parse_ll(v, 0, INT64_MAX, &n) < 0) goto bad;
       o->seed = (uint64_t)n;
     } else if (!strcmp(a, "--log-every")) {
-      if (tu_parse_ll(v, 0, 1 << 30, &n) < 0) goto bad;
+      if (tr_parse_ll(v, 0, 1 << 30, &n) < 0) goto bad;
       o->log_every = (int)n;
     } else if (!strcmp(a, "--lr") || !strcmp(a, "--min-acc")) {
       char *end;
@@ -149,7 +149,7 @@ int tu_parse_args(int argc, char **argv, const char *prog, tu_opts *o) {
       }
     } else {
       fprintf(stderr, "%s: unknown option %s\n", prog, a);
-      tu_usage(stderr, prog, o);
+      tr_usage(stderr, prog, o);
       return -1;
     }
     continue;
@@ -166,39 +166,39 @@ int tu_parse_args(int argc, char **argv, const char *prog, tu_opts *o) {
 /* One AUTODIFF leaf of shape[0..ndim-1]: uniform in [-bound, bound) from
  * seed, or zeros for bound 0. Created outside any step scope, so the
  * caller owns it. */
-static int tu_param(dispatch_device *dev, int ndim, const int64_t *shape,
+static int tr_param(dispatch_device *dev, int ndim, const int64_t *shape,
                     double bound, uint64_t seed, dispatch_tensor **out) {
   dispatch_tensor *t = NULL;
   int rc;
   *out = NULL;
   if (bound > 0)
-    rc = tu_report(dev,
+    rc = tr_report(dev,
                    dispatch_uniform(dev, DISPATCH_F32, ndim, shape, -bound,
                                     bound, seed, &t),
                    "dispatch_uniform");
   else
-    rc = tu_report(dev, dispatch_zeros(dev, DISPATCH_F32, ndim, shape, &t),
+    rc = tr_report(dev, dispatch_zeros(dev, DISPATCH_F32, ndim, shape, &t),
                    "dispatch_zeros");
   if (rc < 0) return rc;
-  rc = tu_report(dev, dispatch_autodiff(t, out), "dispatch_autodiff");
+  rc = tr_report(dev, dispatch_autodiff(t, out), "dispatch_autodiff");
   dispatch_tensor_free(t); /* the AUTODIFF leaf holds its own reference */
   return rc;
 }
 
 /* He (Kaiming) uniform bound for ReLU layers: sqrt(6 / fan_in). */
-static double tu_he_bound(int64_t fan_in) { return sqrt(6.0 / (double)fan_in); }
+static double tr_he_bound(int64_t fan_in) { return sqrt(6.0 / (double)fan_in); }
 
-static int tu_model_add(tu_model *m, int ndim, const int64_t *shape,
+static int tr_model_add(tr_model *m, int ndim, const int64_t *shape,
                         double bound, uint64_t seed) {
   dispatch_tensor *p;
-  int rc = tu_param(m->dev, ndim, shape, bound, seed, &p);
+  int rc = tr_param(m->dev, ndim, shape, bound, seed, &p);
   if (rc < 0) return rc;
   m->params[m->nparams++] = p;
   m->nweights += dispatch_tensor_numel(p);
   return 0;
 }
 
-void tu_model_free(tu_model *m) {
+void tr_model_free(tr_model *m) {
   for (int i = 0; i < m->nparams; i++) dispatch_tensor_free(m->params[i]);
   m->nparams = 0;
   m->nweights = 0;
@@ -206,93 +206,93 @@ void tu_model_free(tu_model *m) {
 
 /* The parameter as the forward uses it: AUTODIFF when training, else the
  * plain tensor it wraps (borrowed, no copy). */
-static dispatch_tensor *tu_p(tu_model *m, int i, int train) {
+static dispatch_tensor *tr_p(tr_model *m, int i, int train) {
   return train ? m->params[i] : dispatch_inner(m->params[i]);
 }
 
 /* Must run inside a scope: every intermediate is registered there. */
-static int tu_mlp_forward(tu_model *m, dispatch_tensor *x, int train,
+static int tr_mlp_forward(tr_model *m, dispatch_tensor *x, int train,
                           dispatch_tensor **logits) {
   dispatch_device *dev = m->dev;
   dispatch_tensor *h, *o;
   int rc;
-  TU_TRY(dev, dispatch_matmul(x, tu_p(m, 0, train), &h));
-  TU_TRY(dev, dispatch_add(h, tu_p(m, 1, train), &h));
-  TU_TRY(dev, dispatch_relu(h, &h));
-  TU_TRY(dev, dispatch_matmul(h, tu_p(m, 2, train), &o));
-  TU_TRY(dev, dispatch_add(o, tu_p(m, 3, train), logits));
+  TR_TRY(dev, dispatch_matmul(x, tr_p(m, 0, train), &h));
+  TR_TRY(dev, dispatch_add(h, tr_p(m, 1, train), &h));
+  TR_TRY(dev, dispatch_relu(h, &h));
+  TR_TRY(dev, dispatch_matmul(h, tr_p(m, 2, train), &o));
+  TR_TRY(dev, dispatch_add(o, tr_p(m, 3, train), logits));
 out:
   return rc;
 }
 
-int tu_mlp_init(dispatch_device *dev, int hidden, uint64_t seed,
-                tu_model *m) {
+int tr_mlp_init(dispatch_device *dev, int hidden, uint64_t seed,
+                tr_model *m) {
   memset(m, 0, sizeof *m);
   m->name = "mlp";
   m->dev = dev;
-  m->forward = tu_mlp_forward;
-  const int64_t w1[2] = {TU_IMAGE_SIZE, hidden}, b1[1] = {hidden};
-  const int64_t w2[2] = {hidden, TU_CLASSES}, b2[1] = {TU_CLASSES};
+  m->forward = tr_mlp_forward;
+  const int64_t w1[2] = {TR_IMAGE_SIZE, hidden}, b1[1] = {hidden};
+  const int64_t w2[2] = {hidden, TR_CLASSES}, b2[1] = {TR_CLASSES};
   int rc;
-  if ((rc = tu_model_add(m, 2, w1, tu_he_bound(TU_IMAGE_SIZE), seed)) < 0 ||
-      (rc = tu_model_add(m, 1, b1, 0, 0)) < 0 ||
-      (rc = tu_model_add(m, 2, w2, tu_he_bound(hidden), seed + 1)) < 0 ||
-      (rc = tu_model_add(m, 1, b2, 0, 0)) < 0)
-    tu_model_free(m);
+  if ((rc = tr_model_add(m, 2, w1, tr_he_bound(TR_IMAGE_SIZE), seed)) < 0 ||
+      (rc = tr_model_add(m, 1, b1, 0, 0)) < 0 ||
+      (rc = tr_model_add(m, 2, w2, tr_he_bound(hidden), seed + 1)) < 0 ||
+      (rc = tr_model_add(m, 1, b2, 0, 0)) < 0)
+    tr_model_free(m);
   return rc;
 }
 
 /* conv 3x3 stride 1 pad 1, plus a [1, C, 1, 1] bias by broadcasting
  * (conv2d has no bias argument), then relu and a 2x2 max pool. */
-static int tu_conv_block(tu_model *m, dispatch_tensor *x, int wi, int train,
+static int tr_conv_block(tr_model *m, dispatch_tensor *x, int wi, int train,
                          dispatch_tensor **out) {
   dispatch_device *dev = m->dev;
   dispatch_tensor *c;
   int rc;
-  TU_TRY(dev, dispatch_conv2d(x, tu_p(m, wi, train), 1, 1, 1, 1, 1, 1, &c));
-  TU_TRY(dev, dispatch_add(c, tu_p(m, wi + 1, train), &c));
-  TU_TRY(dev, dispatch_relu(c, &c));
-  TU_TRY(dev, dispatch_max_pool2d(c, 2, 2, 2, 2, 0, 0, out));
+  TR_TRY(dev, dispatch_conv2d(x, tr_p(m, wi, train), 1, 1, 1, 1, 1, 1, &c));
+  TR_TRY(dev, dispatch_add(c, tr_p(m, wi + 1, train), &c));
+  TR_TRY(dev, dispatch_relu(c, &c));
+  TR_TRY(dev, dispatch_max_pool2d(c, 2, 2, 2, 2, 0, 0, out));
 out:
   return rc;
 }
 
-static int tu_cnn_forward(tu_model *m, dispatch_tensor *x, int train,
+static int tr_cnn_forward(tr_model *m, dispatch_tensor *x, int train,
                           dispatch_tensor **logits) {
   dispatch_device *dev = m->dev;
   dispatch_tensor *h, *o;
   int rc;
   const int64_t img[4] = {-1, 1, 28, 28};
   const int64_t flat[2] = {-1, dispatch_tensor_dim(m->params[4], 0)};
-  TU_TRY(dev, dispatch_reshape(x, 4, img, &h));
-  TU_TRY(dev, tu_conv_block(m, h, 0, train, &h));
-  TU_TRY(dev, tu_conv_block(m, h, 2, train, &h));
-  TU_TRY(dev, dispatch_reshape(h, 2, flat, &h));
-  TU_TRY(dev, dispatch_matmul(h, tu_p(m, 4, train), &o));
-  TU_TRY(dev, dispatch_add(o, tu_p(m, 5, train), logits));
+  TR_TRY(dev, dispatch_reshape(x, 4, img, &h));
+  TR_TRY(dev, tr_conv_block(m, h, 0, train, &h));
+  TR_TRY(dev, tr_conv_block(m, h, 2, train, &h));
+  TR_TRY(dev, dispatch_reshape(h, 2, flat, &h));
+  TR_TRY(dev, dispatch_matmul(h, tr_p(m, 4, train), &o));
+  TR_TRY(dev, dispatch_add(o, tr_p(m, 5, train), logits));
 out:
   return rc;
 }
 
-int tu_cnn_init(dispatch_device *dev, int c1, int c2, uint64_t seed,
-                tu_model *m) {
+int tr_cnn_init(dispatch_device *dev, int c1, int c2, uint64_t seed,
+                tr_model *m) {
   memset(m, 0, sizeof *m);
   m->name = "cnn";
   m->dev = dev;
-  m->forward = tu_cnn_forward;
+  m->forward = tr_cnn_forward;
   const int64_t w1[4] = {c1, 1, 3, 3}, b1[4] = {1, c1, 1, 1};
   const int64_t w2[4] = {c2, c1, 3, 3}, b2[4] = {1, c2, 1, 1};
-  const int64_t w3[2] = {(int64_t)c2 * 7 * 7, TU_CLASSES},
-                b3[1] = {TU_CLASSES};
+  const int64_t w3[2] = {(int64_t)c2 * 7 * 7, TR_CLASSES},
+                b3[1] = {TR_CLASSES};
   int rc;
-  if ((rc = tu_model_add(m, 4, w1, tu_he_bound(9), seed)) < 0 ||
-      (rc = tu_model_add(m, 4, b1, 0, 0)) < 0 ||
-      (rc = tu_model_add(m, 4, w2, tu_he_bound((int64_t)c1 * 9), seed + 1)) <
+  if ((rc = tr_model_add(m, 4, w1, tr_he_bound(9), seed)) < 0 ||
+      (rc = tr_model_add(m, 4, b1, 0, 0)) < 0 ||
+      (rc = tr_model_add(m, 4, w2, tr_he_bound((int64_t)c1 * 9), seed + 1)) <
           0 ||
-      (rc = tu_model_add(m, 4, b2, 0, 0)) < 0 ||
-      (rc = tu_model_add(m, 2, w3, tu_he_bound(w3[0]), seed + 2)) < 0 ||
-      (rc = tu_model_add(m, 1, b3, 0, 0)) < 0)
-    tu_model_free(m);
+      (rc = tr_model_add(m, 4, b2, 0, 0)) < 0 ||
+      (rc = tr_model_add(m, 2, w3, tr_he_bound(w3[0]), seed + 2)) < 0 ||
+      (rc = tr_model_add(m, 1, b3, 0, 0)) < 0)
+    tr_model_free(m);
   return rc;
 }
 
@@ -302,34 +302,34 @@ int tu_cnn_init(dispatch_device *dev, int c1, int c2, uint64_t seed,
 /* One optimizer step on the batch in xb/yb (b rows); the step's tensors
  * live in one scope that is closed on every path. *loss is the batch's
  * mean cross-entropy as read back from the device. */
-static int tu_step(tu_model *m, dispatch_optim *opt, const float *xb,
+static int tr_step(tr_model *m, dispatch_optim *opt, const float *xb,
                    const int64_t *yb, int64_t b, float *loss) {
   dispatch_device *dev = m->dev;
   dispatch_grads *grads = NULL;
   dispatch_tensor *x, *y, *logits, *l;
-  const int64_t xs[2] = {b, TU_IMAGE_SIZE};
-  int rc = tu_report(dev, dispatch_scope_begin(dev), "dispatch_scope_begin");
+  const int64_t xs[2] = {b, TR_IMAGE_SIZE};
+  int rc = tr_report(dev, dispatch_scope_begin(dev), "dispatch_scope_begin");
   if (rc < 0) return rc;
-  TU_TRY(dev, dispatch_tensor_from_data(dev, DISPATCH_F32, 2, xs, xb,
-                                        (size_t)b * TU_IMAGE_SIZE * sizeof *xb,
+  TR_TRY(dev, dispatch_tensor_from_data(dev, DISPATCH_F32, 2, xs, xb,
+                                        (size_t)b * TR_IMAGE_SIZE * sizeof *xb,
                                         &x));
-  TU_TRY(dev, dispatch_tensor_from_data(dev, DISPATCH_I64, 1, &b, yb,
+  TR_TRY(dev, dispatch_tensor_from_data(dev, DISPATCH_I64, 1, &b, yb,
                                         (size_t)b * sizeof *yb, &y));
-  TU_TRY(dev, m->forward(m, x, 1, &logits));
-  TU_TRY(dev, dispatch_cross_entropy(logits, y, &l));
-  TU_TRY(dev, dispatch_backward(l, &grads));
-  TU_TRY(dev, dispatch_optim_step(opt, grads));
+  TR_TRY(dev, m->forward(m, x, 1, &logits));
+  TR_TRY(dev, dispatch_cross_entropy(logits, y, &l));
+  TR_TRY(dev, dispatch_backward(l, &grads));
+  TR_TRY(dev, dispatch_optim_step(opt, grads));
   /* REMOTE: the read waits for the step too, so a deferred error of this
    * step surfaces here rather than steps later */
-  TU_TRY(dev, dispatch_tensor_read(l, loss, sizeof *loss));
+  TR_TRY(dev, dispatch_tensor_read(l, loss, sizeof *loss));
 out:
   dispatch_grads_free(grads);
   if (dispatch_scope_end(dev) < 0 && rc == 0)
-    rc = tu_report(dev, DISPATCH_EINVAL, "dispatch_scope_end");
+    rc = tr_report(dev, DISPATCH_EINVAL, "dispatch_scope_end");
   return rc;
 }
 
-int tu_evaluate(tu_model *m, const fmnist_split *test, int eval_batch,
+int tr_evaluate(tr_model *m, const fmnist_split *test, int eval_batch,
                 double *accuracy) {
   dispatch_device *dev = m->dev;
   size_t n = test->n, right = 0;
@@ -344,17 +344,17 @@ int tu_evaluate(tu_model *m, const fmnist_split *test, int eval_batch,
   for (size_t s = 0; s < n; s += (size_t)eval_batch) {
     int64_t b = (int64_t)(n - s < (size_t)eval_batch ? n - s
                                                      : (size_t)eval_batch);
-    const int64_t xs[2] = {b, TU_IMAGE_SIZE};
+    const int64_t xs[2] = {b, TR_IMAGE_SIZE};
     const int64_t dim1 = 1;
     dispatch_tensor *x, *logits, *am;
-    rc = tu_report(dev, dispatch_scope_begin(dev), "dispatch_scope_begin");
+    rc = tr_report(dev, dispatch_scope_begin(dev), "dispatch_scope_begin");
     if (rc < 0) break;
-    TU_TRY(dev, dispatch_tensor_from_data(
-                    dev, DISPATCH_F32, 2, xs, test->images + s * TU_IMAGE_SIZE,
-                    (size_t)b * TU_IMAGE_SIZE * sizeof(float), &x));
-    TU_TRY(dev, m->forward(m, x, 0, &logits));
-    TU_TRY(dev, dispatch_argmax(logits, 1, &dim1, 0, &am));
-    TU_TRY(dev, dispatch_tensor_read(am, pred, (size_t)b * sizeof *pred));
+    TR_TRY(dev, dispatch_tensor_from_data(
+                    dev, DISPATCH_F32, 2, xs, test->images + s * TR_IMAGE_SIZE,
+                    (size_t)b * TR_IMAGE_SIZE * sizeof(float), &x));
+    TR_TRY(dev, m->forward(m, x, 0, &logits));
+    TR_TRY(dev, dispatch_argmax(logits, 1, &dim1, 0, &am));
+    TR_TRY(dev, dispatch_tensor_read(am, pred, (size_t)b * sizeof *pred));
     for (int64_t i = 0; i < b; i++) right += pred[i] == test->labels[s + i];
   out:
     dispatch_scope_end(dev);
@@ -365,13 +365,13 @@ int tu_evaluate(tu_model *m, const fmnist_split *test, int eval_batch,
   return rc;
 }
 
-int tu_fit(tu_model *m, const fmnist_split *train, size_t n_train,
-           const fmnist_split *test, const tu_opts *o, tu_epoch *res) {
+int tr_fit(tr_model *m, const fmnist_split *train, size_t n_train,
+           const fmnist_split *test, const tr_opts *o, tr_epoch *res) {
   dispatch_device *dev = m->dev;
   dispatch_optim *opt = NULL;
   size_t bs = (size_t)o->batch;
   uint32_t *perm = malloc((n_train ? n_train : 1) * sizeof *perm);
-  float *xb = malloc(bs * TU_IMAGE_SIZE * sizeof *xb);
+  float *xb = malloc(bs * TR_IMAGE_SIZE * sizeof *xb);
   int64_t *yb = malloc(bs * sizeof *yb);
   int rc = 0;
   if (!perm || !xb || !yb) {
@@ -385,23 +385,23 @@ int tu_fit(tu_model *m, const fmnist_split *train, size_t n_train,
     rc = DISPATCH_EINVAL;
     goto out;
   }
-  TU_TRY(dev, dispatch_adam_new(m->params, m->nparams, o->lr, 0.9, 0.999,
+  TR_TRY(dev, dispatch_adam_new(m->params, m->nparams, o->lr, 0.9, 0.999,
                                 1e-8, &opt));
   size_t steps = (n_train + bs - 1) / bs;
   for (int e = 0; e < o->epochs; e++) {
-    tu_shuffle(perm, n_train, o->seed * 1000003u + (uint64_t)e + 1);
-    double t0 = tu_now(), tw = t0, sum = 0, wsum = 0;
+    tr_shuffle(perm, n_train, o->seed * 1000003u + (uint64_t)e + 1);
+    double t0 = tr_now(), tw = t0, sum = 0, wsum = 0;
     size_t wimg = 0;
     for (size_t s = 0; s < steps; s++) {
       size_t b = n_train - s * bs < bs ? n_train - s * bs : bs;
       for (size_t i = 0; i < b; i++) {
         uint32_t k = perm[s * bs + i];
-        memcpy(xb + i * TU_IMAGE_SIZE, train->images + (size_t)k * TU_IMAGE_SIZE,
-               TU_IMAGE_SIZE * sizeof *xb);
+        memcpy(xb + i * TR_IMAGE_SIZE, train->images + (size_t)k * TR_IMAGE_SIZE,
+               TR_IMAGE_SIZE * sizeof *xb);
         yb[i] = train->labels[k];
       }
       float loss;
-      rc = tu_step(m, opt, xb, yb, (int64_t)b, &loss);
+      rc = tr_step(m, opt, xb, yb, (int64_t)b, &loss);
       if (rc < 0) goto out;
       if (!isfinite(loss)) {
         fprintf(stderr, "epoch %d step %zu: loss is %f, training diverged\n",
@@ -414,7 +414,7 @@ int tu_fit(tu_model *m, const fmnist_split *train, size_t n_train,
       wimg += b;
       if (!o->quiet && o->log_every > 0 &&
           ((s + 1) % (size_t)o->log_every == 0)) {
-        double now = tu_now();
+        double now = tr_now();
         printf("  epoch %d step %4zu/%zu  loss %.4f  %6.0f img/s\n", e + 1,
                s + 1, steps, wsum / (double)o->log_every,
                (double)wimg / (now - tw));
@@ -424,15 +424,15 @@ int tu_fit(tu_model *m, const fmnist_split *train, size_t n_train,
         wimg = 0;
       }
     }
-    double t1 = tu_now();
-    tu_epoch ep = {.mean_loss = sum / (double)steps,
+    double t1 = tr_now();
+    tr_epoch ep = {.mean_loss = sum / (double)steps,
                    .train_s = t1 - t0,
                    .images_per_s = (double)n_train / (t1 - t0)};
     if (test && test->n > 0) {
-      rc = tu_evaluate(m, test, o->eval_batch, &ep.accuracy);
+      rc = tr_evaluate(m, test, o->eval_batch, &ep.accuracy);
       if (rc < 0) goto out;
     }
-    ep.eval_s = tu_now() - t1;
+    ep.eval_s = tr_now() - t1;
     if (res) res[e] = ep;
     if (!o->quiet) {
       printf("epoch %d/%d  mean loss %.4f  test accuracy %.2f%%  time %.1f s "
@@ -453,21 +453,21 @@ out:
 /* ------------------------------------------------------------------ */
 /* the program                                                         */
 
-int tu_main(int argc, char **argv, const char *prog, int default_epochs,
-            tu_init_fn init) {
-  tu_opts o;
-  tu_opts_default(&o, default_epochs);
-  int pr = tu_parse_args(argc, argv, prog, &o);
+int tr_main(int argc, char **argv, const char *prog, int default_epochs,
+            tr_init_fn init) {
+  tr_opts o;
+  tr_opts_default(&o, default_epochs);
+  int pr = tr_parse_args(argc, argv, prog, &o);
   if (pr != 0) return pr > 0 ? 0 : 2;
 
   dispatch_device *dev = NULL;
   fmnist_split train = {0}, test = {0};
-  tu_model m = {0};
-  tu_epoch *res = NULL;
+  tr_model m = {0};
+  tr_epoch *res = NULL;
   int status = 1, rc;
   char err[512] = "";
 
-  double t0 = tu_now();
+  double t0 = tr_now();
   if (fmnist_load(o.data, 1, &train, err, sizeof err) < 0 ||
       fmnist_load(o.data, 0, &test, err, sizeof err) < 0) {
     fprintf(stderr, "%s: cannot load Fashion-MNIST: %s\n", prog, err);
@@ -489,15 +489,15 @@ int tu_main(int argc, char **argv, const char *prog, int default_epochs,
   printf("%s: device %s, model %s (%lld parameters), %zu train / %zu test "
          "images, batch %d, Adam lr %g, %d epochs (data loaded in %.1f s)\n",
          prog, dispatch_device_spec(dev), m.name, (long long)m.nweights,
-         n_train, test.n, o.batch, o.lr, o.epochs, tu_now() - t0);
+         n_train, test.n, o.batch, o.lr, o.epochs, tr_now() - t0);
   fflush(stdout);
 
-  double tf = tu_now();
-  if (tu_fit(&m, &train, n_train, &test, &o, res) < 0) goto out;
-  double total = tu_now() - tf;
+  double tf = tr_now();
+  if (tr_fit(&m, &train, n_train, &test, &o, res) < 0) goto out;
+  double total = tr_now() - tf;
 
   dispatch_stats st;
-  rc = tu_report(dev, dispatch_device_stats(dev, &st), "dispatch_device_stats");
+  rc = tr_report(dev, dispatch_device_stats(dev, &st), "dispatch_device_stats");
   if (rc < 0) goto out;
   double acc = res[o.epochs - 1].accuracy;
   printf("%s: final test accuracy %.2f%% after %d epochs on %s, training "
@@ -513,7 +513,7 @@ int tu_main(int argc, char **argv, const char *prog, int default_epochs,
   status = 0;
 out:
   free(res);
-  tu_model_free(&m);
+  tr_model_free(&m);
   dispatch_device_close(dev);
   fmnist_free(&train);
   fmnist_free(&test);
