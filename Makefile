@@ -161,6 +161,20 @@ install: $(CLIENT_A) $(CLIENT_SO)
 	sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@VERSION@|$(VERSION)|g' \
 	  client/dispatch-client.pc.in > $(DESTDIR)$(PREFIX)/lib/pkgconfig/dispatch-client.pc
 
+# The server integration suites with dispatch-server under valgrind
+# (server_proc.c honours DISPATCH_SERVER_WRAP); a leak or memory error makes
+# the server exit 99, which the suites' exit-status checks catch.
+.PHONY: valgrind
+VALGRIND_SUITES = $(filter $(BUILD)/tests/test_server_%,$(TEST_BIN))
+valgrind: $(VALGRIND_SUITES) $(SERVER_BIN)
+	@fail=0; for t in $(VALGRIND_SUITES); do \
+	  echo "== $$t (server under valgrind)"; \
+	  DISPATCH_SERVER_BIN=$(abspath $(SERVER_BIN)) \
+	  DISPATCH_SERVER_WRAP="valgrind --leak-check=full --error-exitcode=99 --quiet" \
+	  $$t --jobs 2 || fail=1; \
+	done; \
+	if [ $$fail -ne 0 ]; then echo "VALGRIND FAILED"; exit 1; fi; echo "VALGRIND CLEAN"
+
 clean:
 	rm -rf build build-san build-fuzz
 

@@ -1,0 +1,198 @@
+/* bench mlp: one training step of a 784-256-10 MLP (relu, cross-entropy)
+ * on a batch of 128: forward, backward, SGD update, then reading the loss
+ * (the wait that ends the step). Three models from the same seeds, stepped
+ * in turn so noise falls on all alike:
+ *   local     LOCAL device, dispatch_optim_step
+ *   remote    REMOTE device, dispatch_optim_step (ONE Step message)
+ *   perparam  REMOTE device, the same update as separate ops per parameter
+ *             (grad, mul_scalar by lr, sub, re-wrap as a new leaf).
+ *             The sub runs on an untracked shadow of each parameter, and
+ *             the leaf wraps a copy of it (add_scalar 0): the server
+ *             records any op whose input tensor is tracked, so sub on
+ *             dispatch_inner(p) would give a tracked tensor that cannot be
+ *             wrapped again (LOCAL does not record it; see the report).
+ * Rows: remote vs local (goal: within 1.3x) and remote optim_step vs
+ * per-parameter ops. The losses of remote and perparam must agree (same
+ * math), which checks that both really trained.
+ */
+#include "bench.h"
+
+#define BATCH 128
+#define NIN 784
+#define NHID 256
+#define NOUT 10
+#define LR 0.05
+#define WARMUP 3
+#define MAX_STEPS 60
+#define MIN_STEPS 8
+#define BUDGET 12.0 /* seconds for all three models together */
+
+typedef struct model {
+  const char *name;
+  dispatch_device *dev;
+  dispatch_tensor *x, *y;
+  dispatch_tensor *p[4]; /* W1, b1, W2, b2 as AUTODIFF leaves */
+  dispatch_tensor *shadow[4]; /* perparam: untracked copies (see below) */
+  dispatch_optim *opt;   /* NULL: per-parameter ops */
+  double t[MAX_STEPS];
+  int steps;
+  float loss;
+  char err[512];
+} model;
+
+static int fail(model *m, int rc, const char *what) {
+  snprintf(m->err, sizeof m->err, "%s %s: %s: %s", m->name, what,
+           dispatch_err_name(rc), dispatch_device_errmsg(m->dev));
+  return rc;
+}
+
+/* Builds the model's data and parameters on m->dev. */
+static int model_init(model *m, int use_optim) {
+  static float xs[BATCH * NIN];
+  static int64_t ys[BATCH];
+  for (int i = 0; i < BATCH * NIN; i++)
+    xs[i] = (float)((i * 2654435761u) % 1000) / 1000.0f;
+  for (int i = 0; i < BATCH; i++) ys[i] = (i * 7) % NOUT;
+  int64_t xshape[2] = {BATCH, NIN}, yshape[1] = {BATCH};
+  int rc = dispatch_tensor_from_data(m->dev, DISPATCH_F32, 2, xshape, xs,
+                                     sizeof xs, &m->x);
+  if (rc == 0)
+    rc = dispatch_tensor_from_data(m->dev, DISPATCH_I64, 1, yshape, ys,
+                                   sizeof ys, &m->y);
+  if (rc < 0) return fail(m, rc, "upload");
+  const int64_t shapes[4][2] = {{NIN, NHID}, {NHID, 0}, {NHID, NOUT}, {NOUT, 0}};
+  for (int i = 0; i < 4; i++) {
+    dispatch_tensor *t = NULL;
+    int nd = shapes[i][1] ? 2 : 1;
+    rc = dispatch_normal(m->dev, DISPATCH_F32, nd, shapes[i], 0.0,
+                         i % 2 ? 0.01 : 0.05, 100 + (uint64_t)i, &t);
+    if (rc == 0 && !use_optim) {
+      m->shadow[i] = t;
+      rc = dispatch_add_scalar(m->shadow[i], 0.0, &t);
+    }
+    if (rc == 0) rc = dispatch_autodiff(t, &m->p[i]);
+    dispatch_tensor_free(t);
+    if (rc < 0) return fail(m, rc, "init");
+  }
+  if (use_optim) {
+    rc = dispatch_sgd_new(m->p, 4, LR, 0.0, 0.0, &m->opt);
+    if (rc < 0) return fail(m, rc, "sgd_new");
+  }
+  rc = dispatch_device_sync(m->dev);
+  return rc < 0 ? fail(m, rc, "sync") : 0;
+}
+
+/* p <- p - lr * grad as plain ops on the untracked shadow; the new leaf
+ * wraps a copy of the new shadow. */
+static int perparam_update(model *m, dispatch_grads *g) {
+  for (int i = 0; i < 4; i++) {
+    dispatch_tensor *gp = NULL, *s = NULL, *ns = NULL, *c = NULL, *leaf = NULL;
+    int rc = dispatch_grad(g, m->p[i], &gp);
+    if (rc == 0) rc = dispatch_mul_scalar(gp, LR, &s);
+    if (rc == 0) rc = dispatch_sub(m->shadow[i], s, &ns);
+    if (rc == 0) rc = dispatch_add_scalar(ns, 0.0, &c);
+    if (rc == 0) rc = dispatch_autodiff(c, &leaf);
+    /* the step runs inside a scope: gp, s, c go at its end; the new
+     * shadow and leaf must outlive it */
+    if (rc == 0) {
+      dispatch_keep(ns);
+      dispatch_keep(leaf);
+      dispatch_tensor_free(m->shadow[i]);
+      dispatch_tensor_free(m->p[i]);
+      m->shadow[i] = ns;
+      m->p[i] = leaf;
+    }
+    if (rc < 0) return fail(m, rc, "update");
+  }
+  return 0;
+}
+
+/* One training step; stores its time in m->t when record != 0. */
+static int step(model *m, int record) {
+  dispatch_tensor *h1 = NULL, *h1b = NULL, *h = NULL, *l = NULL, *lb = NULL,
+                  *loss = NULL;
+  dispatch_grads *g = NULL;
+  double t0 = bench_now();
+  int rc = dispatch_scope_begin(m->dev);
+  if (rc < 0) return fail(m, rc, "scope");
+  int r = dispatch_matmul(m->x, m->p[0], &h1);
+  if (r == 0) r = dispatch_add(h1, m->p[1], &h1b);
+  if (r == 0) r = dispatch_relu(h1b, &h);
+  if (r == 0) r = dispatch_matmul(h, m->p[2], &l);
+  if (r == 0) r = dispatch_add(l, m->p[3], &lb);
+  if (r == 0) r = dispatch_cross_entropy(lb, m->y, &loss);
+  if (r == 0) r = dispatch_backward(loss, &g);
+  if (r == 0)
+    r = m->opt ? dispatch_optim_step(m->opt, g) : perparam_update(m, g);
+  if (r == 0) r = dispatch_tensor_read(loss, &m->loss, sizeof m->loss);
+  dispatch_grads_free(g);
+  rc = dispatch_scope_end(m->dev);
+  double t = bench_now() - t0;
+  if (r < 0) return m->err[0] ? r : fail(m, r, "step");
+  if (rc < 0) return fail(m, rc, "scope_end");
+  if (!isfinite(m->loss)) {
+    snprintf(m->err, sizeof m->err, "%s: loss is %g", m->name,
+             (double)m->loss);
+    return DISPATCH_EINTERNAL;
+  }
+  if (record) m->t[m->steps++] = t;
+  return 0;
+}
+
+static void model_free(model *m) {
+  dispatch_optim_free(m->opt);
+  for (int i = 0; i < 4; i++) {
+    dispatch_tensor_free(m->p[i]);
+    dispatch_tensor_free(m->shadow[i]);
+  }
+  dispatch_tensor_free(m->x);
+  dispatch_tensor_free(m->y);
+  dispatch_device_close(m->dev);
+}
+
+int main(void) {
+  model ms[3] = {{.name = "local"}, {.name = "remote"}, {.name = "perparam"}};
+  const char *specs[3] = {"local", bench_remote_spec(), bench_remote_spec()};
+  int live[3];
+  for (int i = 0; i < 3; i++) {
+    ms[i].dev = bench_open(specs[i], ms[i].err, sizeof ms[i].err);
+    live[i] = ms[i].dev && model_init(&ms[i], i < 2) == 0;
+  }
+  for (int s = 0; s < WARMUP; s++)
+    for (int i = 0; i < 3; i++)
+      if (live[i] && step(&ms[i], 0) < 0) live[i] = 0;
+  double start = bench_now();
+  for (int s = 0; s < MAX_STEPS; s++) {
+    if (s >= MIN_STEPS && bench_now() - start > BUDGET) break;
+    for (int i = 0; i < 3; i++)
+      if (live[i] && step(&ms[i], 1) < 0) live[i] = 0;
+  }
+  double med[3];
+  for (int i = 0; i < 3; i++) {
+    med[i] = live[i] ? bench_median(ms[i].t, ms[i].steps) * 1e3 : NAN;
+    if (ms[i].err[0]) fprintf(stderr, "mlp: %s\n", ms[i].err);
+    else
+      fprintf(stderr, "mlp: %s: %d steps, final loss %.5f\n", ms[i].name,
+              ms[i].steps + WARMUP, (double)ms[i].loss);
+  }
+  /* same seeds, same update, same number of steps: the two remote models
+   * must end at the same loss (up to float reassociation) */
+  char agree[256] = "";
+  if (live[1] && live[2] && ms[1].steps == ms[2].steps &&
+      fabsf(ms[1].loss - ms[2].loss) > 1e-3f * (1 + fabsf(ms[1].loss)))
+    snprintf(agree, sizeof agree, "losses differ: optim %.6f perparam %.6f",
+             (double)ms[1].loss, (double)ms[2].loss);
+  char n1[1100], n2[1100];
+  snprintf(n1, sizeof n1, "%s%s%s", ms[1].err,
+           ms[1].err[0] && ms[0].err[0] ? "; " : "", ms[0].err);
+  snprintf(n2, sizeof n2, "%s%s%s", ms[2].err, ms[2].err[0] && agree[0] ? "; " : "",
+           agree);
+  bench_row("mlp", "train step 784-256-10 b128 remote (optim_step)", med[1],
+            "ms", "same step LOCAL", med[0], BENCH_GOAL_RATIO_LE, 1.3,
+            n1[0] ? n1 : NULL);
+  bench_row("mlp", "train step remote: optim_step on server", med[1], "ms",
+            "per-parameter sub/mul ops", med[2], BENCH_GOAL_NONE, 0,
+            n2[0] ? n2 : NULL);
+  for (int i = 0; i < 3; i++) model_free(&ms[i]);
+  return 0;
+}

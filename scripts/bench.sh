@@ -1,0 +1,112 @@
+#!/usr/bin/env bash
+# make bench: starts dispatch-server on 127.0.0.1 with a free port, runs the
+# benchmark programs of $BUILD/bench against it (each prints CSV rows: our
+# figure, the reference measured in the same run, the ratio, the goal and
+# whether it is met), stops the server, prints the rows as a table and
+# writes them to bench/results.csv. The memory benchmark gets a fresh
+# server so its baseline is not what the other programs left behind.
+# Exits non-zero if a program fails; a missed goal is reported, not fatal.
+set -uo pipefail
+BUILD=${BUILD:-build}
+CSV=${BENCH_CSV:-bench/results.csv}
+PER_PROGRAM_LIMIT=${BENCH_PROGRAM_TIMEOUT:-150}
+HEADER="section,metric,ours,unit,reference,ref_value,ratio,goal,met,note"
+
+rows=$(mktemp)
+log=$(mktemp)
+pid=""
+cleanup() {
+  [ -n "$pid" ] && kill "$pid" 2>/dev/null
+  rm -f "$rows" "$log"
+}
+trap cleanup EXIT
+
+# start_server: sets pid and DISPATCH_BENCH_REMOTE, or leaves them empty
+start_server() {
+  pid=""
+  export DISPATCH_BENCH_REMOTE="" DISPATCH_BENCH_SERVER_PID=""
+  if [ ! -x "$BUILD/dispatch-server" ]; then
+    echo "bench: no $BUILD/dispatch-server: remote rows will be n/a" >&2
+    return
+  fi
+  : >"$log"
+  "$BUILD/dispatch-server" --listen 127.0.0.1:0 >"$log" 2>&1 &
+  pid=$!
+  local port=""
+  for _ in $(seq 1 100); do
+    port=$(sed -n 's/^dispatch-server listening on 127\.0\.0\.1:\([0-9]*\)$/\1/p' "$log")
+    [ -n "$port" ] && break
+    kill -0 "$pid" 2>/dev/null || break
+    sleep 0.05
+  done
+  if [ -z "$port" ]; then
+    echo "bench: server did not start; remote rows will be n/a:" >&2
+    cat "$log" >&2
+    kill "$pid" 2>/dev/null
+    pid=""
+    return
+  fi
+  export DISPATCH_BENCH_REMOTE="tcp://127.0.0.1:$port"
+  export DISPATCH_BENCH_SERVER_PID="$pid"
+  echo "== dispatch-server pid $pid on 127.0.0.1:$port" >&2
+}
+
+stop_server() {
+  [ -z "$pid" ] && return
+  kill -TERM "$pid" 2>/dev/null
+  wait "$pid" 2>/dev/null
+  pid=""
+}
+
+status=0
+run() {
+  local name=$1 bin="$BUILD/bench/$1" t0 rc
+  if [ ! -x "$bin" ]; then
+    echo "bench: $bin missing (make BUILD=$BUILD all)" >&2
+    status=1
+    return
+  fi
+  echo "== $name" >&2
+  t0=$EPOCHREALTIME
+  timeout "$PER_PROGRAM_LIMIT" "$bin" >>"$rows"
+  rc=$?
+  awk -v a="$t0" -v b="$EPOCHREALTIME" -v n="$name" -v rc="$rc" \
+    'BEGIN { printf "   %s took %.1f s (exit %d)\n", n, b - a, rc }' >&2
+  [ "$rc" -ne 0 ] && status=1
+}
+
+start=$(date +%s)
+start_server
+for b in latency ops bulk matmul mlp; do run "$b"; done
+stop_server
+start_server
+run memory
+stop_server
+
+mkdir -p "$(dirname "$CSV")"
+{ echo "$HEADER"; cat "$rows"; } >"$CSV"
+
+echo
+awk -F, '
+  { for (i = 1; i <= 9; i++) { c[NR, i] = $i; if (length($i) > w[i]) w[i] = length($i) }
+    note[NR] = $10; n = NR }
+  END {
+    for (r = 1; r <= n; r++) {
+      line = ""
+      for (i = 1; i <= 9; i++) {
+        fmt = (i == 3 || i == 6 || i == 7) ? "%" w[i] "s" : "%-" w[i] "s"
+        line = line sprintf(fmt, c[r, i]) (i < 9 ? "  " : "")
+      }
+      print line
+      if (r == 1) { gsub(/./, "-", line); print line }
+    }
+    print ""
+    for (r = 2; r <= n; r++)
+      if (note[r] != "") printf "note (%s / %s): %s\n", c[r, 1], c[r, 2], note[r]
+  }' "$CSV"
+echo
+met=$(awk -F, 'NR > 1 && $9 == "yes"' "$CSV" | wc -l)
+missed=$(awk -F, 'NR > 1 && $9 == "NO"' "$CSV" | wc -l)
+na=$(awk -F, 'NR > 1 && $9 == "n/a"' "$CSV" | wc -l)
+echo "goals: $met met, $missed missed, $na not measured; $(($(date +%s) - start)) s in all; rows in $CSV"
+exit "$status"
