@@ -61,6 +61,7 @@ typedef struct dispatch__conn {
   int fd;
   int dead;        /* connection lost: every later call gives ECONN */
   char dead_why[192];
+  int ready; /* hello answered: the server accepts other requests */
   int timeout_ms;
   uint64_t next_id; /* tensor ids, container ids and request ids */
   uint8_t *buf;     /* frames queued but not sent */

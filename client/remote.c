@@ -26,9 +26,15 @@
 #define FLUSH_AT (1u << 20)  /* send the buffer once this much is queued */
 #define BULK_INLINE (64u << 10) /* larger bulk skips the buffer */
 
+/* Set when protobuf-c's unpack failed for memory rather than bad bytes
+ * (unpack returns NULL for both). */
+static _Thread_local int g_pb_oom;
+
 static void *pb_alloc(void *ud, size_t n) {
   (void)ud;
-  return dsp_malloc(n);
+  void *p = dsp_malloc(n);
+  if (!p) g_pb_oom = 1;
+  return p;
 }
 static void pb_free(void *ud, void *p) {
   (void)ud;
@@ -287,10 +293,11 @@ static int call(dispatch_device *dev, Dispatch__Request *req, void *dst,
     if (rc < 0) return conn_lost(dev, "malformed reply frame header");
     uint8_t *mb = dsp_malloc(h.msg_len);
     if (!mb) {
-      conn_lost(dev, "out of memory reading a reply");
+      /* skip the frame so the stream stays in step; the reply is lost */
+      rc = drain(dev, (uint64_t)h.msg_len + h.bulk_len, deadline);
+      if (rc < 0) return rc;
       return dsp_seterr(dev->ctx, DISPATCH_ENOMEM,
-                        "out of memory reading a reply of %u bytes "
-                        "(connection dropped)",
+                        "out of memory reading a reply of %u bytes",
                         h.msg_len);
     }
     rc = recv_all(dev, mb, h.msg_len, deadline);
@@ -298,8 +305,15 @@ static int call(dispatch_device *dev, Dispatch__Request *req, void *dst,
       dsp_free(mb);
       return rc;
     }
+    g_pb_oom = 0;
     Dispatch__Reply *r = dispatch__reply__unpack(&g_pb_alloc, h.msg_len, mb);
     dsp_free(mb);
+    if (!r && g_pb_oom) {
+      rc = drain(dev, h.bulk_len, deadline);
+      if (rc < 0) return rc;
+      return dsp_seterr(dev->ctx, DISPATCH_ENOMEM,
+                        "out of memory decoding a reply");
+    }
     if (!r) return conn_lost(dev, "undecodable reply message");
     int mine = r->req_id == req->req_id;
     if (h.bulk_len) {
@@ -545,7 +559,10 @@ int dispatch__remote_open(dispatch_device *dev, const char *host,
                     "%s: server speaks protocol %u.%u, this client %d.%d",
                     dev->spec, r->hello->major, r->hello->minor,
                     DSP_PROTO_MAJOR, DSP_PROTO_MINOR);
-  if (rc == 0) dev->conn.max_frame = r->hello->max_frame;
+  if (rc == 0) {
+    dev->conn.max_frame = r->hello->max_frame;
+    dev->conn.ready = 1;
+  }
   if (r) dispatch__reply__free_unpacked(r, &g_pb_alloc);
   return rc;
 }
@@ -554,7 +571,7 @@ int dispatch__remote_open(dispatch_device *dev, const char *host,
  * the connection closes), then releases the socket and buffer. */
 void dispatch__remote_close(dispatch_device *dev) {
   dispatch__conn *c = &dev->conn;
-  if (c->fd >= 0 && !c->dead) {
+  if (c->fd >= 0 && !c->dead && c->ready) {
     Dispatch__Bye m = DISPATCH__BYE__INIT;
     Dispatch__Request req = DISPATCH__REQUEST__INIT;
     req.body_case = DISPATCH__REQUEST__BODY_BYE;

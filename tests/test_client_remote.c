@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "dispatch_client.h"
+#include "helpers/failalloc.h"
 #include "helpers/server_proc.h"
 
 static sp_server g_srv;
@@ -412,4 +413,62 @@ Test(client_remote, env_moves_an_unchanged_program_to_the_server,
   OK(dev, dispatch_tensor_read(t, v, sizeof v));
   cr_assert_eq(v[1], 2.0);
   dispatch_device_close(dev);
+}
+
+/* One remote training step from open to close; the first error. */
+static int remote_program(const char *spec) {
+  dispatch_device *dev = NULL;
+  int rc = dispatch_device_open(spec, NULL, &dev, NULL, 0);
+  if (rc < 0) return rc;
+  int64_t xs[2] = {3, 4}, ws[2] = {4, 2};
+  float xv[12] = {0};
+  float gv[8];
+  dispatch_tensor *x, *w, *aw, *y, *loss, *g;
+  dispatch_grads *grads = NULL;
+  dispatch_optim *opt = NULL;
+  if ((rc = dispatch_tensor_from_data(dev, DISPATCH_F32, 2, xs, xv,
+                                      sizeof xv, &x)) < 0 ||
+      (rc = dispatch_normal(dev, DISPATCH_F32, 2, ws, 0, 1, 4, &w)) < 0 ||
+      (rc = dispatch_autodiff(w, &aw)) < 0 ||
+      (rc = dispatch_sgd_new(&aw, 1, 0.1, 0.9, 0, &opt)) < 0 ||
+      (rc = dispatch_scope_begin(dev)) < 0 ||
+      (rc = dispatch_matmul(x, aw, &y)) < 0 ||
+      (rc = dispatch_sum(y, 0, NULL, 0, &loss)) < 0 ||
+      (rc = dispatch_backward(loss, &grads)) < 0 ||
+      (rc = dispatch_grad(grads, aw, &g)) < 0 ||
+      (rc = dispatch_tensor_read(g, gv, sizeof gv)) < 0 ||
+      (rc = dispatch_optim_step(opt, grads)) < 0 ||
+      (rc = dispatch_scope_end(dev)) < 0)
+    goto out;
+  rc = dispatch_device_sync(dev);
+out:
+  dispatch_grads_free(grads);
+  dispatch_optim_free(opt);
+  dispatch_device_close(dev);
+  return rc;
+}
+
+Test(client_remote, every_allocation_failure_is_enomem_without_leaks,
+     .fini = stop_server) {
+  start_server();
+  char spec[64];
+  snprintf(spec, sizeof spec, "tcp://127.0.0.1:%d", g_srv.port);
+  failalloc_install(0);
+  int rc0 = remote_program(spec);
+  long total = failalloc_count(), live0 = failalloc_live();
+  failalloc_remove();
+  cr_assert_eq(rc0, 0, "%s", dispatch_err_name(rc0));
+  cr_assert_eq(live0, 0);
+  cr_assert_gt(total, 10);
+  for (long n = 1; n <= total; n++) {
+    failalloc_install(n);
+    int rc = remote_program(spec);
+    long live = failalloc_live(), failed = failalloc_failed();
+    failalloc_remove();
+    if (!failed) continue; /* this run allocated less (fewer frees queued) */
+    cr_assert_eq(rc, DISPATCH_ENOMEM, "allocation %ld of %ld: got %s", n,
+                 total, dispatch_err_name(rc));
+    cr_assert_eq(live, 0, "allocation %ld of %ld leaked %ld blocks", n, total,
+                 live);
+  }
 }

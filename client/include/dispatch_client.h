@@ -115,8 +115,9 @@ void dispatch_options_init(dispatch_options *opts);
  * spec NULL (or "") takes env DISPATCH_DEVICE, else "local", so an
  * unchanged program moves from local to remote. opts may be NULL.
  * Returns 0 and the device in *out (caller owns it: dispatch_device_close),
- * or an error: DISPATCH_EINVAL (bad spec), DISPATCH_ECONN (cannot connect),
- * DISPATCH_EAUTH, DISPATCH_EVERSION, DISPATCH_ETIMEDOUT, DISPATCH_ENOMEM.
+ * or an error: DISPATCH_EINVAL (bad spec), DISPATCH_ECONN (cannot connect
+ * or no hello reply within the timeout), DISPATCH_EAUTH, DISPATCH_EVERSION,
+ * DISPATCH_ENOMEM.
  * On failure *out is NULL; when errmsg is not NULL, a detail message is
  * copied into errmsg[0..errmsg_len-1] (there is no device to hold it). */
 int dispatch_device_open(const char *spec, const dispatch_options *opts,
@@ -152,8 +153,8 @@ int dispatch_device_sync(dispatch_device *dev);
 int dispatch_device_stats(dispatch_device *dev, dispatch_stats *out);
 
 /* Changes the time bound of every later network wait (ms > 0). A lost
- * connection gives DISPATCH_ECONN (or DISPATCH_ETIMEDOUT) within it and
- * every later call on the device gives DISPATCH_ECONN. */
+ * connection, or a server silent for that long, gives DISPATCH_ECONN
+ * within it, and every later call on the device gives DISPATCH_ECONN. */
 int dispatch_device_set_timeout(dispatch_device *dev, int timeout_ms);
 
 /* ------------------------------------------------------------------ */
