@@ -483,8 +483,11 @@ void sv_session_exec(sv_session *s, sv_job *j) {
   s->n_errors++;
   char desc[256], msg[sizeof s->err_msg];
   sv_describe(r, desc, sizeof desc);
-  snprintf(msg, sizeof msg, "request %llu (%s): %s: %s",
-           (unsigned long long)r->req_id, desc, dispatch_err_name(rc), why);
+  /* long reasons are cut to the message buffer on purpose */
+  if (snprintf(msg, sizeof msg, "request %llu (%s): %s: %s",
+               (unsigned long long)r->req_id, desc, dispatch_err_name(rc),
+               why) < 0)
+    msg[0] = '\0';
   sv_log(SV_LOG_DEBUG, "session error: %s", msg);
   if (wait) {
     error_reply(j, rc, msg, r->req_id);
