@@ -265,3 +265,30 @@ Test(server_basic, sigint_exits_zero) {
   cr_assert_eq(sp_signal(&g_srv, SIGINT), 0);
   cr_assert_eq(sp_wait(&g_srv), 0);
 }
+
+static void start_idle(void) {
+  const char *args[] = {"--log-level", "warn", "--idle-timeout", "1", NULL};
+  cr_assert_eq(sp_start(&g_srv, args), 0, "server did not start");
+}
+
+TestSuite(server_idle, .init = start_idle, .fini = stop_checked);
+
+Test(server_idle, idle_session_is_closed_and_freed) {
+  wire_conn c, w;
+  connect_hello(&c);
+  float d[2] = {1, 2};
+  int64_t s[1] = {2};
+  wire_upload(&c, 1, DSP_F32, 1, s, d, sizeof d);
+  cr_assert_eq(wire_sync_check(&c, NULL, 0, NULL), 0);
+  cr_assert_eq(wire_wait_closed(&c), 1); /* nothing sent: closed by server */
+  wire_close(&c);
+  connect_hello(&w);
+  Dispatch__StatsReply st;
+  int freed = 0;
+  for (int i = 0; i < 2000 && !freed; i++) {
+    cr_assert_eq(wire_get_stats(&w, &st), 0);
+    freed = st.server_tensors == 0;
+  }
+  cr_assert(freed);
+  wire_close(&w);
+}
