@@ -170,7 +170,7 @@ valgrind: $(VALGRIND_SUITES) $(SERVER_BIN)
 	@fail=0; for t in $(VALGRIND_SUITES); do \
 	  echo "== $$t (server under valgrind)"; \
 	  DISPATCH_SERVER_BIN=$(abspath $(SERVER_BIN)) \
-	  DISPATCH_SERVER_WRAP="valgrind --leak-check=full --error-exitcode=99 --quiet" \
+	  DISPATCH_SERVER_WRAP="valgrind --leak-check=full --error-exitcode=99 --quiet --suppressions=$(abspath tests/valgrind-server.supp)" \
 	  $$t --jobs 2 || fail=1; \
 	done; \
 	if [ $$fail -ne 0 ]; then echo "VALGRIND FAILED"; exit 1; fi; echo "VALGRIND CLEAN"
