@@ -197,7 +197,14 @@ static inline long long bench_rss_bytes(long pid) {
  * length at offset 8. ECHO sends the header back (ping-pong); PUT reads
  * len bytes into the server's buffer, then answers a header; GET writes
  * len bytes from the buffer. */
-enum { BENCH_RAW_ECHO = 0, BENCH_RAW_PUT = 1, BENCH_RAW_GET = 2 };
+enum {
+  BENCH_RAW_ECHO = 0,
+  BENCH_RAW_PUT = 1,
+  BENCH_RAW_GET = 2,
+  /* PUT into a buffer malloc'd for this request and freed after: what a
+   * receiver that allocates per transfer pays in page faults */
+  BENCH_RAW_PUT_FRESH = 3
+};
 #define BENCH_RAW_HDR 16
 
 typedef struct bench_raw {
@@ -260,6 +267,11 @@ static void *bench_raw_thread_(void *arg) {
       } else if (cmd == BENCH_RAW_PUT) {
         if (bench_read_all(fd, r->buf, len) < 0) break;
         if (bench_write_all(fd, h, sizeof h) < 0) break;
+      } else if (cmd == BENCH_RAW_PUT_FRESH) {
+        unsigned char *fresh = malloc(len ? len : 1);
+        int bad = !fresh || bench_read_all(fd, fresh, len) < 0;
+        free(fresh);
+        if (bad || bench_write_all(fd, h, sizeof h) < 0) break;
       } else if (cmd == BENCH_RAW_GET) {
         if (bench_write_all(fd, r->buf, len) < 0) break;
       } else {
@@ -323,7 +335,7 @@ static inline int bench_raw_call(int fd, uint32_t cmd, void *data,
   memcpy(h, &cmd, 4);
   memcpy(h + 8, &len, 8);
   if (bench_write_all(fd, h, sizeof h) < 0) return -1;
-  if (cmd == BENCH_RAW_PUT) {
+  if (cmd == BENCH_RAW_PUT || cmd == BENCH_RAW_PUT_FRESH) {
     if (bench_write_all(fd, data, len) < 0) return -1;
     return bench_read_all(fd, h, sizeof h);
   }

@@ -7,7 +7,10 @@
  *            has the bytes in storage when sync returns)
  * download = dispatch_tensor_read of a tensor already on the server
  * raw      = PUT: header + payload, the receiver reads it all into a
- *            buffer and answers a header; GET: header, payload back
+ *            buffer and answers a header; GET: header, payload back.
+ *            A diagnostic row for the large sizes has the receiver
+ *            malloc a fresh buffer per PUT, to show what page faults on
+ *            fresh memory cost by themselves.
  *
  * Variants run interleaved per repetition and each figure is the median
  * time of its repetitions (bandwidth = bytes / median time). Also: the
@@ -112,7 +115,7 @@ int main(void) {
     int inner = inner_count(n);
     int64_t shape[1] = {(int64_t)(n / 4)};
     double t_put[MAX_REPS], t_get[MAX_REPS], t_mem[MAX_REPS],
-        t_up[MAX_REPS], t_down[MAX_REPS];
+        t_up[MAX_REPS], t_down[MAX_REPS], t_fresh[MAX_REPS];
     int reps = 0, ok = dev != NULL;
     char fail[512] = "";
     dispatch_tensor *held = NULL;
@@ -140,6 +143,10 @@ int main(void) {
       for (int i = 0; i < inner; i++)
         if (bench_raw_call(fd, BENCH_RAW_GET, dst, n) < 0) goto raw_fail;
       double tget = (bench_now() - t0) / inner;
+      t0 = bench_now();
+      for (int i = 0; i < inner; i++)
+        if (bench_raw_call(fd, BENCH_RAW_PUT_FRESH, src, n) < 0) goto raw_fail;
+      double tfresh = (bench_now() - t0) / inner;
       t0 = bench_now();
       for (int i = 0; i < inner; i++) {
         memcpy(dst, src, n);
@@ -180,6 +187,7 @@ int main(void) {
       }
       if (r < 0) continue;
       t_put[reps] = tput;
+      t_fresh[reps] = tfresh;
       t_get[reps] = tget;
       t_mem[reps] = tmem;
       t_up[reps] = tup;
@@ -192,6 +200,7 @@ int main(void) {
     double put = mbps(n, bench_median(t_put, reps));
     double get = mbps(n, bench_median(t_get, reps));
     double mem = mbps(n, bench_median(t_mem, reps));
+    double fresh = mbps(n, bench_median(t_fresh, reps));
     double up = ok ? mbps(n, bench_median(t_up, reps)) : NAN;
     double down = ok ? mbps(n, bench_median(t_down, reps)) : NAN;
     if (n == (64u << 20)) raw64_put = put;
@@ -203,6 +212,11 @@ int main(void) {
     bench_row("bulk", m, up, "MB/s", "raw socket", put, g, 0.7, note);
     snprintf(m, sizeof m, "upload %s vs memcpy", sc->name);
     bench_row("bulk", m, up, "MB/s", "memcpy", mem, BENCH_GOAL_NONE, 0, note);
+    if (n >= (64u << 20)) {
+      snprintf(m, sizeof m, "raw socket %s into fresh malloc", sc->name);
+      bench_row("bulk", m, fresh, "MB/s", "raw socket", put, BENCH_GOAL_NONE,
+                0, "diagnostic: receiver allocates per transfer (faults)");
+    }
     snprintf(m, sizeof m, "download %s", sc->name);
     bench_row("bulk", m, down, "MB/s", "raw socket", get, g, 0.7, note);
     snprintf(m, sizeof m, "download %s vs memcpy", sc->name);

@@ -9,8 +9,8 @@
  */
 #include "bench.h"
 
-#define ROUNDS 10
-#define PER_BLOCK 1000
+#define ROUNDS 20
+#define PER_BLOCK 500
 #define WARMUP 200
 
 static double *samples(int n) {

@@ -1,7 +1,9 @@
 /* bench mlp: one training step of a 784-256-10 MLP (relu, cross-entropy)
  * on a batch of 128: forward, backward, SGD update, then reading the loss
  * (the wait that ends the step). Three models from the same seeds, stepped
- * in turn so noise falls on all alike:
+ * in blocks of BLOCK steps, in turn, so noise falls on all alike (blocks,
+ * with a pause between them, because OpenBLAS threads spin for a while
+ * after a call and would steal the next model's cores):
  *   local     LOCAL device, dispatch_optim_step
  *   remote    REMOTE device, dispatch_optim_step (ONE Step message)
  *   perparam  REMOTE device, the same update as separate ops per parameter
@@ -26,6 +28,8 @@
 #define MAX_STEPS 60
 #define MIN_STEPS 8
 #define BUDGET 12.0 /* seconds for all three models together */
+#define BLOCK 10
+#define GAP_US 150000
 
 typedef struct model {
   const char *name;
@@ -162,10 +166,13 @@ int main(void) {
     for (int i = 0; i < 3; i++)
       if (live[i] && step(&ms[i], 0) < 0) live[i] = 0;
   double start = bench_now();
-  for (int s = 0; s < MAX_STEPS; s++) {
+  for (int s = 0; s < MAX_STEPS; s += BLOCK) {
     if (s >= MIN_STEPS && bench_now() - start > BUDGET) break;
-    for (int i = 0; i < 3; i++)
-      if (live[i] && step(&ms[i], 1) < 0) live[i] = 0;
+    for (int i = 0; i < 3; i++) {
+      usleep(GAP_US);
+      for (int k = 0; k < BLOCK && s + k < MAX_STEPS && live[i]; k++)
+        if (step(&ms[i], 1) < 0) live[i] = 0;
+    }
   }
   double med[3];
   for (int i = 0; i < 3; i++) {
