@@ -18,5 +18,7 @@ static int mlp_init(dispatch_device *dev, uint64_t seed, tr_model *m) {
 }
 
 int main(int argc, char **argv) {
-  return tr_main(argc, argv, "train_mlp", 3, mlp_init);
+  tr_opts defaults;
+  tr_opts_default(&defaults, 3);
+  return tr_main(argc, argv, "train_mlp", &defaults, mlp_init);
 }

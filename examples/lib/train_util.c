@@ -83,12 +83,13 @@ static void tr_usage(FILE *f, const char *prog, const tr_opts *d) {
           "  --data DIR      Fashion-MNIST folder (default %s)\n"
           "  --limit N       use only the first N training images\n"
           "  --batch N       batch size (default %d)\n"
+          "  --eval-batch N  test images per evaluation batch (default %d)\n"
           "  --lr X          Adam learning rate (default %g)\n"
           "  --seed N        init and shuffle seed (default %llu)\n"
           "  --log-every N   progress line every N steps, 0: none "
           "(default %d)\n"
           "  --min-acc PCT   exit 1 if the final test accuracy is below PCT\n",
-          prog, d->epochs, d->data, d->batch, d->lr,
+          prog, d->epochs, d->data, d->batch, d->eval_batch, d->lr,
           (unsigned long long)d->seed, d->log_every);
 }
 
@@ -130,6 +131,9 @@ int tr_parse_args(int argc, char **argv, const char *prog, tr_opts *o) {
     } else if (!strcmp(a, "--batch")) {
       if (tr_parse_ll(v, 1, 65536, &n) < 0) goto bad;
       o->batch = (int)n;
+    } else if (!strcmp(a, "--eval-batch")) {
+      if (tr_parse_ll(v, 1, 65536, &n) < 0) goto bad;
+      o->eval_batch = (int)n;
     } else if (!strcmp(a, "--seed")) {
       if (tr_parse_ll(v, 0, INT64_MAX, &n) < 0) goto bad;
       o->seed = (uint64_t)n;
@@ -402,7 +406,11 @@ int tr_fit(tr_model *m, const fmnist_split *train, size_t n_train,
       }
       float loss;
       rc = tr_step(m, opt, xb, yb, (int64_t)b, &loss);
-      if (rc < 0) goto out;
+      if (rc < 0) {
+        fprintf(stderr, "training stopped at epoch %d step %zu/%zu\n", e + 1,
+                s + 1, steps);
+        goto out;
+      }
       if (!isfinite(loss)) {
         fprintf(stderr, "epoch %d step %zu: loss is %f, training diverged\n",
                 e + 1, s + 1, (double)loss);
@@ -430,7 +438,10 @@ int tr_fit(tr_model *m, const fmnist_split *train, size_t n_train,
                    .images_per_s = (double)n_train / (t1 - t0)};
     if (test && test->n > 0) {
       rc = tr_evaluate(m, test, o->eval_batch, &ep.accuracy);
-      if (rc < 0) goto out;
+      if (rc < 0) {
+        fprintf(stderr, "evaluation after epoch %d failed\n", e + 1);
+        goto out;
+      }
     }
     ep.eval_s = tr_now() - t1;
     if (res) res[e] = ep;
@@ -453,10 +464,9 @@ out:
 /* ------------------------------------------------------------------ */
 /* the program                                                         */
 
-int tr_main(int argc, char **argv, const char *prog, int default_epochs,
+int tr_main(int argc, char **argv, const char *prog, const tr_opts *defaults,
             tr_init_fn init) {
-  tr_opts o;
-  tr_opts_default(&o, default_epochs);
+  tr_opts o = *defaults;
   int pr = tr_parse_args(argc, argv, prog, &o);
   if (pr != 0) return pr > 0 ? 0 : 2;
 

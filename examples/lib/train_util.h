@@ -68,9 +68,9 @@ typedef struct tr_epoch {
 /* Fills *o with the defaults (batch 128, lr 1e-3, seed 42, epochs given). */
 void tr_opts_default(tr_opts *o, int epochs);
 
-/* Parses --device --epochs --data --limit --batch --lr --seed --log-every
- * --min-acc --help. Returns 0, 1 when --help was printed, or -1 after
- * printing what was wrong with which argument. */
+/* Parses --device --epochs --data --limit --batch --eval-batch --lr --seed
+ * --log-every --min-acc --help. Returns 0, 1 when --help was printed, or -1
+ * after printing what was wrong with which argument. */
 int tr_parse_args(int argc, char **argv, const char *prog, tr_opts *o);
 
 /* MLP 784-hidden-10 with ReLU; weights He (Kaiming) uniform from seed,
@@ -95,11 +95,11 @@ int tr_fit(tr_model *m, const fmnist_split *train, size_t n_train,
 int tr_evaluate(tr_model *m, const fmnist_split *test, int eval_batch,
                 double *accuracy);
 
-/* The whole program of an example: parses argv, opens the device, loads
- * Fashion-MNIST, builds the model with init, trains and reports. Returns
- * the process exit status (0 ok, 1 failure, 2 usage). */
+/* The whole program of an example: parses argv over the defaults, opens
+ * the device, loads Fashion-MNIST, builds the model with init, trains and
+ * reports. Returns the process exit status (0 ok, 1 failure, 2 usage). */
 typedef int (*tr_init_fn)(dispatch_device *dev, uint64_t seed, tr_model *m);
-int tr_main(int argc, char **argv, const char *prog, int default_epochs,
+int tr_main(int argc, char **argv, const char *prog, const tr_opts *defaults,
             tr_init_fn init);
 
 #endif
