@@ -67,6 +67,9 @@ COMMON_A := $(BUILD)/libdspcommon.a
 # server-side objects (everything but main) for tests and fuzzers
 SERVER_A := $(BUILD)/libdspserver.a
 
+# keep objects and generated headers that make would treat as intermediate
+.SECONDARY:
+
 .PHONY: all deps test test-run sanitize demo bench fuzz install clean
 all: $(if $(wildcard server/main.c),$(SERVER_BIN)) $(CLIENT_A) $(CLIENT_SO) $(TEST_BIN) $(EXAMPLE_BIN) $(BENCH_BIN)
 
