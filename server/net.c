@@ -364,87 +364,17 @@ static void handle_hello(sv_conn *c, Dispatch__Request *req) {
   queue_write(c, buf, len);
 }
 
-static int set_pre_err(sv_job *j, int code, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static int set_pre_err(sv_job *j, int code, const char *fmt, ...) {
-  char msg[512];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(msg, sizeof msg, fmt, ap);
-  va_end(ap);
-  j->pre_err = code;
-  j->pre_msg = dsp_strdup(msg); /* NULL is fine: the code still travels */
-  return code;
-}
-
 /* Checks an Upload against every limit before allocating, then allocates
  * the tensor so the bulk lands straight in its storage. A failure keeps
  * the stream in sync by discarding the bulk and defers the error. */
 static void prepare_upload(sv_conn *c, sv_job *j, int final) {
-  const sv_config *cfg = c->srv->cfg;
-  Dispatch__Upload *u = j->req->upload;
-  dsp_meta m;
-  memset(&m, 0, sizeof m);
-  int64_t numel = 0;
-  if (!u->meta) {
-    set_pre_err(j, DISPATCH_EINVAL, "upload: no tensor meta");
-  } else if (u->meta->n_shape > DSP_MAX_DIMS) {
-    set_pre_err(j, DISPATCH_EINVAL, "upload: rank %zu, at most %d",
-                u->meta->n_shape, DSP_MAX_DIMS);
-  } else if (!dsp_dtype_valid(u->meta->dtype)) {
-    set_pre_err(j, DISPATCH_EDTYPE, "upload: dtype %d is not a dtype",
-                u->meta->dtype);
-  } else {
-    m.dtype = (dsp_dtype)u->meta->dtype;
-    m.ndim = (int)u->meta->n_shape;
-    for (int i = 0; i < m.ndim; i++) m.shape[i] = u->meta->shape[i];
-    char shape[160];
-    dsp_shape_str(&m, shape, sizeof shape);
-    int rc = dsp_meta_numel(c->srv->io_ctx, &m, &numel);
-    uint64_t nbytes = (uint64_t)numel * dsp_dtype_size(m.dtype);
-    uint64_t have = (uint64_t)atomic_load(&c->sess->bytes) +
-                    (uint64_t)atomic_load(&c->sess->queued_bytes);
-    if (rc < 0) {
-      set_pre_err(j, rc, "upload: %s", dsp_ctx_errmsg(c->srv->io_ctx));
-    } else if ((uint64_t)numel > cfg->max_elements) {
-      atomic_fetch_add(&c->srv->g.limit_violations, 1);
-      set_pre_err(j, DISPATCH_ELIMIT,
-                  "upload: shape %s has %lld elements, over the limit of "
-                  "%llu",
-                  shape, (long long)numel,
-                  (unsigned long long)cfg->max_elements);
-    } else if (nbytes != c->bulk_len) {
-      set_pre_err(j, DISPATCH_EINVAL,
-                  "upload: %llu bulk bytes, but %s %s needs %llu",
-                  (unsigned long long)c->bulk_len, dsp_dtype_name(m.dtype),
-                  shape, (unsigned long long)nbytes);
-    } else if ((nbytes > cfg->max_session_bytes ||
-                have > cfg->max_session_bytes - nbytes) &&
-               !final && c->inflight > 0) {
-      /* earlier requests may free memory: judge once they have run */
-      c->wait_job = j;
-      c->state = ST_WAIT;
-      uv_read_stop((uv_stream_t *)&c->tcp);
-      return;
-    } else if (nbytes > cfg->max_session_bytes ||
-               have > cfg->max_session_bytes - nbytes) {
-      atomic_fetch_add(&c->srv->g.limit_violations, 1);
-      set_pre_err(j, DISPATCH_EQUOTA,
-                  "upload: session holds %llu bytes; %llu more would pass "
-                  "the quota of %llu bytes",
-                  (unsigned long long)have, (unsigned long long)nbytes,
-                  (unsigned long long)cfg->max_session_bytes);
-    } else {
-      dsp_tensor *t;
-      rc = dsp_tensor_new(c->srv->io_ctx, &m, &t);
-      if (rc < 0) {
-        set_pre_err(j, rc, "upload: %s", dsp_ctx_errmsg(c->srv->io_ctx));
-      } else {
-        j->upload = t;
-        j->upload_bytes = nbytes;
-        atomic_fetch_add(&c->sess->queued_bytes, (long long)nbytes);
-      }
-    }
+  if (sv_upload_prepare(c->srv->cfg, c->srv->io_ctx, c->sess, j, c->bulk_len,
+                        !final && c->inflight > 0)) {
+    /* earlier requests may free memory: judge once they have run */
+    c->wait_job = j;
+    c->state = ST_WAIT;
+    uv_read_stop((uv_stream_t *)&c->tcp);
+    return;
   }
   c->bulk_job = j;
   c->bulk_got = 0;
@@ -464,47 +394,24 @@ static void finish_bulk(sv_conn *c) {
 /* Decodes one complete message; anything structurally wrong is a
  * protocol error that closes this connection only. */
 static void handle_msg(sv_conn *c) {
-  Dispatch__Request *req =
-      dispatch__request__unpack(&sv_pb_allocator, c->msg_len, c->msg);
+  Dispatch__Request *req;
+  uint64_t rid;
+  char why[256];
+  int drc = sv_decode_request(c->msg, c->msg_len, c->bulk_len, c->hello_done,
+                              &req, &rid, why, sizeof why);
   dsp_free(c->msg);
   c->msg = NULL;
-  if (!req) {
-    proto_error(c, 0, DISPATCH_EPROTO,
-                "undecodable request message (%u bytes)", c->msg_len);
+  if (drc < 0) {
+    proto_error(c, rid, drc, "%s", why);
     return;
   }
   c->n_requests++;
-  uint64_t rid = req->req_id;
   if (SV_LOG_ON(SV_LOG_DEBUG)) {
     char desc[256];
     sv_describe(req, desc, sizeof desc);
     sv_log(SV_LOG_DEBUG, "conn %llu -> req %llu: %s%s", c->id,
            (unsigned long long)rid, desc,
            c->bulk_len ? " (+bulk)" : "");
-  }
-  const char *bad = NULL;
-  char why[128];
-  if (req->body_case == DISPATCH__REQUEST__BODY__NOT_SET) {
-    bad = "request has no body";
-  } else if (!c->hello_done &&
-             req->body_case != DISPATCH__REQUEST__BODY_HELLO) {
-    bad = "the first request must be a hello";
-  } else if (c->hello_done &&
-             req->body_case == DISPATCH__REQUEST__BODY_HELLO) {
-    bad = "a second hello";
-  } else if (req->body_case != DISPATCH__REQUEST__BODY_UPLOAD &&
-             c->bulk_len != 0) {
-    bad = "only an upload may carry a bulk part";
-  } else if (req->body_case == DISPATCH__REQUEST__BODY_OP &&
-             !dsp_op_lookup(req->op->op)) {
-    snprintf(why, sizeof why, "unknown op code %d", req->op->op);
-    bad = why;
-  }
-  if (bad) {
-    dispatch__request__free_unpacked(req, &sv_pb_allocator);
-    proto_error(c, rid, DISPATCH_EPROTO, "request %llu: %s",
-                (unsigned long long)rid, bad);
-    return;
   }
   if (req->body_case == DISPATCH__REQUEST__BODY_HELLO) {
     handle_hello(c, req);
@@ -546,21 +453,10 @@ static void parse(sv_conn *c, const uint8_t *p, size_t n) {
       n -= take;
       if (c->hdr_got < DSP_FRAME_HEADER_SIZE) return;
       dsp_frame_header h;
-      int rc = dsp_frame_header_decode(c->hdr, cfg->max_msg, cfg->max_frame,
-                                       &h);
-      if (rc == 0 && h.msg_len + h.bulk_len > cfg->max_frame)
-        rc = DISPATCH_ETOOLARGE;
+      char why[256];
+      int rc = sv_decode_header(cfg, c->hdr, &h, why, sizeof why);
       if (rc < 0) {
-        proto_error(c, 0, rc,
-                    "bad frame header: message %u bytes (limit %llu), bulk "
-                    "%llu bytes (frame limit %llu), flags %u",
-                    h.msg_len, (unsigned long long)cfg->max_msg,
-                    (unsigned long long)h.bulk_len,
-                    (unsigned long long)cfg->max_frame, h.flags);
-        return;
-      }
-      if (h.msg_len == 0) {
-        proto_error(c, 0, DISPATCH_EPROTO, "frame has no message");
+        proto_error(c, 0, rc, "%s", why);
         return;
       }
       c->msg = dsp_malloc(h.msg_len);

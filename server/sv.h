@@ -165,6 +165,44 @@ extern ProtobufCAllocator sv_pb_allocator;
  * "op matmul [3, 4] -> 5", "upload 7 f32 [2, 3]". */
 void sv_describe(const Dispatch__Request *r, char *buf, size_t len);
 
+/* ------------------------------------------------------------ decode
+ * The socket-free steps of reading a request (decode.c), shared by net.c,
+ * the fuzzers and the regression suite. why receives the detail. */
+struct dsp_frame_header;
+/* Header limits: flags 0, msg_len in 1..max_msg, msg_len + bulk_len at
+ * most max_frame. 0 or DISPATCH_EPROTO / DISPATCH_ETOOLARGE. */
+int sv_decode_header(const sv_config *cfg, const uint8_t *in16,
+                     struct dsp_frame_header *h, char *why, size_t why_len);
+/* Protobuf decode + structural rules (body set, hello first and once, bulk
+ * only on uploads, known op code). 0 with *out owned by the caller, or
+ * DISPATCH_EPROTO with *out NULL and *req_id the id when it decoded. */
+int sv_decode_request(const uint8_t *msg, size_t len, uint64_t bulk_len,
+                      int hello_done, Dispatch__Request **out,
+                      uint64_t *req_id, char *why, size_t why_len);
+/* Upload limits, then the tensor the bulk lands in (j->upload, counted in
+ * s->queued_bytes) or a deferred error in j. 1 (nothing done) when only
+ * the quota fails and may_wait is set; otherwise 0. */
+int sv_upload_prepare(const sv_config *cfg, dsp_ctx *io_ctx, sv_session *s,
+                      sv_job *j, uint64_t bulk_len, int may_wait);
+
+typedef struct sv_stream_stats {
+  uint64_t frames;    /* frames decoded (hello included) */
+  uint64_t executed;  /* requests run by sv_session_exec */
+  uint64_t replies;   /* reply frames produced (each decoded back) */
+  uint64_t error_replies;
+  int first_error;    /* code of the first error reply, 0 when none */
+  int truncated;      /* the stream ended inside a frame */
+  int bye;            /* stopped at a bye */
+} sv_stream_stats;
+/* Runs a byte stream of frames against s synchronously, as a connection
+ * would (no sockets, no pool): for fuzzers and tests. Returns 0, or the
+ * protocol error that would close the connection (DISPATCH_EPROTO,
+ * DISPATCH_ETOOLARGE, DISPATCH_EVERSION), DISPATCH_ENOMEM, or
+ * DISPATCH_EINTERNAL for a reply frame that does not decode. *hello_done
+ * says whether the hello was seen and is updated. */
+int sv_stream_exec(sv_session *s, dsp_ctx *io_ctx, int *hello_done,
+                   const uint8_t *p, size_t n, sv_stream_stats *st);
+
 /* ------------------------------------------------------------ pool */
 
 typedef struct sv_pool sv_pool;

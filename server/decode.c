@@ -1,0 +1,264 @@
+/* The socket-free half of reading a request: frame header limits, protobuf
+ * decode, the structural rules of proto/README.md and the upload checks.
+ * net.c calls these on the loop thread; the fuzzers and the regression
+ * suite call them (through sv_stream_exec) on plain byte buffers, so the
+ * code they exercise is the code the server runs. */
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "frame.h"
+#include "sv.h"
+
+static int why_fmt(char *why, size_t len, int code, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static int why_fmt(char *why, size_t len, int code, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(why, len, fmt, ap);
+  va_end(ap);
+  return code;
+}
+
+/* Checks a header before anything is allocated for the frame: flags, the
+ * message limit, message + bulk against the frame limit (no overflow: both
+ * parts are already below max_frame) and a non-empty message. */
+int sv_decode_header(const sv_config *cfg,
+                     const uint8_t *in,
+                     dsp_frame_header *h, char *why, size_t why_len) {
+  int rc = dsp_frame_header_decode(in, cfg->max_msg, cfg->max_frame, h);
+  if (rc == 0 && (uint64_t)h->msg_len > cfg->max_frame - h->bulk_len)
+    rc = DISPATCH_ETOOLARGE;
+  if (rc < 0)
+    return why_fmt(why, why_len, rc,
+                   "bad frame header: message %u bytes (limit %llu), bulk "
+                   "%llu bytes (frame limit %llu), flags %u",
+                   h->msg_len, (unsigned long long)cfg->max_msg,
+                   (unsigned long long)h->bulk_len,
+                   (unsigned long long)cfg->max_frame, h->flags);
+  if (h->msg_len == 0)
+    return why_fmt(why, why_len, DISPATCH_EPROTO, "frame has no message");
+  return 0;
+}
+
+/* Decodes one message and applies the rules that do not need a session:
+ * a body, hello first and only once, bulk only on an upload, a known op
+ * code. On failure nothing is kept and *req_id is the request's id when
+ * the message decoded (0 otherwise). */
+int sv_decode_request(const uint8_t *msg, size_t len, uint64_t bulk_len,
+                      int hello_done, Dispatch__Request **out,
+                      uint64_t *req_id, char *why, size_t why_len) {
+  *out = NULL;
+  *req_id = 0;
+  Dispatch__Request *req = dispatch__request__unpack(&sv_pb_allocator, len,
+                                                     msg);
+  if (!req)
+    return why_fmt(why, why_len, DISPATCH_EPROTO,
+                   "undecodable request message (%zu bytes)", len);
+  *req_id = req->req_id;
+  const char *bad = NULL;
+  char opwhy[64];
+  Dispatch__Request__BodyCase bc = req->body_case;
+  if (bc == DISPATCH__REQUEST__BODY__NOT_SET) {
+    bad = "request has no body";
+  } else if (!hello_done && bc != DISPATCH__REQUEST__BODY_HELLO) {
+    bad = "the first request must be a hello";
+  } else if (hello_done && bc == DISPATCH__REQUEST__BODY_HELLO) {
+    bad = "a second hello";
+  } else if (bc != DISPATCH__REQUEST__BODY_UPLOAD && bulk_len != 0) {
+    bad = "only an upload may carry a bulk part";
+  } else if (bc == DISPATCH__REQUEST__BODY_OP &&
+             !dsp_op_lookup(req->op->op)) {
+    snprintf(opwhy, sizeof opwhy, "unknown op code %d", req->op->op);
+    bad = opwhy;
+  }
+  if (bad) {
+    dispatch__request__free_unpacked(req, &sv_pb_allocator);
+    return why_fmt(why, why_len, DISPATCH_EPROTO, "request %llu: %s",
+                   (unsigned long long)*req_id, bad);
+  }
+  *out = req;
+  return 0;
+}
+
+static void pre_err(sv_job *j, int code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void pre_err(sv_job *j, int code, const char *fmt, ...) {
+  char msg[512];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  j->pre_err = code;
+  j->pre_msg = dsp_strdup(msg); /* NULL is fine: the code still travels */
+}
+
+/* Checks an Upload's meta against every limit before allocating, then
+ * allocates the tensor its bulk will land in. Any failure is deferred in
+ * the job (the caller discards the bulk to stay in step). Returns 1, with
+ * nothing changed, when the upload would pass the quota but may_wait says
+ * earlier requests (a free, say) are still queued: judge it again later
+ * with may_wait 0. */
+int sv_upload_prepare(const sv_config *cfg, dsp_ctx *io_ctx, sv_session *s,
+                      sv_job *j, uint64_t bulk_len, int may_wait) {
+  Dispatch__Upload *u = j->req->upload;
+  dsp_meta m;
+  memset(&m, 0, sizeof m);
+  int64_t numel = 0;
+  if (!u->meta) {
+    pre_err(j, DISPATCH_EINVAL, "upload: no tensor meta");
+    return 0;
+  }
+  if (u->meta->n_shape > DSP_MAX_DIMS) {
+    pre_err(j, DISPATCH_EINVAL, "upload: rank %zu, at most %d",
+            u->meta->n_shape, DSP_MAX_DIMS);
+    return 0;
+  }
+  if (!dsp_dtype_valid(u->meta->dtype)) {
+    pre_err(j, DISPATCH_EDTYPE, "upload: dtype %d is not a dtype",
+            u->meta->dtype);
+    return 0;
+  }
+  m.dtype = (dsp_dtype)u->meta->dtype;
+  m.ndim = (int)u->meta->n_shape;
+  for (int i = 0; i < m.ndim; i++) m.shape[i] = u->meta->shape[i];
+  char shape[160];
+  dsp_shape_str(&m, shape, sizeof shape);
+  int rc = dsp_meta_numel(io_ctx, &m, &numel);
+  if (rc < 0) {
+    pre_err(j, rc, "upload: %s", dsp_ctx_errmsg(io_ctx));
+    return 0;
+  }
+  if ((uint64_t)numel > cfg->max_elements) {
+    atomic_fetch_add(&s->global->limit_violations, 1);
+    pre_err(j, DISPATCH_ELIMIT,
+            "upload: shape %s has %lld elements, over the limit of %llu",
+            shape, (long long)numel, (unsigned long long)cfg->max_elements);
+    return 0;
+  }
+  uint64_t nbytes = (uint64_t)numel * dsp_dtype_size(m.dtype);
+  uint64_t have = (uint64_t)atomic_load(&s->bytes) +
+                  (uint64_t)atomic_load(&s->queued_bytes);
+  if (nbytes != bulk_len) {
+    pre_err(j, DISPATCH_EINVAL,
+            "upload: %llu bulk bytes, but %s %s needs %llu",
+            (unsigned long long)bulk_len, dsp_dtype_name(m.dtype), shape,
+            (unsigned long long)nbytes);
+    return 0;
+  }
+  if (nbytes > cfg->max_session_bytes ||
+      have > cfg->max_session_bytes - nbytes) {
+    if (may_wait) return 1;
+    atomic_fetch_add(&s->global->limit_violations, 1);
+    pre_err(j, DISPATCH_EQUOTA,
+            "upload: session holds %llu bytes; %llu more would pass the "
+            "quota of %llu bytes",
+            (unsigned long long)have, (unsigned long long)nbytes,
+            (unsigned long long)cfg->max_session_bytes);
+    return 0;
+  }
+  dsp_tensor *t;
+  rc = dsp_tensor_new(io_ctx, &m, &t);
+  if (rc < 0) {
+    pre_err(j, rc, "upload: %s", dsp_ctx_errmsg(io_ctx));
+    return 0;
+  }
+  j->upload = t;
+  j->upload_bytes = nbytes;
+  atomic_fetch_add(&s->queued_bytes, (long long)nbytes);
+  return 0;
+}
+
+/* Checks that a reply frame the session produced is one frame that decodes
+ * as a Reply: a malformed reply is as much a bug as a crash. */
+static int check_reply(const sv_job *j, sv_stream_stats *st) {
+  if (j->out_len < DSP_FRAME_HEADER_SIZE) return DISPATCH_EINTERNAL;
+  dsp_frame_header h;
+  if (dsp_frame_header_decode(j->out, UINT32_MAX, UINT64_MAX, &h) < 0 ||
+      (uint64_t)h.msg_len + h.bulk_len + DSP_FRAME_HEADER_SIZE != j->out_len)
+    return DISPATCH_EINTERNAL;
+  Dispatch__Reply *r = dispatch__reply__unpack(
+      &sv_pb_allocator, h.msg_len, j->out + DSP_FRAME_HEADER_SIZE);
+  if (!r) return DISPATCH_ENOMEM; /* the frame was packed by us */
+  st->replies++;
+  if (r->error) {
+    st->error_replies++;
+    if (!st->first_error) st->first_error = r->error->code;
+  }
+  dispatch__reply__free_unpacked(r, &sv_pb_allocator);
+  return 0;
+}
+
+/* Runs a byte stream the way one connection's requests run, but
+ * synchronously: header, decode, structural rules, hello, upload checks
+ * with the bulk copied in, then sv_session_exec, one request after the
+ * other. Stops at the first protocol error (returned: the server would
+ * send it and close), after a bye, or where the stream ends inside a frame
+ * (st->truncated). Nothing of a request outlives the call; the session
+ * keeps what its requests made. */
+int sv_stream_exec(sv_session *s, dsp_ctx *io_ctx, int *hello_done,
+                   const uint8_t *p, size_t n, sv_stream_stats *st) {
+  const sv_config *cfg = s->cfg;
+  char why[512];
+  memset(st, 0, sizeof *st);
+  while (n > 0) {
+    dsp_frame_header h;
+    if (n < DSP_FRAME_HEADER_SIZE) {
+      st->truncated = 1;
+      return 0;
+    }
+    int rc = sv_decode_header(cfg, p, &h, why, sizeof why);
+    if (rc < 0) return rc;
+    p += DSP_FRAME_HEADER_SIZE;
+    n -= DSP_FRAME_HEADER_SIZE;
+    if (n < h.msg_len) {
+      st->truncated = 1;
+      return 0;
+    }
+    Dispatch__Request *req;
+    uint64_t rid;
+    rc = sv_decode_request(p, h.msg_len, h.bulk_len, *hello_done, &req, &rid,
+                           why, sizeof why);
+    if (rc < 0) return rc;
+    p += h.msg_len;
+    n -= h.msg_len;
+    st->frames++;
+    if (req->body_case == DISPATCH__REQUEST__BODY_HELLO) {
+      int major = (int)req->hello->major;
+      dispatch__request__free_unpacked(req, &sv_pb_allocator);
+      if (major != DSP_PROTO_MAJOR) return DISPATCH_EVERSION;
+      *hello_done = 1;
+      continue;
+    }
+    sv_job *j = dsp_calloc(1, sizeof *j);
+    if (!j) {
+      dispatch__request__free_unpacked(req, &sv_pb_allocator);
+      return DISPATCH_ENOMEM;
+    }
+    j->req = req;
+    j->sess = s;
+    if (req->body_case == DISPATCH__REQUEST__BODY_UPLOAD)
+      sv_upload_prepare(cfg, io_ctx, s, j, h.bulk_len, 0);
+    if (n < h.bulk_len) {
+      atomic_fetch_sub(&s->queued_bytes, (long long)j->upload_bytes);
+      sv_job_free(j);
+      st->truncated = 1;
+      return 0;
+    }
+    if (j->upload && h.bulk_len)
+      memcpy(dsp_tensor_data(j->upload), p, (size_t)h.bulk_len);
+    p += h.bulk_len;
+    n -= (size_t)h.bulk_len;
+    sv_session_exec(s, j);
+    st->executed++;
+    rc = j->out ? check_reply(j, st) : 0;
+    int bye = j->is_bye;
+    sv_job_free(j);
+    if (rc < 0) return rc;
+    if (bye) {
+      st->bye = 1;
+      return 0;
+    }
+  }
+  return 0;
+}
