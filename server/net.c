@@ -6,6 +6,7 @@
  * when both handles are closed and its session's teardown job (the last
  * job of the session, run on a worker after any running job) came back.
  * Each uv_write has an sv_write that owns its buffer until on_write. */
+#include <openssl/crypto.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
@@ -25,6 +26,11 @@ typedef struct sv_server sv_server;
 typedef struct sv_conn {
   uv_tcp_t tcp; /* first: the handle pointer is the conn pointer */
   uv_timer_t idle;
+  uv_timer_t hs;   /* handshake timeout: TLS handshake + hello */
+  sv_tls *tls;     /* NULL: plain TCP */
+  uint8_t *cbuf;   /* TLS: ciphertext read buffer */
+  int tls_done;    /* TLS handshake finished */
+  int over_limit;  /* TLS: refuse with ELIMIT once the handshake is done */
   sv_server *srv;
   sv_session *sess;
   sv_job *teardown; /* allocated up front so closing never fails */
@@ -60,6 +66,7 @@ struct sv_server {
   const sv_config *cfg;
   sv_global g;
   sv_pool *pool;
+  sv_tls_ctx *tls; /* NULL: plain TCP */
   dsp_ctx *io_ctx; /* loop-thread ctx for upload allocation */
   unsigned long long next_id;
   int n_conns;
@@ -90,24 +97,8 @@ static void on_write(uv_write_t *req, int status) {
     conn_close(c, "after its last reply");
 }
 
-/* Queues one frame, taking buf. A client whose unsent replies pass the
- * output limit is dropped: it does not read what it asked for. */
-static void queue_write(sv_conn *c, uint8_t *buf, size_t len) {
-  if (c->closing) {
-    dsp_free(buf);
-    return;
-  }
-  if (c->outq_bytes > c->srv->cfg->max_output_queue) {
-    dsp_free(buf);
-    atomic_fetch_add(&c->srv->g.limit_violations, 1);
-    sv_log(SV_LOG_WARN,
-           "conn %llu (%s): output queue holds %llu bytes, over %llu: "
-           "dropping a client that does not read its replies",
-           c->id, c->peer, (unsigned long long)c->outq_bytes,
-           (unsigned long long)c->srv->cfg->max_output_queue);
-    conn_close(c, "slow reader");
-    return;
-  }
+/* Hands bytes that are ready for the socket to uv_write, taking buf. */
+static void raw_write(sv_conn *c, uint8_t *buf, size_t len) {
   sv_write *w = dsp_malloc(sizeof *w);
   if (!w) {
     dsp_free(buf);
@@ -128,12 +119,61 @@ static void queue_write(sv_conn *c, uint8_t *buf, size_t len) {
   c->writes_pending++;
 }
 
+/* Sends what OpenSSL queued in the write BIO (handshake records, alerts,
+ * encrypted frames). */
+static void tls_flush(sv_conn *c) {
+  uint8_t *buf;
+  size_t len;
+  if (c->closing || !c->tls) return;
+  if (sv_tls_take(c->tls, &buf, &len) < 0) {
+    conn_close(c, "out of memory for TLS output");
+    return;
+  }
+  if (buf) raw_write(c, buf, len);
+}
+
+/* Queues one frame, taking buf. A client whose unsent replies pass the
+ * output limit is dropped: it does not read what it asked for. */
+static void queue_write(sv_conn *c, uint8_t *buf, size_t len) {
+  if (c->closing) {
+    dsp_free(buf);
+    return;
+  }
+  if (c->tls && c->outq_bytes <= c->srv->cfg->max_output_queue) {
+    /* a frame's bytes go out through the TLS session */
+    int rc = sv_tls_write(c->tls, buf, len);
+    dsp_free(buf);
+    if (rc < 0) {
+      conn_close(c, "TLS write failed");
+      return;
+    }
+    tls_flush(c);
+    return;
+  }
+  if (c->outq_bytes > c->srv->cfg->max_output_queue) {
+    dsp_free(buf);
+    atomic_fetch_add(&c->srv->g.limit_violations, 1);
+    sv_log(SV_LOG_WARN,
+           "conn %llu (%s): output queue holds %llu bytes, over %llu: "
+           "dropping a client that does not read its replies",
+           c->id, c->peer, (unsigned long long)c->outq_bytes,
+           (unsigned long long)c->srv->cfg->max_output_queue);
+    conn_close(c, "slow reader");
+    return;
+  }
+  raw_write(c, buf, len);
+}
+
 /* Sends an Error frame and closes the connection once it is written. */
 static void refuse(sv_conn *c, uint64_t req_id, int code, const char *msg) {
   uint8_t *buf;
   size_t len;
   c->state = ST_DEAD;
   uv_read_stop((uv_stream_t *)&c->tcp);
+  if (c->tls && !c->tls_done) { /* no TLS session to carry a frame yet */
+    conn_close(c, msg);
+    return;
+  }
   if (sv_encode_error(req_id, code, msg, req_id, &buf, &len) < 0) {
     conn_close(c, "out of memory for an error frame");
     return;
@@ -153,6 +193,8 @@ static void proto_error(sv_conn *c, uint64_t req_id, int code,
   vsnprintf(msg, sizeof msg, fmt, ap);
   va_end(ap);
   atomic_fetch_add(&c->srv->g.protocol_errors, 1);
+  if (code == DISPATCH_ETOOLARGE) /* the frame limit */
+    atomic_fetch_add(&c->srv->g.limit_violations, 1);
   sv_log(SV_LOG_WARN, "conn %llu (%s): protocol error: %s: %s", c->id,
          c->peer, dispatch_err_name(code), msg);
   refuse(c, req_id, code, msg);
@@ -173,6 +215,8 @@ static void maybe_free(sv_conn *c) {
   else srv->conns = c->next;
   if (c->next) c->next->prev = c->prev;
   dsp_free(c->sess);
+  sv_tls_free(c->tls);
+  dsp_free(c->cbuf);
   dsp_free(c->msg);
   sv_job_free(c->bulk_job);
   sv_job_free(c->wait_job);
@@ -199,6 +243,7 @@ static void conn_close(sv_conn *c, const char *reason) {
   uv_read_stop((uv_stream_t *)&c->tcp);
   uv_close((uv_handle_t *)&c->tcp, on_handle_closed);
   uv_close((uv_handle_t *)&c->idle, on_handle_closed);
+  uv_close((uv_handle_t *)&c->hs, on_handle_closed);
   sv_job *list = sv_pool_cancel(c->srv->pool, c->sess);
   while (list) {
     sv_job *next = list->next;
@@ -211,10 +256,34 @@ static void conn_close(sv_conn *c, const char *reason) {
   sv_pool_submit(c->srv->pool, t);
 }
 
+/* An idle session is a limit violation: it gets an Error frame saying
+ * why (a client sees it at its next wait) and is closed. */
 static void on_idle(uv_timer_t *t) {
   sv_conn *c = t->data;
   if (c->inflight > 0 || c->writes_pending > 0) return; /* still working */
-  conn_close(c, "idle timeout");
+  if (c->closing || c->close_after_flush) return;
+  char msg[128];
+  snprintf(msg, sizeof msg,
+           "session idle for %d s (server limit --idle-timeout): closed",
+           c->srv->cfg->idle_timeout_s);
+  atomic_fetch_add(&c->srv->g.limit_violations, 1);
+  sv_log(SV_LOG_INFO, "conn %llu (%s): %s", c->id, c->peer, msg);
+  refuse(c, 0, DISPATCH_ELIMIT, msg);
+}
+
+/* The TLS handshake and the hello did not finish in time: a client that
+ * connects and says nothing holds a session slot, so it is closed. */
+static void on_handshake_timeout(uv_timer_t *t) {
+  sv_conn *c = t->data;
+  if (c->closing || c->close_after_flush || c->hello_done) return;
+  char msg[160];
+  snprintf(msg, sizeof msg,
+           "no %shello within %d s (server limit --handshake-timeout)",
+           c->tls && !c->tls_done ? "TLS handshake and " : "",
+           c->srv->cfg->handshake_timeout_s);
+  atomic_fetch_add(&c->srv->g.limit_violations, 1);
+  sv_log(SV_LOG_WARN, "conn %llu (%s): %s", c->id, c->peer, msg);
+  refuse(c, 0, DISPATCH_ELIMIT, msg);
 }
 
 static void touch(sv_conn *c) {
@@ -240,6 +309,16 @@ static void on_alloc(uv_handle_t *h, size_t hint, uv_buf_t *buf);
 static void prepare_upload(sv_conn *c, sv_job *j, int final);
 static void finish_bulk(sv_conn *c);
 static void parse(sv_conn *c, const uint8_t *p, size_t n);
+static void tls_pump(sv_conn *c);
+
+/* Starts reading the socket again; a TLS session first decrypts what it
+ * already holds, which no socket event would announce. */
+static void read_again(sv_conn *c) {
+  if (c->tls) tls_pump(c);
+  if (!c->closing && !c->paused && c->state != ST_WAIT &&
+      c->state != ST_DEAD)
+    uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read);
+}
 
 /* Once the FIFO is empty, judges the waiting upload for good and parses
  * what was left in rbuf before reading again. */
@@ -255,7 +334,7 @@ static void resume_wait(sv_conn *c) {
   parse(c, p, n);
   if (!c->closing && !c->paused && c->state != ST_WAIT &&
       c->state != ST_DEAD)
-    uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read);
+    read_again(c);
 }
 
 static void on_done(sv_job *j, void *ud) {
@@ -311,10 +390,21 @@ static void on_done(sv_job *j, void *ud) {
   if (c->closing) return;
   if (c->paused && c->inflight < c->srv->cfg->max_queued / 2 + 1) {
     c->paused = 0;
-    if (c->state != ST_DEAD && c->state != ST_WAIT)
-      uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read);
+    if (c->state != ST_DEAD && c->state != ST_WAIT) read_again(c);
   }
   if (c->state == ST_WAIT && c->inflight == 0) resume_wait(c);
+}
+
+/* Compares the hello's token with the configured one in time that does
+ * not depend on where they differ: a token of another length is compared
+ * against the expected token itself, and the results are combined
+ * without branching on content. */
+static int token_matches(const sv_config *cfg, const char *tok) {
+  size_t n = tok ? strlen(tok) : 0;
+  int same_len = n == cfg->token_len;
+  const char *cmp = same_len ? tok : cfg->token;
+  int diff = CRYPTO_memcmp(cmp, cfg->token, cfg->token_len);
+  return same_len & (diff == 0);
 }
 
 static void handle_hello(sv_conn *c, Dispatch__Request *req) {
@@ -328,6 +418,19 @@ static void handle_hello(sv_conn *c, Dispatch__Request *req) {
              h->major, h->minor, DSP_PROTO_MAJOR, DSP_PROTO_MINOR);
     sv_log(SV_LOG_WARN, "conn %llu (%s): refused: %s", c->id, c->peer, msg);
     refuse(c, req->req_id, DISPATCH_EVERSION, msg);
+    return;
+  }
+  if (cfg->token && !token_matches(cfg, h->token)) {
+    int none = !h->token || !*h->token;
+    atomic_fetch_add(&c->srv->g.protocol_errors, 1);
+    sv_log(SV_LOG_WARN,
+           "conn %llu (%s): refused: %s token from client '%s'", c->id,
+           c->peer, none ? "no" : "wrong",
+           h->client_name ? h->client_name : "");
+    refuse(c, req->req_id, DISPATCH_EAUTH,
+           none ? "authentication failed: this server requires a token "
+                  "(none was sent)"
+                : "authentication failed: wrong token");
     return;
   }
   const dsp_backend *be = dsp_cpu_backend();
@@ -358,6 +461,7 @@ static void handle_hello(sv_conn *c, Dispatch__Request *req) {
     return;
   }
   c->hello_done = 1;
+  uv_timer_stop(&c->hs);
   sv_log(SV_LOG_INFO, "conn %llu (%s): hello from '%s', protocol %u.%u",
          c->id, c->peer, h->client_name ? h->client_name : "", h->major,
          h->minor);
@@ -500,7 +604,9 @@ static void parse(sv_conn *c, const uint8_t *p, size_t n) {
 static void on_alloc(uv_handle_t *h, size_t hint, uv_buf_t *buf) {
   (void)hint;
   sv_conn *c = h->data;
-  if (c->state == ST_BULK && c->bulk_dst && c->bulk_got < c->bulk_len) {
+  if (c->tls) { /* ciphertext: OpenSSL copies it into its read BIO */
+    *buf = uv_buf_init((char *)c->cbuf, RBUF_SIZE);
+  } else if (c->state == ST_BULK && c->bulk_dst && c->bulk_got < c->bulk_len) {
     uint64_t rem = c->bulk_len - c->bulk_got;
     if (rem > (1u << 30)) rem = 1u << 30;
     *buf = uv_buf_init((char *)c->bulk_dst + c->bulk_got, (unsigned)rem);
@@ -518,12 +624,96 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
   }
   if (nread == 0) return;
   touch(c);
+  if (c->tls) {
+    if (sv_tls_feed(c->tls, buf->base, (size_t)nread) < 0) {
+      conn_close(c, "out of memory for TLS input");
+      return;
+    }
+    tls_pump(c);
+    return;
+  }
   if ((uint8_t *)buf->base != c->rbuf) {
     c->bulk_got += (uint64_t)nread;
     if (c->bulk_got == c->bulk_len) finish_bulk(c);
     return;
   }
   parse(c, c->rbuf, (size_t)nread);
+}
+
+/* A failed TLS handshake (a plain TCP client, an unknown certificate, no
+ * client certificate under mutual TLS): the alert OpenSSL queued is sent,
+ * then the connection closes. Counted as a protocol error. */
+static void tls_failed(sv_conn *c, const char *why) {
+  atomic_fetch_add(&c->srv->g.protocol_errors, 1);
+  sv_log(SV_LOG_WARN, "conn %llu (%s): TLS %s failed: %s", c->id, c->peer,
+         c->tls_done ? "read" : "handshake", why);
+  tls_flush(c);
+  if (c->closing) return;
+  c->state = ST_DEAD;
+  uv_read_stop((uv_stream_t *)&c->tcp);
+  if (c->writes_pending == 0) conn_close(c, "TLS failure");
+  else c->close_after_flush = 1;
+}
+
+/* Advances the handshake, then decrypts buffered records into the parser
+ * for as long as it takes input (not while throttled or waiting on an
+ * upload's quota: the bytes stay inside the TLS session until
+ * read_again). An upload's bulk is decrypted straight into the tensor. */
+static void tls_pump(sv_conn *c) {
+  char why[384];
+  if (c->closing) return;
+  if (!c->tls_done) {
+    int rc = sv_tls_handshake(c->tls, why, sizeof why);
+    if (rc < 0) {
+      tls_failed(c, why);
+      return;
+    }
+    tls_flush(c);
+    if (rc == 0 || c->closing) return;
+    c->tls_done = 1;
+    if (SV_LOG_ON(SV_LOG_INFO)) {
+      char peer[256];
+      sv_tls_peer_name(c->tls, peer, sizeof peer);
+      sv_log(SV_LOG_INFO, "conn %llu (%s): TLS handshake done%s%s", c->id,
+             c->peer, *peer ? ", client certificate " : "", peer);
+    }
+    if (c->over_limit) {
+      char msg[128];
+      snprintf(msg, sizeof msg, "server already serves %d sessions (limit)",
+               c->srv->cfg->max_sessions);
+      refuse(c, 0, DISPATCH_ELIMIT, msg);
+      return;
+    }
+  }
+  while (!c->closing && !c->paused && c->state != ST_WAIT &&
+         c->state != ST_DEAD) {
+    long n;
+    if (c->state == ST_BULK && c->bulk_dst && c->bulk_got < c->bulk_len) {
+      uint64_t rem = c->bulk_len - c->bulk_got;
+      if (rem > (1u << 30)) rem = 1u << 30;
+      n = sv_tls_read(c->tls, c->bulk_dst + c->bulk_got, (size_t)rem, why,
+                      sizeof why);
+      if (n > 0) {
+        c->bulk_got += (uint64_t)n;
+        if (c->bulk_got == c->bulk_len) finish_bulk(c);
+        continue;
+      }
+    } else {
+      n = sv_tls_read(c->tls, c->rbuf, RBUF_SIZE, why, sizeof why);
+      if (n > 0) {
+        parse(c, c->rbuf, (size_t)n);
+        continue;
+      }
+    }
+    if (n == 0) break;
+    if (n == -1) {
+      conn_close(c, "peer closed the TLS session");
+      return;
+    }
+    tls_failed(c, why);
+    return;
+  }
+  tls_flush(c); /* reading may answer (key updates) */
 }
 
 /* ------------------------------------------------------------ accept */
@@ -566,9 +756,11 @@ static void on_connection(uv_stream_t *l, int status) {
   snprintf(c->peer, sizeof c->peer, "?");
   uv_tcp_init(&srv->loop, &c->tcp);
   uv_timer_init(&srv->loop, &c->idle);
+  uv_timer_init(&srv->loop, &c->hs);
   c->tcp.data = c;
   c->idle.data = c;
-  c->handles_open = 2;
+  c->hs.data = c;
+  c->handles_open = 3;
   c->next = srv->conns;
   if (srv->conns) srv->conns->prev = c;
   srv->conns = c;
@@ -598,7 +790,24 @@ static void on_connection(uv_stream_t *l, int status) {
     conn_close(c, "server shutting down");
     return;
   }
-  if (srv->n_conns > srv->cfg->max_sessions) {
+  if (srv->tls) {
+    c->tls = sv_tls_new(srv->tls);
+    c->cbuf = c->tls ? dsp_malloc(RBUF_SIZE) : NULL;
+    if (!c->cbuf) {
+      conn_close(c, "out of memory for a TLS session");
+      return;
+    }
+  }
+  if (srv->cfg->handshake_timeout_s > 0)
+    uv_timer_start(&c->hs, on_handshake_timeout,
+                   (uint64_t)srv->cfg->handshake_timeout_s * 1000, 0);
+  if (srv->n_conns > srv->cfg->max_sessions && srv->tls) {
+    /* the refusal can only travel inside the TLS session */
+    atomic_fetch_add(&srv->g.limit_violations, 1);
+    sv_log(SV_LOG_WARN, "conn %llu (%s): refused: server already serves %d "
+           "sessions (limit)", c->id, c->peer, srv->n_conns - 1);
+    c->over_limit = 1;
+  } else if (srv->n_conns > srv->cfg->max_sessions) {
     char msg[128];
     atomic_fetch_add(&srv->g.limit_violations, 1);
     snprintf(msg, sizeof msg, "server already serves %d sessions (limit)",
@@ -642,7 +851,13 @@ int sv_run(const sv_config *cfg) {
                           : NULL;
   int err = 0;
   struct sockaddr_storage addr;
-  if (!srv->pool) {
+  if (cfg->tls_cert) {
+    srv->tls = sv_tls_ctx_new(cfg);
+    if (!srv->tls) err = DISPATCH_ETLS;
+  }
+  if (err < 0) {
+    /* the reason is on stderr already */
+  } else if (!srv->pool) {
     sv_log(SV_LOG_ERROR, "cannot start %d worker threads", cfg->threads);
     err = DISPATCH_ENOMEM;
   } else if (uv_ip4_addr(cfg->host, cfg->port, (struct sockaddr_in *)&addr) !=
@@ -669,6 +884,7 @@ int sv_run(const sv_config *cfg) {
     uv_run(&srv->loop, UV_RUN_DEFAULT);
     uv_loop_close(&srv->loop);
     dsp_ctx_free(srv->io_ctx);
+    sv_tls_ctx_free(srv->tls);
     dsp_free(srv);
     return err;
   }
@@ -686,8 +902,11 @@ int sv_run(const sv_config *cfg) {
   }
   printf("dispatch-server listening on %s:%d\n", ip, port);
   fflush(stdout);
-  sv_log(SV_LOG_INFO, "listening on %s:%d with %d worker threads", ip, port,
-         cfg->threads);
+  sv_log(SV_LOG_INFO, "listening on %s:%d with %d worker threads%s%s%s", ip,
+         port, cfg->threads,
+         srv->tls ? ", TLS" : ", plain TCP (no TLS)",
+         cfg->tls_client_ca ? " with client certificates" : "",
+         cfg->token ? ", token required" : "");
   uv_signal_init(&srv->loop, &srv->sigint);
   uv_signal_init(&srv->loop, &srv->sigterm);
   srv->sigint.data = srv->sigterm.data = srv;
@@ -699,6 +918,7 @@ int sv_run(const sv_config *cfg) {
   rc = uv_loop_close(&srv->loop);
   if (rc != 0) sv_log(SV_LOG_ERROR, "loop closed with live handles");
   dsp_ctx_free(srv->io_ctx);
+  sv_tls_ctx_free(srv->tls);
   dsp_free(srv);
   sv_log(SV_LOG_INFO, "shut down cleanly");
   return 0;
