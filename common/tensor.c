@@ -62,10 +62,11 @@ int dsp_tensor_from_data(dsp_ctx *ctx, const dsp_meta *m, const void *data,
   int rc = dsp_tensor_new(ctx, m, &t);
   if (rc < 0) return rc;
   if (nbytes != t->storage->nbytes) {
+    size_t need = t->storage->nbytes;
     dsp_tensor_unref(t);
     return dsp_seterr(ctx, DISPATCH_EINVAL,
                       "tensor data: got %zu bytes, shape needs %zu", nbytes,
-                      dsp_tensor_nbytes(t));
+                      need);
   }
   if (nbytes) {
     rc = ctx->backend->copy_in(ctx->backend->bctx, t->storage->data, data,
