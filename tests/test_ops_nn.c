@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "dsp.h"
+#include "helpers/failalloc.h"
 #include "rng.h"
 
 /* ---- small local helpers ------------------------------------------ */
@@ -695,67 +696,16 @@ Test(dropout_errors, p_range_attr_counts_and_dtype) {
 
 /* ---- allocation failure in the conv scratch buffer ----------------- */
 
-static long g_calls, g_live, g_fail_at;
-static void *fa_malloc(size_t n, void *ud) {
-  (void)ud;
-  if (++g_calls == g_fail_at) return NULL;
-  void *p = malloc(n);
-  if (p) g_live++;
-  return p;
-}
-static void *fa_realloc(void *p, size_t n, void *ud) {
-  (void)ud;
-  if (++g_calls == g_fail_at) return NULL;
-  if (!p) g_live++;
-  return realloc(p, n);
-}
-static void fa_free(void *p, void *ud) {
-  (void)ud;
-  if (p) g_live--;
-  free(p);
-}
-
 Test(conv2d, every_allocation_failure_is_enomem_without_leaks) {
-  dsp_opcode ops[3] = {DSP_OP_CONV2D, DSP_OP_CONV2D_BACKWARD_INPUT,
-                       DSP_OP_CONV2D_BACKWARD_WEIGHT};
-  for (int o = 0; o < 3; o++) {
-    int saw_enomem = 0;
-    for (long k = 1;; k++) {
-      g_calls = g_live = 0;
-      g_fail_at = k;
-      dsp_set_allocator(&(dsp_allocator){fa_malloc, fa_realloc, fa_free, NULL});
-      dsp_ctx *ctx = dsp_ctx_new();
-      if (!ctx) {
-        cr_assert_eq(g_live, 0);
-        continue;
-      }
-      dsp_meta mx = {DSP_F32, 4, {2, 2, 5, 5}}, mw = {DSP_F32, 4, {3, 2, 3, 3}},
-               mg = {DSP_F32, 4, {2, 3, 3, 3}};
-      dsp_tensor *t0 = NULL, *t1 = NULL, *y = NULL;
-      int64_t bi[10] = {1, 1, 0, 0, 1, 1, 2, 2, 5, 5},
-              bw[10] = {1, 1, 0, 0, 1, 1, 3, 2, 3, 3};
-      dsp_attrs a = dsp_attrs_none();
-      const dsp_meta *m0 = &mx, *m1 = &mw;
-      if (o == 1) m0 = &mg, m1 = &mw, a = dsp_attrs_ints(10, bi);
-      if (o == 2) m0 = &mg, m1 = &mx, a = dsp_attrs_ints(10, bw);
-      int rc = dsp_tensor_new(ctx, m0, &t0);
-      if (rc == 0) rc = dsp_tensor_new(ctx, m1, &t1);
-      if (rc == 0) {
-        dsp_tensor *in[2] = {t0, t1};
-        rc = dsp_op(ctx, ops[o], in, 2, &a, &y);
-      }
-      int done = rc == 0;
-      if (!done) {
-        cr_assert_eq(rc, DISPATCH_ENOMEM, "op %d step %ld: %d", o, k, rc);
-        cr_assert_null(y);
-        saw_enomem++;
-      }
-      dsp_tensor_unref(t0), dsp_tensor_unref(t1), dsp_tensor_unref(y);
-      dsp_ctx_free(ctx);
-      cr_assert_eq(g_live, 0, "op %d step %ld leaked %ld blocks", o, k, g_live);
-      dsp_set_allocator(NULL);
-      if (done) break;
-    }
-    cr_assert(saw_enomem >= 4, "ctx, 2 inputs, output and the col buffer");
-  }
+  dsp_meta x = {DSP_F32, 4, {2, 2, 5, 5}}, w = {DSP_F32, 4, {3, 2, 3, 3}},
+           g = {DSP_F32, 4, {2, 3, 3, 3}};
+  int64_t bi[10] = {1, 1, 0, 0, 1, 1, 2, 2, 5, 5},
+          bw[10] = {1, 1, 0, 0, 1, 1, 3, 2, 3, 3};
+  dsp_attrs none = dsp_attrs_none(), ai = dsp_attrs_ints(10, bi),
+            aw = dsp_attrs_ints(10, bw);
+  dsp_meta fwd[2] = {x, w}, bin[2] = {g, w}, bwt[2] = {g, x};
+  /* ctx, 2 inputs, the output and the col buffer each fail once */
+  cr_assert(failalloc_walk_op(DSP_OP_CONV2D, 2, fwd, &none) >= 5);
+  cr_assert(failalloc_walk_op(DSP_OP_CONV2D_BACKWARD_INPUT, 2, bin, &ai) >= 5);
+  cr_assert(failalloc_walk_op(DSP_OP_CONV2D_BACKWARD_WEIGHT, 2, bwt, &aw) >= 5);
 }

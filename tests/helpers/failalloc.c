@@ -1,6 +1,7 @@
 /* Failing, counting allocator for the out-of-memory tests. */
 #include "failalloc.h"
 
+#include <criterion/criterion.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 
@@ -55,3 +56,32 @@ void failalloc_remove(void) { dsp_set_allocator(NULL); }
 long failalloc_count(void) { return atomic_load(&g_count); }
 long failalloc_live(void) { return atomic_load(&g_live); }
 long failalloc_failed(void) { return atomic_load(&g_failed); }
+
+int failalloc_walk_op(int op, int n_in, const dsp_meta *in,
+                      const dsp_attrs *a) {
+  int enomem = 0;
+  for (long k = 1;; k++) {
+    failalloc_install(k);
+    dsp_ctx *ctx = dsp_ctx_new();
+    dsp_tensor *t[DSP_MAX_INPUTS] = {0}, *out = NULL;
+    int rc = ctx ? 0 : DISPATCH_ENOMEM;
+    for (int i = 0; i < n_in && rc == 0; i++)
+      rc = dsp_tensor_new(ctx, &in[i], &t[i]);
+    if (rc == 0) rc = dsp_op(ctx, (dsp_opcode)op, t, n_in, a, &out);
+    int done = rc == 0;
+    if (!done) {
+      cr_assert_eq(rc, DISPATCH_ENOMEM, "%s, allocation %ld failing: %s",
+                   dsp_op_lookup(op)->name, k, dispatch_err_name(rc));
+      cr_assert_null(out);
+      enomem++;
+    }
+    dsp_tensor_unref(out);
+    for (int i = 0; i < n_in; i++) dsp_tensor_unref(t[i]);
+    dsp_ctx_free(ctx);
+    long live = failalloc_live();
+    failalloc_remove();
+    cr_assert_eq(live, 0, "%s, allocation %ld failing: %ld blocks leaked",
+                 dsp_op_lookup(op)->name, k, live);
+    if (done) return enomem;
+  }
+}

@@ -18,4 +18,15 @@ long failalloc_live(void);
 /* How many allocations it made fail (0 or 1). */
 long failalloc_failed(void);
 
+/* Walks every allocation of one op: for N = 1, 2, ... it installs the
+ * allocator failing the N-th allocation, makes a ctx and zeroed inputs of
+ * the given metas, runs op with attrs a, and asserts (Criterion) that the
+ * run fails with DISPATCH_ENOMEM and a NULL output, or succeeds, and that
+ * nothing is left allocated afterwards. Stops at the first success and
+ * returns how many runs failed with DISPATCH_ENOMEM. */
+struct dsp_meta;
+struct dsp_attrs;
+int failalloc_walk_op(int op, int n_in, const struct dsp_meta *in,
+                      const struct dsp_attrs *a);
+
 #endif
