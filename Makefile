@@ -136,6 +136,7 @@ test-run: $(TEST_BIN) $(if $(wildcard server/main.c),$(SERVER_BIN))
 	  echo "== $$t"; \
 	  DISPATCH_SERVER_BIN=$(abspath $(SERVER_BIN)) $$t --jobs 2 || fail=1; \
 	done; \
+	scripts/check-readme.sh || fail=1; \
 	if [ $$fail -ne 0 ]; then echo "TESTS FAILED"; exit 1; fi; echo "ALL SUITES PASSED"
 
 sanitize: deps
