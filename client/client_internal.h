@@ -71,6 +71,9 @@ typedef struct dispatch__conn {
   uint64_t free_grads[DISPATCH__FREE_BATCH];
   int n_free_grads;
   uint64_t max_frame;
+  struct ssl_st *ssl;         /* tls://: the session (NULL: plain TCP) */
+  struct ssl_ctx_st *ssl_ctx;
+  int tls_failed;             /* a TLS-level failure (not the socket) */
 } dispatch__conn;
 
 struct dispatch_device {
@@ -111,11 +114,28 @@ DISPATCH__HIDDEN int dispatch__run(dispatch_device *dev, dsp_opcode op,
                                    const dsp_attrs *a, int scoped,
                                    dispatch_tensor **out);
 
-/* remote.c: the connection */
+/* remote.c: the connection. tls: NULL for tcp://, else the options
+ * holding the TLS files (tls.c reads them and their env fallbacks). */
 DISPATCH__HIDDEN int dispatch__remote_open(dispatch_device *dev,
                                            const char *host, const char *port,
                                            const char *token,
-                                           const char *client_name);
+                                           const char *client_name,
+                                           const dispatch_options *tls);
+
+/* tls.c: a TLS session over dev->conn.fd through memory BIOs; every wait
+ * is a poll bounded by deadline (ms, CLOCK_MONOTONIC). */
+DISPATCH__HIDDEN int dispatch__tls_open(dispatch_device *dev,
+                                        const char *host,
+                                        const dispatch_options *o);
+/* Encrypts and sends all n bytes: 0, or -1 with the reason in why. */
+DISPATCH__HIDDEN int dispatch__tls_write(dispatch__conn *c, const void *p,
+                                         size_t n, int64_t deadline,
+                                         char *why, size_t len);
+/* Receives 1..n plaintext bytes (*got): 0, or -1 with the reason. */
+DISPATCH__HIDDEN int dispatch__tls_read(dispatch__conn *c, void *p, size_t n,
+                                        size_t *got, int64_t deadline,
+                                        char *why, size_t len);
+DISPATCH__HIDDEN void dispatch__tls_close(dispatch__conn *c);
 DISPATCH__HIDDEN void dispatch__remote_close(dispatch_device *dev);
 DISPATCH__HIDDEN uint64_t dispatch__remote_new_id(dispatch_device *dev);
 /* Queue requests that get no reply; ECONN once the connection is lost. */

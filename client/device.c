@@ -85,13 +85,16 @@ int dispatch_device_open(const char *spec, const dispatch_options *opts,
       return DISPATCH_EINVAL;
     }
   } else if (strncmp(spec, "tls://", 6) == 0) {
-    char m[512];
-    snprintf(m, sizeof m,
-             "device \"%.400s\": TLS is not supported by this client yet; "
-             "use tcp://",
-             spec);
-    copy_msg(errmsg, errmsg_len, m);
-    return DISPATCH_EUNSUPPORTED;
+    kind = DISPATCH_KIND_REMOTE;
+    if (split_hostport(spec + 6, host, sizeof host, port, sizeof port) < 0) {
+      char m[512];
+      snprintf(m, sizeof m,
+               "device \"%.400s\": expected tls://HOST:PORT with a port in "
+               "1..65535",
+               spec);
+      copy_msg(errmsg, errmsg_len, m);
+      return DISPATCH_EINVAL;
+    }
   } else {
     char m[512];
     snprintf(m, sizeof m,
@@ -120,7 +123,9 @@ int dispatch_device_open(const char *spec, const dispatch_options *opts,
     return DISPATCH_ENOMEM;
   }
   if (kind == DISPATCH_KIND_REMOTE) {
-    int rc = dispatch__remote_open(dev, host, port, o.token, o.client_name);
+    int rc = dispatch__remote_open(dev, host, port, o.token, o.client_name,
+                                   strncmp(spec, "tls://", 6) == 0 ? &o
+                                                                   : NULL);
     if (rc < 0) {
       copy_msg(errmsg, errmsg_len, dsp_ctx_errmsg(dev->ctx));
       dispatch__remote_close(dev);

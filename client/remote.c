@@ -77,6 +77,12 @@ static int send_all(dispatch_device *dev, const void *p, size_t n) {
   dispatch__conn *c = &dev->conn;
   const uint8_t *b = p;
   int64_t deadline = now_ms() + c->timeout_ms;
+  if (c->ssl) {
+    char why[384];
+    if (dispatch__tls_write(c, p, n, deadline, why, sizeof why) < 0)
+      return conn_lost(dev, why);
+    return 0;
+  }
   while (n > 0) {
     ssize_t w = send(c->fd, b, n, MSG_NOSIGNAL | MSG_DONTWAIT);
     if (w > 0) {
@@ -103,6 +109,14 @@ static int recv_all(dispatch_device *dev, void *p, size_t n,
                     int64_t deadline) {
   dispatch__conn *c = &dev->conn;
   uint8_t *b = p;
+  while (c->ssl && n > 0) {
+    char why[384];
+    size_t got = 0;
+    if (dispatch__tls_read(c, b, n, &got, deadline, why, sizeof why) < 0)
+      return conn_lost(dev, why);
+    b += got;
+    n -= got;
+  }
   while (n > 0) {
     int64_t left = deadline - now_ms();
     if (left <= 0) {
@@ -537,9 +551,11 @@ static int connect_to(dispatch_device *dev, const char *host,
 
 int dispatch__remote_open(dispatch_device *dev, const char *host,
                           const char *port, const char *token,
-                          const char *client_name) {
+                          const char *client_name,
+                          const dispatch_options *tls) {
   dev->conn.next_id = 1;
   int rc = connect_to(dev, host, port);
+  if (rc == 0 && tls) rc = dispatch__tls_open(dev, host, tls);
   if (rc < 0) return rc;
   Dispatch__Hello m = DISPATCH__HELLO__INIT;
   m.major = DSP_PROTO_MAJOR;
@@ -562,6 +578,11 @@ int dispatch__remote_open(dispatch_device *dev, const char *host,
   if (rc == 0) {
     dev->conn.max_frame = r->hello->max_frame;
     dev->conn.ready = 1;
+  } else if (rc == DISPATCH_ECONN && dev->conn.tls_failed) {
+    /* TLS 1.3 reports a refused client certificate only after the
+     * handshake, with the server's alert: still a TLS failure */
+    rc = dsp_seterr(dev->ctx, DISPATCH_ETLS, "%s: TLS session refused: %s",
+                    dev->spec, dev->conn.dead_why);
   }
   if (r) dispatch__reply__free_unpacked(r, &g_pb_alloc);
   return rc;
@@ -579,6 +600,7 @@ void dispatch__remote_close(dispatch_device *dev) {
     c->n_free_ids = c->n_free_grads = 0;
     if (queue(dev, &req, 0, NULL, 0) == 0) flush(dev);
   }
+  if (c->ssl || c->ssl_ctx) dispatch__tls_close(c);
   if (c->fd >= 0) close(c->fd);
   c->fd = -1;
   dsp_free(c->buf);

@@ -3,6 +3,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <uv.h>
 
 #include "sv.h"
@@ -22,6 +24,63 @@ void sv_config_defaults(sv_config *c) {
   unsigned n = uv_available_parallelism();
   c->threads = n < 1 ? 1 : n > 64 ? 64 : (int)n;
   c->log_level = SV_LOG_INFO;
+  c->handshake_timeout_s = 10;
+}
+
+void sv_config_release(sv_config *c) {
+  if (c->token) {
+    memset(c->token, 0, c->token_len);
+    dsp_free(c->token);
+  }
+  c->token = NULL;
+  c->token_len = 0;
+}
+
+int sv_host_is_loopback(const char *host) {
+  struct in_addr a4;
+  struct in6_addr a6;
+  if (strcmp(host, "localhost") == 0) return 1;
+  if (inet_pton(AF_INET, host, &a4) == 1)
+    return (ntohl(a4.s_addr) >> 24) == 127;
+  if (inet_pton(AF_INET6, host, &a6) == 1) return IN6_IS_ADDR_LOOPBACK(&a6);
+  return 0; /* a host name may resolve anywhere */
+}
+
+/* Reads the token file: its contents less one trailing newline (and a
+ * CR before it). An empty token would accept anyone, so it is refused. */
+static int read_token(sv_config *c, const char *path) {
+  FILE *f = fopen(path, "rb");
+  if (!f) {
+    fprintf(stderr, "dispatch-server: --token-file %s: %s\n", path,
+            strerror(errno));
+    return -1;
+  }
+  char buf[4097];
+  size_t n = fread(buf, 1, sizeof buf, f);
+  int err = ferror(f);
+  fclose(f);
+  if (err || n == sizeof buf) {
+    fprintf(stderr, "dispatch-server: --token-file %s: %s\n", path,
+            err ? "read error" : "longer than 4096 bytes");
+    return -1;
+  }
+  if (n > 0 && buf[n - 1] == '\n') n--;
+  if (n > 0 && buf[n - 1] == '\r') n--;
+  if (n == 0) {
+    fprintf(stderr, "dispatch-server: --token-file %s is empty\n", path);
+    return -1;
+  }
+  sv_config_release(c);
+  c->token = dsp_malloc(n + 1);
+  if (!c->token) {
+    fprintf(stderr, "dispatch-server: out of memory reading the token\n");
+    return -1;
+  }
+  memcpy(c->token, buf, n);
+  c->token[n] = '\0';
+  c->token_len = n;
+  memset(buf, 0, sizeof buf);
+  return 0;
 }
 
 static const char *const g_usage =
@@ -35,6 +94,18 @@ static const char *const g_usage =
     "  --threads N              worker threads running kernels (default: cores)\n"
     "  --max-output-queue BYTES unsent replies before a client is dropped\n"
     "                           (default 64 MiB)\n"
+    "  --max-elements N         elements of one tensor (default 2^31)\n"
+    "  --max-queued N           requests buffered per session before the\n"
+    "                           server stops reading it (default 4096)\n"
+    "  --handshake-timeout SECONDS  TLS handshake + hello must finish in\n"
+    "                           this time, 0 never (default 10)\n"
+    "  --tls-cert FILE          serve TLS with this certificate (PEM chain)\n"
+    "  --tls-key FILE           private key of --tls-cert\n"
+    "  --tls-client-ca FILE     mutual TLS: require a client certificate\n"
+    "                           signed by this CA\n"
+    "  --token-file FILE        clients must send this token in hello\n"
+    "  --insecure               allow a non-loopback --listen without both\n"
+    "                           TLS and a token\n"
     "  --log-level error|warn|info|debug  stderr log level (default info)\n"
     "  --help                   this text\n";
 
@@ -85,6 +156,10 @@ int sv_config_parse(sv_config *c, int argc, char **argv) {
       fputs(g_usage, stdout);
       return 1;
     }
+    if (strcmp(a, "--insecure") == 0) {
+      c->insecure = 1;
+      continue;
+    }
     if (!v) {
       fprintf(stderr, "dispatch-server: unknown option or missing value: "
                       "%s\n%s", a, g_usage);
@@ -107,6 +182,22 @@ int sv_config_parse(sv_config *c, int argc, char **argv) {
       c->threads = (int)n;
     } else if (strcmp(a, "--max-output-queue") == 0) {
       if (parse_u64(a, v, 0, 1ULL << 40, &c->max_output_queue) < 0) return -1;
+    } else if (strcmp(a, "--max-elements") == 0) {
+      if (parse_u64(a, v, 1, 1ULL << 50, &c->max_elements) < 0) return -1;
+    } else if (strcmp(a, "--max-queued") == 0) {
+      if (parse_u64(a, v, 1, 1u << 24, &n) < 0) return -1;
+      c->max_queued = (uint32_t)n;
+    } else if (strcmp(a, "--handshake-timeout") == 0) {
+      if (parse_u64(a, v, 0, 3600, &n) < 0) return -1;
+      c->handshake_timeout_s = (int)n;
+    } else if (strcmp(a, "--tls-cert") == 0) {
+      c->tls_cert = v;
+    } else if (strcmp(a, "--tls-key") == 0) {
+      c->tls_key = v;
+    } else if (strcmp(a, "--tls-client-ca") == 0) {
+      c->tls_client_ca = v;
+    } else if (strcmp(a, "--token-file") == 0) {
+      if (read_token(c, v) < 0) return -1;
     } else if (strcmp(a, "--log-level") == 0) {
       int l = sv_log_parse_level(v);
       if (l < 0) {
@@ -122,5 +213,31 @@ int sv_config_parse(sv_config *c, int argc, char **argv) {
     i++;
   }
   if (c->max_msg > c->max_frame) c->max_msg = c->max_frame;
+  if (!c->tls_cert != !c->tls_key) {
+    fprintf(stderr, "dispatch-server: --tls-cert and --tls-key go together\n");
+    return -1;
+  }
+  if (c->tls_client_ca && !c->tls_cert) {
+    fprintf(stderr, "dispatch-server: --tls-client-ca needs --tls-cert and "
+                    "--tls-key\n");
+    return -1;
+  }
+  /* refused here, before anything binds */
+  if (!sv_host_is_loopback(c->host) && !(c->tls_cert && c->token) &&
+      !c->insecure) {
+    fprintf(stderr,
+            "dispatch-server: refusing to listen on %s without both TLS "
+            "(--tls-cert/--tls-key) and a token (--token-file): anyone who "
+            "can reach this address could run code and read tensors. Add "
+            "them, listen on 127.0.0.1, or pass --insecure to accept the "
+            "risk.\n",
+            c->host);
+    return -1;
+  }
+  if (!sv_host_is_loopback(c->host) && !(c->tls_cert && c->token))
+    fprintf(stderr, "dispatch-server: warning: --insecure: listening on %s "
+                    "without %s\n",
+            c->host, c->tls_cert ? "a token" : c->token ? "TLS" :
+            "TLS or a token");
   return 0;
 }

@@ -14,13 +14,16 @@ int main(int argc, char **argv) {
   sv_config cfg;
   sv_config_defaults(&cfg);
   int rc = sv_config_parse(&cfg, argc, argv);
-  if (rc > 0) return 0;
-  if (rc < 0) return 2;
+  if (rc != 0) {
+    sv_config_release(&cfg);
+    return rc > 0 ? 0 : 2;
+  }
   signal(SIGPIPE, SIG_IGN);
   int procs = openblas_get_num_procs();
   int share = procs / cfg.threads;
   openblas_set_num_threads(share < 1 ? 1 : share);
   rc = sv_run(&cfg);
+  sv_config_release(&cfg);
   if (rc < 0) {
     fprintf(stderr, "dispatch-server: %s\n", dispatch_strerror(rc));
     return 1;

@@ -32,6 +32,15 @@ typedef struct sv_config {
   int idle_timeout_s;          /* 0: never */
   int threads;
   int log_level;
+  /* TLS and authentication (paths point into argv; NULL when unset) */
+  const char *tls_cert;
+  const char *tls_key;
+  const char *tls_client_ca; /* set: mutual TLS, a client certificate is
+                                required and verified against this CA */
+  char *token;               /* from --token-file (dsp_malloc), NULL: none */
+  size_t token_len;
+  int handshake_timeout_s;   /* TLS handshake + hello, 0: never */
+  int insecure;              /* allow a non-loopback bind without TLS+token */
 } sv_config;
 
 /* Fills the documented defaults. */
@@ -39,6 +48,10 @@ void sv_config_defaults(sv_config *c);
 /* Parses argv into c; returns 0, 1 for --help (usage printed to stdout), or
  * -1 with a message on stderr. */
 int sv_config_parse(sv_config *c, int argc, char **argv);
+/* Frees what parsing allocated (the token). */
+void sv_config_release(sv_config *c);
+/* 1 when host names a loopback address (127.0.0.0/8, ::1, localhost). */
+int sv_host_is_loopback(const char *host);
 
 /* Runs the server until SIGINT/SIGTERM; returns 0 after a clean shutdown,
  * or a negative DISPATCH_E* code when it could not start. */
@@ -80,8 +93,8 @@ typedef struct sv_global {
   atomic_llong sessions;
   atomic_llong tensors;
   atomic_llong bytes;
-  atomic_llong protocol_errors;
-  atomic_llong limit_violations;
+  atomic_llong protocol_errors;  /* also TLS handshake and token failures */
+  atomic_llong limit_violations; /* every refused limit, timeouts included */
 } sv_global;
 
 /* ------------------------------------------------------------ jobs */
@@ -218,5 +231,35 @@ sv_job *sv_pool_cancel(sv_pool *p, sv_session *s);
  * closes the uv_async; the pool is freed in its close callback, so the
  * loop must run once more. */
 void sv_pool_close(sv_pool *p);
+
+/* ------------------------------------------------------------ tls */
+
+/* The server's TLS context (tls.c), built once from the config; each
+ * connection gets an SSL object over two memory BIOs so the loop never
+ * blocks: bytes read from the socket go in with sv_tls_feed, bytes to send
+ * come out with sv_tls_take. */
+typedef struct sv_tls_ctx sv_tls_ctx;
+typedef struct sv_tls sv_tls;
+/* Loads cert, key and optional client CA; NULL with a message on stderr
+ * (naming the file and OpenSSL's reason) when any cannot be used. */
+sv_tls_ctx *sv_tls_ctx_new(const sv_config *cfg);
+void sv_tls_ctx_free(sv_tls_ctx *t);
+sv_tls *sv_tls_new(sv_tls_ctx *t);
+void sv_tls_free(sv_tls *s);
+/* Feeds n ciphertext bytes; 0 or DISPATCH_ENOMEM. */
+int sv_tls_feed(sv_tls *s, const void *p, size_t n);
+/* Advances the handshake: 1 done, 0 needs more input, or DISPATCH_ETLS
+ * with the reason in why. */
+int sv_tls_handshake(sv_tls *s, char *why, size_t why_len);
+/* Decrypts up to n bytes into dst: >0 bytes, 0 needs more input, -1 the
+ * peer closed the TLS session, DISPATCH_ETLS with why. */
+long sv_tls_read(sv_tls *s, void *dst, size_t n, char *why, size_t why_len);
+/* Encrypts n bytes into the output BIO; 0 or DISPATCH_ETLS/ENOMEM. */
+int sv_tls_write(sv_tls *s, const void *p, size_t n);
+/* Takes all pending ciphertext as one dsp_malloc buffer (*out NULL when
+ * there is none); 0 or DISPATCH_ENOMEM. */
+int sv_tls_take(sv_tls *s, uint8_t **out, size_t *len);
+/* Subject of the verified client certificate, "" when none. */
+void sv_tls_peer_name(sv_tls *s, char *buf, size_t len);
 
 #endif

@@ -89,6 +89,17 @@ typedef struct dispatch_options {
   const char *client_name; /* sent in hello; NULL: "libdispatch-client" */
   int timeout_ms;          /* connect, send and each wait for a reply;
                               0: env DISPATCH_TIMEOUT_MS or 30000 */
+  /* tls:// only (appended: the fields above keep their places) */
+  const char *ca_file;     /* PEM CA(s) that signed the server's certificate;
+                              NULL: env DISPATCH_TLS_CA, else the system
+                              trust store */
+  const char *cert_file;   /* client certificate for mutual TLS (PEM chain);
+                              NULL: env DISPATCH_TLS_CERT, else none */
+  const char *key_file;    /* its private key; NULL: env DISPATCH_TLS_KEY,
+                              else cert_file */
+  const char *server_name; /* name the server's certificate must carry (and
+                              SNI); NULL: env DISPATCH_TLS_SERVER_NAME, else
+                              HOST of the spec. Always verified. */
 } dispatch_options;
 
 /* Counters of one device. REMOTE: what the server holds for this session
@@ -111,12 +122,18 @@ void dispatch_options_init(dispatch_options *opts);
 /* Opens a device from a spec string:
  *   "local"            in-process CPU
  *   "tcp://HOST:PORT"  a dispatch-server (connects and says hello now)
- *   "tls://HOST:PORT"  not supported yet: DISPATCH_EUNSUPPORTED
+ *   "tls://HOST:PORT"  the same over TLS (1.2 at least, 1.3 preferred):
+ *                      the server's certificate must chain to ca_file (or
+ *                      the system store) and name server_name (or HOST; an
+ *                      IP literal is matched against IP SANs); otherwise
+ *                      DISPATCH_ETLS with the verify reason in errmsg
  * spec NULL (or "") takes env DISPATCH_DEVICE, else "local", so an
  * unchanged program moves from local to remote. opts may be NULL.
  * Returns 0 and the device in *out (caller owns it: dispatch_device_close),
  * or an error: DISPATCH_EINVAL (bad spec), DISPATCH_ECONN (cannot connect
- * or no hello reply within the timeout), DISPATCH_EAUTH, DISPATCH_EVERSION,
+ * or no hello reply within the timeout), DISPATCH_EAUTH (token missing or
+ * wrong), DISPATCH_ETLS (handshake or certificate failure, including a
+ * server that requires a client certificate), DISPATCH_EVERSION,
  * DISPATCH_ENOMEM.
  * On failure *out is NULL; when errmsg is not NULL, a detail message is
  * copied into errmsg[0..errmsg_len-1] (there is no device to hold it). */

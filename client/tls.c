@@ -1,0 +1,274 @@
+/* Client-side TLS for tls:// devices. OpenSSL works over two memory BIOs
+ * and this file moves the ciphertext with send(MSG_NOSIGNAL)/recv on the
+ * non-blocking socket, each wait a poll bounded by the caller's deadline:
+ * so a TLS device keeps the ECONN-within-the-timeout guarantee of tcp://,
+ * and a closed peer can never raise SIGPIPE in the application. */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <openssl/err.h>
+#include <openssl/ssl.h>
+#include <openssl/x509v3.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+
+#include "client_internal.h"
+
+#define TLS_CHUNK (1u << 20) /* plaintext encrypted per step */
+
+static int64_t tls_now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* The reason of a failed TLS call: a certificate the verifier refused is
+ * named by the verifier's reason (expired, unknown CA, hostname
+ * mismatch); otherwise OpenSSL's first queued error. */
+static void tls_reason(dispatch__conn *c, char *why, size_t len) {
+  long v = c->ssl ? SSL_get_verify_result(c->ssl) : X509_V_OK;
+  unsigned long e = ERR_peek_error();
+  char r[256] = "";
+  if (e) ERR_error_string_n(e, r, sizeof r);
+  if (v != X509_V_OK)
+    snprintf(why, len, "certificate verify failed: %s",
+             X509_verify_cert_error_string(v));
+  else if (*r)
+    snprintf(why, len, "%s", r);
+  else
+    snprintf(why, len, "TLS failure without an OpenSSL reason");
+  ERR_clear_error();
+  c->tls_failed = 1;
+}
+
+/* Waits for the socket within the deadline: 0 ready, -1 why filled. */
+static int wait_fd(dispatch__conn *c, short ev, int64_t deadline, char *why,
+                   size_t len) {
+  for (;;) {
+    int64_t left = deadline - tls_now_ms();
+    if (left <= 0) {
+      snprintf(why, len, "no progress within %d ms", c->timeout_ms);
+      return -1;
+    }
+    struct pollfd pfd = {c->fd, ev, 0};
+    int pr = poll(&pfd, 1, (int)left);
+    if (pr > 0) return 0;
+    if (pr < 0 && errno != EINTR) {
+      snprintf(why, len, "poll: %s", strerror(errno));
+      return -1;
+    }
+  }
+}
+
+/* Sends every byte OpenSSL queued in the write BIO. */
+static int push(dispatch__conn *c, int64_t deadline, char *why, size_t len) {
+  char buf[16384];
+  BIO *w = SSL_get_wbio(c->ssl);
+  int n;
+  while ((n = BIO_read(w, buf, sizeof buf)) > 0) {
+    const char *p = buf;
+    while (n > 0) {
+      ssize_t s = send(c->fd, p, (size_t)n, MSG_NOSIGNAL | MSG_DONTWAIT);
+      if (s > 0) {
+        p += s;
+        n -= (int)s;
+      } else if (s < 0 && errno == EINTR) {
+        continue;
+      } else if (s < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+        if (wait_fd(c, POLLOUT, deadline, why, len) < 0) return -1;
+      } else {
+        snprintf(why, len, "send: %s", strerror(errno));
+        return -1;
+      }
+    }
+  }
+  return 0;
+}
+
+/* Receives what the socket has (waiting up to the deadline) into the read
+ * BIO: 0, or -1 with why (the server closed, timeout, error). */
+static int pull(dispatch__conn *c, int64_t deadline, char *why, size_t len) {
+  char buf[16384];
+  for (;;) {
+    ssize_t r = recv(c->fd, buf, sizeof buf, MSG_DONTWAIT);
+    if (r > 0) {
+      if (BIO_write(SSL_get_rbio(c->ssl), buf, (int)r) != (int)r) {
+        snprintf(why, len, "out of memory buffering TLS input");
+        return -1;
+      }
+      return 0;
+    }
+    if (r == 0) {
+      snprintf(why, len, "the server closed the connection");
+      return -1;
+    }
+    if (errno == EINTR) continue;
+    if (errno != EAGAIN && errno != EWOULDBLOCK) {
+      snprintf(why, len, "recv: %s", strerror(errno));
+      return -1;
+    }
+    if (wait_fd(c, POLLIN, deadline, why, len) < 0) return -1;
+  }
+}
+
+/* After an SSL call returned rc <= 0: sends what it queued and fetches
+ * input when it wants some. 0: retry the call; -1: why filled. */
+static int step(dispatch__conn *c, int rc, int64_t deadline, char *why,
+                size_t len) {
+  int err = SSL_get_error(c->ssl, rc);
+  if (err == SSL_ERROR_WANT_READ) {
+    if (push(c, deadline, why, len) < 0) return -1;
+    return pull(c, deadline, why, len);
+  }
+  if (err == SSL_ERROR_WANT_WRITE) return push(c, deadline, why, len);
+  if (err == SSL_ERROR_ZERO_RETURN) {
+    snprintf(why, len, "the server closed the TLS session");
+    return -1;
+  }
+  push(c, deadline, why, len); /* an alert for the server, if any */
+  tls_reason(c, why, len);
+  return -1;
+}
+
+int dispatch__tls_write(dispatch__conn *c, const void *p, size_t n,
+                        int64_t deadline, char *why, size_t len) {
+  const uint8_t *b = p;
+  while (n > 0) {
+    size_t k = n < TLS_CHUNK ? n : TLS_CHUNK, done = 0;
+    int rc = SSL_write_ex(c->ssl, b, k, &done);
+    if (rc == 1) {
+      b += done;
+      n -= done;
+      if (push(c, deadline, why, len) < 0) return -1;
+    } else if (step(c, rc, deadline, why, len) < 0) {
+      return -1;
+    }
+  }
+  return push(c, deadline, why, len);
+}
+
+int dispatch__tls_read(dispatch__conn *c, void *p, size_t n, size_t *got,
+                       int64_t deadline, char *why, size_t len) {
+  for (;;) {
+    int rc = SSL_read_ex(c->ssl, p, n, got);
+    if (rc == 1) return 0;
+    if (step(c, rc, deadline, why, len) < 0) return -1;
+  }
+}
+
+static int is_ip_literal(const char *s) {
+  unsigned char a[16];
+  return inet_pton(AF_INET, s, a) == 1 || inet_pton(AF_INET6, s, a) == 1;
+}
+
+static const char *opt_or_env(const char *v, const char *env) {
+  if (v && *v) return v;
+  v = getenv(env);
+  return v && *v ? v : NULL;
+}
+
+/* Builds the context (TLS 1.2 minimum, peer verification on, the CA file
+ * or the system store, an optional client certificate), pins the name
+ * the certificate must carry and runs the handshake within the device's
+ * timeout. On failure the detail is in dev->ctx and the code is
+ * DISPATCH_ETLS (or DISPATCH_ECONN when the socket itself failed). */
+int dispatch__tls_open(dispatch_device *dev, const char *host,
+                       const dispatch_options *o) {
+  dispatch__conn *c = &dev->conn;
+  const char *ca = opt_or_env(o->ca_file, "DISPATCH_TLS_CA");
+  const char *cert = opt_or_env(o->cert_file, "DISPATCH_TLS_CERT");
+  const char *key = opt_or_env(o->key_file, "DISPATCH_TLS_KEY");
+  const char *name = opt_or_env(o->server_name, "DISPATCH_TLS_SERVER_NAME");
+  if (!name) name = host;
+  if (!key) key = cert;
+  char why[384];
+  const char *what = "create a TLS context";
+  const char *file = NULL;
+  ERR_clear_error();
+  c->ssl_ctx = SSL_CTX_new(TLS_client_method());
+  if (!c->ssl_ctx) goto fail;
+  what = "set the minimum TLS version";
+  if (!SSL_CTX_set_min_proto_version(c->ssl_ctx, TLS1_2_VERSION)) goto fail;
+  SSL_CTX_set_verify(c->ssl_ctx, SSL_VERIFY_PEER, NULL);
+  if (ca) {
+    what = "load the CA file";
+    file = ca;
+    if (SSL_CTX_load_verify_locations(c->ssl_ctx, ca, NULL) != 1) goto fail;
+  } else {
+    what = "load the system trust store";
+    if (SSL_CTX_set_default_verify_paths(c->ssl_ctx) != 1) goto fail;
+  }
+  if (cert) {
+    what = "load the client certificate";
+    file = cert;
+    if (SSL_CTX_use_certificate_chain_file(c->ssl_ctx, cert) != 1) goto fail;
+    what = "load the client key";
+    file = key;
+    if (SSL_CTX_use_PrivateKey_file(c->ssl_ctx, key, SSL_FILETYPE_PEM) != 1)
+      goto fail;
+    what = "match the client key to its certificate";
+    file = NULL;
+    if (SSL_CTX_check_private_key(c->ssl_ctx) != 1) goto fail;
+  }
+  what = "create a TLS session";
+  c->ssl = SSL_new(c->ssl_ctx);
+  BIO *rb = BIO_new(BIO_s_mem()), *wb = BIO_new(BIO_s_mem());
+  if (!c->ssl || !rb || !wb) {
+    BIO_free(rb);
+    BIO_free(wb);
+    goto fail;
+  }
+  BIO_set_mem_eof_return(rb, -1);
+  SSL_set_bio(c->ssl, rb, wb);
+  what = "set the server name to verify";
+  if (is_ip_literal(name)) {
+    if (X509_VERIFY_PARAM_set1_ip_asc(SSL_get0_param(c->ssl), name) != 1)
+      goto fail;
+  } else {
+    SSL_set_hostflags(c->ssl, X509_CHECK_FLAG_NO_PARTIAL_WILDCARDS);
+    if (SSL_set1_host(c->ssl, name) != 1 ||
+        SSL_set_tlsext_host_name(c->ssl, name) != 1)
+      goto fail;
+  }
+  SSL_set_connect_state(c->ssl);
+  int64_t deadline = tls_now_ms() + c->timeout_ms;
+  for (;;) {
+    int rc = SSL_do_handshake(c->ssl);
+    if (rc == 1) break;
+    if (step(c, rc, deadline, why, sizeof why) < 0) {
+      return dsp_seterr(dev->ctx, DISPATCH_ETLS,
+                        "%s: TLS handshake failed: %s (server name checked: "
+                        "%s%s%s)",
+                        dev->spec, why, name, ca ? ", CA file " : "",
+                        ca ? ca : "");
+    }
+  }
+  return push(c, deadline, why, sizeof why) < 0
+             ? dsp_seterr(dev->ctx, DISPATCH_ECONN, "%s: %s", dev->spec, why)
+             : 0;
+fail:
+  tls_reason(c, why, sizeof why);
+  return dsp_seterr(dev->ctx, DISPATCH_ETLS, "%s: cannot %s%s%s: %s",
+                    dev->spec, what, file ? " " : "", file ? file : "", why);
+}
+
+/* Best effort close_notify (never waits), then frees the session. */
+void dispatch__tls_close(dispatch__conn *c) {
+  if (c->ssl && c->fd >= 0 && !c->dead && SSL_is_init_finished(c->ssl)) {
+    SSL_shutdown(c->ssl);
+    char buf[512];
+    int n = BIO_read(SSL_get_wbio(c->ssl), buf, sizeof buf);
+    if (n > 0) {
+      ssize_t s = send(c->fd, buf, (size_t)n, MSG_NOSIGNAL | MSG_DONTWAIT);
+      (void)s;
+    }
+  }
+  SSL_free(c->ssl);
+  SSL_CTX_free(c->ssl_ctx);
+  c->ssl = NULL;
+  c->ssl_ctx = NULL;
+  ERR_clear_error();
+}
