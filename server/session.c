@@ -330,10 +330,10 @@ static int do_step(sv_session *s, sv_job *j, char *why) {
                      (unsigned long long)st->params[i], m);
       } else {
         dsp_tensor_unref(out);
+        s->n_ops++; /* one per parameter, as the local device counts */
       }
     }
     dsp_set_grad_enabled(s->ctx, prev);
-    if (rc == 0) s->n_ops++;
   }
   for (size_t i = 0; i < n_grads; i++) dsp_tensor_unref(args[i * (k + 2) + 1]);
   dsp_free(args);
