@@ -4,9 +4,9 @@
 
 #include "dsp_internal.h"
 
-static int cpu_alloc(void *bctx, size_t nbytes, void **data) {
+static int cpu_alloc(void *bctx, size_t nbytes, int zero, void **data) {
   (void)bctx;
-  *data = dsp_calloc(1, nbytes); /* dsp_tensor_new promises zeroed storage */
+  *data = zero ? dsp_calloc(1, nbytes) : dsp_malloc(nbytes);
   return *data ? 0 : DISPATCH_ENOMEM;
 }
 

@@ -142,6 +142,10 @@ typedef struct dsp_tensor {
 
 /* New tensor with zeroed storage. Caller owns the returned reference. */
 int dsp_tensor_new(dsp_ctx *ctx, const dsp_meta *m, dsp_tensor **out);
+/* New tensor whose storage is NOT zeroed: for a caller that writes every
+ * byte itself (an upload landing straight in storage), so the bytes are not
+ * touched twice. */
+int dsp_tensor_new_uninit(dsp_ctx *ctx, const dsp_meta *m, dsp_tensor **out);
 /* New tensor with a copy of `nbytes` bytes of data; nbytes must equal the
  * tensor's byte size. */
 int dsp_tensor_from_data(dsp_ctx *ctx, const dsp_meta *m, const void *data,
@@ -348,7 +352,9 @@ typedef struct dsp_backend {
   const char *device; /* human description, e.g. "cpu x86_64 (openblas)" */
   void *bctx;
   /* storage; data pointers are opaque to callers other than the backend */
-  int (*alloc)(void *bctx, size_t nbytes, void **data);
+  /* zero != 0: the bytes must read as zero; else their content is
+   * unspecified (the caller overwrites every byte, e.g. an upload) */
+  int (*alloc)(void *bctx, size_t nbytes, int zero, void **data);
   void (*free)(void *bctx, void *data);
   int (*copy_in)(void *bctx, void *dst, const void *src, size_t n);
   int (*copy_out)(void *bctx, void *dst, const void *src, size_t n);

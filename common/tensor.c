@@ -3,7 +3,8 @@
 
 #include "dsp_internal.h"
 
-static int storage_new(dsp_ctx *ctx, size_t nbytes, dsp_storage **out) {
+static int storage_new(dsp_ctx *ctx, size_t nbytes, int zero,
+                       dsp_storage **out) {
   const dsp_backend *be = ctx->backend;
   dsp_storage *s = dsp_malloc(sizeof *s);
   if (!s) return dsp_seterr(ctx, DISPATCH_ENOMEM, "out of memory (storage)");
@@ -11,7 +12,7 @@ static int storage_new(dsp_ctx *ctx, size_t nbytes, dsp_storage **out) {
   s->nbytes = nbytes;
   s->backend = be;
   s->data = NULL;
-  int rc = be->alloc(be->bctx, nbytes, &s->data);
+  int rc = be->alloc(be->bctx, nbytes, zero, &s->data);
   if (rc < 0) {
     dsp_free(s);
     return dsp_seterr(ctx, rc, "out of memory allocating %zu bytes", nbytes);
@@ -40,12 +41,13 @@ static int tensor_shell(dsp_ctx *ctx, const dsp_meta *m, dsp_tensor **out) {
   return 0;
 }
 
-int dsp_tensor_new(dsp_ctx *ctx, const dsp_meta *m, dsp_tensor **out) {
+static int tensor_new(dsp_ctx *ctx, const dsp_meta *m, int zero,
+                      dsp_tensor **out) {
   *out = NULL;
   dsp_tensor *t;
   int rc = tensor_shell(ctx, m, &t);
   if (rc < 0) return rc;
-  rc = storage_new(ctx, (size_t)t->numel * dsp_dtype_size(m->dtype),
+  rc = storage_new(ctx, (size_t)t->numel * dsp_dtype_size(m->dtype), zero,
                    &t->storage);
   if (rc < 0) {
     dsp_free(t);
@@ -55,11 +57,19 @@ int dsp_tensor_new(dsp_ctx *ctx, const dsp_meta *m, dsp_tensor **out) {
   return 0;
 }
 
+int dsp_tensor_new(dsp_ctx *ctx, const dsp_meta *m, dsp_tensor **out) {
+  return tensor_new(ctx, m, 1, out);
+}
+
+int dsp_tensor_new_uninit(dsp_ctx *ctx, const dsp_meta *m, dsp_tensor **out) {
+  return tensor_new(ctx, m, 0, out);
+}
+
 int dsp_tensor_from_data(dsp_ctx *ctx, const dsp_meta *m, const void *data,
                          size_t nbytes, dsp_tensor **out) {
   *out = NULL;
   dsp_tensor *t;
-  int rc = dsp_tensor_new(ctx, m, &t);
+  int rc = dsp_tensor_new_uninit(ctx, m, &t);
   if (rc < 0) return rc;
   if (nbytes != t->storage->nbytes) {
     size_t need = t->storage->nbytes;

@@ -158,7 +158,7 @@ int sv_upload_prepare(const sv_config *cfg, dsp_ctx *io_ctx, sv_session *s,
     return 0;
   }
   dsp_tensor *t;
-  rc = dsp_tensor_new(io_ctx, &m, &t);
+  rc = dsp_tensor_new_uninit(io_ctx, &m, &t); /* the bulk fills it */
   if (rc < 0) {
     pre_err(j, rc, "upload: %s", dsp_ctx_errmsg(io_ctx));
     return 0;
