@@ -141,7 +141,8 @@ DISPATCH__HIDDEN uint64_t dispatch__remote_new_id(dispatch_device *dev);
 /* Queue requests that get no reply; ECONN once the connection is lost. */
 DISPATCH__HIDDEN int dispatch__remote_op(dispatch_device *dev, dsp_opcode op,
                                          const uint64_t *in, int n_in,
-                                         const dsp_attrs *a, uint64_t out);
+                                         const dsp_attrs *a, uint64_t out,
+                                         int no_grad);
 DISPATCH__HIDDEN int dispatch__remote_upload(dispatch_device *dev,
                                              uint64_t id, const dsp_meta *m,
                                              const void *data, size_t n);

@@ -362,9 +362,10 @@ static int queue(dispatch_device *dev, Dispatch__Request *req, uint64_t rid,
 
 int dispatch__remote_op(dispatch_device *dev, dsp_opcode op,
                         const uint64_t *in, int n_in, const dsp_attrs *a,
-                        uint64_t out) {
+                        uint64_t out, int no_grad) {
   Dispatch__Op m = DISPATCH__OP__INIT;
   m.op = (int32_t)op;
+  m.no_grad = no_grad != 0;
   m.n_inputs = (size_t)n_in;
   m.inputs = (uint64_t *)in;
   m.output = out;

@@ -89,7 +89,8 @@ int dispatch__run(dispatch_device *dev, dsp_opcode op,
     uint64_t ids[DSP_MAX_INPUTS];
     for (int i = 0; i < n_in; i++) ids[i] = cin[i]->id;
     t->id = dispatch__remote_new_id(dev);
-    rc = dispatch__remote_op(dev, op, ids, n_in, a ? a : &none, t->id);
+    rc = dispatch__remote_op(dev, op, ids, n_in, a ? a : &none, t->id,
+                             !any_ad);
     if (rc < 0) {
       t->id = 0;
       dispatch_tensor_free(t);

@@ -207,7 +207,9 @@ static int do_op(sv_session *s, sv_job *j, char *why) {
     if (rc < 0) return rc;
   }
   dsp_tensor *out;
+  int grad = dsp_set_grad_enabled(s->ctx, !o->no_grad);
   rc = dsp_op(s->ctx, (dsp_opcode)o->op, in, (int)o->n_inputs, &a, &out);
+  dsp_set_grad_enabled(s->ctx, grad);
   if (rc < 0) return why_ctx(s, why, rc);
   s->n_ops++;
   return insert(s, o->output, out, why);

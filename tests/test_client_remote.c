@@ -271,6 +271,36 @@ Test(client_remote, one_wrap_rule_on_both_kinds, .fini = stop_server) {
   }
 }
 
+/* An op on unwrapped tensors records nothing on either kind, even when the
+ * tensor underneath is tracked: its result can be wrapped as a new leaf. */
+Test(client_remote, ops_on_inner_tensors_record_nothing_on_both_kinds,
+     .fini = stop_server) {
+  start_server();
+  const char *kinds[2] = {"local", "remote"};
+  for (int k = 0; k < 2; k++) {
+    dispatch_device *dev = open_dev(kinds[k]);
+    int64_t sh[1] = {3};
+    dispatch_tensor *p, *ap, *s, *q, *aq, *loss;
+    OK(dev, dispatch_ones(dev, DISPATCH_F32, 1, sh, &p));
+    OK(dev, dispatch_autodiff(p, &ap));
+    OK(dev, dispatch_full(dev, DISPATCH_F32, 1, sh, 0.5, &s));
+    OK(dev, dispatch_sub(dispatch_inner(ap), s, &q)); /* untracked */
+    cr_assert_eq(dispatch_is_autodiff(q), 0);
+    OK(dev, dispatch_autodiff(q, &aq)); /* a fresh leaf, not a double wrap */
+    OK(dev, dispatch_sum(aq, 0, NULL, 0, &loss));
+    dispatch_grads *g;
+    OK(dev, dispatch_backward(loss, &g));
+    dispatch_tensor *gq;
+    OK(dev, dispatch_grad(g, aq, &gq));
+    float v[3];
+    OK(dev, dispatch_tensor_read(gq, v, sizeof v));
+    cr_assert_eq(v[0], 1.0f, "%s", kinds[k]);
+    dispatch_grads_free(g);
+    OK(dev, dispatch_device_sync(dev));
+    dispatch_device_close(dev);
+  }
+}
+
 Test(client_remote, deferred_error_surfaces_at_next_wait, .fini = stop_server) {
   start_server();
   dispatch_device *dev = open_dev("remote");
