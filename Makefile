@@ -152,6 +152,12 @@ bench: deps
 	@$(MAKE) --no-print-directory $(if $(wildcard server/main.c),$(SERVER_BIN)) $(BENCH_BIN)
 	@BUILD=$(BUILD) scripts/bench.sh
 
+# libFuzzer targets (clang, fuzzer+address+undefined) built in build-fuzz/,
+# each run FUZZ_SECONDS from tests/fuzz_corpus/<target>/; not part of test.
+FUZZ_SECONDS ?= 60
+fuzz: deps
+	@FUZZ_SECONDS=$(FUZZ_SECONDS) fuzz/run.sh
+
 # libdispatch-client: shared lib (SONAME .so.MAJOR), static lib, one
 # self-contained header (dispatch_errors.h inlined) and a pkg-config file.
 install: $(CLIENT_A) $(CLIENT_SO)

@@ -1,0 +1,489 @@
+/* Writes the seed corpora under DIR (tests/fuzz_corpus by default):
+ * DIR/stream/ whole client streams (hello first), DIR/frame/ single
+ * frames, DIR/session/ recipes for the session target. A file's name ends
+ * in the outcome the regression suite expects (tests/test_fuzz_regress.c):
+ * .ok, .any, .trunc, .EPROTO/.ETOOLARGE/.EVERSION (the stream is refused),
+ * or .err-ENAME (runs, the first error reply carries DISPATCH_ENAME).
+ * Run by fuzz/run.sh gen; the output is committed. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fz_common.c"
+
+static const char *g_dir;
+
+static void save(const char *sub, const char *name, const fz_buf *b) {
+  char path[512];
+  snprintf(path, sizeof path, "%s/%s/%s", g_dir, sub, name);
+  FILE *f = fopen(path, "wb");
+  if (!f || (b->n && fwrite(b->p, 1, b->n, f) != b->n)) {
+    fprintf(stderr, "gen_seeds: cannot write %s\n", path);
+    exit(1);
+  }
+  fclose(f);
+}
+
+static void hello(fz_buf *b, unsigned major) {
+  Dispatch__Request r = DISPATCH__REQUEST__INIT;
+  Dispatch__Hello h = DISPATCH__HELLO__INIT;
+  h.major = major;
+  h.minor = 0;
+  h.client_name = "seed";
+  r.req_id = g_rid++;
+  r.body_case = DISPATCH__REQUEST__BODY_HELLO;
+  r.hello = &h;
+  fz_frame(b, &r, NULL, 0, 0);
+}
+
+#define SIMPLE(fn, FIELD, CASE, TYPE, INIT)            \
+  static void fn(fz_buf *b) {                          \
+    Dispatch__Request r = DISPATCH__REQUEST__INIT;     \
+    TYPE x = INIT;                                     \
+    r.req_id = g_rid++;                                \
+    r.body_case = CASE;                                \
+    r.FIELD = &x;                                      \
+    fz_frame(b, &r, NULL, 0, 0);                       \
+  }
+SIMPLE(sync_, sync, DISPATCH__REQUEST__BODY_SYNC, Dispatch__Sync,
+       DISPATCH__SYNC__INIT)
+SIMPLE(stats_, stats, DISPATCH__REQUEST__BODY_STATS, Dispatch__Stats,
+       DISPATCH__STATS__INIT)
+SIMPLE(bye_, bye, DISPATCH__REQUEST__BODY_BYE, Dispatch__Bye,
+       DISPATCH__BYE__INIT)
+
+static void read_(fz_buf *b, uint64_t id) {
+  Dispatch__Request r = DISPATCH__REQUEST__INIT;
+  Dispatch__Read x = DISPATCH__READ__INIT;
+  x.id = id;
+  r.req_id = g_rid++;
+  r.body_case = DISPATCH__REQUEST__BODY_READ;
+  r.read = &x;
+  fz_frame(b, &r, NULL, 0, 0);
+}
+
+static void grad_(fz_buf *b, uint64_t grads, uint64_t t, uint64_t out) {
+  Dispatch__Request r = DISPATCH__REQUEST__INIT;
+  Dispatch__Grad x = DISPATCH__GRAD__INIT;
+  x.grads = grads;
+  x.tensor = t;
+  x.output = out;
+  r.req_id = g_rid++;
+  r.body_case = DISPATCH__REQUEST__BODY_GRAD;
+  r.grad = &x;
+  fz_frame(b, &r, NULL, 0, 0);
+}
+
+static void free_(fz_buf *b, const uint64_t *t, size_t nt, const uint64_t *g,
+                  size_t ng) {
+  Dispatch__Request r = DISPATCH__REQUEST__INIT;
+  Dispatch__Free x = DISPATCH__FREE__INIT;
+  x.tensors = (uint64_t *)t;
+  x.n_tensors = nt;
+  x.grads = (uint64_t *)g;
+  x.n_grads = ng;
+  r.req_id = g_rid++;
+  r.body_case = DISPATCH__REQUEST__BODY_FREE;
+  r.free = &x;
+  fz_frame(b, &r, NULL, 0, 0);
+}
+
+static void step_(fz_buf *b, int op, uint64_t grads, const uint64_t *p,
+                  size_t np, const uint64_t *s, size_t ns,
+                  const int64_t *ints, size_t ni, const double *fl,
+                  size_t nf) {
+  Dispatch__Request r = DISPATCH__REQUEST__INIT;
+  Dispatch__Step x = DISPATCH__STEP__INIT;
+  x.op = op;
+  x.grads = grads;
+  x.params = (uint64_t *)p;
+  x.n_params = np;
+  x.states = (uint64_t *)s;
+  x.n_states = ns;
+  x.ints = (int64_t *)ints;
+  x.n_ints = ni;
+  x.floats = (double *)fl;
+  x.n_floats = nf;
+  r.req_id = g_rid++;
+  r.body_case = DISPATCH__REQUEST__BODY_STEP;
+  r.step = &x;
+  fz_frame(b, &r, NULL, 0, 0);
+}
+
+static void raw_header(fz_buf *b, uint32_t msg_len, uint32_t flags,
+                       uint64_t bulk_len) {
+  uint8_t hdr[DSP_FRAME_HEADER_SIZE];
+  dsp_frame_header h = {msg_len, flags, bulk_len};
+  dsp_frame_header_encode(hdr, &h);
+  fz_buf_put(b, hdr, sizeof hdr);
+}
+
+static const float F6[6] = {1, -2, 3, 0.5f, -0.25f, 4};
+static const int64_t S23[2] = {2, 3}, S32[2] = {3, 2}, S6[1] = {6};
+
+static void u23(fz_buf *b, uint64_t id) {
+  put_upload(b, id, DSP_F32, 2, S23, F6, sizeof F6, sizeof F6);
+}
+
+static void streams(void) {
+  fz_buf b = {0};
+#define NEW() (fz_buf_free(&b), g_rid = 1, hello(&b, DSP_PROTO_MAJOR))
+  uint64_t in2[2], in1[1], in3[3];
+
+  NEW();
+  stats_(&b);
+  save("stream", "hello_stats.ok", &b);
+
+  NEW();
+  u23(&b, 1);
+  read_(&b, 1);
+  in1[0] = 1;
+  free_(&b, in1, 1, NULL, 0);
+  stats_(&b);
+  save("stream", "upload_read_free.ok", &b);
+
+  NEW(); /* an op chain */
+  u23(&b, 1);
+  put_upload(&b, 2, DSP_F32, 2, S32, F6, sizeof F6, sizeof F6);
+  in2[0] = 1, in2[1] = 1;
+  put_op(&b, DSP_OP_ADD, in2, 2, 3, NULL, 0, NULL, 0);
+  double two = 2;
+  in1[0] = 3;
+  put_op(&b, DSP_OP_MUL_SCALAR, in1, 1, 4, NULL, 0, &two, 1);
+  in2[0] = 4, in2[1] = 2;
+  put_op(&b, DSP_OP_MATMUL, in2, 2, 5, NULL, 0, NULL, 0);
+  in1[0] = 5;
+  put_op(&b, DSP_OP_RELU, in1, 1, 6, NULL, 0, NULL, 0);
+  in1[0] = 6;
+  put_op(&b, DSP_OP_SUM, in1, 1, 7, NULL, 0, NULL, 0);
+  read_(&b, 7);
+  sync_(&b);
+  save("stream", "op_chain.ok", &b);
+
+  NEW(); /* autodiff and both optimizer steps */
+  u23(&b, 1);
+  put_upload(&b, 2, DSP_F32, 2, S32, F6, sizeof F6, sizeof F6);
+  put_track(&b, 1);
+  put_track(&b, 2);
+  in2[0] = 1, in2[1] = 2;
+  put_op(&b, DSP_OP_MATMUL, in2, 2, 3, NULL, 0, NULL, 0);
+  in1[0] = 3;
+  put_op(&b, DSP_OP_MEAN, in1, 1, 4, NULL, 0, NULL, 0);
+  put_backward(&b, 4, 1, 0);
+  grad_(&b, 1, 1, 5);
+  read_(&b, 5);
+  u23(&b, 6); /* sgd velocity */
+  put_upload(&b, 7, DSP_F32, 2, S32, F6, sizeof F6, sizeof F6); /* adam m */
+  put_upload(&b, 8, DSP_F32, 2, S32, F6, sizeof F6, sizeof F6); /* adam v */
+  uint64_t p1 = 1, p2 = 2, st2[2] = {7, 8}, v1 = 6;
+  double sgd[3] = {0.1, 0.9, 0};
+  step_(&b, DSP_OP_SGD_STEP, 1, &p1, 1, &v1, 1, NULL, 0, sgd, 3);
+  double adam[4] = {0.01, 0.9, 0.999, 1e-8};
+  int64_t t1 = 1;
+  step_(&b, DSP_OP_ADAM_STEP, 1, &p2, 1, st2, 2, &t1, 1, adam, 4);
+  free_(&b, NULL, 0, &p1, 1);
+  read_(&b, 1);
+  stats_(&b);
+  save("stream", "autodiff_steps.ok", &b);
+
+  NEW(); /* shape ops */
+  u23(&b, 1);
+  int64_t idx[2] = {2, 0};
+  int64_t s2i[1] = {2};
+  put_upload(&b, 2, DSP_I64, 1, s2i, idx, sizeof idx, sizeof idx);
+  in1[0] = 1;
+  int64_t rs[2] = {3, -1};
+  put_op(&b, DSP_OP_RESHAPE, in1, 1, 3, rs, 2, NULL, 0);
+  int64_t pm[2] = {1, 0};
+  put_op(&b, DSP_OP_PERMUTE, in1, 1, 4, pm, 2, NULL, 0);
+  put_op(&b, DSP_OP_TRANSPOSE, in1, 1, 5, pm, 2, NULL, 0);
+  int64_t sl[4] = {1, 0, 3, 2};
+  put_op(&b, DSP_OP_SLICE, in1, 1, 6, sl, 4, NULL, 0);
+  in2[0] = 1, in2[1] = 1;
+  int64_t d0 = 0;
+  put_op(&b, DSP_OP_CAT, in2, 2, 7, &d0, 1, NULL, 0);
+  put_op(&b, DSP_OP_STACK, in2, 2, 8, &d0, 1, NULL, 0);
+  in2[0] = 1, in2[1] = 2;
+  int64_t d1 = 1;
+  put_op(&b, DSP_OP_INDEX_SELECT, in2, 2, 9, &d1, 1, NULL, 0);
+  int64_t dt = DSP_F64;
+  put_op(&b, DSP_OP_CAST, in1, 1, 10, &dt, 1, NULL, 0);
+  int64_t bt[3] = {2, 2, 3};
+  put_op(&b, DSP_OP_BROADCAST_TO, in1, 1, 11, bt, 3, NULL, 0);
+  put_op(&b, DSP_OP_ARGMAX, in1, 1, 12, &d1, 1, NULL, 0);
+  read_(&b, 9);
+  sync_(&b);
+  save("stream", "shape_ops.ok", &b);
+
+  NEW(); /* nn ops */
+  u23(&b, 1);
+  int64_t lab[2] = {2, 0};
+  put_upload(&b, 2, DSP_I64, 1, s2i, lab, sizeof lab, sizeof lab);
+  float img[16];
+  for (int i = 0; i < 16; i++) img[i] = (float)i - 7;
+  int64_t s1144[4] = {1, 1, 4, 4}, s1122[4] = {1, 1, 2, 2};
+  put_upload(&b, 3, DSP_F32, 4, s1144, img, sizeof img, sizeof img);
+  put_upload(&b, 4, DSP_F32, 4, s1122, img, 16, 16);
+  in1[0] = 1;
+  put_op(&b, DSP_OP_SOFTMAX, in1, 1, 5, &d1, 1, NULL, 0);
+  put_op(&b, DSP_OP_LOG_SOFTMAX, in1, 1, 6, &d1, 1, NULL, 0);
+  in2[0] = 1, in2[1] = 2;
+  put_op(&b, DSP_OP_CROSS_ENTROPY, in2, 2, 7, NULL, 0, NULL, 0);
+  in2[0] = 1, in2[1] = 1;
+  put_op(&b, DSP_OP_MSE, in2, 2, 8, NULL, 0, NULL, 0);
+  in2[0] = 3, in2[1] = 4;
+  put_op(&b, DSP_OP_CONV2D, in2, 2, 9, NULL, 0, NULL, 0);
+  in1[0] = 3;
+  int64_t pk[2] = {2, 2};
+  put_op(&b, DSP_OP_MAX_POOL2D, in1, 1, 10, pk, 2, NULL, 0);
+  put_op(&b, DSP_OP_AVG_POOL2D, in1, 1, 11, pk, 2, NULL, 0);
+  double p = 0.5;
+  int64_t seed = 7;
+  put_op(&b, DSP_OP_DROPOUT, in1, 1, 12, &seed, 1, &p, 1);
+  read_(&b, 9);
+  sync_(&b);
+  save("stream", "nn_ops.ok", &b);
+
+  NEW(); /* creation ops */
+  int64_t zs[3] = {DSP_F32, 2, 3};
+  put_op(&b, DSP_OP_ZEROS, NULL, 0, 1, zs, 3, NULL, 0);
+  put_op(&b, DSP_OP_ONES, NULL, 0, 2, zs, 3, NULL, 0);
+  double v = 3.5;
+  put_op(&b, DSP_OP_FULL, NULL, 0, 3, zs, 3, &v, 1);
+  int64_t ad = DSP_F64;
+  double ar[3] = {0, 5, 0.5};
+  put_op(&b, DSP_OP_ARANGE, NULL, 0, 4, &ad, 1, ar, 3);
+  int64_t us[4] = {DSP_F32, 42, 4, 4};
+  double ur[2] = {-1, 1};
+  put_op(&b, DSP_OP_UNIFORM, NULL, 0, 5, us, 4, ur, 2);
+  put_op(&b, DSP_OP_NORMAL, NULL, 0, 6, us, 4, ur, 2);
+  in3[0] = 1, in3[1] = 2, in3[2] = 3;
+  put_op(&b, DSP_OP_STACK, in3, 3, 7, &d0, 1, NULL, 0);
+  read_(&b, 7);
+  stats_(&b);
+  save("stream", "create_ops.ok", &b);
+
+  NEW(); /* bye: the rest is never read */
+  sync_(&b);
+  bye_(&b);
+  fz_buf_put(&b, "garbage after bye", 17);
+  save("stream", "bye_then_junk.ok", &b);
+
+  NEW(); /* deferred errors: the waiting request reports the first one */
+  in2[0] = 40, in2[1] = 41;
+  put_op(&b, DSP_OP_ADD, in2, 2, 3, NULL, 0, NULL, 0);
+  sync_(&b);
+  save("stream", "unknown_input.err-ENOID", &b);
+
+  NEW();
+  u23(&b, 1);
+  u23(&b, 1);
+  sync_(&b);
+  save("stream", "id_reuse.err-EIDINUSE", &b);
+
+  NEW();
+  u23(&b, 1);
+  in2[0] = 1, in2[1] = 1;
+  put_op(&b, DSP_OP_ADD, in2, 2, 1, NULL, 0, NULL, 0);
+  read_(&b, 1);
+  save("stream", "op_output_reuse.err-EIDINUSE", &b);
+
+  NEW();
+  put_upload(&b, 1, DSP_F32, 2, S23, F6, sizeof F6, sizeof F6 - 4);
+  read_(&b, 1);
+  save("stream", "short_bulk.err-EINVAL", &b);
+
+  NEW();
+  int64_t neg[2] = {-1, 3};
+  put_upload(&b, 1, DSP_F32, 2, neg, NULL, 0, 0);
+  sync_(&b);
+  save("stream", "negative_shape.err-ESHAPE", &b);
+
+  NEW();
+  int64_t ovf[3] = {(int64_t)1 << 40, (int64_t)1 << 40, 4};
+  put_upload(&b, 1, DSP_F32, 3, ovf, NULL, 0, 0);
+  sync_(&b);
+  save("stream", "overflow_shape.err-EOVERFLOW", &b);
+
+  NEW();
+  int64_t big[2] = {1000, 1000};
+  put_upload(&b, 1, DSP_F32, 2, big, NULL, 0, 0);
+  sync_(&b);
+  save("stream", "too_many_elements.err-ELIMIT", &b);
+
+  NEW();
+  put_upload(&b, 1, 9, 1, S6, F6, sizeof F6, sizeof F6);
+  sync_(&b);
+  save("stream", "bad_dtype.err-EDTYPE", &b);
+
+  NEW(); /* the matmul fails, its output is poisoned, reading it says so */
+  u23(&b, 1);
+  in2[0] = 1, in2[1] = 1;
+  put_op(&b, DSP_OP_MATMUL, in2, 2, 2, NULL, 0, NULL, 0);
+  sync_(&b);
+  read_(&b, 2);
+  save("stream", "poisoned_read.err-ESHAPE", &b);
+
+  NEW();
+  u23(&b, 1);
+  put_track(&b, 1);
+  put_track(&b, 1);
+  sync_(&b);
+  save("stream", "double_track.err-EDOUBLEWRAP", &b);
+
+  NEW();
+  u23(&b, 1);
+  put_backward(&b, 1, 1, 0);
+  save("stream", "backward_untracked.any", &b);
+
+  /* protocol errors: the stream is refused */
+  fz_buf_free(&b);
+  g_rid = 1;
+  stats_(&b);
+  save("stream", "no_hello.EPROTO", &b);
+
+  NEW();
+  hello(&b, DSP_PROTO_MAJOR);
+  save("stream", "second_hello.EPROTO", &b);
+
+  fz_buf_free(&b);
+  g_rid = 1;
+  hello(&b, 2);
+  save("stream", "version.EVERSION", &b);
+
+  NEW();
+  raw_header(&b, 2, 1, 0);
+  fz_buf_put(&b, "\x08\x01", 2);
+  save("stream", "flags.EPROTO", &b);
+
+  NEW();
+  raw_header(&b, 0, 0, 0);
+  save("stream", "empty_msg.EPROTO", &b);
+
+  NEW();
+  raw_header(&b, 0xffffffffu, 0, 0);
+  save("stream", "huge_msg.ETOOLARGE", &b);
+
+  NEW();
+  raw_header(&b, 2, 0, UINT64_MAX);
+  save("stream", "huge_bulk.ETOOLARGE", &b);
+
+  NEW();
+  raw_header(&b, 5, 0, 0);
+  fz_buf_put(&b, "\xff\xff\xff\xff\xff", 5);
+  save("stream", "undecodable.EPROTO", &b);
+
+  NEW();
+  put_op(&b, 999, NULL, 0, 1, NULL, 0, NULL, 0);
+  save("stream", "unknown_op.EPROTO", &b);
+
+  NEW();
+  {
+    Dispatch__Request r = DISPATCH__REQUEST__INIT;
+    Dispatch__Sync x = DISPATCH__SYNC__INIT;
+    r.req_id = 9;
+    r.body_case = DISPATCH__REQUEST__BODY_SYNC;
+    r.sync = &x;
+    fz_frame(&b, &r, "abcd", 4, 4);
+  }
+  save("stream", "bulk_on_sync.EPROTO", &b);
+
+  NEW();
+  raw_header(&b, 2, 0, 0);
+  fz_buf_put(&b, "\x08\x05", 2); /* req_id 5, no body */
+  save("stream", "no_body.EPROTO", &b);
+
+  NEW();
+  u23(&b, 1);
+  b.n -= 7; /* the bulk is cut short */
+  save("stream", "truncated_bulk.trunc", &b);
+
+  NEW();
+  raw_header(&b, 100, 0, 0);
+  save("stream", "truncated_msg.trunc", &b);
+  fz_buf_free(&b);
+}
+
+/* Single frames: the frame target's seeds (run after a hello). */
+static void frames(void) {
+  fz_buf b = {0};
+  g_rid = 1;
+  u23(&b, 1);
+  save("frame", "upload.ok", &b);
+  fz_buf_free(&b);
+  uint64_t in2[2] = {1, 2};
+  double f = 2;
+  int64_t ints[2] = {0, 1};
+  put_op(&b, DSP_OP_ADD, in2, 2, 3, ints, 2, &f, 1);
+  save("frame", "op.ok", &b);
+  fz_buf_free(&b);
+  read_(&b, 1);
+  save("frame", "read_unknown.err-ENOID", &b);
+  fz_buf_free(&b);
+  uint64_t p[2] = {1, 2}, s[4] = {3, 4, 5, 6};
+  double adam[4] = {0.01, 0.9, 0.999, 1e-8};
+  step_(&b, DSP_OP_ADAM_STEP, 1, p, 2, s, 4, ints, 1, adam, 4);
+  save("frame", "step.ok", &b);
+  fz_buf_free(&b);
+  free_(&b, p, 2, p, 1);
+  save("frame", "free.ok", &b);
+  fz_buf_free(&b);
+  hello(&b, DSP_PROTO_MAJOR);
+  save("frame", "hello_again.EPROTO", &b);
+  fz_buf_free(&b);
+  grad_(&b, 1, 2, 3);
+  save("frame", "grad.ok", &b);
+  fz_buf_free(&b);
+  put_backward(&b, 1, 2, 1);
+  save("frame", "backward.err-ENOID", &b);
+  fz_buf_free(&b);
+  stats_(&b);
+  save("frame", "stats.ok", &b);
+  fz_buf_free(&b);
+}
+
+/* Recipes (fz_common.c's grammar) over the seeded session's ids. */
+static void recipes(void) {
+  static const struct {
+    const char *name;
+    uint8_t bytes[48];
+    size_t n;
+  } r[] = {
+      /* op matmul(1,2)->13 (k_ops[47] = 70), read 13 */
+      {"matmul_read.any", {1, 47, 2, 1, 2, 13, 0, 0, 7, 13}, 10},
+      /* grad 1 of tensor 1 -> 13; read 13 */
+      {"grad_read.any", {4, 1, 1, 13, 7, 13}, 6},
+      /* sgd step: grads 1, param 1, state 10, floats lr */
+      {"sgd_step.any", {5, 0, 1, 1, 1, 1, 10, 0, 1, 3}, 10},
+      /* adam step: grads 1, param 1, states 11 12, ints {1}, 4 floats */
+      {"adam_step.any", {5, 1, 1, 1, 1, 2, 11, 12, 1, 1, 4, 5, 13, 13, 5},
+       15},
+      /* track 6, conv2d(6,7)->13 (k_ops[55] = 87), sum -> 14, backward */
+      {"conv_backward.any",
+       {2, 6, 1, 55, 2, 6, 7, 13, 0, 0, 1, 32, 1, 13, 14, 0, 0, 3, 14, 2, 0},
+       21},
+      /* free 1 and grads 1, then stats */
+      {"free_stats.any", {6, 1, 1, 1, 1, 9}, 6},
+      /* upload id 13 f32 [2,3] with its 24 bytes, then read */
+      {"upload_read.any",
+       {0, 13, 0, 2, 2, 3, 0, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12,
+        13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 7, 13},
+       33},
+      /* raw frame of 2 bytes: req_id 1 with no body */
+      {"raw_nobody.any", {10, 2, 0, 8, 1}, 5},
+  };
+  for (size_t i = 0; i < sizeof r / sizeof r[0]; i++) {
+    fz_buf b = {0};
+    fz_buf_put(&b, r[i].bytes, r[i].n);
+    save("session", r[i].name, &b);
+    fz_buf_free(&b);
+  }
+}
+
+int main(int argc, char **argv) {
+  g_dir = argc > 1 ? argv[1] : "tests/fuzz_corpus";
+  streams();
+  frames();
+  recipes();
+  return 0;
+}

@@ -1,0 +1,171 @@
+/* Every seed of the fuzz corpora and every crash the fuzzers found
+ * (tests/fuzz_corpus/regress/) runs through the fuzzers' own handler entry
+ * point, fz_run (frames -> decode -> validate -> execute on a scratch
+ * session -> teardown), built here with gcc. Each must return without
+ * crashing, leave the server-wide counters at zero, and end the way its
+ * file name says (see fuzz/gen_seeds.c):
+ *   .ok  runs, no error reply        .any  anything but a crash or leak
+ *   .trunc  the stream ends inside a frame
+ *   .EPROTO / .ETOOLARGE / .EVERSION  the stream is refused with that code
+ *   .err-ENAME  runs, the first error reply carries DISPATCH_ENAME
+ * A regress file is named <target>-<what>.<expect>, target being frame,
+ * stream or session (the input format). */
+#include <criterion/criterion.h>
+#include <dirent.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../fuzz/fz_common.c"
+
+static const char *corpus_dir(void) {
+  static char dir[512];
+  const char *env = getenv("DISPATCH_FUZZ_CORPUS");
+  if (env) return env;
+  /* the suites run from the repository root; __FILE__ is tests/... */
+  snprintf(dir, sizeof dir, "%s", __FILE__);
+  char *slash = strrchr(dir, '/');
+  if (slash) snprintf(slash + 1, sizeof dir - (size_t)(slash + 1 - dir),
+                      "fuzz_corpus");
+  else snprintf(dir, sizeof dir, "tests/fuzz_corpus");
+  return dir;
+}
+
+static int code_of(const char *name) {
+  char full[64];
+  snprintf(full, sizeof full, "DISPATCH_%s", name);
+  for (int c = -1; c > -64; c--)
+    if (strcmp(dispatch_err_name(c), full) == 0) return c;
+  return 1; /* no such code: never matches */
+}
+
+static uint8_t *slurp(const char *path, size_t *n) {
+  FILE *f = fopen(path, "rb");
+  if (!f) return NULL;
+  uint8_t *buf = NULL;
+  size_t cap = 0;
+  *n = 0;
+  for (;;) {
+    if (*n == cap) {
+      cap = cap ? cap * 2 : 4096;
+      uint8_t *q = realloc(buf, cap);
+      if (!q) break;
+      buf = q;
+    }
+    size_t got = fread(buf + *n, 1, cap - *n, f);
+    *n += got;
+    if (got == 0) break;
+  }
+  fclose(f);
+  return buf ? buf : malloc(1);
+}
+
+typedef enum { FMT_FRAME, FMT_STREAM, FMT_SESSION } fmt;
+
+/* Runs one file and checks its outcome against its name. */
+static void check_file(const char *path, const char *name, fmt f) {
+  size_t n;
+  uint8_t *data = slurp(path, &n);
+  cr_assert(data, "cannot read %s", path);
+  fz_outcome o;
+  int rc;
+  if (f == FMT_SESSION) {
+    fz_buf b = {0};
+    fz_recipe_frames(data, n, &b);
+    cr_assert(!b.failed, "%s: recipe out of memory", name);
+    rc = fz_run(b.p, b.n, 1, 1, &o);
+    fz_buf_free(&b);
+  } else {
+    rc = fz_run(data, n, 0, f == FMT_FRAME, &o);
+  }
+  free(data);
+  cr_assert_eq(rc, 0, "%s: no scratch session", name);
+  cr_expect_eq(o.seed_rc, 0, "%s: seeding failed with %s", name,
+               dispatch_err_name(o.seed_rc));
+  cr_expect(!o.leak, "%s: counters not back to zero after teardown", name);
+  cr_expect_neq(o.rc, DISPATCH_EINTERNAL, "%s: a reply did not decode",
+                name);
+  const char *dot = strrchr(name, '.');
+  cr_assert(dot, "%s: no expected outcome in the name", name);
+  const char *exp = dot + 1;
+  if (strcmp(exp, "any") == 0) return;
+  if (strcmp(exp, "ok") == 0) {
+    cr_expect_eq(o.rc, 0, "%s: refused with %s", name,
+                 dispatch_err_name(o.rc));
+    cr_expect_eq(o.st.error_replies, 0, "%s: error reply %s", name,
+                 dispatch_err_name(o.st.first_error));
+    cr_expect(!o.st.truncated, "%s: truncated", name);
+  } else if (strcmp(exp, "trunc") == 0) {
+    cr_expect_eq(o.rc, 0, "%s: refused with %s", name,
+                 dispatch_err_name(o.rc));
+    cr_expect(o.st.truncated, "%s: not seen as truncated", name);
+  } else if (strncmp(exp, "err-", 4) == 0) {
+    cr_expect_eq(o.rc, 0, "%s: refused with %s", name,
+                 dispatch_err_name(o.rc));
+    cr_expect_eq(o.st.first_error, code_of(exp + 4),
+                 "%s: first error reply %s, expected DISPATCH_%s", name,
+                 dispatch_err_name(o.st.first_error), exp + 4);
+  } else {
+    cr_expect_eq(o.rc, code_of(exp), "%s: ended with %s, expected "
+                 "DISPATCH_%s", name, dispatch_err_name(o.rc), exp);
+  }
+}
+
+/* Runs every file of a corpus folder; returns how many. */
+static int run_dir(const char *sub, int by_prefix, fmt f) {
+  char dir[600];
+  snprintf(dir, sizeof dir, "%s/%s", corpus_dir(), sub);
+  DIR *d = opendir(dir);
+  cr_assert(d, "cannot open %s", dir);
+  int count = 0;
+  struct dirent *e;
+  while ((e = readdir(d))) {
+    if (e->d_name[0] == '.') continue;
+    char path[1200];
+    snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+    fmt ff = f;
+    if (by_prefix) {
+      if (strncmp(e->d_name, "frame-", 6) == 0) ff = FMT_FRAME;
+      else if (strncmp(e->d_name, "stream-", 7) == 0) ff = FMT_STREAM;
+      else if (strncmp(e->d_name, "session-", 8) == 0) ff = FMT_SESSION;
+      else cr_assert_fail("%s: name does not start with a target", path);
+    }
+    check_file(path, e->d_name, ff);
+    count++;
+  }
+  closedir(d);
+  return count;
+}
+
+Test(fuzz_regress, stream_seeds) {
+  cr_assert_geq(run_dir("stream", 0, FMT_STREAM), 20);
+}
+
+Test(fuzz_regress, frame_seeds) {
+  cr_assert_geq(run_dir("frame", 0, FMT_FRAME), 5);
+}
+
+Test(fuzz_regress, session_seeds) {
+  cr_assert_geq(run_dir("session", 0, FMT_SESSION), 5);
+}
+
+Test(fuzz_regress, crashes_found) {
+  run_dir("regress", 1, FMT_STREAM);
+}
+
+/* The seeded scratch session itself: every seeding request must succeed
+ * and a read of its matmul answers without error, so the recipes really
+ * run against live tensors and a gradient container. */
+Test(fuzz_regress, seeded_session_is_live) {
+  fz_buf b = {0};
+  uint8_t rec[] = {7, 8}; /* read 8 = matmul(1, 2) */
+  fz_recipe_frames(rec, sizeof rec, &b);
+  fz_outcome o;
+  cr_assert_eq(fz_run(b.p, b.n, 1, 1, &o), 0);
+  fz_buf_free(&b);
+  cr_assert_eq(o.seed_rc, 0);
+  cr_assert_eq(o.rc, 0);
+  cr_assert_eq(o.st.replies, 1);
+  cr_assert_eq(o.st.error_replies, 0);
+  cr_assert(!o.leak);
+}
