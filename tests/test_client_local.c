@@ -55,11 +55,15 @@ Test(client_local, device_specs) {
   dispatch_device_close(dev);
   unsetenv("DISPATCH_DEVICE");
 
+  /* tls:// is a remote spec: nothing listens on port 1 */
   cr_assert_eq(dispatch_device_open("tls://127.0.0.1:1", NULL, &dev, msg,
                                     sizeof msg),
-               DISPATCH_EUNSUPPORTED);
+               DISPATCH_ECONN);
   cr_assert_null(dev);
-  cr_assert(strstr(msg, "TLS") != NULL, "%s", msg);
+  cr_assert(strstr(msg, "tls://127.0.0.1:1") != NULL, "%s", msg);
+  cr_assert_eq(dispatch_device_open("tls://nohost", NULL, &dev, msg,
+                                    sizeof msg),
+               DISPATCH_EINVAL);
   cr_assert_eq(dispatch_device_open("gpu0", NULL, &dev, msg, sizeof msg),
                DISPATCH_EINVAL);
   cr_assert(strstr(msg, "gpu0") != NULL, "%s", msg);
