@@ -309,3 +309,40 @@ Test(tls, bad_server_files_refuse_to_start, .fini = cleanup) {
   const char *args2[] = {"--tls-cert", path(g_dir, "server.pem"), NULL};
   cr_assert_neq(sp_start(&g_srv, args2), 0, "--tls-cert needs --tls-key");
 }
+
+/* --max-queued 4: the server stops reading after 4 waiting requests while
+ * the rest of the pipelined ops sit decrypted-to-be inside the TLS
+ * session; each time the workers catch up it must decrypt those before
+ * waiting on the socket, or the session would stall. */
+Test(tls, throttled_pipeline_resumes_from_tls_buffers, .fini = cleanup,
+     .timeout = 120) {
+  make_certs(g_dir, sizeof g_dir, "localhost", 30);
+  const char *more[] = {"--max-queued", "4", NULL};
+  start_tls(&g_srv, g_dir, more);
+  dispatch_options o = ca_opts(g_dir);
+  char msg[512];
+  dispatch_device *d;
+  int rc = open_tls(g_srv.port, &o, &d, msg, sizeof msg);
+  cr_assert_eq(rc, 0, "%s: %s", dispatch_err_name(rc), msg);
+  float v[64];
+  for (int i = 0; i < 64; i++) v[i] = (float)i;
+  int64_t shape[1] = {64};
+  dispatch_tensor *x;
+  OK(d, dispatch_tensor_from_data(d, DISPATCH_F32, 1, shape, v, sizeof v, &x));
+  for (int i = 0; i < 2000; i++) {
+    dispatch_tensor *y;
+    OK(d, dispatch_add_scalar(x, 1.0, &y));
+    dispatch_tensor_free(x);
+    x = y;
+  }
+  float out[64];
+  OK(d, dispatch_tensor_read(x, out, sizeof out));
+  for (int i = 0; i < 64; i++) cr_assert_eq(out[i], (float)i + 2000.0f);
+  dispatch_tensor_free(x);
+  dispatch_stats st;
+  OK(d, dispatch_device_stats(d, &st));
+  cr_assert_eq(st.tensors, 0);
+  cr_assert_eq(st.ops, 2000);
+  dispatch_device_close(d);
+  cr_assert_eq(sp_stop(&g_srv), 0);
+}
