@@ -322,12 +322,11 @@ static void recipe_one(rd *r, fz_buf *out) {
     }
     default: { /* a raw frame: header fields and message bytes as given */
       size_t len = u8(r);
-      if (len > r->n) len = r->n;
-      uint8_t hdr[DSP_FRAME_HEADER_SIZE];
-      dsp_frame_header h = {(uint32_t)len, 0, 0};
       uint8_t f = u8(r);
-      if (f == 0xff) h.flags = 1;
-      if (f == 0xfe) h.bulk_len = u8(r);
+      uint64_t bulk = f == 0xfe ? u8(r) : 0;
+      if (len > r->n) len = r->n; /* after every header byte was taken */
+      uint8_t hdr[DSP_FRAME_HEADER_SIZE];
+      dsp_frame_header h = {(uint32_t)len, f == 0xff ? 1u : 0u, bulk};
       dsp_frame_header_encode(hdr, &h);
       fz_buf_put(out, hdr, sizeof hdr);
       fz_buf_put(out, r->p, len);
