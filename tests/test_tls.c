@@ -142,6 +142,11 @@ Test(tls, round_trip_equals_plain_tcp, .fini = cleanup, .timeout = 120) {
   snprintf(spec, sizeof spec, "tcp://127.0.0.1:%d", g_plain.port);
   rc = dispatch_device_open(spec, NULL, &dp, msg, sizeof msg);
   cr_assert_eq(rc, 0, "tcp open: %s", msg);
+  /* a TLS client on the plain port: refused cleanly on both sides */
+  dispatch_device *dx = NULL;
+  rc = open_tls(g_plain.port, &o, &dx, msg, sizeof msg);
+  cr_assert_eq(rc, DISPATCH_ETLS, "%s: %s", dispatch_err_name(rc), msg);
+  cr_assert_null(dx);
   program(dt, y1, g1);
   program(dp, y2, g2);
   cr_assert_eq(memcmp(y1, y2, sizeof y1), 0, "tanh(A B) differs over TLS");
