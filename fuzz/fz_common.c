@@ -376,6 +376,19 @@ int fz_run(const uint8_t *p, size_t n, int seeded, int hello_done,
     fz_buf_free(&b);
   }
   o->rc = sv_stream_exec(s, io, &hello, p, n, &o->st);
+  /* the table and the counters must agree before teardown too */
+  uint64_t live = 0, bytes = 0;
+  for (size_t i = 0; i < s->tensors.cap; i++) {
+    sv_entry *e = s->tensors.vals[i];
+    if (e && e->t) {
+      live++;
+      bytes += dsp_tensor_nbytes(e->t);
+    }
+  }
+  if (live != s->n_live || bytes != (uint64_t)atomic_load(&s->bytes) ||
+      live != (uint64_t)atomic_load(&g.tensors) ||
+      bytes != (uint64_t)atomic_load(&g.bytes))
+    o->leak = 1;
   sv_session_teardown(s);
   if (atomic_load(&g.tensors) != 0 || atomic_load(&g.bytes) != 0 ||
       atomic_load(&s->queued_bytes) != 0 || atomic_load(&s->bytes) != 0)

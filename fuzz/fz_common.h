@@ -45,7 +45,8 @@ typedef struct fz_outcome {
   int rc;             /* sv_stream_exec's return for the input's frames */
   sv_stream_stats st; /* its stats */
   int seed_rc;        /* the seeding stream's return (0 expected) */
-  int leak;           /* counters not back to zero after teardown */
+  int leak;           /* the session's table, its counters and the
+                         server-wide ones disagreed after the stream, or were not zero after teardown */
 } fz_outcome;
 
 /* The handler entry point: a fresh session (seeded with fz_seed_frames
