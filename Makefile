@@ -175,7 +175,11 @@ install: $(CLIENT_A) $(CLIENT_SO)
 # (server_proc.c honours DISPATCH_SERVER_WRAP); a leak or memory error makes
 # the server exit 99, which the suites' exit-status checks catch.
 .PHONY: valgrind
-VALGRIND_SUITES = $(filter $(BUILD)/tests/test_server_%,$(TEST_BIN))
+# (test_client_remote is left out: under valgrind's emulated CPU OpenBLAS
+# picks other kernels, so the server's sums no longer match the local
+# process bit for bit, which that suite asserts.)
+VALGRIND_SUITES = $(filter $(BUILD)/tests/test_server_% $(BUILD)/tests/test_auth \
+  $(BUILD)/tests/test_limits $(BUILD)/tests/test_tls,$(TEST_BIN))
 valgrind: $(VALGRIND_SUITES) $(SERVER_BIN)
 	@fail=0; for t in $(VALGRIND_SUITES); do \
 	  echo "== $$t (server under valgrind)"; \
