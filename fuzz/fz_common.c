@@ -1,6 +1,7 @@
 /* Fuzz harness pieces shared with the regression suite (see fz_common.h). */
 #include "fz_common.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 #include "frame.h"
@@ -396,4 +397,50 @@ int fz_run(const uint8_t *p, size_t n, int seeded, int hello_done,
   dsp_free(s);
   dsp_ctx_free(io);
   return 0;
+}
+
+/* ------------------------------------------------------------ failing
+ * allocations: the N-th dsp allocation after fz_fail_alloc fails */
+
+static long g_fail_at, g_alloc_count;
+
+static void *fa_malloc(size_t n, void *ud) {
+  (void)ud;
+  if (++g_alloc_count == g_fail_at) return NULL;
+  return malloc(n);
+}
+static void *fa_realloc(void *p, size_t n, void *ud) {
+  (void)ud;
+  if (++g_alloc_count == g_fail_at) return NULL;
+  return realloc(p, n);
+}
+static void fa_free(void *p, void *ud) {
+  (void)ud;
+  free(p);
+}
+
+void fz_fail_alloc(long at) {
+  static const dsp_allocator a = {fa_malloc, fa_realloc, fa_free, NULL};
+  g_fail_at = at;
+  g_alloc_count = 0;
+  dsp_set_allocator(&a);
+}
+
+void fz_fail_alloc_off(void) { dsp_set_allocator(NULL); }
+
+int fz_run_oom(const uint8_t *in, size_t n, fz_outcome *o) {
+  memset(o, 0, sizeof *o);
+  if (n < 2) return 0;
+  long at = 1 + (long)(in[0] | (unsigned)in[1] << 8);
+  fz_buf b = {0};
+  fz_recipe_frames(in + 2, n - 2, &b);
+  if (b.failed) {
+    fz_buf_free(&b);
+    return 0;
+  }
+  fz_fail_alloc(at);
+  int rc = fz_run(b.p, b.n, 1, 1, o);
+  fz_fail_alloc_off();
+  fz_buf_free(&b);
+  return rc;
 }

@@ -57,4 +57,14 @@ typedef struct fz_outcome {
 int fz_run(const uint8_t *p, size_t n, int seeded, int hello_done,
            fz_outcome *o);
 
+/* Installs a dsp allocator that fails only the at-th allocation from now
+ * (0: none), and puts the default one back. */
+void fz_fail_alloc(long at);
+void fz_fail_alloc_off(void);
+/* The out-of-memory form of the session target: in[0..1] (little-endian)
+ * + 1 is the allocation to fail, the rest a recipe run like the session
+ * target's (seeded, the seeding may fail too). Returns fz_run's value, 0
+ * for an input too short to say. */
+int fz_run_oom(const uint8_t *in, size_t n, fz_outcome *o);
+
 #endif

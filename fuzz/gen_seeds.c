@@ -1,6 +1,7 @@
 /* Writes the seed corpora under DIR (tests/fuzz_corpus by default):
  * DIR/stream/ whole client streams (hello first), DIR/frame/ single
- * frames, DIR/session/ recipes for the session target. A file's name ends
+ * frames, DIR/session/ recipes for the session target, DIR/oom/ the same
+ * recipes behind two bytes naming the allocation that fails. A file's name ends
  * in the outcome the regression suite expects (tests/test_fuzz_regress.c):
  * .ok, .any, .trunc, .EPROTO/.ETOOLARGE/.EVERSION (the stream is refused),
  * or .err-ENAME (runs, the first error reply carries DISPATCH_ENAME).
@@ -477,6 +478,17 @@ static void recipes(void) {
     fz_buf_put(&b, r[i].bytes, r[i].n);
     save("session", r[i].name, &b);
     fz_buf_free(&b);
+    /* the oom target: the same recipe with one allocation failing */
+    static const unsigned at[] = {0, 9, 60, 300};
+    for (size_t k = 0; k < sizeof at / sizeof at[0]; k++) {
+      uint8_t pre[2] = {(uint8_t)at[k], (uint8_t)(at[k] >> 8)};
+      fz_buf_put(&b, pre, 2);
+      fz_buf_put(&b, r[i].bytes, r[i].n);
+      char name[96];
+      snprintf(name, sizeof name, "fail%u-%s", at[k] + 1, r[i].name);
+      save("oom", name, &b);
+      fz_buf_free(&b);
+    }
   }
 }
 

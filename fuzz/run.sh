@@ -5,14 +5,14 @@
 # FUZZ_SECONDS (default 60) from its seed corpus tests/fuzz_corpus/<target>/
 # (read only: new inputs go to build-fuzz/corpus/<target>/, crashes to
 # build-fuzz/artifacts/). One fuzzer at a time.
-#   fuzz/run.sh            build + run every target
+#   fuzz/run.sh            build + run every target (frame session stream oom)
 #   fuzz/run.sh build      build only
 #   fuzz/run.sh gen        rewrite the seed corpora with fuzz/gen_seeds.c
 #   FUZZ_TARGETS="stream" FUZZ_SECONDS=300 fuzz/run.sh
 set -eu
 B=${FUZZ_BUILD:-build-fuzz}
 SECS=${FUZZ_SECONDS:-60}
-TARGETS=${FUZZ_TARGETS:-"frame session stream"}
+TARGETS=${FUZZ_TARGETS:-"frame session stream oom"}
 MODE=${1:-run}
 SAN="-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer"
 make --no-print-directory BUILD="$B" CC=clang OPT=-O1 \
@@ -23,7 +23,7 @@ CF="-std=c11 -D_GNU_SOURCE -g -O1 -Wall -Wextra -Werror -Wno-unused-parameter"
 if [ "$MODE" = gen ]; then
   clang $CF $SAN $INC fuzz/gen_seeds.c "$B/libdspserver.a" "$B/libdspcommon.a" \
     $LIBS -o "$B/gen_seeds"
-  for t in frame session stream; do
+  for t in frame session stream oom; do
     rm -rf "tests/fuzz_corpus/$t"
     mkdir -p "tests/fuzz_corpus/$t"
   done

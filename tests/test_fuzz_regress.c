@@ -9,7 +9,8 @@
  *   .EPROTO / .ETOOLARGE / .EVERSION  the stream is refused with that code
  *   .err-ENAME  runs, the first error reply carries DISPATCH_ENAME
  * A regress file is named <target>-<what>.<expect>, target being frame,
- * stream or session (the input format). */
+ * stream, session or oom (the input format); the oom inputs (a failing
+ * allocation) are only held to "no crash, no leak, counters in step". */
 #include <criterion/criterion.h>
 #include <dirent.h>
 #include <stdio.h>
@@ -60,7 +61,7 @@ static uint8_t *slurp(const char *path, size_t *n) {
   return buf ? buf : malloc(1);
 }
 
-typedef enum { FMT_FRAME, FMT_STREAM, FMT_SESSION } fmt;
+typedef enum { FMT_FRAME, FMT_STREAM, FMT_SESSION, FMT_OOM } fmt;
 
 /* Runs one file and checks its outcome against its name. */
 static void check_file(const char *path, const char *name, fmt f) {
@@ -69,6 +70,18 @@ static void check_file(const char *path, const char *name, fmt f) {
   cr_assert(data, "cannot read %s", path);
   fz_outcome o;
   int rc;
+  if (f == FMT_OOM) {
+    rc = n < 2 ? -1 : fz_run_oom(data, n, &o);
+    free(data);
+    /* a failed allocation may stop the seeding or the session itself */
+    cr_expect(rc == 0 || rc == -1, "%s: fz_run_oom gave %d", name, rc);
+    if (rc == 0) {
+      cr_expect(!o.leak, "%s: counters out of step", name);
+      cr_expect_neq(o.rc, DISPATCH_EINTERNAL, "%s: a reply did not decode",
+                    name);
+    }
+    return;
+  }
   if (f == FMT_SESSION) {
     fz_buf b = {0};
     fz_recipe_frames(data, n, &b);
@@ -128,6 +141,7 @@ static int run_dir(const char *sub, int by_prefix, fmt f) {
       if (strncmp(e->d_name, "frame-", 6) == 0) ff = FMT_FRAME;
       else if (strncmp(e->d_name, "stream-", 7) == 0) ff = FMT_STREAM;
       else if (strncmp(e->d_name, "session-", 8) == 0) ff = FMT_SESSION;
+      else if (strncmp(e->d_name, "oom-", 4) == 0) ff = FMT_OOM;
       else cr_assert_fail("%s: name does not start with a target", path);
     }
     check_file(path, e->d_name, ff);
@@ -147,6 +161,13 @@ Test(fuzz_regress, frame_seeds) {
 
 Test(fuzz_regress, session_seeds) {
   cr_assert_geq(run_dir("session", 0, FMT_SESSION), 5);
+}
+
+/* Under a failing allocation only "no crash, no leak, counters in step"
+ * is expected (the .any of every name); leaks show under make sanitize
+ * and valgrind. */
+Test(fuzz_regress, oom_seeds) {
+  cr_assert_geq(run_dir("oom", 0, FMT_OOM), 5);
 }
 
 Test(fuzz_regress, crashes_found) {
