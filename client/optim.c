@@ -97,9 +97,44 @@ int dispatch_optim_set_lr(dispatch_optim *opt, double lr) {
   return 0;
 }
 
-/* LOCAL: each parameter's update runs as one in-place op; a parameter
- * without a gradient stops the step with DISPATCH_ENOGRAD (earlier
- * parameters are already updated). REMOTE: one Step message. */
+/* LOCAL: every parameter's gradient is looked up before the first
+ * update, so a parameter without one (DISPATCH_ENOGRAD) changes nothing,
+ * as on the server; then each update runs as one in-place op. REMOTE: one
+ * Step message. */
+static int local_step(dispatch_optim *opt, dispatch_grads *grads,
+                      const dsp_attrs *a) {
+  dispatch_device *dev = opt->dev;
+  dsp_tensor *gstack[64], **gs = gstack;
+  if (opt->n > 64) {
+    gs = dsp_calloc((size_t)opt->n, sizeof *gs);
+    if (!gs)
+      return dsp_seterr(dev->ctx, DISPATCH_ENOMEM,
+                        "optim_step: out of memory");
+  }
+  int rc = 0, n_got = 0;
+  for (int i = 0; i < opt->n && rc == 0; i++) {
+    rc = dsp_grads_get(dev->ctx, grads->local, opt->params[i]->inner->local,
+                       &gs[i]);
+    if (rc == 0) n_got = i + 1;
+  }
+  for (int i = 0; i < opt->n && rc == 0; i++) {
+    dsp_tensor *in[4], *res;
+    in[0] = opt->params[i]->inner->local;
+    in[1] = gs[i];
+    for (int j = 0; j < opt->k; j++)
+      in[2 + j] = opt->states[i * opt->k + j]->local;
+    rc = dsp_op(dev->ctx, opt->op, in, 2 + opt->k, a, &res);
+    if (rc == 0) {
+      dsp_tensor_unref(res);
+      dev->local_stats.ops++;
+    }
+  }
+  for (int i = 0; i < n_got; i++) dsp_tensor_unref(gs[i]);
+  if (gs != gstack) dsp_free(gs);
+  if (rc < 0) dev->local_stats.errors++; /* the server counts it too */
+  return rc;
+}
+
 int dispatch_optim_step(dispatch_optim *opt, dispatch_grads *grads) {
   if (!opt || !grads) return DISPATCH_EINVAL;
   dispatch_device *dev = opt->dev;
@@ -117,22 +152,7 @@ int dispatch_optim_step(dispatch_optim *opt, dispatch_grads *grads) {
   }
   int rc = 0;
   if (dev->kind == DISPATCH_KIND_LOCAL) {
-    for (int i = 0; i < opt->n && rc == 0; i++) {
-      dsp_tensor *in[4], *g, *res;
-      rc = dsp_grads_get(dev->ctx, grads->local, opt->params[i]->inner->local,
-                         &g);
-      if (rc < 0) break;
-      in[0] = opt->params[i]->inner->local;
-      in[1] = g;
-      for (int j = 0; j < opt->k; j++)
-        in[2 + j] = opt->states[i * opt->k + j]->local;
-      rc = dsp_op(dev->ctx, opt->op, in, 2 + opt->k, &a, &res);
-      dsp_tensor_unref(g);
-      if (rc == 0) {
-        dsp_tensor_unref(res);
-        dev->local_stats.ops++;
-      }
-    }
+    rc = local_step(opt, grads, &a);
   } else {
     uint64_t pstack[64], sstack[128];
     uint64_t *pids = pstack, *sids = sstack;

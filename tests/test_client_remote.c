@@ -301,6 +301,55 @@ Test(client_remote, ops_on_inner_tensors_record_nothing_on_both_kinds,
   }
 }
 
+/* A step over a parameter the backward did not reach changes no
+ * parameter on either kind (the server checks every gradient before the
+ * first update), and both kinds count one error and no op for it. */
+Test(client_remote, failed_step_changes_no_parameter_on_both_kinds,
+     .fini = stop_server) {
+  start_server();
+  const char *kinds[2] = {"local", "remote"};
+  dispatch_stats st[2];
+  for (int k = 0; k < 2; k++) {
+    dispatch_device *dev = open_dev(kinds[k]);
+    int64_t sh[1] = {2};
+    dispatch_tensor *w1, *w2, *a1, *a2, *loss;
+    OK(dev, dispatch_ones(dev, DISPATCH_F32, 1, sh, &w1));
+    OK(dev, dispatch_ones(dev, DISPATCH_F32, 1, sh, &w2));
+    OK(dev, dispatch_autodiff(w1, &a1));
+    OK(dev, dispatch_autodiff(w2, &a2));
+    OK(dev, dispatch_sum(a1, 0, NULL, 0, &loss)); /* w2 is not reached */
+    dispatch_grads *g;
+    OK(dev, dispatch_backward(loss, &g));
+    dispatch_tensor *params[2] = {a1, a2};
+    dispatch_optim *opt;
+    OK(dev, dispatch_sgd_new(params, 2, 0.5, 0, 0, &opt));
+    dispatch_stats before;
+    OK(dev, dispatch_device_stats(dev, &before));
+    int rc = dispatch_optim_step(opt, g);
+    if (k == 1) {
+      cr_assert_eq(rc, 0); /* queued; the server's error comes at a wait */
+      rc = dispatch_device_sync(dev);
+    }
+    cr_assert_eq(rc, DISPATCH_ENOGRAD, "%s: %s", kinds[k],
+                 dispatch_err_name(rc));
+    float v[2];
+    OK(dev, dispatch_tensor_read(a1, v, sizeof v));
+    cr_assert_eq(v[0], 1.0f, "%s: parameter 0 changed by a failed step (%g)",
+                 kinds[k], v[0]);
+    OK(dev, dispatch_device_stats(dev, &st[k]));
+    st[k].ops -= before.ops;
+    st[k].errors -= before.errors;
+    dispatch_optim_free(opt);
+    dispatch_grads_free(g);
+    dispatch_device_close(dev);
+  }
+  cr_assert_eq(st[0].ops, st[1].ops, "ops: local %llu, remote %llu",
+               (unsigned long long)st[0].ops, (unsigned long long)st[1].ops);
+  cr_assert_eq(st[0].errors, st[1].errors, "errors: local %llu, remote %llu",
+               (unsigned long long)st[0].errors,
+               (unsigned long long)st[1].errors);
+}
+
 Test(client_remote, deferred_error_surfaces_at_next_wait, .fini = stop_server) {
   start_server();
   dispatch_device *dev = open_dev("remote");
