@@ -486,8 +486,9 @@ int dispatch_adam_new(dispatch_tensor *const *params, int n, double lr,
  * with its gradient from grads. Parameters stay the same AUTODIFF leaves
  * (still tracked, never re-wrapped), ready for the next forward.
  * REMOTE: ONE Step message carrying every parameter, no wait (errors
- * surface at the next wait). LOCAL: DISPATCH_ENOGRAD if a parameter has
- * no gradient. */
+ * surface at the next wait). A parameter the backward did not reach
+ * gives DISPATCH_ENOGRAD (REMOTE: at the next wait) and no parameter
+ * changes. */
 int dispatch_optim_step(dispatch_optim *opt, dispatch_grads *grads);
 
 /* Changes the learning rate of later steps. */
