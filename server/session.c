@@ -282,7 +282,15 @@ static int do_step(sv_session *s, sv_job *j, char *why) {
                    "step: op %d is not sgd_step (%d) or adam_step (%d)",
                    st->op, DSP_OP_SGD_STEP, DSP_OP_ADAM_STEP);
   const char *name = dsp_op_lookup(st->op)->name;
-  if (st->n_params > s->tensors.count || st->n_states != k * st->n_params)
+  /* each parameter and state is a distinct live tensor in a real step, so
+   * more parameters than tensors is refused before anything is allocated
+   * for them (n_params comes from the network) */
+  if (st->n_params > s->tensors.count)
+    return why_set(why, DISPATCH_EINVAL,
+                   "step %s: %zu params, but the session holds only %zu "
+                   "tensors",
+                   name, st->n_params, s->tensors.count);
+  if (st->n_states != k * st->n_params)
     return why_set(why, DISPATCH_EINVAL,
                    "step %s: %zu params need %zu state ids, got %zu", name,
                    st->n_params, k * st->n_params, st->n_states);

@@ -1,0 +1,122 @@
+/* In-process checks of single requests on the server's session layer
+ * (server/session.c): the message a failing request leaves names the
+ * values that were wrong. */
+#include <criterion/criterion.h>
+#include <string.h>
+
+#include "dsp.h"
+#include "sv.h"
+
+static Dispatch__Request *unpack(const Dispatch__Request *r) {
+  uint8_t buf[1024];
+  cr_assert_lt(dispatch__request__get_packed_size(r), sizeof buf);
+  size_t n = dispatch__request__pack(r, buf);
+  return dispatch__request__unpack(&sv_pb_allocator, n, buf);
+}
+
+/* Runs one request on s (an upload takes `bulk`, f32 [n]). */
+static void run_req(sv_session *s, Dispatch__Request *r, const float *bulk,
+                    int64_t n) {
+  sv_job *j = dsp_calloc(1, sizeof *j);
+  cr_assert_not_null(j);
+  j->sess = s;
+  j->req = unpack(r);
+  cr_assert_not_null(j->req);
+  if (bulk) {
+    dsp_meta m = {DSP_F32, 1, {n}};
+    cr_assert_eq(dsp_tensor_from_data(s->ctx, &m, bulk, (size_t)n * 4,
+                                      &j->upload), 0);
+  }
+  sv_session_exec(s, j);
+  sv_job_free(j);
+}
+
+static void upload(sv_session *s, uint64_t id) {
+  float v[2] = {1, 2};
+  int64_t shape[1] = {2};
+  Dispatch__Request r = DISPATCH__REQUEST__INIT;
+  Dispatch__Upload up = DISPATCH__UPLOAD__INIT;
+  Dispatch__TensorMeta m = DISPATCH__TENSOR_META__INIT;
+  m.dtype = DSP_F32;
+  m.n_shape = 1;
+  m.shape = shape;
+  up.meta = &m;
+  up.id = id;
+  r.body_case = DISPATCH__REQUEST__BODY_UPLOAD;
+  r.upload = &up;
+  run_req(s, &r, v, 2);
+}
+
+typedef struct fixture {
+  sv_config cfg;
+  sv_global g;
+  sv_session *s;
+} fixture;
+
+static void fx_open(fixture *f) {
+  sv_config_defaults(&f->cfg);
+  memset(&f->g, 0, sizeof f->g);
+  f->s = sv_session_new(&f->cfg, &f->g, NULL);
+  cr_assert_not_null(f->s);
+}
+
+static void fx_close(fixture *f) {
+  sv_session_teardown(f->s);
+  dsp_free(f->s);
+  cr_assert_eq(atomic_load(&f->g.tensors), 0);
+}
+
+/* More parameters than the session has tensors: the message says so (it
+ * used to claim the state count was wrong while quoting matching counts). */
+Test(server_session, step_with_more_params_than_tensors_names_the_counts) {
+  fixture f;
+  fx_open(&f);
+  upload(f.s, 1);
+  upload(f.s, 2);
+  Dispatch__Request r = DISPATCH__REQUEST__INIT;
+  Dispatch__Step st = DISPATCH__STEP__INIT;
+  uint64_t params[3] = {1, 1, 1}, states[3] = {2, 2, 2};
+  double fl[3] = {0.1, 0, 0};
+  st.op = DSP_OP_SGD_STEP;
+  st.grads = 7;
+  st.n_params = 3;
+  st.params = params;
+  st.n_states = 3;
+  st.states = states;
+  st.n_floats = 3;
+  st.floats = fl;
+  r.req_id = 5;
+  r.body_case = DISPATCH__REQUEST__BODY_STEP;
+  r.step = &st;
+  run_req(f.s, &r, NULL, 0);
+  cr_assert_eq(f.s->err_code, DISPATCH_EINVAL, "%s", f.s->err_msg);
+  cr_assert(strstr(f.s->err_msg, "3 params") &&
+                strstr(f.s->err_msg, "only 2 tensors"),
+            "message: %s", f.s->err_msg);
+  fx_close(&f);
+}
+
+/* A wrong state count is still reported with both counts. */
+Test(server_session, step_with_wrong_state_count_names_both_counts) {
+  fixture f;
+  fx_open(&f);
+  upload(f.s, 1);
+  upload(f.s, 2);
+  Dispatch__Request r = DISPATCH__REQUEST__INIT;
+  Dispatch__Step st = DISPATCH__STEP__INIT;
+  uint64_t params[1] = {1}, states[2] = {2, 2};
+  st.op = DSP_OP_SGD_STEP;
+  st.grads = 7;
+  st.n_params = 1;
+  st.params = params;
+  st.n_states = 2;
+  st.states = states;
+  r.req_id = 6;
+  r.body_case = DISPATCH__REQUEST__BODY_STEP;
+  r.step = &st;
+  run_req(f.s, &r, NULL, 0);
+  cr_assert_eq(f.s->err_code, DISPATCH_EINVAL, "%s", f.s->err_msg);
+  cr_assert(strstr(f.s->err_msg, "1 params need 1 state ids, got 2"),
+            "message: %s", f.s->err_msg);
+  fx_close(&f);
+}
