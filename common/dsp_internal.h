@@ -19,4 +19,21 @@ int dsp__autodiff_record(dsp_ctx *ctx, dsp_opcode op, dsp_tensor *const *in,
 /* Drops a node reference (called when a tracked tensor is freed). */
 void dsp__node_unref(struct dsp_node *n);
 
+/* Infer helper of the op families: exactly n_ints int and n_floats float
+ * attributes, else DISPATCH_EINVAL naming the op and all four counts. */
+int dsp__want_attrs(dsp_ctx *ctx, dsp_opcode op, const dsp_attrs *a,
+                    int n_ints, int n_floats);
+
+/* Element i of a float buffer (f64 != 0: double, else float) as double,
+ * and the store back; for kernels that compute in double for both. */
+static inline double dsp__ld(const void *p, int f64, int64_t i) {
+  return f64 ? ((const double *)p)[i] : (double)((const float *)p)[i];
+}
+static inline void dsp__st(void *p, int f64, int64_t i, double v) {
+  if (f64)
+    ((double *)p)[i] = v;
+  else
+    ((float *)p)[i] = (float)v;
+}
+
 #endif

@@ -27,16 +27,6 @@ static int is_scalar(dsp_opcode op) {
   return op >= DSP_OP_ADD_SCALAR && op <= DSP_OP_RDIV_SCALAR;
 }
 
-/* Requires exactly n_ints ints and n_floats floats. */
-static int want_attrs(dsp_ctx *ctx, dsp_opcode op, const dsp_attrs *a,
-                      int n_ints, int n_floats) {
-  if (a->n_ints != n_ints || a->n_floats != n_floats)
-    return dsp_seterr(ctx, DISPATCH_EINVAL,
-                      "%s: takes %d int and %d float attributes, got %d and %d",
-                      opname(op), n_ints, n_floats, a->n_ints, a->n_floats);
-  return 0;
-}
-
 static int same_dtype(dsp_ctx *ctx, dsp_opcode op, const dsp_meta *x,
                       const dsp_meta *y) {
   if (x->dtype != y->dtype)
@@ -62,7 +52,7 @@ int dsp__infer_ew(dsp_ctx *ctx, dsp_opcode op, const dsp_meta *in, int n_in,
   int rc;
   dsp_dtype dt = in[0].dtype;
   if (is_arith(op) || is_cmp(op)) {
-    if ((rc = want_attrs(ctx, op, a, 0, 0)) < 0) return rc;
+    if ((rc = dsp__want_attrs(ctx, op, a, 0, 0)) < 0) return rc;
     if ((rc = same_dtype(ctx, op, &in[0], &in[1])) < 0) return rc;
     if (dt == DSP_BOOL && !(op == DSP_OP_EQ || op == DSP_OP_NE))
       return bad_dtype(ctx, op, dt);
@@ -72,7 +62,7 @@ int dsp__infer_ew(dsp_ctx *ctx, dsp_opcode op, const dsp_meta *in, int n_in,
     return 0;
   }
   if (op == DSP_OP_WHERE) {
-    if ((rc = want_attrs(ctx, op, a, 0, 0)) < 0) return rc;
+    if ((rc = dsp__want_attrs(ctx, op, a, 0, 0)) < 0) return rc;
     if (in[0].dtype != DSP_BOOL)
       return dsp_seterr(ctx, DISPATCH_EDTYPE, "where: mask must be bool, got %s",
                         dsp_dtype_name(in[0].dtype));
@@ -86,7 +76,7 @@ int dsp__infer_ew(dsp_ctx *ctx, dsp_opcode op, const dsp_meta *in, int n_in,
     return 0;
   }
   if (is_scalar(op)) {
-    if ((rc = want_attrs(ctx, op, a, 0, 1)) < 0) return rc;
+    if ((rc = dsp__want_attrs(ctx, op, a, 0, 1)) < 0) return rc;
     if (dt == DSP_I64) {
       if (op == DSP_OP_DIV_SCALAR || op == DSP_OP_RDIV_SCALAR ||
           op == DSP_OP_POW_SCALAR)
@@ -102,7 +92,7 @@ int dsp__infer_ew(dsp_ctx *ctx, dsp_opcode op, const dsp_meta *in, int n_in,
     return 0;
   }
   if (op == DSP_OP_RELU_BACKWARD || op == DSP_OP_GELU_BACKWARD) {
-    if ((rc = want_attrs(ctx, op, a, 0, 0)) < 0) return rc;
+    if ((rc = dsp__want_attrs(ctx, op, a, 0, 0)) < 0) return rc;
     if ((rc = same_dtype(ctx, op, &in[0], &in[1])) < 0) return rc;
     if (!dsp_dtype_is_float(dt) && !(dt == DSP_I64 && op == DSP_OP_RELU_BACKWARD))
       return bad_dtype(ctx, op, dt);
@@ -118,13 +108,13 @@ int dsp__infer_ew(dsp_ctx *ctx, dsp_opcode op, const dsp_meta *in, int n_in,
   }
   switch (op) {
     case DSP_OP_NEG: case DSP_OP_ABS: case DSP_OP_SIGN: case DSP_OP_RELU:
-      if ((rc = want_attrs(ctx, op, a, 0, 0)) < 0) return rc;
+      if ((rc = dsp__want_attrs(ctx, op, a, 0, 0)) < 0) return rc;
       if (!dsp_dtype_is_float(dt) && dt != DSP_I64) return bad_dtype(ctx, op, dt);
       *out = in[0];
       return 0;
     case DSP_OP_EXP: case DSP_OP_LOG: case DSP_OP_SQRT: case DSP_OP_SIGMOID:
     case DSP_OP_TANH: case DSP_OP_GELU:
-      if ((rc = want_attrs(ctx, op, a, 0, 0)) < 0) return rc;
+      if ((rc = dsp__want_attrs(ctx, op, a, 0, 0)) < 0) return rc;
       if (!dsp_dtype_is_float(dt)) return bad_dtype(ctx, op, dt);
       *out = in[0];
       return 0;

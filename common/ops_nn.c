@@ -50,15 +50,6 @@ static int same_shape(dsp_ctx *ctx, dsp_opcode op, const dsp_meta *a,
   return 0;
 }
 
-static int attr_counts(dsp_ctx *ctx, dsp_opcode op, const dsp_attrs *a,
-                       int n_ints, int n_floats) {
-  if (a->n_ints != n_ints || a->n_floats != n_floats)
-    return dsp_seterr(ctx, DISPATCH_EINVAL,
-                      "%s: takes %d int and %d float attributes, got %d and %d",
-                      opname(op), n_ints, n_floats, a->n_ints, a->n_floats);
-  return 0;
-}
-
 static int need_rank(dsp_ctx *ctx, dsp_opcode op, const char *what,
                      const dsp_meta *m, int rank, const char *layout) {
   if (m->ndim != rank) {
@@ -213,7 +204,7 @@ static int pool_geo(dsp_ctx *ctx, dsp_opcode op, const dsp_meta *x,
 
 static int infer_softmax(dsp_ctx *ctx, dsp_opcode op, const dsp_meta *in,
                          int n_in, const dsp_attrs *a, dsp_meta *out) {
-  int rc = attr_counts(ctx, op, a, 1, 0);
+  int rc = dsp__want_attrs(ctx, op, a, 1, 0);
   if (rc < 0) return rc;
   if ((rc = need_float(ctx, op, "input", &in[0])) < 0) return rc;
   if (n_in == 2) {
@@ -229,7 +220,7 @@ static int infer_softmax(dsp_ctx *ctx, dsp_opcode op, const dsp_meta *in,
 
 static int infer_ce(dsp_ctx *ctx, dsp_opcode op, const dsp_meta *in, int n_in,
                     const dsp_attrs *a, dsp_meta *out) {
-  int rc = attr_counts(ctx, op, a, 0, 0);
+  int rc = dsp__want_attrs(ctx, op, a, 0, 0);
   if (rc < 0) return rc;
   const dsp_meta *g = n_in == 3 ? &in[0] : NULL;
   const dsp_meta *x = &in[n_in - 2], *lab = &in[n_in - 1];
@@ -354,7 +345,7 @@ static int infer_nn(dsp_ctx *ctx, dsp_opcode op, const dsp_meta *in, int n_in,
     case DSP_OP_CROSS_ENTROPY_BACKWARD:
       return infer_ce(ctx, op, in, n_in, a, out);
     case DSP_OP_MSE:
-      if ((rc = attr_counts(ctx, op, a, 0, 0)) < 0) return rc;
+      if ((rc = dsp__want_attrs(ctx, op, a, 0, 0)) < 0) return rc;
       if ((rc = need_float(ctx, op, "input", &in[0])) < 0) return rc;
       if ((rc = same_dtype(ctx, op, &in[0], &in[1])) < 0) return rc;
       if ((rc = same_shape(ctx, op, &in[0], &in[1])) < 0) return rc;
@@ -374,7 +365,7 @@ static int infer_nn(dsp_ctx *ctx, dsp_opcode op, const dsp_meta *in, int n_in,
     case DSP_OP_AVG_POOL2D_BACKWARD:
       return infer_pool(ctx, op, in, n_in, a, out, pg);
     case DSP_OP_DROPOUT: {
-      if ((rc = attr_counts(ctx, op, a, 1, 1)) < 0) return rc;
+      if ((rc = dsp__want_attrs(ctx, op, a, 1, 1)) < 0) return rc;
       if ((rc = need_float(ctx, op, "input", &in[0])) < 0) return rc;
       double p = a->floats[0];
       if (!(p >= 0.0 && p < 1.0))
@@ -399,15 +390,6 @@ int dsp__infer_nn(dsp_ctx *ctx, dsp_opcode op, const dsp_meta *in, int n_in,
 /* ------------------------------------------------------------------ */
 /* kernels                                                             */
 
-static inline double ld(const void *p, int f64, int64_t i) {
-  return f64 ? ((const double *)p)[i] : (double)((const float *)p)[i];
-}
-static inline void st(void *p, int f64, int64_t i, double v) {
-  if (f64)
-    ((double *)p)[i] = v;
-  else
-    ((float *)p)[i] = (float)v;
-}
 
 /* softmax / log_softmax and their backward ops along one dim; each row is
  * the `len` elements at stride `inner`. Forward subtracts the row max so no
@@ -423,28 +405,28 @@ static void k_softmax(dsp_opcode op, const dsp_meta *m, int dim,
       if (op == DSP_OP_SOFTMAX || op == DSP_OP_LOG_SOFTMAX) {
         double mx = -INFINITY, s = 0.0;
         for (int64_t j = 0; j < len; j++) {
-          double v = ld(x, f, base + j * inner);
+          double v = dsp__ld(x, f, base + j * inner);
           if (v > mx || isnan(v)) mx = v;
           if (isnan(mx)) break;
         }
         if (isinf(mx) && mx < 0) mx = 0.0; /* whole row -inf: keep exp defined */
-        for (int64_t j = 0; j < len; j++) s += exp(ld(x, f, base + j * inner) - mx);
+        for (int64_t j = 0; j < len; j++) s += exp(dsp__ld(x, f, base + j * inner) - mx);
         double ls = log(s);
         for (int64_t j = 0; j < len; j++) {
-          double v = ld(x, f, base + j * inner) - mx;
-          st(o, f, base + j * inner, op == DSP_OP_SOFTMAX ? exp(v) / s : v - ls);
+          double v = dsp__ld(x, f, base + j * inner) - mx;
+          dsp__st(o, f, base + j * inner, op == DSP_OP_SOFTMAX ? exp(v) / s : v - ls);
         }
       } else {
         /* x is the incoming grad, y the forward output */
         double s = 0.0;
         for (int64_t j = 0; j < len; j++) {
-          double g = ld(x, f, base + j * inner);
-          s += op == DSP_OP_SOFTMAX_BACKWARD ? g * ld(y, f, base + j * inner) : g;
+          double g = dsp__ld(x, f, base + j * inner);
+          s += op == DSP_OP_SOFTMAX_BACKWARD ? g * dsp__ld(y, f, base + j * inner) : g;
         }
         for (int64_t j = 0; j < len; j++) {
           int64_t i = base + j * inner;
-          double g = ld(x, f, i), yy = ld(y, f, i);
-          st(o, f, i, op == DSP_OP_SOFTMAX_BACKWARD ? yy * (g - s)
+          double g = dsp__ld(x, f, i), yy = dsp__ld(y, f, i);
+          dsp__st(o, f, i, op == DSP_OP_SOFTMAX_BACKWARD ? yy * (g - s)
                                                     : g - exp(yy) * s);
         }
       }
@@ -465,30 +447,30 @@ static int k_cross_entropy(dsp_ctx *ctx, dsp_opcode op, const dsp_tensor *g,
       return dsp_seterr(ctx, DISPATCH_EINDEX,
                         "%s: label %lld at row %lld out of range for %lld classes",
                         opname(op), (long long)l[i], (long long)i, (long long)C);
-  double scale = g ? ld(dsp_tensor_data(g), f, 0) / (double)N : 0.0;
+  double scale = g ? dsp__ld(dsp_tensor_data(g), f, 0) / (double)N : 0.0;
   double total = 0.0;
   for (int64_t i = 0; i < N; i++) {
     int64_t row = i * C;
     double mx = -INFINITY, s = 0.0;
     for (int64_t c = 0; c < C; c++) {
-      double v = ld(px, f, row + c);
+      double v = dsp__ld(px, f, row + c);
       if (v > mx || isnan(v)) mx = v;
       if (isnan(mx)) break;
     }
     if (isinf(mx) && mx < 0) mx = 0.0;
-    for (int64_t c = 0; c < C; c++) s += exp(ld(px, f, row + c) - mx);
+    for (int64_t c = 0; c < C; c++) s += exp(dsp__ld(px, f, row + c) - mx);
     double lse = mx + log(s);
     if (!g) {
-      total += lse - ld(px, f, row + l[i]);
+      total += lse - dsp__ld(px, f, row + l[i]);
       continue;
     }
     for (int64_t c = 0; c < C; c++) {
-      double p = exp(ld(px, f, row + c) - lse);
-      st(dsp_tensor_data(out), f, row + c,
+      double p = exp(dsp__ld(px, f, row + c) - lse);
+      dsp__st(dsp_tensor_data(out), f, row + c,
          scale * (p - (c == l[i] ? 1.0 : 0.0)));
     }
   }
-  if (!g) st(dsp_tensor_data(out), f, 0, total / (double)N);
+  if (!g) dsp__st(dsp_tensor_data(out), f, 0, total / (double)N);
   return 0;
 }
 
@@ -513,31 +495,31 @@ static void k_pool(dsp_opcode op, const dsp_pool_geo *g, int f,
         int64_t yi = yb + oh * g->OW + ow;
         if (is_max) {
           int64_t best_i = xb + h0 * g->W + w0;
-          double best = ld(x, f, best_i);
+          double best = dsp__ld(x, f, best_i);
           for (int64_t h = h0; h < h1 && !isnan(best); h++)
             for (int64_t w = w0; w < w1; w++) {
               int64_t i = xb + h * g->W + w;
-              double v = ld(x, f, i);
+              double v = dsp__ld(x, f, i);
               if (v > best || isnan(v)) {
                 best = v, best_i = i;
                 if (isnan(v)) break;
               }
             }
           if (fwd)
-            st(o, f, yi, best);
+            dsp__st(o, f, yi, best);
           else
-            st(o, f, best_i, ld(o, f, best_i) + ld(grad, f, yi));
+            dsp__st(o, f, best_i, dsp__ld(o, f, best_i) + dsp__ld(grad, f, yi));
         } else if (fwd) {
           double s = 0.0;
           for (int64_t h = h0; h < h1; h++)
-            for (int64_t w = w0; w < w1; w++) s += ld(x, f, xb + h * g->W + w);
-          st(o, f, yi, s / area);
+            for (int64_t w = w0; w < w1; w++) s += dsp__ld(x, f, xb + h * g->W + w);
+          dsp__st(o, f, yi, s / area);
         } else {
-          double gv = ld(grad, f, yi) / area;
+          double gv = dsp__ld(grad, f, yi) / area;
           for (int64_t h = h0; h < h1; h++)
             for (int64_t w = w0; w < w1; w++) {
               int64_t i = xb + h * g->W + w;
-              st(o, f, i, ld(o, f, i) + gv);
+              dsp__st(o, f, i, dsp__ld(o, f, i) + gv);
             }
         }
       }
@@ -576,10 +558,10 @@ int dsp__cpu_nn(dsp_ctx *ctx, dsp_opcode op, dsp_tensor *const *in, int n_in,
       const void *pa = dsp_tensor_data(in[0]), *pb = dsp_tensor_data(in[1]);
       double s = 0.0;
       for (int64_t i = 0; i < in[0]->numel; i++) {
-        double d = ld(pa, f, i) - ld(pb, f, i);
+        double d = dsp__ld(pa, f, i) - dsp__ld(pb, f, i);
         s += d * d;
       }
-      st(o, f, 0, s / (double)in[0]->numel);
+      dsp__st(o, f, 0, s / (double)in[0]->numel);
       return 0;
     }
     case DSP_OP_CONV2D:
@@ -602,8 +584,8 @@ int dsp__cpu_nn(dsp_ctx *ctx, dsp_opcode op, dsp_tensor *const *in, int n_in,
       uint64_t seed = (uint64_t)a->ints[0];
       const void *px = dsp_tensor_data(in[0]);
       for (int64_t i = 0; i < in[0]->numel; i++)
-        st(o, f, i,
-           dsp_rng_uniform01(seed, (uint64_t)i) >= p ? ld(px, f, i) * scale
+        dsp__st(o, f, i,
+           dsp_rng_uniform01(seed, (uint64_t)i) >= p ? dsp__ld(px, f, i) * scale
                                                      : 0.0);
       return 0;
     }

@@ -65,15 +65,6 @@ int dsp__infer_optim(dsp_ctx *ctx, dsp_opcode op, const dsp_meta *in,
   return 0;
 }
 
-static inline double ld(const void *p, int f64, int64_t i) {
-  return f64 ? ((const double *)p)[i] : (double)((const float *)p)[i];
-}
-static inline void st(void *p, int f64, int64_t i, double v) {
-  if (f64)
-    ((double *)p)[i] = v;
-  else
-    ((float *)p)[i] = (float)v;
-}
 
 /* Updates param (and, when a caller passes a distinct `out`, writes the new
  * param there too) plus the optimizer state in place. */
@@ -94,10 +85,10 @@ int dsp__cpu_optim(dsp_ctx *ctx, dsp_opcode op, dsp_tensor *const *in,
     double lr = a->floats[0], mom = a->floats[1], wd = a->floats[2];
     void *v = dsp_tensor_data(in[2]);
     for (int64_t i = 0; i < n; i++) {
-      double pi = ld(p, f, i), gi = ld(g, f, i), vi = ld(v, f, i);
+      double pi = dsp__ld(p, f, i), gi = dsp__ld(g, f, i), vi = dsp__ld(v, f, i);
       vi = mom * vi + gi + wd * pi;
-      st(v, f, i, vi);
-      st(p, f, i, pi - lr * vi);
+      dsp__st(v, f, i, vi);
+      dsp__st(p, f, i, pi - lr * vi);
     }
   } else {
     double lr = a->floats[0], b1 = a->floats[1], b2 = a->floats[2],
@@ -106,12 +97,12 @@ int dsp__cpu_optim(dsp_ctx *ctx, dsp_opcode op, dsp_tensor *const *in,
     double bc1 = 1.0 - pow(b1, t), bc2 = 1.0 - pow(b2, t);
     void *m = dsp_tensor_data(in[2]), *v = dsp_tensor_data(in[3]);
     for (int64_t i = 0; i < n; i++) {
-      double pi = ld(p, f, i), gi = ld(g, f, i);
-      double mi = b1 * ld(m, f, i) + (1.0 - b1) * gi;
-      double vi = b2 * ld(v, f, i) + (1.0 - b2) * gi * gi;
-      st(m, f, i, mi);
-      st(v, f, i, vi);
-      st(p, f, i, pi - lr * (mi / bc1) / (sqrt(vi / bc2) + eps));
+      double pi = dsp__ld(p, f, i), gi = dsp__ld(g, f, i);
+      double mi = b1 * dsp__ld(m, f, i) + (1.0 - b1) * gi;
+      double vi = b2 * dsp__ld(v, f, i) + (1.0 - b2) * gi * gi;
+      dsp__st(m, f, i, mi);
+      dsp__st(v, f, i, vi);
+      dsp__st(p, f, i, pi - lr * (mi / bc1) / (sqrt(vi / bc2) + eps));
     }
   }
   void *o = dsp_tensor_data(out);
