@@ -97,8 +97,27 @@ static void on_write(uv_write_t *req, int status) {
     conn_close(c, "after its last reply");
 }
 
-/* Hands bytes that are ready for the socket to uv_write, taking buf. */
+/* Hands bytes that are ready for the socket to the kernel, taking buf.
+ * With nothing queued before it, the frame is first written at once
+ * (uv_try_write): a reply that fits the socket buffer then costs one
+ * write and no write request, completion callback or epoll change. */
 static void raw_write(sv_conn *c, uint8_t *buf, size_t len) {
+  size_t done = 0;
+  if (c->writes_pending == 0) {
+    uv_buf_t tb = uv_buf_init((char *)buf, (unsigned)len);
+    int n = uv_try_write((uv_stream_t *)&c->tcp, &tb, 1);
+    if (n < 0 && n != UV_EAGAIN) {
+      dsp_free(buf);
+      conn_close(c, uv_strerror(n));
+      return;
+    }
+    if (n > 0) done = (size_t)n;
+    if (done == len) {
+      dsp_free(buf);
+      if (c->close_after_flush) conn_close(c, "after its last reply");
+      return;
+    }
+  }
   sv_write *w = dsp_malloc(sizeof *w);
   if (!w) {
     dsp_free(buf);
@@ -106,11 +125,13 @@ static void raw_write(sv_conn *c, uint8_t *buf, size_t len) {
     return;
   }
   w->buf = buf;
+  buf += done;
+  len -= done;
   w->len = len;
   uv_buf_t b = uv_buf_init((char *)buf, (unsigned)len);
   int rc = uv_write(&w->req, (uv_stream_t *)&c->tcp, &b, 1, on_write);
   if (rc < 0) {
-    dsp_free(buf);
+    dsp_free(w->buf);
     dsp_free(w);
     conn_close(c, uv_strerror(rc));
     return;
@@ -495,6 +516,31 @@ static void finish_bulk(sv_conn *c) {
   submit(c, j);
 }
 
+/* Largest Read answered on the loop thread: the reply copies the tensor,
+ * and a copy this size does not hold up other connections. */
+#define LOOP_READ_MAX (64u << 10)
+
+/* A waiting request that only reads session state (Sync, Stats, a small
+ * Read) is answered on the loop thread when the session has nothing
+ * queued or running: no worker can touch the session until the loop
+ * submits again, and the pool mutex taken in the check orders the last
+ * worker's writes (tensor table, first deferred error) before these
+ * reads. The reply is the one a worker would produce. */
+static int answers_on_loop(sv_conn *c, const Dispatch__Request *req) {
+  Dispatch__Request__BodyCase bc = req->body_case;
+  if (bc != DISPATCH__REQUEST__BODY_SYNC &&
+      bc != DISPATCH__REQUEST__BODY_STATS &&
+      bc != DISPATCH__REQUEST__BODY_READ)
+    return 0;
+  if (c->inflight > 0 || !sv_pool_session_idle(c->srv->pool, c->sess))
+    return 0;
+  if (bc == DISPATCH__REQUEST__BODY_READ) {
+    const sv_entry *e = sv_idmap_get(&c->sess->tensors, req->read->id);
+    if (e && e->t && dsp_tensor_nbytes(e->t) > LOOP_READ_MAX) return 0;
+  }
+  return 1;
+}
+
 /* Decodes one complete message; anything structurally wrong is a
  * protocol error that closes this connection only. */
 static void handle_msg(sv_conn *c) {
@@ -541,6 +587,14 @@ static void handle_msg(sv_conn *c) {
   if (req->body_case == DISPATCH__REQUEST__BODY_BYE) {
     c->state = ST_DEAD; /* nothing after a bye is read */
     uv_read_stop((uv_stream_t *)&c->tcp);
+  }
+  if (answers_on_loop(c, req)) {
+    /* the same steps a worker and on_done take, minus two thread hops */
+    j->sess = c->sess;
+    c->inflight++;
+    sv_session_exec(c->sess, j);
+    on_done(j, NULL);
+    return;
   }
   submit(c, j);
 }

@@ -134,6 +134,13 @@ void sv_pool_submit(sv_pool *p, sv_job *j) {
   pthread_mutex_unlock(&p->mu);
 }
 
+int sv_pool_session_idle(sv_pool *p, sv_session *s) {
+  pthread_mutex_lock(&p->mu);
+  int idle = !s->scheduled && !s->running && !s->fifo_head;
+  pthread_mutex_unlock(&p->mu);
+  return idle;
+}
+
 sv_job *sv_pool_cancel(sv_pool *p, sv_session *s) {
   pthread_mutex_lock(&p->mu);
   sv_job *list = s->fifo_head;

@@ -225,6 +225,11 @@ typedef void (*sv_done_fn)(sv_job *j, void *ud);
 sv_pool *sv_pool_new(void *uv_loop, int n, sv_done_fn done, void *ud);
 /* Appends a job to its session's FIFO and schedules the session. */
 void sv_pool_submit(sv_pool *p, sv_job *j);
+/* 1 when no job of s is queued or running, so the caller (the loop, the
+ * only thread that submits) may touch the worker-side state of s until it
+ * submits again: the pool mutex orders the last worker's writes before
+ * this check. */
+int sv_pool_session_idle(sv_pool *p, sv_session *s);
 /* Removes the jobs of s that have not started and returns them (a list). */
 sv_job *sv_pool_cancel(sv_pool *p, sv_session *s);
 /* Stops and joins the workers (call when no session has jobs left) and
