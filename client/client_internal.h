@@ -74,6 +74,9 @@ typedef struct dispatch__conn {
   struct ssl_st *ssl;         /* tls://: the session (NULL: plain TCP) */
   struct ssl_ctx_st *ssl_ctx;
   int tls_failed;             /* a TLS-level failure (not the socket) */
+  uint8_t *rbuf; /* plain TCP: received bytes not consumed yet (NULL on
+                    TLS: OpenSSL buffers records itself) */
+  size_t rpos, rlen;
 } dispatch__conn;
 
 struct dispatch_device {

@@ -25,6 +25,7 @@
 #define MAX_REPLY_MSG (64u << 20)
 #define FLUSH_AT (1u << 20)  /* send the buffer once this much is queued */
 #define BULK_INLINE (64u << 10) /* larger bulk skips the buffer */
+#define REMOTE_RBUF (16u << 10) /* receive buffer of a plain connection */
 
 /* Set when protobuf-c's unpack failed for memory rather than bad bytes
  * (unpack returns NULL for both). */
@@ -57,6 +58,7 @@ static int conn_lost(dispatch_device *dev, const char *why) {
     if (c->fd >= 0) close(c->fd);
     c->fd = -1;
     c->len = 0;
+    c->rpos = c->rlen = 0;
     c->n_free_ids = c->n_free_grads = 0;
     dsp_seterr(dev->ctx, DISPATCH_ECONN, "connection to %s lost: %s",
                dev->spec, why);
@@ -105,8 +107,42 @@ static int send_all(dispatch_device *dev, const void *p, size_t n) {
   return 0;
 }
 
+/* Waits until the socket is readable or the deadline passes. */
+static int wait_readable(dispatch_device *dev, int64_t deadline) {
+  dispatch__conn *c = &dev->conn;
+  for (;;) {
+    int64_t left = deadline - now_ms();
+    if (left <= 0) {
+      char why[128];
+      snprintf(why, sizeof why, "no reply within %d ms", c->timeout_ms);
+      return conn_lost(dev, why);
+    }
+    struct pollfd pfd = {c->fd, POLLIN, 0};
+    int pr = poll(&pfd, 1, (int)left);
+    if (pr > 0) return 0;
+    if (pr < 0 && errno != EINTR) return conn_lost(dev, "poll failed");
+  }
+}
+
+/* One non-blocking recv: >0 bytes, 0 nothing yet, or ECONN. */
+static long recv_some(dispatch_device *dev, void *p, size_t n) {
+  ssize_t r = recv(dev->conn.fd, p, n, MSG_DONTWAIT);
+  if (r > 0) return (long)r;
+  if (r == 0) return conn_lost(dev, "the server closed the connection");
+  if (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK) return 0;
+  char why[128];
+  snprintf(why, sizeof why, "recv: %s", strerror(errno));
+  return conn_lost(dev, why);
+}
+
+/* Reads exactly n bytes. Plain TCP: bytes already in rbuf come first;
+ * a short remainder is read into rbuf with whatever else has arrived (a
+ * reply's header, message and the start of its bulk in one recv), a long
+ * one straight into p, so a bulk lands in the caller's buffer without an
+ * intermediate copy. wait_first: poll before the first recv (a reply that
+ * cannot have arrived yet), saving a recv that would only say EAGAIN. */
 static int recv_all(dispatch_device *dev, void *p, size_t n,
-                    int64_t deadline) {
+                    int64_t deadline, int wait_first) {
   dispatch__conn *c = &dev->conn;
   uint8_t *b = p;
   while (c->ssl && n > 0) {
@@ -117,31 +153,41 @@ static int recv_all(dispatch_device *dev, void *p, size_t n,
     b += got;
     n -= got;
   }
+  if (n > 0 && c->rlen > c->rpos) {
+    size_t k = c->rlen - c->rpos < n ? c->rlen - c->rpos : n;
+    memcpy(b, c->rbuf + c->rpos, k);
+    c->rpos += k;
+    b += k;
+    n -= k;
+    wait_first = 0;
+  }
   while (n > 0) {
-    int64_t left = deadline - now_ms();
-    if (left <= 0) {
-      char why[128];
-      snprintf(why, sizeof why, "no reply within %d ms", c->timeout_ms);
-      return conn_lost(dev, why);
+    if (c->fd < 0) return check_alive(dev);
+    if (wait_first) {
+      int rc = wait_readable(dev, deadline);
+      if (rc < 0) return rc;
+      wait_first = 0;
     }
-    struct pollfd pfd = {c->fd, POLLIN, 0};
-    int pr = poll(&pfd, 1, (int)left);
-    if (pr < 0) {
-      if (errno == EINTR) continue;
-      return conn_lost(dev, "poll failed");
+    long r;
+    if (c->rbuf && n < REMOTE_RBUF) {
+      r = recv_some(dev, c->rbuf, REMOTE_RBUF);
+      if (r > 0) {
+        size_t k = (size_t)r < n ? (size_t)r : n;
+        memcpy(b, c->rbuf, k);
+        c->rpos = k;
+        c->rlen = (size_t)r;
+        b += k;
+        n -= k;
+      }
+    } else {
+      r = recv_some(dev, b, n);
+      if (r > 0) {
+        b += r;
+        n -= (size_t)r;
+      }
     }
-    if (pr == 0) continue;
-    ssize_t r = recv(c->fd, b, n, MSG_DONTWAIT);
-    if (r > 0) {
-      b += r;
-      n -= (size_t)r;
-    } else if (r == 0) {
-      return conn_lost(dev, "the server closed the connection");
-    } else if (errno != EINTR && errno != EAGAIN && errno != EWOULDBLOCK) {
-      char why[128];
-      snprintf(why, sizeof why, "recv: %s", strerror(errno));
-      return conn_lost(dev, why);
-    }
+    if (r < 0) return (int)r;
+    if (r == 0) wait_first = 1;
   }
   return 0;
 }
@@ -275,7 +321,7 @@ static int drain(dispatch_device *dev, uint64_t n, int64_t deadline) {
   uint8_t tmp[16384];
   while (n > 0) {
     size_t k = n < sizeof tmp ? (size_t)n : sizeof tmp;
-    int rc = recv_all(dev, tmp, k, deadline);
+    int rc = recv_all(dev, tmp, k, deadline, 0);
     if (rc < 0) return rc;
     n -= k;
   }
@@ -300,7 +346,7 @@ static int call(dispatch_device *dev, Dispatch__Request *req, void *dst,
   int64_t deadline = now_ms() + c->timeout_ms;
   for (;;) {
     uint8_t hb[DSP_FRAME_HEADER_SIZE];
-    rc = recv_all(dev, hb, sizeof hb, deadline);
+    rc = recv_all(dev, hb, sizeof hb, deadline, 1);
     if (rc < 0) return rc;
     dsp_frame_header h;
     rc = dsp_frame_header_decode(hb, MAX_REPLY_MSG, UINT64_MAX, &h);
@@ -314,7 +360,7 @@ static int call(dispatch_device *dev, Dispatch__Request *req, void *dst,
                         "out of memory reading a reply of %u bytes",
                         h.msg_len);
     }
-    rc = recv_all(dev, mb, h.msg_len, deadline);
+    rc = recv_all(dev, mb, h.msg_len, deadline, 0);
     if (rc < 0) {
       dsp_free(mb);
       return rc;
@@ -333,7 +379,7 @@ static int call(dispatch_device *dev, Dispatch__Request *req, void *dst,
     if (h.bulk_len) {
       if (mine && dst && r->body_case == DISPATCH__REPLY__BODY_READ &&
           h.bulk_len == dst_len)
-        rc = recv_all(dev, dst, dst_len, deadline);
+        rc = recv_all(dev, dst, dst_len, deadline, 0);
       else
         rc = drain(dev, h.bulk_len, deadline);
       if (rc < 0) {
@@ -558,6 +604,12 @@ int dispatch__remote_open(dispatch_device *dev, const char *host,
   int rc = connect_to(dev, host, port);
   if (rc == 0 && tls) rc = dispatch__tls_open(dev, host, tls);
   if (rc < 0) return rc;
+  if (!tls) {
+    dev->conn.rbuf = dsp_malloc(REMOTE_RBUF);
+    if (!dev->conn.rbuf)
+      return dsp_seterr(dev->ctx, DISPATCH_ENOMEM,
+                        "%s: out of memory for the receive buffer", dev->spec);
+  }
   Dispatch__Hello m = DISPATCH__HELLO__INIT;
   m.major = DSP_PROTO_MAJOR;
   m.minor = DSP_PROTO_MINOR;
@@ -607,4 +659,7 @@ void dispatch__remote_close(dispatch_device *dev) {
   dsp_free(c->buf);
   c->buf = NULL;
   c->len = c->cap = 0;
+  dsp_free(c->rbuf);
+  c->rbuf = NULL;
+  c->rpos = c->rlen = 0;
 }
