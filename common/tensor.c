@@ -22,7 +22,9 @@ static int storage_new(dsp_ctx *ctx, size_t nbytes, int zero,
 }
 
 static void storage_unref(dsp_storage *s) {
-  if (!s || --s->refcount > 0) return;
+  /* atomic: a server's loop thread drops its reference to a storage it
+   * writes to the socket while a worker may alias the same storage */
+  if (!s || __atomic_sub_fetch(&s->refcount, 1, __ATOMIC_ACQ_REL) > 0) return;
   s->backend->free(s->backend->bctx, s->data);
   dsp_free(s);
 }
@@ -104,7 +106,7 @@ int dsp_tensor_alias(dsp_ctx *ctx, const dsp_tensor *src, const dsp_meta *m,
                       (long long)t->numel, dsp_dtype_name(m->dtype));
   }
   t->storage = src->storage;
-  t->storage->refcount++;
+  __atomic_fetch_add(&t->storage->refcount, 1, __ATOMIC_RELAXED);
   *out = t;
   return 0;
 }

@@ -19,6 +19,7 @@ void sv_job_free(sv_job *j) {
   if (!j) return;
   if (j->req) dispatch__request__free_unpacked(j->req, &sv_pb_allocator);
   dsp_tensor_unref(j->upload);
+  dsp_tensor_unref(j->out_bulk);
   dsp_free(j->pre_msg);
   dsp_free(j->out);
   dsp_free(j);
@@ -40,6 +41,33 @@ int sv_encode_reply(const Dispatch__Reply *r, const void *bulk,
   if (bulk_len) memcpy(buf + DSP_FRAME_HEADER_SIZE + mlen, bulk, bulk_len);
   *out = buf;
   *out_len = total;
+  return 0;
+}
+
+/* Below this a copy is cheaper than the second write buffer. */
+#define READ_COPY_MAX (64u << 10)
+
+int sv_encode_read_reply(dsp_ctx *ctx, const Dispatch__Reply *r,
+                         dsp_tensor *t, sv_job *j) {
+  size_t nbytes = dsp_tensor_nbytes(t);
+  if (!j->bulk_by_ref || nbytes <= READ_COPY_MAX)
+    return sv_encode_reply(r, dsp_tensor_data(t), nbytes, &j->out,
+                           &j->out_len);
+  size_t mlen = dispatch__reply__get_packed_size(r);
+  if (mlen > UINT32_MAX) return DISPATCH_ETOOLARGE;
+  dsp_tensor *alias;
+  if (dsp_tensor_alias(ctx, t, &t->meta, &alias) < 0) return DISPATCH_ENOMEM;
+  uint8_t *buf = dsp_malloc(DSP_FRAME_HEADER_SIZE + mlen);
+  if (!buf) {
+    dsp_tensor_unref(alias);
+    return DISPATCH_ENOMEM;
+  }
+  dsp_frame_header h = {(uint32_t)mlen, 0, nbytes};
+  dsp_frame_header_encode(buf, &h);
+  dispatch__reply__pack(r, buf + DSP_FRAME_HEADER_SIZE);
+  j->out = buf;
+  j->out_len = DSP_FRAME_HEADER_SIZE + mlen;
+  j->out_bulk = alias;
   return 0;
 }
 

@@ -77,7 +77,8 @@ struct sv_server {
 typedef struct sv_write {
   uv_write_t req;
   uint8_t *buf;
-  size_t len;
+  size_t len;        /* bytes of buf and bulk still to go */
+  dsp_tensor *bulk;  /* a Read reply's tensor, sent from its storage */
 } sv_write;
 
 static void conn_close(sv_conn *c, const char *reason);
@@ -90,6 +91,7 @@ static void on_write(uv_write_t *req, int status) {
   c->outq_bytes -= w->len;
   c->writes_pending--;
   dsp_free(w->buf);
+  dsp_tensor_unref(w->bulk);
   dsp_free(w);
   if (c->closing) return;
   if (status < 0) conn_close(c, uv_strerror(status));
@@ -97,23 +99,36 @@ static void on_write(uv_write_t *req, int status) {
     conn_close(c, "after its last reply");
 }
 
-/* Hands bytes that are ready for the socket to the kernel, taking buf.
- * With nothing queued before it, the frame is first written at once
- * (uv_try_write): a reply that fits the socket buffer then costs one
- * write and no write request, completion callback or epoll change. */
-static void raw_write(sv_conn *c, uint8_t *buf, size_t len) {
-  size_t done = 0;
+/* Hands bytes that are ready for the socket to the kernel, taking buf
+ * and the reference bulk (may be NULL: then bulk_len is 0), whose
+ * storage follows buf on the wire without a copy. With nothing queued
+ * before it the frame is first written at once (uv_try_write): a reply
+ * that fits the socket buffer then costs one write and no write request,
+ * completion callback or epoll change. */
+static void raw_write(sv_conn *c, uint8_t *buf, size_t len, dsp_tensor *bulk,
+                      size_t bulk_len) {
+  uv_buf_t b[2] = {uv_buf_init((char *)buf, (unsigned)len),
+                   uv_buf_init(bulk ? (char *)dsp_tensor_data(bulk) : NULL,
+                               (unsigned)bulk_len)};
+  unsigned nb = bulk_len ? 2 : 1;
   if (c->writes_pending == 0) {
-    uv_buf_t tb = uv_buf_init((char *)buf, (unsigned)len);
-    int n = uv_try_write((uv_stream_t *)&c->tcp, &tb, 1);
+    int n = uv_try_write((uv_stream_t *)&c->tcp, b, nb);
     if (n < 0 && n != UV_EAGAIN) {
       dsp_free(buf);
+      dsp_tensor_unref(bulk);
       conn_close(c, uv_strerror(n));
       return;
     }
-    if (n > 0) done = (size_t)n;
-    if (done == len) {
+    size_t done = n > 0 ? (size_t)n : 0;
+    for (unsigned i = 0; i < nb; i++) { /* skip what went out */
+      size_t k = done < b[i].len ? done : b[i].len;
+      b[i].base += k;
+      b[i].len -= k;
+      done -= k;
+    }
+    if (b[nb - 1].len == 0) {
       dsp_free(buf);
+      dsp_tensor_unref(bulk);
       if (c->close_after_flush) conn_close(c, "after its last reply");
       return;
     }
@@ -121,22 +136,24 @@ static void raw_write(sv_conn *c, uint8_t *buf, size_t len) {
   sv_write *w = dsp_malloc(sizeof *w);
   if (!w) {
     dsp_free(buf);
+    dsp_tensor_unref(bulk);
     conn_close(c, "out of memory queueing a reply");
     return;
   }
   w->buf = buf;
-  buf += done;
-  len -= done;
-  w->len = len;
-  uv_buf_t b = uv_buf_init((char *)buf, (unsigned)len);
-  int rc = uv_write(&w->req, (uv_stream_t *)&c->tcp, &b, 1, on_write);
+  w->bulk = bulk;
+  w->len = b[0].len + b[1].len;
+  uv_buf_t *first = b[0].len ? &b[0] : &b[1];
+  unsigned cnt = b[0].len && nb == 2 ? 2 : 1;
+  int rc = uv_write(&w->req, (uv_stream_t *)&c->tcp, first, cnt, on_write);
   if (rc < 0) {
     dsp_free(w->buf);
+    dsp_tensor_unref(w->bulk);
     dsp_free(w);
     conn_close(c, uv_strerror(rc));
     return;
   }
-  c->outq_bytes += len;
+  c->outq_bytes += w->len;
   c->writes_pending++;
 }
 
@@ -150,20 +167,29 @@ static void tls_flush(sv_conn *c) {
     conn_close(c, "out of memory for TLS output");
     return;
   }
-  if (buf) raw_write(c, buf, len);
+  if (buf) raw_write(c, buf, len, NULL, 0);
 }
 
-/* Queues one frame, taking buf. A client whose unsent replies pass the
- * output limit is dropped: it does not read what it asked for. */
-static void queue_write(sv_conn *c, uint8_t *buf, size_t len) {
+/* Queues one frame, taking buf and the reference bulk (NULL, or a Read
+ * reply's tensor whose bytes complete the frame). A client whose unsent
+ * replies pass the output limit is dropped: it does not read what it
+ * asked for. */
+static void queue_write(sv_conn *c, uint8_t *buf, size_t len,
+                        dsp_tensor *bulk) {
+  size_t bulk_len = bulk ? dsp_tensor_nbytes(bulk) : 0;
   if (c->closing) {
     dsp_free(buf);
+    dsp_tensor_unref(bulk);
     return;
   }
   if (c->tls && c->outq_bytes <= c->srv->cfg->max_output_queue) {
-    /* a frame's bytes go out through the TLS session */
+    /* a frame's bytes go out through the TLS session, encrypted straight
+     * from the tensor's storage */
     int rc = sv_tls_write(c->tls, buf, len);
+    if (rc == 0 && bulk_len)
+      rc = sv_tls_write(c->tls, dsp_tensor_data(bulk), bulk_len);
     dsp_free(buf);
+    dsp_tensor_unref(bulk);
     if (rc < 0) {
       conn_close(c, "TLS write failed");
       return;
@@ -173,6 +199,7 @@ static void queue_write(sv_conn *c, uint8_t *buf, size_t len) {
   }
   if (c->outq_bytes > c->srv->cfg->max_output_queue) {
     dsp_free(buf);
+    dsp_tensor_unref(bulk);
     atomic_fetch_add(&c->srv->g.limit_violations, 1);
     sv_log(SV_LOG_WARN,
            "conn %llu (%s): output queue holds %llu bytes, over %llu: "
@@ -182,7 +209,7 @@ static void queue_write(sv_conn *c, uint8_t *buf, size_t len) {
     conn_close(c, "slow reader");
     return;
   }
-  raw_write(c, buf, len);
+  raw_write(c, buf, len, bulk, bulk_len);
 }
 
 /* Sends an Error frame and closes the connection once it is written. */
@@ -200,7 +227,7 @@ static void refuse(sv_conn *c, uint64_t req_id, int code, const char *msg) {
     return;
   }
   c->close_after_flush = 1;
-  queue_write(c, buf, len);
+  queue_write(c, buf, len, NULL);
 }
 
 static void proto_error(sv_conn *c, uint64_t req_id, int code,
@@ -398,8 +425,10 @@ static void on_done(sv_job *j, void *ud) {
       }
     }
     uint8_t *out = j->out;
+    dsp_tensor *bulk = j->out_bulk;
     j->out = NULL;
-    queue_write(c, out, j->out_len);
+    j->out_bulk = NULL;
+    queue_write(c, out, j->out_len, bulk);
   } else if (wants_reply) {
     conn_close(c, "out of memory for a reply");
   }
@@ -486,7 +515,7 @@ static void handle_hello(sv_conn *c, Dispatch__Request *req) {
   sv_log(SV_LOG_INFO, "conn %llu (%s): hello from '%s', protocol %u.%u",
          c->id, c->peer, h->client_name ? h->client_name : "", h->major,
          h->minor);
-  queue_write(c, buf, len);
+  queue_write(c, buf, len, NULL);
 }
 
 /* Checks an Upload against every limit before allocating, then allocates
@@ -516,12 +545,8 @@ static void finish_bulk(sv_conn *c) {
   submit(c, j);
 }
 
-/* Largest Read answered on the loop thread: the reply copies the tensor,
- * and a copy this size does not hold up other connections. */
-#define LOOP_READ_MAX (64u << 10)
-
-/* A waiting request that only reads session state (Sync, Stats, a small
- * Read) is answered on the loop thread when the session has nothing
+/* A waiting request that only reads session state (Sync, Stats, a Read:
+ * its reply references the tensor's storage, nothing is copied) is answered on the loop thread when the session has nothing
  * queued or running: no worker can touch the session until the loop
  * submits again, and the pool mutex taken in the check orders the last
  * worker's writes (tensor table, first deferred error) before these
@@ -534,10 +559,6 @@ static int answers_on_loop(sv_conn *c, const Dispatch__Request *req) {
     return 0;
   if (c->inflight > 0 || !sv_pool_session_idle(c->srv->pool, c->sess))
     return 0;
-  if (bc == DISPATCH__REQUEST__BODY_READ) {
-    const sv_entry *e = sv_idmap_get(&c->sess->tensors, req->read->id);
-    if (e && e->t && dsp_tensor_nbytes(e->t) > LOOP_READ_MAX) return 0;
-  }
   return 1;
 }
 
@@ -577,6 +598,7 @@ static void handle_msg(sv_conn *c) {
     return;
   }
   j->req = req;
+  j->bulk_by_ref = 1;
   if (req->body_case == DISPATCH__REQUEST__BODY_UPLOAD) {
     prepare_upload(c, j, 0);
     if (c->state == ST_BULK && c->bulk_len == 0) finish_bulk(c);

@@ -387,8 +387,7 @@ static int do_read(sv_session *s, sv_job *j, char *why) {
   r.req_id = j->req->req_id;
   r.body_case = DISPATCH__REPLY__BODY_READ;
   r.read = &rr;
-  rc = sv_encode_reply(&r, dsp_tensor_data(t), dsp_tensor_nbytes(t), &j->out,
-                       &j->out_len);
+  rc = sv_encode_read_reply(s->ctx, &r, t, j);
   if (rc < 0) return why_set(why, rc, "read: out of memory for the reply");
   return 0;
 }
@@ -439,6 +438,8 @@ static void error_reply(sv_job *j, int code, const char *msg,
   dsp_free(j->out);
   j->out = NULL;
   j->out_len = 0;
+  dsp_tensor_unref(j->out_bulk);
+  j->out_bulk = NULL;
   sv_encode_error(j->req->req_id, code, msg, failed, &j->out, &j->out_len);
 }
 
