@@ -369,6 +369,11 @@ typedef struct dsp_backend {
 } dsp_backend;
 
 const dsp_backend *dsp_cpu_backend(void);
+/* The CPU backend keeps freed storage blocks of 1 MiB and more for reuse,
+ * up to `bytes` in all (0, the default, keeps none and frees what it
+ * kept); dsp_cpu_cache_bytes says how much it holds now. Thread-safe. */
+void dsp_cpu_cache_set_limit(size_t bytes);
+size_t dsp_cpu_cache_bytes(void);
 const dsp_backend *dsp_ctx_backend(const dsp_ctx *ctx);
 
 /* ------------------------------------------------------------------ */

@@ -18,6 +18,7 @@ void sv_config_defaults(sv_config *c) {
   c->max_session_bytes = 4ULL << 30;  /* 4 GiB */
   c->max_elements = 1ULL << 31;
   c->max_output_queue = 64ULL << 20;  /* 64 MiB */
+  c->storage_cache = 512ULL << 20;    /* 512 MiB */
   c->max_queued = 4096;
   c->max_sessions = 64;
   c->idle_timeout_s = 600;
@@ -97,6 +98,10 @@ static const char *const g_usage =
     "  --max-elements N         elements of one tensor (default 2^31)\n"
     "  --max-queued N           requests buffered per session before the\n"
     "                           server stops reading it (default 4096)\n"
+    "  --storage-cache BYTES    freed tensor storage (blocks of 1 MiB and\n"
+    "                           more) the server keeps for reuse instead of\n"
+    "                           returning it to the OS, 0 none (default\n"
+    "                           512 MiB): fresh pages fault on first touch\n"
     "  --handshake-timeout SECONDS  TLS handshake + hello must finish in\n"
     "                           this time, 0 never (default 10)\n"
     "  --tls-cert FILE          serve TLS with this certificate (PEM chain)\n"
@@ -184,6 +189,8 @@ int sv_config_parse(sv_config *c, int argc, char **argv) {
       if (parse_u64(a, v, 0, 1ULL << 40, &c->max_output_queue) < 0) return -1;
     } else if (strcmp(a, "--max-elements") == 0) {
       if (parse_u64(a, v, 1, 1ULL << 50, &c->max_elements) < 0) return -1;
+    } else if (strcmp(a, "--storage-cache") == 0) {
+      if (parse_u64(a, v, 0, 1ULL << 50, &c->storage_cache) < 0) return -1;
     } else if (strcmp(a, "--max-queued") == 0) {
       if (parse_u64(a, v, 1, 1u << 24, &n) < 0) return -1;
       c->max_queued = (uint32_t)n;

@@ -22,7 +22,9 @@ int main(int argc, char **argv) {
   int procs = openblas_get_num_procs();
   int share = procs / cfg.threads;
   openblas_set_num_threads(share < 1 ? 1 : share);
+  dsp_cpu_cache_set_limit((size_t)cfg.storage_cache);
   rc = sv_run(&cfg);
+  dsp_cpu_cache_set_limit(0); /* gives the kept blocks back */
   sv_config_release(&cfg);
   if (rc < 0) {
     fprintf(stderr, "dispatch-server: %s\n", dispatch_strerror(rc));

@@ -996,6 +996,7 @@ int sv_run(const sv_config *cfg) {
   dsp_ctx_free(srv->io_ctx);
   sv_tls_ctx_free(srv->tls);
   dsp_free(srv);
-  sv_log(SV_LOG_INFO, "shut down cleanly");
+  sv_log(SV_LOG_INFO, "shut down cleanly (storage cache held %zu bytes)",
+         dsp_cpu_cache_bytes());
   return 0;
 }

@@ -28,6 +28,7 @@ typedef struct sv_config {
   uint64_t max_elements;       /* elements of one tensor */
   uint64_t max_output_queue;   /* unsent reply bytes before a client drops */
   uint32_t max_queued;         /* decoded requests waiting per session */
+  uint64_t storage_cache;      /* freed tensor storage kept for reuse */
   int max_sessions;
   int idle_timeout_s;          /* 0: never */
   int threads;
