@@ -4,9 +4,11 @@
 
 #include "sv.h"
 
-/* OpenBLAS spawns its own threads per call; with several worker threads
- * each running a matmul that oversubscribes the cores, so each worker
- * gets an equal share. */
+/* OpenBLAS threads: every core for each call, as a local program gets.
+ * Splitting the cores between the workers (cores / --threads) halved a
+ * lone session's matmul on 2 cores (remote 0.5x of local); when several
+ * workers call OpenBLAS at once, its server runs the calls in turn rather
+ * than oversubscribing. */
 extern void openblas_set_num_threads(int n);
 extern int openblas_get_num_procs(void);
 
@@ -20,8 +22,7 @@ int main(int argc, char **argv) {
   }
   signal(SIGPIPE, SIG_IGN);
   int procs = openblas_get_num_procs();
-  int share = procs / cfg.threads;
-  openblas_set_num_threads(share < 1 ? 1 : share);
+  openblas_set_num_threads(procs < 1 ? 1 : procs);
   dsp_cpu_cache_set_limit((size_t)cfg.storage_cache);
   rc = sv_run(&cfg);
   dsp_cpu_cache_set_limit(0); /* gives the kept blocks back */
