@@ -22,13 +22,16 @@
 #include <math.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <poll.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -211,6 +214,7 @@ typedef struct bench_raw {
   int lfd;
   int port;
   pthread_t thread;
+  pid_t pid; /* > 0: served by a child process instead of a thread */
   int running;
   unsigned char *buf; /* receives PUTs, feeds GETs; touched once up front */
   size_t cap;
@@ -285,7 +289,7 @@ static void *bench_raw_thread_(void *arg) {
 /* Starts the raw server on 127.0.0.1:0 with a cap-byte buffer (pages
  * touched now so the first PUT does not pay for faults the reference
  * should not have). Returns 0 or -1. */
-static inline int bench_raw_start(bench_raw *r, size_t cap) {
+static inline int bench_raw_start_(bench_raw *r, size_t cap, int process) {
   memset(r, 0, sizeof *r);
   r->cap = cap;
   r->buf = malloc(cap ? cap : 1);
@@ -302,7 +306,16 @@ static inline int bench_raw_start(bench_raw *r, size_t cap) {
       getsockname(r->lfd, (struct sockaddr *)&a, &al) < 0)
     goto fail;
   r->port = ntohs(a.sin_port);
-  if (pthread_create(&r->thread, NULL, bench_raw_thread_, r) != 0) goto fail;
+  if (process) {
+    r->pid = fork();
+    if (r->pid < 0) goto fail;
+    if (r->pid == 0) {
+      bench_raw_thread_(r);
+      _exit(0);
+    }
+  } else if (pthread_create(&r->thread, NULL, bench_raw_thread_, r) != 0) {
+    goto fail;
+  }
   r->running = 1;
   return 0;
 fail:
@@ -310,6 +323,17 @@ fail:
   free(r->buf);
   r->buf = NULL;
   return -1;
+}
+
+static inline int bench_raw_start(bench_raw *r, size_t cap) {
+  return bench_raw_start_(r, cap, 0);
+}
+
+/* The same server in a child process: a client and a server that are two
+ * processes, as a dispatch client and dispatch-server are, pay for the
+ * switch between address spaces that two threads of one process do not. */
+static inline int bench_raw_start_process(bench_raw *r, size_t cap) {
+  return bench_raw_start_(r, cap, 1);
 }
 
 /* A client connection to the raw server (TCP_NODELAY), or -1. */
@@ -328,6 +352,19 @@ static inline int bench_raw_connect(const bench_raw *r) {
   return fd;
 }
 
+/* The raw client waits for a reply the way libdispatch-client does
+ * (client/remote.c): it polls the socket for DISPATCH_SPIN_US (default
+ * 50) before it sleeps, so the reference and dispatch differ in protocol
+ * and server work, not in how the client thread waits. */
+static inline void bench_spin_until_readable(int fd) {
+  const char *e = getenv("DISPATCH_SPIN_US");
+  long us = e && *e ? strtol(e, NULL, 10) : 50;
+  struct pollfd pfd = {fd, POLLIN, 0};
+  double end = bench_now() + (double)us * 1e-6;
+  while (us > 0 && poll(&pfd, 1, 0) == 0 && bench_now() < end) {
+  }
+}
+
 /* One raw request; PUT sends len bytes of data, GET reads len into data. */
 static inline int bench_raw_call(int fd, uint32_t cmd, void *data,
                                  uint64_t len) {
@@ -339,6 +376,7 @@ static inline int bench_raw_call(int fd, uint32_t cmd, void *data,
     if (bench_write_all(fd, data, len) < 0) return -1;
     return bench_read_all(fd, h, sizeof h);
   }
+  bench_spin_until_readable(fd);
   if (cmd == BENCH_RAW_GET) return bench_read_all(fd, data, len);
   return bench_read_all(fd, h, sizeof h);
 }
@@ -348,7 +386,12 @@ static inline void bench_raw_stop(bench_raw *r) {
   if (!r->running) return;
   shutdown(r->lfd, SHUT_RDWR);
   close(r->lfd);
-  pthread_join(r->thread, NULL);
+  if (r->pid > 0) {
+    kill(r->pid, SIGTERM);
+    waitpid(r->pid, NULL, 0);
+  } else {
+    pthread_join(r->thread, NULL);
+  }
   free(r->buf);
   r->running = 0;
 }

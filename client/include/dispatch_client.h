@@ -89,6 +89,9 @@ typedef struct dispatch_options {
   const char *client_name; /* sent in hello; NULL: "libdispatch-client" */
   int timeout_ms;          /* connect, send and each wait for a reply;
                               0: env DISPATCH_TIMEOUT_MS or 30000 */
+  /* (A wait for a reply first polls the socket for DISPATCH_SPIN_US
+   * microseconds, default 50, 0 off, before it sleeps: a quick reply then
+   * costs no wake-up of a sleeping thread.) */
   /* tls:// only (appended: the fields above keep their places) */
   const char *ca_file;     /* PEM CA(s) that signed the server's certificate;
                               NULL: env DISPATCH_TLS_CA, else the system
