@@ -7,12 +7,8 @@
  *   local     LOCAL device, dispatch_optim_step
  *   remote    REMOTE device, dispatch_optim_step (ONE Step message)
  *   perparam  REMOTE device, the same update as separate ops per parameter
- *             (grad, mul_scalar by lr, sub, re-wrap as a new leaf).
- *             The sub runs on an untracked shadow of each parameter, and
- *             the leaf wraps a copy of it (add_scalar 0): the server
- *             records any op whose input tensor is tracked, so sub on
- *             dispatch_inner(p) would give a tracked tensor that cannot be
- *             wrapped again (LOCAL does not record it; see the report).
+ *             (grad, mul_scalar by lr, sub from dispatch_inner(p), which
+ *             records nothing, then wrap the result as the new leaf).
  * Rows: remote vs local (goal: within 1.3x) and remote optim_step vs
  * per-parameter ops. The losses of remote and perparam must agree (same
  * math), which checks that both really trained.
@@ -36,7 +32,6 @@ typedef struct model {
   dispatch_device *dev;
   dispatch_tensor *x, *y;
   dispatch_tensor *p[4]; /* W1, b1, W2, b2 as AUTODIFF leaves */
-  dispatch_tensor *shadow[4]; /* perparam: untracked copies (see below) */
   dispatch_optim *opt;   /* NULL: per-parameter ops */
   double t[MAX_STEPS];
   int steps;
@@ -70,10 +65,6 @@ static int model_init(model *m, int use_optim) {
     int nd = shapes[i][1] ? 2 : 1;
     rc = dispatch_normal(m->dev, DISPATCH_F32, nd, shapes[i], 0.0,
                          i % 2 ? 0.01 : 0.05, 100 + (uint64_t)i, &t);
-    if (rc == 0 && !use_optim) {
-      m->shadow[i] = t;
-      rc = dispatch_add_scalar(m->shadow[i], 0.0, &t);
-    }
     if (rc == 0) rc = dispatch_autodiff(t, &m->p[i]);
     dispatch_tensor_free(t);
     if (rc < 0) return fail(m, rc, "init");
@@ -86,24 +77,20 @@ static int model_init(model *m, int use_optim) {
   return rc < 0 ? fail(m, rc, "sync") : 0;
 }
 
-/* p <- p - lr * grad as plain ops on the untracked shadow; the new leaf
- * wraps a copy of the new shadow. */
+/* p <- p - lr * grad as plain ops on the tensor inside each leaf (an op
+ * on unwrapped tensors records nothing); the result becomes the new leaf. */
 static int perparam_update(model *m, dispatch_grads *g) {
   for (int i = 0; i < 4; i++) {
-    dispatch_tensor *gp = NULL, *s = NULL, *ns = NULL, *c = NULL, *leaf = NULL;
+    dispatch_tensor *gp = NULL, *s = NULL, *np = NULL, *leaf = NULL;
     int rc = dispatch_grad(g, m->p[i], &gp);
     if (rc == 0) rc = dispatch_mul_scalar(gp, LR, &s);
-    if (rc == 0) rc = dispatch_sub(m->shadow[i], s, &ns);
-    if (rc == 0) rc = dispatch_add_scalar(ns, 0.0, &c);
-    if (rc == 0) rc = dispatch_autodiff(c, &leaf);
-    /* the step runs inside a scope: gp, s, c go at its end; the new
-     * shadow and leaf must outlive it */
+    if (rc == 0) rc = dispatch_sub(dispatch_inner(m->p[i]), s, &np);
+    if (rc == 0) rc = dispatch_autodiff(np, &leaf);
+    /* the step runs inside a scope: gp, s, np go at its end (the leaf holds
+     * its own reference to np); the new leaf must outlive it */
     if (rc == 0) {
-      dispatch_keep(ns);
       dispatch_keep(leaf);
-      dispatch_tensor_free(m->shadow[i]);
       dispatch_tensor_free(m->p[i]);
-      m->shadow[i] = ns;
       m->p[i] = leaf;
     }
     if (rc < 0) return fail(m, rc, "update");
@@ -145,10 +132,7 @@ static int step(model *m, int record) {
 
 static void model_free(model *m) {
   dispatch_optim_free(m->opt);
-  for (int i = 0; i < 4; i++) {
-    dispatch_tensor_free(m->p[i]);
-    dispatch_tensor_free(m->shadow[i]);
-  }
+  for (int i = 0; i < 4; i++) dispatch_tensor_free(m->p[i]);
   dispatch_tensor_free(m->x);
   dispatch_tensor_free(m->y);
   dispatch_device_close(m->dev);
