@@ -337,7 +337,8 @@ int dsp_op_infer(dsp_ctx *ctx, dsp_opcode op, const dsp_meta *in, int n_in,
 int dsp_op(dsp_ctx *ctx, dsp_opcode op, dsp_tensor *const *in, int n_in,
            const dsp_attrs *a, dsp_tensor **out);
 
-/* Attribute builders (no allocation). */
+/* Attribute builders (no allocation). dsp_attrs_ints keeps a count n
+ * outside 0..DSP_MAX_ATTR_INTS as it is, so the op refuses it. */
 dsp_attrs dsp_attrs_none(void);
 dsp_attrs dsp_attrs_ints(int n, const int64_t *v);
 dsp_attrs dsp_attrs_f1(double f0);

@@ -25,8 +25,9 @@ dsp_attrs dsp_attrs_none(void) {
 
 dsp_attrs dsp_attrs_ints(int n, const int64_t *v) {
   dsp_attrs a = dsp_attrs_none();
-  if (n > DSP_MAX_ATTR_INTS) n = DSP_MAX_ATTR_INTS;
-  for (int i = 0; i < n; i++) a.ints[i] = v[i];
+  for (int i = 0; i < n && i < DSP_MAX_ATTR_INTS; i++) a.ints[i] = v[i];
+  /* a count out of range is kept as it is, so dsp_op_infer refuses the
+   * attributes instead of running on a silently shortened list */
   a.n_ints = n;
   return a;
 }

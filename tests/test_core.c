@@ -74,3 +74,17 @@ Test(ops, lookup_refuses_unknown_codes) {
   cr_assert_eq(dsp_op_infer(ctx, DSP_OP_ADD, in, 1, &a, &out), DISPATCH_EINVAL);
   dsp_ctx_free(ctx);
 }
+
+Test(ops, too_many_attribute_ints_are_refused_not_truncated) {
+  dsp_ctx *ctx = dsp_ctx_new();
+  int64_t v[DSP_MAX_ATTR_INTS + 1];
+  for (int i = 0; i <= DSP_MAX_ATTR_INTS; i++) v[i] = 1;
+  dsp_attrs a = dsp_attrs_ints(DSP_MAX_ATTR_INTS + 1, v);
+  cr_assert_eq(a.n_ints, DSP_MAX_ATTR_INTS + 1);
+  dsp_meta in[1] = {{DSP_F32, 1, {1}}}, out;
+  cr_assert_eq(dsp_op_infer(ctx, DSP_OP_RESHAPE, in, 1, &a, &out),
+               DISPATCH_EINVAL);
+  cr_assert(strstr(dsp_ctx_errmsg(ctx), "attribute") != NULL, "%s",
+            dsp_ctx_errmsg(ctx));
+  dsp_ctx_free(ctx);
+}

@@ -491,7 +491,10 @@ int dispatch_adam_new(dispatch_tensor *const *params, int n, double lr,
  * REMOTE: ONE Step message carrying every parameter, no wait (errors
  * surface at the next wait). A parameter the backward did not reach
  * gives DISPATCH_ENOGRAD (REMOTE: at the next wait) and no parameter
- * changes. */
+ * changes. Adam's step count t advances when the step is queued: after a
+ * REMOTE step that the server refused, later updates use a t one higher
+ * than a LOCAL run that failed the same step would (LOCAL does not
+ * advance t on failure). */
 int dispatch_optim_step(dispatch_optim *opt, dispatch_grads *grads);
 
 /* Changes the learning rate of later steps. */
