@@ -213,10 +213,9 @@ enum {
 typedef struct bench_raw {
   int lfd;
   int port;
-  pthread_t thread;
-  pid_t pid; /* > 0: served by a child process instead of a thread */
+  pid_t pid; /* the child process serving it */
   int running;
-  unsigned char *buf; /* receives PUTs, feeds GETs; touched once up front */
+  unsigned char *buf; /* the child's: receives PUTs, feeds GETs */
   size_t cap;
 } bench_raw;
 
@@ -250,13 +249,12 @@ static inline void bench_nodelay(int fd) {
 }
 
 /* Serves connections one after another until the listener is shut. */
-static void *bench_raw_thread_(void *arg) {
-  bench_raw *r = arg;
+static void bench_raw_serve_(bench_raw *r) {
   for (;;) {
     int fd = accept(r->lfd, NULL, NULL);
     if (fd < 0) {
       if (errno == EINTR || errno == ECONNABORTED) continue;
-      return NULL;
+      return;
     }
     bench_nodelay(fd);
     unsigned char h[BENCH_RAW_HDR];
@@ -286,15 +284,13 @@ static void *bench_raw_thread_(void *arg) {
   }
 }
 
-/* Starts the raw server on 127.0.0.1:0 with a cap-byte buffer (pages
- * touched now so the first PUT does not pay for faults the reference
- * should not have). Returns 0 or -1. */
-static inline int bench_raw_start_(bench_raw *r, size_t cap, int process) {
+/* Starts the raw server on 127.0.0.1:0 in a child process, as
+ * dispatch-server is another process than its client, with a cap-byte
+ * buffer whose pages it touches up front so a PUT does not pay for faults
+ * the reference should not have. Returns 0 or -1. */
+static inline int bench_raw_start(bench_raw *r, size_t cap) {
   memset(r, 0, sizeof *r);
   r->cap = cap;
-  r->buf = malloc(cap ? cap : 1);
-  if (!r->buf) return -1;
-  memset(r->buf, 1, cap);
   r->lfd = socket(AF_INET, SOCK_STREAM, 0);
   if (r->lfd < 0) goto fail;
   struct sockaddr_in a = {0};
@@ -306,34 +302,20 @@ static inline int bench_raw_start_(bench_raw *r, size_t cap, int process) {
       getsockname(r->lfd, (struct sockaddr *)&a, &al) < 0)
     goto fail;
   r->port = ntohs(a.sin_port);
-  if (process) {
-    r->pid = fork();
-    if (r->pid < 0) goto fail;
-    if (r->pid == 0) {
-      bench_raw_thread_(r);
-      _exit(0);
-    }
-  } else if (pthread_create(&r->thread, NULL, bench_raw_thread_, r) != 0) {
-    goto fail;
+  r->pid = fork();
+  if (r->pid < 0) goto fail;
+  if (r->pid == 0) { /* the buffer is the child's own, touched up front */
+    r->buf = malloc(cap ? cap : 1);
+    if (!r->buf) _exit(1);
+    memset(r->buf, 1, cap);
+    bench_raw_serve_(r);
+    _exit(0);
   }
   r->running = 1;
   return 0;
 fail:
   if (r->lfd >= 0) close(r->lfd);
-  free(r->buf);
-  r->buf = NULL;
   return -1;
-}
-
-static inline int bench_raw_start(bench_raw *r, size_t cap) {
-  return bench_raw_start_(r, cap, 0);
-}
-
-/* The same server in a child process: a client and a server that are two
- * processes, as a dispatch client and dispatch-server are, pay for the
- * switch between address spaces that two threads of one process do not. */
-static inline int bench_raw_start_process(bench_raw *r, size_t cap) {
-  return bench_raw_start_(r, cap, 1);
 }
 
 /* A client connection to the raw server (TCP_NODELAY), or -1. */
@@ -386,13 +368,8 @@ static inline void bench_raw_stop(bench_raw *r) {
   if (!r->running) return;
   shutdown(r->lfd, SHUT_RDWR);
   close(r->lfd);
-  if (r->pid > 0) {
-    kill(r->pid, SIGTERM);
-    waitpid(r->pid, NULL, 0);
-  } else {
-    pthread_join(r->thread, NULL);
-  }
-  free(r->buf);
+  kill(r->pid, SIGTERM);
+  waitpid(r->pid, NULL, 0);
   r->running = 0;
 }
 

@@ -26,7 +26,7 @@ static double *samples(int n) {
 
 int main(void) {
   bench_raw raw;
-  if (bench_raw_start_process(&raw, 64) < 0) {
+  if (bench_raw_start(&raw, 64) < 0) {
     fprintf(stderr, "latency: raw echo server: %s\n", strerror(errno));
     return 1;
   }

@@ -17,6 +17,8 @@ log=$(mktemp)
 pid=""
 cleanup() {
   [ -n "$pid" ] && kill "$pid" 2>/dev/null
+  [ -n "${tls_pid:-}" ] && kill "$tls_pid" 2>/dev/null
+  [ -n "${tls_dir:-}" ] && rm -rf "$tls_dir"
   rm -f "$rows" "$log"
 }
 trap cleanup EXIT
@@ -75,9 +77,43 @@ run() {
   [ "$rc" -ne 0 ] && status=1
 }
 
+# a second server with TLS (certificates from deploy/make-certs.sh) for the
+# TLS rows of the bulk benchmark
+tls_pid=""
+tls_dir=$(mktemp -d)
+start_tls_server() {
+  export DISPATCH_BENCH_TLS=""
+  deploy/make-certs.sh "$tls_dir" >/dev/null 2>&1 || {
+    echo "bench: could not make certificates: TLS rows will be n/a" >&2
+    return
+  }
+  "$BUILD/dispatch-server" --listen 127.0.0.1:0 --tls-cert "$tls_dir/server.pem" \
+    --tls-key "$tls_dir/server.key" >"$tls_dir/log" 2>&1 &
+  tls_pid=$!
+  local port=""
+  for _ in $(seq 1 100); do
+    port=$(sed -n 's/^dispatch-server listening on 127\.0\.0\.1:\([0-9]*\)$/\1/p' "$tls_dir/log")
+    [ -n "$port" ] && break
+    kill -0 "$tls_pid" 2>/dev/null || break
+    sleep 0.05
+  done
+  if [ -n "$port" ]; then
+    export DISPATCH_BENCH_TLS="tls://127.0.0.1:$port" DISPATCH_TLS_CA="$tls_dir/ca.pem"
+  else
+    echo "bench: TLS server did not start; TLS rows will be n/a" >&2
+  fi
+}
+stop_tls_server() {
+  [ -n "$tls_pid" ] && kill -TERM "$tls_pid" 2>/dev/null && wait "$tls_pid" 2>/dev/null
+  tls_pid=""
+  rm -rf "$tls_dir"
+}
+
 start=$(date +%s)
 start_server
+start_tls_server
 for b in latency ops bulk matmul mlp; do run "$b"; done
+stop_tls_server
 stop_server
 start_server
 run memory
