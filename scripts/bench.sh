@@ -23,6 +23,19 @@ cleanup() {
 }
 trap cleanup EXIT
 
+# wait_port LOG PID: prints the port the server PID announced in LOG, or
+# nothing if it exited or said nothing within 5 s
+wait_port() {
+  local port=""
+  for _ in $(seq 1 100); do
+    port=$(sed -n 's/^dispatch-server listening on 127\.0\.0\.1:\([0-9]*\)$/\1/p' "$1")
+    [ -n "$port" ] && break
+    kill -0 "$2" 2>/dev/null || break
+    sleep 0.05
+  done
+  echo "$port"
+}
+
 # start_server: sets pid and DISPATCH_BENCH_REMOTE, or leaves them empty
 start_server() {
   pid=""
@@ -34,13 +47,8 @@ start_server() {
   : >"$log"
   "$BUILD/dispatch-server" --listen 127.0.0.1:0 >"$log" 2>&1 &
   pid=$!
-  local port=""
-  for _ in $(seq 1 100); do
-    port=$(sed -n 's/^dispatch-server listening on 127\.0\.0\.1:\([0-9]*\)$/\1/p' "$log")
-    [ -n "$port" ] && break
-    kill -0 "$pid" 2>/dev/null || break
-    sleep 0.05
-  done
+  local port
+  port=$(wait_port "$log" "$pid")
   if [ -z "$port" ]; then
     echo "bench: server did not start; remote rows will be n/a:" >&2
     cat "$log" >&2
@@ -90,13 +98,8 @@ start_tls_server() {
   "$BUILD/dispatch-server" --listen 127.0.0.1:0 --tls-cert "$tls_dir/server.pem" \
     --tls-key "$tls_dir/server.key" >"$tls_dir/log" 2>&1 &
   tls_pid=$!
-  local port=""
-  for _ in $(seq 1 100); do
-    port=$(sed -n 's/^dispatch-server listening on 127\.0\.0\.1:\([0-9]*\)$/\1/p' "$tls_dir/log")
-    [ -n "$port" ] && break
-    kill -0 "$tls_pid" 2>/dev/null || break
-    sleep 0.05
-  done
+  local port
+  port=$(wait_port "$tls_dir/log" "$tls_pid")
   if [ -n "$port" ]; then
     export DISPATCH_BENCH_TLS="tls://127.0.0.1:$port" DISPATCH_TLS_CA="$tls_dir/ca.pem"
   else

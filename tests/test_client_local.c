@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "dispatch_client.h"
+#include "helpers/client_check.h"
 #include "helpers/failalloc.h"
 
 static dispatch_device *open_local(void) {
@@ -33,8 +34,6 @@ static void read_f32(dispatch_tensor *t, float *out, size_t n) {
                dispatch_device_errmsg(dispatch_tensor_device(t)));
 }
 
-#define OK(dev, call) \
-  cr_assert_eq((call), 0, "%s: %s", #call, dispatch_device_errmsg(dev))
 
 Test(client_local, version) {
   cr_assert_str_eq(dispatch_version(), "0.1.0");

@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "dispatch_client.h"
+#include "helpers/client_check.h"
 #include "helpers/failalloc.h"
 #include "helpers/server_proc.h"
 
@@ -39,12 +40,6 @@ static dispatch_device *open_dev(const char *kind) {
   return dev;
 }
 
-#define OK(dev, call)                                                   \
-  do {                                                                  \
-    int rc_ = (call);                                                   \
-    cr_assert_eq(rc_, 0, "%s: %s: %s", #call, dispatch_err_name(rc_),   \
-                 dispatch_device_errmsg(dev));                          \
-  } while (0)
 
 /* ------------------------------------------------------------------ */
 /* the same program on every device                                    */

@@ -14,6 +14,7 @@
 
 #include "dispatch.pb-c.h"
 #include "dispatch_client.h"
+#include "helpers/client_check.h"
 #include "frame.h"
 
 #define MAX_LOG 4096
@@ -192,8 +193,6 @@ static int count_kind(fake *f, int kind) {
   return n;
 }
 
-#define OK(dev, call) \
-  cr_assert_eq((call), 0, "%s: %s", #call, dispatch_device_errmsg(dev))
 
 Test(client_wire, ops_are_pipelined_and_frees_batched) {
   fake *f = fake_start(0);

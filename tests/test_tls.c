@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "dispatch_client.h"
+#include "helpers/client_check.h"
 #include "helpers/server_proc.h"
 #include "helpers/wire.h"
 
@@ -84,12 +85,6 @@ static dispatch_options ca_opts(const char *dir) {
   return o;
 }
 
-#define OK(dev, call)                                                  \
-  do {                                                                 \
-    int rc_ = (call);                                                  \
-    cr_assert_eq(rc_, 0, "%s: %s: %s", #call, dispatch_err_name(rc_),  \
-                 dispatch_device_errmsg(dev));                         \
-  } while (0)
 
 #define N 192 /* a 192x192 f32 matrix: 144 KiB, over the client's inline
                  bulk size and many TLS records */
