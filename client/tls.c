@@ -1,14 +1,17 @@
-/* Client-side TLS for tls:// devices. OpenSSL works over two memory BIOs
- * and this file moves the ciphertext with send(MSG_NOSIGNAL)/recv on the
- * non-blocking socket, each wait a poll bounded by the caller's deadline:
- * so a TLS device keeps the ECONN-within-the-timeout guarantee of tcp://,
- * and a closed peer can never raise SIGPIPE in the application. */
+/* Client-side TLS for tls:// devices. OpenSSL works over a BIO of this
+ * file that moves the ciphertext with send(MSG_NOSIGNAL)/recv on the
+ * non-blocking socket (records go between the socket and OpenSSL's own
+ * buffers with no copy in between), each wait a poll bounded by the
+ * caller's deadline: so a TLS device keeps the ECONN-within-the-timeout
+ * guarantee of tcp://, and a closed peer can never raise SIGPIPE in the
+ * application. */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <openssl/err.h>
 #include <openssl/ssl.h>
 #include <openssl/x509v3.h>
 #include <poll.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,6 +21,107 @@
 #include "client_internal.h"
 
 #define TLS_CHUNK (1u << 20) /* plaintext encrypted per step */
+#define TLS_READ_BUF (256u << 10) /* ciphertext OpenSSL reads per recv */
+
+/* The socket BIO's state: the fd, and why the socket itself failed (the
+ * server closed, recv/send errors), which step() reports as such rather
+ * than as a TLS failure. */
+typedef struct sock_bio {
+  int fd;
+  char why[128];
+} sock_bio;
+
+static int sock_write(BIO *b, const char *p, size_t n, size_t *done) {
+  sock_bio *s = BIO_get_data(b);
+  BIO_clear_retry_flags(b);
+  for (;;) {
+    ssize_t w = send(s->fd, p, n, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (w >= 0) {
+      *done = (size_t)w;
+      return 1;
+    }
+    if (errno == EINTR) continue;
+    if (errno == EAGAIN || errno == EWOULDBLOCK) {
+      BIO_set_retry_write(b);
+    } else if (!s->why[0]) {
+      snprintf(s->why, sizeof s->why, "send: %s", strerror(errno));
+    }
+    return 0;
+  }
+}
+
+static int sock_read(BIO *b, char *p, size_t n, size_t *got) {
+  sock_bio *s = BIO_get_data(b);
+  BIO_clear_retry_flags(b);
+  for (;;) {
+    ssize_t r = recv(s->fd, p, n, MSG_DONTWAIT);
+    if (r > 0) {
+      *got = (size_t)r;
+      return 1;
+    }
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      BIO_set_retry_read(b);
+    } else if (!s->why[0]) {
+      if (r == 0)
+        snprintf(s->why, sizeof s->why, "the server closed the connection");
+      else
+        snprintf(s->why, sizeof s->why, "recv: %s", strerror(errno));
+    }
+    return 0;
+  }
+}
+
+static long sock_ctrl(BIO *b, int cmd, long num, void *ptr) {
+  (void)b;
+  (void)num;
+  (void)ptr;
+  return cmd == BIO_CTRL_FLUSH ? 1 : 0;
+}
+
+static int sock_destroy(BIO *b) {
+  OPENSSL_free(BIO_get_data(b));
+  BIO_set_data(b, NULL);
+  return 1;
+}
+
+static BIO_METHOD *sock_method;
+static void sock_method_init(void) {
+  BIO_METHOD *m = BIO_meth_new(BIO_get_new_index() | BIO_TYPE_SOURCE_SINK,
+                               "dispatch socket");
+  if (m && (!BIO_meth_set_write_ex(m, sock_write) ||
+            !BIO_meth_set_read_ex(m, sock_read) ||
+            !BIO_meth_set_ctrl(m, sock_ctrl) ||
+            !BIO_meth_set_destroy(m, sock_destroy))) {
+    BIO_meth_free(m);
+    m = NULL;
+  }
+  sock_method = m;
+}
+
+/* A BIO on the socket fd (NULL when out of memory). */
+static BIO *sock_bio_new(int fd) {
+  static pthread_once_t once = PTHREAD_ONCE_INIT;
+  pthread_once(&once, sock_method_init);
+  if (!sock_method) return NULL;
+  BIO *b = BIO_new(sock_method);
+  sock_bio *s = b ? OPENSSL_zalloc(sizeof *s) : NULL;
+  if (!s) {
+    BIO_free(b);
+    return NULL;
+  }
+  s->fd = fd;
+  BIO_set_data(b, s);
+  BIO_set_init(b, 1);
+  return b;
+}
+
+/* Why the socket under the session failed, or NULL. */
+static const char *sock_failure(dispatch__conn *c) {
+  BIO *b = c->ssl ? SSL_get_rbio(c->ssl) : NULL;
+  sock_bio *s = b ? BIO_get_data(b) : NULL;
+  return s && s->why[0] ? s->why : NULL;
+}
 
 static int64_t tls_now_ms(void) {
   struct timespec ts;
@@ -63,72 +167,26 @@ static int wait_fd(dispatch__conn *c, short ev, int64_t deadline, char *why,
   }
 }
 
-/* Sends every byte OpenSSL queued in the write BIO. */
-static int push(dispatch__conn *c, int64_t deadline, char *why, size_t len) {
-  char buf[16384];
-  BIO *w = SSL_get_wbio(c->ssl);
-  int n;
-  while ((n = BIO_read(w, buf, sizeof buf)) > 0) {
-    const char *p = buf;
-    while (n > 0) {
-      ssize_t s = send(c->fd, p, (size_t)n, MSG_NOSIGNAL | MSG_DONTWAIT);
-      if (s > 0) {
-        p += s;
-        n -= (int)s;
-      } else if (s < 0 && errno == EINTR) {
-        continue;
-      } else if (s < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-        if (wait_fd(c, POLLOUT, deadline, why, len) < 0) return -1;
-      } else {
-        snprintf(why, len, "send: %s", strerror(errno));
-        return -1;
-      }
-    }
-  }
-  return 0;
-}
-
-/* Receives what the socket has (waiting up to the deadline) into the read
- * BIO: 0, or -1 with why (the server closed, timeout, error). */
-static int pull(dispatch__conn *c, int64_t deadline, char *why, size_t len) {
-  char buf[16384];
-  for (;;) {
-    ssize_t r = recv(c->fd, buf, sizeof buf, MSG_DONTWAIT);
-    if (r > 0) {
-      if (BIO_write(SSL_get_rbio(c->ssl), buf, (int)r) != (int)r) {
-        snprintf(why, len, "out of memory buffering TLS input");
-        return -1;
-      }
-      return 0;
-    }
-    if (r == 0) {
-      snprintf(why, len, "the server closed the connection");
-      return -1;
-    }
-    if (errno == EINTR) continue;
-    if (errno != EAGAIN && errno != EWOULDBLOCK) {
-      snprintf(why, len, "recv: %s", strerror(errno));
-      return -1;
-    }
-    if (wait_fd(c, POLLIN, deadline, why, len) < 0) return -1;
-  }
-}
-
-/* After an SSL call returned rc <= 0: sends what it queued and fetches
- * input when it wants some. 0: retry the call; -1: why filled. */
+/* After an SSL call returned rc <= 0: waits (within the deadline) for
+ * the socket to take or bring what OpenSSL wants; a failed socket is
+ * reported as itself, not as a TLS failure. 0: retry the call; -1: why
+ * filled. */
 static int step(dispatch__conn *c, int rc, int64_t deadline, char *why,
                 size_t len) {
   int err = SSL_get_error(c->ssl, rc);
-  if (err == SSL_ERROR_WANT_READ) {
-    if (push(c, deadline, why, len) < 0) return -1;
-    return pull(c, deadline, why, len);
+  const char *sock = sock_failure(c);
+  if (sock) { /* the socket failed, not TLS */
+    snprintf(why, len, "%s", sock);
+    ERR_clear_error();
+    return -1;
   }
-  if (err == SSL_ERROR_WANT_WRITE) return push(c, deadline, why, len);
+  if (err == SSL_ERROR_WANT_READ) return wait_fd(c, POLLIN, deadline, why, len);
+  if (err == SSL_ERROR_WANT_WRITE)
+    return wait_fd(c, POLLOUT, deadline, why, len);
   if (err == SSL_ERROR_ZERO_RETURN) {
     snprintf(why, len, "the server closed the TLS session");
     return -1;
   }
-  push(c, deadline, why, len); /* an alert for the server, if any */
   tls_reason(c, why, len);
   return -1;
 }
@@ -142,12 +200,11 @@ int dispatch__tls_write(dispatch__conn *c, const void *p, size_t n,
     if (rc == 1) {
       b += done;
       n -= done;
-      if (push(c, deadline, why, len) < 0) return -1;
     } else if (step(c, rc, deadline, why, len) < 0) {
       return -1;
     }
   }
-  return push(c, deadline, why, len);
+  return 0; /* the socket BIO sent every record SSL_write_ex made */
 }
 
 int dispatch__tls_read(dispatch__conn *c, void *p, size_t n, size_t *got,
@@ -215,14 +272,13 @@ int dispatch__tls_open(dispatch_device *dev, const char *host,
   }
   what = "create a TLS session";
   c->ssl = SSL_new(c->ssl_ctx);
-  BIO *rb = BIO_new(BIO_s_mem()), *wb = BIO_new(BIO_s_mem());
-  if (!c->ssl || !rb || !wb) {
-    BIO_free(rb);
-    BIO_free(wb);
-    goto fail;
-  }
-  BIO_set_mem_eof_return(rb, -1);
-  SSL_set_bio(c->ssl, rb, wb);
+  BIO *sb = c->ssl ? sock_bio_new(c->fd) : NULL;
+  if (!sb) goto fail;
+  SSL_set_bio(c->ssl, sb, sb);
+  /* whole socket reads of up to TLS_READ_BUF, not a recv per record
+   * header and another per record body */
+  SSL_set_default_read_buffer_len(c->ssl, TLS_READ_BUF);
+  SSL_set_read_ahead(c->ssl, 1);
   what = "set the server name to verify";
   if (is_ip_literal(name)) {
     if (X509_VERIFY_PARAM_set1_ip_asc(SSL_get0_param(c->ssl), name) != 1)
@@ -246,9 +302,7 @@ int dispatch__tls_open(dispatch_device *dev, const char *host,
                         ca ? ca : "");
     }
   }
-  return push(c, deadline, why, sizeof why) < 0
-             ? dsp_seterr(dev->ctx, DISPATCH_ECONN, "%s: %s", dev->spec, why)
-             : 0;
+  return 0;
 fail:
   tls_reason(c, why, sizeof why);
   return dsp_seterr(dev->ctx, DISPATCH_ETLS, "%s: cannot %s%s%s: %s",
@@ -258,13 +312,7 @@ fail:
 /* Best effort close_notify (never waits), then frees the session. */
 void dispatch__tls_close(dispatch__conn *c) {
   if (c->ssl && c->fd >= 0 && !c->dead && SSL_is_init_finished(c->ssl)) {
-    SSL_shutdown(c->ssl);
-    char buf[512];
-    int n = BIO_read(SSL_get_wbio(c->ssl), buf, sizeof buf);
-    if (n > 0) {
-      ssize_t s = send(c->fd, buf, (size_t)n, MSG_NOSIGNAL | MSG_DONTWAIT);
-      (void)s;
-    }
+    SSL_shutdown(c->ssl); /* the socket BIO sends without waiting */
   }
   SSL_free(c->ssl);
   SSL_CTX_free(c->ssl_ctx);

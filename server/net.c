@@ -20,6 +20,23 @@
  * stops and the unparsed rest of rbuf is kept for later. */
 enum { ST_HEADER, ST_MSG, ST_BULK, ST_WAIT, ST_DEAD };
 #define RBUF_SIZE 65536
+/* TLS replies are encrypted a step at a time as the socket takes them:
+ * a 64 MiB Read reply never becomes 64 MiB of ciphertext in memory, and
+ * the loop encrypts at most TLS_BUDGET before it lets other connections
+ * run (the rest resumes from on_write). */
+#define TLS_STEP (512u << 10)
+#define TLS_BUDGET (8u << 20)
+
+/* A reply frame waiting to be encrypted: buf, then the reference bulk
+ * (a Read reply's tensor, encrypted straight from its storage). */
+typedef struct sv_tls_out {
+  struct sv_tls_out *next;
+  uint8_t *buf;
+  size_t len;
+  dsp_tensor *bulk;
+  size_t bulk_len;
+  size_t done; /* plaintext bytes of buf, then bulk, already encrypted */
+} sv_tls_out;
 
 typedef struct sv_server sv_server;
 
@@ -30,6 +47,7 @@ typedef struct sv_conn {
   sv_tls *tls;     /* NULL: plain TCP */
   uint8_t *cbuf;   /* TLS: ciphertext read buffer */
   int tls_done;    /* TLS handshake finished */
+  sv_tls_out *tq_head, *tq_tail; /* TLS: frames not yet encrypted */
   int over_limit;  /* TLS: refuse with ELIMIT once the handshake is done */
   sv_server *srv;
   sv_session *sess;
@@ -52,7 +70,7 @@ typedef struct sv_conn {
   int hello_done;
   /* lifecycle */
   int closing, close_after_flush, paused, handles_open, teardown_done;
-  uint64_t outq_bytes;
+  uint64_t outq_bytes; /* unsent reply bytes: queued writes + tq */
   int writes_pending;
   uint32_t inflight;
   unsigned long long n_requests;
@@ -82,6 +100,26 @@ typedef struct sv_write {
 } sv_write;
 
 static void conn_close(sv_conn *c, const char *reason);
+static void tls_send(sv_conn *c);
+
+/* Nothing left to send: no write in flight, no frame waiting for TLS. */
+static int out_idle(const sv_conn *c) {
+  return c->writes_pending == 0 && c->tq_head == NULL;
+}
+
+/* Drops the frames still waiting for encryption (the connection closes
+ * or its TLS session broke), with their bytes and tensor references. */
+static void tls_out_clear(sv_conn *c) {
+  while (c->tq_head) {
+    sv_tls_out *t = c->tq_head;
+    c->tq_head = t->next;
+    c->outq_bytes -= t->len + t->bulk_len - t->done;
+    dsp_free(t->buf);
+    dsp_tensor_unref(t->bulk);
+    dsp_free(t);
+  }
+  c->tq_tail = NULL;
+}
 
 /* ------------------------------------------------------------ writes */
 
@@ -95,6 +133,7 @@ static void on_write(uv_write_t *req, int status) {
   dsp_free(w);
   if (c->closing) return;
   if (status < 0) conn_close(c, uv_strerror(status));
+  else if (c->tq_head) tls_send(c);
   else if (c->close_after_flush && c->writes_pending == 0)
     conn_close(c, "after its last reply");
 }
@@ -104,14 +143,15 @@ static void on_write(uv_write_t *req, int status) {
  * storage follows buf on the wire without a copy. With nothing queued
  * before it the frame is first written at once (uv_try_write): a reply
  * that fits the socket buffer then costs one write and no write request,
- * completion callback or epoll change. */
+ * completion callback or epoll change. queued: always through uv_write,
+ * so on_write runs on a later loop turn (TLS resumes encrypting there). */
 static void raw_write(sv_conn *c, uint8_t *buf, size_t len, dsp_tensor *bulk,
-                      size_t bulk_len) {
+                      size_t bulk_len, int queued) {
   uv_buf_t b[2] = {uv_buf_init((char *)buf, (unsigned)len),
                    uv_buf_init(bulk ? (char *)dsp_tensor_data(bulk) : NULL,
                                (unsigned)bulk_len)};
   unsigned nb = bulk_len ? 2 : 1;
-  if (c->writes_pending == 0) {
+  if (c->writes_pending == 0 && !queued) {
     int n = uv_try_write((uv_stream_t *)&c->tcp, b, nb);
     if (n < 0 && n != UV_EAGAIN) {
       dsp_free(buf);
@@ -129,7 +169,8 @@ static void raw_write(sv_conn *c, uint8_t *buf, size_t len, dsp_tensor *bulk,
     if (b[nb - 1].len == 0) {
       dsp_free(buf);
       dsp_tensor_unref(bulk);
-      if (c->close_after_flush) conn_close(c, "after its last reply");
+      if (c->close_after_flush && out_idle(c))
+        conn_close(c, "after its last reply");
       return;
     }
   }
@@ -158,8 +199,8 @@ static void raw_write(sv_conn *c, uint8_t *buf, size_t len, dsp_tensor *bulk,
 }
 
 /* Sends what OpenSSL queued in the write BIO (handshake records, alerts,
- * encrypted frames). */
-static void tls_flush(sv_conn *c) {
+ * encrypted frames); queued as for raw_write. */
+static void tls_flush_q(sv_conn *c, int queued) {
   uint8_t *buf;
   size_t len;
   if (c->closing || !c->tls) return;
@@ -167,7 +208,54 @@ static void tls_flush(sv_conn *c) {
     conn_close(c, "out of memory for TLS output");
     return;
   }
-  if (buf) raw_write(c, buf, len, NULL, 0);
+  if (buf) raw_write(c, buf, len, NULL, 0, queued);
+}
+
+static void tls_flush(sv_conn *c) { tls_flush_q(c, 0); }
+
+/* Encrypts waiting frames TLS_STEP at a time while the socket takes each
+ * step at once, and at most TLS_BUDGET per call; a step the socket does
+ * not take at once (or the last of the budget) is left to uv_write, and
+ * on_write calls again. Frames leave the queue in order, so an Error
+ * frame queued behind a large reply follows it on the wire. */
+static void tls_send(sv_conn *c) {
+  size_t budget = TLS_BUDGET;
+  while (!c->closing && c->tq_head && c->writes_pending == 0) {
+    size_t step = 0;
+    int rc = 0;
+    while (c->tq_head && step < TLS_STEP) {
+      sv_tls_out *t = c->tq_head;
+      size_t total = t->len + t->bulk_len, k;
+      const uint8_t *p;
+      if (t->done < t->len) {
+        p = t->buf + t->done;
+        k = t->len - t->done;
+      } else {
+        p = (const uint8_t *)dsp_tensor_data(t->bulk) + (t->done - t->len);
+        k = total - t->done;
+      }
+      if (k > TLS_STEP - step) k = TLS_STEP - step;
+      rc = sv_tls_write(c->tls, p, k);
+      if (rc < 0) break;
+      t->done += k;
+      step += k;
+      c->outq_bytes -= k;
+      if (t->done == total) {
+        c->tq_head = t->next;
+        if (!c->tq_head) c->tq_tail = NULL;
+        dsp_free(t->buf);
+        dsp_tensor_unref(t->bulk);
+        dsp_free(t);
+      }
+    }
+    if (rc < 0) {
+      conn_close(c, "TLS write failed");
+      return;
+    }
+    budget = budget > step ? budget - step : 0;
+    tls_flush_q(c, budget == 0);
+    if (budget == 0) return;
+  }
 }
 
 /* Queues one frame, taking buf and the reference bulk (NULL, or a Read
@@ -184,17 +272,20 @@ static void queue_write(sv_conn *c, uint8_t *buf, size_t len,
   }
   if (c->tls && c->outq_bytes <= c->srv->cfg->max_output_queue) {
     /* a frame's bytes go out through the TLS session, encrypted straight
-     * from the tensor's storage */
-    int rc = sv_tls_write(c->tls, buf, len);
-    if (rc == 0 && bulk_len)
-      rc = sv_tls_write(c->tls, dsp_tensor_data(bulk), bulk_len);
-    dsp_free(buf);
-    dsp_tensor_unref(bulk);
-    if (rc < 0) {
-      conn_close(c, "TLS write failed");
+     * from the tensor's storage, a step at a time (tls_send) */
+    sv_tls_out *t = dsp_malloc(sizeof *t);
+    if (!t) {
+      dsp_free(buf);
+      dsp_tensor_unref(bulk);
+      conn_close(c, "out of memory queueing a reply");
       return;
     }
-    tls_flush(c);
+    *t = (sv_tls_out){NULL, buf, len, bulk, bulk_len, 0};
+    if (c->tq_tail) c->tq_tail->next = t;
+    else c->tq_head = t;
+    c->tq_tail = t;
+    c->outq_bytes += len + bulk_len;
+    tls_send(c);
     return;
   }
   if (c->outq_bytes > c->srv->cfg->max_output_queue) {
@@ -209,7 +300,7 @@ static void queue_write(sv_conn *c, uint8_t *buf, size_t len,
     conn_close(c, "slow reader");
     return;
   }
-  raw_write(c, buf, len, bulk, bulk_len);
+  raw_write(c, buf, len, bulk, bulk_len, 0);
 }
 
 /* Sends an Error frame and closes the connection once it is written. */
@@ -289,6 +380,7 @@ static void conn_close(sv_conn *c, const char *reason) {
   sv_log(SV_LOG_INFO, "conn %llu (%s) closed (%s) after %llu requests", c->id,
          c->peer, reason, c->n_requests);
   uv_read_stop((uv_stream_t *)&c->tcp);
+  tls_out_clear(c);
   uv_close((uv_handle_t *)&c->tcp, on_handle_closed);
   uv_close((uv_handle_t *)&c->idle, on_handle_closed);
   uv_close((uv_handle_t *)&c->hs, on_handle_closed);
@@ -308,7 +400,7 @@ static void conn_close(sv_conn *c, const char *reason) {
  * why (a client sees it at its next wait) and is closed. */
 static void on_idle(uv_timer_t *t) {
   sv_conn *c = t->data;
-  if (c->inflight > 0 || c->writes_pending > 0) return; /* still working */
+  if (c->inflight > 0 || !out_idle(c)) return; /* still working */
   if (c->closing || c->close_after_flush) return;
   char msg[128];
   snprintf(msg, sizeof msg,
@@ -434,7 +526,7 @@ static void on_done(sv_job *j, void *ud) {
   }
   if (j->is_bye && !c->closing) {
     c->close_after_flush = 1;
-    if (c->writes_pending == 0) conn_close(c, "bye");
+    if (out_idle(c)) conn_close(c, "bye");
   }
   sv_job_free(j);
   if (c->closing) return;
@@ -723,6 +815,7 @@ static void tls_failed(sv_conn *c, const char *why) {
   atomic_fetch_add(&c->srv->g.protocol_errors, 1);
   sv_log(SV_LOG_WARN, "conn %llu (%s): TLS %s failed: %s", c->id, c->peer,
          c->tls_done ? "read" : "handshake", why);
+  tls_out_clear(c); /* the session cannot encrypt them any more */
   tls_flush(c);
   if (c->closing) return;
   c->state = ST_DEAD;
@@ -976,6 +1069,13 @@ int sv_run(const sv_config *cfg) {
     uv_ip6_name((struct sockaddr_in6 *)&bound, ip, sizeof ip);
     port = ntohs(((struct sockaddr_in6 *)&bound)->sin6_port);
   }
+  /* the handlers are in place before the port is announced: a signal
+   * sent as soon as the port is known shuts down cleanly */
+  uv_signal_init(&srv->loop, &srv->sigint);
+  uv_signal_init(&srv->loop, &srv->sigterm);
+  srv->sigint.data = srv->sigterm.data = srv;
+  uv_signal_start(&srv->sigint, on_signal, SIGINT);
+  uv_signal_start(&srv->sigterm, on_signal, SIGTERM);
   printf("dispatch-server listening on %s:%d\n", ip, port);
   fflush(stdout);
   sv_log(SV_LOG_INFO, "listening on %s:%d with %d worker threads%s%s%s", ip,
@@ -983,11 +1083,6 @@ int sv_run(const sv_config *cfg) {
          srv->tls ? ", TLS" : ", plain TCP (no TLS)",
          cfg->tls_client_ca ? " with client certificates" : "",
          cfg->token ? ", token required" : "");
-  uv_signal_init(&srv->loop, &srv->sigint);
-  uv_signal_init(&srv->loop, &srv->sigterm);
-  srv->sigint.data = srv->sigterm.data = srv;
-  uv_signal_start(&srv->sigint, on_signal, SIGINT);
-  uv_signal_start(&srv->sigterm, on_signal, SIGTERM);
 
   uv_run(&srv->loop, UV_RUN_DEFAULT);
 
