@@ -183,6 +183,10 @@ static int do_op(sv_session *s, sv_job *j, char *why) {
   if (o->n_inputs > DSP_MAX_INPUTS)
     return why_set(why, DISPATCH_EINVAL, "%s: %zu inputs, at most %d",
                    info->name, o->n_inputs, DSP_MAX_INPUTS);
+  if (info->family == DSP_FAM_OPTIM) /* an output id would alias the param */
+    return why_set(why, DISPATCH_EINVAL,
+                   "%s updates its parameter in place: send it as a Step",
+                   info->name);
   dsp_attrs a;
   int rc = attrs_from(info->name, o->n_ints, o->ints, o->n_floats, o->floats,
                       &a, why);
@@ -202,10 +206,8 @@ static int do_op(sv_session *s, sv_job *j, char *why) {
   rc = dsp_op_infer(s->ctx, (dsp_opcode)o->op, metas, (int)o->n_inputs, &a,
                     &om);
   if (rc < 0) return why_ctx(s, why, rc);
-  if (info->family != DSP_FAM_OPTIM) { /* optimizer ops write in place */
-    rc = check_new_meta(s, &om, why);
-    if (rc < 0) return rc;
-  }
+  rc = check_new_meta(s, &om, why);
+  if (rc < 0) return rc;
   dsp_tensor *out;
   int grad = dsp_set_grad_enabled(s->ctx, !o->no_grad);
   rc = dsp_op(s->ctx, (dsp_opcode)o->op, in, (int)o->n_inputs, &a, &out);

@@ -120,3 +120,34 @@ Test(server_session, step_with_wrong_state_count_names_both_counts) {
             "message: %s", f.s->err_msg);
   fx_close(&f);
 }
+
+/* An optimizer op sent as a plain Op would give its in-place parameter a
+ * second id (and count its bytes twice): it is refused, naming Step, and
+ * nothing is added to the session. */
+Test(server_session, optimizer_op_as_plain_op_is_refused) {
+  fixture f;
+  fx_open(&f);
+  upload(f.s, 1);
+  upload(f.s, 2);
+  upload(f.s, 3);
+  long long bytes = atomic_load(&f.s->bytes);
+  Dispatch__Request r = DISPATCH__REQUEST__INIT;
+  Dispatch__Op op = DISPATCH__OP__INIT;
+  uint64_t in[3] = {1, 2, 3};
+  double fl[3] = {0.1, 0, 0};
+  op.op = DSP_OP_SGD_STEP;
+  op.n_inputs = 3;
+  op.inputs = in;
+  op.output = 9;
+  op.n_floats = 3;
+  op.floats = fl;
+  r.req_id = 6;
+  r.body_case = DISPATCH__REQUEST__BODY_OP;
+  r.op = &op;
+  run_req(f.s, &r, NULL, 0);
+  cr_assert_eq(f.s->err_code, DISPATCH_EINVAL, "%s", f.s->err_msg);
+  cr_assert(strstr(f.s->err_msg, "Step"), "message: %s", f.s->err_msg);
+  cr_assert_eq(atomic_load(&f.s->bytes), bytes);
+  cr_assert_eq(f.s->n_live, 3);
+  fx_close(&f);
+}
