@@ -342,6 +342,9 @@ Test(server_fairness, long_queue_does_not_starve_other_session) {
   for (int i = 0; i < N * N; i++) d[i] = (float)(i % 13) * 0.01f;
   int64_t s[2] = {N, N};
   wire_upload(&a, 1, DSP_F32, 2, s, d, (size_t)N * N * 4);
+  /* A's input is in before anything else: otherwise B's small upload can
+   * overtake A's 256 KiB one and the count below underflows */
+  cr_assert_eq(wire_sync_check(&a, NULL, 0, NULL), 0);
   uint64_t in[2] = {1, 1};
   for (int i = 0; i < OPS; i++)
     wire_op(&a, DSP_OP_MATMUL, in, 2, 100 + (uint64_t)i, NULL, 0, NULL, 0);
@@ -356,7 +359,8 @@ Test(server_fairness, long_queue_does_not_starve_other_session) {
   cr_assert_eq(*(float *)got, 42.0f);
   free(got);
   cr_assert_eq(wire_get_stats(&b, &st), 0);
-  /* A holds its input plus the matmuls done so far */
+  /* A holds its input plus the matmuls done so far; B holds one */
+  cr_assert_geq(st.server_tensors, base.server_tensors + 2);
   uint64_t a_done = st.server_tensors - base.server_tensors - 2;
   cr_assert_lt(a_done, OPS, "session B waited for all %d of A's ops", OPS);
   Dispatch__Reply *r;
