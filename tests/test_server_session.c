@@ -66,6 +66,26 @@ static void fx_close(fixture *f) {
   cr_assert_eq(atomic_load(&f->g.tensors), 0);
 }
 
+/* Runs an sgd_step Step over params with states on s (lr 0.1). */
+static void run_sgd_step(sv_session *s, uint64_t req_id, uint64_t *params,
+                         size_t n_params, uint64_t *states, size_t n_states) {
+  Dispatch__Request r = DISPATCH__REQUEST__INIT;
+  Dispatch__Step st = DISPATCH__STEP__INIT;
+  double fl[3] = {0.1, 0, 0};
+  st.op = DSP_OP_SGD_STEP;
+  st.grads = 7;
+  st.n_params = n_params;
+  st.params = params;
+  st.n_states = n_states;
+  st.states = states;
+  st.n_floats = 3;
+  st.floats = fl;
+  r.req_id = req_id;
+  r.body_case = DISPATCH__REQUEST__BODY_STEP;
+  r.step = &st;
+  run_req(s, &r, NULL, 0);
+}
+
 /* More parameters than the session has tensors: the message says so (it
  * used to claim the state count was wrong while quoting matching counts). */
 Test(server_session, step_with_more_params_than_tensors_names_the_counts) {
@@ -73,22 +93,8 @@ Test(server_session, step_with_more_params_than_tensors_names_the_counts) {
   fx_open(&f);
   upload(f.s, 1);
   upload(f.s, 2);
-  Dispatch__Request r = DISPATCH__REQUEST__INIT;
-  Dispatch__Step st = DISPATCH__STEP__INIT;
   uint64_t params[3] = {1, 1, 1}, states[3] = {2, 2, 2};
-  double fl[3] = {0.1, 0, 0};
-  st.op = DSP_OP_SGD_STEP;
-  st.grads = 7;
-  st.n_params = 3;
-  st.params = params;
-  st.n_states = 3;
-  st.states = states;
-  st.n_floats = 3;
-  st.floats = fl;
-  r.req_id = 5;
-  r.body_case = DISPATCH__REQUEST__BODY_STEP;
-  r.step = &st;
-  run_req(f.s, &r, NULL, 0);
+  run_sgd_step(f.s, 5, params, 3, states, 3);
   cr_assert_eq(f.s->err_code, DISPATCH_EINVAL, "%s", f.s->err_msg);
   cr_assert(strstr(f.s->err_msg, "3 params") &&
                 strstr(f.s->err_msg, "only 2 tensors"),
@@ -102,19 +108,8 @@ Test(server_session, step_with_wrong_state_count_names_both_counts) {
   fx_open(&f);
   upload(f.s, 1);
   upload(f.s, 2);
-  Dispatch__Request r = DISPATCH__REQUEST__INIT;
-  Dispatch__Step st = DISPATCH__STEP__INIT;
   uint64_t params[1] = {1}, states[2] = {2, 2};
-  st.op = DSP_OP_SGD_STEP;
-  st.grads = 7;
-  st.n_params = 1;
-  st.params = params;
-  st.n_states = 2;
-  st.states = states;
-  r.req_id = 6;
-  r.body_case = DISPATCH__REQUEST__BODY_STEP;
-  r.step = &st;
-  run_req(f.s, &r, NULL, 0);
+  run_sgd_step(f.s, 6, params, 1, states, 2);
   cr_assert_eq(f.s->err_code, DISPATCH_EINVAL, "%s", f.s->err_msg);
   cr_assert(strstr(f.s->err_msg, "1 params need 1 state ids, got 2"),
             "message: %s", f.s->err_msg);
