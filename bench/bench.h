@@ -339,8 +339,12 @@ static inline int bench_raw_connect(const bench_raw *r) {
  * 50) before it sleeps, so the reference and dispatch differ in protocol
  * and server work, not in how the client thread waits. */
 static inline void bench_spin_until_readable(int fd) {
-  const char *e = getenv("DISPATCH_SPIN_US");
-  long us = e && *e ? strtol(e, NULL, 10) : 50;
+  static long us = -1; /* read once, as the client does: not in the timing */
+  if (us < 0) {
+    const char *e = getenv("DISPATCH_SPIN_US");
+    us = e && *e ? strtol(e, NULL, 10) : 50;
+    if (us < 0) us = 0;
+  }
   struct pollfd pfd = {fd, POLLIN, 0};
   double end = bench_now() + (double)us * 1e-6;
   while (us > 0 && poll(&pfd, 1, 0) == 0 && bench_now() < end) {
