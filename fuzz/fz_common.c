@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "frame.h"
+#include "wire_req.h"
 
 void fz_config(sv_config *c) {
   sv_config_defaults(c);
@@ -42,14 +43,9 @@ void fz_buf_free(fz_buf *b) {
 
 void fz_frame(fz_buf *b, const Dispatch__Request *req, const void *bulk,
               size_t have, uint64_t bulk_len) {
-  size_t len = dispatch__request__get_packed_size(req);
-  uint8_t hdr[DSP_FRAME_HEADER_SIZE];
-  dsp_frame_header h = {(uint32_t)len, 0, bulk_len};
-  dsp_frame_header_encode(hdr, &h);
-  fz_buf_put(b, hdr, sizeof hdr);
   size_t at = b->n;
-  fz_buf_put(b, NULL, len);
-  if (!b->failed) dispatch__request__pack(req, b->p + at);
+  fz_buf_put(b, NULL, dsp_req_frame_size(req));
+  if (!b->failed) dsp_req_frame_encode(req, bulk_len, b->p + at);
   if (have > bulk_len) have = (size_t)bulk_len;
   fz_buf_put(b, bulk, have);
   if (bulk_len > have && bulk_len - have < (1u << 20))
@@ -60,63 +56,72 @@ void fz_frame(fz_buf *b, const Dispatch__Request *req, const void *bulk,
 
 static uint64_t g_rid = 1;
 
+/* Appends req as the next request of the stream (req_id from g_rid). */
+static void put(fz_buf *b, Dispatch__Request *req) {
+  req->req_id = g_rid++;
+  fz_frame(b, req, NULL, 0, 0);
+}
+
 static void put_upload(fz_buf *b, uint64_t id, int dtype, int ndim,
                        const int64_t *shape, const void *data, size_t nbytes,
                        uint64_t bulk_len) {
-  Dispatch__Request r = DISPATCH__REQUEST__INIT;
-  Dispatch__Upload u = DISPATCH__UPLOAD__INIT;
-  Dispatch__TensorMeta m = DISPATCH__TENSOR_META__INIT;
-  m.dtype = dtype;
-  m.n_shape = (size_t)ndim;
-  m.shape = (int64_t *)shape;
-  u.id = id;
-  u.meta = &m;
-  r.req_id = g_rid++;
-  r.body_case = DISPATCH__REQUEST__BODY_UPLOAD;
-  r.upload = &u;
-  fz_frame(b, &r, data, nbytes, bulk_len);
+  dsp_wreq w;
+  Dispatch__Request *r = dsp_wreq_upload(&w, id, dtype, (size_t)ndim, shape);
+  r->req_id = g_rid++;
+  fz_frame(b, r, data, nbytes, bulk_len);
 }
 
 static void put_op(fz_buf *b, int op, const uint64_t *in, size_t n_in,
                    uint64_t out, const int64_t *ints, size_t n_ints,
                    const double *floats, size_t n_floats) {
-  Dispatch__Request r = DISPATCH__REQUEST__INIT;
-  Dispatch__Op o = DISPATCH__OP__INIT;
-  o.op = op;
-  o.inputs = (uint64_t *)in;
-  o.n_inputs = n_in;
-  o.output = out;
-  o.ints = (int64_t *)ints;
-  o.n_ints = n_ints;
-  o.floats = (double *)floats;
-  o.n_floats = n_floats;
-  r.req_id = g_rid++;
-  r.body_case = DISPATCH__REQUEST__BODY_OP;
-  r.op = &o;
-  fz_frame(b, &r, NULL, 0, 0);
+  dsp_wreq w;
+  put(b, dsp_wreq_op(&w, op, in, n_in, out, ints, n_ints, floats, n_floats,
+                     0));
 }
 
 static void put_track(fz_buf *b, uint64_t id) {
-  Dispatch__Request r = DISPATCH__REQUEST__INIT;
-  Dispatch__Track t = DISPATCH__TRACK__INIT;
-  t.id = id;
-  r.req_id = g_rid++;
-  r.body_case = DISPATCH__REQUEST__BODY_TRACK;
-  r.track = &t;
-  fz_frame(b, &r, NULL, 0, 0);
+  dsp_wreq w;
+  put(b, dsp_wreq_track(&w, id));
 }
 
 static void put_backward(fz_buf *b, uint64_t loss, uint64_t grads,
                          int retain) {
-  Dispatch__Request r = DISPATCH__REQUEST__INIT;
-  Dispatch__Backward k = DISPATCH__BACKWARD__INIT;
-  k.loss = loss;
-  k.grads = grads;
-  k.retain = retain;
-  r.req_id = g_rid++;
-  r.body_case = DISPATCH__REQUEST__BODY_BACKWARD;
-  r.backward = &k;
-  fz_frame(b, &r, NULL, 0, 0);
+  dsp_wreq w;
+  put(b, dsp_wreq_backward(&w, loss, grads, retain));
+}
+
+static void put_grad(fz_buf *b, uint64_t grads, uint64_t t, uint64_t out) {
+  dsp_wreq w;
+  put(b, dsp_wreq_grad(&w, grads, t, out));
+}
+
+static void put_step(fz_buf *b, int op, uint64_t grads, const uint64_t *p,
+                     size_t np, const uint64_t *s, size_t ns,
+                     const int64_t *ints, size_t ni, const double *fl,
+                     size_t nf) {
+  dsp_wreq w;
+  put(b, dsp_wreq_step(&w, op, grads, p, np, s, ns, ints, ni, fl, nf));
+}
+
+static void put_free(fz_buf *b, const uint64_t *t, size_t nt,
+                     const uint64_t *g, size_t ng) {
+  dsp_wreq w;
+  put(b, dsp_wreq_free(&w, t, nt, g, ng));
+}
+
+static void put_read(fz_buf *b, uint64_t id) {
+  dsp_wreq w;
+  put(b, dsp_wreq_read(&w, id));
+}
+
+static void put_sync(fz_buf *b) {
+  dsp_wreq w;
+  put(b, dsp_wreq_sync(&w));
+}
+
+static void put_stats(fz_buf *b) {
+  dsp_wreq w;
+  put(b, dsp_wreq_stats(&w));
 }
 
 void fz_seed_frames(fz_buf *b) {
@@ -204,8 +209,6 @@ static void recipe_one(rd *r, fz_buf *out) {
   uint64_t ids[DSP_MAX_INPUTS + 4], ids2[8];
   int64_t ints[DSP_MAX_ATTR_INTS + 2];
   double floats[DSP_MAX_ATTR_FLOATS + 2];
-  Dispatch__Request q = DISPATCH__REQUEST__INIT;
-  q.req_id = g_rid++;
   switch (kind) {
     case 0: { /* upload: small shape, exact or off-by-some bulk */
       uint64_t id = rid_of(r);
@@ -253,74 +256,38 @@ static void recipe_one(rd *r, fz_buf *out) {
       return;
     }
     case 4: {
-      Dispatch__Grad g = DISPATCH__GRAD__INIT;
-      g.grads = rid_of(r);
-      g.tensor = rid_of(r);
-      g.output = rid_of(r);
-      q.body_case = DISPATCH__REQUEST__BODY_GRAD;
-      q.grad = &g;
-      fz_frame(out, &q, NULL, 0, 0);
+      uint64_t g = rid_of(r), t = rid_of(r);
+      put_grad(out, g, t, rid_of(r));
       return;
     }
     case 5: { /* step */
-      Dispatch__Step s = DISPATCH__STEP__INIT;
       uint8_t b = u8(r);
-      s.op = b % 3 == 0 ? DSP_OP_SGD_STEP
-             : b % 3 == 1 ? DSP_OP_ADAM_STEP
-                          : (int)small_int(r);
-      s.grads = rid_of(r);
-      s.n_params = u8(r) % 4;
-      for (size_t i = 0; i < s.n_params; i++) ids[i] = rid_of(r);
-      s.params = ids;
-      s.n_states = u8(r) % 9;
-      for (size_t i = 0; i < s.n_states; i++) ids2[i] = rid_of(r);
-      s.states = ids2;
-      s.n_ints = u8(r) % 3;
-      for (size_t i = 0; i < s.n_ints; i++) ints[i] = small_int(r);
-      s.ints = ints;
-      s.n_floats = u8(r) % (DSP_MAX_ATTR_FLOATS + 2);
-      for (size_t i = 0; i < s.n_floats; i++) floats[i] = small_float(r);
-      s.floats = floats;
-      q.body_case = DISPATCH__REQUEST__BODY_STEP;
-      q.step = &s;
-      fz_frame(out, &q, NULL, 0, 0);
+      int op = b % 3 == 0   ? DSP_OP_SGD_STEP
+               : b % 3 == 1 ? DSP_OP_ADAM_STEP
+                            : (int)small_int(r);
+      uint64_t g = rid_of(r);
+      size_t np = u8(r) % 4;
+      for (size_t i = 0; i < np; i++) ids[i] = rid_of(r);
+      size_t ns = u8(r) % 9;
+      for (size_t i = 0; i < ns; i++) ids2[i] = rid_of(r);
+      size_t ni = u8(r) % 3;
+      for (size_t i = 0; i < ni; i++) ints[i] = small_int(r);
+      size_t nf = u8(r) % (DSP_MAX_ATTR_FLOATS + 2);
+      for (size_t i = 0; i < nf; i++) floats[i] = small_float(r);
+      put_step(out, op, g, ids, np, ids2, ns, ints, ni, floats, nf);
       return;
     }
     case 6: { /* free */
-      Dispatch__Free f = DISPATCH__FREE__INIT;
-      f.n_tensors = u8(r) % 4;
-      for (size_t i = 0; i < f.n_tensors; i++) ids[i] = rid_of(r);
-      f.tensors = ids;
-      f.n_grads = u8(r) % 3;
-      for (size_t i = 0; i < f.n_grads; i++) ids2[i] = rid_of(r);
-      f.grads = ids2;
-      q.body_case = DISPATCH__REQUEST__BODY_FREE;
-      q.free = &f;
-      fz_frame(out, &q, NULL, 0, 0);
+      size_t nt = u8(r) % 4;
+      for (size_t i = 0; i < nt; i++) ids[i] = rid_of(r);
+      size_t ng = u8(r) % 3;
+      for (size_t i = 0; i < ng; i++) ids2[i] = rid_of(r);
+      put_free(out, ids, nt, ids2, ng);
       return;
     }
-    case 7: {
-      Dispatch__Read rr = DISPATCH__READ__INIT;
-      rr.id = rid_of(r);
-      q.body_case = DISPATCH__REQUEST__BODY_READ;
-      q.read = &rr;
-      fz_frame(out, &q, NULL, 0, 0);
-      return;
-    }
-    case 8: {
-      Dispatch__Sync sy = DISPATCH__SYNC__INIT;
-      q.body_case = DISPATCH__REQUEST__BODY_SYNC;
-      q.sync = &sy;
-      fz_frame(out, &q, NULL, 0, 0);
-      return;
-    }
-    case 9: {
-      Dispatch__Stats st = DISPATCH__STATS__INIT;
-      q.body_case = DISPATCH__REQUEST__BODY_STATS;
-      q.stats = &st;
-      fz_frame(out, &q, NULL, 0, 0);
-      return;
-    }
+    case 7: put_read(out, rid_of(r)); return;
+    case 8: put_sync(out); return;
+    case 9: put_stats(out); return;
     default: { /* a raw frame: header fields and message bytes as given */
       size_t len = u8(r);
       uint8_t f = u8(r);

@@ -26,90 +26,22 @@ static void save(const char *sub, const char *name, const fz_buf *b) {
 }
 
 static void hello(fz_buf *b, unsigned major) {
-  Dispatch__Request r = DISPATCH__REQUEST__INIT;
-  Dispatch__Hello h = DISPATCH__HELLO__INIT;
-  h.major = major;
-  h.minor = 0;
-  h.client_name = "seed";
-  r.req_id = g_rid++;
-  r.body_case = DISPATCH__REQUEST__BODY_HELLO;
-  r.hello = &h;
-  fz_frame(b, &r, NULL, 0, 0);
+  dsp_wreq w;
+  put(b, dsp_wreq_hello(&w, major, 0, NULL, "seed"));
 }
 
-#define SIMPLE(fn, FIELD, CASE, TYPE, INIT)            \
-  static void fn(fz_buf *b) {                          \
-    Dispatch__Request r = DISPATCH__REQUEST__INIT;     \
-    TYPE x = INIT;                                     \
-    r.req_id = g_rid++;                                \
-    r.body_case = CASE;                                \
-    r.FIELD = &x;                                      \
-    fz_frame(b, &r, NULL, 0, 0);                       \
-  }
-SIMPLE(sync_, sync, DISPATCH__REQUEST__BODY_SYNC, Dispatch__Sync,
-       DISPATCH__SYNC__INIT)
-SIMPLE(stats_, stats, DISPATCH__REQUEST__BODY_STATS, Dispatch__Stats,
-       DISPATCH__STATS__INIT)
-SIMPLE(bye_, bye, DISPATCH__REQUEST__BODY_BYE, Dispatch__Bye,
-       DISPATCH__BYE__INIT)
-
-static void read_(fz_buf *b, uint64_t id) {
-  Dispatch__Request r = DISPATCH__REQUEST__INIT;
-  Dispatch__Read x = DISPATCH__READ__INIT;
-  x.id = id;
-  r.req_id = g_rid++;
-  r.body_case = DISPATCH__REQUEST__BODY_READ;
-  r.read = &x;
-  fz_frame(b, &r, NULL, 0, 0);
+static void bye_(fz_buf *b) {
+  dsp_wreq w;
+  put(b, dsp_wreq_bye(&w));
 }
 
-static void grad_(fz_buf *b, uint64_t grads, uint64_t t, uint64_t out) {
-  Dispatch__Request r = DISPATCH__REQUEST__INIT;
-  Dispatch__Grad x = DISPATCH__GRAD__INIT;
-  x.grads = grads;
-  x.tensor = t;
-  x.output = out;
-  r.req_id = g_rid++;
-  r.body_case = DISPATCH__REQUEST__BODY_GRAD;
-  r.grad = &x;
-  fz_frame(b, &r, NULL, 0, 0);
-}
-
-static void free_(fz_buf *b, const uint64_t *t, size_t nt, const uint64_t *g,
-                  size_t ng) {
-  Dispatch__Request r = DISPATCH__REQUEST__INIT;
-  Dispatch__Free x = DISPATCH__FREE__INIT;
-  x.tensors = (uint64_t *)t;
-  x.n_tensors = nt;
-  x.grads = (uint64_t *)g;
-  x.n_grads = ng;
-  r.req_id = g_rid++;
-  r.body_case = DISPATCH__REQUEST__BODY_FREE;
-  r.free = &x;
-  fz_frame(b, &r, NULL, 0, 0);
-}
-
-static void step_(fz_buf *b, int op, uint64_t grads, const uint64_t *p,
-                  size_t np, const uint64_t *s, size_t ns,
-                  const int64_t *ints, size_t ni, const double *fl,
-                  size_t nf) {
-  Dispatch__Request r = DISPATCH__REQUEST__INIT;
-  Dispatch__Step x = DISPATCH__STEP__INIT;
-  x.op = op;
-  x.grads = grads;
-  x.params = (uint64_t *)p;
-  x.n_params = np;
-  x.states = (uint64_t *)s;
-  x.n_states = ns;
-  x.ints = (int64_t *)ints;
-  x.n_ints = ni;
-  x.floats = (double *)fl;
-  x.n_floats = nf;
-  r.req_id = g_rid++;
-  r.body_case = DISPATCH__REQUEST__BODY_STEP;
-  r.step = &x;
-  fz_frame(b, &r, NULL, 0, 0);
-}
+/* the shorter names the seed lists below were written with */
+#define sync_ put_sync
+#define stats_ put_stats
+#define read_ put_read
+#define grad_ put_grad
+#define free_ put_free
+#define step_ put_step
 
 static void raw_header(fz_buf *b, uint32_t msg_len, uint32_t flags,
                        uint64_t bulk_len) {
@@ -380,12 +312,10 @@ static void streams(void) {
 
   NEW();
   {
-    Dispatch__Request r = DISPATCH__REQUEST__INIT;
-    Dispatch__Sync x = DISPATCH__SYNC__INIT;
-    r.req_id = 9;
-    r.body_case = DISPATCH__REQUEST__BODY_SYNC;
-    r.sync = &x;
-    fz_frame(&b, &r, "abcd", 4, 4);
+    dsp_wreq w;
+    Dispatch__Request *r = dsp_wreq_sync(&w);
+    r->req_id = 9;
+    fz_frame(&b, r, "abcd", 4, 4);
   }
   save("stream", "bulk_on_sync.EPROTO", &b);
 
