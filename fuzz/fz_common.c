@@ -204,8 +204,188 @@ static const int k_ops[] = {
     101, 102, 103, 104, 105, 110, 111};
 #define N_OPS (sizeof k_ops / sizeof k_ops[0])
 
+/* Shapes with a zero-size dimension beside huge ones: numel is 0, so
+ * element-count limits pass them, while anything that loops over a dim or
+ * multiplies strides meets 2^63-1 (issue 9, item 1). Small zero shapes
+ * too, where nothing is hostile but the kernels' zero-element paths. */
+#define FZ_H INT64_MAX
+#define FZ_G ((int64_t)1 << 62)
+#define FZ_T ((int64_t)1 << 32)
+static const struct {
+  int ndim;
+  int64_t d[4];
+} k_zshapes[] = {
+    {2, {FZ_H, 0}},       {3, {0, FZ_H, 2}},    {3, {0, FZ_H, 0}},
+    {1, {0}},             {3, {FZ_T, FZ_T, 0}}, {3, {0, FZ_G, 4}},
+    {3, {2, 0, FZ_H}},    {4, {1, 0, 1, FZ_H}}, {4, {FZ_H, 0, 3, 3}},
+    {2, {0, 3}},          {3, {FZ_H, FZ_H, 0}}, {3, {3, 0, 2}},
+    {4, {0, 1, FZ_H, 2}}, {2, {FZ_G, 0}},       {2, {1, 0}},
+    {4, {2, 1, 0, 3}},
+};
+#define N_ZSHAPES (sizeof k_zshapes / sizeof k_zshapes[0])
+
+/* Appends one zero-size shape (picked by the next byte) to v at *n. */
+static void zshape(rd *r, int64_t *v, size_t *n, size_t cap) {
+  unsigned k = u8(r) % N_ZSHAPES;
+  for (int i = 0; i < k_zshapes[k].ndim && *n < cap; i++)
+    v[(*n)++] = k_zshapes[k].d[i];
+}
+
+/* Ops whose kernels walk dimensions one by one (softmax, slice, cat,
+ * index_select, reductions, pools, ...): the ones a zero-size tensor with
+ * a huge dim reaches. */
+static const int k_zops[] = {
+    DSP_OP_SOFTMAX,       DSP_OP_LOG_SOFTMAX,  DSP_OP_SOFTMAX_BACKWARD,
+    DSP_OP_LOG_SOFTMAX_BACKWARD, DSP_OP_SLICE, DSP_OP_CAT,
+    DSP_OP_STACK,         DSP_OP_INDEX_SELECT, DSP_OP_INDEX_SELECT_BACKWARD,
+    DSP_OP_SUM,           DSP_OP_MEAN,         DSP_OP_MAX,
+    DSP_OP_ARGMAX,        DSP_OP_TRANSPOSE,    DSP_OP_PERMUTE,
+    DSP_OP_RESHAPE,       DSP_OP_BROADCAST_TO, DSP_OP_MATMUL,
+    DSP_OP_CONV2D,        DSP_OP_MAX_POOL2D,   DSP_OP_AVG_POOL2D,
+    DSP_OP_ADD,           DSP_OP_RELU,         DSP_OP_CAST,
+    DSP_OP_SLICE_BACKWARD, DSP_OP_CROSS_ENTROPY, DSP_OP_DROPOUT,
+};
+#define N_ZOPS (sizeof k_zops / sizeof k_zops[0])
+
+/* Ops that take a shape among their attributes, and where it starts. */
+static const struct {
+  int op, n_in, lead; /* lead: attribute ints before the shape */
+} k_shape_attr_ops[] = {
+    {DSP_OP_RESHAPE, 1, 0},
+    {DSP_OP_BROADCAST_TO, 1, 0},
+    {DSP_OP_SLICE_BACKWARD, 1, 4},
+    {DSP_OP_INDEX_SELECT_BACKWARD, 2, 1},
+    {DSP_OP_CONV2D_BACKWARD_INPUT, 2, 6},
+    {DSP_OP_CONV2D_BACKWARD_WEIGHT, 2, 6},
+    {DSP_OP_ZEROS, 0, 1},
+    {DSP_OP_ONES, 0, 1},
+    {DSP_OP_FULL, 0, 1},
+    {DSP_OP_UNIFORM, 0, 2},
+    {DSP_OP_NORMAL, 0, 2},
+};
+#define N_SHAPE_ATTR_OPS (sizeof k_shape_attr_ops / sizeof k_shape_attr_ops[0])
+
+/* kind 0xf0: an upload of a zero-size shape (no bulk), then 0..2 ops
+ * walking it with small dim attributes, then maybe a read. */
+static void recipe_zero_upload(rd *r, fz_buf *out) {
+  uint64_t id = 13 + u8(r) % 3;
+  int64_t shape[DSP_MAX_DIMS];
+  size_t nd = 0;
+  zshape(r, shape, &nd, DSP_MAX_DIMS);
+  uint8_t b = u8(r);
+  int dtype = b & 0x80 ? DSP_I64 : b % 4;
+  put_upload(out, id, dtype, (int)nd, shape, NULL, 0, 0);
+  int n_ops = u8(r) % 3;
+  for (int k = 0; k < n_ops; k++) {
+    int op = k_zops[u8(r) % N_ZOPS];
+    uint64_t in[3] = {id, u8(r) & 1 ? id : rid_of(r), id};
+    const dsp_op_info *info = dsp_op_lookup(op);
+    size_t n_in = info && info->n_inputs > 0 ? (size_t)info->n_inputs : 2;
+    int64_t ints[6];
+    size_t n_ints = u8(r) % 5;
+    for (size_t i = 0; i < n_ints; i++) ints[i] = small_int(r);
+    double fl[1] = {0.5};
+    put_op(out, op, in, n_in, 16 + (uint64_t)k, ints, n_ints, fl,
+           op == DSP_OP_DROPOUT);
+  }
+  if (u8(r) & 1) put_read(out, n_ops ? 16 + (uint64_t)(n_ops - 1) : id);
+}
+
+/* kind 0xf1: an op whose attributes carry a zero-size shape (creation
+ * ops, reshape, broadcast_to, the backward ops that take the input's
+ * shape), then maybe a read of its output. */
+static void recipe_zero_attr(rd *r, fz_buf *out) {
+  unsigned k = u8(r) % N_SHAPE_ATTR_OPS;
+  int64_t ints[DSP_MAX_ATTR_INTS];
+  size_t n = 0;
+  int op = k_shape_attr_ops[k].op;
+  if (k_shape_attr_ops[k].n_in == 0) { /* dtype (, seed) first */
+    ints[n++] = u8(r) % 4;
+    if (k_shape_attr_ops[k].lead == 2) ints[n++] = 7;
+  } else {
+    for (int i = 0; i < k_shape_attr_ops[k].lead; i++)
+      ints[n++] = small_int(r);
+  }
+  zshape(r, ints, &n, DSP_MAX_ATTR_INTS);
+  uint64_t in[2] = {rid_of(r), rid_of(r)};
+  double fl[2] = {0, 1}; /* full's value; uniform's range, normal's std */
+  size_t n_fl = op == DSP_OP_FULL ? 1
+                : op == DSP_OP_UNIFORM || op == DSP_OP_NORMAL ? 2
+                                                              : 0;
+  put_op(out, op, in, (size_t)k_shape_attr_ops[k].n_in, 13, ints, n, fl,
+         n_fl);
+  if (u8(r) & 1) put_read(out, 13);
+}
+
+/* kind 0xf2: in-place optimizer steps interleaved with reads of the
+ * parameter (and its state) they update (issue 9, item 3). Over the
+ * seeded session: param 1, its gradient in container 1, sgd velocity 10,
+ * adam moments 11 and 12. */
+static void recipe_step_reads(rd *r, fz_buf *out) {
+  static const double sgd[3] = {0.1, 0.9, 0.01};
+  static const double adam[4] = {0.01, 0.9, 0.999, 1e-8};
+  int rounds = 1 + u8(r) % 4;
+  for (int k = 0; k < rounds; k++) {
+    uint8_t b = u8(r);
+    uint64_t p = b & 0x40 ? rid_of(r) : 1;
+    if (b & 1) put_read(out, p);
+    if (b & 2) {
+      int64_t t = 1 + k;
+      static const uint64_t st[2] = {11, 12};
+      put_step(out, DSP_OP_ADAM_STEP, 1, &p, 1, st, 2, &t, 1, adam, 4);
+    } else {
+      static const uint64_t v = 10;
+      put_step(out, DSP_OP_SGD_STEP, 1, &p, 1, &v, 1, NULL, 0, sgd, 3);
+    }
+    if (b & 4) put_read(out, p);
+    if (b & 8) put_read(out, b & 2 ? 11 : 10);
+    if (b & 0x10) put_sync(out);
+    if (b & 0x20) { /* a fresh gradient between steps */
+      static const uint64_t g1 = 1;
+      put_free(out, NULL, 0, &g1, 1);
+      put_backward(out, 9, 1, 1);
+    }
+  }
+}
+
+/* kind 0xf3: retained backward passes, repeated into one container or
+ * several, then Grad requests out of each and reads of what they give
+ * (issue 9, item 4: containers and the tape they keep). Over the seeded
+ * session: loss 9 = sum(matmul(1, 2)), 1 and 2 tracked. */
+static void recipe_retained_backward(rd *r, fz_buf *out) {
+  int passes = 1 + u8(r) % 4;
+  uint8_t how = u8(r);
+  uint64_t loss = how & 0x80 ? rid_of(r) : 9;
+  for (int k = 0; k < passes; k++) {
+    uint64_t g = how & 1 ? 2 : 2 + (uint64_t)k; /* one container or many */
+    int retain = (how & 2) && k == passes - 1 ? 0 : 1;
+    put_backward(out, loss, g, retain);
+  }
+  int grads = u8(r) % 4;
+  for (int k = 0; k < grads; k++) {
+    uint64_t g = 1 + u8(r) % 5, t = u8(r) & 1 ? 2 : 1, o = 13 + (uint64_t)k;
+    put_grad(out, g, t, o);
+    if (how & 4) put_read(out, o);
+  }
+  if (how & 8) put_stats(out);
+  if (how & 0x10) { /* free the containers, then ask again */
+    static const uint64_t gs[4] = {2, 3, 4, 5};
+    put_free(out, NULL, 0, gs, 4);
+    put_grad(out, 2, 1, 17);
+  }
+}
+
 static void recipe_one(rd *r, fz_buf *out) {
-  uint8_t kind = u8(r) % 11;
+  uint8_t kb = u8(r);
+  if (kb >= 0xf0) { /* the structured shapes of issue 9 */
+    switch (kb & 3) {
+      case 0: recipe_zero_upload(r, out); return;
+      case 1: recipe_zero_attr(r, out); return;
+      case 2: recipe_step_reads(r, out); return;
+      default: recipe_retained_backward(r, out); return;
+    }
+  }
+  uint8_t kind = kb % 11;
   uint64_t ids[DSP_MAX_INPUTS + 4], ids2[8];
   int64_t ints[DSP_MAX_ATTR_INTS + 2];
   double floats[DSP_MAX_ATTR_FLOATS + 2];
