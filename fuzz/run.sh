@@ -23,7 +23,7 @@ CF="-std=c11 -D_GNU_SOURCE -g -O1 -Wall -Wextra -Werror -Wno-unused-parameter"
 if [ "$MODE" = gen ]; then
   clang $CF $SAN $INC fuzz/gen_seeds.c "$B/libdspserver.a" "$B/libdspcommon.a" \
     $LIBS -o "$B/gen_seeds"
-  for t in frame session stream oom; do
+  for t in frame session stream oom pending/stream; do
     rm -rf "tests/fuzz_corpus/$t"
     mkdir -p "tests/fuzz_corpus/$t"
   done
