@@ -18,6 +18,17 @@ void fz_config(sv_config *c) {
   c->log_level = SV_LOG_ERROR;
 }
 
+const sv_config *fz_config_once(void) {
+  static sv_config cfg;
+  static int ready;
+  if (!ready) {
+    fz_config(&cfg);
+    sv_log_level = cfg.log_level;
+    ready = 1;
+  }
+  return &cfg;
+}
+
 void fz_buf_put(fz_buf *b, const void *p, size_t n) {
   if (b->failed || n == 0) return;
   if (b->n + n > b->cap) {
@@ -495,18 +506,12 @@ void fz_recipe_frames(const uint8_t *in, size_t n, fz_buf *out) {
 
 int fz_run(const uint8_t *p, size_t n, int seeded, int hello_done,
            fz_outcome *o) {
-  static sv_config cfg;
-  static int cfg_ready;
-  if (!cfg_ready) {
-    fz_config(&cfg);
-    sv_log_level = cfg.log_level;
-    cfg_ready = 1;
-  }
+  const sv_config *cfg = fz_config_once();
   memset(o, 0, sizeof *o);
   sv_global g;
   memset(&g, 0, sizeof g);
   dsp_ctx *io = dsp_ctx_new();
-  sv_session *s = io ? sv_session_new(&cfg, &g, NULL) : NULL;
+  sv_session *s = io ? sv_session_new(cfg, &g, NULL) : NULL;
   if (!s) {
     dsp_ctx_free(io);
     return -1;

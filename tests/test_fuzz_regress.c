@@ -228,6 +228,22 @@ static void decoded_free(decoded *d) {
     dispatch__request__free_unpacked(d->req[i], NULL);
 }
 
+/* Runs a recipe on the seeded session: no error reply, `replies` replies
+ * in all, counters in step. */
+static void run_recipe_clean(const uint8_t *rec, size_t n, uint64_t replies) {
+  fz_buf b = {0};
+  fz_recipe_frames(rec, n, &b);
+  fz_outcome o;
+  cr_assert_eq(fz_run(b.p, b.n, 1, 1, &o), 0);
+  fz_buf_free(&b);
+  cr_assert_eq(o.seed_rc, 0);
+  cr_assert_eq(o.rc, 0);
+  cr_assert_eq(o.st.error_replies, 0, "%s",
+               dispatch_err_name(o.st.first_error));
+  cr_assert_eq(o.st.replies, replies);
+  cr_assert(!o.leak);
+}
+
 /* a zero among the dims and one of at least 2^32 */
 static int zero_beside_huge(const int64_t *v, size_t n) {
   int zero = 0, huge = 0;
@@ -302,15 +318,7 @@ Test(fuzz_regress, recipe_steps_between_reads) {
   }
   decoded_free(&d);
   /* and the whole recipe runs on the seeded session without an error */
-  fz_buf b = {0};
-  fz_recipe_frames(rec, sizeof rec, &b);
-  fz_outcome o;
-  cr_assert_eq(fz_run(b.p, b.n, 1, 1, &o), 0);
-  fz_buf_free(&b);
-  cr_assert_eq(o.st.error_replies, 0, "%s",
-               dispatch_err_name(o.st.first_error));
-  cr_assert_eq(o.st.replies, 8); /* the reads */
-  cr_assert(!o.leak);
+  run_recipe_clean(rec, sizeof rec, 8); /* the reads reply */
 }
 
 Test(fuzz_regress, recipe_retained_backward_passes) {
@@ -330,13 +338,5 @@ Test(fuzz_regress, recipe_retained_backward_passes) {
     cr_assert_eq(d.req[k + 1]->read->id, d.req[k]->grad->output);
   }
   decoded_free(&d);
-  fz_buf b = {0};
-  fz_recipe_frames(rec, sizeof rec, &b);
-  fz_outcome o;
-  cr_assert_eq(fz_run(b.p, b.n, 1, 1, &o), 0);
-  fz_buf_free(&b);
-  cr_assert_eq(o.st.error_replies, 0, "%s",
-               dispatch_err_name(o.st.first_error));
-  cr_assert_eq(o.st.replies, 7); /* the passes and the reads */
-  cr_assert(!o.leak);
+  run_recipe_clean(rec, sizeof rec, 7); /* the passes and the reads */
 }
