@@ -4,7 +4,9 @@
 # libFuzzer targets fuzz/fuzz_{frame,session,stream}.c and runs each for
 # FUZZ_SECONDS (default 60) from its seed corpus tests/fuzz_corpus/<target>/
 # (read only: new inputs go to build-fuzz/corpus/<target>/, crashes to
-# build-fuzz/artifacts/). One fuzzer at a time.
+# build-fuzz/artifacts/). One fuzzer at a time. tests/fuzz_corpus/pending/
+# holds seeds the server cannot run yet (fuzz/gen_seeds.c says why); it is
+# not used here nor by tests/test_fuzz_regress.c.
 #   fuzz/run.sh            build + run every target (frame session stream oom)
 #   fuzz/run.sh build      build only
 #   fuzz/run.sh gen        rewrite the seed corpora with fuzz/gen_seeds.c
