@@ -23,6 +23,7 @@
 #include "client_internal.h"
 #include "dispatch.pb-c.h"
 #include "frame.h"
+#include "wire_req.h"
 
 #define MAX_REPLY_MSG (64u << 20)
 #define FLUSH_AT (1u << 20)  /* send the buffer once this much is queued */
@@ -253,22 +254,20 @@ static int reserve(dispatch_device *dev, size_t more) {
 
 /* Appends one frame (header, message, bulk). Either the whole frame is
  * queued or sent, or nothing is (ENOMEM) or the connection is lost. */
-static int put_frame(dispatch_device *dev, Dispatch__Request *req,
+static int put_frame(dispatch_device *dev, const Dispatch__Request *req,
                      const void *bulk, size_t bulk_len) {
   dispatch__conn *c = &dev->conn;
-  size_t mlen = dispatch__request__get_packed_size(req);
+  size_t flen = dsp_req_frame_size(req);
+  size_t mlen = flen - DSP_FRAME_HEADER_SIZE;
   if (c->max_frame && mlen > c->max_frame)
     return dsp_seterr(dev->ctx, DISPATCH_ETOOLARGE,
                       "request of %zu bytes exceeds the server's frame limit "
                       "%llu",
                       mlen, (unsigned long long)c->max_frame);
   int inline_bulk = bulk_len <= BULK_INLINE;
-  int rc = reserve(dev, DSP_FRAME_HEADER_SIZE + mlen + (inline_bulk ? bulk_len : 0));
+  int rc = reserve(dev, flen + (inline_bulk ? bulk_len : 0));
   if (rc < 0) return rc;
-  dsp_frame_header h = {(uint32_t)mlen, 0, bulk_len};
-  dsp_frame_header_encode(c->buf + c->len, &h);
-  dispatch__request__pack(req, c->buf + c->len + DSP_FRAME_HEADER_SIZE);
-  c->len += DSP_FRAME_HEADER_SIZE + mlen;
+  c->len += dsp_req_frame_encode(req, bulk_len, c->buf + c->len);
   if (inline_bulk) {
     if (bulk_len) memcpy(c->buf + c->len, bulk, bulk_len);
     c->len += bulk_len;
@@ -285,28 +284,19 @@ static int put_frame(dispatch_device *dev, Dispatch__Request *req,
 static int put_frees(dispatch_device *dev) {
   dispatch__conn *c = &dev->conn;
   if (!c->n_free_ids && !c->n_free_grads) return 0;
-  Dispatch__Free fr = DISPATCH__FREE__INIT;
-  fr.n_tensors = (size_t)c->n_free_ids;
-  fr.tensors = c->free_ids;
-  fr.n_grads = (size_t)c->n_free_grads;
-  fr.grads = c->free_grads;
-  Dispatch__Request req = DISPATCH__REQUEST__INIT;
-  req.req_id = c->next_id++;
-  req.body_case = DISPATCH__REQUEST__BODY_FREE;
-  req.free = &fr;
-  int rc = put_frame(dev, &req, NULL, 0);
+  dsp_wreq w;
+  Dispatch__Request *req =
+      dsp_wreq_free(&w, c->free_ids, (size_t)c->n_free_ids, c->free_grads,
+                    (size_t)c->n_free_grads);
+  req->req_id = c->next_id++;
+  int rc = put_frame(dev, req, NULL, 0);
   if (rc == DISPATCH_ENOMEM) {
     /* the caller cannot be told about a failed free: send it unbuffered */
     rc = flush(dev);
     if (rc == 0) {
       uint8_t tmp[DSP_FRAME_HEADER_SIZE + 2 * DISPATCH__FREE_BATCH * 11 + 64];
-      size_t mlen = dispatch__request__get_packed_size(&req);
-      if (mlen + DSP_FRAME_HEADER_SIZE <= sizeof tmp) {
-        dsp_frame_header h = {(uint32_t)mlen, 0, 0};
-        dsp_frame_header_encode(tmp, &h);
-        dispatch__request__pack(&req, tmp + DSP_FRAME_HEADER_SIZE);
-        rc = send_all(dev, tmp, DSP_FRAME_HEADER_SIZE + mlen);
-      }
+      if (dsp_req_frame_size(req) <= sizeof tmp)
+        rc = send_all(dev, tmp, dsp_req_frame_encode(req, 0, tmp));
     }
   }
   if (rc < 0 && rc != DISPATCH_ECONN) return rc;
@@ -442,89 +432,52 @@ static int queue(dispatch_device *dev, Dispatch__Request *req, uint64_t rid,
 int dispatch__remote_op(dispatch_device *dev, dsp_opcode op,
                         const uint64_t *in, int n_in, const dsp_attrs *a,
                         uint64_t out, int no_grad) {
-  Dispatch__Op m = DISPATCH__OP__INIT;
-  m.op = (int32_t)op;
-  m.no_grad = no_grad != 0;
-  m.n_inputs = (size_t)n_in;
-  m.inputs = (uint64_t *)in;
-  m.output = out;
-  m.n_ints = (size_t)a->n_ints;
-  m.ints = (int64_t *)a->ints;
-  m.n_floats = (size_t)a->n_floats;
-  m.floats = (double *)a->floats;
-  Dispatch__Request req = DISPATCH__REQUEST__INIT;
-  req.body_case = DISPATCH__REQUEST__BODY_OP;
-  req.op = &m;
-  return queue(dev, &req, out, NULL, 0);
+  dsp_wreq w;
+  return queue(dev,
+               dsp_wreq_op(&w, (int32_t)op, in, (size_t)n_in, out, a->ints,
+                           (size_t)a->n_ints, a->floats, (size_t)a->n_floats,
+                           no_grad),
+               out, NULL, 0);
 }
 
 int dispatch__remote_upload(dispatch_device *dev, uint64_t id,
                             const dsp_meta *meta, const void *data,
                             size_t n) {
-  Dispatch__TensorMeta tm = DISPATCH__TENSOR_META__INIT;
-  tm.dtype = (int32_t)meta->dtype;
-  tm.n_shape = (size_t)meta->ndim;
-  tm.shape = (int64_t *)meta->shape;
-  Dispatch__Upload m = DISPATCH__UPLOAD__INIT;
-  m.id = id;
-  m.meta = &tm;
-  Dispatch__Request req = DISPATCH__REQUEST__INIT;
-  req.body_case = DISPATCH__REQUEST__BODY_UPLOAD;
-  req.upload = &m;
-  return queue(dev, &req, id, data, n);
+  dsp_wreq w;
+  return queue(dev,
+               dsp_wreq_upload(&w, id, (int32_t)meta->dtype,
+                               (size_t)meta->ndim, meta->shape),
+               id, data, n);
 }
 
 int dispatch__remote_track(dispatch_device *dev, uint64_t id) {
-  Dispatch__Track m = DISPATCH__TRACK__INIT;
-  m.id = id;
-  Dispatch__Request req = DISPATCH__REQUEST__INIT;
-  req.body_case = DISPATCH__REQUEST__BODY_TRACK;
-  req.track = &m;
-  return queue(dev, &req, 0, NULL, 0);
+  dsp_wreq w;
+  return queue(dev, dsp_wreq_track(&w, id), 0, NULL, 0);
 }
 
 int dispatch__remote_grad(dispatch_device *dev, uint64_t grads,
                           uint64_t tensor, uint64_t out) {
-  Dispatch__Grad m = DISPATCH__GRAD__INIT;
-  m.grads = grads;
-  m.tensor = tensor;
-  m.output = out;
-  Dispatch__Request req = DISPATCH__REQUEST__INIT;
-  req.body_case = DISPATCH__REQUEST__BODY_GRAD;
-  req.grad = &m;
-  return queue(dev, &req, out, NULL, 0);
+  dsp_wreq w;
+  return queue(dev, dsp_wreq_grad(&w, grads, tensor, out), out, NULL, 0);
 }
 
 int dispatch__remote_step(dispatch_device *dev, dsp_opcode op, uint64_t grads,
                           const uint64_t *params, int n,
                           const uint64_t *states, int n_st,
                           const dsp_attrs *a) {
-  Dispatch__Step m = DISPATCH__STEP__INIT;
-  m.op = (int32_t)op;
-  m.grads = grads;
-  m.n_params = (size_t)n;
-  m.params = (uint64_t *)params;
-  m.n_states = (size_t)n_st;
-  m.states = (uint64_t *)states;
-  m.n_ints = (size_t)a->n_ints;
-  m.ints = (int64_t *)a->ints;
-  m.n_floats = (size_t)a->n_floats;
-  m.floats = (double *)a->floats;
-  Dispatch__Request req = DISPATCH__REQUEST__INIT;
-  req.body_case = DISPATCH__REQUEST__BODY_STEP;
-  req.step = &m;
-  return queue(dev, &req, 0, NULL, 0);
+  dsp_wreq w;
+  return queue(dev,
+               dsp_wreq_step(&w, (int32_t)op, grads, params, (size_t)n,
+                             states, (size_t)n_st, a->ints, (size_t)a->n_ints,
+                             a->floats, (size_t)a->n_floats),
+               0, NULL, 0);
 }
 
 int dispatch__remote_read(dispatch_device *dev, uint64_t id, void *buf,
                           size_t nbytes) {
-  Dispatch__Read m = DISPATCH__READ__INIT;
-  m.id = id;
-  Dispatch__Request req = DISPATCH__REQUEST__INIT;
-  req.body_case = DISPATCH__REQUEST__BODY_READ;
-  req.read = &m;
+  dsp_wreq w;
   Dispatch__Reply *r;
-  int rc = call(dev, &req, buf, nbytes, id, &r);
+  int rc = call(dev, dsp_wreq_read(&w, id), buf, nbytes, id, &r);
   if (rc == 0 && r->body_case != DISPATCH__REPLY__BODY_READ)
     rc = dsp_seterr(dev->ctx, DISPATCH_EPROTO,
                     "read: the server's reply carries no tensor");
@@ -534,37 +487,26 @@ int dispatch__remote_read(dispatch_device *dev, uint64_t id, void *buf,
 
 int dispatch__remote_backward(dispatch_device *dev, uint64_t loss,
                               uint64_t grads, int retain) {
-  Dispatch__Backward m = DISPATCH__BACKWARD__INIT;
-  m.loss = loss;
-  m.grads = grads;
-  m.retain = retain != 0;
-  Dispatch__Request req = DISPATCH__REQUEST__INIT;
-  req.body_case = DISPATCH__REQUEST__BODY_BACKWARD;
-  req.backward = &m;
+  dsp_wreq w;
   Dispatch__Reply *r;
-  int rc = call(dev, &req, NULL, 0, 0, &r);
+  int rc = call(dev, dsp_wreq_backward(&w, loss, grads, retain), NULL, 0, 0,
+                &r);
   if (r) dispatch__reply__free_unpacked(r, &g_pb_alloc);
   return rc;
 }
 
 int dispatch__remote_sync(dispatch_device *dev) {
-  Dispatch__Sync m = DISPATCH__SYNC__INIT;
-  Dispatch__Request req = DISPATCH__REQUEST__INIT;
-  req.body_case = DISPATCH__REQUEST__BODY_SYNC;
-  req.sync = &m;
+  dsp_wreq w;
   Dispatch__Reply *r;
-  int rc = call(dev, &req, NULL, 0, 0, &r);
+  int rc = call(dev, dsp_wreq_sync(&w), NULL, 0, 0, &r);
   if (r) dispatch__reply__free_unpacked(r, &g_pb_alloc);
   return rc;
 }
 
 int dispatch__remote_stats(dispatch_device *dev, dispatch_stats *out) {
-  Dispatch__Stats m = DISPATCH__STATS__INIT;
-  Dispatch__Request req = DISPATCH__REQUEST__INIT;
-  req.body_case = DISPATCH__REQUEST__BODY_STATS;
-  req.stats = &m;
+  dsp_wreq w;
   Dispatch__Reply *r;
-  int rc = call(dev, &req, NULL, 0, 0, &r);
+  int rc = call(dev, dsp_wreq_stats(&w), NULL, 0, 0, &r);
   if (rc == 0 && r->body_case != DISPATCH__REPLY__BODY_STATS)
     rc = dsp_seterr(dev->ctx, DISPATCH_EPROTO,
                     "stats: the server's reply carries no stats");
@@ -643,16 +585,12 @@ int dispatch__remote_open(dispatch_device *dev, const char *host,
       return dsp_seterr(dev->ctx, DISPATCH_ENOMEM,
                         "%s: out of memory for the receive buffer", dev->spec);
   }
-  Dispatch__Hello m = DISPATCH__HELLO__INIT;
-  m.major = DSP_PROTO_MAJOR;
-  m.minor = DSP_PROTO_MINOR;
-  m.token = (char *)token;
-  m.client_name = (char *)client_name;
-  Dispatch__Request req = DISPATCH__REQUEST__INIT;
-  req.body_case = DISPATCH__REQUEST__BODY_HELLO;
-  req.hello = &m;
+  dsp_wreq w;
   Dispatch__Reply *r;
-  rc = call(dev, &req, NULL, 0, 0, &r);
+  rc = call(dev,
+            dsp_wreq_hello(&w, DSP_PROTO_MAJOR, DSP_PROTO_MINOR, token,
+                           client_name),
+            NULL, 0, 0, &r);
   if (rc == 0 && r->body_case != DISPATCH__REPLY__BODY_HELLO)
     rc = dsp_seterr(dev->ctx, DISPATCH_EPROTO,
                     "%s: the server did not answer hello", dev->spec);
@@ -679,12 +617,9 @@ int dispatch__remote_open(dispatch_device *dev, const char *host,
 void dispatch__remote_close(dispatch_device *dev) {
   dispatch__conn *c = &dev->conn;
   if (c->fd >= 0 && !c->dead && c->ready) {
-    Dispatch__Bye m = DISPATCH__BYE__INIT;
-    Dispatch__Request req = DISPATCH__REQUEST__INIT;
-    req.body_case = DISPATCH__REQUEST__BODY_BYE;
-    req.bye = &m;
+    dsp_wreq w;
     c->n_free_ids = c->n_free_grads = 0;
-    if (queue(dev, &req, 0, NULL, 0) == 0) flush(dev);
+    if (queue(dev, dsp_wreq_bye(&w), 0, NULL, 0) == 0) flush(dev);
   }
   if (c->ssl || c->ssl_ctx) dispatch__tls_close(c);
   if (c->fd >= 0) close(c->fd);

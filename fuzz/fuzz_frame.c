@@ -10,17 +10,11 @@
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
-  static sv_config cfg;
-  static int ready;
-  if (!ready) {
-    fz_config(&cfg);
-    sv_log_level = cfg.log_level;
-    ready = 1;
-  }
+  const sv_config *cfg = fz_config_once();
   if (size < DSP_FRAME_HEADER_SIZE) return 0;
   char why[512];
   dsp_frame_header h;
-  if (sv_decode_header(&cfg, data, &h, why, sizeof why) < 0) return 0;
+  if (sv_decode_header(cfg, data, &h, why, sizeof why) < 0) return 0;
   const uint8_t *msg = data + DSP_FRAME_HEADER_SIZE;
   size_t left = size - DSP_FRAME_HEADER_SIZE;
   if (left < h.msg_len) return 0;
@@ -37,14 +31,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
       sv_global g;
       memset(&g, 0, sizeof g);
       dsp_ctx *io = dsp_ctx_new();
-      sv_session *s = io ? sv_session_new(&cfg, &g, NULL) : NULL;
+      sv_session *s = io ? sv_session_new(cfg, &g, NULL) : NULL;
       if (s) {
         sv_job *j = dsp_calloc(1, sizeof *j);
         if (j) {
           j->req = req;
           req = NULL;
           j->sess = s;
-          if (sv_upload_prepare(&cfg, io, s, j, h.bulk_len, 0) != 0)
+          if (sv_upload_prepare(cfg, io, s, j, h.bulk_len, 0) != 0)
             __builtin_trap(); /* may_wait 0 must always judge */
           if (j->upload &&
               dsp_tensor_nbytes(j->upload) != h.bulk_len)

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "frame.h"
+#include "wire_req.h"
 
 void fz_config(sv_config *c) {
   sv_config_defaults(c);
@@ -15,6 +16,17 @@ void fz_config(sv_config *c) {
   c->max_queued = 64;
   c->threads = 1;
   c->log_level = SV_LOG_ERROR;
+}
+
+const sv_config *fz_config_once(void) {
+  static sv_config cfg;
+  static int ready;
+  if (!ready) {
+    fz_config(&cfg);
+    sv_log_level = cfg.log_level;
+    ready = 1;
+  }
+  return &cfg;
 }
 
 void fz_buf_put(fz_buf *b, const void *p, size_t n) {
@@ -42,14 +54,9 @@ void fz_buf_free(fz_buf *b) {
 
 void fz_frame(fz_buf *b, const Dispatch__Request *req, const void *bulk,
               size_t have, uint64_t bulk_len) {
-  size_t len = dispatch__request__get_packed_size(req);
-  uint8_t hdr[DSP_FRAME_HEADER_SIZE];
-  dsp_frame_header h = {(uint32_t)len, 0, bulk_len};
-  dsp_frame_header_encode(hdr, &h);
-  fz_buf_put(b, hdr, sizeof hdr);
   size_t at = b->n;
-  fz_buf_put(b, NULL, len);
-  if (!b->failed) dispatch__request__pack(req, b->p + at);
+  fz_buf_put(b, NULL, dsp_req_frame_size(req));
+  if (!b->failed) dsp_req_frame_encode(req, bulk_len, b->p + at);
   if (have > bulk_len) have = (size_t)bulk_len;
   fz_buf_put(b, bulk, have);
   if (bulk_len > have && bulk_len - have < (1u << 20))
@@ -60,63 +67,72 @@ void fz_frame(fz_buf *b, const Dispatch__Request *req, const void *bulk,
 
 static uint64_t g_rid = 1;
 
+/* Appends req as the next request of the stream (req_id from g_rid). */
+static void put(fz_buf *b, Dispatch__Request *req) {
+  req->req_id = g_rid++;
+  fz_frame(b, req, NULL, 0, 0);
+}
+
 static void put_upload(fz_buf *b, uint64_t id, int dtype, int ndim,
                        const int64_t *shape, const void *data, size_t nbytes,
                        uint64_t bulk_len) {
-  Dispatch__Request r = DISPATCH__REQUEST__INIT;
-  Dispatch__Upload u = DISPATCH__UPLOAD__INIT;
-  Dispatch__TensorMeta m = DISPATCH__TENSOR_META__INIT;
-  m.dtype = dtype;
-  m.n_shape = (size_t)ndim;
-  m.shape = (int64_t *)shape;
-  u.id = id;
-  u.meta = &m;
-  r.req_id = g_rid++;
-  r.body_case = DISPATCH__REQUEST__BODY_UPLOAD;
-  r.upload = &u;
-  fz_frame(b, &r, data, nbytes, bulk_len);
+  dsp_wreq w;
+  Dispatch__Request *r = dsp_wreq_upload(&w, id, dtype, (size_t)ndim, shape);
+  r->req_id = g_rid++;
+  fz_frame(b, r, data, nbytes, bulk_len);
 }
 
 static void put_op(fz_buf *b, int op, const uint64_t *in, size_t n_in,
                    uint64_t out, const int64_t *ints, size_t n_ints,
                    const double *floats, size_t n_floats) {
-  Dispatch__Request r = DISPATCH__REQUEST__INIT;
-  Dispatch__Op o = DISPATCH__OP__INIT;
-  o.op = op;
-  o.inputs = (uint64_t *)in;
-  o.n_inputs = n_in;
-  o.output = out;
-  o.ints = (int64_t *)ints;
-  o.n_ints = n_ints;
-  o.floats = (double *)floats;
-  o.n_floats = n_floats;
-  r.req_id = g_rid++;
-  r.body_case = DISPATCH__REQUEST__BODY_OP;
-  r.op = &o;
-  fz_frame(b, &r, NULL, 0, 0);
+  dsp_wreq w;
+  put(b, dsp_wreq_op(&w, op, in, n_in, out, ints, n_ints, floats, n_floats,
+                     0));
 }
 
 static void put_track(fz_buf *b, uint64_t id) {
-  Dispatch__Request r = DISPATCH__REQUEST__INIT;
-  Dispatch__Track t = DISPATCH__TRACK__INIT;
-  t.id = id;
-  r.req_id = g_rid++;
-  r.body_case = DISPATCH__REQUEST__BODY_TRACK;
-  r.track = &t;
-  fz_frame(b, &r, NULL, 0, 0);
+  dsp_wreq w;
+  put(b, dsp_wreq_track(&w, id));
 }
 
 static void put_backward(fz_buf *b, uint64_t loss, uint64_t grads,
                          int retain) {
-  Dispatch__Request r = DISPATCH__REQUEST__INIT;
-  Dispatch__Backward k = DISPATCH__BACKWARD__INIT;
-  k.loss = loss;
-  k.grads = grads;
-  k.retain = retain;
-  r.req_id = g_rid++;
-  r.body_case = DISPATCH__REQUEST__BODY_BACKWARD;
-  r.backward = &k;
-  fz_frame(b, &r, NULL, 0, 0);
+  dsp_wreq w;
+  put(b, dsp_wreq_backward(&w, loss, grads, retain));
+}
+
+static void put_grad(fz_buf *b, uint64_t grads, uint64_t t, uint64_t out) {
+  dsp_wreq w;
+  put(b, dsp_wreq_grad(&w, grads, t, out));
+}
+
+static void put_step(fz_buf *b, int op, uint64_t grads, const uint64_t *p,
+                     size_t np, const uint64_t *s, size_t ns,
+                     const int64_t *ints, size_t ni, const double *fl,
+                     size_t nf) {
+  dsp_wreq w;
+  put(b, dsp_wreq_step(&w, op, grads, p, np, s, ns, ints, ni, fl, nf));
+}
+
+static void put_free(fz_buf *b, const uint64_t *t, size_t nt,
+                     const uint64_t *g, size_t ng) {
+  dsp_wreq w;
+  put(b, dsp_wreq_free(&w, t, nt, g, ng));
+}
+
+static void put_read(fz_buf *b, uint64_t id) {
+  dsp_wreq w;
+  put(b, dsp_wreq_read(&w, id));
+}
+
+static void put_sync(fz_buf *b) {
+  dsp_wreq w;
+  put(b, dsp_wreq_sync(&w));
+}
+
+static void put_stats(fz_buf *b) {
+  dsp_wreq w;
+  put(b, dsp_wreq_stats(&w));
 }
 
 void fz_seed_frames(fz_buf *b) {
@@ -199,13 +215,191 @@ static const int k_ops[] = {
     101, 102, 103, 104, 105, 110, 111};
 #define N_OPS (sizeof k_ops / sizeof k_ops[0])
 
+/* Shapes with a zero-size dimension beside huge ones: numel is 0, so
+ * element-count limits pass them, while anything that loops over a dim or
+ * multiplies strides meets 2^63-1 (issue 9, item 1). Small zero shapes
+ * too, where nothing is hostile but the kernels' zero-element paths. */
+#define FZ_H INT64_MAX
+#define FZ_G ((int64_t)1 << 62)
+#define FZ_T ((int64_t)1 << 32)
+static const struct {
+  int ndim;
+  int64_t d[4];
+} k_zshapes[] = {
+    {2, {FZ_H, 0}},       {3, {0, FZ_H, 2}},    {3, {0, FZ_H, 0}},
+    {1, {0}},             {3, {FZ_T, FZ_T, 0}}, {3, {0, FZ_G, 4}},
+    {3, {2, 0, FZ_H}},    {4, {1, 0, 1, FZ_H}}, {4, {FZ_H, 0, 3, 3}},
+    {2, {0, 3}},          {3, {FZ_H, FZ_H, 0}}, {3, {3, 0, 2}},
+    {4, {0, 1, FZ_H, 2}}, {2, {FZ_G, 0}},       {2, {1, 0}},
+    {4, {2, 1, 0, 3}},
+};
+#define N_ZSHAPES (sizeof k_zshapes / sizeof k_zshapes[0])
+
+/* Appends one zero-size shape (picked by the next byte) to v at *n. */
+static void zshape(rd *r, int64_t *v, size_t *n, size_t cap) {
+  unsigned k = u8(r) % N_ZSHAPES;
+  for (int i = 0; i < k_zshapes[k].ndim && *n < cap; i++)
+    v[(*n)++] = k_zshapes[k].d[i];
+}
+
+/* Ops whose kernels walk dimensions one by one (softmax, slice, cat,
+ * index_select, reductions, pools, ...): the ones a zero-size tensor with
+ * a huge dim reaches. */
+static const int k_zops[] = {
+    DSP_OP_SOFTMAX,       DSP_OP_LOG_SOFTMAX,  DSP_OP_SOFTMAX_BACKWARD,
+    DSP_OP_LOG_SOFTMAX_BACKWARD, DSP_OP_SLICE, DSP_OP_CAT,
+    DSP_OP_STACK,         DSP_OP_INDEX_SELECT, DSP_OP_INDEX_SELECT_BACKWARD,
+    DSP_OP_SUM,           DSP_OP_MEAN,         DSP_OP_MAX,
+    DSP_OP_ARGMAX,        DSP_OP_TRANSPOSE,    DSP_OP_PERMUTE,
+    DSP_OP_RESHAPE,       DSP_OP_BROADCAST_TO, DSP_OP_MATMUL,
+    DSP_OP_CONV2D,        DSP_OP_MAX_POOL2D,   DSP_OP_AVG_POOL2D,
+    DSP_OP_ADD,           DSP_OP_RELU,         DSP_OP_CAST,
+    DSP_OP_SLICE_BACKWARD, DSP_OP_CROSS_ENTROPY, DSP_OP_DROPOUT,
+};
+#define N_ZOPS (sizeof k_zops / sizeof k_zops[0])
+
+/* Ops that take a shape among their attributes, and where it starts. */
+static const struct {
+  int op, n_in, lead; /* lead: attribute ints before the shape */
+} k_shape_attr_ops[] = {
+    {DSP_OP_RESHAPE, 1, 0},
+    {DSP_OP_BROADCAST_TO, 1, 0},
+    {DSP_OP_SLICE_BACKWARD, 1, 4},
+    {DSP_OP_INDEX_SELECT_BACKWARD, 2, 1},
+    {DSP_OP_CONV2D_BACKWARD_INPUT, 2, 6},
+    {DSP_OP_CONV2D_BACKWARD_WEIGHT, 2, 6},
+    {DSP_OP_ZEROS, 0, 1},
+    {DSP_OP_ONES, 0, 1},
+    {DSP_OP_FULL, 0, 1},
+    {DSP_OP_UNIFORM, 0, 2},
+    {DSP_OP_NORMAL, 0, 2},
+};
+#define N_SHAPE_ATTR_OPS (sizeof k_shape_attr_ops / sizeof k_shape_attr_ops[0])
+
+/* kind 0xf0: an upload of a zero-size shape (no bulk), then 0..2 ops
+ * walking it with small dim attributes, then maybe a read. */
+static void recipe_zero_upload(rd *r, fz_buf *out) {
+  uint64_t id = 13 + u8(r) % 3;
+  int64_t shape[DSP_MAX_DIMS];
+  size_t nd = 0;
+  zshape(r, shape, &nd, DSP_MAX_DIMS);
+  uint8_t b = u8(r);
+  int dtype = b & 0x80 ? DSP_I64 : b % 4;
+  put_upload(out, id, dtype, (int)nd, shape, NULL, 0, 0);
+  int n_ops = u8(r) % 3;
+  for (int k = 0; k < n_ops; k++) {
+    int op = k_zops[u8(r) % N_ZOPS];
+    uint64_t in[3] = {id, u8(r) & 1 ? id : rid_of(r), id};
+    const dsp_op_info *info = dsp_op_lookup(op);
+    size_t n_in = info && info->n_inputs > 0 ? (size_t)info->n_inputs : 2;
+    int64_t ints[6];
+    size_t n_ints = u8(r) % 5;
+    for (size_t i = 0; i < n_ints; i++) ints[i] = small_int(r);
+    double fl[1] = {0.5};
+    put_op(out, op, in, n_in, 16 + (uint64_t)k, ints, n_ints, fl,
+           op == DSP_OP_DROPOUT);
+  }
+  if (u8(r) & 1) put_read(out, n_ops ? 16 + (uint64_t)(n_ops - 1) : id);
+}
+
+/* kind 0xf1: an op whose attributes carry a zero-size shape (creation
+ * ops, reshape, broadcast_to, the backward ops that take the input's
+ * shape), then maybe a read of its output. */
+static void recipe_zero_attr(rd *r, fz_buf *out) {
+  unsigned k = u8(r) % N_SHAPE_ATTR_OPS;
+  int64_t ints[DSP_MAX_ATTR_INTS];
+  size_t n = 0;
+  int op = k_shape_attr_ops[k].op;
+  if (k_shape_attr_ops[k].n_in == 0) { /* dtype (, seed) first */
+    ints[n++] = u8(r) % 4;
+    if (k_shape_attr_ops[k].lead == 2) ints[n++] = 7;
+  } else {
+    for (int i = 0; i < k_shape_attr_ops[k].lead; i++)
+      ints[n++] = small_int(r);
+  }
+  zshape(r, ints, &n, DSP_MAX_ATTR_INTS);
+  uint64_t in[2] = {rid_of(r), rid_of(r)};
+  double fl[2] = {0, 1}; /* full's value; uniform's range, normal's std */
+  size_t n_fl = op == DSP_OP_FULL ? 1
+                : op == DSP_OP_UNIFORM || op == DSP_OP_NORMAL ? 2
+                                                              : 0;
+  put_op(out, op, in, (size_t)k_shape_attr_ops[k].n_in, 13, ints, n, fl,
+         n_fl);
+  if (u8(r) & 1) put_read(out, 13);
+}
+
+/* kind 0xf2: in-place optimizer steps interleaved with reads of the
+ * parameter (and its state) they update (issue 9, item 3). Over the
+ * seeded session: param 1, its gradient in container 1, sgd velocity 10,
+ * adam moments 11 and 12. */
+static void recipe_step_reads(rd *r, fz_buf *out) {
+  static const double sgd[3] = {0.1, 0.9, 0.01};
+  static const double adam[4] = {0.01, 0.9, 0.999, 1e-8};
+  int rounds = 1 + u8(r) % 4;
+  for (int k = 0; k < rounds; k++) {
+    uint8_t b = u8(r);
+    uint64_t p = b & 0x40 ? rid_of(r) : 1;
+    if (b & 1) put_read(out, p);
+    if (b & 2) {
+      int64_t t = 1 + k;
+      static const uint64_t st[2] = {11, 12};
+      put_step(out, DSP_OP_ADAM_STEP, 1, &p, 1, st, 2, &t, 1, adam, 4);
+    } else {
+      static const uint64_t v = 10;
+      put_step(out, DSP_OP_SGD_STEP, 1, &p, 1, &v, 1, NULL, 0, sgd, 3);
+    }
+    if (b & 4) put_read(out, p);
+    if (b & 8) put_read(out, b & 2 ? 11 : 10);
+    if (b & 0x10) put_sync(out);
+    if (b & 0x20) { /* a fresh gradient between steps */
+      static const uint64_t g1 = 1;
+      put_free(out, NULL, 0, &g1, 1);
+      put_backward(out, 9, 1, 1);
+    }
+  }
+}
+
+/* kind 0xf3: retained backward passes, repeated into one container or
+ * several, then Grad requests out of each and reads of what they give
+ * (issue 9, item 4: containers and the tape they keep). Over the seeded
+ * session: loss 9 = sum(matmul(1, 2)), 1 and 2 tracked. */
+static void recipe_retained_backward(rd *r, fz_buf *out) {
+  int passes = 1 + u8(r) % 4;
+  uint8_t how = u8(r);
+  uint64_t loss = how & 0x80 ? rid_of(r) : 9;
+  for (int k = 0; k < passes; k++) {
+    uint64_t g = how & 1 ? 2 : 2 + (uint64_t)k; /* one container or many */
+    int retain = (how & 2) && k == passes - 1 ? 0 : 1;
+    put_backward(out, loss, g, retain);
+  }
+  int grads = u8(r) % 4;
+  for (int k = 0; k < grads; k++) {
+    uint64_t g = 1 + u8(r) % 5, t = u8(r) & 1 ? 2 : 1, o = 13 + (uint64_t)k;
+    put_grad(out, g, t, o);
+    if (how & 4) put_read(out, o);
+  }
+  if (how & 8) put_stats(out);
+  if (how & 0x10) { /* free the containers, then ask again */
+    static const uint64_t gs[4] = {2, 3, 4, 5};
+    put_free(out, NULL, 0, gs, 4);
+    put_grad(out, 2, 1, 17);
+  }
+}
+
 static void recipe_one(rd *r, fz_buf *out) {
-  uint8_t kind = u8(r) % 11;
+  uint8_t kb = u8(r);
+  if (kb >= 0xf0) { /* the structured shapes of issue 9 */
+    switch (kb & 3) {
+      case 0: recipe_zero_upload(r, out); return;
+      case 1: recipe_zero_attr(r, out); return;
+      case 2: recipe_step_reads(r, out); return;
+      default: recipe_retained_backward(r, out); return;
+    }
+  }
+  uint8_t kind = kb % 11;
   uint64_t ids[DSP_MAX_INPUTS + 4], ids2[8];
   int64_t ints[DSP_MAX_ATTR_INTS + 2];
   double floats[DSP_MAX_ATTR_FLOATS + 2];
-  Dispatch__Request q = DISPATCH__REQUEST__INIT;
-  q.req_id = g_rid++;
   switch (kind) {
     case 0: { /* upload: small shape, exact or off-by-some bulk */
       uint64_t id = rid_of(r);
@@ -253,74 +447,38 @@ static void recipe_one(rd *r, fz_buf *out) {
       return;
     }
     case 4: {
-      Dispatch__Grad g = DISPATCH__GRAD__INIT;
-      g.grads = rid_of(r);
-      g.tensor = rid_of(r);
-      g.output = rid_of(r);
-      q.body_case = DISPATCH__REQUEST__BODY_GRAD;
-      q.grad = &g;
-      fz_frame(out, &q, NULL, 0, 0);
+      uint64_t g = rid_of(r), t = rid_of(r);
+      put_grad(out, g, t, rid_of(r));
       return;
     }
     case 5: { /* step */
-      Dispatch__Step s = DISPATCH__STEP__INIT;
       uint8_t b = u8(r);
-      s.op = b % 3 == 0 ? DSP_OP_SGD_STEP
-             : b % 3 == 1 ? DSP_OP_ADAM_STEP
-                          : (int)small_int(r);
-      s.grads = rid_of(r);
-      s.n_params = u8(r) % 4;
-      for (size_t i = 0; i < s.n_params; i++) ids[i] = rid_of(r);
-      s.params = ids;
-      s.n_states = u8(r) % 9;
-      for (size_t i = 0; i < s.n_states; i++) ids2[i] = rid_of(r);
-      s.states = ids2;
-      s.n_ints = u8(r) % 3;
-      for (size_t i = 0; i < s.n_ints; i++) ints[i] = small_int(r);
-      s.ints = ints;
-      s.n_floats = u8(r) % (DSP_MAX_ATTR_FLOATS + 2);
-      for (size_t i = 0; i < s.n_floats; i++) floats[i] = small_float(r);
-      s.floats = floats;
-      q.body_case = DISPATCH__REQUEST__BODY_STEP;
-      q.step = &s;
-      fz_frame(out, &q, NULL, 0, 0);
+      int op = b % 3 == 0   ? DSP_OP_SGD_STEP
+               : b % 3 == 1 ? DSP_OP_ADAM_STEP
+                            : (int)small_int(r);
+      uint64_t g = rid_of(r);
+      size_t np = u8(r) % 4;
+      for (size_t i = 0; i < np; i++) ids[i] = rid_of(r);
+      size_t ns = u8(r) % 9;
+      for (size_t i = 0; i < ns; i++) ids2[i] = rid_of(r);
+      size_t ni = u8(r) % 3;
+      for (size_t i = 0; i < ni; i++) ints[i] = small_int(r);
+      size_t nf = u8(r) % (DSP_MAX_ATTR_FLOATS + 2);
+      for (size_t i = 0; i < nf; i++) floats[i] = small_float(r);
+      put_step(out, op, g, ids, np, ids2, ns, ints, ni, floats, nf);
       return;
     }
     case 6: { /* free */
-      Dispatch__Free f = DISPATCH__FREE__INIT;
-      f.n_tensors = u8(r) % 4;
-      for (size_t i = 0; i < f.n_tensors; i++) ids[i] = rid_of(r);
-      f.tensors = ids;
-      f.n_grads = u8(r) % 3;
-      for (size_t i = 0; i < f.n_grads; i++) ids2[i] = rid_of(r);
-      f.grads = ids2;
-      q.body_case = DISPATCH__REQUEST__BODY_FREE;
-      q.free = &f;
-      fz_frame(out, &q, NULL, 0, 0);
+      size_t nt = u8(r) % 4;
+      for (size_t i = 0; i < nt; i++) ids[i] = rid_of(r);
+      size_t ng = u8(r) % 3;
+      for (size_t i = 0; i < ng; i++) ids2[i] = rid_of(r);
+      put_free(out, ids, nt, ids2, ng);
       return;
     }
-    case 7: {
-      Dispatch__Read rr = DISPATCH__READ__INIT;
-      rr.id = rid_of(r);
-      q.body_case = DISPATCH__REQUEST__BODY_READ;
-      q.read = &rr;
-      fz_frame(out, &q, NULL, 0, 0);
-      return;
-    }
-    case 8: {
-      Dispatch__Sync sy = DISPATCH__SYNC__INIT;
-      q.body_case = DISPATCH__REQUEST__BODY_SYNC;
-      q.sync = &sy;
-      fz_frame(out, &q, NULL, 0, 0);
-      return;
-    }
-    case 9: {
-      Dispatch__Stats st = DISPATCH__STATS__INIT;
-      q.body_case = DISPATCH__REQUEST__BODY_STATS;
-      q.stats = &st;
-      fz_frame(out, &q, NULL, 0, 0);
-      return;
-    }
+    case 7: put_read(out, rid_of(r)); return;
+    case 8: put_sync(out); return;
+    case 9: put_stats(out); return;
     default: { /* a raw frame: header fields and message bytes as given */
       size_t len = u8(r);
       uint8_t f = u8(r);
@@ -348,18 +506,12 @@ void fz_recipe_frames(const uint8_t *in, size_t n, fz_buf *out) {
 
 int fz_run(const uint8_t *p, size_t n, int seeded, int hello_done,
            fz_outcome *o) {
-  static sv_config cfg;
-  static int cfg_ready;
-  if (!cfg_ready) {
-    fz_config(&cfg);
-    sv_log_level = cfg.log_level;
-    cfg_ready = 1;
-  }
+  const sv_config *cfg = fz_config_once();
   memset(o, 0, sizeof *o);
   sv_global g;
   memset(&g, 0, sizeof g);
   dsp_ctx *io = dsp_ctx_new();
-  sv_session *s = io ? sv_session_new(&cfg, &g, NULL) : NULL;
+  sv_session *s = io ? sv_session_new(cfg, &g, NULL) : NULL;
   if (!s) {
     dsp_ctx_free(io);
     return -1;

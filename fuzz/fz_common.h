@@ -14,6 +14,8 @@
 /* Small limits so a fuzzer explores logic instead of allocating gigabytes:
  * 64 KiB frames, 4096 elements per tensor, 256 KiB per session. */
 void fz_config(sv_config *c);
+/* That config, made once per process (and the log level set from it). */
+const sv_config *fz_config_once(void);
 
 /* A growable byte buffer (dsp_malloc); on allocation failure it marks
  * itself failed and ignores further appends. */

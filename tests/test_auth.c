@@ -98,14 +98,10 @@ static uint64_t protocol_errors(const char *token) {
   /* a raw session reads the server-wide counter */
   wire_conn c;
   cr_assert_eq(wire_connect(&c, g_srv.port), 0);
-  Dispatch__Request req = DISPATCH__REQUEST__INIT;
-  Dispatch__Hello h = DISPATCH__HELLO__INIT;
-  h.major = 1;
-  h.token = (char *)token;
-  req.req_id = 1;
-  req.body_case = DISPATCH__REQUEST__BODY_HELLO;
-  req.hello = &h;
-  cr_assert_eq(wire_send(&c, &req, NULL, 0), 0);
+  dsp_wreq w;
+  Dispatch__Request *req = dsp_wreq_hello(&w, 1, 0, token, NULL);
+  req->req_id = 1;
+  cr_assert_eq(wire_send(&c, req, NULL, 0), 0);
   Dispatch__Reply *r;
   void *bulk;
   size_t bl;

@@ -190,3 +190,153 @@ Test(fuzz_regress, seeded_session_is_live) {
   cr_assert_eq(o.st.error_replies, 0);
   cr_assert(!o.leak);
 }
+
+/* ------------------------------------------------ issue 9's shapes
+ * The recipe kinds 0xf0..0xf3 must build what they are there for; a
+ * generator that quietly built something else would leave the fuzzers
+ * blind to them. Each test decodes the frames a recipe makes. */
+
+typedef struct decoded {
+  Dispatch__Request *req[64];
+  uint64_t bulk[64];
+  int n;
+} decoded;
+
+static void decode_recipe(const uint8_t *rec, size_t n, decoded *d) {
+  fz_buf b = {0};
+  fz_recipe_frames(rec, n, &b);
+  cr_assert(!b.failed);
+  memset(d, 0, sizeof *d);
+  size_t at = 0;
+  while (at < b.n) {
+    cr_assert_lt(d->n, 64);
+    dsp_frame_header h;
+    cr_assert_eq(dsp_frame_header_decode(b.p + at, UINT32_MAX, UINT64_MAX,
+                                         &h), 0);
+    at += DSP_FRAME_HEADER_SIZE;
+    cr_assert_leq(at + h.msg_len + h.bulk_len, b.n);
+    d->req[d->n] = dispatch__request__unpack(NULL, h.msg_len, b.p + at);
+    cr_assert(d->req[d->n], "frame %d does not decode", d->n);
+    d->bulk[d->n++] = h.bulk_len;
+    at += h.msg_len + h.bulk_len;
+  }
+  fz_buf_free(&b);
+}
+
+static void decoded_free(decoded *d) {
+  for (int i = 0; i < d->n; i++)
+    dispatch__request__free_unpacked(d->req[i], NULL);
+}
+
+/* Runs a recipe on the seeded session: no error reply, `replies` replies
+ * in all, counters in step. */
+static void run_recipe_clean(const uint8_t *rec, size_t n, uint64_t replies) {
+  fz_buf b = {0};
+  fz_recipe_frames(rec, n, &b);
+  fz_outcome o;
+  cr_assert_eq(fz_run(b.p, b.n, 1, 1, &o), 0);
+  fz_buf_free(&b);
+  cr_assert_eq(o.seed_rc, 0);
+  cr_assert_eq(o.rc, 0);
+  cr_assert_eq(o.st.error_replies, 0, "%s",
+               dispatch_err_name(o.st.first_error));
+  cr_assert_eq(o.st.replies, replies);
+  cr_assert(!o.leak);
+}
+
+/* a zero among the dims and one of at least 2^32 */
+static int zero_beside_huge(const int64_t *v, size_t n) {
+  int zero = 0, huge = 0;
+  for (size_t i = 0; i < n; i++) {
+    zero |= v[i] == 0;
+    huge |= v[i] >= ((int64_t)1 << 32);
+  }
+  return zero && huge;
+}
+
+Test(fuzz_regress, recipe_zero_size_upload) {
+  /* every shape of the table: an upload with no bulk, then a softmax */
+  for (uint8_t k = 0; k < 16; k++) {
+    uint8_t rec[] = {0xf0, 0, k, 0, 1, 0, 1, 1, 0, 1};
+    decoded d;
+    decode_recipe(rec, sizeof rec, &d);
+    cr_assert_eq(d.n, 3, "shape %u: %d frames", k, d.n);
+    Dispatch__Request *u = d.req[0];
+    cr_assert_eq(u->body_case, DISPATCH__REQUEST__BODY_UPLOAD);
+    cr_assert_eq(d.bulk[0], 0);
+    int64_t numel = 1;
+    for (size_t i = 0; i < u->upload->meta->n_shape; i++)
+      numel = u->upload->meta->shape[i] == 0 ? 0 : numel;
+    cr_assert_eq(numel, 0, "shape %u has no zero dim", k);
+    cr_assert_eq(d.req[1]->body_case, DISPATCH__REQUEST__BODY_OP);
+    cr_assert_eq(d.req[1]->op->op, DSP_OP_SOFTMAX);
+    cr_assert_eq(d.req[1]->op->inputs[0], u->upload->id);
+    cr_assert_eq(d.req[2]->body_case, DISPATCH__REQUEST__BODY_READ);
+    decoded_free(&d);
+  }
+  uint8_t rec[] = {0xf0, 0, 0, 0, 0, 0};
+  decoded d;
+  decode_recipe(rec, sizeof rec, &d);
+  cr_assert(zero_beside_huge(d.req[0]->upload->meta->shape,
+                             d.req[0]->upload->meta->n_shape));
+  decoded_free(&d);
+}
+
+Test(fuzz_regress, recipe_zero_size_attribute_shapes) {
+  int seen_create = 0, seen_reshape = 0, seen_backward = 0;
+  for (uint8_t k = 0; k < 11; k++) {
+    uint8_t rec[] = {0xf1, k, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 2, 0};
+    decoded d;
+    decode_recipe(rec, sizeof rec, &d);
+    cr_assert_geq(d.n, 1);
+    Dispatch__Op *o = d.req[0]->op;
+    cr_assert_eq(d.req[0]->body_case, DISPATCH__REQUEST__BODY_OP);
+    cr_assert(zero_beside_huge(o->ints, o->n_ints),
+              "op %d: no zero-size shape among its ints", o->op);
+    seen_create |= o->op == DSP_OP_ZEROS;
+    seen_reshape |= o->op == DSP_OP_RESHAPE;
+    seen_backward |= o->op == DSP_OP_SLICE_BACKWARD;
+    decoded_free(&d);
+  }
+  cr_assert(seen_create && seen_reshape && seen_backward);
+}
+
+Test(fuzz_regress, recipe_steps_between_reads) {
+  /* 4 rounds: read 1, step (sgd, adam, sgd, adam), read 1 */
+  uint8_t rec[] = {0xf2, 3, 0x05, 0x07, 0x05, 0x07};
+  decoded d;
+  decode_recipe(rec, sizeof rec, &d);
+  cr_assert_eq(d.n, 12);
+  for (int k = 0; k < 4; k++) {
+    Dispatch__Request **r = d.req + 3 * k;
+    cr_assert_eq(r[0]->body_case, DISPATCH__REQUEST__BODY_READ);
+    cr_assert_eq(r[1]->body_case, DISPATCH__REQUEST__BODY_STEP);
+    cr_assert_eq(r[2]->body_case, DISPATCH__REQUEST__BODY_READ);
+    cr_assert_eq(r[1]->step->op, k & 1 ? DSP_OP_ADAM_STEP : DSP_OP_SGD_STEP);
+    cr_assert_eq(r[1]->step->params[0], r[0]->read->id);
+    cr_assert_eq(r[2]->read->id, r[0]->read->id);
+  }
+  decoded_free(&d);
+  /* and the whole recipe runs on the seeded session without an error */
+  run_recipe_clean(rec, sizeof rec, 8); /* the reads reply */
+}
+
+Test(fuzz_regress, recipe_retained_backward_passes) {
+  /* 4 passes into containers 2..5, all retained; 3 grads, each read */
+  uint8_t rec[] = {0xf3, 3, 4, 3, 1, 0, 2, 1, 4, 0};
+  decoded d;
+  decode_recipe(rec, sizeof rec, &d);
+  cr_assert_eq(d.n, 10);
+  for (int k = 0; k < 4; k++) {
+    cr_assert_eq(d.req[k]->body_case, DISPATCH__REQUEST__BODY_BACKWARD);
+    cr_assert(d.req[k]->backward->retain);
+    cr_assert_eq(d.req[k]->backward->grads, 2 + (uint64_t)k);
+  }
+  for (int k = 4; k < 10; k += 2) {
+    cr_assert_eq(d.req[k]->body_case, DISPATCH__REQUEST__BODY_GRAD);
+    cr_assert_eq(d.req[k + 1]->body_case, DISPATCH__REQUEST__BODY_READ);
+    cr_assert_eq(d.req[k + 1]->read->id, d.req[k]->grad->output);
+  }
+  decoded_free(&d);
+  run_recipe_clean(rec, sizeof rec, 7); /* the passes and the reads */
+}

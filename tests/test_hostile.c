@@ -183,26 +183,16 @@ Test(hostile, truncated_frames_then_disconnect) {
   int64_t shape[1] = {1 << 18};
   float *big = calloc(1 << 18, sizeof *big);
   cr_assert_not_null(big);
-  Dispatch__Request req = DISPATCH__REQUEST__INIT;
-  Dispatch__Upload u = DISPATCH__UPLOAD__INIT;
-  Dispatch__TensorMeta m = DISPATCH__TENSOR_META__INIT;
-  m.dtype = DSP_F32;
-  m.n_shape = 1;
-  m.shape = shape;
-  u.id = 1;
-  u.meta = &m;
-  req.req_id = 7;
-  req.body_case = DISPATCH__REQUEST__BODY_UPLOAD;
-  req.upload = &u;
-  cr_assert_eq(wire_send(&c, &req, NULL, 0), 0); /* header says no bulk */
+  dsp_wreq w;
+  Dispatch__Request *req = dsp_wreq_upload(&w, 1, DSP_F32, 1, shape);
+  req->req_id = 7;
+  cr_assert_eq(wire_send(&c, req, NULL, 0), 0); /* header says no bulk */
   wire_close(&c);
   connect_hello(&c);
-  size_t len = dispatch__request__get_packed_size(&req);
-  uint8_t *buf = malloc(DSP_FRAME_HEADER_SIZE + len);
+  uint8_t *buf = malloc(dsp_req_frame_size(req));
   cr_assert_not_null(buf);
-  header(buf, (uint32_t)len, 0, (1u << 18) * sizeof(float));
-  dispatch__request__pack(&req, buf + DSP_FRAME_HEADER_SIZE);
-  cr_assert_eq(wire_send_raw(&c, buf, DSP_FRAME_HEADER_SIZE + len), 0);
+  size_t flen = dsp_req_frame_encode(req, (1u << 18) * sizeof(float), buf);
+  cr_assert_eq(wire_send_raw(&c, buf, flen), 0);
   cr_assert_eq(wire_send_raw(&c, big, 1000), 0);
   free(buf);
   free(big);
@@ -343,16 +333,9 @@ Test(hostile, unknown_op_codes) {
   }
   /* a step names its op too: not an optimizer op is a deferred EINVAL */
   connect_hello(&c);
-  Dispatch__Request req = DISPATCH__REQUEST__INIT;
-  Dispatch__Step st = DISPATCH__STEP__INIT;
-  st.op = DSP_OP_MATMUL;
-  req.req_id = 50;
-  req.body_case = DISPATCH__REQUEST__BODY_STEP;
-  req.step = &st;
-  cr_assert_eq(wire_send(&c, &req, NULL, 0), 0);
+  wire_step(&c, DSP_OP_MATMUL, 0, NULL, 0, NULL, 0, NULL, 0, NULL, 0);
   cr_assert_eq(wire_sync_check(&c, NULL, 0, NULL), DISPATCH_EINVAL);
-  st.op = 12345;
-  cr_assert_eq(wire_send(&c, &req, NULL, 0), 0);
+  wire_step(&c, 12345, 0, NULL, 0, NULL, 0, NULL, 0, NULL, 0);
   cr_assert_eq(wire_sync_check(&c, NULL, 0, NULL), DISPATCH_EINVAL);
   wire_close(&c);
   check_recovered();
@@ -365,26 +348,17 @@ Test(hostile, wrong_byte_counts_keep_the_stream_in_step) {
   connect_hello(&c);
   float x[8] = {1, 2, 3, 4, 5, 6, 7, 8};
   int64_t s4[1] = {4};
-  Dispatch__Request req = DISPATCH__REQUEST__INIT;
-  Dispatch__Upload u = DISPATCH__UPLOAD__INIT;
-  Dispatch__TensorMeta m = DISPATCH__TENSOR_META__INIT;
-  m.dtype = DSP_F32;
-  m.n_shape = 1;
-  m.shape = s4;
-  u.meta = &m;
-  req.body_case = DISPATCH__REQUEST__BODY_UPLOAD;
-  req.upload = &u;
   static const size_t sizes[] = {0, 4, 15, 17, 32};
   for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
-    u.id = 100 + i;
-    req.req_id = 100 + i;
-    cr_assert_eq(wire_send(&c, &req, x, sizes[i]), 0);
+    wire_upload(&c, 100 + i, DSP_F32, 1, s4, x, sizes[i]);
     cr_assert_eq(wire_sync_check(&c, NULL, 0, NULL), DISPATCH_EINVAL,
                  "bulk of %zu bytes", sizes[i]);
   }
-  u.meta = NULL; /* no meta at all */
-  u.id = 200;
-  cr_assert_eq(wire_send(&c, &req, x, 16), 0);
+  dsp_wreq w;
+  Dispatch__Request *req = dsp_wreq_upload(&w, 200, DSP_F32, 1, s4);
+  req->upload->meta = NULL; /* no meta at all */
+  req->req_id = 200;
+  cr_assert_eq(wire_send(&c, req, x, 16), 0);
   cr_assert_eq(wire_sync_check(&c, NULL, 0, NULL), DISPATCH_EINVAL);
   wire_upload(&c, 1, DSP_F32, 1, s4, x, 16);
   void *data;
@@ -409,24 +383,15 @@ Test(hostile, slow_partial_frame_does_not_block_others) {
   float x[16];
   for (int i = 0; i < 16; i++) x[i] = (float)i * 0.5f;
   int64_t s16[1] = {16};
-  Dispatch__Request req = DISPATCH__REQUEST__INIT;
-  Dispatch__Upload u = DISPATCH__UPLOAD__INIT;
-  Dispatch__TensorMeta m = DISPATCH__TENSOR_META__INIT;
-  m.dtype = DSP_F32;
-  m.n_shape = 1;
-  m.shape = s16;
-  u.id = 9;
-  u.meta = &m;
-  req.req_id = 90;
-  req.body_case = DISPATCH__REQUEST__BODY_UPLOAD;
-  req.upload = &u;
-  size_t len = dispatch__request__get_packed_size(&req);
-  size_t total = DSP_FRAME_HEADER_SIZE + len + sizeof x;
+  dsp_wreq w;
+  Dispatch__Request *req = dsp_wreq_upload(&w, 9, DSP_F32, 1, s16);
+  req->req_id = 90;
+  size_t flen = dsp_req_frame_size(req);
+  size_t total = flen + sizeof x;
   uint8_t *frame = malloc(total);
   cr_assert_not_null(frame);
-  header(frame, (uint32_t)len, 0, sizeof x);
-  dispatch__request__pack(&req, frame + DSP_FRAME_HEADER_SIZE);
-  memcpy(frame + DSP_FRAME_HEADER_SIZE + len, x, sizeof x);
+  dsp_req_frame_encode(req, sizeof x, frame);
+  memcpy(frame + flen, x, sizeof x);
   float fv[2] = {3, 4};
   int64_t s2[1] = {2};
   wire_upload(&fast, 1, DSP_F32, 1, s2, fv, sizeof fv);

@@ -233,22 +233,11 @@ Test(server_autodiff, sgd_and_adam_steps_equal_in_process) {
   int64_t sx[2] = {4, 3}, sw[2] = {3, 5};
   wire_upload(&c, 80, DSP_F32, 2, sx, zx, sizeof zx);
   wire_upload(&c, 81, DSP_F32, 2, sw, zw, sizeof zw);
-  Dispatch__Request req = DISPATCH__REQUEST__INIT;
-  Dispatch__Step st = DISPATCH__STEP__INIT;
   uint64_t params[2] = {ID_X, ID_W}, states[2] = {80, 81};
   double fl[3] = {0.1, 0.9, 0.01};
-  st.op = DSP_OP_SGD_STEP;
-  st.grads = ID_G;
-  st.n_params = 2;
-  st.params = params;
-  st.n_states = 2;
-  st.states = states;
-  st.n_floats = 3;
-  st.floats = fl;
-  req.req_id = 1000;
-  req.body_case = DISPATCH__REQUEST__BODY_STEP;
-  req.step = &st;
-  cr_assert_eq(wire_send(&c, &req, NULL, 0), 0);
+  cr_assert_neq(wire_step(&c, DSP_OP_SGD_STEP, ID_G, params, 2, states, 2,
+                          NULL, 0, fl, 3),
+                0);
   char msg[700];
   cr_assert_eq(wire_sync_check(&c, msg, sizeof msg, NULL), 0, "%s", msg);
 
@@ -276,17 +265,9 @@ Test(server_autodiff, sgd_and_adam_steps_equal_in_process) {
   uint64_t p1[1] = {ID_W}, s2[2] = {90, 91};
   double af[4] = {0.01, 0.9, 0.999, 1e-8};
   int64_t ai[1] = {1};
-  st.op = DSP_OP_ADAM_STEP;
-  st.n_params = 1;
-  st.params = p1;
-  st.n_states = 2;
-  st.states = s2;
-  st.n_floats = 4;
-  st.floats = af;
-  st.n_ints = 1;
-  st.ints = ai;
-  req.req_id = 1001;
-  cr_assert_eq(wire_send(&c, &req, NULL, 0), 0);
+  cr_assert_neq(wire_step(&c, DSP_OP_ADAM_STEP, ID_G, p1, 1, s2, 2, ai, 1,
+                          af, 4),
+                0);
   cr_assert_eq(wire_sync_check(&c, msg, sizeof msg, NULL), 0, "%s", msg);
   dsp_tensor *am, *av;
   cr_assert_eq(dsp_tensor_from_data(m.ctx, &mw, zw, sizeof zw, &am), 0);
@@ -302,13 +283,13 @@ Test(server_autodiff, sgd_and_adam_steps_equal_in_process) {
   assert_remote_equals(&c, 91, av);
 
   /* a wrong state count is refused before anything changes */
-  st.n_states = 1;
-  req.req_id = 1002;
-  cr_assert_eq(wire_send(&c, &req, NULL, 0), 0);
+  uint64_t rid = wire_step(&c, DSP_OP_ADAM_STEP, ID_G, p1, 1, s2, 1, ai, 1,
+                           af, 4);
+  cr_assert_neq(rid, 0);
   uint64_t failed;
   cr_assert_eq(wire_sync_check(&c, msg, sizeof msg, &failed), DISPATCH_EINVAL,
                "%s", msg);
-  cr_assert_eq(failed, 1002);
+  cr_assert_eq(failed, rid);
   assert_remote_equals(&c, ID_W, m.w);
   dsp_tensor_unref(vx);
   dsp_tensor_unref(vw);

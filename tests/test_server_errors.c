@@ -194,15 +194,6 @@ static void malformed_case(const void *bytes, size_t n, int hello, int code,
   wire_close(&other);
 }
 
-static size_t frame_of(uint8_t *buf, const Dispatch__Request *req,
-                       uint32_t flags, uint64_t bulk_len) {
-  size_t len = dispatch__request__get_packed_size(req);
-  dsp_frame_header h = {(uint32_t)len, flags, bulk_len};
-  dsp_frame_header_encode(buf, &h);
-  dispatch__request__pack(req, buf + DSP_FRAME_HEADER_SIZE);
-  return DSP_FRAME_HEADER_SIZE + len;
-}
-
 Test(server_errors, oversized_length_is_refused) {
   uint8_t hb[16];
   dsp_frame_header h = {0xFFFFFFFFu, 0, 0};
@@ -231,13 +222,10 @@ Test(server_errors, garbage_and_truncated_protobuf_are_refused) {
   malformed_case(buf, 24, 1, DISPATCH_EPROTO, "garbage");
 
   /* a valid read request cut short inside its varint */
-  Dispatch__Request req = DISPATCH__REQUEST__INIT;
-  Dispatch__Read rd = DISPATCH__READ__INIT;
-  rd.id = 0x7fffffffffffULL;
-  req.req_id = 0x123456789ULL;
-  req.body_case = DISPATCH__REQUEST__BODY_READ;
-  req.read = &rd;
-  size_t full = frame_of(buf, &req, 0, 0);
+  dsp_wreq w;
+  Dispatch__Request *req = dsp_wreq_read(&w, 0x7fffffffffffULL);
+  req->req_id = 0x123456789ULL;
+  size_t full = dsp_req_frame_encode(req, 0, buf);
   size_t cut = full - DSP_FRAME_HEADER_SIZE - 3;
   dsp_frame_header hc = {(uint32_t)cut, 0, 0};
   dsp_frame_header_encode(buf, &hc);
@@ -247,27 +235,25 @@ Test(server_errors, garbage_and_truncated_protobuf_are_refused) {
 
 Test(server_errors, no_body_unknown_op_and_missing_hello_are_refused) {
   uint8_t buf[128];
-  Dispatch__Request req = DISPATCH__REQUEST__INIT;
-  req.req_id = 5;
-  size_t n = frame_of(buf, &req, 0, 0);
+  Dispatch__Request bare = DISPATCH__REQUEST__INIT;
+  bare.req_id = 5;
+  size_t n = dsp_req_frame_encode(&bare, 0, buf);
   /* req_id only: a message, but no body */
   malformed_case(buf, n, 1, DISPATCH_EPROTO, "no body");
 
-  Dispatch__Op op = DISPATCH__OP__INIT;
-  op.op = 9999;
-  op.output = 1;
-  req.body_case = DISPATCH__REQUEST__BODY_OP;
-  req.op = &op;
-  n = frame_of(buf, &req, 0, 0);
+  dsp_wreq w;
+  Dispatch__Request *req = dsp_wreq_op(&w, 9999, NULL, 0, 1, NULL, 0, NULL,
+                                       0, 0);
+  req->req_id = 5;
+  n = dsp_req_frame_encode(req, 0, buf);
   malformed_case(buf, n, 1, DISPATCH_EPROTO, "unknown op");
   /* any request before the hello */
-  Dispatch__Sync sy = DISPATCH__SYNC__INIT;
-  req.body_case = DISPATCH__REQUEST__BODY_SYNC;
-  req.sync = &sy;
-  n = frame_of(buf, &req, 0, 0);
+  req = dsp_wreq_sync(&w);
+  req->req_id = 5;
+  n = dsp_req_frame_encode(req, 0, buf);
   malformed_case(buf, n, 0, DISPATCH_EPROTO, "no hello");
   /* bulk after a request that is not an upload */
-  n = frame_of(buf, &req, 0, 4);
+  n = dsp_req_frame_encode(req, 4, buf);
   memcpy(buf + n, "abcd", 4);
   malformed_case(buf, n + 4, 1, DISPATCH_EPROTO, "bulk on sync");
 }
@@ -295,20 +281,12 @@ Test(server_errors, truncated_frame_then_disconnect_leaves_others_served) {
 Test(server_errors, byte_by_byte_frames_parse) {
   wire_conn c;
   connect_hello(&c);
-  Dispatch__Request req = DISPATCH__REQUEST__INIT;
-  Dispatch__Upload up = DISPATCH__UPLOAD__INIT;
-  Dispatch__TensorMeta m = DISPATCH__TENSOR_META__INIT;
   int64_t s[1] = {6};
-  m.dtype = DSP_F32;
-  m.n_shape = 1;
-  m.shape = s;
-  up.id = 9;
-  up.meta = &m;
-  req.req_id = 77;
-  req.body_case = DISPATCH__REQUEST__BODY_UPLOAD;
-  req.upload = &up;
+  dsp_wreq w;
+  Dispatch__Request *req = dsp_wreq_upload(&w, 9, DSP_F32, 1, s);
+  req->req_id = 77;
   uint8_t buf[256];
-  size_t n = frame_of(buf, &req, 0, sizeof k_d6);
+  size_t n = dsp_req_frame_encode(req, sizeof k_d6, buf);
   memcpy(buf + n, k_d6, sizeof k_d6);
   for (size_t i = 0; i < n + sizeof k_d6; i++)
     cr_assert_eq(wire_send_raw(&c, buf + i, 1), 0);

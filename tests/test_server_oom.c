@@ -10,6 +10,7 @@
 #include "dsp.h"
 #include "helpers/failalloc.h"
 #include "sv.h"
+#include "wire_req.h"
 
 static Dispatch__Request *unpack(const Dispatch__Request *r) {
   uint8_t buf[512];
@@ -48,93 +49,33 @@ static int run_req(sv_session *s, dsp_ctx *io, Dispatch__Request *r,
 
 static void scenario(sv_session *s, dsp_ctx *io) {
   float a[4] = {1, -2, 3, 4}, b[4] = {0.5f, 0.25f, -1, 2};
-  Dispatch__Request r = DISPATCH__REQUEST__INIT;
-  Dispatch__Upload up = DISPATCH__UPLOAD__INIT;
-  Dispatch__TensorMeta m = DISPATCH__TENSOR_META__INIT;
   int64_t shape[1] = {4};
-  m.dtype = DSP_F32;
-  m.n_shape = 1;
-  m.shape = shape;
-  up.meta = &m;
-  r.body_case = DISPATCH__REQUEST__BODY_UPLOAD;
-  r.upload = &up;
-  up.id = 1;
-  run_req(s, io, &r, a, 4);
-  up.id = 2;
-  run_req(s, io, &r, b, 4);
-  up.id = 5;
-  run_req(s, io, &r, b, 4); /* velocity */
+  dsp_wreq w;
+  run_req(s, io, dsp_wreq_upload(&w, 1, DSP_F32, 1, shape), a, 4);
+  run_req(s, io, dsp_wreq_upload(&w, 2, DSP_F32, 1, shape), b, 4);
+  /* 5: sgd velocity */
+  run_req(s, io, dsp_wreq_upload(&w, 5, DSP_F32, 1, shape), b, 4);
+  run_req(s, io, dsp_wreq_track(&w, 1), NULL, 0);
 
-  Dispatch__Track tr = DISPATCH__TRACK__INIT;
-  tr.id = 1;
-  r.body_case = DISPATCH__REQUEST__BODY_TRACK;
-  r.track = &tr;
-  run_req(s, io, &r, NULL, 0);
-
-  Dispatch__Op op = DISPATCH__OP__INIT;
   uint64_t in2[2] = {1, 2}, in1[1] = {3};
-  op.op = DSP_OP_MUL;
-  op.n_inputs = 2;
-  op.inputs = in2;
-  op.output = 3;
-  r.body_case = DISPATCH__REQUEST__BODY_OP;
-  r.op = &op;
-  run_req(s, io, &r, NULL, 0);
-  op.op = DSP_OP_SUM;
-  op.n_inputs = 1;
-  op.inputs = in1;
-  op.output = 4;
-  run_req(s, io, &r, NULL, 0);
+  run_req(s, io, dsp_wreq_op(&w, DSP_OP_MUL, in2, 2, 3, NULL, 0, NULL, 0, 0),
+          NULL, 0);
+  run_req(s, io, dsp_wreq_op(&w, DSP_OP_SUM, in1, 1, 4, NULL, 0, NULL, 0, 0),
+          NULL, 0);
+  run_req(s, io, dsp_wreq_backward(&w, 4, 10, 0), NULL, 0);
+  run_req(s, io, dsp_wreq_grad(&w, 10, 1, 11), NULL, 0);
 
-  Dispatch__Backward bw = DISPATCH__BACKWARD__INIT;
-  bw.loss = 4;
-  bw.grads = 10;
-  r.body_case = DISPATCH__REQUEST__BODY_BACKWARD;
-  r.backward = &bw;
-  run_req(s, io, &r, NULL, 0);
-
-  Dispatch__Grad gr = DISPATCH__GRAD__INIT;
-  gr.grads = 10;
-  gr.tensor = 1;
-  gr.output = 11;
-  r.body_case = DISPATCH__REQUEST__BODY_GRAD;
-  r.grad = &gr;
-  run_req(s, io, &r, NULL, 0);
-
-  Dispatch__Step st = DISPATCH__STEP__INIT;
   uint64_t params[1] = {1}, states[1] = {5};
   double fl[3] = {0.1, 0.9, 0};
-  st.op = DSP_OP_SGD_STEP;
-  st.grads = 10;
-  st.n_params = 1;
-  st.params = params;
-  st.n_states = 1;
-  st.states = states;
-  st.n_floats = 3;
-  st.floats = fl;
-  r.body_case = DISPATCH__REQUEST__BODY_STEP;
-  r.step = &st;
-  run_req(s, io, &r, NULL, 0);
+  run_req(s, io,
+          dsp_wreq_step(&w, DSP_OP_SGD_STEP, 10, params, 1, states, 1, NULL,
+                        0, fl, 3),
+          NULL, 0);
+  run_req(s, io, dsp_wreq_read(&w, 11), NULL, 0);
+  run_req(s, io, dsp_wreq_stats(&w), NULL, 0);
 
-  Dispatch__Read rd = DISPATCH__READ__INIT;
-  rd.id = 11;
-  r.body_case = DISPATCH__REQUEST__BODY_READ;
-  r.read = &rd;
-  run_req(s, io, &r, NULL, 0);
-  Dispatch__Stats ss = DISPATCH__STATS__INIT;
-  r.body_case = DISPATCH__REQUEST__BODY_STATS;
-  r.stats = &ss;
-  run_req(s, io, &r, NULL, 0);
-
-  Dispatch__Free fr = DISPATCH__FREE__INIT;
   uint64_t ft[2] = {3, 4}, fg[1] = {10};
-  fr.n_tensors = 2;
-  fr.tensors = ft;
-  fr.n_grads = 1;
-  fr.grads = fg;
-  r.body_case = DISPATCH__REQUEST__BODY_FREE;
-  r.free = &fr;
-  run_req(s, io, &r, NULL, 0);
+  run_req(s, io, dsp_wreq_free(&w, ft, 2, fg, 1), NULL, 0);
 }
 
 Test(server_oom, every_allocation_failure_is_clean) {

@@ -6,6 +6,7 @@
 
 #include "dsp.h"
 #include "sv.h"
+#include "wire_req.h"
 
 static Dispatch__Request *unpack(const Dispatch__Request *r) {
   uint8_t buf[1024];
@@ -34,17 +35,8 @@ static void run_req(sv_session *s, Dispatch__Request *r, const float *bulk,
 static void upload(sv_session *s, uint64_t id) {
   float v[2] = {1, 2};
   int64_t shape[1] = {2};
-  Dispatch__Request r = DISPATCH__REQUEST__INIT;
-  Dispatch__Upload up = DISPATCH__UPLOAD__INIT;
-  Dispatch__TensorMeta m = DISPATCH__TENSOR_META__INIT;
-  m.dtype = DSP_F32;
-  m.n_shape = 1;
-  m.shape = shape;
-  up.meta = &m;
-  up.id = id;
-  r.body_case = DISPATCH__REQUEST__BODY_UPLOAD;
-  r.upload = &up;
-  run_req(s, &r, v, 2);
+  dsp_wreq w;
+  run_req(s, dsp_wreq_upload(&w, id, DSP_F32, 1, shape), v, 2);
 }
 
 typedef struct fixture {
@@ -69,21 +61,13 @@ static void fx_close(fixture *f) {
 /* Runs an sgd_step Step over params with states on s (lr 0.1). */
 static void run_sgd_step(sv_session *s, uint64_t req_id, uint64_t *params,
                          size_t n_params, uint64_t *states, size_t n_states) {
-  Dispatch__Request r = DISPATCH__REQUEST__INIT;
-  Dispatch__Step st = DISPATCH__STEP__INIT;
   double fl[3] = {0.1, 0, 0};
-  st.op = DSP_OP_SGD_STEP;
-  st.grads = 7;
-  st.n_params = n_params;
-  st.params = params;
-  st.n_states = n_states;
-  st.states = states;
-  st.n_floats = 3;
-  st.floats = fl;
-  r.req_id = req_id;
-  r.body_case = DISPATCH__REQUEST__BODY_STEP;
-  r.step = &st;
-  run_req(s, &r, NULL, 0);
+  dsp_wreq w;
+  Dispatch__Request *r = dsp_wreq_step(&w, DSP_OP_SGD_STEP, 7, params,
+                                       n_params, states, n_states, NULL, 0,
+                                       fl, 3);
+  r->req_id = req_id;
+  run_req(s, r, NULL, 0);
 }
 
 /* More parameters than the session has tensors: the message says so (it
@@ -126,20 +110,13 @@ Test(server_session, optimizer_op_as_plain_op_is_refused) {
   upload(f.s, 2);
   upload(f.s, 3);
   long long bytes = atomic_load(&f.s->bytes);
-  Dispatch__Request r = DISPATCH__REQUEST__INIT;
-  Dispatch__Op op = DISPATCH__OP__INIT;
   uint64_t in[3] = {1, 2, 3};
   double fl[3] = {0.1, 0, 0};
-  op.op = DSP_OP_SGD_STEP;
-  op.n_inputs = 3;
-  op.inputs = in;
-  op.output = 9;
-  op.n_floats = 3;
-  op.floats = fl;
-  r.req_id = 6;
-  r.body_case = DISPATCH__REQUEST__BODY_OP;
-  r.op = &op;
-  run_req(f.s, &r, NULL, 0);
+  dsp_wreq w;
+  Dispatch__Request *r =
+      dsp_wreq_op(&w, DSP_OP_SGD_STEP, in, 3, 9, NULL, 0, fl, 3, 0);
+  r->req_id = 6;
+  run_req(f.s, r, NULL, 0);
   cr_assert_eq(f.s->err_code, DISPATCH_EINVAL, "%s", f.s->err_msg);
   cr_assert(strstr(f.s->err_msg, "Step"), "message: %s", f.s->err_msg);
   cr_assert_eq(atomic_load(&f.s->bytes), bytes);

@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "frame.h"
+#include "wire_req.h"
 
 #define WIRE_WAIT_MS 180000
 
@@ -55,13 +56,9 @@ int wire_send_raw(wire_conn *c, const void *buf, size_t n) {
 
 int wire_send(wire_conn *c, const Dispatch__Request *req, const void *bulk,
               size_t bulk_len) {
-  size_t len = dispatch__request__get_packed_size(req);
-  uint8_t *buf = malloc(DSP_FRAME_HEADER_SIZE + len);
+  uint8_t *buf = malloc(dsp_req_frame_size(req));
   if (!buf) return -1;
-  dsp_frame_header h = {(uint32_t)len, 0, bulk_len};
-  dsp_frame_header_encode(buf, &h);
-  dispatch__request__pack(req, buf + DSP_FRAME_HEADER_SIZE);
-  int rc = wire_send_raw(c, buf, DSP_FRAME_HEADER_SIZE + len);
+  int rc = wire_send_raw(c, buf, dsp_req_frame_encode(req, bulk_len, buf));
   free(buf);
   if (rc == 0 && bulk_len) rc = wire_send_raw(c, bulk, bulk_len);
   return rc;
@@ -144,14 +141,8 @@ static uint64_t send_req(wire_conn *c, Dispatch__Request *req,
 
 uint64_t wire_hello_send(wire_conn *c, uint32_t major, uint32_t minor,
                          const char *name) {
-  Dispatch__Request req = DISPATCH__REQUEST__INIT;
-  Dispatch__Hello h = DISPATCH__HELLO__INIT;
-  h.major = major;
-  h.minor = minor;
-  h.client_name = (char *)name;
-  req.body_case = DISPATCH__REQUEST__BODY_HELLO;
-  req.hello = &h;
-  return send_req(c, &req, NULL, 0);
+  dsp_wreq w;
+  return send_req(c, dsp_wreq_hello(&w, major, minor, NULL, name), NULL, 0);
 }
 
 int wire_hello(wire_conn *c, const char *name) {
@@ -167,114 +158,76 @@ int wire_hello(wire_conn *c, const char *name) {
 
 uint64_t wire_upload(wire_conn *c, uint64_t id, int dtype, int ndim,
                      const int64_t *shape, const void *data, size_t nbytes) {
-  Dispatch__Request req = DISPATCH__REQUEST__INIT;
-  Dispatch__Upload u = DISPATCH__UPLOAD__INIT;
-  Dispatch__TensorMeta m = DISPATCH__TENSOR_META__INIT;
-  m.dtype = dtype;
-  m.n_shape = (size_t)ndim;
-  m.shape = (int64_t *)shape;
-  u.id = id;
-  u.meta = &m;
-  req.body_case = DISPATCH__REQUEST__BODY_UPLOAD;
-  req.upload = &u;
-  return send_req(c, &req, data, nbytes);
+  dsp_wreq w;
+  return send_req(c, dsp_wreq_upload(&w, id, dtype, (size_t)ndim, shape),
+                  data, nbytes);
 }
 
 uint64_t wire_op(wire_conn *c, int op, const uint64_t *inputs, int n_in,
                  uint64_t output, const int64_t *ints, int n_ints,
                  const double *floats, int n_floats) {
-  Dispatch__Request req = DISPATCH__REQUEST__INIT;
-  Dispatch__Op o = DISPATCH__OP__INIT;
-  o.op = op;
-  o.n_inputs = (size_t)n_in;
-  o.inputs = (uint64_t *)inputs;
-  o.output = output;
-  o.n_ints = (size_t)n_ints;
-  o.ints = (int64_t *)ints;
-  o.n_floats = (size_t)n_floats;
-  o.floats = (double *)floats;
-  req.body_case = DISPATCH__REQUEST__BODY_OP;
-  req.op = &o;
-  return send_req(c, &req, NULL, 0);
+  dsp_wreq w;
+  return send_req(c,
+                  dsp_wreq_op(&w, op, inputs, (size_t)n_in, output, ints,
+                              (size_t)n_ints, floats, (size_t)n_floats, 0),
+                  NULL, 0);
 }
 
 uint64_t wire_track(wire_conn *c, uint64_t id) {
-  Dispatch__Request req = DISPATCH__REQUEST__INIT;
-  Dispatch__Track t = DISPATCH__TRACK__INIT;
-  t.id = id;
-  req.body_case = DISPATCH__REQUEST__BODY_TRACK;
-  req.track = &t;
-  return send_req(c, &req, NULL, 0);
+  dsp_wreq w;
+  return send_req(c, dsp_wreq_track(&w, id), NULL, 0);
 }
 
 uint64_t wire_backward(wire_conn *c, uint64_t loss, uint64_t grads,
                        int retain) {
-  Dispatch__Request req = DISPATCH__REQUEST__INIT;
-  Dispatch__Backward b = DISPATCH__BACKWARD__INIT;
-  b.loss = loss;
-  b.grads = grads;
-  b.retain = retain != 0;
-  req.body_case = DISPATCH__REQUEST__BODY_BACKWARD;
-  req.backward = &b;
-  return send_req(c, &req, NULL, 0);
+  dsp_wreq w;
+  return send_req(c, dsp_wreq_backward(&w, loss, grads, retain), NULL, 0);
 }
 
 uint64_t wire_grad(wire_conn *c, uint64_t grads, uint64_t tensor,
                    uint64_t output) {
-  Dispatch__Request req = DISPATCH__REQUEST__INIT;
-  Dispatch__Grad g = DISPATCH__GRAD__INIT;
-  g.grads = grads;
-  g.tensor = tensor;
-  g.output = output;
-  req.body_case = DISPATCH__REQUEST__BODY_GRAD;
-  req.grad = &g;
-  return send_req(c, &req, NULL, 0);
+  dsp_wreq w;
+  return send_req(c, dsp_wreq_grad(&w, grads, tensor, output), NULL, 0);
+}
+
+uint64_t wire_step(wire_conn *c, int op, uint64_t grads,
+                   const uint64_t *params, int n_params,
+                   const uint64_t *states, int n_states, const int64_t *ints,
+                   int n_ints, const double *floats, int n_floats) {
+  dsp_wreq w;
+  return send_req(c,
+                  dsp_wreq_step(&w, op, grads, params, (size_t)n_params,
+                                states, (size_t)n_states, ints,
+                                (size_t)n_ints, floats, (size_t)n_floats),
+                  NULL, 0);
 }
 
 uint64_t wire_free(wire_conn *c, const uint64_t *tensors, int n_t,
                    const uint64_t *grads, int n_g) {
-  Dispatch__Request req = DISPATCH__REQUEST__INIT;
-  Dispatch__Free f = DISPATCH__FREE__INIT;
-  f.n_tensors = (size_t)n_t;
-  f.tensors = (uint64_t *)tensors;
-  f.n_grads = (size_t)n_g;
-  f.grads = (uint64_t *)grads;
-  req.body_case = DISPATCH__REQUEST__BODY_FREE;
-  req.free = &f;
-  return send_req(c, &req, NULL, 0);
+  dsp_wreq w;
+  return send_req(c, dsp_wreq_free(&w, tensors, (size_t)n_t, grads,
+                                   (size_t)n_g),
+                  NULL, 0);
 }
 
 uint64_t wire_read(wire_conn *c, uint64_t id) {
-  Dispatch__Request req = DISPATCH__REQUEST__INIT;
-  Dispatch__Read r = DISPATCH__READ__INIT;
-  r.id = id;
-  req.body_case = DISPATCH__REQUEST__BODY_READ;
-  req.read = &r;
-  return send_req(c, &req, NULL, 0);
+  dsp_wreq w;
+  return send_req(c, dsp_wreq_read(&w, id), NULL, 0);
 }
 
 uint64_t wire_sync(wire_conn *c) {
-  Dispatch__Request req = DISPATCH__REQUEST__INIT;
-  Dispatch__Sync s = DISPATCH__SYNC__INIT;
-  req.body_case = DISPATCH__REQUEST__BODY_SYNC;
-  req.sync = &s;
-  return send_req(c, &req, NULL, 0);
+  dsp_wreq w;
+  return send_req(c, dsp_wreq_sync(&w), NULL, 0);
 }
 
 uint64_t wire_stats(wire_conn *c) {
-  Dispatch__Request req = DISPATCH__REQUEST__INIT;
-  Dispatch__Stats s = DISPATCH__STATS__INIT;
-  req.body_case = DISPATCH__REQUEST__BODY_STATS;
-  req.stats = &s;
-  return send_req(c, &req, NULL, 0);
+  dsp_wreq w;
+  return send_req(c, dsp_wreq_stats(&w), NULL, 0);
 }
 
 uint64_t wire_bye(wire_conn *c) {
-  Dispatch__Request req = DISPATCH__REQUEST__INIT;
-  Dispatch__Bye b = DISPATCH__BYE__INIT;
-  req.body_case = DISPATCH__REQUEST__BODY_BYE;
-  req.bye = &b;
-  return send_req(c, &req, NULL, 0);
+  dsp_wreq w;
+  return send_req(c, dsp_wreq_bye(&w), NULL, 0);
 }
 
 int wire_sync_check(wire_conn *c, char *msg, size_t msg_len,

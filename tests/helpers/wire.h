@@ -14,6 +14,7 @@
 #include <stdint.h>
 
 #include "dispatch.pb-c.h"
+#include "wire_req.h"
 
 typedef struct wire_conn {
   int fd;
@@ -25,7 +26,9 @@ void wire_close(wire_conn *c);
 
 /* Raw bytes, for malformed-frame tests. */
 int wire_send_raw(wire_conn *c, const void *buf, size_t n);
-/* One frame: header + packed req + bulk (bulk may be NULL when len 0). */
+/* One frame: header + packed req + bulk (bulk may be NULL when len 0).
+ * Built requests come from common/wire_req.h (dsp_wreq_*), the encoder
+ * the client and the fuzzers use too. */
 int wire_send(wire_conn *c, const Dispatch__Request *req, const void *bulk,
               size_t bulk_len);
 /* One frame back. *rep is freed with wire_reply_free (with *bulk, which is
@@ -52,6 +55,12 @@ uint64_t wire_backward(wire_conn *c, uint64_t loss, uint64_t grads,
                        int retain);
 uint64_t wire_grad(wire_conn *c, uint64_t grads, uint64_t tensor,
                    uint64_t output);
+/* Step (sgd/adam, op as in dsp.h) over grads container and params, with
+ * the optimizer's state tensors and attributes. */
+uint64_t wire_step(wire_conn *c, int op, uint64_t grads,
+                   const uint64_t *params, int n_params,
+                   const uint64_t *states, int n_states, const int64_t *ints,
+                   int n_ints, const double *floats, int n_floats);
 uint64_t wire_free(wire_conn *c, const uint64_t *tensors, int n_t,
                    const uint64_t *grads, int n_g);
 uint64_t wire_read(wire_conn *c, uint64_t id);

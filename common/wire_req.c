@@ -1,0 +1,161 @@
+/* Request builders and framing shared by client, tests and fuzzers (see
+ * wire_req.h). Only field filling and one pack: the client encodes every
+ * small op through here, so nothing may allocate or pack twice. */
+#include "wire_req.h"
+
+/* A fresh request of one body case; the body itself is the caller's. */
+static Dispatch__Request *begin(dsp_wreq *w,
+                                Dispatch__Request__BodyCase body_case) {
+  w->req = (Dispatch__Request)DISPATCH__REQUEST__INIT;
+  w->req.body_case = body_case;
+  return &w->req;
+}
+
+Dispatch__Request *dsp_wreq_hello(dsp_wreq *w, uint32_t major, uint32_t minor,
+                                  const char *token, const char *client_name) {
+  Dispatch__Hello *m = &w->body.hello;
+  *m = (Dispatch__Hello)DISPATCH__HELLO__INIT;
+  m->major = major;
+  m->minor = minor;
+  m->token = (char *)token;
+  m->client_name = (char *)client_name;
+  begin(w, DISPATCH__REQUEST__BODY_HELLO)->hello = m;
+  return &w->req;
+}
+
+Dispatch__Request *dsp_wreq_upload(dsp_wreq *w, uint64_t id, int32_t dtype,
+                                   size_t ndim, const int64_t *shape) {
+  w->meta = (Dispatch__TensorMeta)DISPATCH__TENSOR_META__INIT;
+  w->meta.dtype = dtype;
+  w->meta.n_shape = ndim;
+  w->meta.shape = (int64_t *)shape;
+  Dispatch__Upload *m = &w->body.upload;
+  *m = (Dispatch__Upload)DISPATCH__UPLOAD__INIT;
+  m->id = id;
+  m->meta = &w->meta;
+  begin(w, DISPATCH__REQUEST__BODY_UPLOAD)->upload = m;
+  return &w->req;
+}
+
+Dispatch__Request *dsp_wreq_op(dsp_wreq *w, int32_t op, const uint64_t *in,
+                               size_t n_in, uint64_t out, const int64_t *ints,
+                               size_t n_ints, const double *floats,
+                               size_t n_floats, int no_grad) {
+  Dispatch__Op *m = &w->body.op;
+  *m = (Dispatch__Op)DISPATCH__OP__INIT;
+  m->op = op;
+  m->no_grad = no_grad != 0;
+  m->n_inputs = n_in;
+  m->inputs = (uint64_t *)in;
+  m->output = out;
+  m->n_ints = n_ints;
+  m->ints = (int64_t *)ints;
+  m->n_floats = n_floats;
+  m->floats = (double *)floats;
+  begin(w, DISPATCH__REQUEST__BODY_OP)->op = m;
+  return &w->req;
+}
+
+Dispatch__Request *dsp_wreq_track(dsp_wreq *w, uint64_t id) {
+  Dispatch__Track *m = &w->body.track;
+  *m = (Dispatch__Track)DISPATCH__TRACK__INIT;
+  m->id = id;
+  begin(w, DISPATCH__REQUEST__BODY_TRACK)->track = m;
+  return &w->req;
+}
+
+Dispatch__Request *dsp_wreq_backward(dsp_wreq *w, uint64_t loss,
+                                     uint64_t grads, int retain) {
+  Dispatch__Backward *m = &w->body.backward;
+  *m = (Dispatch__Backward)DISPATCH__BACKWARD__INIT;
+  m->loss = loss;
+  m->grads = grads;
+  m->retain = retain != 0;
+  begin(w, DISPATCH__REQUEST__BODY_BACKWARD)->backward = m;
+  return &w->req;
+}
+
+Dispatch__Request *dsp_wreq_grad(dsp_wreq *w, uint64_t grads, uint64_t tensor,
+                                 uint64_t out) {
+  Dispatch__Grad *m = &w->body.grad;
+  *m = (Dispatch__Grad)DISPATCH__GRAD__INIT;
+  m->grads = grads;
+  m->tensor = tensor;
+  m->output = out;
+  begin(w, DISPATCH__REQUEST__BODY_GRAD)->grad = m;
+  return &w->req;
+}
+
+Dispatch__Request *dsp_wreq_step(dsp_wreq *w, int32_t op, uint64_t grads,
+                                 const uint64_t *params, size_t n_params,
+                                 const uint64_t *states, size_t n_states,
+                                 const int64_t *ints, size_t n_ints,
+                                 const double *floats, size_t n_floats) {
+  Dispatch__Step *m = &w->body.step;
+  *m = (Dispatch__Step)DISPATCH__STEP__INIT;
+  m->op = op;
+  m->grads = grads;
+  m->n_params = n_params;
+  m->params = (uint64_t *)params;
+  m->n_states = n_states;
+  m->states = (uint64_t *)states;
+  m->n_ints = n_ints;
+  m->ints = (int64_t *)ints;
+  m->n_floats = n_floats;
+  m->floats = (double *)floats;
+  begin(w, DISPATCH__REQUEST__BODY_STEP)->step = m;
+  return &w->req;
+}
+
+Dispatch__Request *dsp_wreq_free(dsp_wreq *w, const uint64_t *tensors,
+                                 size_t n_tensors, const uint64_t *grads,
+                                 size_t n_grads) {
+  Dispatch__Free *m = &w->body.free;
+  *m = (Dispatch__Free)DISPATCH__FREE__INIT;
+  m->n_tensors = n_tensors;
+  m->tensors = (uint64_t *)tensors;
+  m->n_grads = n_grads;
+  m->grads = (uint64_t *)grads;
+  begin(w, DISPATCH__REQUEST__BODY_FREE)->free = m;
+  return &w->req;
+}
+
+Dispatch__Request *dsp_wreq_read(dsp_wreq *w, uint64_t id) {
+  Dispatch__Read *m = &w->body.read;
+  *m = (Dispatch__Read)DISPATCH__READ__INIT;
+  m->id = id;
+  begin(w, DISPATCH__REQUEST__BODY_READ)->read = m;
+  return &w->req;
+}
+
+Dispatch__Request *dsp_wreq_sync(dsp_wreq *w) {
+  w->body.sync = (Dispatch__Sync)DISPATCH__SYNC__INIT;
+  begin(w, DISPATCH__REQUEST__BODY_SYNC)->sync = &w->body.sync;
+  return &w->req;
+}
+
+Dispatch__Request *dsp_wreq_stats(dsp_wreq *w) {
+  w->body.stats = (Dispatch__Stats)DISPATCH__STATS__INIT;
+  begin(w, DISPATCH__REQUEST__BODY_STATS)->stats = &w->body.stats;
+  return &w->req;
+}
+
+Dispatch__Request *dsp_wreq_bye(dsp_wreq *w) {
+  w->body.bye = (Dispatch__Bye)DISPATCH__BYE__INIT;
+  begin(w, DISPATCH__REQUEST__BODY_BYE)->bye = &w->body.bye;
+  return &w->req;
+}
+
+size_t dsp_req_frame_size(const Dispatch__Request *req) {
+  return DSP_FRAME_HEADER_SIZE + dispatch__request__get_packed_size(req);
+}
+
+/* Packs first and takes the length pack reports, so a frame costs one
+ * size pass (the caller's, to make room) and one pack pass. */
+size_t dsp_req_frame_encode(const Dispatch__Request *req, uint64_t bulk_len,
+                            uint8_t *out) {
+  size_t mlen = dispatch__request__pack(req, out + DSP_FRAME_HEADER_SIZE);
+  dsp_frame_header h = {(uint32_t)mlen, 0, bulk_len};
+  dsp_frame_header_encode(out, &h);
+  return DSP_FRAME_HEADER_SIZE + mlen;
+}

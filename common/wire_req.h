@@ -1,0 +1,85 @@
+/* The one request encoder: builds each kind of Request and frames it
+ * (header + packed message), for every program that speaks to a server —
+ * the client library (client/remote.c), the raw-protocol test helper
+ * (tests/helpers/wire.c) and the fuzz harness (fuzz/fz_common.c).
+ *
+ * Beside frame.c this is the only common/ code that knows protobuf. No
+ * I/O and no allocation here: the caller owns the output buffer and sends
+ * any bulk bytes itself after the frame, so the client can encode into
+ * its reusable send buffer and write a large upload straight from the
+ * caller's memory.
+ *
+ * Ownership: a dsp_wreq only borrows what the builders are given (ids,
+ * shapes, attribute arrays, strings); those must outlive the encode. The
+ * Request points into its own dsp_wreq, so a dsp_wreq must not be copied
+ * or moved once built. Builders leave req_id 0: the caller sets
+ * w->req.req_id (each program has its own rule for request ids). */
+#ifndef DSP_WIRE_REQ_H
+#define DSP_WIRE_REQ_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "dispatch.pb-c.h"
+#include "frame.h"
+
+typedef struct dsp_wreq {
+  Dispatch__Request req;
+  Dispatch__TensorMeta meta; /* an upload's */
+  union {
+    Dispatch__Hello hello;
+    Dispatch__Upload upload;
+    Dispatch__Op op;
+    Dispatch__Track track;
+    Dispatch__Backward backward;
+    Dispatch__Grad grad;
+    Dispatch__Step step;
+    Dispatch__Free free;
+    Dispatch__Read read;
+    Dispatch__Sync sync;
+    Dispatch__Stats stats;
+    Dispatch__Bye bye;
+  } body;
+} dsp_wreq;
+
+/* Builders: each fills *w as one request of its kind and returns &w->req.
+ * Counts are taken as given (a hostile-client test or a fuzzer may want
+ * them wrong); token and client_name may be NULL. */
+Dispatch__Request *dsp_wreq_hello(dsp_wreq *w, uint32_t major, uint32_t minor,
+                                  const char *token, const char *client_name);
+Dispatch__Request *dsp_wreq_upload(dsp_wreq *w, uint64_t id, int32_t dtype,
+                                   size_t ndim, const int64_t *shape);
+Dispatch__Request *dsp_wreq_op(dsp_wreq *w, int32_t op, const uint64_t *in,
+                               size_t n_in, uint64_t out, const int64_t *ints,
+                               size_t n_ints, const double *floats,
+                               size_t n_floats, int no_grad);
+Dispatch__Request *dsp_wreq_track(dsp_wreq *w, uint64_t id);
+Dispatch__Request *dsp_wreq_backward(dsp_wreq *w, uint64_t loss,
+                                     uint64_t grads, int retain);
+Dispatch__Request *dsp_wreq_grad(dsp_wreq *w, uint64_t grads, uint64_t tensor,
+                                 uint64_t out);
+Dispatch__Request *dsp_wreq_step(dsp_wreq *w, int32_t op, uint64_t grads,
+                                 const uint64_t *params, size_t n_params,
+                                 const uint64_t *states, size_t n_states,
+                                 const int64_t *ints, size_t n_ints,
+                                 const double *floats, size_t n_floats);
+Dispatch__Request *dsp_wreq_free(dsp_wreq *w, const uint64_t *tensors,
+                                 size_t n_tensors, const uint64_t *grads,
+                                 size_t n_grads);
+Dispatch__Request *dsp_wreq_read(dsp_wreq *w, uint64_t id);
+Dispatch__Request *dsp_wreq_sync(dsp_wreq *w);
+Dispatch__Request *dsp_wreq_stats(dsp_wreq *w);
+Dispatch__Request *dsp_wreq_bye(dsp_wreq *w);
+
+/* Bytes dsp_req_frame_encode writes for req: the header and the packed
+ * message (the bulk is not counted: the caller sends it after). */
+size_t dsp_req_frame_size(const Dispatch__Request *req);
+/* Writes the frame header, announcing bulk_len bulk bytes to follow, and
+ * the packed req into out, which has room for dsp_req_frame_size(req)
+ * bytes; returns the bytes written. The header's msg_len is the packed
+ * size cut to 32 bits: callers bound it first (the client by the server's
+ * frame limit), or mean to send a malformed frame. */
+size_t dsp_req_frame_encode(const Dispatch__Request *req, uint64_t bulk_len,
+                            uint8_t *out);
+
+#endif
