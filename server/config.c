@@ -23,6 +23,7 @@ void sv_config_defaults(sv_config *c) {
   uint64_t phys = uv_get_total_memory();
   if (mem == 0 || (phys && mem > phys)) mem = phys;
   c->max_memory = mem ? mem / 4 * 3 : 4ULL << 30;
+  c->max_queued_bytes = 256ULL << 20; /* 256 MiB */
   c->max_elements = 1ULL << 31;
   c->max_output_queue = 64ULL << 20;  /* 64 MiB */
   c->storage_cache = 512ULL << 20;    /* 512 MiB */
@@ -103,6 +104,9 @@ static const char *const g_usage =
     "  --max-memory BYTES       the same summed over all sessions (default\n"
     "                           3/4 of physical or cgroup memory); the\n"
     "                           storage cache comes on top\n"
+    "  --max-queued-bytes BYTES decoded requests one session may have\n"
+    "                           waiting; past it the server stops reading\n"
+    "                           the session until they ran (256 MiB)\n"
     "  --max-sessions N         concurrent sessions (default 64)\n"
     "  --idle-timeout SECONDS   close idle sessions, 0 never (default 600)\n"
     "  --threads N              worker threads running kernels (default: cores)\n"
@@ -191,6 +195,8 @@ int sv_config_parse(sv_config *c, int argc, char **argv) {
       if (parse_u64(a, v, 0, 1ULL << 50, &c->max_session_bytes) < 0) return -1;
     } else if (strcmp(a, "--max-memory") == 0) {
       if (parse_u64(a, v, 0, 1ULL << 50, &c->max_memory) < 0) return -1;
+    } else if (strcmp(a, "--max-queued-bytes") == 0) {
+      if (parse_u64(a, v, 0, 1ULL << 50, &c->max_queued_bytes) < 0) return -1;
     } else if (strcmp(a, "--max-sessions") == 0) {
       if (parse_u64(a, v, 1, 100000, &n) < 0) return -1;
       c->max_sessions = (int)n;

@@ -142,7 +142,7 @@ int sv_decode_request_charged(sv_session *s, const uint8_t *msg, size_t len,
                               Dispatch__Request **out, uint64_t *req_id,
                               int *body, char *why, size_t why_len) {
   *body = 0;
-  if (!s || !s->budget)
+  if (!s || !s->queue)
     return decode_with(&sv_pb_allocator, msg, len, bulk_len, hello_done, out,
                        req_id, why, why_len);
   s->pb.refused = 0;

@@ -19,22 +19,26 @@
 
 /* Everything the session's requests allocate is charged to its budget
  * (inside the server's, when there is one): the ctx carries it to every
- * tensor, node, gradient container and kernel scratch block, the decode
- * allocator to every decoded request. */
+ * tensor, node, gradient container and kernel scratch block. Decoded
+ * requests are charged to the session's queue budget, also inside the
+ * server's. */
 sv_session *sv_session_new(const sv_config *cfg, sv_global *g, void *owner) {
   sv_session *s = dsp_calloc(1, sizeof *s);
   if (!s) return NULL;
   s->ctx = dsp_ctx_new();
   s->budget = dsp_budget_new(cfg->max_session_bytes, g->mem, "session",
                              "--max-session-bytes");
-  if (!s->ctx || !s->budget) {
+  s->queue = dsp_budget_new(cfg->max_queued_bytes, g->mem, "session queue",
+                            "--max-queued-bytes");
+  if (!s->ctx || !s->budget || !s->queue) {
     dsp_ctx_free(s->ctx);
     dsp_budget_unref(s->budget);
+    dsp_budget_unref(s->queue);
     dsp_free(s);
     return NULL;
   }
   dsp_ctx_set_budget(s->ctx, s->budget);
-  sv_pb_charge_init(&s->pb, s->budget);
+  sv_pb_charge_init(&s->pb, s->queue);
   sv_idmap_init(&s->tensors);
   sv_idmap_init(&s->grads);
   atomic_init(&s->bytes, 0);
@@ -424,6 +428,7 @@ static int do_stats(sv_session *s, sv_job *j, char *why) {
   st.tensors = s->n_live;
   st.bytes = (uint64_t)atomic_load(&s->bytes);
   st.held_bytes = dsp_budget_used(s->budget);
+  st.queued_bytes = dsp_budget_used(s->queue);
   st.session_limit = dsp_budget_limit(s->budget);
   st.server_held_bytes = dsp_budget_used(g->mem);
   st.server_limit = g->mem ? dsp_budget_limit(g->mem) : 0;
@@ -617,6 +622,8 @@ void sv_session_teardown(sv_session *s) {
    * reply being written) keeps the budget alive until it is freed */
   dsp_budget_unref(s->budget);
   s->budget = NULL;
+  dsp_budget_unref(s->queue);
+  s->queue = NULL;
 #ifdef __GLIBC__
   malloc_trim(0); /* hand the session's freed heap back to the system */
 #endif

@@ -27,7 +27,8 @@ typedef struct sv_config {
   uint64_t max_session_bytes;  /* bytes a session makes the server hold:
                                   tensors (named, on the tape, gradients),
                                   scratch, ids, decoded requests */
-  uint64_t max_memory;         /* the same, summed over every session */
+  uint64_t max_memory;         /* all sessions' budgets and queues together */
+  uint64_t max_queued_bytes;   /* decoded requests one session has queued */
   uint64_t max_elements;       /* elements of one tensor */
   uint64_t max_output_queue;   /* unsent reply bytes before a client drops */
   uint32_t max_queued;         /* decoded requests waiting per session */
@@ -165,6 +166,10 @@ typedef struct sv_session {
   char err_msg[640];
   /* shared */
   dsp_budget *budget;        /* --max-session-bytes, inside global->mem */
+  dsp_budget *queue;         /* --max-queued-bytes, inside global->mem: the
+                                decoded requests; apart from budget so a
+                                session that holds all it may can still
+                                send the Free that gets it out */
   sv_pb_charge pb;           /* decodes this session's requests (loop) */
   atomic_llong bytes;        /* bytes of the tensors in the table */
   atomic_llong queued_bytes; /* upload bytes read but not yet run */
@@ -227,8 +232,8 @@ int sv_decode_header(const sv_config *cfg, const uint8_t *in16,
 int sv_decode_request(const uint8_t *msg, size_t len, uint64_t bulk_len,
                       int hello_done, Dispatch__Request **out,
                       uint64_t *req_id, char *why, size_t why_len);
-/* The same, with what the decoded request holds charged to s's budget
- * (s NULL: uncharged). A request whose decoded form does not fit returns
+/* The same, with what the decoded request holds charged to s's queue
+ * budget (s NULL: uncharged). A request whose decoded form does not fit returns
  * DISPATCH_EQUOTA (nothing kept) with *req_id and *body (the request's
  * kind) read from the raw message, so the caller can wait for queued work
  * to finish or defer the error instead of closing the connection. */
