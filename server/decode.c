@@ -290,11 +290,18 @@ int sv_stream_exec(sv_session *s, dsp_ctx *io_ctx, int *hello_done,
     int body;
     rc = sv_decode_request_charged(s, p, h.msg_len, h.bulk_len, *hello_done,
                                    &req, &rid, &body, why, sizeof why);
-    if (rc == DISPATCH_EQUOTA && *hello_done && h.bulk_len == 0) {
-      /* nothing is queued here: the request alone does not fit */
+    if (rc == DISPATCH_EQUOTA && *hello_done) {
+      /* nothing is queued here: the request alone does not fit, and its
+       * bulk (an upload's) is skipped as the connection would */
       p += h.msg_len;
       n -= h.msg_len;
       st->frames++;
+      if (n < h.bulk_len) {
+        st->truncated = 1;
+        return 0;
+      }
+      p += h.bulk_len;
+      n -= (size_t)h.bulk_len;
       sv_job dj;
       memset(&dj, 0, sizeof dj);
       sv_session_defer(s, rid, body, rc, why, &dj.out, &dj.out_len);
