@@ -6,6 +6,7 @@
  * backward runs on whatever backend the ctx uses (the server walks the
  * tape where the tensors live) and records nothing itself. */
 #include <stdatomic.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "autodiff.h"
@@ -19,13 +20,29 @@
 static _Thread_local dsp_node *t_pending;
 static _Thread_local int t_draining;
 
-static dsp_node *node_new(int n_in) {
+static uint64_t node_cost(int n_in) {
+  return DSP_BUDGET_COST(sizeof(dsp_node) + (size_t)n_in * sizeof(dsp_tensor *));
+}
+
+/* A node charged to ctx's budget; NULL with the error set in ctx. The
+ * tensors it saves are charged already (their storage and headers), so a
+ * tape that keeps freed intermediates alive is counted in full. */
+static int node_new(dsp_ctx *ctx, int n_in, const char *what,
+                    dsp_node **out) {
+  *out = NULL;
+  int rc = dsp_budget_charge(ctx->budget, ctx, node_cost(n_in), what);
+  if (rc < 0) return rc;
   dsp_node *n = dsp_calloc(1, sizeof *n + (size_t)n_in * sizeof(dsp_tensor *));
-  if (!n) return NULL;
+  if (!n) {
+    dsp_budget_uncharge(ctx->budget, node_cost(n_in));
+    return dsp_seterr(ctx, DISPATCH_ENOMEM, "%s: out of memory", what);
+  }
+  n->budget = ctx->budget;
   n->refcount = 1;
   n->n_in = n_in;
   n->idx = -1;
-  return n;
+  *out = n;
+  return 0;
 }
 
 /* Drops every tensor the node keeps for backward; the node stays. */
@@ -40,6 +57,13 @@ static void node_release_saved(dsp_node *n) {
   dsp_tensor_unref(o);
 }
 
+static void node_free(dsp_node *n) {
+  dsp_budget *b = n->budget;
+  uint64_t cost = node_cost(n->n_in);
+  dsp_free(n);
+  dsp_budget_uncharge(b, cost);
+}
+
 static void node_ref(dsp_node *n) { n->refcount++; }
 
 void dsp__node_unref(struct dsp_node *n) {
@@ -52,7 +76,7 @@ void dsp__node_unref(struct dsp_node *n) {
     dsp_node *m = t_pending;
     t_pending = m->next_free;
     node_release_saved(m); /* may push parents onto t_pending */
-    dsp_free(m);
+    node_free(m);
   }
   t_draining = 0;
 }
@@ -79,8 +103,9 @@ int dsp_track(dsp_ctx *ctx, dsp_tensor *t) {
     return dsp_seterr(ctx, DISPATCH_EDTYPE,
                       "track: only f32 and f64 tensors can be tracked, got %s",
                       dsp_dtype_name(t->meta.dtype));
-  dsp_node *n = node_new(0);
-  if (!n) return dsp_seterr(ctx, DISPATCH_ENOMEM, "track: out of memory");
+  dsp_node *n;
+  int rc = node_new(ctx, 0, "track", &n);
+  if (rc < 0) return rc;
   n->is_leaf = 1;
   n->meta = t->meta;
   t->node = n;
@@ -103,17 +128,19 @@ int dsp__autodiff_record(dsp_ctx *ctx, dsp_opcode op, dsp_tensor *const *in,
   if (out->node)
     return dsp_seterr(ctx, DISPATCH_EINTERNAL,
                       "%s: output is already tracked", dsp_op_lookup((int)op)->name);
-  dsp_node *n = node_new(n_in);
-  if (!n)
-    return dsp_seterr(ctx, DISPATCH_ENOMEM, "%s: out of memory recording the op",
-                      dsp_op_lookup((int)op)->name);
+  char what[64];
+  snprintf(what, sizeof what, "%s: recording the op for autodiff",
+           dsp_op_lookup((int)op)->name);
+  dsp_node *n;
+  int rc = node_new(ctx, n_in, what, &n);
+  if (rc < 0) return rc;
   n->op = op;
   n->attrs = *a;
   n->meta = out->meta;
   if (dsp__autodiff_saves_output(op)) {
-    int rc = dsp_tensor_alias(ctx, out, &out->meta, &n->out);
+    rc = dsp_tensor_alias(ctx, out, &out->meta, &n->out);
     if (rc < 0) {
-      dsp_free(n);
+      node_free(n);
       return rc;
     }
   }
@@ -129,21 +156,37 @@ struct dsp_grads {
   int n;
   dsp_node **nodes;    /* one reference each: keys stay valid */
   dsp_tensor **grads;  /* one reference each */
+  dsp_budget *budget;  /* charged `charged` bytes for the three blocks */
+  uint64_t charged;
 };
 
-static dsp_grads *grads_new(int cap) {
-  dsp_grads *g = dsp_calloc(1, sizeof *g);
-  if (!g) return NULL;
+/* An empty container for cap leaves, charged to ctx's budget (the
+ * gradient tensors it will hold are charged as tensors). */
+static int grads_new(dsp_ctx *ctx, int cap, dsp_grads **out) {
+  *out = NULL;
   size_t c = cap > 0 ? (size_t)cap : 1;
-  g->nodes = dsp_calloc(c, sizeof *g->nodes);
-  g->grads = dsp_calloc(c, sizeof *g->grads);
-  if (!g->nodes || !g->grads) {
-    dsp_free(g->nodes);
-    dsp_free(g->grads);
-    dsp_free(g);
-    return NULL;
+  uint64_t cost = DSP_BUDGET_COST(sizeof(dsp_grads)) +
+                  2 * DSP_BUDGET_COST(c * sizeof(void *));
+  int rc = dsp_budget_charge(ctx->budget, ctx, cost, "backward: gradients");
+  if (rc < 0) return rc;
+  dsp_grads *g = dsp_calloc(1, sizeof *g);
+  if (g) {
+    g->nodes = dsp_calloc(c, sizeof *g->nodes);
+    g->grads = dsp_calloc(c, sizeof *g->grads);
   }
-  return g;
+  if (!g || !g->nodes || !g->grads) {
+    if (g) {
+      dsp_free(g->nodes);
+      dsp_free(g->grads);
+    }
+    dsp_free(g);
+    dsp_budget_uncharge(ctx->budget, cost);
+    return dsp_seterr(ctx, DISPATCH_ENOMEM, "backward: out of memory");
+  }
+  g->budget = ctx->budget;
+  g->charged = cost;
+  *out = g;
+  return 0;
 }
 
 void dsp_grads_free(dsp_grads *g) {
@@ -152,9 +195,12 @@ void dsp_grads_free(dsp_grads *g) {
     dsp_tensor_unref(g->grads[i]);
     dsp__node_unref(g->nodes[i]);
   }
+  dsp_budget *b = g->budget;
+  uint64_t cost = g->charged;
   dsp_free(g->nodes);
   dsp_free(g->grads);
   dsp_free(g);
+  dsp_budget_uncharge(b, cost);
 }
 
 int dsp_grads_count(const dsp_grads *g) { return g ? g->n : 0; }
@@ -351,12 +397,14 @@ int dsp_backward(dsp_ctx *ctx, dsp_tensor *loss, int retain,
   int n_leaves = 0;
   for (int64_t i = 0; i < nt; i++) n_leaves += topo[i]->is_leaf;
   dsp_tensor **grads = dsp_calloc((size_t)nt, sizeof *grads);
-  dsp_grads *res = grads_new(n_leaves);
+  dsp_grads *res = NULL;
   int prev = dsp_set_grad_enabled(ctx, 0);
-  if (!grads || !res) {
+  if (!grads) {
     rc = dsp_seterr(ctx, DISPATCH_ENOMEM, "backward: out of memory");
     goto done;
   }
+  rc = grads_new(ctx, n_leaves, &res);
+  if (rc < 0) goto done;
   rc = seed_ones(ctx, &loss->meta, &grads[nt - 1]);
   for (int64_t k = nt - 1; rc == 0 && k >= 0; k--) {
     dsp_node *n = topo[k];

@@ -28,6 +28,7 @@ typedef struct dsp_node {
   uint64_t mark;
   int64_t idx;
   struct dsp_node *next_free; /* pending list of the iterative free */
+  dsp_budget *budget;         /* charged for this node until freed */
   int n_in;
   dsp_tensor *in[]; /* one reference per input (NULL once released) */
 } dsp_node;

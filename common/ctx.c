@@ -12,7 +12,11 @@ dsp_ctx *dsp_ctx_new(void) {
   return ctx;
 }
 
-void dsp_ctx_free(dsp_ctx *ctx) { dsp_free(ctx); }
+void dsp_ctx_free(dsp_ctx *ctx) {
+  if (!ctx) return;
+  dsp_budget_unref(ctx->budget);
+  dsp_free(ctx);
+}
 
 const char *dsp_ctx_errmsg(const dsp_ctx *ctx) { return ctx ? ctx->err : ""; }
 

@@ -95,6 +95,48 @@ int dsp_set_grad_enabled(dsp_ctx *ctx, int enabled);
 int dsp_grad_enabled(const dsp_ctx *ctx);
 
 /* ------------------------------------------------------------------ */
+/* memory budgets                                                      */
+
+/* A count of bytes with a limit, optionally nested in a parent budget
+ * whose limit also applies (a server session inside the whole server).
+ * A ctx that carries a budget charges it for every allocation it makes:
+ * tensor storage and headers, autodiff nodes, gradient containers, kernel
+ * scratch; each object uncharges itself when freed, on whatever thread.
+ * A ctx without a budget (the default) is unlimited. Thread-safe. */
+typedef struct dsp_budget dsp_budget;
+
+/* New budget of `limit` bytes inside parent (may be NULL; the new budget
+ * holds a reference to it). who ("session") and flag ("--max-session-bytes")
+ * name it in error messages. The caller owns one reference; NULL when out
+ * of memory. */
+dsp_budget *dsp_budget_new(uint64_t limit, dsp_budget *parent,
+                           const char *who, const char *flag);
+dsp_budget *dsp_budget_ref(dsp_budget *b); /* +1, returns b; NULL ok */
+void dsp_budget_unref(dsp_budget *b);      /* NULL ok */
+/* Adds n bytes to b and its parents, or changes nothing and returns
+ * DISPATCH_EQUOTA with "WHAT: session holds H bytes; N more would pass its
+ * limit of L bytes (FLAG)" in ctx (may be NULL) when any limit would be
+ * passed. A successful charge holds a reference on b until the matching
+ * dsp_budget_uncharge. b NULL: always 0. */
+int dsp_budget_charge(dsp_budget *b, dsp_ctx *ctx, uint64_t n,
+                      const char *what);
+/* The same, with the message written to why (may be NULL). */
+int dsp_budget_charge_why(dsp_budget *b, uint64_t n, const char *what,
+                          char *why, size_t why_len);
+void dsp_budget_uncharge(dsp_budget *b, uint64_t n);
+/* 1 when n more bytes would fit b and every parent now (a hint only: other
+ * threads may charge in between). */
+int dsp_budget_fits(const dsp_budget *b, uint64_t n);
+uint64_t dsp_budget_used(const dsp_budget *b);  /* 0 for NULL */
+uint64_t dsp_budget_limit(const dsp_budget *b); /* UINT64_MAX for NULL */
+/* The budget ctx charges (the ctx keeps a reference); NULL: unlimited. */
+void dsp_ctx_set_budget(dsp_ctx *ctx, dsp_budget *b);
+dsp_budget *dsp_ctx_budget(const dsp_ctx *ctx);
+/* What one heap object of n bytes is charged: n plus the allocator's own
+ * bookkeeping, so many small objects cannot hide under the limit. */
+#define DSP_BUDGET_COST(n) ((uint64_t)(n) + 32u)
+
+/* ------------------------------------------------------------------ */
 /* shapes                                                              */
 
 typedef struct dsp_meta {
@@ -128,6 +170,8 @@ typedef struct dsp_storage {
   void *data;
   size_t nbytes;
   const struct dsp_backend *backend; /* frees data */
+  dsp_budget *budget; /* charged `charged` bytes until freed; may be NULL */
+  uint64_t charged;
 } dsp_storage;
 
 struct dsp_node;
@@ -138,6 +182,7 @@ typedef struct dsp_tensor {
   int64_t numel;
   dsp_storage *storage; /* data = storage->data, contiguous row-major */
   struct dsp_node *node; /* autodiff: non-NULL when the tensor is tracked */
+  dsp_budget *budget;    /* charged for this header until freed, or NULL */
 } dsp_tensor;
 
 /* New tensor with zeroed storage. Caller owns the returned reference. */

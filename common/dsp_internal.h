@@ -7,9 +7,16 @@
 
 struct dsp_ctx {
   const dsp_backend *backend;
+  dsp_budget *budget; /* NULL: unlimited */
   int grad_enabled;
   char err[512];
 };
+
+/* Kernel scratch of n bytes charged to ctx's budget: 0, or
+ * DISPATCH_EQUOTA / DISPATCH_ENOMEM with the detail in ctx and *out NULL.
+ * Free with the same n on the same ctx. */
+int dsp__scratch_alloc(dsp_ctx *ctx, size_t n, const char *what, void **out);
+void dsp__scratch_free(dsp_ctx *ctx, void *p, size_t n);
 
 /* Called by dsp_op after a successful kernel when grad mode is on and at
  * least one input is tracked: records the op so `out` becomes tracked.

@@ -6,49 +6,58 @@
  *   backward input   dx_n = col2im(W^T @ dy_n)
  *   backward weight  dW  += dy_n @ col_n^T    (samples summed in order)
  * A 1x1 kernel with stride 1 and no padding needs no col: x_n already is
- * that matrix. The col buffer is allocated once per call and reused. */
+ * that matrix. col is built for a block of output pixels at a time (see
+ * COL_BLOCK_BYTES); its buffer is allocated once per call and reused. */
 #include <cblas.h>
 #include <string.h>
 
 #include "dsp_internal.h"
 #include "kern_nn.h"
 
+/* im2col / col2im restricted to output pixels p0 .. p0+np-1: col is the
+ * [C*KH*KW, np] block of the full matrix's columns p0.. */
 #define DEF_IM2COL(T, SFX)                                                   \
-  static void im2col_##SFX(const dsp_conv_geo *g, const T *x, T *col) {      \
-    int64_t ohw = g->OH * g->OW;                                             \
+  static void im2col_##SFX(const dsp_conv_geo *g, const T *x, T *col,        \
+                           int64_t p0, int64_t np) {                         \
     for (int64_t c = 0; c < g->C; c++)                                       \
       for (int64_t i = 0; i < g->KH; i++)                                    \
         for (int64_t j = 0; j < g->KW; j++) {                                \
-          T *row = col + ((c * g->KH + i) * g->KW + j) * ohw;                \
-          for (int64_t oh = 0; oh < g->OH; oh++) {                           \
+          T *row = col + ((c * g->KH + i) * g->KW + j) * np;                 \
+          for (int64_t p = p0, end = p0 + np; p < end;) {                    \
+            int64_t oh = p / g->OW, ow0 = p % g->OW;                         \
+            int64_t n = g->OW - ow0 < end - p ? g->OW - ow0 : end - p;       \
             int64_t h = oh * g->sh - g->ph + i * g->dh;                      \
-            T *dst = row + oh * g->OW;                                       \
+            T *dst = row + (p - p0);                                         \
+            p += n;                                                          \
             if (h < 0 || h >= g->H) {                                        \
-              memset(dst, 0, sizeof(T) * (size_t)g->OW);                     \
+              memset(dst, 0, sizeof(T) * (size_t)n);                         \
               continue;                                                      \
             }                                                                \
             const T *src = x + (c * g->H + h) * g->W;                        \
-            for (int64_t ow = 0; ow < g->OW; ow++) {                         \
-              int64_t w = ow * g->sw - g->pw + j * g->dw;                    \
-              dst[ow] = (w >= 0 && w < g->W) ? src[w] : (T)0;                \
+            for (int64_t k = 0; k < n; k++) {                                \
+              int64_t w = (ow0 + k) * g->sw - g->pw + j * g->dw;             \
+              dst[k] = (w >= 0 && w < g->W) ? src[w] : (T)0;                 \
             }                                                                \
           }                                                                  \
         }                                                                    \
   }                                                                          \
-  static void col2im_##SFX(const dsp_conv_geo *g, const T *col, T *x) {      \
-    int64_t ohw = g->OH * g->OW;                                             \
+  static void col2im_##SFX(const dsp_conv_geo *g, const T *col, T *x,        \
+                           int64_t p0, int64_t np) {                         \
     for (int64_t c = 0; c < g->C; c++)                                       \
       for (int64_t i = 0; i < g->KH; i++)                                    \
         for (int64_t j = 0; j < g->KW; j++) {                                \
-          const T *row = col + ((c * g->KH + i) * g->KW + j) * ohw;          \
-          for (int64_t oh = 0; oh < g->OH; oh++) {                           \
+          const T *row = col + ((c * g->KH + i) * g->KW + j) * np;           \
+          for (int64_t p = p0, end = p0 + np; p < end;) {                    \
+            int64_t oh = p / g->OW, ow0 = p % g->OW;                         \
+            int64_t n = g->OW - ow0 < end - p ? g->OW - ow0 : end - p;       \
             int64_t h = oh * g->sh - g->ph + i * g->dh;                      \
+            const T *s = row + (p - p0);                                     \
+            p += n;                                                          \
             if (h < 0 || h >= g->H) continue;                                \
-            const T *s = row + oh * g->OW;                                   \
             T *dst = x + (c * g->H + h) * g->W;                              \
-            for (int64_t ow = 0; ow < g->OW; ow++) {                         \
-              int64_t w = ow * g->sw - g->pw + j * g->dw;                    \
-              if (w >= 0 && w < g->W) dst[w] += s[ow];                       \
+            for (int64_t k = 0; k < n; k++) {                                \
+              int64_t w = (ow0 + k) * g->sw - g->pw + j * g->dw;             \
+              if (w >= 0 && w < g->W) dst[w] += s[k];                        \
             }                                                                \
           }                                                                  \
         }                                                                    \
@@ -57,18 +66,20 @@
 DEF_IM2COL(float, f32)
 DEF_IM2COL(double, f64)
 
-static void im2col(int f64, const dsp_conv_geo *g, const void *x, void *col) {
+static void im2col(int f64, const dsp_conv_geo *g, const void *x, void *col,
+                   int64_t p0, int64_t np) {
   if (f64)
-    im2col_f64(g, x, col);
+    im2col_f64(g, x, col, p0, np);
   else
-    im2col_f32(g, x, col);
+    im2col_f32(g, x, col, p0, np);
 }
 
-static void col2im(int f64, const dsp_conv_geo *g, const void *col, void *x) {
+static void col2im(int f64, const dsp_conv_geo *g, const void *col, void *x,
+                   int64_t p0, int64_t np) {
   if (f64)
-    col2im_f64(g, col, x);
+    col2im_f64(g, col, x, p0, np);
   else
-    col2im_f32(g, col, x);
+    col2im_f32(g, col, x, p0, np);
 }
 
 /* Row-major C = op(A) @ op(B) + beta*C; sizes are > 0 and fit an int. */
@@ -85,6 +96,15 @@ static void gemm(int f64, int ta, int tb, int64_t m, int64_t n, int64_t k,
                 (int)lda, b, (int)ldb, (float)beta, c, (int)ldc);
 }
 
+/* The col block holds at most this many bytes (or one column, when a
+ * single receptive field is larger: then it is no larger than the weight,
+ * which the session holds already), whatever the image size: a 1024x1024
+ * input with a 64x64 kernel would need a 15 GiB col matrix at once. */
+#define COL_BLOCK_BYTES (4u << 20)
+
+/* Runs op over the samples, each in blocks of output pixels; the scratch
+ * is charged to ctx's budget. Results do not depend on the block size
+ * beyond float summation order within gemm. */
 int dsp__kern_conv2d(dsp_ctx *ctx, dsp_opcode op, const dsp_conv_geo *g,
                      int f64, const void *a, const void *b, void *out) {
   int64_t ck = g->C * g->KH * g->KW, ohw = g->OH * g->OW;
@@ -93,36 +113,44 @@ int dsp__kern_conv2d(dsp_ctx *ctx, dsp_opcode op, const dsp_conv_geo *g,
   size_t es = f64 ? sizeof(double) : sizeof(float);
   int direct = g->KH == 1 && g->KW == 1 && g->sh == 1 && g->sw == 1 &&
                g->ph == 0 && g->pw == 0;
+  int64_t blk = ohw;
   void *col = NULL;
+  size_t col_bytes = 0;
   if (!direct) {
-    col = dsp_malloc((size_t)(ck * ohw) * es);
-    if (!col)
-      return dsp_seterr(ctx, DISPATCH_ENOMEM,
-                        "conv2d: out of memory for a %lld x %lld im2col buffer",
-                        (long long)ck, (long long)ohw);
+    int64_t per = (int64_t)(COL_BLOCK_BYTES / es) / ck;
+    blk = per < 1 ? 1 : per < ohw ? per : ohw;
+    col_bytes = (size_t)(ck * blk) * es;
+    int rc = dsp__scratch_alloc(ctx, col_bytes, "conv2d: im2col scratch",
+                                &col);
+    if (rc < 0) return rc;
   }
   size_t xstride = (size_t)(g->C * g->H * g->W) * es;
   size_t ystride = (size_t)(g->O * ohw) * es;
   for (int64_t n = 0; n < g->N; n++) {
-    if (op == DSP_OP_CONV2D) {
-      const char *xn = (const char *)a + (size_t)n * xstride;
-      if (!direct) im2col(f64, g, xn, col);
-      gemm(f64, 0, 0, g->O, ohw, ck, b, ck, direct ? xn : col, ohw, 0.0,
-           (char *)out + (size_t)n * ystride, ohw);
-    } else if (op == DSP_OP_CONV2D_BACKWARD_INPUT) {
-      const char *gn = (const char *)a + (size_t)n * ystride;
-      char *xn = (char *)out + (size_t)n * xstride;
-      gemm(f64, 1, 0, ck, ohw, g->O, b, ck, gn, ohw, 0.0, direct ? xn : col,
-           ohw);
-      if (!direct) col2im(f64, g, col, xn);
-    } else {
-      const char *gn = (const char *)a + (size_t)n * ystride;
-      const char *xn = (const char *)b + (size_t)n * xstride;
-      if (!direct) im2col(f64, g, xn, col);
-      gemm(f64, 0, 1, g->O, ck, ohw, gn, ohw, direct ? xn : col, ohw, 1.0, out,
-           ck);
+    for (int64_t p0 = 0; p0 < ohw; p0 += blk) {
+      int64_t np = ohw - p0 < blk ? ohw - p0 : blk;
+      size_t po = (size_t)p0 * es; /* column offset in a [rows, ohw] matrix */
+      if (op == DSP_OP_CONV2D) {
+        const char *xn = (const char *)a + (size_t)n * xstride;
+        if (!direct) im2col(f64, g, xn, col, p0, np);
+        gemm(f64, 0, 0, g->O, np, ck, b, ck, direct ? xn + po : col,
+             direct ? ohw : np, 0.0, (char *)out + (size_t)n * ystride + po,
+             ohw);
+      } else if (op == DSP_OP_CONV2D_BACKWARD_INPUT) {
+        const char *gn = (const char *)a + (size_t)n * ystride;
+        char *xn = (char *)out + (size_t)n * xstride;
+        gemm(f64, 1, 0, ck, np, g->O, b, ck, gn + po, ohw, 0.0,
+             direct ? xn + po : col, direct ? ohw : np);
+        if (!direct) col2im(f64, g, col, xn, p0, np);
+      } else {
+        const char *gn = (const char *)a + (size_t)n * ystride;
+        const char *xn = (const char *)b + (size_t)n * xstride;
+        if (!direct) im2col(f64, g, xn, col, p0, np);
+        gemm(f64, 0, 1, g->O, ck, np, gn + po, ohw, direct ? xn + po : col,
+             direct ? ohw : np, 1.0, out, ck);
+      }
     }
   }
-  dsp_free(col);
+  dsp__scratch_free(ctx, col, col_bytes);
   return 0;
 }

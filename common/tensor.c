@@ -1,20 +1,37 @@
-/* Reference-counted tensors over reference-counted contiguous storage. */
+/* Reference-counted tensors over reference-counted contiguous storage.
+ * Headers and storage are charged to the creating ctx's budget (if any)
+ * before anything is allocated and uncharged when freed. */
 #include <string.h>
 
 #include "dsp_internal.h"
 
+/* The header, the data block and the backend's block header (16 bytes on
+ * the CPU backend). */
+static uint64_t storage_cost(size_t nbytes) {
+  return DSP_BUDGET_COST(sizeof(dsp_storage)) + DSP_BUDGET_COST(nbytes) + 16;
+}
+
 static int storage_new(dsp_ctx *ctx, size_t nbytes, int zero,
                        dsp_storage **out) {
   const dsp_backend *be = ctx->backend;
+  uint64_t cost = storage_cost(nbytes);
+  int rc = dsp_budget_charge(ctx->budget, ctx, cost, "tensor storage");
+  if (rc < 0) return rc;
   dsp_storage *s = dsp_malloc(sizeof *s);
-  if (!s) return dsp_seterr(ctx, DISPATCH_ENOMEM, "out of memory (storage)");
+  if (!s) {
+    dsp_budget_uncharge(ctx->budget, cost);
+    return dsp_seterr(ctx, DISPATCH_ENOMEM, "out of memory (storage)");
+  }
   s->refcount = 1;
   s->nbytes = nbytes;
   s->backend = be;
   s->data = NULL;
-  int rc = be->alloc(be->bctx, nbytes, zero, &s->data);
+  s->budget = ctx->budget;
+  s->charged = cost;
+  rc = be->alloc(be->bctx, nbytes, zero, &s->data);
   if (rc < 0) {
     dsp_free(s);
+    dsp_budget_uncharge(ctx->budget, cost);
     return dsp_seterr(ctx, rc, "out of memory allocating %zu bytes", nbytes);
   }
   *out = s;
@@ -26,16 +43,32 @@ static void storage_unref(dsp_storage *s) {
    * writes to the socket while a worker may alias the same storage */
   if (!s || __atomic_sub_fetch(&s->refcount, 1, __ATOMIC_ACQ_REL) > 0) return;
   s->backend->free(s->backend->bctx, s->data);
+  dsp_budget *b = s->budget;
+  uint64_t cost = s->charged;
   dsp_free(s);
+  dsp_budget_uncharge(b, cost);
+}
+
+static void tensor_free_shell(dsp_tensor *t) {
+  dsp_budget *b = t->budget;
+  dsp_free(t);
+  dsp_budget_uncharge(b, DSP_BUDGET_COST(sizeof *t));
 }
 
 static int tensor_shell(dsp_ctx *ctx, const dsp_meta *m, dsp_tensor **out) {
   int64_t numel;
   int rc = dsp_meta_numel(ctx, m, &numel);
   if (rc < 0) return rc;
+  rc = dsp_budget_charge(ctx->budget, ctx, DSP_BUDGET_COST(sizeof(dsp_tensor)),
+                         "tensor");
+  if (rc < 0) return rc;
   dsp_tensor *t = dsp_calloc(1, sizeof *t);
-  if (!t) return dsp_seterr(ctx, DISPATCH_ENOMEM, "out of memory (tensor)");
+  if (!t) {
+    dsp_budget_uncharge(ctx->budget, DSP_BUDGET_COST(sizeof(dsp_tensor)));
+    return dsp_seterr(ctx, DISPATCH_ENOMEM, "out of memory (tensor)");
+  }
   t->refcount = 1;
+  t->budget = ctx->budget;
   t->meta = *m;
   for (int i = m->ndim; i < DSP_MAX_DIMS; i++) t->meta.shape[i] = 0;
   t->numel = numel;
@@ -52,7 +85,7 @@ static int tensor_new(dsp_ctx *ctx, const dsp_meta *m, int zero,
   rc = storage_new(ctx, (size_t)t->numel * dsp_dtype_size(m->dtype), zero,
                    &t->storage);
   if (rc < 0) {
-    dsp_free(t);
+    tensor_free_shell(t);
     return rc;
   }
   *out = t;
@@ -99,7 +132,7 @@ int dsp_tensor_alias(dsp_ctx *ctx, const dsp_tensor *src, const dsp_meta *m,
   int rc = tensor_shell(ctx, m, &t);
   if (rc < 0) return rc;
   if (t->numel != src->numel || m->dtype != src->meta.dtype) {
-    dsp_free(t);
+    tensor_free_shell(t);
     return dsp_seterr(ctx, DISPATCH_ESHAPE,
                       "alias: %lld elements of %s cannot view %lld of %s",
                       (long long)src->numel, dsp_dtype_name(src->meta.dtype),
@@ -120,7 +153,7 @@ void dsp_tensor_unref(dsp_tensor *t) {
   if (!t || --t->refcount > 0) return;
   if (t->node) dsp__node_unref(t->node);
   storage_unref(t->storage);
-  dsp_free(t);
+  tensor_free_shell(t);
 }
 
 size_t dsp_tensor_nbytes(const dsp_tensor *t) {

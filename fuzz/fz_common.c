@@ -542,10 +542,15 @@ int fz_run(const uint8_t *p, size_t n, int seeded, int hello_done,
       live != (uint64_t)atomic_load(&g.tensors) ||
       bytes != (uint64_t)atomic_load(&g.bytes))
     o->leak = 1;
+  /* every charge is uncharged once the session and its requests are gone */
+  dsp_budget *sb = dsp_budget_ref(s->budget), *qb = dsp_budget_ref(s->queue);
   sv_session_teardown(s);
   if (atomic_load(&g.tensors) != 0 || atomic_load(&g.bytes) != 0 ||
-      atomic_load(&s->queued_bytes) != 0 || atomic_load(&s->bytes) != 0)
+      atomic_load(&s->queued_bytes) != 0 || atomic_load(&s->bytes) != 0 ||
+      dsp_budget_used(sb) != 0 || dsp_budget_used(qb) != 0)
     o->leak = 1;
+  dsp_budget_unref(sb);
+  dsp_budget_unref(qb);
   dsp_free(s);
   dsp_ctx_free(io);
   return 0;

@@ -16,6 +16,14 @@ void sv_config_defaults(sv_config *c) {
   c->max_frame = 1ULL << 30;          /* 1 GiB */
   c->max_msg = 16ULL << 20;           /* 16 MiB of protobuf */
   c->max_session_bytes = 4ULL << 30;  /* 4 GiB */
+  /* 3/4 of the memory this process may use (a cgroup limit counts), so
+   * sessions together cannot drive the machine into swap or the OOM
+   * killer; 4 GiB when the system does not say */
+  uint64_t mem = uv_get_constrained_memory();
+  uint64_t phys = uv_get_total_memory();
+  if (mem == 0 || (phys && mem > phys)) mem = phys;
+  c->max_memory = mem ? mem / 4 * 3 : 4ULL << 30;
+  c->max_queued_bytes = 256ULL << 20; /* 256 MiB */
   c->max_elements = 1ULL << 31;
   c->max_output_queue = 64ULL << 20;  /* 64 MiB */
   c->storage_cache = 512ULL << 20;    /* 512 MiB */
@@ -89,7 +97,16 @@ static const char *const g_usage =
     "  --listen HOST:PORT       address to listen on (default 127.0.0.1:7070;\n"
     "                           port 0 picks a free port, printed on stdout)\n"
     "  --max-frame BYTES        largest frame, message + bulk (default 1 GiB)\n"
-    "  --max-session-bytes BYTES  tensor bytes one session may hold (4 GiB)\n"
+    "  --max-session-bytes BYTES  bytes one session may make the server hold:\n"
+    "                           tensors named or not (autodiff tape,\n"
+    "                           gradients, uploads being read), kernel\n"
+    "                           scratch, ids (default 4 GiB)\n"
+    "  --max-memory BYTES       all sessions and their queued requests\n"
+    "                           together (default 3/4 of physical or cgroup\n"
+    "                           memory); the storage cache comes on top\n"
+    "  --max-queued-bytes BYTES decoded requests one session may have\n"
+    "                           waiting; past it the server stops reading\n"
+    "                           the session until they ran (256 MiB)\n"
     "  --max-sessions N         concurrent sessions (default 64)\n"
     "  --idle-timeout SECONDS   close idle sessions, 0 never (default 600)\n"
     "  --threads N              worker threads running kernels (default: cores)\n"
@@ -176,6 +193,10 @@ int sv_config_parse(sv_config *c, int argc, char **argv) {
       if (parse_u64(a, v, 64, 1ULL << 40, &c->max_frame) < 0) return -1;
     } else if (strcmp(a, "--max-session-bytes") == 0) {
       if (parse_u64(a, v, 0, 1ULL << 50, &c->max_session_bytes) < 0) return -1;
+    } else if (strcmp(a, "--max-memory") == 0) {
+      if (parse_u64(a, v, 0, 1ULL << 50, &c->max_memory) < 0) return -1;
+    } else if (strcmp(a, "--max-queued-bytes") == 0) {
+      if (parse_u64(a, v, 0, 1ULL << 50, &c->max_queued_bytes) < 0) return -1;
     } else if (strcmp(a, "--max-sessions") == 0) {
       if (parse_u64(a, v, 1, 100000, &n) < 0) return -1;
       c->max_sessions = (int)n;

@@ -45,13 +45,13 @@ int sv_decode_header(const sv_config *cfg,
  * a body, hello first and only once, bulk only on an upload, a known op
  * code. On failure nothing is kept and *req_id is the request's id when
  * the message decoded (0 otherwise). */
-int sv_decode_request(const uint8_t *msg, size_t len, uint64_t bulk_len,
-                      int hello_done, Dispatch__Request **out,
-                      uint64_t *req_id, char *why, size_t why_len) {
+static int decode_with(ProtobufCAllocator *alloc, const uint8_t *msg,
+                       size_t len, uint64_t bulk_len, int hello_done,
+                       Dispatch__Request **out, uint64_t *req_id, char *why,
+                       size_t why_len) {
   *out = NULL;
   *req_id = 0;
-  Dispatch__Request *req = dispatch__request__unpack(&sv_pb_allocator, len,
-                                                     msg);
+  Dispatch__Request *req = dispatch__request__unpack(alloc, len, msg);
   if (!req)
     return why_fmt(why, why_len, DISPATCH_EPROTO,
                    "undecodable request message (%zu bytes)", len);
@@ -73,12 +73,88 @@ int sv_decode_request(const uint8_t *msg, size_t len, uint64_t bulk_len,
     bad = opwhy;
   }
   if (bad) {
-    dispatch__request__free_unpacked(req, &sv_pb_allocator);
+    dispatch__request__free_unpacked(req, alloc);
     return why_fmt(why, why_len, DISPATCH_EPROTO, "request %llu: %s",
                    (unsigned long long)*req_id, bad);
   }
   *out = req;
   return 0;
+}
+
+int sv_decode_request(const uint8_t *msg, size_t len, uint64_t bulk_len,
+                      int hello_done, Dispatch__Request **out,
+                      uint64_t *req_id, char *why, size_t why_len) {
+  return decode_with(&sv_pb_allocator, msg, len, bulk_len, hello_done, out,
+                     req_id, why, why_len);
+}
+
+/* Reads a varint at *p (below end); 0 when it is cut or too long. */
+static int scan_varint(const uint8_t **p, const uint8_t *end, uint64_t *v) {
+  uint64_t r = 0;
+  for (int sh = 0; sh < 64 && *p < end; sh += 7) {
+    uint8_t b = *(*p)++;
+    r |= (uint64_t)(b & 0x7f) << sh;
+    if (!(b & 0x80)) {
+      *v = r;
+      return 1;
+    }
+  }
+  return 0;
+}
+
+/* The req_id (field 1) and the body's field number of a Request, read
+ * from the wire form without allocating; fields it cannot walk stop the
+ * scan (what was found stays). */
+static void scan_request(const uint8_t *p, size_t len, uint64_t *req_id,
+                         int *body) {
+  const uint8_t *end = p + len;
+  *req_id = 0;
+  *body = 0;
+  while (p < end) {
+    uint64_t key, v;
+    if (!scan_varint(&p, end, &key)) return;
+    uint64_t field = key >> 3;
+    switch (key & 7) {
+      case 0:
+        if (!scan_varint(&p, end, &v)) return;
+        if (field == 1) *req_id = v;
+        break;
+      case 1:
+        if (end - p < 8) return;
+        p += 8;
+        break;
+      case 2:
+        if (!scan_varint(&p, end, &v) || v > (uint64_t)(end - p)) return;
+        p += v;
+        if (field >= 2 && field <= 64) *body = (int)field;
+        break;
+      case 5:
+        if (end - p < 4) return;
+        p += 4;
+        break;
+      default: return;
+    }
+  }
+}
+
+int sv_decode_request_charged(sv_session *s, const uint8_t *msg, size_t len,
+                              uint64_t bulk_len, int hello_done,
+                              Dispatch__Request **out, uint64_t *req_id,
+                              int *body, char *why, size_t why_len) {
+  *body = 0;
+  if (!s || !s->queue)
+    return decode_with(&sv_pb_allocator, msg, len, bulk_len, hello_done, out,
+                       req_id, why, why_len);
+  s->pb.refused = 0;
+  int rc = decode_with(&s->pb.pb, msg, len, bulk_len, hello_done, out,
+                       req_id, why, why_len);
+  if (rc < 0 && s->pb.refused) {
+    scan_request(msg, len, req_id, body);
+    return why_fmt(why, why_len, DISPATCH_EQUOTA,
+                   "%s (a %zu-byte message)", s->pb.why, len);
+  }
+  if (rc == 0) *body = (int)(*out)->body_case;
+  return rc;
 }
 
 static void pre_err(sv_job *j, int code, const char *fmt, ...)
@@ -137,8 +213,6 @@ int sv_upload_prepare(const sv_config *cfg, dsp_ctx *io_ctx, sv_session *s,
     return 0;
   }
   uint64_t nbytes = (uint64_t)numel * dsp_dtype_size(m.dtype);
-  uint64_t have = (uint64_t)atomic_load(&s->bytes) +
-                  (uint64_t)atomic_load(&s->queued_bytes);
   if (nbytes != bulk_len) {
     pre_err(j, DISPATCH_EINVAL,
             "upload: %llu bulk bytes, but %s %s needs %llu",
@@ -146,20 +220,16 @@ int sv_upload_prepare(const sv_config *cfg, dsp_ctx *io_ctx, sv_session *s,
             (unsigned long long)nbytes);
     return 0;
   }
-  if (nbytes > cfg->max_session_bytes ||
-      have > cfg->max_session_bytes - nbytes) {
-    if (may_wait) return 1;
-    atomic_fetch_add(&s->global->limit_violations, 1);
-    pre_err(j, DISPATCH_EQUOTA,
-            "upload: session holds %llu bytes; %llu more would pass the "
-            "quota of %llu bytes",
-            (unsigned long long)have, (unsigned long long)nbytes,
-            (unsigned long long)cfg->max_session_bytes);
-    return 0;
-  }
+  /* the tensor is charged to the session from now on: queued uploads
+   * count as held. The headers' few hundred bytes are in the hint. */
+  if (may_wait && !dsp_budget_fits(s->budget, nbytes + 512)) return 1;
   dsp_tensor *t;
+  dsp_ctx_set_budget(io_ctx, s->budget);
   rc = dsp_tensor_new_uninit(io_ctx, &m, &t); /* the bulk fills it */
+  dsp_ctx_set_budget(io_ctx, NULL);
   if (rc < 0) {
+    if (rc == DISPATCH_EQUOTA)
+      atomic_fetch_add(&s->global->limit_violations, 1);
     pre_err(j, rc, "upload: %s", dsp_ctx_errmsg(io_ctx));
     return 0;
   }
@@ -217,8 +287,30 @@ int sv_stream_exec(sv_session *s, dsp_ctx *io_ctx, int *hello_done,
     }
     Dispatch__Request *req;
     uint64_t rid;
-    rc = sv_decode_request(p, h.msg_len, h.bulk_len, *hello_done, &req, &rid,
-                           why, sizeof why);
+    int body;
+    rc = sv_decode_request_charged(s, p, h.msg_len, h.bulk_len, *hello_done,
+                                   &req, &rid, &body, why, sizeof why);
+    if (rc == DISPATCH_EQUOTA && *hello_done) {
+      /* nothing is queued here: the request alone does not fit, and its
+       * bulk (an upload's) is skipped as the connection would */
+      p += h.msg_len;
+      n -= h.msg_len;
+      st->frames++;
+      if (n < h.bulk_len) {
+        st->truncated = 1;
+        return 0;
+      }
+      p += h.bulk_len;
+      n -= (size_t)h.bulk_len;
+      sv_job dj;
+      memset(&dj, 0, sizeof dj);
+      sv_session_defer(s, rid, body, rc, why, &dj.out, &dj.out_len);
+      st->executed++;
+      rc = dj.out ? check_reply(&dj, st) : 0;
+      dsp_free(dj.out);
+      if (rc < 0) return rc;
+      continue;
+    }
     if (rc < 0) return rc;
     p += h.msg_len;
     n -= h.msg_len;

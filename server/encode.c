@@ -5,15 +5,53 @@
 #include "frame.h"
 #include "sv.h"
 
+/* Every block protobuf-c takes carries a PB_HDR-byte header with its size
+ * and the budget it was charged to (NULL: none), so any allocator of this
+ * kind frees it and uncharges the right session, on any thread. ud is an
+ * sv_pb_charge (a session's) or NULL (sv_pb_allocator: uncharged). */
+#define PB_HDR 16
+
 static void *pb_alloc(void *ud, size_t size) {
-  (void)ud;
-  return dsp_malloc(size);
+  sv_pb_charge *pc = ud;
+  dsp_budget *b = pc ? pc->budget : NULL;
+  if (size > SIZE_MAX - PB_HDR - 64) return NULL;
+  uint64_t cost = DSP_BUDGET_COST(size + PB_HDR);
+  if (dsp_budget_charge_why(b, cost, "decoding the request", pc ? pc->why : NULL,
+                            pc ? sizeof pc->why : 0) < 0) {
+    pc->refused = 1;
+    return NULL;
+  }
+  uint8_t *p = dsp_malloc(size + PB_HDR);
+  if (!p) {
+    dsp_budget_uncharge(b, cost);
+    return NULL;
+  }
+  uint64_t sz = size;
+  memcpy(p, &sz, sizeof sz);
+  memcpy(p + 8, &b, sizeof b);
+  return p + PB_HDR;
 }
-static void pb_free(void *ud, void *p) {
+
+static void pb_free(void *ud, void *q) {
   (void)ud;
+  if (!q) return;
+  uint8_t *p = (uint8_t *)q - PB_HDR;
+  uint64_t sz;
+  dsp_budget *b;
+  memcpy(&sz, p, sizeof sz);
+  memcpy(&b, p + 8, sizeof b);
   dsp_free(p);
+  dsp_budget_uncharge(b, DSP_BUDGET_COST(sz + PB_HDR));
 }
+
 ProtobufCAllocator sv_pb_allocator = {pb_alloc, pb_free, NULL};
+
+void sv_pb_charge_init(sv_pb_charge *pc, dsp_budget *b) {
+  pc->pb = (ProtobufCAllocator){pb_alloc, pb_free, pc};
+  pc->budget = b;
+  pc->refused = 0;
+  pc->why[0] = '\0';
+}
 
 void sv_job_free(sv_job *j) {
   if (!j) return;

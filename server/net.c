@@ -448,6 +448,7 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf);
 static void on_alloc(uv_handle_t *h, size_t hint, uv_buf_t *buf);
 static void prepare_upload(sv_conn *c, sv_job *j, int final);
 static void finish_bulk(sv_conn *c);
+static void handle_msg(sv_conn *c);
 static void parse(sv_conn *c, const uint8_t *p, size_t n);
 static void tls_pump(sv_conn *c);
 
@@ -465,8 +466,12 @@ static void read_again(sv_conn *c) {
 static void resume_wait(sv_conn *c) {
   sv_job *j = c->wait_job;
   c->wait_job = NULL;
-  prepare_upload(c, j, 1);
-  if (c->bulk_len == 0) finish_bulk(c);
+  if (j) {
+    prepare_upload(c, j, 1);
+    if (c->bulk_len == 0) finish_bulk(c);
+  } else { /* a message that did not fit the budget: decode it again */
+    handle_msg(c);
+  }
   const uint8_t *p = c->pend;
   size_t n = c->pend_n;
   c->pend = NULL;
@@ -634,7 +639,38 @@ static void finish_bulk(sv_conn *c) {
   c->bulk_dst = NULL;
   c->state = ST_HEADER;
   c->hdr_got = 0;
-  submit(c, j);
+  if (j) submit(c, j); /* NULL: the bulk of a request already refused */
+}
+
+/* A message whose decoded form does not fit the session's budget: while
+ * earlier requests are queued it waits for them (reading stops, as for an
+ * upload in ST_WAIT), since they may free memory; with nothing queued it
+ * fails like any request, with the error deferred or answered. */
+static void over_budget(sv_conn *c, uint64_t rid, int body, const char *why) {
+  if (c->inflight > 0) {
+    c->wait_job = NULL;
+    c->state = ST_WAIT;
+    uv_read_stop((uv_stream_t *)&c->tcp);
+    return;
+  }
+  dsp_free(c->msg);
+  c->msg = NULL;
+  uint8_t *out;
+  size_t len;
+  sv_session_defer(c->sess, rid, body, DISPATCH_EQUOTA, why, &out, &len);
+  if (out) queue_write(c, out, len, NULL);
+  else if (body == DISPATCH__REQUEST__BODY_READ ||
+           body == DISPATCH__REQUEST__BODY_BACKWARD ||
+           body == DISPATCH__REQUEST__BODY_SYNC ||
+           body == DISPATCH__REQUEST__BODY_STATS) {
+    conn_close(c, "out of memory for a reply");
+    return;
+  }
+  c->bulk_job = NULL;
+  c->bulk_dst = NULL;
+  c->bulk_got = 0;
+  c->state = ST_BULK;
+  if (c->bulk_len == 0) finish_bulk(c);
 }
 
 /* A waiting request that only reads session state (Sync, Stats, a Read:
@@ -659,9 +695,15 @@ static int answers_on_loop(sv_conn *c, const Dispatch__Request *req) {
 static void handle_msg(sv_conn *c) {
   Dispatch__Request *req;
   uint64_t rid;
-  char why[256];
-  int drc = sv_decode_request(c->msg, c->msg_len, c->bulk_len, c->hello_done,
-                              &req, &rid, why, sizeof why);
+  int body;
+  char why[384];
+  int drc = sv_decode_request_charged(c->sess, c->msg, c->msg_len,
+                                      c->bulk_len, c->hello_done, &req, &rid,
+                                      &body, why, sizeof why);
+  if (drc == DISPATCH_EQUOTA && c->hello_done) {
+    over_budget(c, rid, body, why);
+    return;
+  }
   dsp_free(c->msg);
   c->msg = NULL;
   if (drc < 0) {
@@ -1015,9 +1057,11 @@ int sv_run(const sv_config *cfg) {
     return DISPATCH_EIO;
   }
   srv->io_ctx = dsp_ctx_new();
-  srv->pool = srv->io_ctx ? sv_pool_new(&srv->loop, cfg->threads, on_done,
-                                        srv)
-                          : NULL;
+  srv->g.mem = dsp_budget_new(cfg->max_memory, NULL, "server",
+                              "--max-memory");
+  srv->pool = srv->io_ctx && srv->g.mem
+                  ? sv_pool_new(&srv->loop, cfg->threads, on_done, srv)
+                  : NULL;
   int err = 0;
   struct sockaddr_storage addr;
   if (cfg->tls_cert) {
@@ -1053,6 +1097,7 @@ int sv_run(const sv_config *cfg) {
     uv_run(&srv->loop, UV_RUN_DEFAULT);
     uv_loop_close(&srv->loop);
     dsp_ctx_free(srv->io_ctx);
+    dsp_budget_unref(srv->g.mem);
     sv_tls_ctx_free(srv->tls);
     dsp_free(srv);
     return err;
@@ -1089,6 +1134,7 @@ int sv_run(const sv_config *cfg) {
   rc = uv_loop_close(&srv->loop);
   if (rc != 0) sv_log(SV_LOG_ERROR, "loop closed with live handles");
   dsp_ctx_free(srv->io_ctx);
+  dsp_budget_unref(srv->g.mem);
   sv_tls_ctx_free(srv->tls);
   dsp_free(srv);
   sv_log(SV_LOG_INFO, "shut down cleanly (storage cache held %zu bytes)",

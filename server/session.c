@@ -5,19 +5,40 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
 
 #include "sv.h"
 
 #define WHY_LEN 512
 
+/* What an id costs beside its tensor: the entry and its share of the id
+ * map (two 16-byte slots at the map's lowest load). */
+#define ID_COST (DSP_BUDGET_COST(sizeof(sv_entry)) + 32)
+
+/* Everything the session's requests allocate is charged to its budget
+ * (inside the server's, when there is one): the ctx carries it to every
+ * tensor, node, gradient container and kernel scratch block. Decoded
+ * requests are charged to the session's queue budget, also inside the
+ * server's. */
 sv_session *sv_session_new(const sv_config *cfg, sv_global *g, void *owner) {
   sv_session *s = dsp_calloc(1, sizeof *s);
   if (!s) return NULL;
   s->ctx = dsp_ctx_new();
-  if (!s->ctx) {
+  s->budget = dsp_budget_new(cfg->max_session_bytes, g->mem, "session",
+                             "--max-session-bytes");
+  s->queue = dsp_budget_new(cfg->max_queued_bytes, g->mem, "session queue",
+                            "--max-queued-bytes");
+  if (!s->ctx || !s->budget || !s->queue) {
+    dsp_ctx_free(s->ctx);
+    dsp_budget_unref(s->budget);
+    dsp_budget_unref(s->queue);
     dsp_free(s);
     return NULL;
   }
+  dsp_ctx_set_budget(s->ctx, s->budget);
+  sv_pb_charge_init(&s->pb, s->queue);
   sv_idmap_init(&s->tensors);
   sv_idmap_init(&s->grads);
   atomic_init(&s->bytes, 0);
@@ -45,6 +66,7 @@ static int why_ctx(sv_session *s, char *why, int code) {
 }
 
 static void entry_free(sv_session *s, sv_entry *e) {
+  dsp_budget_uncharge(s->budget, e->charged);
   if (e->t) {
     long long nb = (long long)dsp_tensor_nbytes(e->t);
     atomic_fetch_sub(&s->bytes, nb);
@@ -60,13 +82,22 @@ static void entry_free(sv_session *s, sv_entry *e) {
 /* Inserts t under a free id, taking the caller's reference (dropped on
  * failure). */
 static int insert(sv_session *s, uint64_t id, dsp_tensor *t, char *why) {
+  char what[64];
+  snprintf(what, sizeof what, "id %llu", (unsigned long long)id);
+  int rc = dsp_budget_charge(s->budget, s->ctx, ID_COST, what);
+  if (rc < 0) {
+    dsp_tensor_unref(t);
+    return why_ctx(s, why, rc);
+  }
   sv_entry *e = dsp_calloc(1, sizeof *e);
   if (!e || sv_idmap_put(&s->tensors, id, e) < 0) {
     dsp_free(e);
     dsp_tensor_unref(t);
+    dsp_budget_uncharge(s->budget, ID_COST);
     return why_set(why, DISPATCH_ENOMEM, "out of memory adding id %llu",
                    (unsigned long long)id);
   }
+  e->charged = ID_COST;
   e->t = t;
   long long nb = (long long)dsp_tensor_nbytes(t);
   atomic_fetch_add(&s->bytes, nb);
@@ -77,17 +108,23 @@ static int insert(sv_session *s, uint64_t id, dsp_tensor *t, char *why) {
 }
 
 /* Marks a free id as poisoned by the failure `msg`; an id that is live is
- * left alone (its request failed because it was in use). Out of memory
- * leaves the id unknown, which later fails with DISPATCH_ENOID instead. */
+ * left alone (its request failed because it was in use). Out of memory or
+ * of budget leaves the id unknown, which later fails with DISPATCH_ENOID
+ * instead (the session's deferred error still names the failure). */
 static void poison(sv_session *s, uint64_t id, int code, const char *msg) {
   if (sv_idmap_get(&s->tensors, id)) return;
+  uint64_t cost = ID_COST + DSP_BUDGET_COST(strlen(msg) + 1);
+  if (dsp_budget_charge(s->budget, NULL, cost, NULL) < 0) return;
   sv_entry *e = dsp_calloc(1, sizeof *e);
-  if (!e) return;
-  e->poison_code = code;
-  e->poison = dsp_strdup(msg);
-  if (!e->poison || sv_idmap_put(&s->tensors, id, e) < 0) {
-    dsp_free(e->poison);
+  if (e) {
+    e->poison_code = code;
+    e->poison = dsp_strdup(msg);
+    e->charged = cost;
+  }
+  if (!e || !e->poison || sv_idmap_put(&s->tensors, id, e) < 0) {
+    if (e) dsp_free(e->poison);
     dsp_free(e);
+    dsp_budget_uncharge(s->budget, cost);
   }
 }
 
@@ -111,21 +148,9 @@ static int check_free_id(sv_session *s, uint64_t id, char *why) {
   return 0;
 }
 
-static int check_quota(sv_session *s, uint64_t add, char *why) {
-  uint64_t have = (uint64_t)atomic_load(&s->bytes);
-  if (add > s->cfg->max_session_bytes ||
-      have > s->cfg->max_session_bytes - add) {
-    atomic_fetch_add(&s->global->limit_violations, 1);
-    return why_set(why, DISPATCH_EQUOTA,
-                   "session holds %llu bytes; %llu more would pass the quota "
-                   "of %llu bytes",
-                   (unsigned long long)have, (unsigned long long)add,
-                   (unsigned long long)s->cfg->max_session_bytes);
-  }
-  return 0;
-}
-
-/* Element limit and quota for a tensor of meta m about to be made. */
+/* Element limit for a tensor of meta m about to be made. The bytes are
+ * judged where they are allocated (the session budget): the output, what
+ * the kernel needs on the side and what autodiff saves alike. */
 static int check_new_meta(sv_session *s, const dsp_meta *m, char *why) {
   int64_t numel;
   int rc = dsp_meta_numel(s->ctx, m, &numel);
@@ -137,7 +162,7 @@ static int check_new_meta(sv_session *s, const dsp_meta *m, char *why) {
                    (long long)numel,
                    (unsigned long long)s->cfg->max_elements);
   }
-  return check_quota(s, (uint64_t)numel * dsp_dtype_size(m->dtype), why);
+  return 0;
 }
 
 static int attrs_from(const char *name, size_t n_ints, const int64_t *ints,
@@ -168,9 +193,7 @@ static int do_upload(sv_session *s, sv_job *j, char *why) {
                    j->pre_msg ? j->pre_msg : dispatch_strerror(j->pre_err));
   int rc = check_free_id(s, u->id, why);
   if (rc < 0) return rc;
-  rc = check_quota(s, dsp_tensor_nbytes(j->upload), why);
-  if (rc < 0) return rc;
-  dsp_tensor *t = j->upload;
+  dsp_tensor *t = j->upload; /* charged to the session since it was read */
   j->upload = NULL;
   return insert(s, u->id, t, why);
 }
@@ -234,11 +257,17 @@ static int do_backward(sv_session *s, sv_job *j, char *why) {
     return why_set(why, DISPATCH_EIDINUSE,
                    "backward: gradients id %llu is already in use",
                    (unsigned long long)b->grads);
+  rc = dsp_budget_charge(s->budget, s->ctx, ID_COST, "backward: gradients id");
+  if (rc < 0) return why_ctx(s, why, rc);
   dsp_grads *g;
   rc = dsp_backward(s->ctx, loss, b->retain, &g);
-  if (rc < 0) return why_ctx(s, why, rc);
+  if (rc < 0) {
+    dsp_budget_uncharge(s->budget, ID_COST);
+    return why_ctx(s, why, rc);
+  }
   if (sv_idmap_put(&s->grads, b->grads, g) < 0) {
     dsp_grads_free(g);
+    dsp_budget_uncharge(s->budget, ID_COST);
     return why_set(why, DISPATCH_ENOMEM, "out of memory adding gradients");
   }
   return 0;
@@ -264,11 +293,7 @@ static int do_grad(sv_session *s, sv_job *j, char *why) {
   if (rc < 0) return rc;
   rc = dsp_grads_get(s->ctx, g, t, &gt);
   if (rc < 0) return why_ctx(s, why, rc);
-  rc = check_quota(s, dsp_tensor_nbytes(gt), why);
-  if (rc < 0) {
-    dsp_tensor_unref(gt);
-    return rc;
-  }
+  /* shares the container's gradient: only the id is new */
   return insert(s, gr->output, gt, why);
 }
 
@@ -366,8 +391,10 @@ static int do_free(sv_session *s, sv_job *j, char *why) {
   }
   for (size_t i = 0; i < f->n_grads; i++) {
     dsp_grads *g = sv_idmap_del(&s->grads, f->grads[i]);
-    if (g) dsp_grads_free(g);
-    else if (rc == 0)
+    if (g) {
+      dsp_grads_free(g);
+      dsp_budget_uncharge(s->budget, ID_COST);
+    } else if (rc == 0)
       rc = why_set(why, DISPATCH_ENOID,
                    "free: gradients id %llu does not exist",
                    (unsigned long long)f->grads[i]);
@@ -400,6 +427,11 @@ static int do_stats(sv_session *s, sv_job *j, char *why) {
   sv_global *g = s->global;
   st.tensors = s->n_live;
   st.bytes = (uint64_t)atomic_load(&s->bytes);
+  st.held_bytes = dsp_budget_used(s->budget);
+  st.queued_bytes = dsp_budget_used(s->queue);
+  st.session_limit = dsp_budget_limit(s->budget);
+  st.server_held_bytes = dsp_budget_used(g->mem);
+  st.server_limit = g->mem ? dsp_budget_limit(g->mem) : 0;
   st.ops = s->n_ops;
   st.errors = s->n_errors;
   st.grads = s->grads.count;
@@ -494,6 +526,10 @@ void sv_session_exec(sv_session *s, sv_job *j) {
   }
   if (rc >= 0) return;
   s->n_errors++;
+  /* budget refusals are counted here, where they surface; an upload's
+   * was counted when it was read */
+  if (rc == DISPATCH_EQUOTA && j->pre_err != DISPATCH_EQUOTA)
+    atomic_fetch_add(&s->global->limit_violations, 1);
   char desc[256], msg[sizeof s->err_msg];
   sv_describe(r, desc, sizeof desc);
   /* long reasons are cut to the message buffer on purpose */
@@ -514,13 +550,81 @@ void sv_session_exec(sv_session *s, sv_job *j) {
   }
 }
 
+static const char *body_name(int body) {
+  static const char *const names[] = {
+      [DISPATCH__REQUEST__BODY_HELLO] = "hello",
+      [DISPATCH__REQUEST__BODY_UPLOAD] = "upload",
+      [DISPATCH__REQUEST__BODY_OP] = "op",
+      [DISPATCH__REQUEST__BODY_TRACK] = "track",
+      [DISPATCH__REQUEST__BODY_BACKWARD] = "backward",
+      [DISPATCH__REQUEST__BODY_GRAD] = "grad",
+      [DISPATCH__REQUEST__BODY_FREE] = "free",
+      [DISPATCH__REQUEST__BODY_READ] = "read",
+      [DISPATCH__REQUEST__BODY_SYNC] = "sync",
+      [DISPATCH__REQUEST__BODY_STATS] = "stats",
+      [DISPATCH__REQUEST__BODY_BYE] = "bye",
+      [DISPATCH__REQUEST__BODY_STEP] = "step",
+  };
+  if (body > 0 && (size_t)body < sizeof names / sizeof names[0] &&
+      names[body])
+    return names[body];
+  return "request";
+}
+
+/* The same outcome sv_session_exec gives a failed request, for one that
+ * failed before it could become a job: a waiting request is answered (with
+ * an earlier deferred error first, as exec does), any other becomes the
+ * deferred error unless one is pending. */
+void sv_session_defer(sv_session *s, uint64_t req_id, int body, int code,
+                      const char *msg, uint8_t **out, size_t *out_len) {
+  *out = NULL;
+  *out_len = 0;
+  atomic_fetch_add(&s->global->limit_violations, code == DISPATCH_EQUOTA);
+  if (waits((Dispatch__Request__BodyCase)body) && s->err_code) {
+    sv_encode_error(req_id, s->err_code, s->err_msg, s->err_req, out,
+                    out_len);
+    s->err_code = 0;
+    s->err_msg[0] = '\0';
+    s->err_req = 0;
+    return;
+  }
+  s->n_errors++;
+  char m[sizeof s->err_msg];
+  if (snprintf(m, sizeof m, "request %llu (%s): %s: %s",
+               (unsigned long long)req_id, body_name(body),
+               dispatch_err_name(code), msg) < 0)
+    m[0] = '\0';
+  sv_log(SV_LOG_DEBUG, "session error: %s", m);
+  if (waits((Dispatch__Request__BodyCase)body)) {
+    sv_encode_error(req_id, code, m, req_id, out, out_len);
+    return;
+  }
+  if (!s->err_code) {
+    s->err_code = code;
+    s->err_req = req_id;
+    snprintf(s->err_msg, sizeof s->err_msg, "%s", m);
+  }
+}
+
 void sv_session_teardown(sv_session *s) {
   for (size_t i = 0; i < s->grads.cap; i++)
-    if (s->grads.vals[i]) dsp_grads_free(s->grads.vals[i]);
+    if (s->grads.vals[i]) {
+      dsp_grads_free(s->grads.vals[i]);
+      dsp_budget_uncharge(s->budget, ID_COST);
+    }
   sv_idmap_clear(&s->grads);
   for (size_t i = 0; i < s->tensors.cap; i++)
     if (s->tensors.vals[i]) entry_free(s, s->tensors.vals[i]);
   sv_idmap_clear(&s->tensors);
   dsp_ctx_free(s->ctx);
   s->ctx = NULL;
+  /* what the loop still holds for the session (a request being read, a
+   * reply being written) keeps the budget alive until it is freed */
+  dsp_budget_unref(s->budget);
+  s->budget = NULL;
+  dsp_budget_unref(s->queue);
+  s->queue = NULL;
+#ifdef __GLIBC__
+  malloc_trim(0); /* hand the session's freed heap back to the system */
+#endif
 }

@@ -24,7 +24,11 @@ typedef struct sv_config {
   int port;
   uint64_t max_frame;          /* msg_len + bulk_len of one frame */
   uint64_t max_msg;            /* protobuf part alone */
-  uint64_t max_session_bytes;  /* bytes of tensors named by a session's ids */
+  uint64_t max_session_bytes;  /* bytes a session makes the server hold:
+                                  tensors (named, on the tape, gradients),
+                                  scratch, ids, decoded requests */
+  uint64_t max_memory;         /* all sessions' budgets and queues together */
+  uint64_t max_queued_bytes;   /* decoded requests one session has queued */
   uint64_t max_elements;       /* elements of one tensor */
   uint64_t max_output_queue;   /* unsent reply bytes before a client drops */
   uint32_t max_queued;         /* decoded requests waiting per session */
@@ -96,6 +100,8 @@ typedef struct sv_global {
   atomic_llong bytes;
   atomic_llong protocol_errors;  /* also TLS handshake and token failures */
   atomic_llong limit_violations; /* every refused limit, timeouts included */
+  dsp_budget *mem; /* --max-memory: parent of every session's budget (owned;
+                      NULL: no server-wide cap, as in fuzzers and tests) */
 } sv_global;
 
 /* ------------------------------------------------------------ jobs */
@@ -134,7 +140,19 @@ typedef struct sv_entry {
   dsp_tensor *t;   /* NULL when poisoned */
   int poison_code; /* the original failure's code */
   char *poison;    /* "request 7 (op matmul 3,4 -> 5): reason" (owned) */
+  uint64_t charged; /* to the session budget: this entry, its id slot and
+                       its message (the tensor charges itself) */
 } sv_entry;
+
+/* The protobuf-c allocator a session decodes its requests with: every
+ * block is charged to the session budget until the request is freed (by
+ * any allocator of this file's kind: the block remembers its budget). */
+typedef struct sv_pb_charge {
+  ProtobufCAllocator pb; /* first: protobuf-c hands &pb back as ud */
+  dsp_budget *budget;
+  int refused;   /* the last decode failed on the budget */
+  char why[256]; /* its message */
+} sv_pb_charge;
 
 typedef struct sv_session {
   /* worker side */
@@ -147,6 +165,12 @@ typedef struct sv_session {
   uint64_t err_req;
   char err_msg[640];
   /* shared */
+  dsp_budget *budget;        /* --max-session-bytes, inside global->mem */
+  dsp_budget *queue;         /* --max-queued-bytes, inside global->mem: the
+                                decoded requests; apart from budget so a
+                                session that holds all it may can still
+                                send the Free that gets it out */
+  sv_pb_charge pb;           /* decodes this session's requests (loop) */
   atomic_llong bytes;        /* bytes of the tensors in the table */
   atomic_llong queued_bytes; /* upload bytes read but not yet run */
   const sv_config *cfg;
@@ -184,8 +208,11 @@ int sv_encode_read_reply(dsp_ctx *ctx, const Dispatch__Reply *r,
 int sv_encode_error(uint64_t req_id, int code, const char *msg,
                     uint64_t failed_req, uint8_t **out, size_t *out_len);
 
-/* protobuf-c allocator over dsp_malloc */
+/* protobuf-c allocator over dsp_malloc (uncharged); frees blocks of any
+ * session's allocator too */
 extern ProtobufCAllocator sv_pb_allocator;
+/* Sets up pc to charge b (the caller keeps b alive while pc is used). */
+void sv_pb_charge_init(sv_pb_charge *pc, dsp_budget *b);
 
 /* Short description of a request for messages and debug logs:
  * "op matmul [3, 4] -> 5", "upload 7 f32 [2, 3]". */
@@ -205,6 +232,21 @@ int sv_decode_header(const sv_config *cfg, const uint8_t *in16,
 int sv_decode_request(const uint8_t *msg, size_t len, uint64_t bulk_len,
                       int hello_done, Dispatch__Request **out,
                       uint64_t *req_id, char *why, size_t why_len);
+/* The same, with what the decoded request holds charged to s's queue
+ * budget (s NULL: uncharged). A request whose decoded form does not fit returns
+ * DISPATCH_EQUOTA (nothing kept) with *req_id and *body (the request's
+ * kind) read from the raw message, so the caller can wait for queued work
+ * to finish or defer the error instead of closing the connection. */
+int sv_decode_request_charged(sv_session *s, const uint8_t *msg, size_t len,
+                              uint64_t bulk_len, int hello_done,
+                              Dispatch__Request **out, uint64_t *req_id,
+                              int *body, char *why, size_t why_len);
+/* Records a failure of a request that never reached a worker as the
+ * session's deferred error (or, for a request that waits for a reply,
+ * encodes that reply into *out). Call only while no job of s is queued or
+ * running (sv_pool_session_idle). */
+void sv_session_defer(sv_session *s, uint64_t req_id, int body, int code,
+                      const char *msg, uint8_t **out, size_t *out_len);
 /* Upload limits, then the tensor the bulk lands in (j->upload, counted in
  * s->queued_bytes) or a deferred error in j. 1 (nothing done) when only
  * the quota fails and may_wait is set; otherwise 0. */

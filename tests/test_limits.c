@@ -144,7 +144,7 @@ Test(limits, idle_timeout_sends_an_error_and_counts, .fini = cleanup,
 Test(limits, every_refused_limit_is_counted, .fini = cleanup,
      .timeout = 120) {
   const char *args[] = {"--log-level", "error", "--max-elements", "100",
-                        "--max-session-bytes", "400", "--max-sessions", "2",
+                        "--max-session-bytes", "1500", "--max-sessions", "2",
                         "--max-frame", "4096", NULL};
   start(args);
   wire_conn a;
@@ -169,13 +169,15 @@ Test(limits, every_refused_limit_is_counted, .fini = cleanup,
   cr_assert_eq(wire_sync_check(&a, msg, sizeof msg, &failed),
                DISPATCH_ELIMIT, "%s", msg);
   cr_assert(strstr(msg, "121 elements"), "%s", msg);
-  /* the session quota: 88 bytes held, 320 more pass 400 */
-  static float q[80];
-  int64_t s80[1] = {80};
-  wire_upload(&a, 5, DSP_F32, 1, s80, q, sizeof q);
+  /* the session quota: two small tensors with their headers and ids held
+   * (about 800 bytes), 400 bytes more and their headers pass 1500 */
+  static float q[100];
+  int64_t s100[1] = {100};
+  wire_upload(&a, 5, DSP_F32, 1, s100, q, sizeof q);
   cr_assert_eq(wire_sync_check(&a, msg, sizeof msg, NULL), DISPATCH_EQUOTA,
                "%s", msg);
-  cr_assert(strstr(msg, "quota of 400 bytes"), "%s", msg);
+  cr_assert(strstr(msg, "limit of 1500 bytes (--max-session-bytes)"), "%s",
+            msg);
   /* the session limit: a and b are two sessions, c is refused */
   wire_conn b, c;
   connect_hello(&b);

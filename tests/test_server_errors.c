@@ -362,7 +362,7 @@ Test(server_errors, concurrent_sessions_have_separate_ids) {
 
 static void start_small(void) {
   const char *args[] = {"--log-level", "error", "--max-session-bytes",
-                        "1024", "--max-output-queue", "4096",
+                        "2048", "--max-output-queue", "4096",
                         "--max-sessions", "4", NULL};
   start_with(args);
 }
@@ -376,12 +376,13 @@ Test(server_limits, quota_refuses_and_keeps_everything_else) {
   for (int i = 0; i < 200; i++) d[i] = (float)i;
   int64_t s[1] = {200};
   char msg[700];
-  wire_upload(&c, 1, DSP_F32, 1, s, d, sizeof d); /* 800 of 1024 */
+  /* 800 bytes + headers and id of 2048 */
+  wire_upload(&c, 1, DSP_F32, 1, s, d, sizeof d);
   cr_assert_eq(wire_sync_check(&c, msg, sizeof msg, NULL), 0, "%s", msg);
   wire_upload(&c, 2, DSP_F32, 1, s, d, sizeof d);
   cr_assert_eq(wire_sync_check(&c, msg, sizeof msg, NULL), DISPATCH_EQUOTA,
                "%s", msg);
-  cr_assert(strstr(msg, "1024"), "%s", msg);
+  cr_assert(strstr(msg, "limit of 2048 bytes"), "%s", msg);
   uint64_t in[2] = {1, 1};
   wire_op(&c, DSP_OP_ADD, in, 2, 3, NULL, 0, NULL, 0);
   cr_assert_eq(wire_sync_check(&c, msg, sizeof msg, NULL), DISPATCH_EQUOTA,

@@ -1,0 +1,133 @@
+/* Memory budgets: a byte count with a limit, optionally inside a parent
+ * budget (a server session inside the whole server), charged by every
+ * allocation a ctx makes on behalf of its owner.
+ *
+ * Every successful charge also takes a reference on the budget and every
+ * uncharge drops one, so an object charged to a budget (a storage freed on
+ * another thread, a decoded request freed after its session ended) can
+ * always uncharge it: the budget lives until its creator and every charged
+ * object are gone. Counts are atomic; a charge that would pass a limit
+ * changes nothing. */
+#include <stdatomic.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "dsp_internal.h"
+
+struct dsp_budget {
+  atomic_ullong used;
+  atomic_long refs;
+  uint64_t limit;
+  dsp_budget *parent; /* one reference, dropped with this budget */
+  char who[32];       /* "session" */
+  char flag[40];      /* "--max-session-bytes" */
+};
+
+dsp_budget *dsp_budget_new(uint64_t limit, dsp_budget *parent,
+                           const char *who, const char *flag) {
+  dsp_budget *b = dsp_calloc(1, sizeof *b);
+  if (!b) return NULL;
+  atomic_init(&b->used, 0);
+  atomic_init(&b->refs, 1);
+  b->limit = limit;
+  b->parent = dsp_budget_ref(parent);
+  snprintf(b->who, sizeof b->who, "%s", who ? who : "budget");
+  snprintf(b->flag, sizeof b->flag, "%s", flag ? flag : "limit");
+  return b;
+}
+
+dsp_budget *dsp_budget_ref(dsp_budget *b) {
+  if (b) atomic_fetch_add_explicit(&b->refs, 1, memory_order_relaxed);
+  return b;
+}
+
+void dsp_budget_unref(dsp_budget *b) {
+  while (b && atomic_fetch_sub_explicit(&b->refs, 1, memory_order_acq_rel) ==
+                  1) {
+    dsp_budget *p = b->parent;
+    dsp_free(b);
+    b = p;
+  }
+}
+
+uint64_t dsp_budget_used(const dsp_budget *b) {
+  return b ? atomic_load(&((dsp_budget *)b)->used) : 0;
+}
+
+uint64_t dsp_budget_limit(const dsp_budget *b) {
+  return b ? b->limit : UINT64_MAX;
+}
+
+int dsp_budget_fits(const dsp_budget *b, uint64_t n) {
+  for (; b; b = b->parent) {
+    uint64_t u = atomic_load(&((dsp_budget *)b)->used);
+    if (n > b->limit || u > b->limit - n) return 0;
+  }
+  return 1;
+}
+
+/* Adds n to b and each parent in turn; the first that would pass its
+ * limit undoes what was added and names itself in the error. */
+int dsp_budget_charge_why(dsp_budget *b, uint64_t n, const char *what,
+                          char *why, size_t why_len) {
+  if (!b) return 0;
+  for (dsp_budget *p = b; p; p = p->parent) {
+    uint64_t old = atomic_fetch_add(&p->used, n);
+    if (n > p->limit || old > p->limit - n) {
+      atomic_fetch_sub(&p->used, n);
+      for (dsp_budget *q = b; q != p; q = q->parent)
+        atomic_fetch_sub(&q->used, n);
+      if (why && why_len)
+        snprintf(why, why_len,
+                 "%s: %s holds %llu bytes; %llu more would pass its limit "
+                 "of %llu bytes (%s)",
+                 what ? what : "allocation", p->who, (unsigned long long)old,
+                 (unsigned long long)n, (unsigned long long)p->limit,
+                 p->flag);
+      return DISPATCH_EQUOTA;
+    }
+  }
+  dsp_budget_ref(b);
+  return 0;
+}
+
+int dsp_budget_charge(dsp_budget *b, dsp_ctx *ctx, uint64_t n,
+                      const char *what) {
+  return dsp_budget_charge_why(b, n, what, ctx ? ctx->err : NULL,
+                               ctx ? sizeof ctx->err : 0);
+}
+
+void dsp_budget_uncharge(dsp_budget *b, uint64_t n) {
+  if (!b) return;
+  for (dsp_budget *p = b; p; p = p->parent) atomic_fetch_sub(&p->used, n);
+  dsp_budget_unref(b);
+}
+
+void dsp_ctx_set_budget(dsp_ctx *ctx, dsp_budget *b) {
+  dsp_budget *old = ctx->budget;
+  ctx->budget = dsp_budget_ref(b);
+  dsp_budget_unref(old);
+}
+
+dsp_budget *dsp_ctx_budget(const dsp_ctx *ctx) { return ctx->budget; }
+
+int dsp__scratch_alloc(dsp_ctx *ctx, size_t n, const char *what,
+                       void **out) {
+  *out = NULL;
+  uint64_t cost = DSP_BUDGET_COST(n);
+  int rc = dsp_budget_charge(ctx->budget, ctx, cost, what);
+  if (rc < 0) return rc;
+  *out = dsp_malloc(n);
+  if (!*out) {
+    dsp_budget_uncharge(ctx->budget, cost);
+    return dsp_seterr(ctx, DISPATCH_ENOMEM, "%s: out of memory for %zu bytes",
+                      what, n);
+  }
+  return 0;
+}
+
+void dsp__scratch_free(dsp_ctx *ctx, void *p, size_t n) {
+  if (!p) return;
+  dsp_free(p);
+  dsp_budget_uncharge(ctx->budget, DSP_BUDGET_COST(n));
+}
