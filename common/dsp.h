@@ -106,9 +106,17 @@ typedef struct dsp_meta {
 /* a*b into *out; returns DISPATCH_EOVERFLOW instead of wrapping. */
 int dsp_mul_overflow(int64_t a, int64_t b, int64_t *out);
 /* Number of elements of a shape; checks 0 <= ndim <= 8, every size >= 0,
- * and that numel * dtype size fits in int64 and size_t. */
+ * and that the span (below) times the dtype size fits in int64 and size_t
+ * (DISPATCH_EOVERFLOW), so no stride or loop bound of the shape overflows
+ * even when numel is 0. */
 int dsp_meta_numel(dsp_ctx *ctx, const dsp_meta *m, int64_t *numel);
-/* Validates a meta (dtype, rank, sizes, byte size overflow). */
+/* The same checks; also gives the span, the product of every size with
+ * zero sizes counted as 1 (equal to numel for a non-empty shape). A limit
+ * on tensor size should bound the span: [2^40, 0] has no elements but
+ * 2^40 rows. numel and span may be NULL. */
+int dsp_meta_span(dsp_ctx *ctx, const dsp_meta *m, int64_t *numel,
+                  int64_t *span);
+/* Validates a meta (dtype, rank, sizes, span and byte size overflow). */
 int dsp_meta_check(dsp_ctx *ctx, const dsp_meta *m);
 /* Numpy broadcast of two shapes; DISPATCH_ESHAPE names both shapes. */
 int dsp_broadcast_shapes(dsp_ctx *ctx, const char *opname, const dsp_meta *a,

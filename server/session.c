@@ -125,18 +125,38 @@ static int check_quota(sv_session *s, uint64_t add, char *why) {
   return 0;
 }
 
+int sv_check_meta(const sv_config *cfg, sv_global *g, dsp_ctx *ctx,
+                  const dsp_meta *m, const char *what, int64_t *numel,
+                  char *msg, size_t len) {
+  int64_t span;
+  int rc = dsp_meta_span(ctx, m, numel, &span);
+  if (rc < 0) {
+    snprintf(msg, len, "%s: %s", what, dsp_ctx_errmsg(ctx));
+    return rc;
+  }
+  if ((uint64_t)span <= cfg->max_elements) return 0;
+  atomic_fetch_add(&g->limit_violations, 1);
+  char shape[160];
+  dsp_shape_str(m, shape, sizeof shape);
+  if (*numel == span)
+    snprintf(msg, len, "%s: shape %s has %lld elements, over the limit of %llu",
+             what, shape, (long long)span,
+             (unsigned long long)cfg->max_elements);
+  else
+    snprintf(msg, len,
+             "%s: shape %s has %lld elements but spans %lld (the product of "
+             "its sizes, zero sizes counted as 1), over the limit of %llu",
+             what, shape, (long long)*numel, (long long)span,
+             (unsigned long long)cfg->max_elements);
+  return DISPATCH_ELIMIT;
+}
+
 /* Element limit and quota for a tensor of meta m about to be made. */
 static int check_new_meta(sv_session *s, const dsp_meta *m, char *why) {
   int64_t numel;
-  int rc = dsp_meta_numel(s->ctx, m, &numel);
-  if (rc < 0) return why_ctx(s, why, rc);
-  if ((uint64_t)numel > s->cfg->max_elements) {
-    atomic_fetch_add(&s->global->limit_violations, 1);
-    return why_set(why, DISPATCH_ELIMIT,
-                   "result has %lld elements, over the limit of %llu",
-                   (long long)numel,
-                   (unsigned long long)s->cfg->max_elements);
-  }
+  int rc = sv_check_meta(s->cfg, s->global, s->ctx, m, "result", &numel, why,
+                         WHY_LEN);
+  if (rc < 0) return rc;
   return check_quota(s, (uint64_t)numel * dsp_dtype_size(m->dtype), why);
 }
 
