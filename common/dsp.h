@@ -338,10 +338,11 @@ const dsp_op_info *dsp_op_lookup(int code);
 int dsp_op_infer(dsp_ctx *ctx, dsp_opcode op, const dsp_meta *in, int n_in,
                  const dsp_attrs *a, dsp_meta *out);
 
-/* Runs an op: infer, allocate the output, run the backend kernel, and, if
- * grad mode is on and any input is tracked, record the op on the tape so
- * the output is tracked. The caller owns *out. On failure *out is NULL
- * and nothing leaks. */
+/* Runs an op: infer, allocate the output, run the backend kernel (not for
+ * an empty output, which stays as allocated; index ops still check their
+ * index values), and, if grad mode is on and any input is tracked, record
+ * the op on the tape so the output is tracked. The caller owns *out. On
+ * failure *out is NULL and nothing leaks. */
 int dsp_op(dsp_ctx *ctx, dsp_opcode op, dsp_tensor *const *in, int n_in,
            const dsp_attrs *a, dsp_tensor **out);
 

@@ -99,7 +99,15 @@ int dsp_op(dsp_ctx *ctx, dsp_opcode op, dsp_tensor *const *in, int n_in,
     rc = dsp_tensor_new(ctx, &om, &t);
     if (rc < 0) return rc;
   }
-  rc = be->run_op(be->bctx, ctx, op, in, n_in, a, t);
+  /* An empty result needs no kernel: the zeroed storage already is the
+   * answer, and a kernel could otherwise walk the other dims of a shape
+   * like [2^40, 0] doing nothing. A non-empty result of empty inputs (a
+   * sum over an empty dim, matmul with inner size 0) still runs its
+   * kernel, as do the index ops, whose index values are checked even when
+   * the result is empty. */
+  if (t->numel > 0 || op == DSP_OP_INDEX_SELECT ||
+      op == DSP_OP_INDEX_SELECT_BACKWARD)
+    rc = be->run_op(be->bctx, ctx, op, in, n_in, a, t);
   if (rc == 0 && tracked && ctx->grad_enabled &&
       dsp_op_lookup((int)op)->family != DSP_FAM_OPTIM)
     rc = dsp__autodiff_record(ctx, op, in, n_in, a, t);
