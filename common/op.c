@@ -44,9 +44,17 @@ int dsp_op_infer(dsp_ctx *ctx, dsp_opcode op, const dsp_meta *in, int n_in,
   const dsp_op_info *info = dsp_op_lookup((int)op);
   if (!info) return dsp_seterr(ctx, DISPATCH_EUNSUPPORTED, "unknown op code %d", (int)op);
   if (info->n_inputs >= 0 ? n_in != info->n_inputs
-                          : (n_in < 1 || n_in > DSP_MAX_INPUTS))
-    return dsp_seterr(ctx, DISPATCH_EINVAL, "%s: takes %d inputs, got %d",
-                      info->name, info->n_inputs, n_in);
+                          : (n_in < 1 || n_in > DSP_MAX_INPUTS)) {
+    if (info->n_inputs < 0)
+      return dsp_seterr(ctx, DISPATCH_EINVAL, "%s: takes 1 to %d inputs, got %d",
+                        info->name, DSP_MAX_INPUTS, n_in);
+    if (info->n_inputs == 0)
+      return dsp_seterr(ctx, DISPATCH_EINVAL, "%s: takes no inputs, got %d",
+                        info->name, n_in);
+    return dsp_seterr(ctx, DISPATCH_EINVAL, "%s: takes %d input%s, got %d",
+                      info->name, info->n_inputs,
+                      info->n_inputs == 1 ? "" : "s", n_in);
+  }
   if (!a || a->n_ints < 0 || a->n_ints > DSP_MAX_ATTR_INTS ||
       a->n_floats < 0 || a->n_floats > DSP_MAX_ATTR_FLOATS)
     return dsp_seterr(ctx, DISPATCH_EINVAL, "%s: bad attribute counts",
