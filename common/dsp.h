@@ -127,6 +127,10 @@ int dsp_norm_dim(dsp_ctx *ctx, const char *opname, int64_t dim, int ndim,
 /* Writes "[2, 3, 4]" into buf; returns buf. */
 char *dsp_shape_str(const dsp_meta *m, char *buf, size_t len);
 int dsp_meta_equal(const dsp_meta *a, const dsp_meta *b);
+/* Checks that every one of n bool bytes is 0 or 1; DISPATCH_EINVAL names
+ * the first other byte's offset and value. Every path that takes bool
+ * bytes from a caller or a client runs it. */
+int dsp_check_bool_bytes(dsp_ctx *ctx, const void *data, size_t n);
 
 /* ------------------------------------------------------------------ */
 /* tensors                                                             */

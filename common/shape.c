@@ -28,6 +28,18 @@ int dsp_dtype_valid(int dt) { return dt >= 0 && dt < DSP_NDTYPES; }
 
 int dsp_dtype_is_float(dsp_dtype dt) { return dt == DSP_F32 || dt == DSP_F64; }
 
+/* A bool is stored as one byte that every kernel reads as 0 or 1; any
+ * other byte would make `where` and `eq` disagree, so it never gets in. */
+int dsp_check_bool_bytes(dsp_ctx *ctx, const void *data, size_t n) {
+  const uint8_t *p = data;
+  for (size_t i = 0; i < n; i++)
+    if (p[i] > 1)
+      return dsp_seterr(ctx, DISPATCH_EINVAL,
+                        "bool byte %zu is %u, must be 0 or 1", i,
+                        (unsigned)p[i]);
+  return 0;
+}
+
 int dsp_mul_overflow(int64_t a, int64_t b, int64_t *out) {
   if (__builtin_mul_overflow(a, b, out)) return DISPATCH_EOVERFLOW;
   return 0;

@@ -190,6 +190,12 @@ static int do_upload(sv_session *s, sv_job *j, char *why) {
   if (rc < 0) return rc;
   rc = check_quota(s, dsp_tensor_nbytes(j->upload), why);
   if (rc < 0) return rc;
+  /* the bytes came straight from the socket: as dsp_tensor_from_data does
+   * for a local caller, refuse a bool byte other than 0 or 1 */
+  if (j->upload->meta.dtype == DSP_BOOL &&
+      (rc = dsp_check_bool_bytes(s->ctx, dsp_tensor_data(j->upload),
+                                 dsp_tensor_nbytes(j->upload))) < 0)
+    return why_set(why, rc, "upload: %s", dsp_ctx_errmsg(s->ctx));
   dsp_tensor *t = j->upload;
   j->upload = NULL;
   return insert(s, u->id, t, why);
