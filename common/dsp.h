@@ -94,6 +94,12 @@ void dsp_clearerr(dsp_ctx *ctx);
 int dsp_set_grad_enabled(dsp_ctx *ctx, int enabled);
 int dsp_grad_enabled(const dsp_ctx *ctx);
 
+/* Every op result made through ctx (also the intermediates of a backward
+ * pass) whose span (dsp_meta_span) passes n fails with DISPATCH_ELIMIT.
+ * 0, the default, sets no limit beyond the span's own int64/size_t
+ * bound. dispatch-server sets its --max-elements here. */
+void dsp_ctx_set_max_elements(dsp_ctx *ctx, int64_t n);
+
 /* ------------------------------------------------------------------ */
 /* shapes                                                              */
 

@@ -8,6 +8,7 @@
 struct dsp_ctx {
   const dsp_backend *backend;
   int grad_enabled;
+  int64_t max_span; /* dsp_ctx_set_max_elements; 0: no limit */
   char err[512];
 };
 

@@ -95,6 +95,17 @@ int dsp_op(dsp_ctx *ctx, dsp_opcode op, dsp_tensor *const *in, int n_in,
   dsp_meta om;
   int rc = dsp_op_infer(ctx, op, metas, n_in, a, &om);
   if (rc < 0) return rc;
+  int64_t span;
+  if (ctx->max_span > 0 && dsp_meta_span(ctx, &om, NULL, &span) == 0 &&
+      span > ctx->max_span) {
+    char s[160];
+    return dsp_seterr(ctx, DISPATCH_ELIMIT,
+                      "%s: result %s spans %lld elements (zero sizes counted "
+                      "as 1), over the limit of %lld",
+                      dsp_op_lookup((int)op)->name,
+                      dsp_shape_str(&om, s, sizeof s), (long long)span,
+                      (long long)ctx->max_span);
+  }
   const dsp_backend *be = ctx->backend;
   if (be->supports_op && !be->supports_op(be->bctx, op, metas, n_in))
     return dsp_seterr(ctx, DISPATCH_EUNSUPPORTED, "%s: not supported by backend %s",

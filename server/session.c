@@ -18,6 +18,8 @@ sv_session *sv_session_new(const sv_config *cfg, sv_global *g, void *owner) {
     dsp_free(s);
     return NULL;
   }
+  /* also bounds what the session cannot name: backward intermediates */
+  dsp_ctx_set_max_elements(s->ctx, (int64_t)cfg->max_elements);
   sv_idmap_init(&s->tensors);
   sv_idmap_init(&s->grads);
   atomic_init(&s->bytes, 0);
@@ -262,6 +264,7 @@ static int do_backward(sv_session *s, sv_job *j, char *why) {
                    (unsigned long long)b->grads);
   dsp_grads *g;
   rc = dsp_backward(s->ctx, loss, b->retain, &g);
+  if (rc == DISPATCH_ELIMIT) atomic_fetch_add(&s->global->limit_violations, 1);
   if (rc < 0) return why_ctx(s, why, rc);
   if (sv_idmap_put(&s->grads, b->grads, g) < 0) {
     dsp_grads_free(g);

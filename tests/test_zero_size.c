@@ -485,6 +485,66 @@ Test(zero_size, issue_examples_are_refused, .init = start_default,
   wire_close(&w);
 }
 
+/* Backward intermediates go through the same element limit as named
+ * results: a [1,8,8] x [8,8,1] product (inputs and result 64 elements)
+ * builds an [8,8,8] gradient intermediate in backward, over a limit of 100
+ * (the issue's [1,512,512] x [512,512,1] case, scaled down). */
+static void start_100(void) {
+  const char *args[] = {"--log-level", "error", "--threads", "2",
+                        "--max-elements", "100", NULL};
+  cr_assert_eq(sp_start(&g_srv, args), 0, "server did not start");
+}
+
+Test(zero_size, backward_intermediates_are_bounded_in_process) {
+  dsp_ctx *ctx = dsp_ctx_new();
+  dsp_ctx_set_max_elements(ctx, 100);
+  static const float v[64];
+  dsp_meta ma = {DSP_F32, 3, {1, 8, 8}}, mb = {DSP_F32, 3, {8, 8, 1}};
+  dsp_tensor *in[2], *y, *l;
+  cr_assert_eq(dsp_tensor_from_data(ctx, &ma, v, sizeof v, &in[0]), 0);
+  cr_assert_eq(dsp_tensor_from_data(ctx, &mb, v, sizeof v, &in[1]), 0);
+  cr_assert_eq(dsp_track(ctx, in[0]), 0);
+  dsp_attrs none = dsp_attrs_none();
+  cr_assert_eq(dsp_op(ctx, DSP_OP_MATMUL, in, 2, &none, &y), 0);
+  cr_assert_eq(dsp_op(ctx, DSP_OP_SUM, &y, 1, &none, &l), 0);
+  dsp_grads *g = NULL;
+  cr_assert_eq(dsp_backward(ctx, l, 0, &g), DISPATCH_ELIMIT, "%s",
+               dsp_ctx_errmsg(ctx));
+  cr_assert_null(g);
+  cr_assert(strstr(dsp_ctx_errmsg(ctx), "spans 512 elements"), "%s",
+            dsp_ctx_errmsg(ctx));
+  dsp_tensor_unref(l);
+  dsp_tensor_unref(y);
+  dsp_tensor_unref(in[0]);
+  dsp_tensor_unref(in[1]);
+  dsp_ctx_free(ctx);
+}
+
+Test(zero_size, backward_intermediates_are_bounded_on_the_server,
+     .init = start_100, .fini = stop_checked) {
+  wire_conn w;
+  connect_hello(&w);
+  static const float v[64];
+  int64_t sa[3] = {1, 8, 8}, sb[3] = {8, 8, 1};
+  wire_upload(&w, 1, DSP_F32, 3, sa, v, sizeof v);
+  wire_upload(&w, 2, DSP_F32, 3, sb, v, sizeof v);
+  wire_track(&w, 1);
+  uint64_t ab[2] = {1, 2}, y = 3;
+  wire_op(&w, DSP_OP_MATMUL, ab, 2, 3, NULL, 0, NULL, 0);
+  wire_op(&w, DSP_OP_SUM, &y, 1, 4, NULL, 0, NULL, 0);
+  uint64_t rid = wire_backward(&w, 4, 1, 0);
+  Dispatch__Reply *r;
+  cr_assert_eq(wire_recv(&w, &r, NULL, NULL), 0);
+  cr_assert_eq(r->req_id, rid);
+  cr_assert_not_null(r->error, "backward passed the element limit");
+  cr_assert_eq(r->error->code, DISPATCH_ELIMIT, "%s", r->error->message);
+  cr_assert(strstr(r->error->message, "over the limit of 100"), "%s",
+            r->error->message);
+  wire_reply_free(r, NULL);
+  cr_assert_eq(wire_sync_check(&w, NULL, 0, NULL), 0);
+  wire_close(&w);
+}
+
 /* ------------------------------------------------------------------ */
 /* item 11: bool bytes other than 0 and 1                              */
 
