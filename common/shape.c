@@ -68,7 +68,6 @@ int dsp_meta_span(dsp_ctx *ctx, const dsp_meta *m, int64_t *numel,
     if (m->shape[i] < 0)
       return dsp_seterr(ctx, DISPATCH_ESHAPE, "negative size %lld at dim %d",
                         (long long)m->shape[i], i);
-    n *= m->shape[i]; /* cannot overflow: |n| <= sp, checked below */
     if (m->shape[i] > 0 && dsp_mul_overflow(sp, m->shape[i], &sp)) {
       char s[160];
       return dsp_seterr(ctx, DISPATCH_EOVERFLOW,
@@ -76,6 +75,7 @@ int dsp_meta_span(dsp_ctx *ctx, const dsp_meta *m, int64_t *numel,
                         "sizes counted as 1) overflows int64",
                         dsp_shape_str(m, s, sizeof s));
     }
+    n *= m->shape[i]; /* cannot overflow: n <= sp, checked just above */
   }
   int64_t bytes;
   if (dsp_mul_overflow(sp, (int64_t)dsp_dtype_size(m->dtype), &bytes) ||
