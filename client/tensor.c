@@ -149,6 +149,10 @@ int dispatch_tensor_from_data(dispatch_device *dev, dispatch_dtype dtype,
                         dsp_shape_str(&m, sb, sizeof sb),
                         meta_nbytes(&m, numel)));
   }
+  /* checked here, not left to the server, so LOCAL and REMOTE refuse the
+   * same bytes at the call with the same message */
+  if (m.dtype == DSP_BOOL && (rc = dsp_check_bool_bytes(dev->ctx, data, nbytes)) < 0)
+    return dispatch__ret(dev, rc);
   if (dev->kind == DISPATCH_KIND_LOCAL) {
     dsp_tensor *lt;
     rc = dsp_tensor_from_data(dev->ctx, &m, data, nbytes, &lt);

@@ -43,3 +43,7 @@ int dsp_set_grad_enabled(dsp_ctx *ctx, int enabled) {
 }
 
 int dsp_grad_enabled(const dsp_ctx *ctx) { return ctx->grad_enabled; }
+
+void dsp_ctx_set_max_elements(dsp_ctx *ctx, int64_t n) {
+  ctx->max_span = n > 0 ? n : 0;
+}

@@ -94,6 +94,12 @@ void dsp_clearerr(dsp_ctx *ctx);
 int dsp_set_grad_enabled(dsp_ctx *ctx, int enabled);
 int dsp_grad_enabled(const dsp_ctx *ctx);
 
+/* Every op result made through ctx (also the intermediates of a backward
+ * pass) whose span (dsp_meta_span) passes n fails with DISPATCH_ELIMIT.
+ * 0, the default, sets no limit beyond the span's own int64/size_t
+ * bound. dispatch-server sets its --max-elements here. */
+void dsp_ctx_set_max_elements(dsp_ctx *ctx, int64_t n);
+
 /* ------------------------------------------------------------------ */
 /* memory budgets                                                      */
 
@@ -148,9 +154,17 @@ typedef struct dsp_meta {
 /* a*b into *out; returns DISPATCH_EOVERFLOW instead of wrapping. */
 int dsp_mul_overflow(int64_t a, int64_t b, int64_t *out);
 /* Number of elements of a shape; checks 0 <= ndim <= 8, every size >= 0,
- * and that numel * dtype size fits in int64 and size_t. */
+ * and that the span (below) times the dtype size fits in int64 and size_t
+ * (DISPATCH_EOVERFLOW), so no stride or loop bound of the shape overflows
+ * even when numel is 0. */
 int dsp_meta_numel(dsp_ctx *ctx, const dsp_meta *m, int64_t *numel);
-/* Validates a meta (dtype, rank, sizes, byte size overflow). */
+/* The same checks; also gives the span, the product of every size with
+ * zero sizes counted as 1 (equal to numel for a non-empty shape). A limit
+ * on tensor size should bound the span: [2^40, 0] has no elements but
+ * 2^40 rows. numel and span may be NULL. */
+int dsp_meta_span(dsp_ctx *ctx, const dsp_meta *m, int64_t *numel,
+                  int64_t *span);
+/* Validates a meta (dtype, rank, sizes, span and byte size overflow). */
 int dsp_meta_check(dsp_ctx *ctx, const dsp_meta *m);
 /* Numpy broadcast of two shapes; DISPATCH_ESHAPE names both shapes. */
 int dsp_broadcast_shapes(dsp_ctx *ctx, const char *opname, const dsp_meta *a,
@@ -161,6 +175,10 @@ int dsp_norm_dim(dsp_ctx *ctx, const char *opname, int64_t dim, int ndim,
 /* Writes "[2, 3, 4]" into buf; returns buf. */
 char *dsp_shape_str(const dsp_meta *m, char *buf, size_t len);
 int dsp_meta_equal(const dsp_meta *a, const dsp_meta *b);
+/* Checks that every one of n bool bytes is 0 or 1; DISPATCH_EINVAL names
+ * the first other byte's offset and value. Every path that takes bool
+ * bytes from a caller or a client runs it. */
+int dsp_check_bool_bytes(dsp_ctx *ctx, const void *data, size_t n);
 
 /* ------------------------------------------------------------------ */
 /* tensors                                                             */
@@ -375,10 +393,11 @@ const dsp_op_info *dsp_op_lookup(int code);
 int dsp_op_infer(dsp_ctx *ctx, dsp_opcode op, const dsp_meta *in, int n_in,
                  const dsp_attrs *a, dsp_meta *out);
 
-/* Runs an op: infer, allocate the output, run the backend kernel, and, if
- * grad mode is on and any input is tracked, record the op on the tape so
- * the output is tracked. The caller owns *out. On failure *out is NULL
- * and nothing leaks. */
+/* Runs an op: infer, allocate the output, run the backend kernel (not for
+ * an empty output, which stays as allocated; index ops still check their
+ * index values), and, if grad mode is on and any input is tracked, record
+ * the op on the tape so the output is tracked. The caller owns *out. On
+ * failure *out is NULL and nothing leaks. */
 int dsp_op(dsp_ctx *ctx, dsp_opcode op, dsp_tensor *const *in, int n_in,
            const dsp_attrs *a, dsp_tensor **out);
 

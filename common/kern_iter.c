@@ -15,6 +15,14 @@ void dsp__iter_strided(dsp_iter *it, int nd, const int64_t *shape,
                        int64_t st[][DSP_MAX_DIMS], int n) {
   memset(it, 0, sizeof *it);
   it->n = n;
+  /* an empty iteration visits nothing: no rows, whatever the other dims
+   * are (dsp_op skips empty outputs; this keeps any other caller from
+   * walking the rows of a [2^40, 0] shape) */
+  for (int d = 0; d < nd; d++)
+    if (shape[d] == 0) {
+      it->nd = 1;
+      return; /* shape[0], inner and rows stay 0 */
+    }
   int m = 0;
   for (int d = 0; d < nd; d++) {
     if (shape[d] == 1) continue; /* visits one element: stride irrelevant */

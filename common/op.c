@@ -44,9 +44,17 @@ int dsp_op_infer(dsp_ctx *ctx, dsp_opcode op, const dsp_meta *in, int n_in,
   const dsp_op_info *info = dsp_op_lookup((int)op);
   if (!info) return dsp_seterr(ctx, DISPATCH_EUNSUPPORTED, "unknown op code %d", (int)op);
   if (info->n_inputs >= 0 ? n_in != info->n_inputs
-                          : (n_in < 1 || n_in > DSP_MAX_INPUTS))
-    return dsp_seterr(ctx, DISPATCH_EINVAL, "%s: takes %d inputs, got %d",
-                      info->name, info->n_inputs, n_in);
+                          : (n_in < 1 || n_in > DSP_MAX_INPUTS)) {
+    if (info->n_inputs < 0)
+      return dsp_seterr(ctx, DISPATCH_EINVAL, "%s: takes 1 to %d inputs, got %d",
+                        info->name, DSP_MAX_INPUTS, n_in);
+    if (info->n_inputs == 0)
+      return dsp_seterr(ctx, DISPATCH_EINVAL, "%s: takes no inputs, got %d",
+                        info->name, n_in);
+    return dsp_seterr(ctx, DISPATCH_EINVAL, "%s: takes %d input%s, got %d",
+                      info->name, info->n_inputs,
+                      info->n_inputs == 1 ? "" : "s", n_in);
+  }
   if (!a || a->n_ints < 0 || a->n_ints > DSP_MAX_ATTR_INTS ||
       a->n_floats < 0 || a->n_floats > DSP_MAX_ATTR_FLOATS)
     return dsp_seterr(ctx, DISPATCH_EINVAL, "%s: bad attribute counts",
@@ -87,6 +95,17 @@ int dsp_op(dsp_ctx *ctx, dsp_opcode op, dsp_tensor *const *in, int n_in,
   dsp_meta om;
   int rc = dsp_op_infer(ctx, op, metas, n_in, a, &om);
   if (rc < 0) return rc;
+  int64_t span;
+  if (ctx->max_span > 0 && dsp_meta_span(ctx, &om, NULL, &span) == 0 &&
+      span > ctx->max_span) {
+    char s[160];
+    return dsp_seterr(ctx, DISPATCH_ELIMIT,
+                      "%s: result %s spans %lld elements (zero sizes counted "
+                      "as 1), over the limit of %lld",
+                      dsp_op_lookup((int)op)->name,
+                      dsp_shape_str(&om, s, sizeof s), (long long)span,
+                      (long long)ctx->max_span);
+  }
   const dsp_backend *be = ctx->backend;
   if (be->supports_op && !be->supports_op(be->bctx, op, metas, n_in))
     return dsp_seterr(ctx, DISPATCH_EUNSUPPORTED, "%s: not supported by backend %s",
@@ -99,7 +118,15 @@ int dsp_op(dsp_ctx *ctx, dsp_opcode op, dsp_tensor *const *in, int n_in,
     rc = dsp_tensor_new(ctx, &om, &t);
     if (rc < 0) return rc;
   }
-  rc = be->run_op(be->bctx, ctx, op, in, n_in, a, t);
+  /* An empty result needs no kernel: the zeroed storage already is the
+   * answer, and a kernel could otherwise walk the other dims of a shape
+   * like [2^40, 0] doing nothing. A non-empty result of empty inputs (a
+   * sum over an empty dim, matmul with inner size 0) still runs its
+   * kernel, as do the index ops, whose index values are checked even when
+   * the result is empty. */
+  if (t->numel > 0 || op == DSP_OP_INDEX_SELECT ||
+      op == DSP_OP_INDEX_SELECT_BACKWARD)
+    rc = be->run_op(be->bctx, ctx, op, in, n_in, a, t);
   if (rc == 0 && tracked && ctx->grad_enabled &&
       dsp_op_lookup((int)op)->family != DSP_FAM_OPTIM)
     rc = dsp__autodiff_record(ctx, op, in, n_in, a, t);

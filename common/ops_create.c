@@ -12,6 +12,7 @@
  * is mean + std * dsp_rng_normal(seed, i). So a seed gives the same tensor
  * on every machine regardless of how it is computed. */
 #include <math.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "dsp_internal.h"
@@ -36,15 +37,18 @@ static int create_meta(dsp_ctx *ctx, dsp_opcode op, const dsp_attrs *a,
   memset(o, 0, sizeof *o);
   o->dtype = (dsp_dtype)a->ints[0];
   o->ndim = a->n_ints - shape_at;
-  int64_t n = 1;
   for (int d = 0; d < o->ndim; d++) {
     o->shape[d] = a->ints[shape_at + d];
     if (o->shape[d] < 0)
       return dsp_seterr(ctx, DISPATCH_ESHAPE, "%s: negative size %lld at dim %d",
                         name, (long long)o->shape[d], d);
-    if (dsp_mul_overflow(n, o->shape[d], &n))
-      return dsp_seterr(ctx, DISPATCH_EOVERFLOW, "%s: element count overflows",
-                        name);
+  }
+  /* the same span bound as every other meta, named after the op */
+  int rc = dsp_meta_check(ctx, o);
+  if (rc < 0) {
+    char why[400];
+    snprintf(why, sizeof why, "%s", dsp_ctx_errmsg(ctx));
+    return dsp_seterr(ctx, rc, "%s: %s", name, why);
   }
   return 0;
 }

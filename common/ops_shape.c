@@ -494,6 +494,7 @@ int dsp__cpu_shape(dsp_ctx *ctx, dsp_opcode op, dsp_tensor *const *in, int n_in,
         return rc;
       const int64_t S = x->meta.shape[dim], L = in[1]->numel;
       if ((rc = check_index_values(ctx, op, in[1], dim, S)) < 0) return rc;
+      if (out->numel == 0) return 0;
       const int64_t *ix = dsp_tensor_data(in[1]);
       const int64_t outer = prod(x->meta.shape, 0, dim);
       const size_t blk = (size_t)prod(x->meta.shape, dim + 1, x->meta.ndim) * es;
@@ -511,6 +512,7 @@ int dsp__cpu_shape(dsp_ctx *ctx, dsp_opcode op, dsp_tensor *const *in, int n_in,
       if ((rc = dsp_norm_dim(ctx, opname(op), a->ints[0], x->meta.ndim, &dim)) < 0)
         return rc;
       if ((rc = check_index_values(ctx, op, in[1], dim, a->ints[1])) < 0) return rc;
+      if (out->numel == 0) return 0;
       scatter_add(x, dsp_tensor_data(in[1]), dim, out);
       return 0;
     default:

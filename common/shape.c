@@ -28,6 +28,18 @@ int dsp_dtype_valid(int dt) { return dt >= 0 && dt < DSP_NDTYPES; }
 
 int dsp_dtype_is_float(dsp_dtype dt) { return dt == DSP_F32 || dt == DSP_F64; }
 
+/* A bool is stored as one byte that every kernel reads as 0 or 1; any
+ * other byte would make `where` and `eq` disagree, so it never gets in. */
+int dsp_check_bool_bytes(dsp_ctx *ctx, const void *data, size_t n) {
+  const uint8_t *p = data;
+  for (size_t i = 0; i < n; i++)
+    if (p[i] > 1)
+      return dsp_seterr(ctx, DISPATCH_EINVAL,
+                        "bool byte %zu is %u, must be 0 or 1", i,
+                        (unsigned)p[i]);
+  return 0;
+}
+
 int dsp_mul_overflow(int64_t a, int64_t b, int64_t *out) {
   if (__builtin_mul_overflow(a, b, out)) return DISPATCH_EOVERFLOW;
   return 0;
@@ -38,26 +50,50 @@ int dsp_meta_check(dsp_ctx *ctx, const dsp_meta *m) {
   return dsp_meta_numel(ctx, m, &n);
 }
 
-int dsp_meta_numel(dsp_ctx *ctx, const dsp_meta *m, int64_t *numel) {
+/* Checks dtype, rank and sizes, then bounds the span, the product of every
+ * size with zeros counted as 1. The span bounds every contiguous stride,
+ * every partial product of sizes a kernel computes, and every loop bound,
+ * also when the element count is 0: without it an empty [2^62, 0] would
+ * admit a 2^62-trip loop, and [0, 2^63-1, 2] a stride past int64. So the
+ * span times the element size must fit int64 and size_t. */
+int dsp_meta_span(dsp_ctx *ctx, const dsp_meta *m, int64_t *numel,
+                  int64_t *span) {
   if (!dsp_dtype_valid((int)m->dtype))
     return dsp_seterr(ctx, DISPATCH_EDTYPE, "invalid dtype %d", (int)m->dtype);
   if (m->ndim < 0 || m->ndim > DSP_MAX_DIMS)
     return dsp_seterr(ctx, DISPATCH_EDIM, "rank %d outside 0..%d", m->ndim,
                       DSP_MAX_DIMS);
-  int64_t n = 1;
+  int64_t n = 1, sp = 1;
   for (int i = 0; i < m->ndim; i++) {
     if (m->shape[i] < 0)
       return dsp_seterr(ctx, DISPATCH_ESHAPE, "negative size %lld at dim %d",
                         (long long)m->shape[i], i);
-    if (dsp_mul_overflow(n, m->shape[i], &n))
-      return dsp_seterr(ctx, DISPATCH_EOVERFLOW, "element count overflows");
+    if (m->shape[i] > 0 && dsp_mul_overflow(sp, m->shape[i], &sp)) {
+      char s[160];
+      return dsp_seterr(ctx, DISPATCH_EOVERFLOW,
+                        "shape %s: its span (the product of its sizes, zero "
+                        "sizes counted as 1) overflows int64",
+                        dsp_shape_str(m, s, sizeof s));
+    }
+    n *= m->shape[i]; /* cannot overflow: n <= sp, checked just above */
   }
   int64_t bytes;
-  if (dsp_mul_overflow(n, (int64_t)dsp_dtype_size(m->dtype), &bytes) ||
-      (uint64_t)bytes > (uint64_t)SIZE_MAX)
-    return dsp_seterr(ctx, DISPATCH_EOVERFLOW, "byte size overflows");
-  *numel = n;
+  if (dsp_mul_overflow(sp, (int64_t)dsp_dtype_size(m->dtype), &bytes) ||
+      (uint64_t)bytes > (uint64_t)SIZE_MAX) {
+    char s[160];
+    return dsp_seterr(ctx, DISPATCH_EOVERFLOW,
+                      "%s shape %s: its span of %lld elements (zero sizes "
+                      "counted as 1) overflows the byte range",
+                      dsp_dtype_name(m->dtype), dsp_shape_str(m, s, sizeof s),
+                      (long long)sp);
+  }
+  if (numel) *numel = n;
+  if (span) *span = sp;
   return 0;
+}
+
+int dsp_meta_numel(dsp_ctx *ctx, const dsp_meta *m, int64_t *numel) {
+  return dsp_meta_span(ctx, m, numel, NULL);
 }
 
 char *dsp_shape_str(const dsp_meta *m, char *buf, size_t len) {

@@ -113,6 +113,10 @@ int dsp_tensor_from_data(dsp_ctx *ctx, const dsp_meta *m, const void *data,
                       "tensor data: got %zu bytes, shape needs %zu", nbytes,
                       need);
   }
+  if (m->dtype == DSP_BOOL && (rc = dsp_check_bool_bytes(ctx, data, nbytes)) < 0) {
+    dsp_tensor_unref(t);
+    return rc;
+  }
   if (nbytes) {
     rc = ctx->backend->copy_in(ctx->backend->bctx, t->storage->data, data,
                                nbytes);

@@ -198,18 +198,12 @@ int sv_upload_prepare(const sv_config *cfg, dsp_ctx *io_ctx, sv_session *s,
   m.dtype = (dsp_dtype)u->meta->dtype;
   m.ndim = (int)u->meta->n_shape;
   for (int i = 0; i < m.ndim; i++) m.shape[i] = u->meta->shape[i];
-  char shape[160];
+  char shape[160], msg[512];
   dsp_shape_str(&m, shape, sizeof shape);
-  int rc = dsp_meta_numel(io_ctx, &m, &numel);
+  int rc = sv_check_meta(cfg, s->global, io_ctx, &m, "upload", &numel, msg,
+                         sizeof msg);
   if (rc < 0) {
-    pre_err(j, rc, "upload: %s", dsp_ctx_errmsg(io_ctx));
-    return 0;
-  }
-  if ((uint64_t)numel > cfg->max_elements) {
-    atomic_fetch_add(&s->global->limit_violations, 1);
-    pre_err(j, DISPATCH_ELIMIT,
-            "upload: shape %s has %lld elements, over the limit of %llu",
-            shape, (long long)numel, (unsigned long long)cfg->max_elements);
+    pre_err(j, rc, "%s", msg);
     return 0;
   }
   uint64_t nbytes = (uint64_t)numel * dsp_dtype_size(m.dtype);

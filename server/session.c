@@ -39,6 +39,8 @@ sv_session *sv_session_new(const sv_config *cfg, sv_global *g, void *owner) {
   }
   dsp_ctx_set_budget(s->ctx, s->budget);
   sv_pb_charge_init(&s->pb, s->queue);
+  /* also bounds what the session cannot name: backward intermediates */
+  dsp_ctx_set_max_elements(s->ctx, (int64_t)cfg->max_elements);
   sv_idmap_init(&s->tensors);
   sv_idmap_init(&s->grads);
   atomic_init(&s->bytes, 0);
@@ -148,21 +150,39 @@ static int check_free_id(sv_session *s, uint64_t id, char *why) {
   return 0;
 }
 
+int sv_check_meta(const sv_config *cfg, sv_global *g, dsp_ctx *ctx,
+                  const dsp_meta *m, const char *what, int64_t *numel,
+                  char *msg, size_t len) {
+  int64_t span;
+  int rc = dsp_meta_span(ctx, m, numel, &span);
+  if (rc < 0) {
+    snprintf(msg, len, "%s: %s", what, dsp_ctx_errmsg(ctx));
+    return rc;
+  }
+  if ((uint64_t)span <= cfg->max_elements) return 0;
+  atomic_fetch_add(&g->limit_violations, 1);
+  char shape[160];
+  dsp_shape_str(m, shape, sizeof shape);
+  if (*numel == span)
+    snprintf(msg, len, "%s: shape %s has %lld elements, over the limit of %llu",
+             what, shape, (long long)span,
+             (unsigned long long)cfg->max_elements);
+  else
+    snprintf(msg, len,
+             "%s: shape %s has %lld elements but spans %lld (the product of "
+             "its sizes, zero sizes counted as 1), over the limit of %llu",
+             what, shape, (long long)*numel, (long long)span,
+             (unsigned long long)cfg->max_elements);
+  return DISPATCH_ELIMIT;
+}
+
 /* Element limit for a tensor of meta m about to be made. The bytes are
  * judged where they are allocated (the session budget): the output, what
  * the kernel needs on the side and what autodiff saves alike. */
 static int check_new_meta(sv_session *s, const dsp_meta *m, char *why) {
   int64_t numel;
-  int rc = dsp_meta_numel(s->ctx, m, &numel);
-  if (rc < 0) return why_ctx(s, why, rc);
-  if ((uint64_t)numel > s->cfg->max_elements) {
-    atomic_fetch_add(&s->global->limit_violations, 1);
-    return why_set(why, DISPATCH_ELIMIT,
-                   "result has %lld elements, over the limit of %llu",
-                   (long long)numel,
-                   (unsigned long long)s->cfg->max_elements);
-  }
-  return 0;
+  return sv_check_meta(s->cfg, s->global, s->ctx, m, "result", &numel, why,
+                       WHY_LEN);
 }
 
 static int attrs_from(const char *name, size_t n_ints, const int64_t *ints,
@@ -193,6 +213,12 @@ static int do_upload(sv_session *s, sv_job *j, char *why) {
                    j->pre_msg ? j->pre_msg : dispatch_strerror(j->pre_err));
   int rc = check_free_id(s, u->id, why);
   if (rc < 0) return rc;
+  /* the bytes came straight from the socket: as dsp_tensor_from_data does
+   * for a local caller, refuse a bool byte other than 0 or 1 */
+  if (j->upload->meta.dtype == DSP_BOOL &&
+      (rc = dsp_check_bool_bytes(s->ctx, dsp_tensor_data(j->upload),
+                                 dsp_tensor_nbytes(j->upload))) < 0)
+    return why_set(why, rc, "upload: %s", dsp_ctx_errmsg(s->ctx));
   dsp_tensor *t = j->upload; /* charged to the session since it was read */
   j->upload = NULL;
   return insert(s, u->id, t, why);
@@ -261,6 +287,7 @@ static int do_backward(sv_session *s, sv_job *j, char *why) {
   if (rc < 0) return why_ctx(s, why, rc);
   dsp_grads *g;
   rc = dsp_backward(s->ctx, loss, b->retain, &g);
+  if (rc == DISPATCH_ELIMIT) atomic_fetch_add(&s->global->limit_violations, 1);
   if (rc < 0) {
     dsp_budget_uncharge(s->budget, ID_COST);
     return why_ctx(s, why, rc);

@@ -189,6 +189,16 @@ sv_session *sv_session_new(const sv_config *cfg, sv_global *g, void *owner);
  * from the teardown job), and takes the session's bytes out of the
  * server-wide counters. The struct itself stays for the loop to free. */
 void sv_session_teardown(sv_session *s);
+/* The one admission check for the shape of a tensor a session is about to
+ * hold (an upload's meta, an op's result, shapes taken from attributes):
+ * validates m (dsp_meta_span) and holds its span, not only its element
+ * count, to --max-elements, so an empty [2^40, 0] is refused like a full
+ * one. what prefixes the message ("upload", "result"). 0 with
+ * *numel set, or a negative code with the message in msg[0..len-1]; limit
+ * refusals are counted in g. */
+int sv_check_meta(const sv_config *cfg, sv_global *g, dsp_ctx *ctx,
+                  const dsp_meta *m, const char *what, int64_t *numel,
+                  char *msg, size_t len);
 /* Runs one request job on a worker; fills job->out for waiting requests. */
 void sv_session_exec(sv_session *s, sv_job *j);
 
