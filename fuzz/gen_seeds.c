@@ -1,8 +1,7 @@
 /* Writes the seed corpora under DIR (tests/fuzz_corpus by default):
  * DIR/stream/ whole client streams (hello first), DIR/frame/ single
  * frames, DIR/session/ recipes for the session target, DIR/oom/ the same
- * recipes behind two bytes naming the allocation that fails, DIR/pending/
- * seeds held back until the server handles them (see streams()). A file's
+ * recipes behind two bytes naming the allocation that fails. A file's
  * name ends in the outcome the regression suite expects (tests/test_fuzz_regress.c):
  * .ok, .any, .trunc, .EPROTO/.ETOOLARGE/.EVERSION (the stream is refused),
  * or .err-ENAME (runs, the first error reply carries DISPATCH_ENAME).
@@ -282,25 +281,22 @@ static void streams(void) {
   sync_(&b);
   save("stream", "zerodim_upload_read.any", &b);
 
-  /* pending/: seeds the regression suite cannot hold yet, because the
-   * server they were written against spins on the first (softmax walks
-   * 2^63-1 empty rows) and overflows a stride product in the second
-   * (UBSan aborts). Move them to stream/ (here and in the corpus) once
-   * issue 9's item 1 is fixed; until then fuzz/run.sh and
-   * test_fuzz_regress leave pending/ alone. */
+  /* softmax walked the 2^63-1 empty rows of the first forever, and the
+   * second overflowed a stride product (UBSan abort) before shapes had a
+   * bounded span (issue 9, item 1) */
   NEW();
   put_upload(&b, 1, DSP_F32, 2, ZH, NULL, 0, 0);
   in1[0] = 1;
   put_op(&b, DSP_OP_SOFTMAX, in1, 1, 2, &d1, 1, NULL, 0);
   sync_(&b);
-  save("pending/stream", "zerodim_softmax.any", &b);
+  save("stream", "zerodim_softmax.any", &b);
 
   NEW();
   put_upload(&b, 1, DSP_F32, 3, ZH3, NULL, 0, 0);
   in1[0] = 1;
   put_op(&b, DSP_OP_SUM, in1, 1, 2, NULL, 0, NULL, 0);
   sync_(&b);
-  save("pending/stream", "zerodim_sum_strides.any", &b);
+  save("stream", "zerodim_sum_strides.any", &b);
 
   NEW();
   {
@@ -519,6 +515,17 @@ static void recipes(void) {
       {"step_reads.any", {0xf2, 2, 0x0d, 0x0f, 0x2d}, 5},
       /* 3 retained passes into containers 2, 3, 4; 3 grads, each read */
       {"retained_backward.any", {0xf3, 2, 4, 3, 1, 0, 2, 1, 3, 0}, 10},
+      /* found by the session target before shapes had a bounded span:
+       * a stride product overflowed (UBSan abort in dsp__contig_strides) */
+      {"found_stride_overflow.any",
+       {0xe7, 0x00, 0x10, 0x00, 0x02, 0xdf, 0xff, 0xff, 0x04, 0xf0, 0x00,
+        0x2c, 0x00, 0x02, 0x41, 0x36, 0x00, 0x02, 0x41, 0x43, 0x40},
+       21},
+      /* ... and a worker that walked empty rows forever */
+      {"found_empty_rows_hang.any",
+       {0xf0, 0x02, 0x00, 0x0d, 0x37, 0x01, 0x07, 0x06, 0x01, 0x7a, 0x02,
+        0xf0, 0x15, 0x34, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00},
+       20},
   };
   for (size_t i = 0; i < sizeof r / sizeof r[0]; i++) {
     fz_buf b = {0};

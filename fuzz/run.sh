@@ -4,9 +4,7 @@
 # libFuzzer targets fuzz/fuzz_{frame,session,stream}.c and runs each for
 # FUZZ_SECONDS (default 60) from its seed corpus tests/fuzz_corpus/<target>/
 # (read only: new inputs go to build-fuzz/corpus/<target>/, crashes to
-# build-fuzz/artifacts/). One fuzzer at a time. tests/fuzz_corpus/pending/
-# holds seeds the server cannot run yet (fuzz/gen_seeds.c says why); it is
-# not used here nor by tests/test_fuzz_regress.c.
+# build-fuzz/artifacts/). One fuzzer at a time.
 #   fuzz/run.sh            build + run every target (frame session stream oom)
 #   fuzz/run.sh build      build only
 #   fuzz/run.sh gen        rewrite the seed corpora with fuzz/gen_seeds.c
@@ -25,7 +23,7 @@ CF="-std=c11 -D_GNU_SOURCE -g -O1 -Wall -Wextra -Werror -Wno-unused-parameter"
 if [ "$MODE" = gen ]; then
   clang $CF $SAN $INC fuzz/gen_seeds.c "$B/libdspserver.a" "$B/libdspcommon.a" \
     $LIBS -o "$B/gen_seeds"
-  for t in frame session stream oom pending/stream; do
+  for t in frame session stream oom; do
     rm -rf "tests/fuzz_corpus/$t"
     mkdir -p "tests/fuzz_corpus/$t"
   done
