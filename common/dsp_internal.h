@@ -23,6 +23,10 @@ struct dsp_ctx {
  * stops within a few milliseconds of work. 1: stop now (the kernel frees
  * its scratch and returns dsp__cancelled_err). */
 #define DSP_POLL_WORK ((int64_t)1 << 20)
+/* kernels step through flat loops in blocks of DSP_POLL_WORK elements and
+ * mask indexes with DSP_POLL_WORK - 1; normal's pairs need even blocks */
+_Static_assert(DSP_POLL_WORK >= 2 && (DSP_POLL_WORK & (DSP_POLL_WORK - 1)) == 0,
+               "DSP_POLL_WORK must be a power of two");
 static inline int dsp__poll(dsp_ctx *ctx, int64_t *acc, int64_t work) {
   *acc += work;
   if (*acc < DSP_POLL_WORK) return 0;
