@@ -73,9 +73,11 @@ static void col2im(int f64, const dsp_conv_geo *g, const void *col, void *x) {
 
 /* Row-major C = op(A) @ op(B) + beta*C; sizes are > 0 and fit an int.
  * One sample's product can be most of an op's work, so it runs in blocks
- * of C's rows (each block still a large gemm) with a look at the cancel
- * flag between blocks: 1 when cancelled (C partly written), else 0. */
-#define GEMM_BLOCK_WORK ((int64_t)1 << 29)
+ * of C's rows with a look at the cancel flag between blocks: 1 when
+ * cancelled (C partly written), else 0. Blocks are ~2^33 multiply-adds,
+ * as in matmul: each block repacks op(B), so smaller ones would cost
+ * speed on products that are big but realistic. */
+#define GEMM_BLOCK_WORK ((int64_t)1 << 33)
 static int gemm(dsp_ctx *ctx, int f64, int ta, int tb, int64_t m, int64_t n,
                 int64_t k, const void *a, int64_t lda, const void *b,
                 int64_t ldb, double beta, void *c, int64_t ldc) {

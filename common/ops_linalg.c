@@ -99,10 +99,12 @@ int dsp__infer_linalg(dsp_ctx *ctx, dsp_opcode op, const dsp_meta *in,
 }
 
 /* One product C[m,n] = A[m,k] @ B[k,n], in blocks of A's rows so that a
- * large product looks at the cancel flag every ~2^29 multiply-adds (a
- * block is still big enough for BLAS to run at full speed). 1 when ctx
- * was cancelled (C partly written), else 0. */
-#define MM_BLOCK_WORK ((int64_t)1 << 29)
+ * huge product looks at the cancel flag every ~2^33 multiply-adds. Each
+ * block makes BLAS pack all of B again, so blocks stay large: every
+ * product make bench runs (up to 2048^3 = 2^33) is still one call, and a
+ * block is a fraction of a second at BLAS speed. 1 when ctx was cancelled
+ * (C partly written), else 0. */
+#define MM_BLOCK_WORK ((int64_t)1 << 33)
 static int mm_gemm(dsp_ctx *ctx, dsp_dtype dt, int m, int n, int k,
                    const char *a, const char *b, char *c) {
   size_t es = dsp_dtype_size(dt);
