@@ -348,8 +348,14 @@ Test(cancel, disconnect_cancels_running_op) {
            "cancelled: max_pool2d: cancelled before it finished",
            (unsigned long long)rid);
   cr_assert(wait_log(line), "no cancel logged");
+  /* A's teardown follows its cancelled op on the worker; B's stats may be
+   * answered on the loop thread first, so this waits (bounded) for it */
   Dispatch__StatsReply st;
-  cr_assert_eq(wire_get_stats(&b, &st), 0);
+  for (int i = 0; i < WAIT_S * 20; i++) {
+    cr_assert_eq(wire_get_stats(&b, &st), 0);
+    if (st.server_tensors == 1) break;
+    usleep(50000);
+  }
   cr_assert_eq(st.server_tensors, 1, "A's tensors outlived its session");
   wire_close(&b);
 }
