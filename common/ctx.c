@@ -9,6 +9,7 @@ dsp_ctx *dsp_ctx_new(void) {
   if (!ctx) return NULL;
   ctx->backend = dsp_cpu_backend();
   ctx->grad_enabled = 1;
+  atomic_init(&ctx->cancel, 0);
   return ctx;
 }
 
@@ -46,4 +47,24 @@ int dsp_grad_enabled(const dsp_ctx *ctx) { return ctx->grad_enabled; }
 
 void dsp_ctx_set_max_elements(dsp_ctx *ctx, int64_t n) {
   ctx->max_span = n > 0 ? n : 0;
+}
+
+/* The flag is only ever raised: a ctx whose work was cancelled belongs to a
+ * session that is going away, so no op on it should start again. */
+void dsp_ctx_cancel(dsp_ctx *ctx) {
+  if (ctx) atomic_store_explicit(&ctx->cancel, 1, memory_order_relaxed);
+}
+
+int dsp_ctx_cancelled(const dsp_ctx *ctx) {
+  return ctx && atomic_load_explicit(&ctx->cancel, memory_order_relaxed);
+}
+
+int dsp__cancelled_err(dsp_ctx *ctx, dsp_opcode op) {
+  const dsp_op_info *info = dsp_op_lookup((int)op);
+  return dsp_seterr(ctx, DISPATCH_ECANCELED, "%s: cancelled before it finished",
+                    info ? info->name : "op");
+}
+
+void dsp_ctx_set_max_op_cost(dsp_ctx *ctx, uint64_t max_cost) {
+  ctx->max_op_cost = max_cost;
 }

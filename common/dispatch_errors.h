@@ -38,7 +38,8 @@
   X(EIO, -27, "I/O error")                                                   \
   X(EINTERNAL, -28, "internal error")                                        \
   X(ENOTREMOTE, -29, "operation needs a remote tensor")                      \
-  X(EKIND, -30, "wrong dispatch kind for this operation")
+  X(EKIND, -30, "wrong dispatch kind for this operation")                   \
+  X(ECANCELED, -31, "cancelled: the session closed or the server is stopping")
 
 typedef enum dispatch_errno {
 #define DISPATCH_ERRNO_ENUM_(name, code, msg) DISPATCH_##name = (code),

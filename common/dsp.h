@@ -141,6 +141,18 @@ dsp_budget *dsp_ctx_budget(const dsp_ctx *ctx);
 /* What one heap object of n bytes is charged: n plus the allocator's own
  * bookkeeping, so many small objects cannot hide under the limit. */
 #define DSP_BUDGET_COST(n) ((uint64_t)(n) + 32u)
+/* Cancellation: dsp_ctx_cancel may be called from any thread while another
+ * thread runs ops on ctx. The running op stops at its next block boundary
+ * and every later dsp_op on ctx fails at once, with DISPATCH_ECANCELED and
+ * nothing leaked. The flag is never cleared (a cancelled ctx is on its way
+ * out: dispatch-server cancels a session's ctx when its client goes away or
+ * the server stops). */
+void dsp_ctx_cancel(dsp_ctx *ctx);
+int dsp_ctx_cancelled(const dsp_ctx *ctx);
+/* Every dsp_op on ctx whose dsp_op_cost is over max_cost fails with
+ * DISPATCH_ELIMIT before anything is allocated, the backward helper ops
+ * of dsp_backward included; 0 (the default) admits any cost. */
+void dsp_ctx_set_max_op_cost(dsp_ctx *ctx, uint64_t max_cost);
 
 /* ------------------------------------------------------------------ */
 /* shapes                                                              */
@@ -392,6 +404,17 @@ const dsp_op_info *dsp_op_lookup(int code);
  * and by dsp_op. Errors name the op and the offending values. */
 int dsp_op_infer(dsp_ctx *ctx, dsp_opcode op, const dsp_meta *in, int n_in,
                  const dsp_attrs *a, dsp_meta *out);
+
+/* Estimated work of an op whose inputs and output meta dsp_op_infer has
+ * just accepted, in elementary operations (one load-combine-store of an
+ * element, one multiply-add of a product): elementwise and shape ops count
+ * their output elements, reductions and softmax their input elements,
+ * matmul batch*m*n*k, conv2d (and both backward ops) output elements *
+ * C*kh*kw, pooling output elements * kh*kw; every op also counts the
+ * output it writes. Saturates at UINT64_MAX instead of wrapping. Cheap: no
+ * allocation, no ctx. */
+uint64_t dsp_op_cost(dsp_opcode op, const dsp_meta *in, int n_in,
+                     const dsp_attrs *a, const dsp_meta *out);
 
 /* Runs an op: infer, allocate the output, run the backend kernel (not for
  * an empty output, which stays as allocated; index ops still check their

@@ -3,6 +3,8 @@
 #ifndef DSP_INTERNAL_H
 #define DSP_INTERNAL_H
 
+#include <stdatomic.h>
+
 #include "dsp.h"
 
 struct dsp_ctx {
@@ -11,6 +13,9 @@ struct dsp_ctx {
   int grad_enabled;
   int64_t max_span; /* dsp_ctx_set_max_elements; 0: no limit */
   char err[512];
+  /* set from any thread by dsp_ctx_cancel; kernels poll it between blocks */
+  atomic_int cancel;
+  uint64_t max_op_cost; /* 0: no limit (dsp_ctx_set_max_op_cost) */
 };
 
 /* Kernel scratch of n bytes charged to ctx's budget: 0, or
@@ -18,6 +23,25 @@ struct dsp_ctx {
  * Free with the same n on the same ctx. */
 int dsp__scratch_alloc(dsp_ctx *ctx, size_t n, const char *what, void **out);
 void dsp__scratch_free(dsp_ctx *ctx, void *p, size_t n);
+/* Cancellation polling for kernels. A kernel adds the elementary
+ * operations of each block it finished to *acc; about every
+ * DSP_POLL_WORK of them the ctx's cancel flag is read (one relaxed atomic
+ * load), so the check costs nothing next to the work and a cancelled op
+ * stops within a few milliseconds of work. 1: stop now (the kernel frees
+ * its scratch and returns dsp__cancelled_err). */
+#define DSP_POLL_WORK ((int64_t)1 << 20)
+/* kernels step through flat loops in blocks of DSP_POLL_WORK elements and
+ * mask indexes with DSP_POLL_WORK - 1; normal's pairs need even blocks */
+_Static_assert(DSP_POLL_WORK >= 2 && (DSP_POLL_WORK & (DSP_POLL_WORK - 1)) == 0,
+               "DSP_POLL_WORK must be a power of two");
+static inline int dsp__poll(dsp_ctx *ctx, int64_t *acc, int64_t work) {
+  *acc += work;
+  if (*acc < DSP_POLL_WORK) return 0;
+  *acc = 0;
+  return atomic_load_explicit(&ctx->cancel, memory_order_relaxed) != 0;
+}
+/* Sets DISPATCH_ECANCELED with a message naming the op; returns the code. */
+int dsp__cancelled_err(dsp_ctx *ctx, dsp_opcode op);
 
 /* Called by dsp_op after a successful kernel when grad mode is on and at
  * least one input is tracked: records the op so `out` becomes tracked.

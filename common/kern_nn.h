@@ -21,7 +21,8 @@ typedef struct dsp_pool_geo {
 /* Runs conv2d (a = x, b = w), conv2d_backward_input (a = grad, b = w) or
  * conv2d_backward_weight (a = grad, b = x) into the zeroed output `out`
  * (f64 when f64 is set, else f32). Returns 0, or DISPATCH_ENOMEM with
- * nothing leaked when the im2col buffer cannot be allocated. */
+ * nothing leaked when the im2col buffer cannot be allocated, or
+ * DISPATCH_ECANCELED (output partly written) when ctx was cancelled. */
 int dsp__kern_conv2d(dsp_ctx *ctx, dsp_opcode op, const dsp_conv_geo *g,
                      int f64, const void *a, const void *b, void *out);
 

@@ -82,18 +82,37 @@ static void col2im(int f64, const dsp_conv_geo *g, const void *col, void *x,
     col2im_f32(g, col, x, p0, np);
 }
 
-/* Row-major C = op(A) @ op(B) + beta*C; sizes are > 0 and fit an int. */
-static void gemm(int f64, int ta, int tb, int64_t m, int64_t n, int64_t k,
-                 const void *a, int64_t lda, const void *b, int64_t ldb,
-                 double beta, void *c, int64_t ldc) {
+/* Row-major C = op(A) @ op(B) + beta*C; sizes are > 0 and fit an int.
+ * One sample's product can be most of an op's work, so it runs in blocks
+ * of C's rows with a look at the cancel flag between blocks: 1 when
+ * cancelled (C partly written), else 0. Blocks are ~2^33 multiply-adds,
+ * as in matmul: each block repacks op(B), so smaller ones would cost
+ * speed on products that are big but realistic. */
+#define GEMM_BLOCK_WORK ((int64_t)1 << 33)
+static int gemm(dsp_ctx *ctx, int f64, int ta, int tb, int64_t m, int64_t n,
+                int64_t k, const void *a, int64_t lda, const void *b,
+                int64_t ldb, double beta, void *c, int64_t ldc) {
   enum CBLAS_TRANSPOSE TA = ta ? CblasTrans : CblasNoTrans;
   enum CBLAS_TRANSPOSE TB = tb ? CblasTrans : CblasNoTrans;
-  if (f64)
-    cblas_dgemm(CblasRowMajor, TA, TB, (int)m, (int)n, (int)k, 1.0, a,
-                (int)lda, b, (int)ldb, beta, c, (int)ldc);
-  else
-    cblas_sgemm(CblasRowMajor, TA, TB, (int)m, (int)n, (int)k, 1.0f, a,
-                (int)lda, b, (int)ldb, (float)beta, c, (int)ldc);
+  size_t es = f64 ? sizeof(double) : sizeof(float);
+  int64_t bm = GEMM_BLOCK_WORK / (n * k);
+  if (bm < 1) bm = 1;
+  for (int64_t r = 0; r < m; r += bm) {
+    if (dsp_ctx_cancelled(ctx)) return 1;
+    int64_t mb = m - r < bm ? m - r : bm;
+    /* rows r.. of op(A): rows of A, or columns of a transposed A */
+    const char *ar = (const char *)a + (size_t)(ta ? r : r * lda) * es;
+    char *cr = (char *)c + (size_t)(r * ldc) * es;
+    if (f64)
+      cblas_dgemm(CblasRowMajor, TA, TB, (int)mb, (int)n, (int)k, 1.0,
+                  (const double *)ar, (int)lda, b, (int)ldb, beta,
+                  (double *)cr, (int)ldc);
+    else
+      cblas_sgemm(CblasRowMajor, TA, TB, (int)mb, (int)n, (int)k, 1.0f,
+                  (const float *)ar, (int)lda, b, (int)ldb, (float)beta,
+                  (float *)cr, (int)ldc);
+  }
+  return 0;
 }
 
 /* The col block holds at most this many bytes (or one column, when a
@@ -126,31 +145,32 @@ int dsp__kern_conv2d(dsp_ctx *ctx, dsp_opcode op, const dsp_conv_geo *g,
   }
   size_t xstride = (size_t)(g->C * g->H * g->W) * es;
   size_t ystride = (size_t)(g->O * ohw) * es;
-  for (int64_t n = 0; n < g->N; n++) {
-    for (int64_t p0 = 0; p0 < ohw; p0 += blk) {
+  int stop = 0;
+  for (int64_t n = 0; n < g->N && !stop; n++) {
+    for (int64_t p0 = 0; p0 < ohw && !stop; p0 += blk) {
       int64_t np = ohw - p0 < blk ? ohw - p0 : blk;
       size_t po = (size_t)p0 * es; /* column offset in a [rows, ohw] matrix */
       if (op == DSP_OP_CONV2D) {
         const char *xn = (const char *)a + (size_t)n * xstride;
         if (!direct) im2col(f64, g, xn, col, p0, np);
-        gemm(f64, 0, 0, g->O, np, ck, b, ck, direct ? xn + po : col,
-             direct ? ohw : np, 0.0, (char *)out + (size_t)n * ystride + po,
-             ohw);
+        stop = gemm(ctx, f64, 0, 0, g->O, np, ck, b, ck,
+                    direct ? xn + po : col, direct ? ohw : np, 0.0,
+                    (char *)out + (size_t)n * ystride + po, ohw);
       } else if (op == DSP_OP_CONV2D_BACKWARD_INPUT) {
         const char *gn = (const char *)a + (size_t)n * ystride;
         char *xn = (char *)out + (size_t)n * xstride;
-        gemm(f64, 1, 0, ck, np, g->O, b, ck, gn + po, ohw, 0.0,
-             direct ? xn + po : col, direct ? ohw : np);
-        if (!direct) col2im(f64, g, col, xn, p0, np);
+        stop = gemm(ctx, f64, 1, 0, ck, np, g->O, b, ck, gn + po, ohw, 0.0,
+                    direct ? xn + po : col, direct ? ohw : np);
+        if (!direct && !stop) col2im(f64, g, col, xn, p0, np);
       } else {
         const char *gn = (const char *)a + (size_t)n * ystride;
         const char *xn = (const char *)b + (size_t)n * xstride;
         if (!direct) im2col(f64, g, xn, col, p0, np);
-        gemm(f64, 0, 1, g->O, ck, np, gn + po, ohw, direct ? xn + po : col,
-             direct ? ohw : np, 1.0, out, ck);
+        stop = gemm(ctx, f64, 0, 1, g->O, ck, np, gn + po, ohw,
+                    direct ? xn + po : col, direct ? ohw : np, 1.0, out, ck);
       }
     }
   }
   dsp__scratch_free(ctx, col, col_bytes);
-  return 0;
+  return stop ? dsp__cancelled_err(ctx, op) : 0;
 }

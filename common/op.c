@@ -106,6 +106,18 @@ int dsp_op(dsp_ctx *ctx, dsp_opcode op, dsp_tensor *const *in, int n_in,
                       dsp_shape_str(&om, s, sizeof s), (long long)span,
                       (long long)ctx->max_span);
   }
+  /* both checks come before the output is allocated: a refused or
+   * cancelled op costs nothing */
+  if (ctx->max_op_cost) {
+    uint64_t cost = dsp_op_cost(op, metas, n_in, a, &om);
+    if (cost > ctx->max_op_cost)
+      return dsp_seterr(ctx, DISPATCH_ELIMIT,
+                        "%s: estimated %llu elementary operations, over the "
+                        "per-op limit of %llu (dispatch-server --max-op-cost)",
+                        dsp_op_lookup((int)op)->name, (unsigned long long)cost,
+                        (unsigned long long)ctx->max_op_cost);
+  }
+  if (dsp_ctx_cancelled(ctx)) return dsp__cancelled_err(ctx, op);
   const dsp_backend *be = ctx->backend;
   if (be->supports_op && !be->supports_op(be->bctx, op, metas, n_in))
     return dsp_seterr(ctx, DISPATCH_EUNSUPPORTED, "%s: not supported by backend %s",

@@ -157,7 +157,8 @@ enum { BC_SAME, BC_ASCALAR, BC_BSCALAR, BC_GENERAL };
       int64_t idx_[DSP_MAX_DIMS] = {0}, off_[3] = {0, 0, 0};                 \
       const int64_t in_ = it.inner, sa_ = it.st[0][it.nd - 1],               \
                     sb_ = it.st[1][it.nd - 1];                               \
-      for (int64_t r = 0; r < it.rows; r++) {                                \
+      int64_t pw_ = 0;                                                       \
+      for (int64_t r = 0; r < it.rows && !stop; r++) {                       \
         const TA *a_ = A_ + off_[0], *b_ = B_ + off_[1];                     \
         TO *o_ = O_ + r * in_;                                               \
         if (sa_ == 1 && sb_ == 1) {                                          \
@@ -184,6 +185,7 @@ enum { BC_SAME, BC_ASCALAR, BC_BSCALAR, BC_GENERAL };
           }                                                                  \
         }                                                                    \
         dsp__iter_step(&it, idx_, off_);                                     \
+        stop = dsp__poll(ctx, &pw_, in_);                                    \
       }                                                                      \
     }                                                                        \
   } while (0)
@@ -226,7 +228,36 @@ enum { BC_SAME, BC_ASCALAR, BC_BSCALAR, BC_GENERAL };
 #define F_MUL(x, y) ((x) * (y))
 #define F_DIV(x, y) ((x) / (y))
 
-/* Binary op or comparison over broadcast inputs into out. */
+/* One block of a binary op: n elements in a flat mode, or the whole
+ * output in BC_GENERAL (which polls the cancel flag between rows itself).
+ * Returns 1 when cancelled. */
+static int bin_block(dsp_ctx *ctx, dsp_opcode op, dsp_dtype dt, int mode,
+                     dsp_iter it, const void *pa, const void *pb, void *po,
+                     int64_t n) {
+  int stop = 0;
+  if (is_cmp(op)) {
+    switch (dt) {
+      case DSP_F32: CMP_CASES(float) break;
+      case DSP_F64: CMP_CASES(double) break;
+      case DSP_I64: CMP_CASES(int64_t) break;
+      case DSP_BOOL: CMP_CASES(uint8_t) break;
+      default: break;
+    }
+    return stop;
+  }
+  switch (dt) {
+    case DSP_F32: ARITH_CASES(float, F_ADD, F_SUB, F_MUL, F_DIV, F_MAX, F_MIN) break;
+    case DSP_F64: ARITH_CASES(double, F_ADD, F_SUB, F_MUL, F_DIV, F_MAX, F_MIN) break;
+    case DSP_I64:
+      ARITH_CASES(int64_t, I64_ADD, I64_SUB, I64_MUL, I64_DIV, I_MAX, I_MIN) break;
+    default: break;
+  }
+  return stop;
+}
+
+/* Binary op or comparison over broadcast inputs into out. The flat modes
+ * run in blocks of DSP_POLL_WORK elements with a look at the cancel flag
+ * before each. */
 static int run_binary(dsp_ctx *ctx, dsp_opcode op, const dsp_tensor *ta,
                       const dsp_tensor *tb, dsp_tensor *out) {
   const int64_t n = out->numel;
@@ -254,24 +285,21 @@ static int run_binary(dsp_ctx *ctx, dsp_opcode op, const dsp_tensor *ta,
                           "div: integer division by zero (divisor element %lld)",
                           (long long)i);
   }
-  if (is_cmp(op)) {
-    switch (dt) {
-      case DSP_F32: CMP_CASES(float) break;
-      case DSP_F64: CMP_CASES(double) break;
-      case DSP_I64: CMP_CASES(int64_t) break;
-      case DSP_BOOL: CMP_CASES(uint8_t) break;
-      default: break;
-    }
-    return 0;
-  }
-  switch (dt) {
-    case DSP_F32: ARITH_CASES(float, F_ADD, F_SUB, F_MUL, F_DIV, F_MAX, F_MIN) break;
-    case DSP_F64: ARITH_CASES(double, F_ADD, F_SUB, F_MUL, F_DIV, F_MAX, F_MIN) break;
-    case DSP_I64:
-      ARITH_CASES(int64_t, I64_ADD, I64_SUB, I64_MUL, I64_DIV, I_MAX, I_MIN) break;
-    default:
-      return dsp_seterr(ctx, DISPATCH_EDTYPE, "%s: dtype %s not supported",
-                        opname(op), dsp_dtype_name(dt));
+  if (dt != DSP_F32 && dt != DSP_F64 && dt != DSP_I64 &&
+      !(dt == DSP_BOOL && is_cmp(op)))
+    return dsp_seterr(ctx, DISPATCH_EDTYPE, "%s: dtype %s not supported",
+                      opname(op), dsp_dtype_name(dt));
+  if (mode == BC_GENERAL)
+    return bin_block(ctx, op, dt, mode, it, pa, pb, po, n)
+               ? dsp__cancelled_err(ctx, op)
+               : 0;
+  const size_t ei = dsp_dtype_size(dt), eo = dsp_dtype_size(out->meta.dtype);
+  for (int64_t i0 = 0; i0 < n; i0 += DSP_POLL_WORK) {
+    if (dsp_ctx_cancelled(ctx)) return dsp__cancelled_err(ctx, op);
+    int64_t nb = n - i0 < DSP_POLL_WORK ? n - i0 : DSP_POLL_WORK;
+    const char *a0 = (const char *)pa + (mode == BC_ASCALAR ? 0 : i0 * ei);
+    const char *b0 = (const char *)pb + (mode == BC_BSCALAR ? 0 : i0 * ei);
+    bin_block(ctx, op, dt, mode, it, a0, b0, (char *)po + i0 * eo, nb);
   }
   return 0;
 }
@@ -284,13 +312,17 @@ static int run_where(dsp_ctx *ctx, dsp_tensor *const *in, dsp_tensor *out) {
   const char *pa = dsp_tensor_data(in[1]), *pb = dsp_tensor_data(in[2]);
   char *po = dsp_tensor_data(out);
   const size_t es = dsp_dtype_size(out->meta.dtype);
-  (void)ctx;
+  int stop = 0;
 #define WHERE_T(T)                                                           \
   do {                                                                       \
     const T *a_ = (const T *)pa, *b_ = (const T *)pb;                        \
     T *o_ = (T *)po;                                                         \
     if (in[0]->numel == n && in[1]->numel == n && in[2]->numel == n) {       \
-      for (int64_t i = 0; i < n; i++) o_[i] = m[i] ? a_[i] : b_[i];          \
+      for (int64_t i0 = 0; i0 < n && !stop; i0 += DSP_POLL_WORK) {           \
+        int64_t i1 = n - i0 < DSP_POLL_WORK ? n : i0 + DSP_POLL_WORK;        \
+        for (int64_t i = i0; i < i1; i++) o_[i] = m[i] ? a_[i] : b_[i];      \
+        stop = dsp_ctx_cancelled(ctx);                                       \
+      }                                                                      \
     } else {                                                                 \
       const dsp_meta *ms[3] = {&in[0]->meta, &in[1]->meta, &in[2]->meta};    \
       dsp_iter it;                                                           \
@@ -298,13 +330,15 @@ static int run_where(dsp_ctx *ctx, dsp_tensor *const *in, dsp_tensor *out) {
       int64_t idx[DSP_MAX_DIMS] = {0}, off[3] = {0, 0, 0};                   \
       const int64_t sm = it.st[0][it.nd - 1], sa = it.st[1][it.nd - 1],      \
                     sb = it.st[2][it.nd - 1];                                \
-      for (int64_t r = 0; r < it.rows; r++) {                                \
+      int64_t pw = 0;                                                        \
+      for (int64_t r = 0; r < it.rows && !stop; r++) {                       \
         const uint8_t *mr = m + off[0];                                      \
         const T *ar = a_ + off[1], *br = b_ + off[2];                        \
         T *orow = o_ + r * it.inner;                                         \
         for (int64_t j = 0; j < it.inner; j++)                               \
           orow[j] = mr[j * sm] ? ar[j * sa] : br[j * sb];                    \
         dsp__iter_step(&it, idx, off);                                       \
+        stop = dsp__poll(ctx, &pw, it.inner);                                \
       }                                                                      \
     }                                                                        \
   } while (0)
@@ -314,7 +348,7 @@ static int run_where(dsp_ctx *ctx, dsp_tensor *const *in, dsp_tensor *out) {
     default: WHERE_T(uint64_t); break;
   }
 #undef WHERE_T
-  return 0;
+  return stop ? dsp__cancelled_err(ctx, DSP_OP_WHERE) : 0;
 }
 
 /* ------------------------------------------------------------------ */
@@ -358,12 +392,11 @@ static inline double gelu_grad_(double x) {
 #define SIGN_I(x) ((int64_t)((x) > 0) - (int64_t)((x) < 0))
 #define RELU_F(x) ((x) < 0 ? 0 : (x))
 
-static int run_scalar(dsp_opcode op, const dsp_tensor *t, double s,
-                      dsp_tensor *out) {
-  const int64_t n = out->numel;
-  const void *px = dsp_tensor_data(t);
-  void *po = dsp_tensor_data(out);
-  switch (t->meta.dtype) {
+/* n elements of a scalar form, unary op or activation backward; one block
+ * of the chunked loop in dsp__cpu_ew. */
+static int run_scalar(dsp_opcode op, dsp_dtype dt, const void *px, double s,
+                      void *po, int64_t n) {
+  switch (dt) {
     case DSP_F32: {
       const float c = (float)s;
       switch (op) {
@@ -412,11 +445,9 @@ static int run_scalar(dsp_opcode op, const dsp_tensor *t, double s,
   return 0;
 }
 
-static int run_unary(dsp_opcode op, const dsp_tensor *t, dsp_tensor *out) {
-  const int64_t n = out->numel;
-  const void *px = dsp_tensor_data(t);
-  void *po = dsp_tensor_data(out);
-  switch (t->meta.dtype) {
+static int run_unary(dsp_opcode op, dsp_dtype dt, const void *px, void *po,
+                     int64_t n) {
+  switch (dt) {
     case DSP_F32:
       switch (op) {
         case DSP_OP_NEG: UN_LOOP(float, float, -x); break;
@@ -462,11 +493,8 @@ static int run_unary(dsp_opcode op, const dsp_tensor *t, dsp_tensor *out) {
 }
 
 /* (grad, x) -> grad * f'(x); shapes are equal (checked by infer). */
-static int run_act_backward(dsp_opcode op, const dsp_tensor *g,
-                            const dsp_tensor *x, dsp_tensor *out) {
-  const int64_t n = out->numel;
-  const void *pg = dsp_tensor_data(g), *px = dsp_tensor_data(x);
-  void *po = dsp_tensor_data(out);
+static int run_act_backward(dsp_opcode op, dsp_dtype dt, const void *pg,
+                            const void *px, void *po, int64_t n) {
 #define ACT_BW(T, EXPR)                                                      \
   do {                                                                       \
     const T *restrict G_ = pg, *restrict X_ = px;                            \
@@ -477,7 +505,7 @@ static int run_act_backward(dsp_opcode op, const dsp_tensor *g,
     }                                                                        \
   } while (0)
   int relu = op == DSP_OP_RELU_BACKWARD;
-  switch (g->meta.dtype) {
+  switch (dt) {
     case DSP_F32:
       if (relu) ACT_BW(float, x > 0 ? gv : 0.0f);
       else ACT_BW(float, gv * gelu_gradf_(x));
@@ -497,11 +525,26 @@ static int run_act_backward(dsp_opcode op, const dsp_tensor *g,
 
 int dsp__cpu_ew(dsp_ctx *ctx, dsp_opcode op, dsp_tensor *const *in, int n_in,
                 const dsp_attrs *a, dsp_tensor *out) {
-  (void)n_in;
   if (is_arith(op) || is_cmp(op)) return run_binary(ctx, op, in[0], in[1], out);
   if (op == DSP_OP_WHERE) return run_where(ctx, in, out);
-  if (is_scalar(op)) return run_scalar(op, in[0], a->floats[0], out);
-  if (op == DSP_OP_RELU_BACKWARD || op == DSP_OP_GELU_BACKWARD)
-    return run_act_backward(op, in[0], in[1], out);
-  return run_unary(op, in[0], out);
+  /* the rest map element i to element i: blocks of DSP_POLL_WORK
+   * elements with a look at the cancel flag before each */
+  const dsp_dtype dt = in[0]->meta.dtype;
+  const size_t es = dsp_dtype_size(dt);
+  const char *p0 = dsp_tensor_data(in[0]);
+  const char *p1 = n_in > 1 ? dsp_tensor_data(in[1]) : NULL;
+  char *po = dsp_tensor_data(out);
+  const int64_t n = out->numel;
+  for (int64_t i0 = 0; i0 < n; i0 += DSP_POLL_WORK) {
+    if (dsp_ctx_cancelled(ctx)) return dsp__cancelled_err(ctx, op);
+    int64_t nb = n - i0 < DSP_POLL_WORK ? n - i0 : DSP_POLL_WORK;
+    size_t off = (size_t)i0 * es;
+    if (is_scalar(op))
+      run_scalar(op, dt, p0 + off, a->floats[0], po + off, nb);
+    else if (op == DSP_OP_RELU_BACKWARD || op == DSP_OP_GELU_BACKWARD)
+      run_act_backward(op, dt, p0 + off, p1 + off, po + off, nb);
+    else
+      run_unary(op, dt, p0 + off, po + off, nb);
+  }
+  return 0;
 }

@@ -98,15 +98,33 @@ int dsp__infer_linalg(dsp_ctx *ctx, dsp_opcode op, const dsp_meta *in,
   return mm_plan(ctx, &in[0], &in[1], &va, &vb, &bshape, out);
 }
 
-static void mm_gemm(dsp_dtype dt, int m, int n, int k, const char *a,
-                    const char *b, char *c) {
-  if (dt == DSP_F32)
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, n, k, 1.0f,
-                (const float *)a, k, (const float *)b, n, 0.0f, (float *)c, n);
-  else
-    cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, n, k, 1.0,
-                (const double *)a, k, (const double *)b, n, 0.0, (double *)c,
-                n);
+/* One product C[m,n] = A[m,k] @ B[k,n], in blocks of A's rows so that a
+ * huge product looks at the cancel flag every ~2^33 multiply-adds. Each
+ * block makes BLAS pack all of B again, so blocks stay large: every
+ * product make bench runs (up to 2048^3 = 2^33) is still one call, and a
+ * block is a fraction of a second at BLAS speed. 1 when ctx was cancelled
+ * (C partly written), else 0. */
+#define MM_BLOCK_WORK ((int64_t)1 << 33)
+static int mm_gemm(dsp_ctx *ctx, dsp_dtype dt, int m, int n, int k,
+                   const char *a, const char *b, char *c) {
+  size_t es = dsp_dtype_size(dt);
+  int64_t bm = MM_BLOCK_WORK / ((int64_t)n * k);
+  if (bm < 1) bm = 1;
+  for (int64_t r = 0; r < m; r += bm) {
+    if (dsp_ctx_cancelled(ctx)) return 1;
+    int mb = (int)(m - r < bm ? m - r : bm);
+    const char *ar = a + (size_t)(r * k) * es;
+    char *cr = c + (size_t)(r * n) * es;
+    if (dt == DSP_F32)
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, mb, n, k, 1.0f,
+                  (const float *)ar, k, (const float *)b, n, 0.0f,
+                  (float *)cr, n);
+    else
+      cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, mb, n, k, 1.0,
+                  (const double *)ar, k, (const double *)b, n, 0.0,
+                  (double *)cr, n);
+  }
+  return 0;
 }
 
 /* Runs the product: results only depend on the operands (each output
@@ -137,7 +155,8 @@ int dsp__cpu_linalg(dsp_ctx *ctx, dsp_opcode op, dsp_tensor *const *in,
    * size-1 dims only add leading 1s), a's entries are contiguous, so the
    * batch folds into M and the whole product is one gemm */
   if (!b_batched && nbat * M <= INT_MAX) {
-    mm_gemm(dt, (int)(nbat * M), (int)N, (int)K, pa, pb, pc);
+    if (mm_gemm(ctx, dt, (int)(nbat * M), (int)N, (int)K, pa, pb, pc))
+      return dsp__cancelled_err(ctx, op);
     return 0;
   }
   /* general case: walk the broadcast batch index, one gemm per entry */
@@ -154,8 +173,9 @@ int dsp__cpu_linalg(dsp_ctx *ctx, dsp_opcode op, dsp_tensor *const *in,
   }
   int64_t offa = 0, offb = 0;
   for (int64_t e = 0; e < nbat; e++) {
-    mm_gemm(dt, (int)M, (int)N, (int)K, pa + (size_t)offa * es,
-            pb + (size_t)offb * es, pc + (size_t)(e * M * N) * es);
+    if (mm_gemm(ctx, dt, (int)M, (int)N, (int)K, pa + (size_t)offa * es,
+                pb + (size_t)offb * es, pc + (size_t)(e * M * N) * es))
+      return dsp__cancelled_err(ctx, op);
     for (int i = nd - 1; i >= 0; i--) {
       offa += sa[i];
       offb += sb[i];

@@ -393,14 +393,15 @@ int dsp__infer_nn(dsp_ctx *ctx, dsp_opcode op, const dsp_meta *in, int n_in,
 
 /* softmax / log_softmax and their backward ops along one dim; each row is
  * the `len` elements at stride `inner`. Forward subtracts the row max so no
- * exp overflows. */
-static void k_softmax(dsp_opcode op, const dsp_meta *m, int dim,
-                      const void *x, const void *y, void *o) {
+ * exp overflows. Stops between rows when ctx is cancelled (returns 1). */
+static int k_softmax(dsp_ctx *ctx, dsp_opcode op, const dsp_meta *m, int dim,
+                     const void *x, const void *y, void *o) {
   int f = m->dtype == DSP_F64;
-  int64_t outer, len, inner;
+  int64_t outer, len, inner, pw = 0;
   split_dim(m, dim, &outer, &len, &inner);
   for (int64_t a = 0; a < outer; a++)
     for (int64_t b = 0; b < inner; b++) {
+      if (dsp__poll(ctx, &pw, 3 * len)) return 1;
       int64_t base = a * len * inner + b;
       if (op == DSP_OP_SOFTMAX || op == DSP_OP_LOG_SOFTMAX) {
         double mx = -INFINITY, s = 0.0;
@@ -431,6 +432,7 @@ static void k_softmax(dsp_opcode op, const dsp_meta *m, int dim,
         }
       }
     }
+  return 0;
 }
 
 /* cross entropy (mean over rows) or its gradient w.r.t. the logits. Labels
@@ -449,7 +451,9 @@ static int k_cross_entropy(dsp_ctx *ctx, dsp_opcode op, const dsp_tensor *g,
                         opname(op), (long long)l[i], (long long)i, (long long)C);
   double scale = g ? dsp__ld(dsp_tensor_data(g), f, 0) / (double)N : 0.0;
   double total = 0.0;
+  int64_t pw = 0;
   for (int64_t i = 0; i < N; i++) {
+    if (dsp__poll(ctx, &pw, 3 * C)) return dsp__cancelled_err(ctx, op);
     int64_t row = i * C;
     double mx = -INFINITY, s = 0.0;
     for (int64_t c = 0; c < C; c++) {
@@ -476,12 +480,14 @@ static int k_cross_entropy(dsp_ctx *ctx, dsp_opcode op, const dsp_tensor *g,
 
 /* max/avg pool forward and backward. The max picks the first largest
  * element of a window in row-major order (a NaN wins), and its backward
- * routes the grad to that same element. */
-static void k_pool(dsp_opcode op, const dsp_pool_geo *g, int f,
-                   const void *grad, const void *x, void *o) {
+ * routes the grad to that same element. A window may be large, so the
+ * cancel flag is polled after every window (returns 1 when cancelled). */
+static int k_pool(dsp_ctx *ctx, dsp_opcode op, const dsp_pool_geo *g, int f,
+                  const void *grad, const void *x, void *o) {
   int is_max = op == DSP_OP_MAX_POOL2D || op == DSP_OP_MAX_POOL2D_BACKWARD;
   int fwd = op == DSP_OP_MAX_POOL2D || op == DSP_OP_AVG_POOL2D;
   double area = (double)g->KH * (double)g->KW;
+  int64_t pw = 0;
   for (int64_t nc = 0; nc < g->N * g->C; nc++) {
     int64_t xb = nc * g->H * g->W, yb = nc * g->OH * g->OW;
     for (int64_t oh = 0; oh < g->OH; oh++)
@@ -492,6 +498,7 @@ static void k_pool(dsp_opcode op, const dsp_pool_geo *g, int f,
         if (w0 < 0) w0 = 0;
         if (h1 > g->H) h1 = g->H;
         if (w1 > g->W) w1 = g->W;
+        if (dsp__poll(ctx, &pw, (h1 - h0) * (w1 - w0) + 1)) return 1;
         int64_t yi = yb + oh * g->OW + ow;
         if (is_max) {
           int64_t best_i = xb + h0 * g->W + w0;
@@ -524,6 +531,7 @@ static void k_pool(dsp_opcode op, const dsp_pool_geo *g, int f,
         }
       }
   }
+  return 0;
 }
 
 int dsp__cpu_nn(dsp_ctx *ctx, dsp_opcode op, dsp_tensor *const *in, int n_in,
@@ -546,8 +554,9 @@ int dsp__cpu_nn(dsp_ctx *ctx, dsp_opcode op, dsp_tensor *const *in, int n_in,
     case DSP_OP_LOG_SOFTMAX_BACKWARD: {
       int d;
       dsp_norm_dim(ctx, opname(op), a->ints[0], metas[0].ndim, &d);
-      k_softmax(op, &metas[0], d, dsp_tensor_data(in[0]),
-                n_in == 2 ? dsp_tensor_data(in[1]) : NULL, o);
+      if (k_softmax(ctx, op, &metas[0], d, dsp_tensor_data(in[0]),
+                    n_in == 2 ? dsp_tensor_data(in[1]) : NULL, o))
+        return dsp__cancelled_err(ctx, op);
       return 0;
     }
     case DSP_OP_CROSS_ENTROPY:
@@ -558,6 +567,8 @@ int dsp__cpu_nn(dsp_ctx *ctx, dsp_opcode op, dsp_tensor *const *in, int n_in,
       const void *pa = dsp_tensor_data(in[0]), *pb = dsp_tensor_data(in[1]);
       double s = 0.0;
       for (int64_t i = 0; i < in[0]->numel; i++) {
+        if ((i & (DSP_POLL_WORK - 1)) == 0 && dsp_ctx_cancelled(ctx))
+          return dsp__cancelled_err(ctx, op);
         double d = dsp__ld(pa, f, i) - dsp__ld(pb, f, i);
         s += d * d;
       }
@@ -571,11 +582,14 @@ int dsp__cpu_nn(dsp_ctx *ctx, dsp_opcode op, dsp_tensor *const *in, int n_in,
                               dsp_tensor_data(in[1]), o);
     case DSP_OP_MAX_POOL2D:
     case DSP_OP_AVG_POOL2D:
-      k_pool(op, &pg, f, NULL, dsp_tensor_data(in[0]), o);
+      if (k_pool(ctx, op, &pg, f, NULL, dsp_tensor_data(in[0]), o))
+        return dsp__cancelled_err(ctx, op);
       return 0;
     case DSP_OP_MAX_POOL2D_BACKWARD:
     case DSP_OP_AVG_POOL2D_BACKWARD:
-      k_pool(op, &pg, f, dsp_tensor_data(in[0]), dsp_tensor_data(in[1]), o);
+      if (k_pool(ctx, op, &pg, f, dsp_tensor_data(in[0]),
+                 dsp_tensor_data(in[1]), o))
+        return dsp__cancelled_err(ctx, op);
       return 0;
     case DSP_OP_DROPOUT: {
       /* element i is kept iff uniform01(seed, i) >= p: a pure function of
@@ -583,10 +597,13 @@ int dsp__cpu_nn(dsp_ctx *ctx, dsp_opcode op, dsp_tensor *const *in, int n_in,
       double p = a->floats[0], scale = 1.0 / (1.0 - p);
       uint64_t seed = (uint64_t)a->ints[0];
       const void *px = dsp_tensor_data(in[0]);
-      for (int64_t i = 0; i < in[0]->numel; i++)
+      for (int64_t i = 0; i < in[0]->numel; i++) {
+        if ((i & (DSP_POLL_WORK - 1)) == 0 && dsp_ctx_cancelled(ctx))
+          return dsp__cancelled_err(ctx, op);
         dsp__st(o, f, i,
            dsp_rng_uniform01(seed, (uint64_t)i) >= p ? dsp__ld(px, f, i) * scale
                                                      : 0.0);
+      }
       return 0;
     }
     default:

@@ -134,8 +134,8 @@ static void red_plan_init(red_plan *p, const dsp_meta *x, const int *red) {
     T *O_ = (T *)po;                                                         \
     if (pl.blocked) {                                                        \
       ACC acc[RED_BLOCK];                                                    \
-      for (int64_t p = 0; p < pl.P; p++)                                     \
-        for (int64_t q0 = 0; q0 < pl.Q; q0 += RED_BLOCK) {                   \
+      for (int64_t p = 0; p < pl.P && !stop; p++)                            \
+        for (int64_t q0 = 0; q0 < pl.Q && !stop; q0 += RED_BLOCK) {          \
           int64_t qb = pl.Q - q0 < RED_BLOCK ? pl.Q - q0 : RED_BLOCK;        \
           for (int64_t j = 0; j < qb; j++) acc[j] = 0;                       \
           for (int64_t r = 0; r < pl.R; r++) {                               \
@@ -143,14 +143,15 @@ static void red_plan_init(red_plan *p, const dsp_meta *x, const int *red) {
             for (int64_t j = 0; j < qb; j++) acc[j] += (ACC)row[j];          \
           }                                                                  \
           for (int64_t j = 0; j < qb; j++) O_[p * pl.Q + q0 + j] = FIN(acc[j]); \
+          stop = dsp__poll(ctx, &pw, qb * pl.R);                             \
         }                                                                    \
       break;                                                                 \
     }                                                                        \
     int64_t oidx[DSP_MAX_DIMS] = {0}, ooff[3] = {0, 0, 0}, o = 0;            \
     const int64_t ost = pl.outer.st[0][pl.outer.nd - 1];                     \
     const int64_t ist = pl.inner.st[0][pl.inner.nd - 1];                     \
-    for (int64_t orow = 0; orow < pl.outer.rows; orow++) {                   \
-      for (int64_t oj = 0; oj < pl.outer.inner; oj++, o++) {                 \
+    for (int64_t orow = 0; orow < pl.outer.rows && !stop; orow++) {          \
+      for (int64_t oj = 0; oj < pl.outer.inner && !stop; oj++, o++) {        \
         const T *base = X_ + ooff[0] + oj * ost;                             \
         ACC acc = 0;                                                         \
         int64_t iidx[DSP_MAX_DIMS] = {0}, ioff[3] = {0, 0, 0};               \
@@ -164,6 +165,7 @@ static void red_plan_init(red_plan *p, const dsp_meta *x, const int *red) {
           dsp__iter_step(&pl.inner, iidx, ioff);                             \
         }                                                                    \
         O_[o] = FIN(acc);                                                    \
+        stop = dsp__poll(ctx, &pw, pl.inner.rows * pl.inner.inner);          \
       }                                                                      \
       dsp__iter_step(&pl.outer, oidx, ooff);                                 \
     }                                                                        \
@@ -177,8 +179,8 @@ static void red_plan_init(red_plan *p, const dsp_meta *x, const int *red) {
     if (pl.blocked) {                                                        \
       T best[RED_BLOCK];                                                     \
       int64_t bi[RED_BLOCK];                                                 \
-      for (int64_t p = 0; p < pl.P; p++)                                     \
-        for (int64_t q0 = 0; q0 < pl.Q; q0 += RED_BLOCK) {                   \
+      for (int64_t p = 0; p < pl.P && !stop; p++)                            \
+        for (int64_t q0 = 0; q0 < pl.Q && !stop; q0 += RED_BLOCK) {          \
           int64_t qb = pl.Q - q0 < RED_BLOCK ? pl.Q - q0 : RED_BLOCK;        \
           const T *row0 = X_ + p * pl.R * pl.Q + q0;                         \
           for (int64_t j = 0; j < qb; j++) best[j] = row0[j], bi[j] = 0;     \
@@ -190,14 +192,15 @@ static void red_plan_init(red_plan *p, const dsp_meta *x, const int *red) {
             }                                                                \
           }                                                                  \
           for (int64_t j = 0; j < qb; j++) STORE(p * pl.Q + q0 + j, best[j], bi[j]); \
+          stop = dsp__poll(ctx, &pw, qb * pl.R);                             \
         }                                                                    \
       break;                                                                 \
     }                                                                        \
     int64_t oidx[DSP_MAX_DIMS] = {0}, ooff[3] = {0, 0, 0}, o = 0;            \
     const int64_t ost = pl.outer.st[0][pl.outer.nd - 1];                     \
     const int64_t ist = pl.inner.st[0][pl.inner.nd - 1];                     \
-    for (int64_t orow = 0; orow < pl.outer.rows; orow++) {                   \
-      for (int64_t oj = 0; oj < pl.outer.inner; oj++, o++) {                 \
+    for (int64_t orow = 0; orow < pl.outer.rows && !stop; orow++) {          \
+      for (int64_t oj = 0; oj < pl.outer.inner && !stop; oj++, o++) {        \
         const T *base = X_ + ooff[0] + oj * ost;                             \
         T best = base[0];                                                    \
         int64_t bi = 0, k = 0;                                               \
@@ -211,6 +214,7 @@ static void red_plan_init(red_plan *p, const dsp_meta *x, const int *red) {
           dsp__iter_step(&pl.inner, iidx, ioff);                             \
         }                                                                    \
         STORE(o, best, bi);                                                  \
+        stop = dsp__poll(ctx, &pw, pl.inner.rows * pl.inner.inner);          \
       }                                                                      \
       dsp__iter_step(&pl.outer, oidx, ooff);                                 \
     }                                                                        \
@@ -238,6 +242,8 @@ int dsp__cpu_red(dsp_ctx *ctx, dsp_opcode op, dsp_tensor *const *in, int n_in,
   red_plan_init(&pl, &x->meta, red);
   const void *px = dsp_tensor_data(x);
   void *po = dsp_tensor_data(out);
+  int stop = 0;   /* set by the kernels when ctx was cancelled */
+  int64_t pw = 0; /* work since the last look at the cancel flag */
   double cnt = 1;
   for (int d = 0; d < x->meta.ndim; d++)
     if (red[d]) cnt *= (double)x->meta.shape[d];
@@ -264,7 +270,7 @@ int dsp__cpu_red(dsp_ctx *ctx, dsp_opcode op, dsp_tensor *const *in, int n_in,
       case DSP_I64: SUM_KERNEL(int64_t, uint64_t, FIN_I64); break;
       default: break;
     }
-    return 0;
+    return stop ? dsp__cancelled_err(ctx, op) : 0;
   }
   if (op == DSP_OP_MAX) {
     switch (x->meta.dtype) {
@@ -273,7 +279,7 @@ int dsp__cpu_red(dsp_ctx *ctx, dsp_opcode op, dsp_tensor *const *in, int n_in,
       case DSP_I64: { int64_t *O_ = po; MAX_KERNEL(int64_t, I_BETTER, STORE_MAX); break; }
       default: break;
     }
-    return 0;
+    return stop ? dsp__cancelled_err(ctx, op) : 0;
   }
   int64_t *OI_ = po;
   switch (x->meta.dtype) {
@@ -282,5 +288,5 @@ int dsp__cpu_red(dsp_ctx *ctx, dsp_opcode op, dsp_tensor *const *in, int n_in,
     case DSP_I64: MAX_KERNEL(int64_t, I_BETTER, STORE_ARG); break;
     default: break;
   }
-  return 0;
+  return stop ? dsp__cancelled_err(ctx, op) : 0;
 }

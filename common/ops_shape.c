@@ -301,22 +301,25 @@ int dsp__infer_shape(dsp_ctx *ctx, dsp_opcode op, const dsp_meta *in, int n_in,
 /* kernels                                                             */
 
 /* Copies out->numel elements of size es from src, visiting src through a
- * strided iterator in output order. */
-static void strided_copy(const dsp_iter *it, const char *src, char *dst,
-                         size_t es) {
-  int64_t idx[DSP_MAX_DIMS] = {0}, off[3] = {0, 0, 0};
+ * strided iterator in output order; 1 when ctx was cancelled between rows
+ * (dst partly written), else 0. */
+static int strided_copy(dsp_ctx *ctx, const dsp_iter *it, const char *src,
+                        char *dst, size_t es) {
+  int64_t idx[DSP_MAX_DIMS] = {0}, off[3] = {0, 0, 0}, pw = 0;
+  int stop = 0;
   const int64_t s = it->st[0][it->nd - 1], inner = it->inner;
 #define SC_T(T)                                                              \
   do {                                                                       \
     const T *S_ = (const T *)src;                                            \
     T *D_ = (T *)dst;                                                        \
-    for (int64_t r = 0; r < it->rows; r++) {                                 \
+    for (int64_t r = 0; r < it->rows && !stop; r++) {                        \
       const T *p = S_ + off[0];                                              \
       T *q = D_ + r * inner;                                                 \
       if (s == 1) memcpy(q, p, (size_t)inner * sizeof(T));                   \
       else if (s == 0) for (int64_t j = 0; j < inner; j++) q[j] = p[0];      \
       else for (int64_t j = 0; j < inner; j++) q[j] = p[j * s];              \
       dsp__iter_step(it, idx, off);                                          \
+      stop = dsp__poll(ctx, &pw, inner);                                     \
     }                                                                        \
   } while (0)
   switch (es) {
@@ -325,6 +328,7 @@ static void strided_copy(const dsp_iter *it, const char *src, char *dst,
     default: SC_T(uint64_t); break;
   }
 #undef SC_T
+  return stop;
 }
 
 /* float -> i64 without undefined behaviour: truncates toward zero,
@@ -393,8 +397,12 @@ static int check_index_values(dsp_ctx *ctx, dsp_opcode op,
   return 0;
 }
 
-static void scatter_add(const dsp_tensor *g, const int64_t *ix, int dim,
-                        dsp_tensor *out) {
+/* Adds grad rows into out at their indices; 1 when ctx was cancelled
+ * between rows, else 0. */
+static int scatter_add(dsp_ctx *ctx, const dsp_tensor *g, const int64_t *ix,
+                       int dim, dsp_tensor *out) {
+  int stop = 0;
+  int64_t pw = 0;
   const int64_t outer = prod(g->meta.shape, 0, dim);
   const int64_t inner = prod(g->meta.shape, dim + 1, g->meta.ndim);
   const int64_t L = g->meta.shape[dim], S = out->meta.shape[dim];
@@ -402,11 +410,12 @@ static void scatter_add(const dsp_tensor *g, const int64_t *ix, int dim,
   do {                                                                       \
     const T *G_ = dsp_tensor_data(g);                                        \
     T *O_ = dsp_tensor_data(out);                                            \
-    for (int64_t o = 0; o < outer; o++)                                      \
-      for (int64_t k = 0; k < L; k++) {                                      \
+    for (int64_t o = 0; o < outer && !stop; o++)                             \
+      for (int64_t k = 0; k < L && !stop; k++) {                             \
         const T *src = G_ + (o * L + k) * inner;                             \
         T *dst = O_ + (o * S + ix[k]) * inner;                               \
         for (int64_t j = 0; j < inner; j++) dst[j] = ADD(dst[j], src[j]);    \
+        stop = dsp__poll(ctx, &pw, inner + 1);                               \
       }                                                                      \
   } while (0)
 #define FADD_(x, y) ((x) + (y))
@@ -418,6 +427,7 @@ static void scatter_add(const dsp_tensor *g, const int64_t *ix, int dim,
     default: break;
   }
 #undef SA_T
+  return stop;
 }
 
 int dsp__cpu_shape(dsp_ctx *ctx, dsp_opcode op, dsp_tensor *const *in, int n_in,
@@ -441,16 +451,16 @@ int dsp__cpu_shape(dsp_ctx *ctx, dsp_opcode op, dsp_tensor *const *in, int n_in,
         const dsp_meta *ms[1] = {&x->meta};
         dsp_iter it;
         dsp__iter_bcast(&it, &out->meta, ms, 1);
-        strided_copy(&it, px, po, es);
-        return 0;
+        return strided_copy(ctx, &it, px, po, es) ? dsp__cancelled_err(ctx, op)
+                                                  : 0;
       }
       int perm[DSP_MAX_DIMS];
       if ((rc = perm_params(ctx, op, a, x->meta.ndim, perm)) < 0) return rc;
       for (int d = 0; d < x->meta.ndim; d++) st[0][d] = cs[perm[d]];
       dsp_iter it;
       dsp__iter_strided(&it, out->meta.ndim, out->meta.shape, st, 1);
-      strided_copy(&it, px, po, es);
-      return 0;
+      return strided_copy(ctx, &it, px, po, es) ? dsp__cancelled_err(ctx, op)
+                                                : 0;
     }
     case DSP_OP_SLICE:
     case DSP_OP_SLICE_BACKWARD: {
@@ -463,8 +473,11 @@ int dsp__cpu_shape(dsp_ctx *ctx, dsp_opcode op, dsp_tensor *const *in, int n_in,
       const int64_t outer = prod(big->shape, 0, dim);
       const size_t blk = (size_t)prod(big->shape, dim + 1, big->ndim) * es;
       if (blk == 0) return 0;
+      int64_t pw = 0;
       for (int64_t o = 0; o < outer; o++)
         for (int64_t k = 0; k < len; k++) {
+          if (dsp__poll(ctx, &pw, (int64_t)(blk / es) + 1))
+            return dsp__cancelled_err(ctx, op);
           char *small = (bw ? (char *)px : po) + (size_t)(o * len + k) * blk;
           char *large = (bw ? po : (char *)px) + (size_t)(o * S + s0 + k * step) * blk;
           if (bw) memcpy(large, small, blk);
@@ -481,9 +494,12 @@ int dsp__cpu_shape(dsp_ctx *ctx, dsp_opcode op, dsp_tensor *const *in, int n_in,
       const int64_t outer = prod(x->meta.shape, 0, dim);
       const size_t after = (size_t)prod(x->meta.shape, dim + !stack, x->meta.ndim) * es;
       size_t pos = 0;
+      int64_t pw = 0;
       for (int64_t o = 0; o < outer; o++)
         for (int i = 0; i < n_in; i++) {
           size_t chunk = after * (size_t)(stack ? 1 : in[i]->meta.shape[dim]);
+          if (dsp__poll(ctx, &pw, (int64_t)(chunk / es) + 1))
+            return dsp__cancelled_err(ctx, op);
           if (chunk) memcpy(po + pos, (const char *)dsp_tensor_data(in[i]) + (size_t)o * chunk, chunk);
           pos += chunk;
         }
@@ -499,10 +515,14 @@ int dsp__cpu_shape(dsp_ctx *ctx, dsp_opcode op, dsp_tensor *const *in, int n_in,
       const int64_t outer = prod(x->meta.shape, 0, dim);
       const size_t blk = (size_t)prod(x->meta.shape, dim + 1, x->meta.ndim) * es;
       if (blk == 0) return 0;
+      int64_t pw = 0;
       for (int64_t o = 0; o < outer; o++)
-        for (int64_t k = 0; k < L; k++)
+        for (int64_t k = 0; k < L; k++) {
+          if (dsp__poll(ctx, &pw, (int64_t)(blk / es) + 1))
+            return dsp__cancelled_err(ctx, op);
           memcpy(po + (size_t)(o * L + k) * blk, px + (size_t)(o * S + ix[k]) * blk,
                  blk);
+        }
       return 0;
     }
     case DSP_OP_CAST:
@@ -513,7 +533,8 @@ int dsp__cpu_shape(dsp_ctx *ctx, dsp_opcode op, dsp_tensor *const *in, int n_in,
         return rc;
       if ((rc = check_index_values(ctx, op, in[1], dim, a->ints[1])) < 0) return rc;
       if (out->numel == 0) return 0;
-      scatter_add(x, dsp_tensor_data(in[1]), dim, out);
+      if (scatter_add(ctx, x, dsp_tensor_data(in[1]), dim, out))
+        return dsp__cancelled_err(ctx, op);
       return 0;
     default:
       return dsp_seterr(ctx, DISPATCH_EINTERNAL, "shape: op %d is not a shape op",

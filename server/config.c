@@ -27,6 +27,11 @@ void sv_config_defaults(sv_config *c) {
   c->max_elements = 1ULL << 31;
   c->max_output_queue = 64ULL << 20;  /* 64 MiB */
   c->storage_cache = 512ULL << 20;    /* 512 MiB */
+  /* 2^34: admits a 2048^3 matmul (8.6e9) twice over and every op the
+   * examples, tests and make bench run (the largest, bench's 2048 matmul,
+   * is half of it), refuses a 512x512-window pool at stride 1 on a
+   * 1024x1024 input (6.9e10), which would hold a worker for minutes */
+  c->max_op_cost = 1ULL << 34;
   c->max_queued = 4096;
   c->max_sessions = 64;
   c->idle_timeout_s = 600;
@@ -114,6 +119,11 @@ static const char *const g_usage =
     "                           (default 64 MiB)\n"
     "  --max-elements N         elements of one tensor, counting a zero\n"
     "                           size as 1 ([N, 0] spans N) (default 2^31)\n"
+    "  --max-op-cost N          estimated elementary operations of one op\n"
+    "                           (matmul m*n*k, conv out*C*kh*kw, pool\n"
+    "                           out*kh*kw, ...), backward ops included; over\n"
+    "                           it the op fails with DISPATCH_ELIMIT; 0 no\n"
+    "                           limit (default 2^34, about 1.7e10)\n"
     "  --max-queued N           requests buffered per session before the\n"
     "                           server stops reading it (default 4096)\n"
     "  --storage-cache BYTES    freed tensor storage (blocks of 1 MiB and\n"
@@ -211,6 +221,8 @@ int sv_config_parse(sv_config *c, int argc, char **argv) {
       if (parse_u64(a, v, 0, 1ULL << 40, &c->max_output_queue) < 0) return -1;
     } else if (strcmp(a, "--max-elements") == 0) {
       if (parse_u64(a, v, 1, 1ULL << 50, &c->max_elements) < 0) return -1;
+    } else if (strcmp(a, "--max-op-cost") == 0) {
+      if (parse_u64(a, v, 0, UINT64_MAX, &c->max_op_cost) < 0) return -1;
     } else if (strcmp(a, "--storage-cache") == 0) {
       if (parse_u64(a, v, 0, 1ULL << 50, &c->storage_cache) < 0) return -1;
     } else if (strcmp(a, "--max-queued") == 0) {

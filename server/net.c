@@ -384,6 +384,7 @@ static void conn_close(sv_conn *c, const char *reason) {
   uv_close((uv_handle_t *)&c->tcp, on_handle_closed);
   uv_close((uv_handle_t *)&c->idle, on_handle_closed);
   uv_close((uv_handle_t *)&c->hs, on_handle_closed);
+  sv_session_cancel(c->sess); /* stops a running op at its next block */
   sv_job *list = sv_pool_cancel(c->srv->pool, c->sess);
   while (list) {
     sv_job *next = list->next;

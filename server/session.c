@@ -41,6 +41,7 @@ sv_session *sv_session_new(const sv_config *cfg, sv_global *g, void *owner) {
   sv_pb_charge_init(&s->pb, s->queue);
   /* also bounds what the session cannot name: backward intermediates */
   dsp_ctx_set_max_elements(s->ctx, (int64_t)cfg->max_elements);
+  dsp_ctx_set_max_op_cost(s->ctx, cfg->max_op_cost);
   sv_idmap_init(&s->tensors);
   sv_idmap_init(&s->grads);
   atomic_init(&s->bytes, 0);
@@ -65,6 +66,14 @@ static int why_set(char *why, int code, const char *fmt, ...) {
 static int why_ctx(sv_session *s, char *why, int code) {
   const char *m = dsp_ctx_errmsg(s->ctx);
   return why_set(why, code, "%s", m && *m ? m : dispatch_strerror(code));
+}
+
+/* why_ctx for a failed dsp_op / dsp_backward: a refusal by the per-op cost
+ * limit (--max-op-cost) counts as a limit violation. */
+static int why_run(sv_session *s, char *why, int code) {
+  if (code == DISPATCH_ELIMIT)
+    atomic_fetch_add(&s->global->limit_violations, 1);
+  return why_ctx(s, why, code);
 }
 
 static void entry_free(sv_session *s, sv_entry *e) {
@@ -261,7 +270,7 @@ static int do_op(sv_session *s, sv_job *j, char *why) {
   int grad = dsp_set_grad_enabled(s->ctx, !o->no_grad);
   rc = dsp_op(s->ctx, (dsp_opcode)o->op, in, (int)o->n_inputs, &a, &out);
   dsp_set_grad_enabled(s->ctx, grad);
-  if (rc < 0) return why_ctx(s, why, rc);
+  if (rc < 0) return why_run(s, why, rc);
   s->n_ops++;
   return insert(s, o->output, out, why);
 }
@@ -287,10 +296,9 @@ static int do_backward(sv_session *s, sv_job *j, char *why) {
   if (rc < 0) return why_ctx(s, why, rc);
   dsp_grads *g;
   rc = dsp_backward(s->ctx, loss, b->retain, &g);
-  if (rc == DISPATCH_ELIMIT) atomic_fetch_add(&s->global->limit_violations, 1);
   if (rc < 0) {
     dsp_budget_uncharge(s->budget, ID_COST);
-    return why_ctx(s, why, rc);
+    return why_run(s, why, rc);
   }
   if (sv_idmap_put(&s->grads, b->grads, g) < 0) {
     dsp_grads_free(g);
@@ -389,6 +397,8 @@ static int do_step(sv_session *s, sv_job *j, char *why) {
       rc = dsp_op(s->ctx, (dsp_opcode)st->op, args + i * (k + 2),
                   (int)(k + 2), &a, &out);
       if (rc < 0) {
+        if (rc == DISPATCH_ELIMIT)
+          atomic_fetch_add(&s->global->limit_violations, 1);
         const char *m = dsp_ctx_errmsg(s->ctx);
         rc = why_set(why, rc, "param %zu (id %llu): %s", i,
                      (unsigned long long)st->params[i], m);
@@ -504,11 +514,19 @@ static void error_reply(sv_job *j, int code, const char *msg,
   sv_encode_error(j->req->req_id, code, msg, failed, &j->out, &j->out_len);
 }
 
+void sv_session_cancel(sv_session *s) { dsp_ctx_cancel(s->ctx); }
+
 void sv_session_exec(sv_session *s, sv_job *j) {
   Dispatch__Request *r = j->req;
   char why[WHY_LEN];
   why[0] = '\0';
   dsp_clearerr(s->ctx);
+  if (SV_LOG_ON(SV_LOG_DEBUG)) {
+    char d[256];
+    sv_describe(r, d, sizeof d);
+    sv_log(SV_LOG_DEBUG, "session %p: running request %llu (%s)", (void *)s,
+           (unsigned long long)r->req_id, d);
+  }
   int wait = waits(r->body_case);
   if (wait && s->err_code) {
     error_reply(j, s->err_code, s->err_msg, s->err_req);
@@ -559,6 +577,9 @@ void sv_session_exec(sv_session *s, sv_job *j) {
     atomic_fetch_add(&s->global->limit_violations, 1);
   char desc[256], msg[sizeof s->err_msg];
   sv_describe(r, desc, sizeof desc);
+  if (rc == DISPATCH_ECANCELED) /* nobody is left to read an error reply */
+    sv_log(SV_LOG_INFO, "session %p: request %llu (%s) cancelled: %s",
+           (void *)s, (unsigned long long)r->req_id, desc, why);
   /* long reasons are cut to the message buffer on purpose */
   if (snprintf(msg, sizeof msg, "request %llu (%s): %s: %s",
                (unsigned long long)r->req_id, desc, dispatch_err_name(rc),

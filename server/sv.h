@@ -33,6 +33,7 @@ typedef struct sv_config {
   uint64_t max_output_queue;   /* unsent reply bytes before a client drops */
   uint32_t max_queued;         /* decoded requests waiting per session */
   uint64_t storage_cache;      /* freed tensor storage kept for reuse */
+  uint64_t max_op_cost;        /* dsp_op_cost of one op, 0: no limit */
   int max_sessions;
   int idle_timeout_s;          /* 0: never */
   int threads;
@@ -199,6 +200,11 @@ void sv_session_teardown(sv_session *s);
 int sv_check_meta(const sv_config *cfg, sv_global *g, dsp_ctx *ctx,
                   const dsp_meta *m, const char *what, int64_t *numel,
                   char *msg, size_t len);
+/* Cancels the session's running op, and every later one (loop thread, on
+ * disconnect and shutdown, before its teardown job is submitted): the
+ * kernel stops at its next block and the request fails with
+ * DISPATCH_ECANCELED. */
+void sv_session_cancel(sv_session *s);
 /* Runs one request job on a worker; fills job->out for waiting requests. */
 void sv_session_exec(sv_session *s, sv_job *j);
 
