@@ -424,14 +424,6 @@ static int empty_reply(sv_job *j, char *why) {
   return 0;
 }
 
-static int waits(Dispatch__Request__BodyCase c) {
-  return c == DISPATCH__REQUEST__BODY_READ ||
-         c == DISPATCH__REQUEST__BODY_BACKWARD ||
-         c == DISPATCH__REQUEST__BODY_SYNC ||
-         c == DISPATCH__REQUEST__BODY_STATS ||
-         c == DISPATCH__REQUEST__BODY_HELLO;
-}
-
 /* An error reply for a waiting request; a failure to allocate even that
  * leaves out NULL and the loop closes the connection (the client would
  * otherwise wait forever). */
@@ -450,7 +442,7 @@ void sv_session_exec(sv_session *s, sv_job *j) {
   char why[WHY_LEN];
   why[0] = '\0';
   dsp_clearerr(s->ctx);
-  int wait = waits(r->body_case);
+  int wait = sv_req_kind_of(r->body_case)->waits;
   if (wait && s->err_code) {
     error_reply(j, s->err_code, s->err_msg, s->err_req);
     s->err_code = 0;

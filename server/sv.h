@@ -98,6 +98,20 @@ typedef struct sv_global {
   atomic_llong limit_violations; /* every refused limit, timeouts included */
 } sv_global;
 
+/* ------------------------------------------------------------ kinds */
+
+/* What each request kind is, in one table (kinds.c) that the reader, the
+ * loop and the session all consult. */
+typedef struct sv_req_kind {
+  const char *name;
+  unsigned waits : 1;   /* the client waits for a reply frame */
+  unsigned on_loop : 1; /* only reads session state: the loop may answer
+                           it when the session has nothing queued */
+  unsigned bulk : 1;    /* carries a bulk part (an upload) */
+} sv_req_kind;
+/* The kind of a body case; an unknown case gets a kind with no flags. */
+const sv_req_kind *sv_req_kind_of(Dispatch__Request__BodyCase bc);
+
 /* ------------------------------------------------------------ jobs */
 
 typedef enum sv_job_kind {
@@ -192,7 +206,7 @@ extern ProtobufCAllocator sv_pb_allocator;
 void sv_describe(const Dispatch__Request *r, char *buf, size_t len);
 
 /* ------------------------------------------------------------ decode
- * The socket-free steps of reading a request (decode.c), shared by net.c,
+ * The socket-free steps of reading a request (decode.c), shared by reader.c,
  * the fuzzers and the regression suite. why receives the detail. */
 struct dsp_frame_header;
 /* Header limits: flags 0, msg_len in 1..max_msg, msg_len + bulk_len at
