@@ -31,13 +31,13 @@ enum { ST_HEADER, ST_MSG, ST_BULK, ST_WAIT, ST_DEAD };
 typedef struct sv_server sv_server;
 typedef struct sv_conn sv_conn;
 
-/* One reply frame waiting to leave: buf, then a Read reply's tensor
- * (bulk, sent from its storage). */
+/* One reply frame waiting to leave: buf, then the bytes of a pinned Read
+ * (bulk: the tensor as it was when the Read ran, sent without a copy). */
 typedef struct sv_out {
   struct sv_out *next;
   uint8_t *buf;
   size_t len;
-  dsp_tensor *bulk;
+  dsp_pin *bulk;
   size_t bulk_len;
   size_t done; /* bytes of buf, then bulk, already taken by the transport */
 } sv_out;
@@ -140,8 +140,7 @@ void sv_conn_on_done(sv_job *j, void *ud);
 /* writer.c */
 /* Queues one frame, taking buf and the pin (NULL, or a Read's bytes that
  * complete the frame). Over the output limit the client is dropped. */
-void sv_writer_queue(sv_conn *c, uint8_t *buf, size_t len,
-                     dsp_tensor *bulk);
+void sv_writer_queue(sv_conn *c, uint8_t *buf, size_t len, dsp_pin *bulk);
 /* Nothing left to send: no write in flight, no frame queued. */
 int sv_writer_idle(const sv_conn *c);
 /* Drops the frames not yet handed to the socket. */

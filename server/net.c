@@ -198,9 +198,9 @@ void sv_conn_on_done(sv_job *j, void *ud) {
   if (j->out) {
     if (SV_LOG_ON(SV_LOG_DEBUG)) log_reply(c, j);
     uint8_t *out = j->out;
-    dsp_tensor *bulk = j->out_bulk;
+    dsp_pin *bulk = j->out_pin;
     j->out = NULL;
-    j->out_bulk = NULL;
+    j->out_pin = NULL;
     sv_writer_queue(c, out, j->out_len, bulk);
   } else if (sv_req_kind_of(j->req->body_case)->waits) {
     sv_conn_close(c, "out of memory for a reply");

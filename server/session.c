@@ -432,8 +432,8 @@ static void error_reply(sv_job *j, int code, const char *msg,
   dsp_free(j->out);
   j->out = NULL;
   j->out_len = 0;
-  dsp_tensor_unref(j->out_bulk);
-  j->out_bulk = NULL;
+  dsp_pin_release(j->out_pin);
+  j->out_pin = NULL;
   sv_encode_error(j->req->req_id, code, msg, failed, &j->out, &j->out_len);
 }
 

@@ -133,10 +133,10 @@ typedef struct sv_job {
   /* results, filled by the worker: one frame ready to write */
   uint8_t *out;
   size_t out_len;
-  int bulk_by_ref;      /* set by the loop: a Read reply may send the
-                           tensor's storage itself (out_bulk) */
-  dsp_tensor *out_bulk; /* untracked alias whose bytes follow out on the
-                           wire (out's header counts them); NULL: none */
+  int bulk_by_ref;   /* set by the loop: a Read reply may send the
+                        tensor's bytes without a copy (out_pin) */
+  dsp_pin *out_pin;  /* the Read's snapshot whose bytes follow out on the
+                        wire (out's header counts them); NULL: none */
   int is_bye;
 } sv_job;
 
@@ -187,10 +187,10 @@ void sv_session_exec(sv_session *s, sv_job *j);
 int sv_encode_reply(const Dispatch__Reply *r, const void *bulk,
                     size_t bulk_len, uint8_t **out, size_t *out_len);
 /* A Read reply for t into j: with j->bulk_by_ref and a tensor past a few
- * pages, j->out is the header and message only and j->out_bulk an
- * untracked alias of t (its storage stays alive until the bytes are
- * written; storage refcounts are atomic, so any thread may drop it);
- * otherwise the bytes are copied into j->out. 0 or DISPATCH_ENOMEM /
+ * pages, j->out is the header and message only and j->out_pin a pin of t
+ * (the bytes as they are now, whatever later requests write in place,
+ * until the loop releases it once they are sent); otherwise the bytes are
+ * copied into j->out. 0 or DISPATCH_ENOMEM /
  * DISPATCH_ETOOLARGE. */
 int sv_encode_read_reply(dsp_ctx *ctx, const Dispatch__Reply *r,
                          dsp_tensor *t, sv_job *j);

@@ -55,7 +55,7 @@ static void tcp_send(sv_conn *c) {
       if (nb < MAXB && total < SV_WRITE_PIECE && off < o->len + o->bulk_len) {
         size_t k = o->len + o->bulk_len - off;
         if (k > SV_WRITE_PIECE - total) k = SV_WRITE_PIECE - total;
-        b[nb++] = uv_buf_init((char *)dsp_tensor_data(o->bulk) +
+        b[nb++] = uv_buf_init((char *)dsp_pin_data(o->bulk) +
                                   (off - o->len),
                               (unsigned)k);
         total += k;

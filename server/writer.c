@@ -16,7 +16,7 @@ int sv_writer_idle(const sv_conn *c) {
 
 static void out_free(sv_out *o) {
   dsp_free(o->buf);
-  dsp_tensor_unref(o->bulk);
+  dsp_pin_release(o->bulk);
   dsp_free(o);
 }
 
@@ -39,7 +39,7 @@ int sv_writer_peek(sv_conn *c, size_t max, const uint8_t **p, size_t *n) {
     *p = o->buf + o->done;
     k = o->len - o->done;
   } else {
-    *p = (const uint8_t *)dsp_tensor_data(o->bulk) + (o->done - o->len);
+    *p = (const uint8_t *)dsp_pin_data(o->bulk) + (o->done - o->len);
     k = o->len + o->bulk_len - o->done;
   }
   *n = k < max ? k : max;
@@ -138,18 +138,17 @@ void sv_writer_raw(sv_conn *c, uint8_t *buf, size_t len, int queued) {
 
 /* A client whose unsent replies pass the output limit is dropped: it does
  * not read what it asked for. */
-void sv_writer_queue(sv_conn *c, uint8_t *buf, size_t len,
-                     dsp_tensor *bulk) {
-  size_t bulk_len = bulk ? dsp_tensor_nbytes(bulk) : 0;
+void sv_writer_queue(sv_conn *c, uint8_t *buf, size_t len, dsp_pin *bulk) {
+  size_t bulk_len = bulk ? dsp_pin_nbytes(bulk) : 0;
   if (c->closing) {
     dsp_free(buf);
-    dsp_tensor_unref(bulk);
+    dsp_pin_release(bulk);
     return;
   }
   const sv_config *cfg = c->srv->cfg;
   if (c->outq_bytes > cfg->max_output_queue) {
     dsp_free(buf);
-    dsp_tensor_unref(bulk);
+    dsp_pin_release(bulk);
     atomic_fetch_add(&c->srv->g.limit_violations, 1);
     sv_log(SV_LOG_WARN,
            "conn %llu (%s): output queue holds %llu bytes, over %llu: "
@@ -162,7 +161,7 @@ void sv_writer_queue(sv_conn *c, uint8_t *buf, size_t len,
   sv_out *o = dsp_malloc(sizeof *o);
   if (!o) {
     dsp_free(buf);
-    dsp_tensor_unref(bulk);
+    dsp_pin_release(bulk);
     sv_conn_close(c, "out of memory queueing a reply");
     return;
   }
