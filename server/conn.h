@@ -42,6 +42,13 @@ typedef struct sv_out {
   size_t done; /* bytes of buf, then bulk, already taken by the transport */
 } sv_out;
 
+/* What the output limit charges for a queued frame besides its bytes:
+ * the sv_out, a pin's bookkeeping, and the allocator's headers and
+ * rounding of each block. A client that pipelines tiny requests and never
+ * reads is bounded by what the server holds for it, not by its payload
+ * (~20 bytes of a sync reply that costs ~100 more to keep). */
+#define SV_OUT_COST (sizeof(sv_out) + 96u)
+
 /* Plain TCP or TLS. Every hook runs on the loop thread. */
 typedef struct sv_transport {
   const char *name;
@@ -103,7 +110,7 @@ struct sv_conn {
   sv_out *oq_head, *oq_tail; /* frames not yet handed to the socket */
   sv_write wr;               /* the write in flight (writes_pending) */
   int writes_pending;
-  uint64_t outq_bytes; /* unsent reply bytes */
+  uint64_t outq_bytes; /* unsent reply bytes + SV_OUT_COST a frame */
   /* lifecycle */
   int closing, close_after_flush, paused, handles_open, teardown_done;
   uint32_t inflight;

@@ -1,7 +1,8 @@
 /* The reply queue of a connection: frames leave in the order they were
  * queued, through whichever transport the connection has. This is the one
  * place that counts what a connection holds for its client
- * (outq_bytes) and drops a client that does not read. A frame's bulk (a
+ * (outq_bytes: bytes and SV_OUT_COST of bookkeeping per frame) and drops
+ * a client that does not read. A frame's bulk (a
  * Read reply) is handed on in pieces of at most SV_WRITE_PIECE bytes, so
  * any size the limits admit round-trips. */
 #include <stdarg.h>
@@ -24,7 +25,7 @@ void sv_writer_clear(sv_conn *c) {
   while (c->oq_head) {
     sv_out *o = c->oq_head;
     c->oq_head = o->next;
-    c->outq_bytes -= o->len + o->bulk_len - o->done;
+    c->outq_bytes -= o->len + o->bulk_len - o->done + SV_OUT_COST;
     out_free(o);
   }
   c->oq_tail = NULL;
@@ -57,6 +58,7 @@ void sv_writer_consume(sv_conn *c, size_t n) {
     n -= k;
     c->outq_bytes -= k;
     if (o->done == o->len + o->bulk_len) {
+      c->outq_bytes -= SV_OUT_COST;
       c->oq_head = o->next;
       if (!c->oq_head) c->oq_tail = NULL;
       out_free(o);
@@ -169,7 +171,7 @@ void sv_writer_queue(sv_conn *c, uint8_t *buf, size_t len, dsp_pin *bulk) {
   if (c->oq_tail) c->oq_tail->next = o;
   else c->oq_head = o;
   c->oq_tail = o;
-  c->outq_bytes += len + bulk_len;
+  c->outq_bytes += len + bulk_len + SV_OUT_COST;
   c->tp->send(c);
   if (!c->closing && c->close_after_flush && sv_writer_idle(c))
     sv_conn_close(c, "after its last reply");
