@@ -1,8 +1,8 @@
 /* A connection, split by concern so each limit sits in one place:
  *
  *   net.c       lifecycle: accept, close, timers, finished jobs, sv_run
- *   reader.c    the frame reader: header limits, decoding, uploads,
- *               backpressure
+ *   reader.c    the frame reader: header limits (the pre-hello cap), the
+ *               frame timeout, decoding, uploads, backpressure
  *   writer.c    the reply queue: one ordered list of frames, its byte
  *               limit, bulks sent in pieces
  *   hello.c     hello and authentication
@@ -27,6 +27,10 @@ enum { ST_HEADER, ST_MSG, ST_BULK, ST_WAIT, ST_DEAD };
  * call: libuv's buffer lengths are unsigned int, so a bulk of 4 GiB or
  * more goes out in pieces. */
 #define SV_WRITE_PIECE (1u << 30)
+/* Frames before a successful hello are at most this (message + bulk): a
+ * Hello with a token and a client name fits, and an unauthenticated peer
+ * cannot make the server allocate more. */
+#define SV_PREAUTH_FRAME_MAX 4096u
 
 typedef struct sv_server sv_server;
 typedef struct sv_conn sv_conn;
@@ -84,6 +88,7 @@ struct sv_conn {
   uv_tcp_t tcp; /* first: the handle pointer is the conn pointer */
   uv_timer_t idle;
   uv_timer_t hs;    /* handshake timeout: TLS handshake + hello */
+  uv_timer_t frame; /* one frame must arrive within --frame-timeout */
   const sv_transport *tp;
   void *tpd; /* the transport's per-connection state */
   sv_server *srv;
@@ -106,6 +111,7 @@ struct sv_conn {
   const uint8_t *pend; /* ST_WAIT: unparsed bytes left in rbuf */
   size_t pend_n;
   int hello_done;
+  int in_frame; /* a frame's first byte arrived, its last not yet */
   /* writer */
   sv_out *oq_head, *oq_tail; /* frames not yet handed to the socket */
   sv_write wr;               /* the write in flight (writes_pending) */
@@ -188,6 +194,10 @@ void sv_reader_again(sv_conn *c);
 void sv_reader_resume_wait(sv_conn *c);
 /* Stops reading for good. */
 void sv_reader_stop(sv_conn *c);
+/* Runs the frame timer while a frame is arriving and the peer, not the
+ * server, holds it up: stopped while reading is paused or an upload waits
+ * for its quota, restarted (whole) when reading resumes. */
+void sv_reader_frame_timer(sv_conn *c);
 
 /* hello.c */
 void sv_hello(sv_conn *c, Dispatch__Request *req);

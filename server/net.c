@@ -11,7 +11,7 @@
 
 #include "conn.h"
 
-#define N_HANDLES 3 /* tcp, idle, hs */
+#define N_HANDLES 4 /* tcp, idle, hs, frame */
 
 /* ------------------------------------------------------------ lifecycle */
 
@@ -58,6 +58,7 @@ void sv_conn_close(sv_conn *c, const char *reason) {
   uv_close((uv_handle_t *)&c->tcp, on_handle_closed);
   uv_close((uv_handle_t *)&c->idle, on_handle_closed);
   uv_close((uv_handle_t *)&c->hs, on_handle_closed);
+  uv_close((uv_handle_t *)&c->frame, on_handle_closed);
   sv_job *list = sv_pool_cancel(c->srv->pool, c->sess);
   while (list) {
     sv_job *next = list->next;
@@ -75,6 +76,7 @@ void sv_conn_close(sv_conn *c, const char *reason) {
 static void on_idle(uv_timer_t *t) {
   sv_conn *c = t->data;
   if (c->inflight > 0 || !sv_writer_idle(c)) return; /* still working */
+  if (c->in_frame) return; /* a frame is arriving: --frame-timeout rules */
   if (c->closing || c->close_after_flush) return;
   char msg[128];
   snprintf(msg, sizeof msg,
@@ -123,7 +125,6 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
     return;
   }
   if (nread == 0) return;
-  sv_conn_touch(c);
   c->tp->on_bytes(c, buf, (size_t)nread);
 }
 
@@ -140,6 +141,7 @@ void sv_conn_submit(sv_conn *c, sv_job *j) {
   if (c->inflight >= c->srv->cfg->max_queued && !c->paused) {
     c->paused = 1; /* input backpressure until the workers catch up */
     uv_read_stop((uv_stream_t *)&c->tcp);
+    sv_reader_frame_timer(c);
   }
 }
 
@@ -213,6 +215,7 @@ void sv_conn_on_done(sv_job *j, void *ud) {
   if (c->closing) return;
   if (c->paused && c->inflight < c->srv->cfg->max_queued / 2 + 1) {
     c->paused = 0;
+    sv_reader_frame_timer(c);
     if (c->state != ST_DEAD && c->state != ST_WAIT) sv_reader_again(c);
   }
   if (c->state == ST_WAIT && c->inflight == 0) sv_reader_resume_wait(c);
@@ -260,9 +263,11 @@ static void on_connection(uv_stream_t *l, int status) {
   uv_tcp_init(&srv->loop, &c->tcp);
   uv_timer_init(&srv->loop, &c->idle);
   uv_timer_init(&srv->loop, &c->hs);
+  uv_timer_init(&srv->loop, &c->frame);
   c->tcp.data = c;
   c->idle.data = c;
   c->hs.data = c;
+  c->frame.data = c;
   c->handles_open = N_HANDLES;
   c->next = srv->conns;
   if (srv->conns) srv->conns->prev = c;

@@ -3,9 +3,51 @@
  * reads. Every limit on what a peer may send sits here: the frame header
  * limits, uploads' quota, and the input backpressure of --max-queued. An
  * upload's bulk lands straight in the tensor's storage. */
+#include <stdio.h>
 #include <string.h>
 
 #include "conn.h"
+
+/* A frame did not arrive whole in time: a peer that sends a byte now and
+ * then would otherwise hold its session slot forever. */
+static void on_frame_timeout(uv_timer_t *t) {
+  sv_conn *c = t->data;
+  if (c->closing || c->close_after_flush || !c->in_frame) return;
+  char msg[256];
+  snprintf(msg, sizeof msg,
+           "frame not complete within %d s (server limit --frame-timeout): "
+           "%s",
+           c->srv->cfg->frame_timeout_s,
+           c->state == ST_HEADER ? "header unfinished"
+           : c->state == ST_MSG  ? "message unfinished"
+                                 : "bulk unfinished");
+  atomic_fetch_add(&c->srv->g.limit_violations, 1);
+  sv_log(SV_LOG_WARN, "conn %llu (%s): %s", c->id, c->peer, msg);
+  sv_refuse(c, 0, DISPATCH_ELIMIT, msg);
+}
+
+void sv_reader_frame_timer(sv_conn *c) {
+  int s = c->srv->cfg->frame_timeout_s;
+  if (s <= 0 || c->closing) return;
+  int held = c->paused || c->state == ST_WAIT || c->state == ST_DEAD;
+  if (!c->in_frame || held) uv_timer_stop(&c->frame);
+  else if (!uv_is_active((uv_handle_t *)&c->frame))
+    uv_timer_start(&c->frame, on_frame_timeout, (uint64_t)s * 1000, 0);
+}
+
+/* The first byte of a frame arrived: its clock starts. */
+static void frame_begin(sv_conn *c) {
+  c->in_frame = 1;
+  uv_timer_stop(&c->frame);
+  sv_reader_frame_timer(c);
+}
+
+/* The frame is complete: its clock stops and idle time counts from now. */
+static void frame_end(sv_conn *c) {
+  c->in_frame = 0;
+  uv_timer_stop(&c->frame);
+  sv_conn_touch(c);
+}
 
 int sv_reader_open(const sv_conn *c) {
   return !c->closing && !c->paused && c->state != ST_WAIT &&
@@ -31,6 +73,7 @@ static void finish_bulk(sv_conn *c) {
   c->bulk_dst = NULL;
   c->state = ST_HEADER;
   c->hdr_got = 0;
+  frame_end(c);
   sv_conn_submit(c, j);
 }
 
@@ -56,12 +99,14 @@ static void prepare_upload(sv_conn *c, sv_job *j, int final) {
     c->wait_job = j;
     c->state = ST_WAIT;
     uv_read_stop((uv_stream_t *)&c->tcp);
+    sv_reader_frame_timer(c);
     return;
   }
   c->bulk_job = j;
   c->bulk_got = 0;
   c->bulk_dst = j->upload ? dsp_tensor_data(j->upload) : NULL;
   c->state = ST_BULK;
+  sv_reader_frame_timer(c); /* resumed after a wait */
 }
 
 /* Once the FIFO is empty, judges the waiting upload for good and parses
@@ -131,6 +176,7 @@ void sv_reader_parse(sv_conn *c, const uint8_t *p, size_t n) {
   const sv_config *cfg = c->srv->cfg;
   while (n > 0 && !c->closing) {
     if (c->state == ST_HEADER) {
+      if (c->hdr_got == 0) frame_begin(c);
       size_t take = DSP_FRAME_HEADER_SIZE - c->hdr_got;
       if (take > n) take = n;
       memcpy(c->hdr + c->hdr_got, p, take);
@@ -143,6 +189,15 @@ void sv_reader_parse(sv_conn *c, const uint8_t *p, size_t n) {
       int rc = sv_decode_header(cfg, c->hdr, &h, why, sizeof why);
       if (rc < 0) {
         sv_proto_error(c, 0, rc, "%s", why);
+        return;
+      }
+      if (!c->hello_done &&
+          (uint64_t)h.msg_len + h.bulk_len > SV_PREAUTH_FRAME_MAX) {
+        sv_proto_error(c, 0, DISPATCH_ETOOLARGE,
+                       "frame of %u + %llu bytes before hello: at most %u "
+                       "bytes until a hello succeeds",
+                       h.msg_len, (unsigned long long)h.bulk_len,
+                       SV_PREAUTH_FRAME_MAX);
         return;
       }
       c->msg = dsp_malloc(h.msg_len);
@@ -161,7 +216,10 @@ void sv_reader_parse(sv_conn *c, const uint8_t *p, size_t n) {
       c->msg_got += (uint32_t)take;
       p += take;
       n -= take;
-      if (c->msg_got == c->msg_len) handle_msg(c);
+      if (c->msg_got == c->msg_len) {
+        handle_msg(c);
+        if (c->state == ST_HEADER && c->hdr_got == 0) frame_end(c);
+      }
       if (c->state == ST_WAIT) {
         c->pend = p;
         c->pend_n = n;

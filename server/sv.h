@@ -30,7 +30,9 @@ typedef struct sv_config {
   uint32_t max_queued;         /* decoded requests waiting per session */
   uint64_t storage_cache;      /* freed tensor storage kept for reuse */
   int max_sessions;
-  int idle_timeout_s;          /* 0: never */
+  int idle_timeout_s;          /* 0: never; counts from the last complete
+                                  request */
+  int frame_timeout_s;         /* one frame, first byte to last; 0: never */
   int threads;
   int log_level;
   /* TLS and authentication (paths point into argv; NULL when unset) */
