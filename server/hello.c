@@ -36,10 +36,11 @@ void sv_hello(sv_conn *c, Dispatch__Request *req) {
   if (cfg->token && !token_matches(cfg, h->token)) {
     int none = !h->token || !*h->token;
     atomic_fetch_add(&c->srv->g.protocol_errors, 1);
+    char name[4 * SV_LOG_STR_MAX + 8];
     sv_log(SV_LOG_WARN,
            "conn %llu (%s): refused: %s token from client '%s'", c->id,
            c->peer, none ? "no" : "wrong",
-           h->client_name ? h->client_name : "");
+           sv_log_str(name, sizeof name, h->client_name, SV_LOG_STR_MAX));
     sv_refuse(c, req->req_id, DISPATCH_EAUTH,
               none ? "authentication failed: this server requires a token "
                      "(none was sent)"
@@ -75,8 +76,10 @@ void sv_hello(sv_conn *c, Dispatch__Request *req) {
   }
   c->hello_done = 1;
   uv_timer_stop(&c->hs);
+  char name[4 * SV_LOG_STR_MAX + 8];
   sv_log(SV_LOG_INFO, "conn %llu (%s): hello from '%s', protocol %u.%u",
-         c->id, c->peer, h->client_name ? h->client_name : "", h->major,
-         h->minor);
+         c->id, c->peer,
+         sv_log_str(name, sizeof name, h->client_name, SV_LOG_STR_MAX),
+         h->major, h->minor);
   sv_writer_queue(c, buf, len, NULL);
 }

@@ -68,6 +68,11 @@ int sv_log_parse_level(const char *s); /* -1 when unknown */
 void sv_log(int level, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 #define SV_LOG_ON(l) ((l) <= sv_log_level)
+/* A client-supplied string made safe to quote in a log line: at most max
+ * characters, control bytes, backslashes and invalid UTF-8 as \xNN, "..."
+ * when cut; written to buf (len bytes), which is returned. */
+#define SV_LOG_STR_MAX 64
+const char *sv_log_str(char *buf, size_t len, const char *s, size_t max);
 
 /* ------------------------------------------------------------ id map */
 

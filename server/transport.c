@@ -195,10 +195,11 @@ static void tls_pump(sv_conn *c) {
     if (rc == 0 || c->closing) return;
     t->done = 1;
     if (SV_LOG_ON(SV_LOG_INFO)) {
-      char peer[256];
+      char peer[256], safe[4 * SV_LOG_STR_MAX + 8];
       sv_tls_peer_name(t->tls, peer, sizeof peer);
       sv_log(SV_LOG_INFO, "conn %llu (%s): TLS handshake done%s%s", c->id,
-             c->peer, *peer ? ", client certificate " : "", peer);
+             c->peer, *peer ? ", client certificate " : "",
+             sv_log_str(safe, sizeof safe, peer, SV_LOG_STR_MAX));
     }
     if (c->over_limit) {
       char msg[128];
