@@ -553,3 +553,33 @@ Test(conn, client_strings_cannot_forge_log_lines, .fini = cleanup,
   unlink(tok);
   cr_assert_eq(named, 2, "the name is logged escaped on both paths");
 }
+
+/* An upload larger than the server's frame limit (here one of 4 GiB + 4
+ * bytes, the default limit being 1 GiB) is refused by the client before
+ * a byte is sent, with ETOOLARGE naming both sizes, and the session goes
+ * on. The buffer is never touched, so it costs no memory. */
+Test(conn, upload_over_the_frame_limit_is_refused_clearly, .fini = cleanup,
+     .timeout = 120) {
+  const char *args[] = {"--log-level", "error", NULL};
+  start(args);
+  char spec[64], msg[256];
+  snprintf(spec, sizeof spec, "tcp://127.0.0.1:%d", g_srv.port);
+  dispatch_device *d;
+  cr_assert_eq(dispatch_device_open(spec, NULL, &d, msg, sizeof msg), 0,
+               "%s", msg);
+  const int64_t n = ((int64_t)1 << 30) + 1;
+  size_t nb = (size_t)n * sizeof(float);
+  void *buf = malloc(nb);
+  cr_assert_not_null(buf);
+  dispatch_tensor *t = NULL;
+  int rc = dispatch_tensor_from_data(d, DISPATCH_F32, 1, &n, buf, nb, &t);
+  free(buf);
+  cr_assert_eq(rc, DISPATCH_ETOOLARGE, "%s: %s", dispatch_err_name(rc),
+               dispatch_device_errmsg(d));
+  cr_assert(strstr(dispatch_device_errmsg(d), "4294967300"), "message: %s",
+            dispatch_device_errmsg(d));
+  cr_assert_null(t);
+  cr_assert_eq(dispatch_device_sync(d), 0, "the session did not go on: %s",
+               dispatch_device_errmsg(d));
+  dispatch_device_close(d);
+}
