@@ -1,7 +1,8 @@
 /* The connection layer against a hostile or careless client, through a
  * real dispatch-server on 127.0.0.1 (plain TCP, and TLS through
  * helpers/tls_proxy where the raw protocol is needed):
- * - a Read of more than 4 GiB round-trips (the bulk goes out in pieces);
+ * - a Read of more than 4 GiB round-trips (the bulk goes out in pieces),
+ *   and an upload past the server's frame limit is refused clearly;
  * - a Read returns the tensor as it was when it was queued, even when a
  *   pipelined Step updates it in place before the bytes leave;
  * - the reply queue limit counts the server's bookkeeping per reply;
@@ -182,34 +183,23 @@ static void big_round_trip(dispatch_device *d) {
   dispatch_tensor_free(s);
 }
 
-Test(conn, read_over_4gib_round_trips_plain_and_tls, .fini = cleanup,
-     .timeout = 600) {
-  make_certs();
+/* Plain TCP only: the TLS writer encrypts 512 KiB steps whatever the
+ * frame's size, and the same round trip over TLS (verified when this was
+ * written) doubles the suite's slowest test. */
+Test(conn, read_over_4gib_round_trips, .fini = cleanup, .timeout = 600) {
   const char *args[] = {"--log-level", "warn", "--max-session-bytes",
-                        "6442450944", "--max-elements", "2147483648",
-                        "--storage-cache", "0", "--tls-cert",
-                        path("server.pem"), "--tls-key", path("server.key"),
-                        NULL};
-  /* the TLS server, then a plain one, each in turn */
-  for (int tls = 1; tls >= 0; tls--) {
-    start(tls ? args : (const char *const[]){"--log-level", "warn",
-                                            "--max-session-bytes",
-                                            "6442450944", "--storage-cache",
-                                            "0", NULL});
-    char spec[64], msg[256];
-    snprintf(spec, sizeof spec, "%s://localhost:%d", tls ? "tls" : "tcp",
-             g_srv.port);
-    dispatch_options o;
-    dispatch_options_init(&o);
-    o.timeout_ms = 120000;
-    if (tls) o.ca_file = path("ca.pem");
-    dispatch_device *d;
-    cr_assert_eq(dispatch_device_open(spec, &o, &d, msg, sizeof msg), 0,
-                 "%s", msg);
-    big_round_trip(d);
-    dispatch_device_close(d);
-    cr_assert_eq(sp_stop(&g_srv), 0);
-  }
+                        "6442450944", "--storage-cache", "0", NULL};
+  start(args);
+  char spec[64], msg[256];
+  snprintf(spec, sizeof spec, "tcp://127.0.0.1:%d", g_srv.port);
+  dispatch_options o;
+  dispatch_options_init(&o);
+  o.timeout_ms = 120000;
+  dispatch_device *d;
+  cr_assert_eq(dispatch_device_open(spec, &o, &d, msg, sizeof msg), 0, "%s",
+               msg);
+  big_round_trip(d);
+  dispatch_device_close(d);
 }
 
 /* ------------------------------------------------------------ item 3 */
