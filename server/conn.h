@@ -76,7 +76,8 @@ typedef struct sv_transport {
 extern const sv_transport sv_transport_tcp;
 extern const sv_transport sv_transport_tls;
 
-/* A socket write in flight; at most one per connection. */
+/* A socket write in flight. Plain TCP has at most one (frames wait in the
+ * queue meanwhile); TLS may add handshake or alert records behind one. */
 typedef struct sv_write {
   uv_write_t req;
   uint8_t *owned; /* freed in on_write (TLS ciphertext), or NULL: the
@@ -114,8 +115,7 @@ struct sv_conn {
   int in_frame; /* a frame's first byte arrived, its last not yet */
   /* writer */
   sv_out *oq_head, *oq_tail; /* frames not yet handed to the socket */
-  sv_write wr;               /* the write in flight (writes_pending) */
-  int writes_pending;
+  int writes_pending;        /* sv_writes in flight */
   uint64_t outq_bytes; /* unsent reply bytes + SV_OUT_COST a frame */
   /* lifecycle */
   int closing, close_after_flush, paused, handles_open, teardown_done;

@@ -68,17 +68,17 @@ void sv_writer_consume(sv_conn *c, size_t n) {
 
 static void on_write(uv_write_t *req, int status) {
   sv_conn *c = (sv_conn *)req->handle;
-  sv_write *w = &c->wr;
+  sv_write *w = (sv_write *)req;
   size_t len = w->len;
-  c->writes_pending = 0;
-  w->len = 0;
+  c->writes_pending--;
   if (w->owned) { /* transport bytes (ciphertext) */
-    c->outq_bytes -= len;
+    c->outq_bytes -= len + sizeof *w;
     dsp_free(w->owned);
-    w->owned = NULL;
   } else { /* bytes of queued frames, which stayed until now */
+    c->outq_bytes -= sizeof *w;
     sv_writer_consume(c, len);
   }
+  dsp_free(w);
   if (c->closing) return;
   if (status < 0) {
     sv_conn_close(c, uv_strerror(status));
@@ -111,19 +111,24 @@ long sv_writer_sock(sv_conn *c, uv_buf_t *b, unsigned nb, uint8_t *owned,
   while (skip >= b[first].len) skip -= b[first++].len;
   b[first].base += skip;
   b[first].len -= skip;
-  c->wr.owned = owned;
-  c->wr.len = total - done;
-  int rc = uv_write(&c->wr.req, (uv_stream_t *)&c->tcp, b + first,
-                    nb - first, on_write);
+  sv_write *w = dsp_malloc(sizeof *w);
+  if (!w) {
+    dsp_free(owned);
+    sv_conn_close(c, "out of memory queueing a write");
+    return -1;
+  }
+  w->owned = owned;
+  w->len = total - done;
+  int rc = uv_write(&w->req, (uv_stream_t *)&c->tcp, b + first, nb - first,
+                    on_write);
   if (rc < 0) {
     dsp_free(owned);
-    c->wr.owned = NULL;
-    c->wr.len = 0;
+    dsp_free(w);
     sv_conn_close(c, uv_strerror(rc));
     return -1;
   }
-  if (owned) c->outq_bytes += c->wr.len;
-  c->writes_pending = 1;
+  c->outq_bytes += (owned ? w->len : 0) + sizeof *w;
+  c->writes_pending++;
   return (long)done;
 }
 
