@@ -116,6 +116,8 @@ struct sv_conn {
   /* writer */
   sv_out *oq_head, *oq_tail; /* frames not yet handed to the socket */
   int writes_pending;        /* sv_writes in flight */
+  uint64_t sent;             /* bytes the socket took, ever */
+  uint64_t sent_at_idle;     /* sent at the last idle tick */
   uint64_t outq_bytes; /* unsent reply bytes + SV_OUT_COST a frame */
   /* lifecycle */
   int closing, close_after_flush, paused, handles_open, teardown_done;

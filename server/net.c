@@ -72,12 +72,29 @@ void sv_conn_close(sv_conn *c, const char *reason) {
 }
 
 /* An idle session is a limit violation: it gets an Error frame saying
- * why (a client sees it at its next wait) and is closed. */
+ * why (a client sees it at its next wait) and is closed. A client that
+ * takes none of its replies for a whole period is closed too (no frame
+ * can reach it): otherwise one Read it never reads holds a slot. */
 static void on_idle(uv_timer_t *t) {
   sv_conn *c = t->data;
-  if (c->inflight > 0 || !sv_writer_idle(c)) return; /* still working */
-  if (c->in_frame) return; /* a frame is arriving: --frame-timeout rules */
   if (c->closing || c->close_after_flush) return;
+  if (!sv_writer_idle(c)) {
+    if (c->sent != c->sent_at_idle) {
+      c->sent_at_idle = c->sent; /* it reads, however slowly */
+      return;
+    }
+    atomic_fetch_add(&c->srv->g.limit_violations, 1);
+    sv_log(SV_LOG_WARN,
+           "conn %llu (%s): took none of %llu bytes of replies for %d s "
+           "(server limit --idle-timeout)",
+           c->id, c->peer, (unsigned long long)c->outq_bytes,
+           c->srv->cfg->idle_timeout_s);
+    sv_conn_close(c, "client does not read its replies");
+    return;
+  }
+  c->sent_at_idle = c->sent;
+  if (c->inflight > 0) return;        /* still working */
+  if (c->in_frame) return; /* a frame is arriving: --frame-timeout rules */
   char msg[128];
   snprintf(msg, sizeof msg,
            "session idle for %d s (server limit --idle-timeout): closed",

@@ -71,6 +71,7 @@ static void on_write(uv_write_t *req, int status) {
   sv_write *w = (sv_write *)req;
   size_t len = w->len;
   c->writes_pending--;
+  if (status >= 0) c->sent += len;
   if (w->owned) { /* transport bytes (ciphertext) */
     c->outq_bytes -= len + sizeof *w;
     dsp_free(w->owned);
@@ -101,6 +102,7 @@ long sv_writer_sock(sv_conn *c, uv_buf_t *b, unsigned nb, uint8_t *owned,
       return -1;
     }
     done = n > 0 ? (size_t)n : 0;
+    c->sent += done;
   }
   if (done == total) {
     dsp_free(owned);

@@ -573,3 +573,42 @@ Test(conn, upload_over_the_frame_limit_is_refused_clearly, .fini = cleanup,
                dispatch_device_errmsg(d));
   dispatch_device_close(d);
 }
+
+/* Sessions the server counts, from a fresh connection's Stats. */
+static uint64_t server_sessions(void) {
+  wire_conn s;
+  cr_assert_eq(wire_connect(&s, g_srv.port), 0);
+  cr_assert_eq(wire_hello(&s, "observer"), 0);
+  Dispatch__StatsReply st;
+  cr_assert_eq(wire_get_stats(&s, &st), 0);
+  wire_close(&s);
+  return st.sessions;
+}
+
+/* The slow-read sibling of slowloris: a client asks for a 16 MiB Read and
+ * never reads. It used to hold its session forever (the idle timer skips
+ * a session with replies pending); with --idle-timeout 1 it is closed
+ * once a whole period passes with none of its replies taken. */
+Test(conn, client_that_never_reads_is_closed, .fini = cleanup,
+     .timeout = 120) {
+  const char *more[] = {"--log-level", "error", "--idle-timeout", "1", NULL};
+  wire_conn c;
+  start_conn(0, more, &c);
+  int rcv = 4096;
+  setsockopt(c.fd, SOL_SOCKET, SO_RCVBUF, &rcv, sizeof rcv);
+  const int64_t n = 4 << 20;
+  float *v = calloc((size_t)n, sizeof(float));
+  cr_assert_not_null(v);
+  wire_upload(&c, 1, DSP_F32, 1, &n, v, (size_t)n * 4);
+  free(v);
+  wire_read(&c, 1);
+  /* the observer's own session counts too: 2 while c is held */
+  int polls = 0;
+  while (server_sessions() > 1 && polls < 40) {
+    sleep_ms(250);
+    polls++;
+  }
+  cr_assert_lt(polls, 40, "a client that reads nothing still holds its "
+               "session after ~10 s with --idle-timeout 1");
+  wire_close(&c);
+}
