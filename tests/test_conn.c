@@ -342,8 +342,8 @@ Test(conn, reply_queue_limit_counts_bookkeeping, .fini = cleanup,
                "never reads (%llu bytes of syncs sent)",
                (unsigned long long)sent);
   long peak = proc_kib(g_srv.pid, "VmHWM");
-  cr_log_info("VmHWM grew by %ld KiB (limit %ld KiB)", peak - base,
-              limit_kib);
+  fprintf(stderr, "reply queue test: server VmHWM grew by %ld KiB (limit "
+          "%ld KiB)\n", peak - base, limit_kib);
   if (!UNDER_ASAN)
     cr_assert_lt(peak - base, limit_kib + 4096,
                  "server peak RSS grew by %ld KiB for an output limit of "
