@@ -3,7 +3,10 @@
  * write after that copies the bytes to a fresh block, swaps the storage
  * to it and "detaches" the old block, which the pins then own. One mutex
  * guards the blocks: pins are rare (one per large Read in flight), and a
- * pin is released on another thread than the one that writes. */
+ * pin is released on another thread than the one that writes. Attached
+ * blocks are found by their storage's address in a hash table, so many
+ * reads in flight (a server's sessions each pipelining Reads) do not make
+ * each pin or in-place write scan them all. */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <string.h>
@@ -11,7 +14,7 @@
 #include "dsp_internal.h"
 
 typedef struct pin_block {
-  struct pin_block *next; /* in g_attached while owner is set */
+  struct pin_block *next; /* in its g_attached bucket while owner is set */
   dsp_storage *owner;     /* NULL once detached */
   void *data;
   size_t nbytes;
@@ -24,18 +27,27 @@ struct dsp_pin {
   dsp_tensor *keep; /* an alias: keeps the owner storage alive */
 };
 
+#define N_BUCKETS 4096u
+
 static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
-static pin_block *g_attached;
+static pin_block *g_attached[N_BUCKETS];
 static atomic_long g_n_attached; /* lets unpinned writes skip the mutex */
 
+static pin_block **bucket(const dsp_storage *s) {
+  uintptr_t h = (uintptr_t)s;
+  h ^= h >> 17;
+  h *= (uintptr_t)0x9e3779b97f4a7c15ull;
+  return &g_attached[(h >> 20) % N_BUCKETS];
+}
+
 static pin_block *find_locked(const dsp_storage *s) {
-  for (pin_block *b = g_attached; b; b = b->next)
+  for (pin_block *b = *bucket(s); b; b = b->next)
     if (b->owner == s) return b;
   return NULL;
 }
 
 static void unlink_locked(pin_block *b) {
-  for (pin_block **pp = &g_attached; *pp; pp = &(*pp)->next)
+  for (pin_block **pp = bucket(b->owner); *pp; pp = &(*pp)->next)
     if (*pp == b) {
       *pp = b->next;
       atomic_fetch_sub(&g_n_attached, 1);
@@ -73,10 +85,11 @@ int dsp_tensor_pin(dsp_ctx *ctx, dsp_tensor *t, dsp_pin **out) {
   pthread_mutex_lock(&g_mu);
   pin_block *b = find_locked(s);
   if (!b) {
+    pin_block **head = bucket(s);
     b = fresh;
     fresh = NULL;
-    *b = (pin_block){g_attached, s, s->data, s->nbytes, s->backend, 0};
-    g_attached = b;
+    *b = (pin_block){*head, s, s->data, s->nbytes, s->backend, 0};
+    *head = b;
     atomic_fetch_add(&g_n_attached, 1);
   }
   b->pins++;
