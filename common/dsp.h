@@ -2,8 +2,8 @@
  *
  * Tensors, dtypes, the allocator, the error/detail context, the op table
  * (codes shared with the wire protocol), shape inference, the backend
- * interface with its CPU implementation, and the reverse-mode autodiff
- * engine.
+ * interface with its CPU implementation (common/cpu/), and the
+ * reverse-mode autodiff engine.
  *
  * Conventions
  * - Every function that can fail returns 0 or a negative DISPATCH_E* code
@@ -446,11 +446,20 @@ typedef struct dsp_backend {
   void (*free)(void *bctx, void *data);
   int (*copy_in)(void *bctx, void *dst, const void *src, size_t n);
   int (*copy_out)(void *bctx, void *dst, const void *src, size_t n);
-  /* 1 if the backend runs op on these dtypes */
-  int (*supports_op)(void *bctx, dsp_opcode op, const dsp_meta *in, int n_in);
+  /* 1 if the backend has a kernel for op on these inputs and this output
+   * (the meta dsp_op_infer computed: for a creation op, with no inputs,
+   * it carries the dtype); 0 makes dsp_op fail with DISPATCH_EUNSUPPORTED
+   * naming the op, the dtypes and the backend before anything is
+   * allocated. Truthful per op x dtype: the conformance suite
+   * (tests/test_backend_ops.c) runs every pair it claims and checks that
+   * every pair it refuses is refused. */
+  int (*supports_op)(void *bctx, dsp_opcode op, const dsp_meta *in, int n_in,
+                     const dsp_meta *out);
   /* runs the kernel into the already allocated `out`, whose meta is the
    * one dsp_op_infer computed; kernels may still fail on values (an index
-   * out of range) and then return an error with the detail set in ctx */
+   * out of range) and then return an error with the detail set in ctx. An
+   * op x dtype it has no kernel for is DISPATCH_EUNSUPPORTED, never a
+   * success that leaves `out` as allocated. */
   int (*run_op)(void *bctx, dsp_ctx *ctx, dsp_opcode op,
                 dsp_tensor *const *in, int n_in, const dsp_attrs *a,
                 dsp_tensor *out);
@@ -496,11 +505,11 @@ int dsp_detach(dsp_ctx *ctx, dsp_tensor *t, dsp_tensor **out);
 /* ------------------------------------------------------------------ */
 /* family entry points (internal to common/)                           */
 
+/* shape inference per family (common/ops_<family>.c); each backend's
+ * kernels live in its own folder (CPU: common/cpu/) */
 #define DSP_FAMILY_DECL_(fam)                                                \
   int dsp__infer_##fam(dsp_ctx *ctx, dsp_opcode op, const dsp_meta *in,      \
-                       int n_in, const dsp_attrs *a, dsp_meta *out);         \
-  int dsp__cpu_##fam(dsp_ctx *ctx, dsp_opcode op, dsp_tensor *const *in,     \
-                     int n_in, const dsp_attrs *a, dsp_tensor *out);
+                       int n_in, const dsp_attrs *a, dsp_meta *out);
 DSP_FAMILY_DECL_(ew)
 DSP_FAMILY_DECL_(red)
 DSP_FAMILY_DECL_(shape)
