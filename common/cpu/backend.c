@@ -1,10 +1,12 @@
-/* The CPU backend: host memory and the family kernels of common/. */
+/* The CPU backend: host memory, the table of what its kernels implement,
+ * and the dispatch to the family kernels of common/cpu/. */
 #include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "dsp_internal.h"
+#include "cpu.h"
+#include "ops_plan.h"
 
 /* Storage cache: a server that frees a large tensor and soon allocates
  * one of about the same size (uploads, step-by-step training) would
@@ -119,16 +121,86 @@ static int cpu_copy(void *bctx, void *dst, const void *src, size_t n) {
   return 0;
 }
 
-static int cpu_supports(void *bctx, dsp_opcode op, const dsp_meta *in, int n) {
-  (void)bctx, (void)in, (void)n;
-  return dsp_op_lookup((int)op) != NULL;
+/* What the CPU kernels implement: per op, the set of key dtypes
+ * (dsp__op_key_dtype) they have a loop for. The other operands' dtypes are
+ * fixed by inference (same dtype, i64 labels and indexes, bool masks);
+ * cast converts every source dtype to every target dtype. One row per op:
+ * a new op in DSP_OP_MAP breaks the build here until it has a row, and
+ * tests/test_backend_ops.c runs every pair a row claims. */
+#define F_ (1u << DSP_F32)
+#define D_ (1u << DSP_F64)
+#define I_ (1u << DSP_I64)
+#define B_ (1u << DSP_BOOL)
+#define FD_ (F_ | D_)
+#define FDI_ (F_ | D_ | I_)
+#define ALL_ (F_ | D_ | I_ | B_)
+static const struct cpu_row {
+  dsp_opcode op;
+  unsigned dtypes;
+} g_cpu_ops[] = {
+    {DSP_OP_ADD, FDI_}, {DSP_OP_SUB, FDI_}, {DSP_OP_MUL, FDI_},
+    {DSP_OP_DIV, FDI_}, {DSP_OP_MAXIMUM, FDI_}, {DSP_OP_MINIMUM, FDI_},
+    {DSP_OP_EQ, ALL_}, {DSP_OP_NE, ALL_}, {DSP_OP_LT, FDI_},
+    {DSP_OP_LE, FDI_}, {DSP_OP_GT, FDI_}, {DSP_OP_GE, FDI_},
+    {DSP_OP_WHERE, ALL_},
+    {DSP_OP_ADD_SCALAR, FDI_}, {DSP_OP_SUB_SCALAR, FDI_},
+    {DSP_OP_MUL_SCALAR, FDI_}, {DSP_OP_DIV_SCALAR, FD_},
+    {DSP_OP_POW_SCALAR, FD_}, {DSP_OP_RSUB_SCALAR, FDI_},
+    {DSP_OP_RDIV_SCALAR, FD_},
+    {DSP_OP_NEG, FDI_}, {DSP_OP_EXP, FD_}, {DSP_OP_LOG, FD_},
+    {DSP_OP_SQRT, FD_}, {DSP_OP_ABS, FDI_}, {DSP_OP_SIGN, FDI_},
+    {DSP_OP_RELU, FDI_}, {DSP_OP_SIGMOID, FD_}, {DSP_OP_TANH, FD_},
+    {DSP_OP_GELU, FD_}, {DSP_OP_RELU_BACKWARD, FDI_},
+    {DSP_OP_GELU_BACKWARD, FD_},
+    {DSP_OP_SUM, FDI_}, {DSP_OP_MEAN, FD_}, {DSP_OP_MAX, FDI_},
+    {DSP_OP_ARGMAX, FDI_},
+    {DSP_OP_RESHAPE, ALL_}, {DSP_OP_PERMUTE, ALL_}, {DSP_OP_TRANSPOSE, ALL_},
+    {DSP_OP_SLICE, ALL_}, {DSP_OP_CAT, ALL_}, {DSP_OP_STACK, ALL_},
+    {DSP_OP_BROADCAST_TO, ALL_}, {DSP_OP_INDEX_SELECT, ALL_},
+    {DSP_OP_CAST, ALL_}, {DSP_OP_SLICE_BACKWARD, ALL_},
+    {DSP_OP_INDEX_SELECT_BACKWARD, FDI_},
+    {DSP_OP_MATMUL, FD_},
+    {DSP_OP_SOFTMAX, FD_}, {DSP_OP_LOG_SOFTMAX, FD_},
+    {DSP_OP_SOFTMAX_BACKWARD, FD_}, {DSP_OP_LOG_SOFTMAX_BACKWARD, FD_},
+    {DSP_OP_CROSS_ENTROPY, FD_}, {DSP_OP_CROSS_ENTROPY_BACKWARD, FD_},
+    {DSP_OP_MSE, FD_}, {DSP_OP_CONV2D, FD_},
+    {DSP_OP_CONV2D_BACKWARD_INPUT, FD_}, {DSP_OP_CONV2D_BACKWARD_WEIGHT, FD_},
+    {DSP_OP_MAX_POOL2D, FD_}, {DSP_OP_AVG_POOL2D, FD_},
+    {DSP_OP_MAX_POOL2D_BACKWARD, FD_}, {DSP_OP_AVG_POOL2D_BACKWARD, FD_},
+    {DSP_OP_DROPOUT, FD_},
+    {DSP_OP_ZEROS, ALL_}, {DSP_OP_ONES, ALL_}, {DSP_OP_FULL, ALL_},
+    {DSP_OP_ARANGE, FDI_}, {DSP_OP_UNIFORM, FD_}, {DSP_OP_NORMAL, FD_},
+    {DSP_OP_SGD_STEP, FD_}, {DSP_OP_ADAM_STEP, FD_},
+};
+_Static_assert(sizeof g_cpu_ops / sizeof g_cpu_ops[0] == DSP__OP_COUNT,
+               "every op in DSP_OP_MAP needs a row in the CPU support table");
+
+static int cpu_supports(void *bctx, dsp_opcode op, const dsp_meta *in,
+                        int n_in, const dsp_meta *out) {
+  (void)bctx;
+  dsp_dtype dt = dsp__op_key_dtype(op, in, n_in, out);
+  if (!dsp_dtype_valid((int)dt)) return 0;
+  for (size_t i = 0; i < sizeof g_cpu_ops / sizeof g_cpu_ops[0]; i++)
+    if (g_cpu_ops[i].op == op) return (g_cpu_ops[i].dtypes >> dt) & 1u;
+  return 0;
+}
+
+int dsp__no_kernel(dsp_ctx *ctx, dsp_opcode op, dsp_tensor *const *in,
+                   int n_in, const dsp_tensor *out) {
+  dsp_meta m[DSP_MAX_INPUTS];
+  if (n_in < 0) n_in = 0;
+  if (n_in > DSP_MAX_INPUTS) n_in = DSP_MAX_INPUTS;
+  for (int i = 0; i < n_in; i++) m[i] = in[i]->meta;
+  return dsp__unsupported(ctx, "cpu", op, m, n_in, out ? &out->meta : NULL);
 }
 
 static int cpu_run(void *bctx, dsp_ctx *ctx, dsp_opcode op,
                    dsp_tensor *const *in, int n_in, const dsp_attrs *a,
                    dsp_tensor *out) {
   (void)bctx;
-  switch (dsp_op_lookup((int)op)->family) {
+  const dsp_op_info *info = dsp_op_lookup((int)op);
+  if (!info) return dsp__no_kernel(ctx, op, in, n_in, out);
+  switch (info->family) {
     case DSP_FAM_EW: return dsp__cpu_ew(ctx, op, in, n_in, a, out);
     case DSP_FAM_RED: return dsp__cpu_red(ctx, op, in, n_in, a, out);
     case DSP_FAM_SHAPE: return dsp__cpu_shape(ctx, op, in, n_in, a, out);
@@ -137,7 +209,7 @@ static int cpu_run(void *bctx, dsp_ctx *ctx, dsp_opcode op,
     case DSP_FAM_CREATE: return dsp__cpu_create(ctx, op, in, n_in, a, out);
     case DSP_FAM_OPTIM: return dsp__cpu_optim(ctx, op, in, n_in, a, out);
   }
-  return dsp_seterr(ctx, DISPATCH_EINTERNAL, "cpu: bad family");
+  return dsp__no_kernel(ctx, op, in, n_in, out);
 }
 
 static const dsp_backend g_cpu = {

@@ -1,22 +1,10 @@
-/* Internal to common/: geometry shared by the nn family's inference
- * (common/ops_nn.c) and its conv kernels (common/kern_nn_conv.c). */
+/* Internal to the CPU backend: the conv kernels (common/cpu/kern_nn_conv.c)
+ * the nn family's kernels (common/cpu/nn.c) call; the geometry comes from
+ * the shared plan (common/ops_plan.h). */
 #ifndef KERN_NN_H
 #define KERN_NN_H
 
-#include "dsp.h"
-
-/* conv2d(x [N,C,H,W], w [O,C,KH,KW]) -> [N,O,OH,OW]; every size has been
- * validated, and C*KH*KW, OH*OW and O fit in an int. */
-typedef struct dsp_conv_geo {
-  int64_t N, C, H, W, O, KH, KW, OH, OW;
-  int64_t sh, sw, ph, pw, dh, dw;
-} dsp_conv_geo;
-
-/* pool on [N,C,H,W] with a KHxKW window -> [N,C,OH,OW] */
-typedef struct dsp_pool_geo {
-  int64_t N, C, H, W, KH, KW, OH, OW;
-  int64_t sh, sw, ph, pw;
-} dsp_pool_geo;
+#include "ops_plan.h"
 
 /* Runs conv2d (a = x, b = w), conv2d_backward_input (a = grad, b = w) or
  * conv2d_backward_weight (a = grad, b = x) into the zeroed output `out`
