@@ -133,7 +133,9 @@ static int bin_block(dsp_ctx *ctx, dsp_opcode op, dsp_dtype dt, int mode,
       case DSP_F32: CMP_CASES(float) break;
       case DSP_F64: CMP_CASES(double) break;
       case DSP_I64: CMP_CASES(int64_t) break;
-      case DSP_BOOL: CMP_CASES(uint8_t) break;
+      case DSP_BOOL: /* bools have equality, no order */
+        if (op != DSP_OP_EQ && op != DSP_OP_NE) return -1;
+        CMP_CASES(uint8_t) break;
       default: return -1;
     }
     return stop;
