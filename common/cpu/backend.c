@@ -121,6 +121,35 @@ static int cpu_copy(void *bctx, void *dst, const void *src, size_t n) {
   return 0;
 }
 
+/* Host memory is the storage: the network layer reads into and sends from
+ * it directly, so staging costs no copy and bulk speed stays what it was. */
+static int cpu_stage_in(void *bctx, void *data, size_t nbytes, void **host,
+                        void **token) {
+  (void)bctx, (void)nbytes;
+  *host = data;
+  *token = NULL;
+  return 0;
+}
+
+static int cpu_commit_in(void *bctx, void *data, const void *host,
+                         size_t nbytes, void *token) {
+  (void)bctx, (void)token;
+  if (host != data && nbytes) memcpy(data, host, nbytes);
+  return 0;
+}
+
+static int cpu_stage_out(void *bctx, const void *data, size_t nbytes,
+                         const void **host, void **token) {
+  (void)bctx, (void)nbytes;
+  *host = data;
+  *token = NULL;
+  return 0;
+}
+
+static void cpu_stage_release(void *bctx, void *token) {
+  (void)bctx, (void)token;
+}
+
 /* What the CPU kernels implement: per op, the set of key dtypes
  * (dsp__op_key_dtype) they have a loop for. The other operands' dtypes are
  * fixed by inference (same dtype, i64 labels and indexes, bool masks);
@@ -220,6 +249,11 @@ static const dsp_backend g_cpu = {
     .free = cpu_free,
     .copy_in = cpu_copy,
     .copy_out = cpu_copy,
+    .stage_in = cpu_stage_in,
+    .commit_in = cpu_commit_in,
+    .stage_out = cpu_stage_out,
+    .stage_release = cpu_stage_release,
+    .host_shared = 1,
     .supports_op = cpu_supports,
     .run_op = cpu_run,
 };
