@@ -54,8 +54,12 @@ static int open_cpu(const dsp_backend **be, char *why, size_t why_len) {
   return 0;
 }
 
-/* One line per backend; the CUDA backend registers here when it is built:
- *   {"cuda", open_cuda, close_cuda}, */
+/* One line per backend. The CUDA backend (common/cuda/), when built,
+ * registers as
+ *   {"cuda", open_cuda, close_cuda},
+ * where open_cuda wraps dsp_cuda_backend_open and returns 1 with its
+ * one-line reason on a machine without a GPU: the suite then prints
+ * "cuda: skipped (no GPU): REASON" and never counts it as passed. */
 static const suite_backend g_backends[] = {
     {"cpu", open_cpu, NULL},
 };
@@ -925,7 +929,9 @@ static void walk_backend(const dsp_backend *be, walk *w) {
           "  to check (integer or bool dtype, an op without one, or listed below as\n"
           "  OP:DTYPE(gradient) when the backward pass needs a pair the backend\n"
           "  refuses); unsupported: supports_op refuses and dsp_op says\n"
-          "  DISPATCH_EUNSUPPORTED; -: inference refuses the dtype (not an op on it)\n",
+          "  DISPATCH_EUNSUPPORTED; -: inference refuses the dtype (not an op on it).\n"
+          "  Cases: plain, broadcasting and zero-size shapes; tensors here are always\n"
+          "  contiguous, so there are no non-contiguous views to test.\n",
           be->name, be->device);
   fprintf(stderr, "  %-24s", "op");
   for (int d = 0; d < NDT; d++) fprintf(stderr, " %-12s", dsp_dtype_name(g_dtypes[d]));

@@ -16,6 +16,10 @@
 #define is_cmp dsp__ew_is_cmp
 #define is_scalar dsp__ew_is_scalar
 
+_Static_assert(DSP__OPS_IN_FAMILY(EW) == 32,
+               "a new elementwise op needs a case in dsp__cpu_ew's loops and "
+               "a row in the CPU support table (common/cpu/backend.c)");
+
 /* ------------------------------------------------------------------ */
 /* binary kernels                                                      */
 
