@@ -40,7 +40,8 @@ LIBS = $(PKG_LIBS) $(BLAS_LIBS) -lm -pthread
 PROTO_SRC := $(wildcard proto/*.proto)
 GEN_C := $(patsubst proto/%.proto,$(BUILD)/gen/%.pb-c.c,$(PROTO_SRC))
 GEN_H := $(GEN_C:.c=.h)
-COMMON_SRC := $(wildcard common/*.c)
+# common/cpu/: the CPU backend (kernels); common/cuda/ joins when built
+COMMON_SRC := $(wildcard common/*.c common/cpu/*.c)
 SERVER_SRC := $(filter-out server/main.c,$(wildcard server/*.c))
 CLIENT_SRC := $(wildcard client/*.c)
 TEST_HELPER_SRC := $(wildcard tests/helpers/*.c)
