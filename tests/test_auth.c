@@ -77,6 +77,16 @@ static void read_log(char *buf, size_t len) {
   fclose(f);
 }
 
+/* Stops the server and asserts a clean exit, quoting its log when not:
+ * a sanitizer report or a crash at shutdown shows up there. */
+static void stop_checked(void) {
+  int st = sp_stop(&g_srv);
+  if (st == 0) return;
+  char log[16384];
+  read_log(log, sizeof log);
+  cr_assert_eq(st, 0, "server exit status %d; its log:\n%s", st, log);
+}
+
 static int open_tcp(const char *token, dispatch_device **d, char *msg,
                     size_t len) {
   char spec[64];
@@ -135,7 +145,7 @@ Test(auth, right_token_is_accepted, .fini = cleanup) {
   cr_assert_eq(rc, 0, "%s: %s", dispatch_err_name(rc), msg);
   dispatch_device_close(d);
   cr_assert_eq(protocol_errors("s3cret-token"), 0);
-  cr_assert_eq(sp_stop(&g_srv), 0);
+  stop_checked();
 }
 
 Test(auth, wrong_token_is_refused_logged_and_counted, .fini = cleanup) {
@@ -161,7 +171,7 @@ Test(auth, wrong_token_is_refused_logged_and_counted, .fini = cleanup) {
   while (line > log && line[-1] != '\n') line--;
   cr_assert(strstr(line, "(127.0.0.1:") && strstr(line, "(127.0.0.1:") < p,
             "line: %.200s", line);
-  cr_assert_eq(sp_stop(&g_srv), 0);
+  stop_checked();
 }
 
 Test(auth, missing_token_is_refused_and_logged, .fini = cleanup) {
@@ -191,7 +201,7 @@ Test(auth, missing_token_is_refused_and_logged, .fini = cleanup) {
   read_log(log, sizeof log);
   cr_assert(strstr(log, "(127.0.0.1:"), "%s", log);
   cr_assert(strstr(log, "refused: no token"), "%s", log);
-  cr_assert_eq(sp_stop(&g_srv), 0);
+  stop_checked();
 }
 
 Test(auth, empty_or_missing_token_file_refuses_to_start, .fini = cleanup) {
@@ -230,7 +240,7 @@ Test(auth, token_and_tls_together, .fini = cleanup) {
   cr_assert_eq(rc, 0, "%s: %s", dispatch_err_name(rc), msg);
   cr_assert_eq(dispatch_device_sync(d), 0);
   dispatch_device_close(d);
-  cr_assert_eq(sp_stop(&g_srv), 0);
+  stop_checked();
 }
 
 /* Runs the server binary on argv (no --listen added) with stdout and
