@@ -1,0 +1,708 @@
+/* The CUDA backend's host side: the dsp_backend table, the stream and pool
+ * of a session, error mapping, cuBLAS matmul, and the plans (index maps,
+ * reduction splits) that the kernels of kernels.cu walk. Compiled by gcc
+ * with the project's warnings; only the kernels go through nvcc. */
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "cuda_kern.h"
+#include "cuda_plan.h"
+#include "dsp_cuda.h"
+#include "dsp_internal.h"
+
+/* dsp_backend first, so the table's address is the backend's */
+typedef struct cu_be {
+  dsp_backend table;
+  int device;
+  cudaStream_t stream;
+  cublasHandle_t blas;
+  cudaMemPool_t pool;
+  char name[24];
+  char desc[352];
+} cu_be;
+
+static const char *opname(dsp_opcode op) { return dsp_op_lookup((int)op)->name; }
+
+/* ------------------------------------------------------------------ */
+/* errors                                                              */
+
+static int cuda_code(cudaError_t e) {
+  switch (e) {
+    case cudaSuccess: return 0;
+    case cudaErrorMemoryAllocation: return DISPATCH_ENOMEM;
+    case cudaErrorNoDevice:
+    case cudaErrorInsufficientDriver:
+    case cudaErrorInvalidDevice:
+    case cudaErrorNotSupported:
+    case cudaErrorNoKernelImageForDevice:
+    case cudaErrorUnsupportedPtxVersion:
+    case cudaErrorSystemDriverMismatch:
+    case cudaErrorCompatNotSupportedOnDevice:
+      return DISPATCH_EUNSUPPORTED;
+    case cudaErrorInvalidValue: return DISPATCH_EINVAL;
+    default: return DISPATCH_EINTERNAL;
+  }
+}
+
+int dsp_cuda_error(int cuda_error, const char *what, char *buf, size_t len) {
+  cudaError_t e = (cudaError_t)cuda_error;
+  if (buf && len)
+    snprintf(buf, len, "%s: %s (%s)", what, cudaGetErrorString(e),
+             cudaGetErrorName(e));
+  return cuda_code(e);
+}
+
+int dsp_cuda_blas_error(int cublas_status, const char *what, char *buf,
+                        size_t len) {
+  cublasStatus_t s = (cublasStatus_t)cublas_status;
+  if (buf && len)
+    snprintf(buf, len, "%s: %s (%s)", what, cublasGetStatusString(s),
+             cublasGetStatusName(s));
+  switch (s) {
+    case CUBLAS_STATUS_SUCCESS: return 0;
+    case CUBLAS_STATUS_ALLOC_FAILED: return DISPATCH_ENOMEM;
+    case CUBLAS_STATUS_INVALID_VALUE: return DISPATCH_EINVAL;
+    case CUBLAS_STATUS_NOT_SUPPORTED:
+    case CUBLAS_STATUS_ARCH_MISMATCH: return DISPATCH_EUNSUPPORTED;
+    default: return DISPATCH_EINTERNAL;
+  }
+}
+
+/* A failed CUDA call as the op's error, "cuda OP: CALL: message (name)". */
+static int cu_err(dsp_ctx *ctx, int e, dsp_opcode op, const char *call) {
+  char what[96], msg[400];
+  snprintf(what, sizeof what, "cuda %s: %s", opname(op), call);
+  int code = dsp_cuda_error(e, what, msg, sizeof msg);
+  return dsp_seterr(ctx, code, "%s", msg);
+}
+static int blas_err(dsp_ctx *ctx, cublasStatus_t s, dsp_opcode op) {
+  char what[96], msg[400];
+  snprintf(what, sizeof what, "cuda %s: cublas gemm", opname(op));
+  int code = dsp_cuda_blas_error((int)s, what, msg, sizeof msg);
+  return dsp_seterr(ctx, code, "%s", msg);
+}
+
+/* ------------------------------------------------------------------ */
+/* storage                                                             */
+
+static int cu_alloc(void *bctx, size_t nbytes, int zero, void **data) {
+  cu_be *b = bctx;
+  void *p = NULL;
+  *data = NULL;
+  if (cudaSetDevice(b->device) != cudaSuccess) return DISPATCH_EINTERNAL;
+  /* an empty tensor still gets a distinct block (never a NULL data) */
+  cudaError_t e = cudaMallocAsync(&p, nbytes ? nbytes : 1, b->stream);
+  if (e != cudaSuccess) return cuda_code(e) ? cuda_code(e) : DISPATCH_ENOMEM;
+  if (zero && nbytes && (e = cudaMemsetAsync(p, 0, nbytes, b->stream)) != cudaSuccess) {
+    cudaFreeAsync(p, b->stream);
+    return cuda_code(e);
+  }
+  *data = p;
+  return 0;
+}
+
+/* stream-ordered: the block returns to the pool after the session's
+ * earlier work on it, never under a running kernel */
+static void cu_free(void *bctx, void *data) {
+  cu_be *b = bctx;
+  if (!data) return;
+  cudaSetDevice(b->device);
+  cudaFreeAsync(data, b->stream);
+}
+
+/* The caller's host buffer is only borrowed: both copies wait for the
+ * stream before returning. */
+static int cu_copy(cu_be *b, void *dst, const void *src, size_t n,
+                   enum cudaMemcpyKind kind) {
+  if (!n) return 0;
+  cudaError_t e = cudaSetDevice(b->device);
+  if (e == cudaSuccess) e = cudaMemcpyAsync(dst, src, n, kind, b->stream);
+  if (e == cudaSuccess) e = cudaStreamSynchronize(b->stream);
+  return cuda_code(e);
+}
+static int cu_copy_in(void *bctx, void *dst, const void *src, size_t n) {
+  return cu_copy(bctx, dst, src, n, cudaMemcpyHostToDevice);
+}
+static int cu_copy_out(void *bctx, void *dst, const void *src, size_t n) {
+  return cu_copy(bctx, dst, src, n, cudaMemcpyDeviceToHost);
+}
+
+/* Device scratch charged to ctx's budget. */
+static int scratch_get(cu_be *b, dsp_ctx *ctx, dsp_opcode op, size_t n,
+                       void **p) {
+  *p = NULL;
+  int rc = dsp_budget_charge(dsp_ctx_budget(ctx), ctx, DSP_BUDGET_COST(n),
+                             "cuda kernel scratch");
+  if (rc < 0) return rc;
+  cudaError_t e = cudaMallocAsync(p, n ? n : 1, b->stream);
+  if (e != cudaSuccess) {
+    dsp_budget_uncharge(dsp_ctx_budget(ctx), DSP_BUDGET_COST(n));
+    *p = NULL;
+    return cu_err(ctx, e, op, "cudaMallocAsync (scratch)");
+  }
+  return 0;
+}
+static void scratch_put(cu_be *b, dsp_ctx *ctx, size_t n, void *p) {
+  if (!p) return;
+  cudaFreeAsync(p, b->stream);
+  dsp_budget_uncharge(dsp_ctx_budget(ctx), DSP_BUDGET_COST(n));
+}
+
+/* ------------------------------------------------------------------ */
+/* what this backend runs                                              */
+
+/* Ops with a CUDA kernel here. Every dtype combination that dsp_op_infer
+ * accepts for one of these has its kernel (checked per op below); conv2d
+ * and the pools have none yet and are refused. */
+static int cu_supports(void *bctx, dsp_opcode op, const dsp_meta *in, int n) {
+  (void)bctx;
+  const dsp_op_info *info = dsp_op_lookup((int)op);
+  if (!info) return 0;
+  switch (op) {
+    case DSP_OP_CONV2D:
+    case DSP_OP_CONV2D_BACKWARD_INPUT:
+    case DSP_OP_CONV2D_BACKWARD_WEIGHT:
+    case DSP_OP_MAX_POOL2D:
+    case DSP_OP_AVG_POOL2D:
+    case DSP_OP_MAX_POOL2D_BACKWARD:
+    case DSP_OP_AVG_POOL2D_BACKWARD:
+      return 0;
+    default: break;
+  }
+  for (int i = 0; i < n; i++)
+    if (!dsp_dtype_valid((int)in[i].dtype)) return 0;
+  switch (info->family) {
+    case DSP_FAM_LINALG:
+    case DSP_FAM_NN:
+    case DSP_FAM_OPTIM:
+      /* float kernels; cross entropy's labels are i64 */
+      return n > 0 && dsp_dtype_is_float(in[op == DSP_OP_CROSS_ENTROPY_BACKWARD ? 1 : 0].dtype);
+    case DSP_FAM_RED:
+      return n == 1 && in[0].dtype != DSP_BOOL;
+    case DSP_FAM_SHAPE:
+      if (op == DSP_OP_INDEX_SELECT_BACKWARD) return n > 0 && in[0].dtype != DSP_BOOL;
+      return 1;
+    case DSP_FAM_EW:
+    case DSP_FAM_CREATE:
+      return 1;
+  }
+  return 0;
+}
+
+/* ------------------------------------------------------------------ */
+/* families                                                            */
+
+static int run_ew(cu_be *b, dsp_ctx *ctx, dsp_opcode op, dsp_tensor *const *in,
+                  int n_in, const dsp_attrs *a, dsp_tensor *out) {
+  const dsp_dtype dt = in[0]->meta.dtype;
+  const int64_t n = out->numel;
+  int e;
+  if ((op >= DSP_OP_ADD && op <= DSP_OP_GE) || op == DSP_OP_WHERE) {
+    const dsp_meta *ms[3];
+    for (int i = 0; i < n_in; i++) ms[i] = &in[i]->meta;
+    dsp__cu_index ix;
+    dsp__cu_plan_bcast(&ix, &out->meta, ms, n_in);
+    if (op == DSP_OP_WHERE)
+      e = dsp__cuk_where(b->stream, (int)dsp_dtype_size(out->meta.dtype), n, &ix,
+                         dsp_tensor_data(in[0]), dsp_tensor_data(in[1]),
+                         dsp_tensor_data(in[2]), dsp_tensor_data(out));
+    else {
+      if (op == DSP_OP_DIV && dt == DSP_I64) {
+        int64_t pos;
+        e = dsp__cuk_first_bad(b->stream, dsp_tensor_data(in[1]), in[1]->numel,
+                               0, 0, 1, &pos);
+        if (e) return cu_err(ctx, e, op, "divisor check");
+        if (pos >= 0)
+          return dsp_seterr(ctx, DISPATCH_EINVAL,
+                            "div: integer division by zero (divisor element %lld)",
+                            (long long)pos);
+      }
+      e = dsp__cuk_binary(b->stream, (int)op, (int)dt, n, &ix,
+                          dsp_tensor_data(in[0]), dsp_tensor_data(in[1]),
+                          dsp_tensor_data(out));
+    }
+  } else {
+    e = dsp__cuk_map(b->stream, (int)op, (int)dt, n, dsp_tensor_data(in[0]),
+                     n_in > 1 ? dsp_tensor_data(in[1]) : NULL,
+                     a->n_floats > 0 ? a->floats[0] : 0.0, dsp_tensor_data(out));
+  }
+  return e ? cu_err(ctx, e, op, "kernel launch") : 0;
+}
+
+static int run_red(cu_be *b, dsp_ctx *ctx, dsp_opcode op, dsp_tensor *const *in,
+                   const dsp_attrs *a, dsp_tensor *out) {
+  const dsp_meta *x = &in[0]->meta;
+  int red[DSP_MAX_DIMS] = {0};
+  if (a->n_ints == 0)
+    for (int d = 0; d < x->ndim; d++) red[d] = 1;
+  for (int i = 0; i < a->n_ints; i++) {
+    int d;
+    int rc = dsp_norm_dim(ctx, opname(op), a->ints[i], x->ndim, &d);
+    if (rc < 0) return rc;
+    red[d] = 1;
+  }
+  dsp__cu_index outer, inner;
+  int64_t R;
+  dsp__cu_plan_red(x, red, &outer, &inner, &R);
+  int e = dsp__cuk_reduce(b->stream, (int)op, (int)x->dtype, out->numel, &outer,
+                          &inner, R, dsp_tensor_data(in[0]), dsp_tensor_data(out));
+  return e ? cu_err(ctx, e, op, "kernel launch") : 0;
+}
+
+/* Copies one i64 element of device memory to the host (synchronous). */
+static int peek_i64(cu_be *b, const int64_t *p, int64_t *v) {
+  cudaError_t e = cudaMemcpyAsync(v, p, sizeof *v, cudaMemcpyDeviceToHost, b->stream);
+  if (e == cudaSuccess) e = cudaStreamSynchronize(b->stream);
+  return (int)e;
+}
+
+static int run_nn(cu_be *b, dsp_ctx *ctx, dsp_opcode op, dsp_tensor *const *in,
+                  int n_in, const dsp_attrs *a, dsp_tensor *out) {
+  const int dt = (int)out->meta.dtype;
+  int e = 0;
+  switch (op) {
+    case DSP_OP_SOFTMAX:
+    case DSP_OP_LOG_SOFTMAX:
+    case DSP_OP_SOFTMAX_BACKWARD:
+    case DSP_OP_LOG_SOFTMAX_BACKWARD: {
+      const dsp_meta *m = &in[0]->meta;
+      int d;
+      int rc = dsp_norm_dim(ctx, opname(op), a->ints[0], m->ndim, &d);
+      if (rc < 0) return rc;
+      e = dsp__cuk_softmax(b->stream, (int)op, dt, dsp__cu_prod(m->shape, 0, d),
+                           m->shape[d], dsp__cu_prod(m->shape, d + 1, m->ndim),
+                           dsp_tensor_data(in[0]),
+                           n_in == 2 ? dsp_tensor_data(in[1]) : NULL,
+                           dsp_tensor_data(out));
+      break;
+    }
+    case DSP_OP_CROSS_ENTROPY:
+    case DSP_OP_CROSS_ENTROPY_BACKWARD: {
+      int bw = op == DSP_OP_CROSS_ENTROPY_BACKWARD;
+      const dsp_tensor *x = in[bw], *lab = in[bw + 1];
+      int64_t N = x->meta.shape[0], C = x->meta.shape[1], pos, v;
+      e = dsp__cuk_first_bad(b->stream, dsp_tensor_data(lab), N, 0, C, 0, &pos);
+      if (e) return cu_err(ctx, e, op, "label check");
+      if (pos >= 0) {
+        if ((e = peek_i64(b, (const int64_t *)dsp_tensor_data(lab) + pos, &v)))
+          return cu_err(ctx, e, op, "label read");
+        return dsp_seterr(ctx, DISPATCH_EINDEX,
+                          "%s: label %lld at row %lld out of range for %lld classes",
+                          opname(op), (long long)v, (long long)pos, (long long)C);
+      }
+      void *scratch = NULL;
+      size_t sn = bw ? 0 : (size_t)N * sizeof(double);
+      if (!bw) {
+        int rc = scratch_get(b, ctx, op, sn, &scratch);
+        if (rc < 0) return rc;
+      }
+      e = dsp__cuk_cross_entropy(b->stream, dt, N, C,
+                                 bw ? dsp_tensor_data(in[0]) : NULL,
+                                 dsp_tensor_data(x), dsp_tensor_data(lab),
+                                 scratch, dsp_tensor_data(out));
+      scratch_put(b, ctx, sn, scratch);
+      break;
+    }
+    case DSP_OP_MSE:
+      e = dsp__cuk_mse(b->stream, dt, in[0]->numel, dsp_tensor_data(in[0]),
+                       dsp_tensor_data(in[1]), dsp_tensor_data(out));
+      break;
+    case DSP_OP_DROPOUT:
+      e = dsp__cuk_dropout(b->stream, dt, out->numel, (uint64_t)a->ints[0],
+                           a->floats[0], dsp_tensor_data(in[0]),
+                           dsp_tensor_data(out));
+      break;
+    default:
+      return dsp_seterr(ctx, DISPATCH_EUNSUPPORTED,
+                        "%s: no CUDA kernel (backend %s)", opname(op),
+                        b->table.name);
+  }
+  return e ? cu_err(ctx, e, op, "kernel launch") : 0;
+}
+
+/* numpy.matmul on cuBLAS. Row-major C[m,n] = A[m,k] B[k,n] is column-major
+ * C^T = B^T A^T, so each product is one column-major gemm with the
+ * operands swapped and no transposing copy. The broadcast batch dims are
+ * walked with a two-operand iterator: its innermost (merged) dim becomes
+ * one strided-batched call (stride 0 for a broadcast operand), the outer
+ * rows, usually none, one call each. */
+static int run_matmul(cu_be *b, dsp_ctx *ctx, dsp_tensor *const *in,
+                      dsp_tensor *out) {
+  const dsp_meta *ma = &in[0]->meta, *mb = &in[1]->meta;
+  const int f64 = ma->dtype == DSP_F64;
+  int64_t m, k, n;
+  dsp__cu_index ix;
+  dsp__cu_plan_matmul(ma, mb, &m, &k, &n, &ix);
+  if (k == 0 || m == 0 || n == 0) return 0; /* out is zeroed already */
+  /* rows of the (merged) batch walk, each one strided-batched call */
+  int64_t inner = ix.shape[ix.nd - 1], rows = 1;
+  for (int d = 0; d < ix.nd - 1; d++) rows *= ix.shape[d];
+  const int64_t la = ix.st[0][ix.nd - 1], lb = ix.st[1][ix.nd - 1];
+  cublasStatus_t s = CUBLAS_STATUS_SUCCESS;
+  const char *A = dsp_tensor_data(in[0]), *B = dsp_tensor_data(in[1]);
+  char *C = dsp_tensor_data(out);
+  const size_t es = f64 ? 8 : 4;
+  for (int64_t r = 0; r < rows && s == CUBLAS_STATUS_SUCCESS; r++) {
+    int64_t off[3];
+    dsp__cu_offsets(&ix, r * inner, off); /* first batch entry of row r */
+    for (int64_t b0 = 0; b0 < inner && s == CUBLAS_STATUS_SUCCESS; b0 += INT_MAX) {
+      int cnt = (int)(inner - b0 < INT_MAX ? inner - b0 : INT_MAX);
+      const char *pa = A + (size_t)((off[0] + b0 * la) * m * k) * es;
+      const char *pb = B + (size_t)((off[1] + b0 * lb) * k * n) * es;
+      char *pc = C + (size_t)((r * inner + b0) * m * n) * es;
+      if (f64) {
+        const double one = 1.0, zero = 0.0;
+        s = cublasDgemmStridedBatched(b->blas, CUBLAS_OP_N, CUBLAS_OP_N, (int)n,
+                                      (int)m, (int)k, &one, (const double *)pb,
+                                      (int)n, lb * k * n, (const double *)pa,
+                                      (int)k, la * m * k, &zero, (double *)pc,
+                                      (int)n, m * n, cnt);
+      } else {
+        const float one = 1.0f, zero = 0.0f;
+        s = cublasSgemmStridedBatched(b->blas, CUBLAS_OP_N, CUBLAS_OP_N, (int)n,
+                                      (int)m, (int)k, &one, (const float *)pb,
+                                      (int)n, lb * k * n, (const float *)pa,
+                                      (int)k, la * m * k, &zero, (float *)pc,
+                                      (int)n, m * n, cnt);
+      }
+    }
+  }
+  return s == CUBLAS_STATUS_SUCCESS ? 0 : blas_err(ctx, s, DSP_OP_MATMUL);
+}
+
+static int index_check(cu_be *b, dsp_ctx *ctx, dsp_opcode op,
+                       const dsp_tensor *ix, int dim, int64_t size) {
+  int64_t pos, v;
+  int e = dsp__cuk_first_bad(b->stream, dsp_tensor_data(ix), ix->numel, 0, size,
+                             0, &pos);
+  if (e) return cu_err(ctx, e, op, "index check");
+  if (pos < 0) return 0;
+  if ((e = peek_i64(b, (const int64_t *)dsp_tensor_data(ix) + pos, &v)))
+    return cu_err(ctx, e, op, "index read");
+  return dsp_seterr(ctx, DISPATCH_EINDEX,
+                    "%s: index %lld (position %lld) out of range for dim %d of "
+                    "size %lld",
+                    opname(op), (long long)v, (long long)pos, dim, (long long)size);
+}
+
+static int run_shape(cu_be *b, dsp_ctx *ctx, dsp_opcode op,
+                     dsp_tensor *const *in, int n_in, const dsp_attrs *a,
+                     dsp_tensor *out) {
+  const dsp_tensor *x = in[0];
+  const int es = (int)dsp_dtype_size(x->meta.dtype);
+  const dsp_meta *big;
+  dsp__cu_index ix;
+  int64_t base;
+  int e = 0, rc, dim, perm[DSP_MAX_DIMS];
+  switch (op) {
+    case DSP_OP_RESHAPE:
+      e = cudaMemcpyAsync(dsp_tensor_data(out), dsp_tensor_data(x),
+                          dsp_tensor_nbytes(out), cudaMemcpyDeviceToDevice, b->stream);
+      return e ? cu_err(ctx, e, op, "cudaMemcpyAsync") : 0;
+    case DSP_OP_CAST:
+      if (x->meta.dtype == out->meta.dtype)
+        e = cudaMemcpyAsync(dsp_tensor_data(out), dsp_tensor_data(x),
+                            dsp_tensor_nbytes(out), cudaMemcpyDeviceToDevice,
+                            b->stream);
+      else
+        e = dsp__cuk_cast(b->stream, (int)x->meta.dtype, (int)out->meta.dtype,
+                          out->numel, dsp_tensor_data(x), dsp_tensor_data(out));
+      return e ? cu_err(ctx, e, op, "cast") : 0;
+    case DSP_OP_BROADCAST_TO: {
+      const dsp_meta *ms[1] = {&x->meta};
+      dsp__cu_plan_bcast(&ix, &out->meta, ms, 1);
+      e = dsp__cuk_gather(b->stream, es, out->numel, &ix, 0, dsp_tensor_data(x),
+                          dsp_tensor_data(out));
+      return e ? cu_err(ctx, e, op, "kernel launch") : 0;
+    }
+    case DSP_OP_PERMUTE:
+    case DSP_OP_TRANSPOSE: {
+      const int nd = x->meta.ndim;
+      if (op == DSP_OP_TRANSPOSE) {
+        int d0, d1;
+        if ((rc = dsp_norm_dim(ctx, "transpose", a->ints[0], nd, &d0)) < 0) return rc;
+        if ((rc = dsp_norm_dim(ctx, "transpose", a->ints[1], nd, &d1)) < 0) return rc;
+        for (int d = 0; d < nd; d++) perm[d] = d;
+        perm[d0] = d1, perm[d1] = d0;
+      } else {
+        for (int d = 0; d < nd; d++)
+          if ((rc = dsp_norm_dim(ctx, "permute", a->ints[d], nd, &perm[d])) < 0)
+            return rc;
+      }
+      dsp__cu_plan_perm(&ix, &x->meta, perm, &out->meta);
+      e = dsp__cuk_gather(b->stream, es, out->numel, &ix, 0, dsp_tensor_data(x),
+                          dsp_tensor_data(out));
+      return e ? cu_err(ctx, e, op, "kernel launch") : 0;
+    }
+    case DSP_OP_SLICE:
+    case DSP_OP_SLICE_BACKWARD: {
+      /* big: the un-sliced tensor (x for slice, out for the backward) */
+      const int bw = op == DSP_OP_SLICE_BACKWARD;
+      big = bw ? &out->meta : &x->meta;
+      const dsp_meta *small = bw ? &x->meta : &out->meta;
+      int64_t s0, len;
+      if ((rc = dsp_norm_dim(ctx, opname(op), a->ints[0], big->ndim, &dim)) < 0)
+        return rc;
+      dsp__cu_slice_range(big->shape[dim], a->ints[1], a->ints[2], a->ints[3], &s0, &len);
+      dsp__cu_plan_slice(&ix, big, small, dim, s0, a->ints[3], &base);
+      int64_t cnt = bw ? x->numel : out->numel;
+      if (bw)
+        e = dsp__cuk_scatter(b->stream, es, cnt, &ix, base,
+                             dsp_tensor_data(x), dsp_tensor_data(out));
+      else
+        e = dsp__cuk_gather(b->stream, es, cnt, &ix, base,
+                            dsp_tensor_data(x), dsp_tensor_data(out));
+      return e ? cu_err(ctx, e, op, "kernel launch") : 0;
+    }
+    case DSP_OP_CAT:
+    case DSP_OP_STACK: {
+      const int stack = op == DSP_OP_STACK;
+      if ((rc = dsp_norm_dim(ctx, opname(op), a->ints[0], x->meta.ndim + stack,
+                             &dim)) < 0)
+        return rc;
+      int64_t pos = 0;
+      for (int i = 0; i < n_in && !e; i++) {
+        const dsp_meta *mi = &in[i]->meta;
+        dsp__cu_plan_cat(&ix, &out->meta, mi, dim, stack, pos, &base);
+        e = dsp__cuk_scatter(b->stream, es, in[i]->numel, &ix, base,
+                             dsp_tensor_data(in[i]), dsp_tensor_data(out));
+        pos += stack ? 1 : mi->shape[dim];
+      }
+      return e ? cu_err(ctx, e, op, "kernel launch") : 0;
+    }
+    case DSP_OP_INDEX_SELECT:
+    case DSP_OP_INDEX_SELECT_BACKWARD: {
+      const int bw = op == DSP_OP_INDEX_SELECT_BACKWARD;
+      if ((rc = dsp_norm_dim(ctx, opname(op), a->ints[0], x->meta.ndim, &dim)) < 0)
+        return rc;
+      const int64_t S = bw ? a->ints[1] : x->meta.shape[dim], L = in[1]->numel;
+      if ((rc = index_check(b, ctx, op, in[1], dim, S)) < 0) return rc;
+      if (out->numel == 0) return 0;
+      const int64_t outer = dsp__cu_prod(x->meta.shape, 0, dim);
+      const int64_t blk = dsp__cu_prod(x->meta.shape, dim + 1, x->meta.ndim);
+      if (bw)
+        e = dsp__cuk_index_select_bw(b->stream, (int)x->meta.dtype, outer, L, S,
+                                     blk, dsp_tensor_data(in[1]),
+                                     dsp_tensor_data(x), dsp_tensor_data(out));
+      else
+        e = dsp__cuk_index_select(b->stream, es, outer, L, S, blk,
+                                  dsp_tensor_data(in[1]), dsp_tensor_data(x),
+                                  dsp_tensor_data(out));
+      return e ? cu_err(ctx, e, op, "kernel launch") : 0;
+    }
+    default:
+      return dsp_seterr(ctx, DISPATCH_EUNSUPPORTED,
+                        "%s: no CUDA kernel (backend %s)", opname(op),
+                        b->table.name);
+  }
+}
+
+static int run_create(cu_be *b, dsp_ctx *ctx, dsp_opcode op,
+                      const dsp_attrs *a, dsp_tensor *out) {
+  const int dt = (int)out->meta.dtype;
+  const int64_t n = out->numel;
+  int e = 0;
+  switch (op) {
+    case DSP_OP_ZEROS: return 0; /* dsp_op hands over zeroed storage */
+    case DSP_OP_ONES: e = dsp__cuk_fill(b->stream, dt, n, 1.0, dsp_tensor_data(out)); break;
+    case DSP_OP_FULL: e = dsp__cuk_fill(b->stream, dt, n, a->floats[0], dsp_tensor_data(out)); break;
+    case DSP_OP_ARANGE:
+      if (dt == DSP_BOOL) break; /* infer refuses it */
+      e = dsp__cuk_arange(b->stream, dt, n, a->floats[0], a->floats[2],
+                          dsp_tensor_data(out));
+      break;
+    case DSP_OP_UNIFORM:
+    case DSP_OP_NORMAL:
+      if (!dsp_dtype_is_float(out->meta.dtype)) break; /* infer refuses it */
+      e = dsp__cuk_random(b->stream, (int)op, dt, n, (uint64_t)a->ints[1],
+                          a->floats[0], a->floats[1], dsp_tensor_data(out));
+      break;
+    default:
+      return dsp_seterr(ctx, DISPATCH_EUNSUPPORTED,
+                        "%s: no CUDA kernel (backend %s)", opname(op),
+                        b->table.name);
+  }
+  return e ? cu_err(ctx, e, op, "kernel launch") : 0;
+}
+
+static int run_optim(cu_be *b, dsp_ctx *ctx, dsp_opcode op,
+                     dsp_tensor *const *in, const dsp_attrs *a,
+                     dsp_tensor *out) {
+  const int dt = (int)in[0]->meta.dtype;
+  const int64_t n = in[0]->numel;
+  void *p = dsp_tensor_data(in[0]);
+  int e;
+  if (op == DSP_OP_SGD_STEP) {
+    e = dsp__cuk_sgd(b->stream, dt, n, p, dsp_tensor_data(in[1]),
+                     dsp_tensor_data(in[2]), a->floats[0], a->floats[1],
+                     a->floats[2]);
+  } else {
+    double t = (double)a->ints[0];
+    e = dsp__cuk_adam(b->stream, dt, n, p, dsp_tensor_data(in[1]),
+                      dsp_tensor_data(in[2]), dsp_tensor_data(in[3]),
+                      a->floats[0], a->floats[1], a->floats[2], a->floats[3],
+                      1.0 - pow(a->floats[1], t), 1.0 - pow(a->floats[2], t));
+  }
+  if (!e && dsp_tensor_data(out) != p)
+    e = cudaMemcpyAsync(dsp_tensor_data(out), p, dsp_tensor_nbytes(in[0]),
+                        cudaMemcpyDeviceToDevice, b->stream);
+  return e ? cu_err(ctx, e, op, "kernel launch") : 0;
+}
+
+/* Enqueues the op's kernels on the backend's stream. Only ops that
+ * cu_supports accepts reach here (dsp_op asks first); anything else is
+ * refused with DISPATCH_EUNSUPPORTED, never left as zeros. */
+static int cu_run(void *bctx, dsp_ctx *ctx, dsp_opcode op,
+                  dsp_tensor *const *in, int n_in, const dsp_attrs *a,
+                  dsp_tensor *out) {
+  cu_be *b = bctx;
+  dsp_meta ms[DSP_MAX_INPUTS];
+  for (int i = 0; i < n_in && i < DSP_MAX_INPUTS; i++) ms[i] = in[i]->meta;
+  if (!cu_supports(bctx, op, ms, n_in))
+    return dsp_seterr(ctx, DISPATCH_EUNSUPPORTED,
+                      "%s: not supported by backend %s", opname(op), b->table.name);
+  if (dsp_ctx_cancelled(ctx)) return dsp__cancelled_err(ctx, op);
+  cudaError_t e = cudaSetDevice(b->device);
+  if (e != cudaSuccess) return cu_err(ctx, e, op, "cudaSetDevice");
+  switch (dsp_op_lookup((int)op)->family) {
+    case DSP_FAM_EW: return run_ew(b, ctx, op, in, n_in, a, out);
+    case DSP_FAM_RED: return run_red(b, ctx, op, in, a, out);
+    case DSP_FAM_SHAPE: return run_shape(b, ctx, op, in, n_in, a, out);
+    case DSP_FAM_LINALG: return run_matmul(b, ctx, in, out);
+    case DSP_FAM_NN: return run_nn(b, ctx, op, in, n_in, a, out);
+    case DSP_FAM_CREATE: return run_create(b, ctx, op, a, out);
+    case DSP_FAM_OPTIM: return run_optim(b, ctx, op, in, a, out);
+  }
+  return dsp_seterr(ctx, DISPATCH_EINTERNAL, "cuda: bad family");
+}
+
+/* ------------------------------------------------------------------ */
+/* open / close                                                        */
+
+/* Freed pool blocks up to this many bytes stay reserved for the next
+ * allocation instead of going back to the driver. */
+#define POOL_KEEP ((uint64_t)1 << 30)
+
+static void why_set(char *why, size_t len, const char *fmt, const char *a,
+                    cudaError_t e) {
+  if (!why || !len) return;
+  if (e == cudaSuccess) snprintf(why, len, fmt, a);
+  else snprintf(why, len, "%s: %s: %s (%s)", fmt, a, cudaGetErrorString(e),
+                cudaGetErrorName(e));
+}
+
+int dsp_cuda_backend_open(int device, dsp_backend **out, char *why,
+                          size_t why_len) {
+  *out = NULL;
+  int n = 0;
+  cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess) {
+    why_set(why, why_len, "no CUDA device", "cudaGetDeviceCount", e);
+    return DISPATCH_EUNSUPPORTED;
+  }
+  if (n <= 0) {
+    why_set(why, why_len, "no CUDA device: cudaGetDeviceCount found %s", "none",
+            cudaSuccess);
+    return DISPATCH_EUNSUPPORTED;
+  }
+  if (device < 0 || device >= n) {
+    if (why) snprintf(why, why_len, "no CUDA device %d: this host has %d (cuda:0..cuda:%d)",
+                      device, n, n - 1);
+    return DISPATCH_EINVAL;
+  }
+  struct cudaDeviceProp prop;
+  int pools = 0;
+  if ((e = cudaSetDevice(device)) != cudaSuccess ||
+      (e = cudaGetDeviceProperties(&prop, device)) != cudaSuccess ||
+      (e = cudaDeviceGetAttribute(&pools, cudaDevAttrMemoryPoolsSupported,
+                                  device)) != cudaSuccess) {
+    why_set(why, why_len, "CUDA device unusable", "cudaGetDeviceProperties", e);
+    return cuda_code(e) ? cuda_code(e) : DISPATCH_EUNSUPPORTED;
+  }
+  if (!pools) {
+    if (why) snprintf(why, why_len, "CUDA device %d (%s) has no stream-ordered memory pools",
+                      device, prop.name);
+    return DISPATCH_EUNSUPPORTED;
+  }
+  cu_be *b = dsp_calloc(1, sizeof *b);
+  if (!b) {
+    if (why) snprintf(why, why_len, "out of memory opening cuda:%d", device);
+    return DISPATCH_ENOMEM;
+  }
+  b->device = device;
+  uint64_t keep = POOL_KEEP;
+  if ((e = cudaDeviceGetDefaultMemPool(&b->pool, device)) != cudaSuccess ||
+      (e = cudaMemPoolSetAttribute(b->pool, cudaMemPoolAttrReleaseThreshold,
+                                   &keep)) != cudaSuccess ||
+      (e = cudaStreamCreateWithFlags(&b->stream, cudaStreamNonBlocking)) !=
+          cudaSuccess) {
+    why_set(why, why_len, "CUDA device unusable", "stream/pool setup", e);
+    dsp_free(b);
+    return cuda_code(e) ? cuda_code(e) : DISPATCH_EUNSUPPORTED;
+  }
+  cublasStatus_t s = cublasCreate(&b->blas);
+  if (s == CUBLAS_STATUS_SUCCESS) s = cublasSetStream(b->blas, b->stream);
+  if (s != CUBLAS_STATUS_SUCCESS) {
+    int code = dsp_cuda_blas_error((int)s, "cublasCreate", why, why_len);
+    if (b->blas) cublasDestroy(b->blas);
+    cudaStreamDestroy(b->stream);
+    dsp_free(b);
+    return code;
+  }
+  snprintf(b->name, sizeof b->name, "cuda:%d", device);
+  snprintf(b->desc, sizeof b->desc, "cuda:%d %s (sm_%d%d, %zu MiB)", device,
+           prop.name, prop.major, prop.minor, prop.totalGlobalMem >> 20);
+  b->table.name = b->name;
+  b->table.device = b->desc;
+  b->table.bctx = b;
+  b->table.alloc = cu_alloc;
+  b->table.free = cu_free;
+  b->table.copy_in = cu_copy_in;
+  b->table.copy_out = cu_copy_out;
+  b->table.supports_op = cu_supports;
+  b->table.run_op = cu_run;
+  *out = &b->table;
+  return 0;
+}
+
+static cu_be *as_cuda(const dsp_backend *be) {
+  return be && be->alloc == cu_alloc ? (cu_be *)be->bctx : NULL;
+}
+
+void dsp_cuda_backend_close(dsp_backend *be) {
+  cu_be *b = as_cuda(be);
+  if (!b) return;
+  cudaSetDevice(b->device);
+  cudaStreamSynchronize(b->stream);
+  cublasDestroy(b->blas);
+  cudaStreamDestroy(b->stream);
+  dsp_free(b);
+}
+
+void dsp_cuda_ctx_use(dsp_ctx *ctx, const dsp_backend *be) {
+  if (ctx && as_cuda(be)) ctx->backend = be;
+}
+
+uint64_t dsp_cuda_pool_used(const dsp_backend *be) {
+  cu_be *b = as_cuda(be);
+  uint64_t v = 0; /* cuuint64_t */
+  if (!b || cudaMemPoolGetAttribute(b->pool, cudaMemPoolAttrUsedMemCurrent, &v) !=
+                cudaSuccess)
+    return 0;
+  return (uint64_t)v;
+}
+
+int dsp_cuda_sync(const dsp_backend *be, dsp_ctx *ctx) {
+  cu_be *b = as_cuda(be);
+  if (!b) return dsp_seterr(ctx, DISPATCH_EINVAL, "dsp_cuda_sync: not a CUDA backend");
+  cudaError_t e = cudaSetDevice(b->device);
+  if (e == cudaSuccess) e = cudaStreamSynchronize(b->stream);
+  if (e == cudaSuccess) return 0;
+  char msg[400];
+  int code = dsp_cuda_error(e, "cuda: cudaStreamSynchronize", msg, sizeof msg);
+  return dsp_seterr(ctx, code, "%s", msg);
+}

@@ -1,0 +1,413 @@
+/* The math of the CUDA backend's kernels, written once for host and device.
+ *
+ * Under nvcc every function here is __host__ __device__; under gcc it is a
+ * plain static inline C function. The .cu kernels are grid loops that call
+ * these, and tests/test_cuda_host.c (gcc, no GPU needed) checks the very
+ * same functions against the CPU kernels of common/ on random inputs. So
+ * what the host test proves about indexing, broadcasting, the scalar
+ * functions and the combine steps of reductions holds for the device code.
+ *
+ * Semantics follow the CPU kernels (common/ops_*.c): f32 math in float
+ * with the float functions, i64 arithmetic wrapping mod 2^64, NaN
+ * propagating through maximum/minimum/relu/sign/max/argmax, ties of argmax
+ * to the first index. Reductions are parallel, so their order differs from
+ * the CPU's sequential one; the combine steps below are chosen so that the
+ * result does not depend on how the elements are split (up to rounding,
+ * which the compensated sum keeps at about one ulp of the result). */
+#ifndef DSP_CUDA_MATH_H
+#define DSP_CUDA_MATH_H
+
+#include <math.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+#include "dsp.h"
+#ifdef __cplusplus
+}
+#endif
+
+#ifdef __CUDACC__
+#define DSP_HD static inline __host__ __device__
+#else
+#define DSP_HD static inline
+#endif
+
+/* ------------------------------------------------------------------ */
+/* indexing                                                            */
+
+/* Up to three operands walked in the row-major order of an iteration
+ * shape; st[k][d] is operand k's element stride along dim d (0 on a
+ * broadcast dim). Built on the host from a dsp_iter (size-1 dims dropped,
+ * contiguous dims merged), so nd is usually 1 or 2. */
+typedef struct dsp__cu_index {
+  int nd, n;
+  int64_t shape[DSP_MAX_DIMS];
+  int64_t st[3][DSP_MAX_DIMS];
+} dsp__cu_index;
+
+/* Element offsets of flat iteration index i for every operand. */
+DSP_HD void dsp__cu_offsets(const dsp__cu_index *ix, int64_t i, int64_t *off) {
+  for (int k = 0; k < ix->n; k++) off[k] = 0;
+  for (int d = ix->nd - 1; d >= 0; d--) {
+    int64_t sz = ix->shape[d], c = i % sz;
+    i /= sz;
+    for (int k = 0; k < ix->n; k++) off[k] += c * ix->st[k][d];
+  }
+}
+
+/* ------------------------------------------------------------------ */
+/* elementwise                                                         */
+
+#define DSP__CU_SQRT1_2 0.70710678118654752440
+#define DSP__CU_INV_SQRT_2PI 0.39894228040143267794
+
+DSP_HD int64_t dsp__cu_i64_add(int64_t x, int64_t y) {
+  return (int64_t)((uint64_t)x + (uint64_t)y);
+}
+DSP_HD int64_t dsp__cu_i64_sub(int64_t x, int64_t y) {
+  return (int64_t)((uint64_t)x - (uint64_t)y);
+}
+DSP_HD int64_t dsp__cu_i64_mul(int64_t x, int64_t y) {
+  return (int64_t)((uint64_t)x * (uint64_t)y);
+}
+
+/* add..minimum; maximum/minimum propagate a NaN of x first, then of y. */
+DSP_HD float dsp__cu_bin_f32(int op, float x, float y) {
+  switch (op) {
+    case DSP_OP_ADD: return x + y;
+    case DSP_OP_SUB: return x - y;
+    case DSP_OP_MUL: return x * y;
+    case DSP_OP_DIV: return x / y;
+    case DSP_OP_MAXIMUM: return (x > y || x != x) ? x : y;
+    case DSP_OP_MINIMUM: return (x < y || x != x) ? x : y;
+    default: return 0.0f;
+  }
+}
+DSP_HD double dsp__cu_bin_f64(int op, double x, double y) {
+  switch (op) {
+    case DSP_OP_ADD: return x + y;
+    case DSP_OP_SUB: return x - y;
+    case DSP_OP_MUL: return x * y;
+    case DSP_OP_DIV: return x / y;
+    case DSP_OP_MAXIMUM: return (x > y || x != x) ? x : y;
+    case DSP_OP_MINIMUM: return (x < y || x != x) ? x : y;
+    default: return 0.0;
+  }
+}
+/* i64: wraps; division truncates, INT64_MIN / -1 wraps; the caller has
+ * refused a zero divisor before launching (y == 0 gives 0 here, never a
+ * trap). */
+DSP_HD int64_t dsp__cu_bin_i64(int op, int64_t x, int64_t y) {
+  switch (op) {
+    case DSP_OP_ADD: return dsp__cu_i64_add(x, y);
+    case DSP_OP_SUB: return dsp__cu_i64_sub(x, y);
+    case DSP_OP_MUL: return dsp__cu_i64_mul(x, y);
+    case DSP_OP_DIV:
+      return y == 0 ? 0 : y == -1 ? dsp__cu_i64_sub(0, x) : x / y;
+    case DSP_OP_MAXIMUM: return x > y ? x : y;
+    case DSP_OP_MINIMUM: return x < y ? x : y;
+    default: return 0;
+  }
+}
+
+/* eq..ge as 0/1; one body for every dtype */
+#define DSP__CU_CMP_BODY                                                     \
+  switch (op) {                                                              \
+    case DSP_OP_EQ: return x == y;                                           \
+    case DSP_OP_NE: return x != y;                                           \
+    case DSP_OP_LT: return x < y;                                            \
+    case DSP_OP_LE: return x <= y;                                           \
+    case DSP_OP_GT: return x > y;                                            \
+    case DSP_OP_GE: return x >= y;                                           \
+    default: return 0;                                                       \
+  }
+DSP_HD uint8_t dsp__cu_cmp_f32(int op, float x, float y) { DSP__CU_CMP_BODY }
+DSP_HD uint8_t dsp__cu_cmp_f64(int op, double x, double y) { DSP__CU_CMP_BODY }
+DSP_HD uint8_t dsp__cu_cmp_i64(int op, int64_t x, int64_t y) { DSP__CU_CMP_BODY }
+DSP_HD uint8_t dsp__cu_cmp_u8(int op, uint8_t x, uint8_t y) { DSP__CU_CMP_BODY }
+
+/* scalar forms x op s; pow with s == 2 is x*x as on the CPU */
+DSP_HD float dsp__cu_scalar_f32(int op, float x, float c) {
+  switch (op) {
+    case DSP_OP_ADD_SCALAR: return x + c;
+    case DSP_OP_SUB_SCALAR: return x - c;
+    case DSP_OP_MUL_SCALAR: return x * c;
+    case DSP_OP_DIV_SCALAR: return x / c;
+    case DSP_OP_POW_SCALAR: return c == 2.0f ? x * x : powf(x, c);
+    case DSP_OP_RSUB_SCALAR: return c - x;
+    case DSP_OP_RDIV_SCALAR: return c / x;
+    default: return 0.0f;
+  }
+}
+DSP_HD double dsp__cu_scalar_f64(int op, double x, double c) {
+  switch (op) {
+    case DSP_OP_ADD_SCALAR: return x + c;
+    case DSP_OP_SUB_SCALAR: return x - c;
+    case DSP_OP_MUL_SCALAR: return x * c;
+    case DSP_OP_DIV_SCALAR: return x / c;
+    case DSP_OP_POW_SCALAR: return c == 2.0 ? x * x : pow(x, c);
+    case DSP_OP_RSUB_SCALAR: return c - x;
+    case DSP_OP_RDIV_SCALAR: return c / x;
+    default: return 0.0;
+  }
+}
+DSP_HD int64_t dsp__cu_scalar_i64(int op, int64_t x, int64_t c) {
+  switch (op) {
+    case DSP_OP_ADD_SCALAR: return dsp__cu_i64_add(x, c);
+    case DSP_OP_SUB_SCALAR: return dsp__cu_i64_sub(x, c);
+    case DSP_OP_MUL_SCALAR: return dsp__cu_i64_mul(x, c);
+    case DSP_OP_RSUB_SCALAR: return dsp__cu_i64_sub(c, x);
+    default: return 0;
+  }
+}
+
+/* sigmoid without overflow on either side */
+DSP_HD float dsp__cu_sigmoid_f32(float x) {
+  if (x >= 0) return 1.0f / (1.0f + expf(-x));
+  float e = expf(x);
+  return e / (1.0f + e);
+}
+DSP_HD double dsp__cu_sigmoid_f64(double x) {
+  if (x >= 0) return 1.0 / (1.0 + exp(-x));
+  double e = exp(x);
+  return e / (1.0 + e);
+}
+
+DSP_HD float dsp__cu_unary_f32(int op, float x) {
+  switch (op) {
+    case DSP_OP_NEG: return -x;
+    case DSP_OP_EXP: return expf(x);
+    case DSP_OP_LOG: return logf(x);
+    case DSP_OP_SQRT: return sqrtf(x);
+    case DSP_OP_ABS: return fabsf(x);
+    case DSP_OP_SIGN: return x > 0 ? 1.0f : x < 0 ? -1.0f : x;
+    case DSP_OP_RELU: return x < 0 ? 0.0f : x;
+    case DSP_OP_SIGMOID: return dsp__cu_sigmoid_f32(x);
+    case DSP_OP_TANH: return tanhf(x);
+    case DSP_OP_GELU: return 0.5f * x * (1.0f + erff(x * (float)DSP__CU_SQRT1_2));
+    default: return 0.0f;
+  }
+}
+DSP_HD double dsp__cu_unary_f64(int op, double x) {
+  switch (op) {
+    case DSP_OP_NEG: return -x;
+    case DSP_OP_EXP: return exp(x);
+    case DSP_OP_LOG: return log(x);
+    case DSP_OP_SQRT: return sqrt(x);
+    case DSP_OP_ABS: return fabs(x);
+    case DSP_OP_SIGN: return x > 0 ? 1.0 : x < 0 ? -1.0 : x;
+    case DSP_OP_RELU: return x < 0 ? 0.0 : x;
+    case DSP_OP_SIGMOID: return dsp__cu_sigmoid_f64(x);
+    case DSP_OP_TANH: return tanh(x);
+    case DSP_OP_GELU: return 0.5 * x * (1.0 + erf(x * DSP__CU_SQRT1_2));
+    default: return 0.0;
+  }
+}
+DSP_HD int64_t dsp__cu_unary_i64(int op, int64_t x) {
+  switch (op) {
+    case DSP_OP_NEG: return dsp__cu_i64_sub(0, x);
+    case DSP_OP_ABS: return x < 0 ? dsp__cu_i64_sub(0, x) : x;
+    case DSP_OP_SIGN: return (int64_t)(x > 0) - (int64_t)(x < 0);
+    case DSP_OP_RELU: return x < 0 ? 0 : x;
+    default: return 0;
+  }
+}
+
+/* (grad, x) -> grad * f'(x); gelu' = Phi(x) + x phi(x) */
+DSP_HD float dsp__cu_act_bw_f32(int op, float g, float x) {
+  if (op == DSP_OP_RELU_BACKWARD) return x > 0 ? g : 0.0f;
+  return g * (0.5f * (1.0f + erff(x * (float)DSP__CU_SQRT1_2)) +
+              x * (float)DSP__CU_INV_SQRT_2PI * expf(-0.5f * x * x));
+}
+DSP_HD double dsp__cu_act_bw_f64(int op, double g, double x) {
+  if (op == DSP_OP_RELU_BACKWARD) return x > 0 ? g : 0.0;
+  return g * (0.5 * (1.0 + erf(x * DSP__CU_SQRT1_2)) +
+              x * DSP__CU_INV_SQRT_2PI * exp(-0.5 * x * x));
+}
+DSP_HD int64_t dsp__cu_act_bw_i64(int op, int64_t g, int64_t x) {
+  (void)op;
+  return x > 0 ? g : 0;
+}
+
+/* float -> i64 for cast: truncates, saturates, NaN gives 0 */
+DSP_HD int64_t dsp__cu_f2i64(double v) {
+  if (v != v) return 0;
+  if (v >= 0x1p63) return INT64_MAX;
+  if (v < -0x1p63) return INT64_MIN;
+  return (int64_t)v;
+}
+
+/* ------------------------------------------------------------------ */
+/* reductions: combine steps                                           */
+
+/* Compensated (Neumaier) sum in double: each partial carries its rounding
+ * error, so merging partials in any tree shape loses about one rounding of
+ * the result, not one per element. Once a partial is infinite or NaN the
+ * compensation is dropped (inf - inf would turn an exact inf into NaN). */
+typedef struct dsp__cu_ksum {
+  double s, c;
+} dsp__cu_ksum;
+
+DSP_HD dsp__cu_ksum dsp__cu_ksum_zero(void) {
+  dsp__cu_ksum z;
+  z.s = 0.0, z.c = 0.0;
+  return z;
+}
+DSP_HD void dsp__cu_ksum_add(dsp__cu_ksum *a, double v) {
+  double t = a->s + v;
+  if (t - t != 0.0) { /* inf or NaN */
+    a->s = t, a->c = 0.0;
+    return;
+  }
+  if (fabs(a->s) >= fabs(v)) a->c += (a->s - t) + v;
+  else a->c += (v - t) + a->s;
+  a->s = t;
+}
+DSP_HD dsp__cu_ksum dsp__cu_ksum_merge(dsp__cu_ksum a, dsp__cu_ksum b) {
+  dsp__cu_ksum_add(&a, b.s);
+  if (a.s - a.s == 0.0) a.c += b.c;
+  return a;
+}
+DSP_HD double dsp__cu_ksum_value(dsp__cu_ksum a) {
+  return a.s - a.s != 0.0 ? a.s : a.s + a.c;
+}
+
+/* max/argmax candidates: a value and its row-major index in the reduced
+ * dims. b beats a when it is larger, when it is the only NaN, or when the
+ * two tie (equal, or both NaN) and b comes first. That order is total, so
+ * merging in any tree shape picks what the CPU's sequential scan picks:
+ * the first NaN if any, else the first maximum. The identity is
+ * (-inf or INT64_MIN, index INT64_MAX): any real element beats it. */
+typedef struct dsp__cu_amax_f {
+  double v;
+  int64_t i;
+} dsp__cu_amax_f;
+typedef struct dsp__cu_amax_i {
+  int64_t v;
+  int64_t i;
+} dsp__cu_amax_i;
+
+DSP_HD int dsp__cu_amax_f_beats(dsp__cu_amax_f b, dsp__cu_amax_f a) {
+  int an = a.v != a.v, bn = b.v != b.v;
+  if (an || bn) return (an && bn) ? b.i < a.i : bn;
+  if (b.v != a.v) return b.v > a.v;
+  return b.i < a.i;
+}
+DSP_HD dsp__cu_amax_f dsp__cu_amax_f_merge(dsp__cu_amax_f a, dsp__cu_amax_f b) {
+  return dsp__cu_amax_f_beats(b, a) ? b : a;
+}
+DSP_HD dsp__cu_amax_f dsp__cu_amax_f_id(void) {
+  dsp__cu_amax_f z;
+  z.v = -INFINITY, z.i = INT64_MAX;
+  return z;
+}
+DSP_HD dsp__cu_amax_i dsp__cu_amax_i_merge(dsp__cu_amax_i a, dsp__cu_amax_i b) {
+  return (b.v > a.v || (b.v == a.v && b.i < a.i)) ? b : a;
+}
+DSP_HD dsp__cu_amax_i dsp__cu_amax_i_id(void) {
+  dsp__cu_amax_i z;
+  z.v = INT64_MIN, z.i = INT64_MAX;
+  return z;
+}
+
+/* Log-sum-exp of a row in one pass: m is the running max and s the sum of
+ * exp(x - m). Merging rescales the smaller side, so no exp ever sees a
+ * positive argument (no overflow). A NaN or +inf anywhere makes the row
+ * NaN, as on the CPU. A -inf element adds nothing; a row of only -inf ends as
+ * (m = -inf, s = 0), which dsp__cu_lse_final turns into the CPU's answer
+ * (max taken as 0, so softmax is 0/0 = NaN). Identity: (-inf, 0). */
+typedef struct dsp__cu_lse {
+  double m, s;
+} dsp__cu_lse;
+
+DSP_HD dsp__cu_lse dsp__cu_lse_id(void) {
+  dsp__cu_lse z;
+  z.m = -INFINITY, z.s = 0.0;
+  return z;
+}
+/* +inf contributes exp(inf - inf) = NaN to its row's sum, as in the CPU's
+ * two-pass form, so a row holding +inf is NaN throughout */
+DSP_HD dsp__cu_lse dsp__cu_lse_elem(double v) {
+  dsp__cu_lse z;
+  z.m = v, z.s = v == -INFINITY ? 0.0 : v == INFINITY ? NAN : 1.0;
+  return z;
+}
+DSP_HD dsp__cu_lse dsp__cu_lse_merge(dsp__cu_lse a, dsp__cu_lse b) {
+  if (a.m != a.m || b.m != b.m) {
+    a.m = NAN, a.s = NAN;
+    return a;
+  }
+  if (b.m == -INFINITY) return a;
+  if (a.m == -INFINITY) return b;
+  if (a.m >= b.m) {
+    a.s += b.s * exp(b.m - a.m);
+    return a;
+  }
+  b.s += a.s * exp(a.m - b.m);
+  return b;
+}
+/* The row's (max, sum) as the CPU kernels use them: max 0 for an all -inf
+ * row. */
+DSP_HD dsp__cu_lse dsp__cu_lse_final(dsp__cu_lse a) {
+  if (a.m == -INFINITY) a.m = 0.0;
+  return a;
+}
+
+/* ------------------------------------------------------------------ */
+/* random numbers: the formulas of common/rng.h, bit for bit             */
+
+DSP_HD uint64_t dsp__cu_rng_mix(uint64_t z) {
+  z = (z ^ (z >> 30)) * UINT64_C(0xBF58476D1CE4E5B9);
+  z = (z ^ (z >> 27)) * UINT64_C(0x94D049BB133111EB);
+  return z ^ (z >> 31);
+}
+DSP_HD uint64_t dsp__cu_rng_u64(uint64_t seed, uint64_t i) {
+  const uint64_t g = UINT64_C(0x9E3779B97F4A7C15);
+  return dsp__cu_rng_mix(dsp__cu_rng_mix(seed + g) + (i + 1) * g);
+}
+DSP_HD double dsp__cu_rng_uniform01(uint64_t seed, uint64_t i) {
+  return (double)(dsp__cu_rng_u64(seed, i) >> 11) * 0x1.0p-53;
+}
+/* normal element i (pair i/2 of Box-Muller); equal to the CPU's up to the
+ * last bits of the device's log/sqrt/cos/sin */
+DSP_HD double dsp__cu_rng_normal(uint64_t seed, uint64_t i) {
+  uint64_t k = i / 2;
+  double u1 = dsp__cu_rng_uniform01(seed, 2 * k);
+  double u2 = dsp__cu_rng_uniform01(seed, 2 * k + 1);
+  double r = sqrt(-2.0 * log(1.0 - u1));
+  double th = 6.283185307179586476925286766559 * u2;
+  return (i & 1) ? r * sin(th) : r * cos(th);
+}
+/* uniform in [lo, hi): a value rounded up to hi is moved just below it */
+DSP_HD double dsp__cu_uniform_f64(uint64_t seed, uint64_t i, double lo,
+                                  double hi) {
+  double v = lo + (hi - lo) * dsp__cu_rng_uniform01(seed, i);
+  return (v >= hi && hi > lo) ? nextafter(hi, lo) : v;
+}
+DSP_HD float dsp__cu_uniform_f32(uint64_t seed, uint64_t i, double lo,
+                                 double hi) {
+  float v = (float)(lo + (hi - lo) * dsp__cu_rng_uniform01(seed, i));
+  float fhi = (float)hi, flo = (float)lo;
+  return (v >= fhi && fhi > flo) ? nextafterf(fhi, flo) : v;
+}
+
+/* ------------------------------------------------------------------ */
+/* optimizer steps (in double for both float dtypes, as on the CPU)     */
+
+DSP_HD void dsp__cu_sgd(double *p, double *v, double g, double lr, double mom,
+                        double wd) {
+  *v = mom * *v + g + wd * *p;
+  *p = *p - lr * *v;
+}
+/* bc1 = 1 - b1^t, bc2 = 1 - b2^t, computed once on the host */
+DSP_HD void dsp__cu_adam(double *p, double *m, double *v, double g, double lr,
+                         double b1, double b2, double eps, double bc1,
+                         double bc2) {
+  *m = b1 * *m + (1.0 - b1) * g;
+  *v = b2 * *v + (1.0 - b2) * g * g;
+  *p = *p - lr * (*m / bc1) / (sqrt(*v / bc2) + eps);
+}
+
+#endif
