@@ -264,6 +264,13 @@ static int put_frame(dispatch_device *dev, const Dispatch__Request *req,
                       "request of %zu bytes exceeds the server's frame limit "
                       "%llu",
                       mlen, (unsigned long long)c->max_frame);
+  /* the server refuses a larger frame at its header and closes: refused
+   * here, nothing is sent and the session goes on */
+  if (c->max_frame && bulk_len > c->max_frame - mlen)
+    return dsp_seterr(dev->ctx, DISPATCH_ETOOLARGE,
+                      "upload of %zu bytes (+ %zu of message) exceeds the "
+                      "server's frame limit %llu",
+                      bulk_len, mlen, (unsigned long long)c->max_frame);
   int inline_bulk = bulk_len <= BULK_INLINE;
   int rc = reserve(dev, flen + (inline_bulk ? bulk_len : 0));
   if (rc < 0) return rc;

@@ -236,6 +236,22 @@ static inline void *dsp_tensor_data(const dsp_tensor *t) {
 }
 size_t dsp_tensor_nbytes(const dsp_tensor *t);
 
+/* Read snapshots (pin.c). A pin holds t's bytes as they are when it is
+ * taken, for a reader on another thread (a server's Read reply leaving
+ * the socket): an in-place writer that finds the storage pinned moves the
+ * storage to a fresh copy first (dsp__storage_prepare_write), so aliases
+ * of the tensor see the update and the pin keeps the old bytes, freed
+ * when its last pin is released. Pin and release from any thread. */
+typedef struct dsp_pin dsp_pin;
+/* 0 with *out owned by the caller (dsp_pin_release), or DISPATCH_ENOMEM. */
+int dsp_tensor_pin(dsp_ctx *ctx, dsp_tensor *t, dsp_pin **out);
+const void *dsp_pin_data(const dsp_pin *p);
+size_t dsp_pin_nbytes(const dsp_pin *p);
+void dsp_pin_release(dsp_pin *p); /* NULL ok */
+/* Called before a kernel writes t's storage in place; 0 or
+ * DISPATCH_ENOMEM (t unchanged). */
+int dsp__storage_prepare_write(dsp_ctx *ctx, dsp_tensor *t);
+
 /* ------------------------------------------------------------------ */
 /* ops                                                                 */
 

@@ -124,7 +124,14 @@ int dsp_op(dsp_ctx *ctx, dsp_opcode op, dsp_tensor *const *in, int n_in,
                       dsp_op_lookup((int)op)->name, be->name);
   dsp_tensor *t;
   if (dsp_op_lookup((int)op)->family == DSP_FAM_OPTIM) {
-    /* in-place: the parameter itself is the output */
+    /* in-place: the parameter itself is the output, and the parameter and
+     * its states (every input but the gradient) are written, so a read
+     * still sending their bytes keeps its own copy */
+    for (int i = 0; i < n_in; i++) {
+      if (i == 1) continue;
+      rc = dsp__storage_prepare_write(ctx, in[i]);
+      if (rc < 0) return rc;
+    }
     t = dsp_tensor_ref(in[0]);
   } else {
     rc = dsp_tensor_new(ctx, &om, &t);

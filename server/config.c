@@ -35,6 +35,7 @@ void sv_config_defaults(sv_config *c) {
   c->max_queued = 4096;
   c->max_sessions = 64;
   c->idle_timeout_s = 600;
+  c->frame_timeout_s = 300;
   unsigned n = uv_available_parallelism();
   c->threads = n < 1 ? 1 : n > 64 ? 64 : (int)n;
   c->log_level = SV_LOG_INFO;
@@ -113,10 +114,15 @@ static const char *const g_usage =
     "                           waiting; past it the server stops reading\n"
     "                           the session until they ran (256 MiB)\n"
     "  --max-sessions N         concurrent sessions (default 64)\n"
-    "  --idle-timeout SECONDS   close idle sessions, 0 never (default 600)\n"
+    "  --idle-timeout SECONDS   close idle sessions, 0 never (default 600);\n"
+    "                           idle time counts from the last complete\n"
+    "                           request\n"
+    "  --frame-timeout SECONDS  a frame must arrive whole within this time\n"
+    "                           from its first byte, 0 never (default 300)\n"
     "  --threads N              worker threads running kernels (default: cores)\n"
-    "  --max-output-queue BYTES unsent replies before a client is dropped\n"
-    "                           (default 64 MiB)\n"
+    "  --max-output-queue BYTES unsent replies, with the server's bookkeeping\n"
+    "                           of each (~150 bytes), before a client is\n"
+    "                           dropped (default 64 MiB)\n"
     "  --max-elements N         elements of one tensor, counting a zero\n"
     "                           size as 1 ([N, 0] spans N) (default 2^31)\n"
     "  --max-op-cost N          estimated elementary operations of one op\n"
@@ -214,6 +220,9 @@ int sv_config_parse(sv_config *c, int argc, char **argv) {
     } else if (strcmp(a, "--idle-timeout") == 0) {
       if (parse_u64(a, v, 0, 86400 * 365, &n) < 0) return -1;
       c->idle_timeout_s = (int)n;
+    } else if (strcmp(a, "--frame-timeout") == 0) {
+      if (parse_u64(a, v, 0, 86400, &n) < 0) return -1;
+      c->frame_timeout_s = (int)n;
     } else if (strcmp(a, "--threads") == 0) {
       if (parse_u64(a, v, 1, 256, &n) < 0) return -1;
       c->threads = (int)n;

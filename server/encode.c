@@ -57,7 +57,7 @@ void sv_job_free(sv_job *j) {
   if (!j) return;
   if (j->req) dispatch__request__free_unpacked(j->req, &sv_pb_allocator);
   dsp_tensor_unref(j->upload);
-  dsp_tensor_unref(j->out_bulk);
+  dsp_pin_release(j->out_pin);
   dsp_free(j->pre_msg);
   dsp_free(j->out);
   dsp_free(j);
@@ -93,11 +93,11 @@ int sv_encode_read_reply(dsp_ctx *ctx, const Dispatch__Reply *r,
                            &j->out_len);
   size_t mlen = dispatch__reply__get_packed_size(r);
   if (mlen > UINT32_MAX) return DISPATCH_ETOOLARGE;
-  dsp_tensor *alias;
-  if (dsp_tensor_alias(ctx, t, &t->meta, &alias) < 0) return DISPATCH_ENOMEM;
+  dsp_pin *pin;
+  if (dsp_tensor_pin(ctx, t, &pin) < 0) return DISPATCH_ENOMEM;
   uint8_t *buf = dsp_malloc(DSP_FRAME_HEADER_SIZE + mlen);
   if (!buf) {
-    dsp_tensor_unref(alias);
+    dsp_pin_release(pin);
     return DISPATCH_ENOMEM;
   }
   dsp_frame_header h = {(uint32_t)mlen, 0, nbytes};
@@ -105,7 +105,7 @@ int sv_encode_read_reply(dsp_ctx *ctx, const Dispatch__Reply *r,
   dispatch__reply__pack(r, buf + DSP_FRAME_HEADER_SIZE);
   j->out = buf;
   j->out_len = DSP_FRAME_HEADER_SIZE + mlen;
-  j->out_bulk = alias;
+  j->out_pin = pin;
   return 0;
 }
 

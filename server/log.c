@@ -1,5 +1,8 @@
 /* stderr logging with a level; one fprintf per line so lines from the loop
- * and the workers never interleave mid-line. */
+ * and the workers never interleave mid-line, and one line per call: every
+ * control byte and invalid UTF-8 in a message is written as \xNN, so
+ * nothing that reaches a message from the network (a client name, a
+ * certificate subject, a library's reason) can start a line of its own. */
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
@@ -17,13 +20,68 @@ int sv_log_parse_level(const char *s) {
   return -1;
 }
 
+/* Length of the valid UTF-8 sequence at p (1..4), or 0 when p does not
+ * start one (a stray continuation byte, an overlong form, a surrogate, a
+ * code point past U+10FFFF, or a sequence cut short). */
+static size_t utf8_len(const unsigned char *p) {
+  unsigned c = p[0];
+  size_t n;
+  unsigned min;
+  if (c < 0x80) return 1;
+  if (c >= 0xc2 && c <= 0xdf) n = 2, min = 0x80;
+  else if (c >= 0xe0 && c <= 0xef) n = 3, min = 0x800;
+  else if (c >= 0xf0 && c <= 0xf4) n = 4, min = 0x10000;
+  else return 0;
+  unsigned cp = c & (0x7f >> n);
+  for (size_t i = 1; i < n; i++) {
+    if ((p[i] & 0xc0) != 0x80) return 0;
+    cp = cp << 6 | (p[i] & 0x3f);
+  }
+  if (cp < min || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) return 0;
+  return n;
+}
+
+/* Copies s into out (len bytes, always terminated) with control bytes,
+ * DEL and invalid UTF-8 as \xNN (and backslash too when esc_bs), at most
+ * max source characters; returns 1 when s was cut. */
+static int escape(char *out, size_t len, const char *s, size_t max,
+                  int esc_bs) {
+  const unsigned char *p = (const unsigned char *)s;
+  size_t o = 0, chars = 0;
+  while (*p) {
+    size_t n = utf8_len(p);
+    int hex = n == 0 || *p < 0x20 || *p == 0x7f || (esc_bs && *p == '\\');
+    size_t need = hex ? 4 : n;
+    if (chars == max || o + need + 1 > len) break;
+    if (hex) {
+      snprintf(out + o, 5, "\\x%02x", *p);
+      p++;
+    } else {
+      memcpy(out + o, p, n);
+      p += n;
+    }
+    o += need;
+    chars++;
+  }
+  out[o] = '\0';
+  return *p != '\0';
+}
+
+const char *sv_log_str(char *buf, size_t len, const char *s, size_t max) {
+  if (len < 4) return "";
+  if (!s) s = "";
+  if (escape(buf, len - 3, s, max, 1)) strcat(buf, "...");
+  return buf;
+}
+
 void sv_log(int level, const char *fmt, ...) {
   if (level > sv_log_level) return;
-  char msg[1024];
+  char raw[1024], msg[4 * sizeof raw];
   va_list ap;
   va_start(ap, fmt);
-  vsnprintf(msg, sizeof msg, fmt, ap);
+  vsnprintf(raw, sizeof raw, fmt, ap);
   va_end(ap);
+  escape(msg, sizeof msg, raw, sizeof raw, 0);
   struct timespec ts;
   clock_gettime(CLOCK_REALTIME, &ts);
   struct tm tm;

@@ -493,14 +493,6 @@ static int empty_reply(sv_job *j, char *why) {
   return 0;
 }
 
-static int waits(Dispatch__Request__BodyCase c) {
-  return c == DISPATCH__REQUEST__BODY_READ ||
-         c == DISPATCH__REQUEST__BODY_BACKWARD ||
-         c == DISPATCH__REQUEST__BODY_SYNC ||
-         c == DISPATCH__REQUEST__BODY_STATS ||
-         c == DISPATCH__REQUEST__BODY_HELLO;
-}
-
 /* An error reply for a waiting request; a failure to allocate even that
  * leaves out NULL and the loop closes the connection (the client would
  * otherwise wait forever). */
@@ -509,8 +501,8 @@ static void error_reply(sv_job *j, int code, const char *msg,
   dsp_free(j->out);
   j->out = NULL;
   j->out_len = 0;
-  dsp_tensor_unref(j->out_bulk);
-  j->out_bulk = NULL;
+  dsp_pin_release(j->out_pin);
+  j->out_pin = NULL;
   sv_encode_error(j->req->req_id, code, msg, failed, &j->out, &j->out_len);
 }
 
@@ -527,7 +519,7 @@ void sv_session_exec(sv_session *s, sv_job *j) {
     sv_log(SV_LOG_DEBUG, "session %p: running request %llu (%s)", (void *)s,
            (unsigned long long)r->req_id, d);
   }
-  int wait = waits(r->body_case);
+  int wait = sv_req_kind_of(r->body_case)->waits;
   if (wait && s->err_code) {
     error_reply(j, s->err_code, s->err_msg, s->err_req);
     s->err_code = 0;
@@ -598,27 +590,6 @@ void sv_session_exec(sv_session *s, sv_job *j) {
   }
 }
 
-static const char *body_name(int body) {
-  static const char *const names[] = {
-      [DISPATCH__REQUEST__BODY_HELLO] = "hello",
-      [DISPATCH__REQUEST__BODY_UPLOAD] = "upload",
-      [DISPATCH__REQUEST__BODY_OP] = "op",
-      [DISPATCH__REQUEST__BODY_TRACK] = "track",
-      [DISPATCH__REQUEST__BODY_BACKWARD] = "backward",
-      [DISPATCH__REQUEST__BODY_GRAD] = "grad",
-      [DISPATCH__REQUEST__BODY_FREE] = "free",
-      [DISPATCH__REQUEST__BODY_READ] = "read",
-      [DISPATCH__REQUEST__BODY_SYNC] = "sync",
-      [DISPATCH__REQUEST__BODY_STATS] = "stats",
-      [DISPATCH__REQUEST__BODY_BYE] = "bye",
-      [DISPATCH__REQUEST__BODY_STEP] = "step",
-  };
-  if (body > 0 && (size_t)body < sizeof names / sizeof names[0] &&
-      names[body])
-    return names[body];
-  return "request";
-}
-
 /* The same outcome sv_session_exec gives a failed request, for one that
  * failed before it could become a job: a waiting request is answered (with
  * an earlier deferred error first, as exec does), any other becomes the
@@ -628,7 +599,7 @@ void sv_session_defer(sv_session *s, uint64_t req_id, int body, int code,
   *out = NULL;
   *out_len = 0;
   atomic_fetch_add(&s->global->limit_violations, code == DISPATCH_EQUOTA);
-  if (waits((Dispatch__Request__BodyCase)body) && s->err_code) {
+  if (sv_req_kind_of((Dispatch__Request__BodyCase)body)->waits && s->err_code) {
     sv_encode_error(req_id, s->err_code, s->err_msg, s->err_req, out,
                     out_len);
     s->err_code = 0;
@@ -639,11 +610,11 @@ void sv_session_defer(sv_session *s, uint64_t req_id, int body, int code,
   s->n_errors++;
   char m[sizeof s->err_msg];
   if (snprintf(m, sizeof m, "request %llu (%s): %s: %s",
-               (unsigned long long)req_id, body_name(body),
+               (unsigned long long)req_id, sv_req_kind_of((Dispatch__Request__BodyCase)body)->name,
                dispatch_err_name(code), msg) < 0)
     m[0] = '\0';
   sv_log(SV_LOG_DEBUG, "session error: %s", m);
-  if (waits((Dispatch__Request__BodyCase)body)) {
+  if (sv_req_kind_of((Dispatch__Request__BodyCase)body)->waits) {
     sv_encode_error(req_id, code, m, req_id, out, out_len);
     return;
   }

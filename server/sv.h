@@ -35,7 +35,9 @@ typedef struct sv_config {
   uint64_t storage_cache;      /* freed tensor storage kept for reuse */
   uint64_t max_op_cost;        /* dsp_op_cost of one op, 0: no limit */
   int max_sessions;
-  int idle_timeout_s;          /* 0: never */
+  int idle_timeout_s;          /* 0: never; counts from the last complete
+                                  request */
+  int frame_timeout_s;         /* one frame, first byte to last; 0: never */
   int threads;
   int log_level;
   /* TLS and authentication (paths point into argv; NULL when unset) */
@@ -71,6 +73,11 @@ int sv_log_parse_level(const char *s); /* -1 when unknown */
 void sv_log(int level, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 #define SV_LOG_ON(l) ((l) <= sv_log_level)
+/* A client-supplied string made safe to quote in a log line: at most max
+ * characters, control bytes, backslashes and invalid UTF-8 as \xNN, "..."
+ * when cut; written to buf (len bytes), which is returned. */
+#define SV_LOG_STR_MAX 64
+const char *sv_log_str(char *buf, size_t len, const char *s, size_t max);
 
 /* ------------------------------------------------------------ id map */
 
@@ -105,6 +112,20 @@ typedef struct sv_global {
                       NULL: no server-wide cap, as in fuzzers and tests) */
 } sv_global;
 
+/* ------------------------------------------------------------ kinds */
+
+/* What each request kind is, in one table (kinds.c) that the reader, the
+ * loop and the session all consult. */
+typedef struct sv_req_kind {
+  const char *name;
+  unsigned waits : 1;   /* the client waits for a reply frame */
+  unsigned on_loop : 1; /* only reads session state: the loop may answer
+                           it when the session has nothing queued */
+  unsigned bulk : 1;    /* carries a bulk part (an upload) */
+} sv_req_kind;
+/* The kind of a body case; an unknown case gets a kind with no flags. */
+const sv_req_kind *sv_req_kind_of(Dispatch__Request__BodyCase bc);
+
 /* ------------------------------------------------------------ jobs */
 
 typedef enum sv_job_kind {
@@ -126,10 +147,10 @@ typedef struct sv_job {
   /* results, filled by the worker: one frame ready to write */
   uint8_t *out;
   size_t out_len;
-  int bulk_by_ref;      /* set by the loop: a Read reply may send the
-                           tensor's storage itself (out_bulk) */
-  dsp_tensor *out_bulk; /* untracked alias whose bytes follow out on the
-                           wire (out's header counts them); NULL: none */
+  int bulk_by_ref;   /* set by the loop: a Read reply may send the
+                        tensor's bytes without a copy (out_pin) */
+  dsp_pin *out_pin;  /* the Read's snapshot whose bytes follow out on the
+                        wire (out's header counts them); NULL: none */
   int is_bye;
 } sv_job;
 
@@ -213,10 +234,10 @@ void sv_session_exec(sv_session *s, sv_job *j);
 int sv_encode_reply(const Dispatch__Reply *r, const void *bulk,
                     size_t bulk_len, uint8_t **out, size_t *out_len);
 /* A Read reply for t into j: with j->bulk_by_ref and a tensor past a few
- * pages, j->out is the header and message only and j->out_bulk an
- * untracked alias of t (its storage stays alive until the bytes are
- * written; storage refcounts are atomic, so any thread may drop it);
- * otherwise the bytes are copied into j->out. 0 or DISPATCH_ENOMEM /
+ * pages, j->out is the header and message only and j->out_pin a pin of t
+ * (the bytes as they are now, whatever later requests write in place,
+ * until the loop releases it once they are sent); otherwise the bytes are
+ * copied into j->out. 0 or DISPATCH_ENOMEM /
  * DISPATCH_ETOOLARGE. */
 int sv_encode_read_reply(dsp_ctx *ctx, const Dispatch__Reply *r,
                          dsp_tensor *t, sv_job *j);
@@ -235,7 +256,7 @@ void sv_pb_charge_init(sv_pb_charge *pc, dsp_budget *b);
 void sv_describe(const Dispatch__Request *r, char *buf, size_t len);
 
 /* ------------------------------------------------------------ decode
- * The socket-free steps of reading a request (decode.c), shared by net.c,
+ * The socket-free steps of reading a request (decode.c), shared by reader.c,
  * the fuzzers and the regression suite. why receives the detail. */
 struct dsp_frame_header;
 /* Header limits: flags 0, msg_len in 1..max_msg, msg_len + bulk_len at

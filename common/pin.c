@@ -1,0 +1,164 @@
+/* Read snapshots by copy-on-write (see dsp.h). A pinned data block is
+ * "attached" while it is still its storage's data; the first in-place
+ * write after that copies the bytes to a fresh block, swaps the storage
+ * to it and "detaches" the old block, which the pins then own. One mutex
+ * guards the blocks: pins are rare (one per large Read in flight), and a
+ * pin is released on another thread than the one that writes. Attached
+ * blocks are found by their storage's address in a hash table, so many
+ * reads in flight (a server's sessions each pipelining Reads) do not make
+ * each pin or in-place write scan them all. */
+#include <pthread.h>
+#include <stdatomic.h>
+#include <string.h>
+
+#include "dsp_internal.h"
+
+typedef struct pin_block {
+  struct pin_block *next; /* in its g_attached bucket while owner is set */
+  dsp_storage *owner;     /* NULL once detached */
+  void *data;
+  size_t nbytes;
+  const dsp_backend *backend;
+  long pins;
+  dsp_budget *budget; /* once detached: charged `charged` for the copy */
+  uint64_t charged;
+} pin_block;
+
+struct dsp_pin {
+  pin_block *b;
+  dsp_tensor *keep; /* an alias: keeps the owner storage alive */
+};
+
+#define N_BUCKETS 4096u
+
+static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
+static pin_block *g_attached[N_BUCKETS];
+static atomic_long g_n_attached; /* lets unpinned writes skip the mutex */
+
+static pin_block **bucket(const dsp_storage *s) {
+  uintptr_t h = (uintptr_t)s;
+  h ^= h >> 17;
+  h *= (uintptr_t)0x9e3779b97f4a7c15ull;
+  return &g_attached[(h >> 20) % N_BUCKETS];
+}
+
+static pin_block *find_locked(const dsp_storage *s) {
+  for (pin_block *b = *bucket(s); b; b = b->next)
+    if (b->owner == s) return b;
+  return NULL;
+}
+
+static void unlink_locked(pin_block *b) {
+  for (pin_block **pp = bucket(b->owner); *pp; pp = &(*pp)->next)
+    if (*pp == b) {
+      *pp = b->next;
+      atomic_fetch_sub(&g_n_attached, 1);
+      return;
+    }
+}
+
+/* Drops one pin of b; at zero an attached block is forgotten and a
+ * detached one's bytes are freed (outside the lock). */
+static void unpin(pin_block *b) {
+  void *free_data = NULL;
+  const dsp_backend *be = b->backend;
+  pthread_mutex_lock(&g_mu);
+  int last = --b->pins == 0;
+  if (last) {
+    if (b->owner) unlink_locked(b);
+    else free_data = b->data;
+  }
+  pthread_mutex_unlock(&g_mu);
+  if (!last) return;
+  if (free_data) {
+    be->free(be->bctx, free_data);
+    dsp_budget_uncharge(b->budget, b->charged);
+  }
+  dsp_free(b);
+}
+
+int dsp_tensor_pin(dsp_ctx *ctx, dsp_tensor *t, dsp_pin **out) {
+  *out = NULL;
+  dsp_pin *p = dsp_calloc(1, sizeof *p);
+  pin_block *fresh = dsp_calloc(1, sizeof *fresh);
+  if (!p || !fresh || dsp_tensor_alias(ctx, t, &t->meta, &p->keep) < 0) {
+    dsp_free(p);
+    dsp_free(fresh);
+    return dsp_seterr(ctx, DISPATCH_ENOMEM, "out of memory pinning a read");
+  }
+  dsp_storage *s = t->storage;
+  pthread_mutex_lock(&g_mu);
+  pin_block *b = find_locked(s);
+  if (!b) {
+    pin_block **head = bucket(s);
+    b = fresh;
+    fresh = NULL;
+    *b = (pin_block){*head, s, s->data, s->nbytes, s->backend, 0, NULL, 0};
+    *head = b;
+    atomic_fetch_add(&g_n_attached, 1);
+  }
+  b->pins++;
+  pthread_mutex_unlock(&g_mu);
+  dsp_free(fresh);
+  p->b = b;
+  *out = p;
+  return 0;
+}
+
+const void *dsp_pin_data(const dsp_pin *p) { return p->b->data; }
+size_t dsp_pin_nbytes(const dsp_pin *p) { return p->b->nbytes; }
+
+void dsp_pin_release(dsp_pin *p) {
+  if (!p) return;
+  unpin(p->b);
+  dsp_tensor_unref(p->keep);
+  dsp_free(p);
+}
+
+/* The copy runs outside the lock with a pin of its own held, so a reader
+ * releasing meanwhile never frees the bytes being copied. */
+int dsp__storage_prepare_write(dsp_ctx *ctx, dsp_tensor *t) {
+  if (atomic_load(&g_n_attached) == 0) return 0;
+  dsp_storage *s = t->storage;
+  pthread_mutex_lock(&g_mu);
+  pin_block *b = find_locked(s);
+  if (b) b->pins++;
+  pthread_mutex_unlock(&g_mu);
+  if (!b) return 0;
+  /* the writer's session pays for the second block until the last read of
+   * the old one is sent: a pipelined Read + Step holds both at once */
+  uint64_t cost = DSP_BUDGET_COST(s->nbytes);
+  int rc = dsp_budget_charge(ctx->budget, ctx, cost,
+                             "copy of a tensor a read still sends");
+  if (rc < 0) {
+    unpin(b);
+    return rc;
+  }
+  void *nd = NULL;
+  rc = s->backend->alloc(s->backend->bctx, s->nbytes, 0, &nd);
+  if (rc < 0) {
+    dsp_budget_uncharge(ctx->budget, cost);
+    unpin(b);
+    return dsp_seterr(ctx, DISPATCH_ENOMEM,
+                      "out of memory copying %zu bytes that a read still "
+                      "sends",
+                      s->nbytes);
+  }
+  if (s->nbytes) memcpy(nd, b->data, s->nbytes);
+  pthread_mutex_lock(&g_mu);
+  if (b->owner == s) {
+    s->data = nd;
+    unlink_locked(b);
+    b->owner = NULL;
+    b->budget = ctx->budget; /* the charge holds a reference on it */
+    b->charged = cost;
+    nd = NULL;
+  }
+  pthread_mutex_unlock(&g_mu);
+  if (nd) { /* the last read finished meanwhile: no copy was needed */
+    s->backend->free(s->backend->bctx, nd);
+    dsp_budget_uncharge(ctx->budget, cost);
+  }
+  unpin(b);
+  return 0;
+}

@@ -1,0 +1,207 @@
+/* A connection, split by concern so each limit sits in one place:
+ *
+ *   net.c       lifecycle: accept, close, timers, finished jobs, sv_run
+ *   reader.c    the frame reader: header limits (the pre-hello cap), the
+ *               frame timeout, decoding, uploads, backpressure
+ *   writer.c    the reply queue: one ordered list of frames, its byte
+ *               limit, bulks sent in pieces
+ *   hello.c     hello and authentication
+ *   transport.c plain TCP and TLS behind one table (sv_transport); nothing
+ *               outside it asks which one a connection has
+ *
+ * All of this runs on the loop thread. */
+#ifndef SV_CONN_H
+#define SV_CONN_H
+
+#include <uv.h>
+
+#include "frame.h"
+#include "sv.h"
+
+/* ST_WAIT: an upload's header is decoded but the quota cannot be judged
+ * until the session's earlier requests (a free, say) have run; reading
+ * stops and the unparsed rest of rbuf is kept for later. */
+enum { ST_HEADER, ST_MSG, ST_BULK, ST_WAIT, ST_DEAD };
+#define RBUF_SIZE 65536
+/* The largest piece of one frame handed to the socket (or to TLS) in one
+ * call: libuv's buffer lengths are unsigned int, so a bulk of 4 GiB or
+ * more goes out in pieces. */
+#define SV_WRITE_PIECE (1u << 30)
+/* Frames before a successful hello are at most this (message + bulk): a
+ * Hello with a token and a client name fits, and an unauthenticated peer
+ * cannot make the server allocate more. */
+#define SV_PREAUTH_FRAME_MAX 4096u
+
+typedef struct sv_server sv_server;
+typedef struct sv_conn sv_conn;
+
+/* One reply frame waiting to leave: buf, then the bytes of a pinned Read
+ * (bulk: the tensor as it was when the Read ran, sent without a copy). */
+typedef struct sv_out {
+  struct sv_out *next;
+  uint8_t *buf;
+  size_t len;
+  dsp_pin *bulk;
+  size_t bulk_len;
+  size_t done; /* bytes of buf, then bulk, already taken by the transport */
+} sv_out;
+
+/* What the output limit charges for a queued frame besides its bytes:
+ * the sv_out, a pin's bookkeeping, and the allocator's headers and
+ * rounding of each block. A client that pipelines tiny requests and never
+ * reads is bounded by what the server holds for it, not by its payload
+ * (~20 bytes of a sync reply that costs ~100 more to keep). */
+#define SV_OUT_COST (sizeof(sv_out) + 96u)
+
+/* Plain TCP or TLS. Every hook runs on the loop thread. */
+typedef struct sv_transport {
+  const char *name;
+  /* Per-connection state after accept; 0 or DISPATCH_ENOMEM. */
+  int (*open)(sv_conn *c);
+  /* Frees it (the handles are closed). */
+  void (*free)(sv_conn *c);
+  /* Where the next socket read lands (may point into an upload's tensor). */
+  void (*alloc)(sv_conn *c, uv_buf_t *buf);
+  /* n bytes arrived in buf (from alloc). */
+  void (*on_bytes)(sv_conn *c, const uv_buf_t *buf, size_t n);
+  /* Delivers input the transport already holds (reading was paused). */
+  void (*resume)(sv_conn *c);
+  /* Moves queued frames (c->oq_head) towards the socket as it takes them;
+   * called when a frame is queued and when a socket write completes. */
+  void (*send)(sv_conn *c);
+  /* 1 when a frame can be sent now (TLS: the handshake is done). */
+  int (*ready)(const sv_conn *c);
+} sv_transport;
+
+extern const sv_transport sv_transport_tcp;
+extern const sv_transport sv_transport_tls;
+
+/* A socket write in flight. Plain TCP has at most one (frames wait in the
+ * queue meanwhile); TLS may add handshake or alert records behind one. */
+typedef struct sv_write {
+  uv_write_t req;
+  uint8_t *owned; /* freed in on_write (TLS ciphertext), or NULL: the
+                     bytes are the front of the frame queue */
+  size_t len;     /* bytes in flight */
+} sv_write;
+
+struct sv_conn {
+  uv_tcp_t tcp; /* first: the handle pointer is the conn pointer */
+  uv_timer_t idle;
+  uv_timer_t hs;    /* handshake timeout: TLS handshake + hello */
+  uv_timer_t frame; /* one frame must arrive within --frame-timeout */
+  const sv_transport *tp;
+  void *tpd; /* the transport's per-connection state */
+  sv_server *srv;
+  sv_session *sess;
+  sv_job *teardown; /* allocated up front so closing never fails */
+  struct sv_conn *prev, *next;
+  unsigned long long id;
+  char peer[96];
+  int over_limit; /* refuse with ELIMIT once the transport can carry it */
+  /* reader: keeps its place across partial reads */
+  int state;
+  uint8_t hdr[DSP_FRAME_HEADER_SIZE];
+  size_t hdr_got;
+  uint8_t *msg;
+  uint32_t msg_len, msg_got;
+  uint64_t bulk_len, bulk_got;
+  uint8_t *bulk_dst; /* NULL: the bulk is read and discarded */
+  sv_job *bulk_job;
+  sv_job *wait_job;    /* ST_WAIT: the upload waiting for the FIFO */
+  const uint8_t *pend; /* ST_WAIT: unparsed bytes left in rbuf */
+  size_t pend_n;
+  int hello_done;
+  int in_frame; /* a frame's first byte arrived, its last not yet */
+  /* writer */
+  sv_out *oq_head, *oq_tail; /* frames not yet handed to the socket */
+  int writes_pending;        /* sv_writes in flight */
+  uint64_t sent;             /* bytes the socket took, ever */
+  uint64_t sent_at_idle;     /* sent at the last idle tick */
+  uint64_t outq_bytes; /* unsent reply bytes + SV_OUT_COST a frame */
+  /* lifecycle */
+  int closing, close_after_flush, paused, handles_open, teardown_done;
+  uint32_t inflight;
+  unsigned long long n_requests;
+  uint8_t rbuf[RBUF_SIZE];
+};
+
+struct sv_server {
+  uv_loop_t loop;
+  uv_tcp_t listener;
+  uv_signal_t sigint, sigterm;
+  const sv_config *cfg;
+  sv_global g;
+  sv_pool *pool;
+  sv_tls_ctx *tls; /* NULL: plain TCP */
+  dsp_ctx *io_ctx; /* loop-thread ctx for upload allocation */
+  unsigned long long next_id;
+  int n_conns;
+  int shutting_down;
+  sv_conn *conns;
+};
+
+/* net.c */
+void sv_conn_close(sv_conn *c, const char *reason);
+/* Starts (or restarts) reading the socket through the transport. */
+void sv_conn_read_start(sv_conn *c);
+/* The idle timer restarts: a request completed or a reply left. */
+void sv_conn_touch(sv_conn *c);
+/* Runs a decoded request: on the loop when it may, else on the pool. */
+void sv_conn_dispatch(sv_conn *c, sv_job *j);
+void sv_conn_submit(sv_conn *c, sv_job *j);
+void sv_conn_on_done(sv_job *j, void *ud);
+
+/* writer.c */
+/* Queues one frame, taking buf and the pin (NULL, or a Read's bytes that
+ * complete the frame). Over the output limit the client is dropped. */
+void sv_writer_queue(sv_conn *c, uint8_t *buf, size_t len, dsp_pin *bulk);
+/* Nothing left to send: no write in flight, no frame queued. */
+int sv_writer_idle(const sv_conn *c);
+/* Drops the frames not yet handed to the socket. */
+void sv_writer_clear(sv_conn *c);
+/* The next piece of the head frame: p/n, at most max bytes; 0 when the
+ * queue is empty. sv_writer_consume then takes n bytes off the head. */
+int sv_writer_peek(sv_conn *c, size_t max, const uint8_t **p, size_t *n);
+void sv_writer_consume(sv_conn *c, size_t n);
+/* Writes raw bytes (owned, freed when written) to the socket: at once as
+ * far as it takes them unless queued, the rest through uv_write. */
+void sv_writer_raw(sv_conn *c, uint8_t *buf, size_t len, int queued);
+/* Hands bufs to the socket: try_write first unless queued, the rest
+ * through uv_write. owned NULL: the bufs point into queued frames; the
+ * caller consumes the bytes taken at once (the return value) and on_write
+ * consumes the rest, so those frames stay until then. owned set: the bufs
+ * are that one buffer, freed when written. <0 after closing the
+ * connection. */
+long sv_writer_sock(sv_conn *c, uv_buf_t *b, unsigned nb, uint8_t *owned,
+                    int queued);
+/* Sends an Error frame and closes the connection once it is written. */
+void sv_refuse(sv_conn *c, uint64_t req_id, int code, const char *msg);
+void sv_proto_error(sv_conn *c, uint64_t req_id, int code, const char *fmt,
+                    ...) __attribute__((format(printf, 4, 5)));
+
+/* reader.c */
+/* Parses n plaintext bytes from p. */
+void sv_reader_parse(sv_conn *c, const uint8_t *p, size_t n);
+/* Where an upload's bulk lands next (NULL: none, read into rbuf), with at
+ * most *room bytes. */
+uint8_t *sv_reader_bulk_dst(sv_conn *c, size_t *room);
+/* n bytes were read straight into bulk_dst. */
+void sv_reader_bulk_got(sv_conn *c, size_t n);
+/* 1 while the reader takes input (not paused, waiting or dead). */
+int sv_reader_open(const sv_conn *c);
+/* Starts reading again after a pause or a wait. */
+void sv_reader_again(sv_conn *c);
+/* The FIFO ran empty with an upload waiting on its quota. */
+void sv_reader_resume_wait(sv_conn *c);
+/* Stops reading for good. */
+void sv_reader_stop(sv_conn *c);
+/* Runs the frame timer while a frame is arriving and the peer, not the
+ * server, holds it up: stopped while reading is paused or an upload waits
+ * for its quota, restarted (whole) when reading resumes. */
+void sv_reader_frame_timer(sv_conn *c);
+
+/* hello.c */
+void sv_hello(sv_conn *c, Dispatch__Request *req);
+
+#endif

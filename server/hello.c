@@ -1,0 +1,85 @@
+/* Hello and authentication: the first request of every connection. Until
+ * it succeeds the reader refuses every other request (decode.c) and the
+ * handshake timer runs. */
+#include <openssl/crypto.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "conn.h"
+
+/* Compares the hello's token with the configured one in time that does
+ * not depend on where they differ: a token of another length is compared
+ * against the expected token itself, and the results are combined
+ * without branching on content. */
+static int token_matches(const sv_config *cfg, const char *tok) {
+  size_t n = tok ? strlen(tok) : 0;
+  int same_len = n == cfg->token_len;
+  const char *cmp = same_len ? tok : cfg->token;
+  int diff = CRYPTO_memcmp(cmp, cfg->token, cfg->token_len);
+  return same_len & (diff == 0);
+}
+
+/* Answers a hello, or refuses the connection (version, token). */
+void sv_hello(sv_conn *c, Dispatch__Request *req) {
+  Dispatch__Hello *h = req->hello;
+  const sv_config *cfg = c->srv->cfg;
+  if (h->major != DSP_PROTO_MAJOR) {
+    char msg[256];
+    snprintf(msg, sizeof msg,
+             "protocol version mismatch: client speaks %u.%u, server speaks "
+             "%d.%d",
+             h->major, h->minor, DSP_PROTO_MAJOR, DSP_PROTO_MINOR);
+    sv_log(SV_LOG_WARN, "conn %llu (%s): refused: %s", c->id, c->peer, msg);
+    sv_refuse(c, req->req_id, DISPATCH_EVERSION, msg);
+    return;
+  }
+  if (cfg->token && !token_matches(cfg, h->token)) {
+    int none = !h->token || !*h->token;
+    atomic_fetch_add(&c->srv->g.protocol_errors, 1);
+    char name[4 * SV_LOG_STR_MAX + 8];
+    sv_log(SV_LOG_WARN,
+           "conn %llu (%s): refused: %s token from client '%s'", c->id,
+           c->peer, none ? "no" : "wrong",
+           sv_log_str(name, sizeof name, h->client_name, SV_LOG_STR_MAX));
+    sv_refuse(c, req->req_id, DISPATCH_EAUTH,
+              none ? "authentication failed: this server requires a token "
+                     "(none was sent)"
+                   : "authentication failed: wrong token");
+    return;
+  }
+  const dsp_backend *be = dsp_cpu_backend();
+  char *dtypes[DSP_NDTYPES];
+  for (int i = 0; i < DSP_NDTYPES; i++)
+    dtypes[i] = (char *)dsp_dtype_name((dsp_dtype)i);
+  Dispatch__Reply r = DISPATCH__REPLY__INIT;
+  Dispatch__HelloReply hr = DISPATCH__HELLO_REPLY__INIT;
+  hr.major = DSP_PROTO_MAJOR;
+  hr.minor = DSP_PROTO_MINOR;
+  hr.server_version = DISPATCH_VERSION_STRING;
+  hr.backend = (char *)be->name;
+  hr.device = (char *)be->device;
+  hr.n_dtypes = DSP_NDTYPES;
+  hr.dtypes = dtypes;
+  hr.max_frame = cfg->max_frame;
+  hr.max_session_bytes = cfg->max_session_bytes;
+  hr.max_rank = DSP_MAX_DIMS;
+  hr.max_elements = cfg->max_elements;
+  hr.max_queued = cfg->max_queued;
+  r.req_id = req->req_id;
+  r.body_case = DISPATCH__REPLY__BODY_HELLO;
+  r.hello = &hr;
+  uint8_t *buf;
+  size_t len;
+  if (sv_encode_reply(&r, NULL, 0, &buf, &len) < 0) {
+    sv_conn_close(c, "out of memory for the hello reply");
+    return;
+  }
+  c->hello_done = 1;
+  uv_timer_stop(&c->hs);
+  char name[4 * SV_LOG_STR_MAX + 8];
+  sv_log(SV_LOG_INFO, "conn %llu (%s): hello from '%s', protocol %u.%u",
+         c->id, c->peer,
+         sv_log_str(name, sizeof name, h->client_name, SV_LOG_STR_MAX),
+         h->major, h->minor);
+  sv_writer_queue(c, buf, len, NULL);
+}
