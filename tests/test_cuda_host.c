@@ -925,6 +925,148 @@ Test(cuda_host, optimizer_steps_are_bit_identical_to_cpu) {
 }
 
 /* ------------------------------------------------------------------ */
+/* conv2d (im2col blocks + gemm) and pooling                           */
+
+/* run_conv replayed with blocks of `blk` output pixels and a naive gemm */
+static void sim_conv(dsp_opcode op, const dsp__cu_geo *g, const dsp_tensor *A,
+                     const dsp_tensor *B, dsp_tensor *O, int64_t blk) {
+  int f = O->meta.dtype == DSP_F64;
+  int64_t ck = g->C * g->KH * g->KW, ohw = g->OH * g->OW;
+  size_t es = f ? 8 : 4;
+  for (int64_t n = 0; n < g->N; n++)
+    for (int64_t p0 = 0; p0 < ohw; p0 += blk) {
+      int64_t np = ohw - p0 < blk ? ohw - p0 : blk;
+      double *col = calloc((size_t)(ck * np), sizeof *col);
+      void *colt = calloc((size_t)(ck * np), es); /* col in the dtype */
+      if (op != DSP_OP_CONV2D_BACKWARD_INPUT) {
+        const char *xn = (const char *)dsp_tensor_data(op == DSP_OP_CONV2D ? A : B) +
+                         (size_t)(n * g->C * g->H * g->W) * es;
+        for (int64_t r = 0; r < ck; r++)
+          for (int64_t q = 0; q < np; q++)
+            col[r * np + q] = dsp__cu_im2col_at(g, xn, f, r, p0 + q);
+      }
+      if (op == DSP_OP_CONV2D) {
+        for (int64_t o = 0; o < g->O; o++)
+          for (int64_t q = 0; q < np; q++) {
+            double s = 0;
+            for (int64_t r = 0; r < ck; r++) s += ld(B, o * ck + r) * col[r * np + q];
+            st_any(O, (n * g->O + o) * ohw + p0 + q, s);
+          }
+      } else if (op == DSP_OP_CONV2D_BACKWARD_INPUT) {
+        for (int64_t r = 0; r < ck; r++)
+          for (int64_t q = 0; q < np; q++) {
+            double s = 0;
+            for (int64_t o = 0; o < g->O; o++)
+              s += ld(B, o * ck + r) * ld(A, (n * g->O + o) * ohw + p0 + q);
+            if (f) ((double *)colt)[r * np + q] = s;
+            else ((float *)colt)[r * np + q] = (float)s;
+          }
+        int64_t xb = n * g->C * g->H * g->W;
+        for (int64_t c = 0; c < g->C; c++)
+          for (int64_t h = 0; h < g->H; h++)
+            for (int64_t w = 0; w < g->W; w++) {
+              int64_t i = xb + (c * g->H + h) * g->W + w;
+              st_any(O, i, ld(O, i) + dsp__cu_col2im_at(g, colt, f, p0, np, c, h, w));
+            }
+      } else {
+        for (int64_t o = 0; o < g->O; o++)
+          for (int64_t r = 0; r < ck; r++) {
+            double s = ld(O, o * ck + r);
+            for (int64_t q = 0; q < np; q++)
+              s += ld(A, (n * g->O + o) * ohw + p0 + q) * col[r * np + q];
+            st_any(O, o * ck + r, s);
+          }
+      }
+      free(col), free(colt);
+    }
+}
+
+Test(cuda_host, conv2d_im2col_blocks_match_cpu) {
+  static const int64_t X[] = {2, 3, 9, 8}, W[] = {4, 3, 3, 2};
+  static const int64_t CI[][6] = {{1, 1, 0, 0, 1, 1}, {2, 1, 1, 1, 1, 1}, {1, 2, 1, 0, 2, 1}};
+  for (int f = 0; f < 2; f++)
+    for (int ci = 0; ci < 3; ci++) {
+      dsp_dtype dt = f ? DSP_F64 : DSP_F32;
+      dsp_tensor *x = mk(dt, 4, X, 0, 0), *w = mk(dt, 4, W, 0, 0);
+      dsp_attrs a = dsp_attrs_ints(6, CI[ci]);
+      dsp_tensor *in[2] = {x, w};
+      dsp_tensor *y = run(DSP_OP_CONV2D, &a, 2, in);
+      dsp__cu_geo g;
+      dsp__cu_plan_conv(DSP_OP_CONV2D, &x->meta, &w->meta, &y->meta, &a, &g);
+      double tol = f ? 1e-12 : 1e-5;
+      for (int64_t blk = 1; blk <= 64; blk *= 8) {
+        dsp_tensor *gy = empty_like(y);
+        sim_conv(DSP_OP_CONV2D, &g, x, w, gy, blk);
+        assert_close(gy, y, tol, NULL, "conv2d");
+        dsp_tensor_unref(gy);
+      }
+      /* both backward ops with a random upstream grad */
+      dsp_tensor *dy = mk(dt, 4, y->meta.shape, 0, 0);
+      int64_t bi[10], bw[10];
+      memcpy(bi, CI[ci], sizeof CI[ci]), memcpy(bw, CI[ci], sizeof CI[ci]);
+      memcpy(bi + 6, X, sizeof X), memcpy(bw + 6, W, sizeof W);
+      dsp_attrs ai = dsp_attrs_ints(10, bi), aw = dsp_attrs_ints(10, bw);
+      dsp_tensor *i2[2] = {dy, w}, *w2[2] = {dy, x};
+      dsp_tensor *dx = run(DSP_OP_CONV2D_BACKWARD_INPUT, &ai, 2, i2);
+      dsp_tensor *dw = run(DSP_OP_CONV2D_BACKWARD_WEIGHT, &aw, 2, w2);
+      dsp__cu_geo gi, gw;
+      dsp__cu_plan_conv(DSP_OP_CONV2D_BACKWARD_INPUT, &dy->meta, &w->meta, &dx->meta, &ai, &gi);
+      dsp__cu_plan_conv(DSP_OP_CONV2D_BACKWARD_WEIGHT, &dy->meta, &x->meta, &dw->meta, &aw, &gw);
+      cr_assert(memcmp(&gi, &g, sizeof g) == 0 && memcmp(&gw, &g, sizeof g) == 0,
+                "the three conv ops see one geometry");
+      for (int64_t blk = 1; blk <= 64; blk *= 8) {
+        dsp_tensor *gx = empty_like(dx), *gwt = empty_like(dw);
+        sim_conv(DSP_OP_CONV2D_BACKWARD_INPUT, &g, dy, w, gx, blk);
+        sim_conv(DSP_OP_CONV2D_BACKWARD_WEIGHT, &g, dy, x, gwt, blk);
+        assert_close(gx, dx, f ? 1e-12 : 1e-5, NULL, "conv2d_backward_input");
+        assert_close(gwt, dw, f ? 1e-12 : 1e-5, NULL, "conv2d_backward_weight");
+        dsp_tensor_unref(gx), dsp_tensor_unref(gwt);
+      }
+      dsp_tensor_unref(dx), dsp_tensor_unref(dw), dsp_tensor_unref(dy);
+      dsp_tensor_unref(y), dsp_tensor_unref(x), dsp_tensor_unref(w);
+    }
+}
+
+Test(cuda_host, pooling_forward_and_backward_gathers_match_cpu) {
+  static const int64_t X[] = {2, 3, 7, 9};
+  static const int64_t PI[][6] = {{2, 2, 2, 2, 0, 0}, {3, 3, 2, 1, 1, 1}, {3, 2, 1, 2, 1, 0}};
+  for (int f = 0; f < 2; f++)
+    for (int pi = 0; pi < 3; pi++)
+      for (int mx = 0; mx < 2; mx++) {
+        dsp_dtype dt = f ? DSP_F64 : DSP_F32;
+        dsp_tensor *x = mk(dt, 4, X, 1, 0); /* ties, NaN, inf */
+        dsp_attrs a = dsp_attrs_ints(6, PI[pi]);
+        dsp_tensor *y = run(mx ? DSP_OP_MAX_POOL2D : DSP_OP_AVG_POOL2D, &a, 1, &x);
+        dsp__cu_geo g;
+        dsp__cu_plan_pool(&x->meta, &y->meta, &a, &g);
+        dsp_tensor *gy = empty_like(y);
+        size_t es = f ? 8 : 4;
+        for (int64_t e = 0; e < gy->numel; e++) { /* k_pool_fwd */
+          int64_t ow = e % g.OW, oh = (e / g.OW) % g.OH, nc = e / (g.OW * g.OH), at;
+          const char *xp = (const char *)dsp_tensor_data(x) + (size_t)(nc * g.H * g.W) * es;
+          st_any(gy, e, mx ? dsp__cu_pool_max(&g, xp, f, oh, ow, &at)
+                           : dsp__cu_pool_avg(&g, xp, f, oh, ow));
+        }
+        assert_same_bytes(gy, y, mx ? "max_pool2d" : "avg_pool2d");
+        dsp_tensor *up = mk(dt, 4, y->meta.shape, 0, 0);
+        dsp_tensor *in[2] = {up, x};
+        dsp_tensor *dx = run(mx ? DSP_OP_MAX_POOL2D_BACKWARD : DSP_OP_AVG_POOL2D_BACKWARD,
+                             &a, 2, in);
+        dsp_tensor *gx = empty_like(dx);
+        for (int64_t e = 0; e < gx->numel; e++) { /* k_pool_bw */
+          int64_t w = e % g.W, h = (e / g.W) % g.H, nc = e / (g.W * g.H);
+          st_any(gx, e, dsp__cu_pool_bw_at(&g, mx,
+                        (const char *)dsp_tensor_data(up) + (size_t)(nc * g.OH * g.OW) * es,
+                        (const char *)dsp_tensor_data(x) + (size_t)(nc * g.H * g.W) * es,
+                        f, h, w));
+        }
+        assert_same_bytes(gx, dx, mx ? "max_pool2d_backward" : "avg_pool2d_backward");
+        dsp_tensor_unref(gx), dsp_tensor_unref(dx), dsp_tensor_unref(up);
+        dsp_tensor_unref(gy), dsp_tensor_unref(y), dsp_tensor_unref(x);
+      }
+}
+
+/* ------------------------------------------------------------------ */
 /* the backend itself                                                  */
 
 #if DSP_CUDA_BUILT

@@ -155,24 +155,14 @@ static void scratch_put(cu_be *b, dsp_ctx *ctx, size_t n, void *p) {
 /* ------------------------------------------------------------------ */
 /* what this backend runs                                              */
 
-/* Ops with a CUDA kernel here. Every dtype combination that dsp_op_infer
- * accepts for one of these has its kernel (checked per op below); conv2d
- * and the pools have none yet and are refused. */
+/* Every op of the table has a CUDA kernel here, for every dtype
+ * combination that dsp_op_infer accepts; the checks below state those
+ * combinations so a caller that asks before inferring gets a true answer
+ * (bool only where the CPU has it, float-only families). */
 static int cu_supports(void *bctx, dsp_opcode op, const dsp_meta *in, int n) {
   (void)bctx;
   const dsp_op_info *info = dsp_op_lookup((int)op);
   if (!info) return 0;
-  switch (op) {
-    case DSP_OP_CONV2D:
-    case DSP_OP_CONV2D_BACKWARD_INPUT:
-    case DSP_OP_CONV2D_BACKWARD_WEIGHT:
-    case DSP_OP_MAX_POOL2D:
-    case DSP_OP_AVG_POOL2D:
-    case DSP_OP_MAX_POOL2D_BACKWARD:
-    case DSP_OP_AVG_POOL2D_BACKWARD:
-      return 0;
-    default: break;
-  }
   for (int i = 0; i < n; i++)
     if (!dsp_dtype_valid((int)in[i].dtype)) return 0;
   switch (info->family) {
@@ -260,6 +250,78 @@ static int peek_i64(cu_be *b, const int64_t *p, int64_t *v) {
   return (int)e;
 }
 
+/* Bytes of one im2col block: bounded whatever the image and kernel (a
+ * 1024x1024 input with a 64x64 kernel would need a 15 GiB col matrix), or
+ * one column when a single receptive field is larger. */
+#define COL_BLOCK_BYTES ((size_t)64 << 20)
+
+/* One column-major cuBLAS gemm C = op(A) op(B) + beta C (sizes fit int:
+ * infer checked C*KH*KW, OH*OW and O). */
+static cublasStatus_t gemm(cu_be *b, int f64, cublasOperation_t ta,
+                           cublasOperation_t tb, int64_t m, int64_t n,
+                           int64_t k, const void *A, int64_t lda, const void *B,
+                           int64_t ldb, double beta, void *C, int64_t ldc) {
+  if (f64) {
+    const double one = 1.0;
+    return cublasDgemm(b->blas, ta, tb, (int)m, (int)n, (int)k, &one, A, (int)lda,
+                       B, (int)ldb, &beta, C, (int)ldc);
+  }
+  const float one = 1.0f, fb = (float)beta;
+  return cublasSgemm(b->blas, ta, tb, (int)m, (int)n, (int)k, &one, A, (int)lda,
+                     B, (int)ldb, &fb, C, (int)ldc);
+}
+
+/* conv2d and its backward ops as im2col + cuBLAS over blocks of output
+ * pixels, sample by sample, with the same products as the CPU kernel
+ * (kern_nn_conv.c) written column-major (row-major M^T):
+ *   forward          y_n[:, blk]  = W [O, CK] @ col       (C^T = col^T W^T)
+ *   backward input   col = W^T @ dy_n[:, blk], col2im-gathered into dx_n
+ *   backward weight  dW += dy_n[:, blk] @ col^T
+ * The col scratch (<= COL_BLOCK_BYTES) is charged to the ctx's budget. */
+static int run_conv(cu_be *b, dsp_ctx *ctx, dsp_opcode op,
+                    dsp_tensor *const *in, const dsp_attrs *a,
+                    dsp_tensor *out) {
+  dsp__cu_geo g;
+  dsp__cu_plan_conv(op, &in[0]->meta, &in[1]->meta, &out->meta, a, &g);
+  const int64_t ck = g.C * g.KH * g.KW, ohw = g.OH * g.OW;
+  if (g.N == 0 || g.O == 0 || ck == 0 || ohw == 0) return 0; /* zeroed out */
+  const int f64 = out->meta.dtype == DSP_F64;
+  const size_t es = f64 ? 8 : 4;
+  int64_t per = (int64_t)(COL_BLOCK_BYTES / es) / ck;
+  const int64_t blk = per < 1 ? 1 : per < ohw ? per : ohw;
+  const size_t col_bytes = (size_t)(ck * blk) * es;
+  void *col = NULL;
+  int rc = scratch_get(b, ctx, op, col_bytes, &col);
+  if (rc < 0) return rc;
+  const size_t xs = (size_t)(g.C * g.H * g.W) * es, ys = (size_t)(g.O * ohw) * es;
+  const char *A = dsp_tensor_data(in[0]), *B = dsp_tensor_data(in[1]);
+  char *O = dsp_tensor_data(out);
+  int e = 0;
+  cublasStatus_t s = CUBLAS_STATUS_SUCCESS;
+  for (int64_t n = 0; n < g.N && !e && s == CUBLAS_STATUS_SUCCESS; n++)
+    for (int64_t p0 = 0; p0 < ohw && !e && s == CUBLAS_STATUS_SUCCESS; p0 += blk) {
+      const int64_t np = ohw - p0 < blk ? ohw - p0 : blk;
+      const size_t po = (size_t)p0 * es;
+      if (op == DSP_OP_CONV2D) {
+        if ((e = dsp__cuk_im2col(b->stream, f64, &g, A + n * xs, col, p0, np))) break;
+        s = gemm(b, f64, CUBLAS_OP_N, CUBLAS_OP_N, np, g.O, ck, col, np, B, ck,
+                 0.0, O + n * ys + po, ohw);
+      } else if (op == DSP_OP_CONV2D_BACKWARD_INPUT) {
+        s = gemm(b, f64, CUBLAS_OP_N, CUBLAS_OP_T, np, ck, g.O, A + n * ys + po,
+                 ohw, B, ck, 0.0, col, np);
+        if (s == CUBLAS_STATUS_SUCCESS)
+          e = dsp__cuk_col2im(b->stream, f64, &g, col, p0, np, O + n * xs);
+      } else {
+        if ((e = dsp__cuk_im2col(b->stream, f64, &g, B + n * xs, col, p0, np))) break;
+        s = gemm(b, f64, CUBLAS_OP_T, CUBLAS_OP_N, ck, g.O, np, col, np,
+                 A + n * ys + po, ohw, 1.0, O, ck);
+      }
+    }
+  scratch_put(b, ctx, col_bytes, col);
+  if (e) return cu_err(ctx, e, op, "kernel launch");
+  return s == CUBLAS_STATUS_SUCCESS ? 0 : blas_err(ctx, s, op);
+}
+
 static int run_nn(cu_be *b, dsp_ctx *ctx, dsp_opcode op, dsp_tensor *const *in,
                   int n_in, const dsp_attrs *a, dsp_tensor *out) {
   const int dt = (int)out->meta.dtype;
@@ -316,6 +378,23 @@ static int run_nn(cu_be *b, dsp_ctx *ctx, dsp_opcode op, dsp_tensor *const *in,
                            a->floats[0], dsp_tensor_data(in[0]),
                            dsp_tensor_data(out));
       break;
+    case DSP_OP_CONV2D:
+    case DSP_OP_CONV2D_BACKWARD_INPUT:
+    case DSP_OP_CONV2D_BACKWARD_WEIGHT:
+      return run_conv(b, ctx, op, in, a, out);
+    case DSP_OP_MAX_POOL2D:
+    case DSP_OP_AVG_POOL2D:
+    case DSP_OP_MAX_POOL2D_BACKWARD:
+    case DSP_OP_AVG_POOL2D_BACKWARD: {
+      int fwd = op == DSP_OP_MAX_POOL2D || op == DSP_OP_AVG_POOL2D;
+      dsp__cu_geo g;
+      dsp__cu_plan_pool(&in[fwd ? 0 : 1]->meta, fwd ? &out->meta : &in[0]->meta,
+                        a, &g);
+      e = dsp__cuk_pool(b->stream, (int)op, dt == DSP_F64, &g,
+                        fwd ? NULL : dsp_tensor_data(in[0]),
+                        dsp_tensor_data(in[fwd ? 0 : 1]), dsp_tensor_data(out));
+      break;
+    }
     default:
       return dsp_seterr(ctx, DISPATCH_EUNSUPPORTED,
                         "%s: no CUDA kernel (backend %s)", opname(op),

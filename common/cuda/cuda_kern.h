@@ -82,6 +82,17 @@ int dsp__cuk_sgd(cudaStream_t st, int dt, int64_t n, void *p, const void *g,
 int dsp__cuk_adam(cudaStream_t st, int dt, int64_t n, void *p, const void *g,
                   void *m, void *v, double lr, double b1, double b2,
                   double eps, double bc1, double bc2);
+/* conv2d blocks: one sample's im2col columns p0..p0+np-1 into col
+ * [C*KH*KW, np], and the col2im gather that adds such a block into the
+ * sample's input gradient xn [C, H, W] */
+int dsp__cuk_im2col(cudaStream_t st, int f64, const dsp__cu_geo *g,
+                    const void *xn, void *col, int64_t p0, int64_t np);
+int dsp__cuk_col2im(cudaStream_t st, int f64, const dsp__cu_geo *g,
+                    const void *col, int64_t p0, int64_t np, void *xn);
+/* max/avg pool forward (x -> out) or backward (grad, x -> out, every
+ * element of out written) */
+int dsp__cuk_pool(cudaStream_t st, int op, int f64, const dsp__cu_geo *g,
+                  const void *grad, const void *x, void *out);
 
 #ifdef __cplusplus
 }

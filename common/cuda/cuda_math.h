@@ -356,6 +356,131 @@ DSP_HD dsp__cu_lse dsp__cu_lse_final(dsp__cu_lse a) {
 }
 
 /* ------------------------------------------------------------------ */
+/* conv2d (im2col) and pooling                                         */
+
+/* x [N,C,H,W], w [O,C,KH,KW], y [N,O,OH,OW]; the same fields as the CPU's
+ * dsp_conv_geo / dsp_pool_geo (kern_nn.h) */
+typedef struct dsp__cu_geo {
+  int64_t N, C, H, W, O, KH, KW, OH, OW;
+  int64_t sh, sw, ph, pw, dh, dw;
+} dsp__cu_geo;
+
+DSP_HD double dsp__cu_ld(const void *p, int f64, int64_t i) {
+  return f64 ? ((const double *)p)[i] : (double)((const float *)p)[i];
+}
+
+/* Element (r, p) of one sample's im2col matrix [C*KH*KW, OH*OW]: row
+ * r = (c, i, j) of the kernel, column p = output pixel; 0 in padding. */
+DSP_HD double dsp__cu_im2col_at(const dsp__cu_geo *g, const void *xn, int f64,
+                                int64_t r, int64_t p) {
+  int64_t j = r % g->KW, i = (r / g->KW) % g->KH, c = r / (g->KW * g->KH);
+  int64_t h = (p / g->OW) * g->sh - g->ph + i * g->dh;
+  int64_t w = (p % g->OW) * g->sw - g->pw + j * g->dw;
+  if (h < 0 || h >= g->H || w < 0 || w >= g->W) return 0.0;
+  return dsp__cu_ld(xn, f64, (c * g->H + h) * g->W + w);
+}
+
+/* col2im as a gather: the sum, over kernel taps (i, j) in increasing
+ * order, of the entries of the column block [C*KH*KW, np] (output pixels
+ * p0..p0+np-1) that im2col took from input element (c, h, w). One thread
+ * per input element, so no two threads add into the same place. */
+DSP_HD double dsp__cu_col2im_at(const dsp__cu_geo *g, const void *col, int f64,
+                                int64_t p0, int64_t np, int64_t c, int64_t h,
+                                int64_t w) {
+  double acc = 0.0;
+  for (int64_t i = 0; i < g->KH; i++) {
+    int64_t th = h + g->ph - i * g->dh;
+    if (th < 0 || th % g->sh) continue;
+    int64_t oh = th / g->sh;
+    if (oh >= g->OH) continue;
+    for (int64_t j = 0; j < g->KW; j++) {
+      int64_t tw = w + g->pw - j * g->dw;
+      if (tw < 0 || tw % g->sw) continue;
+      int64_t ow = tw / g->sw;
+      if (ow >= g->OW) continue;
+      int64_t p = oh * g->OW + ow;
+      if (p < p0 || p >= p0 + np) continue;
+      acc += dsp__cu_ld(col, f64, ((c * g->KH + i) * g->KW + j) * np + (p - p0));
+    }
+  }
+  return acc;
+}
+
+/* The window of pool output (oh, ow), clamped to the input. */
+DSP_HD void dsp__cu_pool_window(const dsp__cu_geo *g, int64_t oh, int64_t ow,
+                                int64_t *h0, int64_t *h1, int64_t *w0,
+                                int64_t *w1) {
+  *h0 = oh * g->sh - g->ph, *w0 = ow * g->sw - g->pw;
+  *h1 = *h0 + g->KH, *w1 = *w0 + g->KW;
+  if (*h0 < 0) *h0 = 0;
+  if (*w0 < 0) *w0 = 0;
+  if (*h1 > g->H) *h1 = g->H;
+  if (*w1 > g->W) *w1 = g->W;
+}
+
+/* Max of window (oh, ow) of plane xp [H, W] and the index in the plane of
+ * the element it came from: the first largest in row-major order, a NaN
+ * winning (the CPU's scan). */
+DSP_HD double dsp__cu_pool_max(const dsp__cu_geo *g, const void *xp, int f64,
+                               int64_t oh, int64_t ow, int64_t *at) {
+  int64_t h0, h1, w0, w1;
+  dsp__cu_pool_window(g, oh, ow, &h0, &h1, &w0, &w1);
+  int64_t bi = h0 * g->W + w0;
+  double best = dsp__cu_ld(xp, f64, bi);
+  for (int64_t h = h0; h < h1 && best == best; h++)
+    for (int64_t w = w0; w < w1; w++) {
+      double v = dsp__cu_ld(xp, f64, h * g->W + w);
+      if (v > best || v != v) {
+        best = v, bi = h * g->W + w;
+        if (v != v) break;
+      }
+    }
+  *at = bi;
+  return best;
+}
+
+/* Average of window (oh, ow): padding counts in the divisor. */
+DSP_HD double dsp__cu_pool_avg(const dsp__cu_geo *g, const void *xp, int f64,
+                               int64_t oh, int64_t ow) {
+  int64_t h0, h1, w0, w1;
+  dsp__cu_pool_window(g, oh, ow, &h0, &h1, &w0, &w1);
+  double s = 0.0;
+  for (int64_t h = h0; h < h1; h++)
+    for (int64_t w = w0; w < w1; w++) s += dsp__cu_ld(xp, f64, h * g->W + w);
+  return s / ((double)g->KH * (double)g->KW);
+}
+
+/* Pool backward as a gather for input element (h, w) of one plane: the
+ * grads of every window that routes to it (max: the window's chosen
+ * element; avg: every window holding it, grad/area), added in increasing
+ * output order and rounded to the dtype after each add, as the CPU's
+ * accumulation into the output does. */
+DSP_HD double dsp__cu_pool_bw_at(const dsp__cu_geo *g, int is_max,
+                                 const void *gp, const void *xp, int f64,
+                                 int64_t h, int64_t w) {
+  double acc = 0.0, area = (double)g->KH * (double)g->KW;
+  int64_t oh_lo = h + g->ph - g->KH + 1, ow_lo = w + g->pw - g->KW + 1;
+  oh_lo = oh_lo <= 0 ? 0 : (oh_lo + g->sh - 1) / g->sh;
+  ow_lo = ow_lo <= 0 ? 0 : (ow_lo + g->sw - 1) / g->sw;
+  int64_t oh_hi = (h + g->ph) / g->sh, ow_hi = (w + g->pw) / g->sw;
+  if (oh_hi >= g->OH) oh_hi = g->OH - 1;
+  if (ow_hi >= g->OW) ow_hi = g->OW - 1;
+  for (int64_t oh = oh_lo; oh <= oh_hi; oh++)
+    for (int64_t ow = ow_lo; ow <= ow_hi; ow++) {
+      double gv = dsp__cu_ld(gp, f64, oh * g->OW + ow);
+      if (is_max) {
+        int64_t at;
+        dsp__cu_pool_max(g, xp, f64, oh, ow, &at);
+        if (at != h * g->W + w) continue;
+      } else {
+        gv /= area;
+      }
+      acc = f64 ? acc + gv : (double)(float)(acc + gv);
+    }
+  return acc;
+}
+
+/* ------------------------------------------------------------------ */
 /* random numbers: the formulas of common/rng.h, bit for bit             */
 
 DSP_HD uint64_t dsp__cu_rng_mix(uint64_t z) {

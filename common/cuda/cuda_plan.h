@@ -131,6 +131,42 @@ static inline void dsp__cu_plan_matmul(const dsp_meta *ma, const dsp_meta *mb,
   dsp__cu_plan_strided(ix, nbo, bshape, st, 2);
 }
 
+/* Geometry of conv2d and its backward ops from the metas infer accepted:
+ * conv2d (x, w) -> y, backward input (grad y, w) -> x, backward weight
+ * (grad y, x) -> w; the conv ints {sh, sw, ph, pw, dh, dw} are a prefix
+ * (the backward ops end theirs with 4 dims), missing ones 1,1,0,0,1,1. */
+static inline void dsp__cu_plan_conv(dsp_opcode op, const dsp_meta *in0,
+                                     const dsp_meta *in1, const dsp_meta *out,
+                                     const dsp_attrs *a, dsp__cu_geo *g) {
+  static const int64_t def[6] = {1, 1, 0, 0, 1, 1};
+  int nconv = op == DSP_OP_CONV2D ? a->n_ints : a->n_ints - 4;
+  int64_t r[6];
+  for (int i = 0; i < 6; i++) r[i] = i < nconv ? a->ints[i] : def[i];
+  const dsp_meta *x = op == DSP_OP_CONV2D ? in0
+                      : op == DSP_OP_CONV2D_BACKWARD_INPUT ? out : in1;
+  const dsp_meta *w = op == DSP_OP_CONV2D_BACKWARD_WEIGHT ? out : in1;
+  const dsp_meta *y = op == DSP_OP_CONV2D ? out : in0;
+  g->N = x->shape[0], g->C = x->shape[1], g->H = x->shape[2], g->W = x->shape[3];
+  g->O = w->shape[0], g->KH = w->shape[2], g->KW = w->shape[3];
+  g->OH = y->shape[2], g->OW = y->shape[3];
+  g->sh = r[0], g->sw = r[1], g->ph = r[2], g->pw = r[3], g->dh = r[4], g->dw = r[5];
+}
+
+/* Pool geometry: x the [N,C,H,W] input, y the [N,C,OH,OW] output (or
+ * grad); ints {kh, kw, sh, sw, ph, pw}, stride defaulting to the kernel. */
+static inline void dsp__cu_plan_pool(const dsp_meta *x, const dsp_meta *y,
+                                     const dsp_attrs *a, dsp__cu_geo *g) {
+  const int64_t *v = a->ints;
+  int n = a->n_ints;
+  memset(g, 0, sizeof *g);
+  g->N = x->shape[0], g->C = g->O = x->shape[1], g->H = x->shape[2], g->W = x->shape[3];
+  g->OH = y->shape[2], g->OW = y->shape[3];
+  g->KH = v[0], g->KW = v[1];
+  g->sh = n > 2 ? v[2] : g->KH, g->sw = n > 3 ? v[3] : g->KW;
+  g->ph = n > 4 ? v[4] : 0, g->pw = n > 5 ? v[5] : 0;
+  g->dh = g->dw = 1;
+}
+
 static inline int64_t dsp__cu_prod(const int64_t *s, int from, int to) {
   int64_t p = 1;
   for (int i = from; i < to; i++) p *= s[i];

@@ -629,3 +629,80 @@ extern "C" int dsp__cuk_adam(cudaStream_t st, int dt, int64_t n, void *p,
   else k_adam<double><<<grid_for(n), TPB, 0, st>>>(n, (double *)p, (const double *)g, (double *)m, (double *)v, lr, b1, b2, eps, bc1, bc2);
   return (int)cudaGetLastError();
 }
+
+/* ------------------------------------------------------------------ */
+/* conv2d blocks (im2col / col2im) and pooling                         */
+
+template <typename T>
+__global__ void k_im2col(int64_t n, dsp__cu_geo g, const T *xn, T *col,
+                         int64_t p0, int64_t np) {
+  const int f64 = sizeof(T) == 8;
+  GRID_LOOP(e, n) col[e] = (T)dsp__cu_im2col_at(&g, xn, f64, e / np, p0 + e % np);
+}
+
+template <typename T>
+__global__ void k_col2im(int64_t n, dsp__cu_geo g, const T *col, int64_t p0,
+                         int64_t np, T *xn) {
+  const int f64 = sizeof(T) == 8;
+  GRID_LOOP(e, n) {
+    int64_t w = e % g.W, h = (e / g.W) % g.H, c = e / (g.W * g.H);
+    xn[e] = (T)((double)xn[e] + dsp__cu_col2im_at(&g, col, f64, p0, np, c, h, w));
+  }
+}
+
+extern "C" int dsp__cuk_im2col(cudaStream_t st, int f64, const dsp__cu_geo *g,
+                               const void *xn, void *col, int64_t p0,
+                               int64_t np) {
+  int64_t n = g->C * g->KH * g->KW * np;
+  if (n <= 0) return 0;
+  if (f64) k_im2col<double><<<grid_for(n), TPB, 0, st>>>(n, *g, (const double *)xn, (double *)col, p0, np);
+  else k_im2col<float><<<grid_for(n), TPB, 0, st>>>(n, *g, (const float *)xn, (float *)col, p0, np);
+  return (int)cudaGetLastError();
+}
+
+extern "C" int dsp__cuk_col2im(cudaStream_t st, int f64, const dsp__cu_geo *g,
+                               const void *col, int64_t p0, int64_t np,
+                               void *xn) {
+  int64_t n = g->C * g->H * g->W;
+  if (n <= 0) return 0;
+  if (f64) k_col2im<double><<<grid_for(n), TPB, 0, st>>>(n, *g, (const double *)col, p0, np, (double *)xn);
+  else k_col2im<float><<<grid_for(n), TPB, 0, st>>>(n, *g, (const float *)col, p0, np, (float *)xn);
+  return (int)cudaGetLastError();
+}
+
+template <typename T>
+__global__ void k_pool_fwd(int64_t n, dsp__cu_geo g, int is_max, const T *x, T *y) {
+  const int f64 = sizeof(T) == 8;
+  GRID_LOOP(e, n) {
+    int64_t ow = e % g.OW, oh = (e / g.OW) % g.OH, nc = e / (g.OW * g.OH), at;
+    const T *xp = x + nc * g.H * g.W;
+    y[e] = (T)(is_max ? dsp__cu_pool_max(&g, xp, f64, oh, ow, &at)
+                      : dsp__cu_pool_avg(&g, xp, f64, oh, ow));
+  }
+}
+
+template <typename T>
+__global__ void k_pool_bw(int64_t n, dsp__cu_geo g, int is_max, const T *grad,
+                          const T *x, T *out) {
+  const int f64 = sizeof(T) == 8;
+  GRID_LOOP(e, n) {
+    int64_t w = e % g.W, h = (e / g.W) % g.H, nc = e / (g.W * g.H);
+    out[e] = (T)dsp__cu_pool_bw_at(&g, is_max, grad + nc * g.OH * g.OW,
+                                   x + nc * g.H * g.W, f64, h, w);
+  }
+}
+
+extern "C" int dsp__cuk_pool(cudaStream_t st, int op, int f64,
+                             const dsp__cu_geo *g, const void *grad,
+                             const void *x, void *out) {
+  int is_max = op == DSP_OP_MAX_POOL2D || op == DSP_OP_MAX_POOL2D_BACKWARD;
+  int fwd = op == DSP_OP_MAX_POOL2D || op == DSP_OP_AVG_POOL2D;
+  int64_t n = g->N * g->C * (fwd ? g->OH * g->OW : g->H * g->W);
+  if (n <= 0) return 0;
+  unsigned gr = grid_for(n);
+  if (fwd && f64) k_pool_fwd<double><<<gr, TPB, 0, st>>>(n, *g, is_max, (const double *)x, (double *)out);
+  else if (fwd) k_pool_fwd<float><<<gr, TPB, 0, st>>>(n, *g, is_max, (const float *)x, (float *)out);
+  else if (f64) k_pool_bw<double><<<gr, TPB, 0, st>>>(n, *g, is_max, (const double *)grad, (const double *)x, (double *)out);
+  else k_pool_bw<float><<<gr, TPB, 0, st>>>(n, *g, is_max, (const float *)grad, (const float *)x, (float *)out);
+  return (int)cudaGetLastError();
+}
