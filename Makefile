@@ -40,9 +40,11 @@ ALL_CFLAGS = $(CFLAGS_BASE) $(INCLUDES) $(BLAS_CFLAGS) $(PKG_CFLAGS) $(CFLAGS)
 LIBS = $(PKG_LIBS) $(BLAS_LIBS) -lm -pthread
 
 # CUDA backend (common/cuda/): built into its own archive whenever nvcc is
-# found, so every CI run compiles it; CUDA=0 skips it. Nothing else links
-# it: dispatch-server and libdispatch-client stay free of libcudart, and a
-# program that wants the GPU links $(CUDA_A) $(CUDA_LIBS) itself.
+# found, so every CI run compiles it; CUDA=0 skips it. dispatch-server and
+# libdispatch-client never link it (no libcudart dependency on a host
+# without the toolkit); dispatch-server-cuda is the same server linked with
+# it (the server finds dsp_cuda_backend_open through a weak reference, see
+# common/cuda/dsp_cuda.h). Any other program links $(CUDA_A) $(CUDA_LIBS).
 NVCC ?= $(firstword $(shell command -v nvcc 2>/dev/null) $(wildcard /usr/local/cuda/bin/nvcc))
 CUDA ?= $(if $(NVCC),1,0)
 CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
@@ -82,7 +84,8 @@ EXAMPLE_LIB_OBJ := $(call obj,$(EXAMPLE_LIB_SRC))
 BENCH_BIN := $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_SRC))
 CUDA_OBJ := $(call obj,$(CUDA_SRC_C)) $(patsubst %.cu,$(BUILD)/obj/%.cu.o,$(CUDA_SRC_CU))
 ifeq ($(CUDA),1)
-  CUDA_BIN := $(BUILD)/tests/gpu/cuda_ops $(BUILD)/bench/gpu/matmul_cuda
+  CUDA_BIN := $(BUILD)/tests/gpu/cuda_ops $(BUILD)/bench/gpu/matmul_cuda \
+    $(if $(wildcard server/main.c),$(BUILD)/dispatch-server-cuda)
 endif
 
 SERVER_BIN := $(BUILD)/dispatch-server
@@ -134,6 +137,10 @@ $(SERVER_A): $(SERVER_OBJ)
 
 $(SERVER_BIN): $(BUILD)/obj/server/main.o $(SERVER_A) $(COMMON_A)
 	$(CC) $(LDFLAGS) -o $@ $^ $(LIBS)
+
+# -u keeps the backend in although nothing but a weak reference names it
+$(BUILD)/dispatch-server-cuda: $(BUILD)/obj/server/main.o $(SERVER_A) $(CUDA_A) $(COMMON_A)
+	$(CC) $(LDFLAGS) -Wl,-u,dsp_cuda_backend_open -o $@ $^ $(LIBS) $(CUDA_LIBS)
 
 $(CLIENT_A): $(CLIENT_OBJ) $(COMMON_OBJ)
 	@rm -f $@
@@ -201,12 +208,12 @@ sanitize: deps
 # no device can be opened; it never reports a pass it did not run.
 test-gpu:
 	@if [ "$(CUDA)" != 1 ]; then echo "cuda: skipped (backend not built: no nvcc, or CUDA=0)"; exit 0; fi; \
-	$(MAKE) --no-print-directory $(BUILD)/tests/gpu/cuda_ops && \
+	$(MAKE) -s --no-print-directory $(BUILD)/tests/gpu/cuda_ops && \
 	$(BUILD)/tests/gpu/cuda_ops
 
 bench-gpu:
 	@if [ "$(CUDA)" != 1 ]; then echo "cuda: skipped (backend not built: no nvcc, or CUDA=0)"; exit 0; fi; \
-	$(MAKE) --no-print-directory $(BUILD)/bench/gpu/matmul_cuda && \
+	$(MAKE) -s --no-print-directory $(BUILD)/bench/gpu/matmul_cuda && \
 	$(BUILD)/bench/gpu/matmul_cuda
 
 demo: deps

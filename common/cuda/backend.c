@@ -170,7 +170,10 @@ static int cu_supports(void *bctx, dsp_opcode op, const dsp_meta *in, int n) {
     case DSP_FAM_NN:
     case DSP_FAM_OPTIM:
       /* float kernels; cross entropy's labels are i64 */
-      return n > 0 && dsp_dtype_is_float(in[op == DSP_OP_CROSS_ENTROPY_BACKWARD ? 1 : 0].dtype);
+    {
+      int k = op == DSP_OP_CROSS_ENTROPY_BACKWARD ? 1 : 0;
+      return n > k && dsp_dtype_is_float(in[k].dtype);
+    }
     case DSP_FAM_RED:
       return n == 1 && in[0].dtype != DSP_BOOL;
     case DSP_FAM_SHAPE:

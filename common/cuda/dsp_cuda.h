@@ -1,8 +1,16 @@
 /* The CUDA backend: a dsp_backend (common/dsp.h) whose storage lives in GPU
  * memory. Built into build/libdspcuda.a only when nvcc is found (make
  * CUDA=0 skips it); a program that uses it links that archive plus
- * -lcublas -lcudart. dispatch-server and libdispatch-client do not link it
- * (no libcudart dependency on hosts without the toolkit).
+ * -lcublas -lcudart -lstdc++ (make's $(CUDA_LIBS)).
+ *
+ * How the server links it: dispatch-server and libdispatch-client never
+ * link it, so they carry no libcudart dependency on a host without the
+ * toolkit. make also builds dispatch-server-cuda: the same objects plus
+ * libdspcuda.a. Server code that opens a device declares the entry weak,
+ *     #pragma weak dsp_cuda_backend_open
+ * and, for --device cuda:N, exits at start with "this dispatch-server was
+ * built without CUDA (run dispatch-server-cuda)" when the symbol is NULL,
+ * else with the one-line reason dsp_cuda_backend_open gives when it fails.
  *
  * One opened backend owns one CUDA stream, one cuBLAS handle and the
  * device's default memory pool (cudaMallocAsync): open one per session, so

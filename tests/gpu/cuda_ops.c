@@ -7,7 +7,12 @@
  * fails with DISPATCH_ENOMEM and the next op on the same ctx still runs.
  *
  * Without a usable GPU it prints "cuda: skipped (no GPU): REASON" and
- * exits 0, claiming nothing. Exit 1 when any row fails. */
+ * exits 0, claiming nothing. Exit 1 when any row fails.
+ *
+ * DSP_CUDA_OPS_ON_CPU=1 runs the same table with the CPU backend in the
+ * GPU's place (a check of the cases themselves, no GPU claim); it also
+ * prints the cases that the CPU's inference refuses, so a mistyped case
+ * cannot drop out of the table unseen. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -20,7 +25,7 @@
 static dsp_ctx *cpu, *gpu;
 static dsp_backend *be;
 static uint64_t g_ctr;
-static int n_pass, n_fail, n_unsup;
+static int n_pass, n_fail, n_unsup, on_cpu;
 
 static dsp_meta meta(dsp_dtype dt, int nd, const int64_t *sh) {
   dsp_meta m;
@@ -103,7 +108,10 @@ static void row(const tcase *c, const char *res, const char *detail) {
 static void run_case(const tcase *c) {
   dsp_tensor *ci[4] = {0}, *gi[4] = {0}, *co = NULL, *go = NULL;
   dsp_meta om;
-  if (dsp_op_infer(cpu, c->op, c->in, c->n_in, &c->a, &om) < 0) return;
+  if (dsp_op_infer(cpu, c->op, c->in, c->n_in, &c->a, &om) < 0) {
+    if (on_cpu) row(c, "n/a", dsp_ctx_errmsg(cpu));
+    return;
+  }
   if (!be->supports_op(be->bctx, c->op, c->in, c->n_in)) {
     row(c, "unsupported", "");
     n_unsup++;
@@ -155,14 +163,18 @@ static tcase mkcase(dsp_opcode op, int n_in, dsp_dtype dt, int nd0,
 
 int main(void) {
   char why[512] = "";
-  if (dsp_cuda_backend_open(0, &be, why, sizeof why) < 0) {
+  on_cpu = getenv("DSP_CUDA_OPS_ON_CPU") != NULL;
+  if (on_cpu) {
+    be = (dsp_backend *)dsp_cpu_backend();
+  } else if (dsp_cuda_backend_open(0, &be, why, sizeof why) < 0) {
     printf("cuda: skipped (no GPU): %s\n", why);
     return 0;
   }
-  printf("cuda conformance on %s\n", be->device);
+  printf("%s on %s\n", on_cpu ? "self-check of the cases (CPU vs CPU, no GPU claim)"
+                               : "cuda conformance", be->device);
   cpu = dsp_ctx_new();
   gpu = dsp_ctx_new();
-  dsp_cuda_ctx_use(gpu, be);
+  if (!on_cpu) dsp_cuda_ctx_use(gpu, be);
   static const dsp_dtype DT[] = {DSP_F32, DSP_F64, DSP_I64, DSP_BOOL};
   static const int64_t A[] = {4, 1, 3}, B[] = {5, 1}, C[] = {4, 5, 3}, M1[] = {2, 3, 4},
                        M2[] = {4, 5}, M3[] = {3, 4}, M4[] = {2, 4, 5}, L6[] = {6},
@@ -238,14 +250,24 @@ int main(void) {
     int64_t seed = 5;
     dr.a = dsp_attrs_ints(1, &seed), dr.a.n_floats = 1, dr.a.floats[0] = 0.25;
     run_case(&dr);
-    /* conv and pools: listed as unsupported when refused */
-    static const int64_t X4[] = {2, 3, 8, 8}, W4[] = {4, 3, 3, 3};
+    /* conv (stride 2, padding 1) and its backward ops; pools */
+    static const int64_t X4[] = {2, 3, 8, 8}, W4[] = {4, 3, 3, 3}, Y4[] = {2, 4, 4, 4},
+                         P4[] = {2, 3, 4, 4};
+    int64_t ci[4] = {2, 2, 1, 1}, cx[8] = {2, 2, 1, 1, 2, 3, 8, 8},
+            cw[8] = {2, 2, 1, 1, 4, 3, 3, 3};
     tcase cv = mkcase(DSP_OP_CONV2D, 2, dt, 4, X4, 4, W4);
-    run_case(&cv);
+    cv.a = dsp_attrs_ints(4, ci), run_case(&cv);
+    tcase cbi = mkcase(DSP_OP_CONV2D_BACKWARD_INPUT, 2, dt, 4, Y4, 4, W4);
+    cbi.a = dsp_attrs_ints(8, cx), run_case(&cbi);
+    tcase cbw = mkcase(DSP_OP_CONV2D_BACKWARD_WEIGHT, 2, dt, 4, Y4, 4, X4);
+    cbw.a = dsp_attrs_ints(8, cw), run_case(&cbw);
     int64_t pk[2] = {2, 2};
     tcase pl = mkcase(DSP_OP_MAX_POOL2D, 1, dt, 4, X4, 0, NULL);
     pl.a = dsp_attrs_ints(2, pk), run_case(&pl);
     pl.op = DSP_OP_AVG_POOL2D, run_case(&pl);
+    tcase pb = mkcase(DSP_OP_MAX_POOL2D_BACKWARD, 2, dt, 4, P4, 4, X4);
+    pb.a = dsp_attrs_ints(2, pk), run_case(&pb);
+    pb.op = DSP_OP_AVG_POOL2D_BACKWARD, run_case(&pb);
     /* creation */
     for (int op = DSP_OP_ZEROS; op <= DSP_OP_NORMAL; op++) {
       tcase c = mkcase((dsp_opcode)op, 0, dt, 0, NULL, 0, NULL);
@@ -293,10 +315,11 @@ int main(void) {
          oom_ok ? "pass" : "FAIL", rc, dispatch_err_name(rc));
   oom_ok ? n_pass++ : n_fail++;
   dsp_tensor_unref(x), dsp_tensor_unref(y);
-  printf("cuda: %d pass, %d FAIL, %d unsupported (pool in use after the run: %llu bytes)\n",
-         n_pass, n_fail, n_unsup, (unsigned long long)dsp_cuda_pool_used(be));
+  printf("%s: %d pass, %d FAIL, %d unsupported (pool in use after the run: %llu bytes)\n",
+         on_cpu ? "self-check" : "cuda", n_pass, n_fail, n_unsup,
+         (unsigned long long)dsp_cuda_pool_used(be));
   dsp_ctx_free(gpu);
   dsp_ctx_free(cpu);
-  dsp_cuda_backend_close(be);
+  if (!on_cpu) dsp_cuda_backend_close(be);
   return n_fail ? 1 : 0;
 }
