@@ -161,6 +161,63 @@ static tcase mkcase(dsp_opcode op, int n_in, dsp_dtype dt, int nd0,
   return c;
 }
 
+/* A two-layer MLP step through autodiff on both backends: forward
+ * (matmul, relu, cross entropy), backward, and the gradients of both
+ * weights compared. */
+static void mlp_backward_case(dsp_dtype dt) {
+  static const int64_t XS[] = {8, 16}, W1[] = {16, 12}, W2[] = {12, 10}, LS[] = {8};
+  const dsp_meta mx = meta(dt, 2, XS), m1 = meta(dt, 2, W1), m2 = meta(dt, 2, W2),
+                 ml = meta(DSP_I64, 1, LS);
+  const dsp_meta *ms[4] = {&mx, &m1, &m2, &ml};
+  dsp_ctx *cx[2] = {cpu, gpu};
+  dsp_tensor *t[2][4] = {{0}}, *g[2][2] = {{0}};
+  void *h[4];
+  int64_t n;
+  int rc = 0;
+  for (int i = 0; i < 4; i++) h[i] = rand_bytes(ms[i], i == 3 ? 2 : 0, 10, &n);
+  for (int b = 0; b < 2 && rc == 0; b++) {
+    dsp_ctx *c = cx[b];
+    for (int i = 0; i < 4; i++) {
+      size_t nb = dsp_dtype_size(ms[i]->dtype);
+      for (int d = 0; d < ms[i]->ndim; d++) nb *= (size_t)ms[i]->shape[d];
+      rc = rc ? rc : dsp_tensor_from_data(c, ms[i], h[i], nb, &t[b][i]);
+    }
+    rc = rc ? rc : dsp_track(c, t[b][1]);
+    rc = rc ? rc : dsp_track(c, t[b][2]);
+    dsp_tensor *h1 = NULL, *a1 = NULL, *lo = NULL, *loss = NULL;
+    dsp_tensor *p1[2] = {t[b][0], t[b][1]};
+    rc = rc ? rc : dsp_op(c, DSP_OP_MATMUL, p1, 2, NULL, &h1);
+    rc = rc ? rc : dsp_op(c, DSP_OP_RELU, &h1, 1, NULL, &a1);
+    dsp_tensor *p2[2] = {a1, t[b][2]};
+    rc = rc ? rc : dsp_op(c, DSP_OP_MATMUL, p2, 2, NULL, &lo);
+    dsp_tensor *p3[2] = {lo, t[b][3]};
+    rc = rc ? rc : dsp_op(c, DSP_OP_CROSS_ENTROPY, p3, 2, NULL, &loss);
+    dsp_grads *gr = NULL;
+    rc = rc ? rc : dsp_backward(c, loss, 0, &gr);
+    rc = rc ? rc : dsp_grads_get(c, gr, t[b][1], &g[b][0]);
+    rc = rc ? rc : dsp_grads_get(c, gr, t[b][2], &g[b][1]);
+    if (rc) printf("mlp_backward %s on %s: %s\n", dsp_dtype_name(dt), b ? "cuda" : "cpu",
+                   dsp_ctx_errmsg(c));
+    dsp_grads_free(gr);
+    dsp_tensor_unref(h1), dsp_tensor_unref(a1), dsp_tensor_unref(lo), dsp_tensor_unref(loss);
+  }
+  int ok = rc == 0;
+  int64_t bad = -1;
+  for (int k = 0; k < 2 && ok; k++) {
+    void *hg = host_copy(g[1][k]), *hc = host_copy(g[0][k]);
+    ok = hg && hc && close_enough(dt, hg, hc, g[0][k]->numel, &bad);
+    free(hg), free(hc);
+  }
+  printf("%-24s %-4s %-12s %s\n", "mlp_backward (autodiff)", dsp_dtype_name(dt),
+         ok ? "pass" : "FAIL", ok ? "" : "gradients differ");
+  ok ? n_pass++ : n_fail++;
+  for (int b = 0; b < 2; b++) {
+    for (int i = 0; i < 4; i++) dsp_tensor_unref(t[b][i]);
+    dsp_tensor_unref(g[b][0]), dsp_tensor_unref(g[b][1]);
+  }
+  for (int i = 0; i < 4; i++) free(h[i]);
+}
+
 int main(void) {
   char why[512] = "";
   on_cpu = getenv("DSP_CUDA_OPS_ON_CPU") != NULL;
@@ -297,6 +354,8 @@ int main(void) {
     ad.a.floats[2] = 0.999, ad.a.floats[3] = 1e-8;
     run_case(&ad);
   }
+  mlp_backward_case(DSP_F32);
+  mlp_backward_case(DSP_F64);
   /* out of device memory: ENOMEM, then the ctx goes on */
   int64_t huge[2] = {(int64_t)1 << 22, (int64_t)1 << 22}; /* 64 TiB of f32 */
   dsp_meta hm = meta(DSP_F32, 2, huge);
