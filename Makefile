@@ -253,7 +253,9 @@ install: $(CLIENT_A) $(CLIENT_SO)
 # picks other kernels, so the server's sums no longer match the local
 # process bit for bit, which that suite asserts.)
 VALGRIND_SUITES = $(filter $(BUILD)/tests/test_server_% $(BUILD)/tests/test_auth \
-  $(BUILD)/tests/test_limits $(BUILD)/tests/test_tls,$(TEST_BIN))
+  $(BUILD)/tests/test_limits $(BUILD)/tests/test_tls \
+  $(BUILD)/tests/test_zero_size $(BUILD)/tests/test_memory \
+  $(BUILD)/tests/test_wire_req,$(TEST_BIN))
 valgrind: $(VALGRIND_SUITES) $(SERVER_BIN)
 	@fail=0; for t in $(VALGRIND_SUITES); do \
 	  echo "== $$t (server under valgrind)"; \
