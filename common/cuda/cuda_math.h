@@ -49,6 +49,10 @@ typedef struct dsp__cu_index {
 
 /* Element offsets of flat iteration index i for every operand. */
 DSP_HD void dsp__cu_offsets(const dsp__cu_index *ix, int64_t i, int64_t *off) {
+  if (ix->nd == 1) { /* merged to one dim: no division needed */
+    for (int k = 0; k < ix->n; k++) off[k] = i * ix->st[k][0];
+    return;
+  }
   for (int k = 0; k < ix->n; k++) off[k] = 0;
   for (int d = ix->nd - 1; d >= 0; d--) {
     int64_t sz = ix->shape[d], c = i % sz;
