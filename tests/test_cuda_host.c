@@ -33,7 +33,7 @@
 #include "dsp_cuda.h"
 #endif
 
-#define TPB 256 /* threads per block of the reduction kernels */
+#define TPB DSP__CU_TPB /* threads per block of the reduction kernels */
 
 static dsp_ctx *ctx;
 static uint64_t g_seed = 12345;
@@ -326,66 +326,63 @@ Test(cuda_host, scalar_unary_and_activation_backward_match_cpu) {
 /* ------------------------------------------------------------------ */
 /* reductions                                                          */
 
-/* k_sum / k_max_f / k_max_i64 for one output element: 256 strided
- * partials, then the same halving merge tree as block_reduce */
-static double sim_sum(const dsp_tensor *x, const dsp__cu_index *inner,
-                      int64_t base, int64_t R) {
-  dsp__cu_ksum p[TPB];
-  for (int t = 0; t < TPB; t++) {
-    p[t] = dsp__cu_ksum_zero();
-    for (int64_t r = t; r < R; r += TPB) {
-      int64_t io[3];
-      dsp__cu_offsets(inner, r, io);
-      dsp__cu_ksum_add(&p[t], ld(x, base + io[0]));
-    }
+/* k_red for one block: thread t folds elements lo + t, lo + t + TPB, ...
+ * below hi, then the halving merge tree of block_reduce; k_red_fin: the
+ * same over S partials. One macro per partial type. */
+#define SIM_RED(NAME, A, ID, ADD, MERGE)                                     \
+  static A NAME##_part(const dsp_tensor *x, const dsp__cu_index *inner,      \
+                       int64_t base, int64_t lo, int64_t hi) {               \
+    A p[TPB];                                                                \
+    for (int t = 0; t < TPB; t++) {                                          \
+      p[t] = ID;                                                             \
+      for (int64_t r = lo + t; r < hi; r += TPB) {                           \
+        int64_t io[3];                                                       \
+        dsp__cu_offsets(inner, r, io);                                       \
+        ADD(p[t], x, base + io[0], r);                                       \
+      }                                                                      \
+    }                                                                        \
+    for (int w = TPB / 2; w > 0; w >>= 1)                                    \
+      for (int t = 0; t < w; t++) p[t] = MERGE(p[t], p[t + w]);              \
+    return p[0];                                                             \
+  }                                                                          \
+  static A NAME##_fin(const A *part, int64_t S) {                            \
+    A p[TPB];                                                                \
+    for (int t = 0; t < TPB; t++) {                                          \
+      p[t] = ID;                                                             \
+      for (int64_t k = t; k < S; k += TPB) p[t] = MERGE(p[t], part[k]);      \
+    }                                                                        \
+    for (int w = TPB / 2; w > 0; w >>= 1)                                    \
+      for (int t = 0; t < w; t++) p[t] = MERGE(p[t], p[t + w]);              \
+    return p[0];                                                             \
+  }                                                                          \
+  static A NAME(const dsp_tensor *x, const dsp__cu_index *inner,             \
+                int64_t base, int64_t R, int64_t S) {                        \
+    if (S == 1) return NAME##_part(x, inner, base, 0, R);                    \
+    A part[1024];                                                            \
+    for (int64_t k = 0; k < S; k++) {                                        \
+      int64_t lo, hi;                                                        \
+      dsp__cu_red_chunk(R, S, k, &lo, &hi);                                  \
+      part[k] = NAME##_part(x, inner, base, lo, hi);                         \
+    }                                                                        \
+    return NAME##_fin(part, S);                                              \
   }
-  for (int w = TPB / 2; w > 0; w >>= 1)
-    for (int t = 0; t < w; t++) p[t] = dsp__cu_ksum_merge(p[t], p[t + w]);
-  return dsp__cu_ksum_value(p[0]);
-}
-static dsp__cu_amax_f sim_amax_f(const dsp_tensor *x,
-                                 const dsp__cu_index *inner, int64_t base,
-                                 int64_t R) {
-  dsp__cu_amax_f p[TPB];
-  for (int t = 0; t < TPB; t++) {
-    p[t] = dsp__cu_amax_f_id();
-    for (int64_t r = t; r < R; r += TPB) {
-      int64_t io[3];
-      dsp__cu_offsets(inner, r, io);
-      dsp__cu_amax_f c = {ld(x, base + io[0]), r};
-      p[t] = dsp__cu_amax_f_merge(p[t], c);
-    }
-  }
-  for (int w = TPB / 2; w > 0; w >>= 1)
-    for (int t = 0; t < w; t++) p[t] = dsp__cu_amax_f_merge(p[t], p[t + w]);
-  return p[0];
-}
-static dsp__cu_amax_i sim_amax_i(const dsp_tensor *x,
-                                 const dsp__cu_index *inner, int64_t base,
-                                 int64_t R, uint64_t *sum) {
-  dsp__cu_amax_i p[TPB];
-  uint64_t s[TPB];
-  const int64_t *X = dsp_tensor_data(x);
-  for (int t = 0; t < TPB; t++) {
-    p[t] = dsp__cu_amax_i_id(), s[t] = 0;
-    for (int64_t r = t; r < R; r += TPB) {
-      int64_t io[3];
-      dsp__cu_offsets(inner, r, io);
-      dsp__cu_amax_i c = {X[base + io[0]], r};
-      p[t] = dsp__cu_amax_i_merge(p[t], c);
-      s[t] += (uint64_t)X[base + io[0]];
-    }
-  }
-  for (int w = TPB / 2; w > 0; w >>= 1)
-    for (int t = 0; t < w; t++)
-      p[t] = dsp__cu_amax_i_merge(p[t], p[t + w]), s[t] += s[t + w];
-  *sum = s[0];
-  return p[0];
-}
+
+#define ADD_KSUM(a, x, i, r) dsp__cu_ksum_add(&(a), ld(x, i))
+#define ADD_AMAXF(a, x, i, r) \
+  ((a) = dsp__cu_amax_f_merge((a), (dsp__cu_amax_f){ld(x, i), (r)}))
+#define ADD_AMAXI(a, x, i, r) \
+  ((a) = dsp__cu_amax_i_merge((a), (dsp__cu_amax_i){((int64_t *)dsp_tensor_data(x))[i], (r)}))
+#define ADD_U64(a, x, i, r) ((a) += (uint64_t)((int64_t *)dsp_tensor_data(x))[i])
+#define MERGE_U64(a, b) ((a) + (b))
+
+SIM_RED(sim_sum, dsp__cu_ksum, dsp__cu_ksum_zero(), ADD_KSUM, dsp__cu_ksum_merge)
+SIM_RED(sim_amax_f, dsp__cu_amax_f, dsp__cu_amax_f_id(), ADD_AMAXF, dsp__cu_amax_f_merge)
+SIM_RED(sim_amax_i, dsp__cu_amax_i, dsp__cu_amax_i_id(), ADD_AMAXI, dsp__cu_amax_i_merge)
+SIM_RED(sim_sum_i, uint64_t, 0, ADD_U64, MERGE_U64)
 
 static void check_reduction(dsp_opcode op, dsp_dtype dt, int nd,
                             const int64_t *sh, int nred, const int64_t *dims,
-                            int keep, int special) {
+                            int keep, int special, int *split_seen) {
   dsp_tensor *x = mk(dt, nd, sh, special, 0);
   dsp_attrs a = dsp_attrs_ints(nred, dims);
   if (keep) a.n_floats = 1, a.floats[0] = 1;
@@ -398,16 +395,21 @@ static void check_reduction(dsp_opcode op, dsp_dtype dt, int nd,
   int64_t R;
   dsp__cu_plan_red(&x->meta, red, &outer, &inner, &R);
   double *scale = calloc((size_t)want->numel + 1, sizeof *scale);
+  const int64_t S = dsp__cu_red_split(got->numel, R);
+  if (split_seen && S > 1) (*split_seen)++;
   for (int64_t o = 0; o < got->numel; o++) {
     int64_t oo[3];
     dsp__cu_offsets(&outer, o, oo);
     void *G = dsp_tensor_data(got);
     if (dt == DSP_I64) {
-      uint64_t s;
-      dsp__cu_amax_i b = sim_amax_i(x, &inner, oo[0], R, &s);
-      ((int64_t *)G)[o] = op == DSP_OP_SUM ? (int64_t)s : op == DSP_OP_MAX ? b.v : b.i;
+      if (op == DSP_OP_SUM) {
+        ((int64_t *)G)[o] = (int64_t)sim_sum_i(x, &inner, oo[0], R, S);
+      } else {
+        dsp__cu_amax_i b = sim_amax_i(x, &inner, oo[0], R, S);
+        ((int64_t *)G)[o] = op == DSP_OP_MAX ? b.v : b.i;
+      }
     } else if (op == DSP_OP_SUM || op == DSP_OP_MEAN) {
-      double v = sim_sum(x, &inner, oo[0], R);
+      double v = dsp__cu_ksum_value(sim_sum(x, &inner, oo[0], R, S));
       if (op == DSP_OP_MEAN) v /= (double)R;
       if (dt == DSP_F32) ((float *)G)[o] = (float)v;
       else ((double *)G)[o] = v;
@@ -417,7 +419,7 @@ static void check_reduction(dsp_opcode op, dsp_dtype dt, int nd,
         scale[o] += fabs(ld(x, oo[0] + io[0])) / (op == DSP_OP_MEAN ? (double)R : 1);
       }
     } else {
-      dsp__cu_amax_f b = sim_amax_f(x, &inner, oo[0], R);
+      dsp__cu_amax_f b = sim_amax_f(x, &inner, oo[0], R, S);
       if (op == DSP_OP_ARGMAX) ((int64_t *)G)[o] = b.i;
       else if (dt == DSP_F32) ((float *)G)[o] = (float)b.v;
       else ((double *)G)[o] = b.v;
@@ -444,18 +446,34 @@ Test(cuda_host, reductions_match_cpu_on_every_split) {
       if (op == DSP_OP_MEAN && dt == DSP_I64) continue;
       for (int keep = 0; keep < 2; keep++)
         for (int sp = 0; sp < 2; sp++) {
-          check_reduction(op, dt, 3, S3, 0, NULL, keep, sp);
-          check_reduction(op, dt, 3, S3, 1, D1, keep, sp);
-          check_reduction(op, dt, 3, S3, 1, D2, keep, sp);
-          check_reduction(op, dt, 3, S3, 1, D0, keep, sp);
+          check_reduction(op, dt, 3, S3, 0, NULL, keep, sp, NULL);
+          check_reduction(op, dt, 3, S3, 1, D1, keep, sp, NULL);
+          check_reduction(op, dt, 3, S3, 1, D2, keep, sp, NULL);
+          check_reduction(op, dt, 3, S3, 1, D0, keep, sp, NULL);
           if (op != DSP_OP_ARGMAX) {
-            check_reduction(op, dt, 3, S3, 2, D02, keep, sp);
-            check_reduction(op, dt, 4, S4, 2, D13, keep, sp);
+            check_reduction(op, dt, 3, S3, 2, D02, keep, sp, NULL);
+            check_reduction(op, dt, 4, S4, 2, D13, keep, sp, NULL);
           }
-          check_reduction(op, dt, 2, S2, 1, Dm1, keep, sp);
-          check_reduction(op, dt, 1, S1, 0, NULL, keep, sp);
+          check_reduction(op, dt, 2, S2, 1, Dm1, keep, sp, NULL);
+          check_reduction(op, dt, 1, S1, 0, NULL, keep, sp, NULL);
         }
     }
+}
+
+Test(cuda_host, reductions_split_over_blocks_match_cpu) {
+  /* few outputs over long rows: each output in S chunks, then a merge */
+  static const int64_t L1[] = {70000}, L2[] = {3, 20000}, D1[] = {1};
+  static const dsp_dtype dts[] = {DSP_F32, DSP_F64, DSP_I64};
+  int split = 0;
+  for (int op = DSP_OP_SUM; op <= DSP_OP_ARGMAX; op++)
+    for (int di = 0; di < 3; di++) {
+      if (op == DSP_OP_MEAN && dts[di] == DSP_I64) continue;
+      check_reduction(op, dts[di], 1, L1, 0, NULL, 0, 0, &split);
+      check_reduction(op, dts[di], 2, L2, 1, D1, 1, 1, &split);
+    }
+  cr_assert_eq(split, 22, "every case took the split path (%d)", split);
+  cr_assert_eq(dsp__cu_red_split(1, 70000), 17);
+  cr_assert_eq(dsp__cu_red_split(300, 1 << 20), 1);
 }
 
 Test(cuda_host, compensated_sum_is_exact_where_the_naive_one_is_not) {

@@ -241,8 +241,17 @@ static int run_red(cu_be *b, dsp_ctx *ctx, dsp_opcode op, dsp_tensor *const *in,
   dsp__cu_index outer, inner;
   int64_t R;
   dsp__cu_plan_red(x, red, &outer, &inner, &R);
-  int e = dsp__cuk_reduce(b->stream, (int)op, (int)x->dtype, out->numel, &outer,
-                          &inner, R, dsp_tensor_data(in[0]), dsp_tensor_data(out));
+  const int64_t S = dsp__cu_red_split(out->numel, R);
+  void *part = NULL;
+  size_t pn = S > 1 ? (size_t)(out->numel * S) * DSP__CU_RED_PART_BYTES : 0;
+  if (pn) {
+    int rc = scratch_get(b, ctx, op, pn, &part);
+    if (rc < 0) return rc;
+  }
+  int e = dsp__cuk_reduce(b->stream, (int)op, (int)x->dtype, out->numel, S,
+                          &outer, &inner, R, dsp_tensor_data(in[0]),
+                          dsp_tensor_data(out), part);
+  scratch_put(b, ctx, pn, part);
   return e ? cu_err(ctx, e, op, "kernel launch") : 0;
 }
 

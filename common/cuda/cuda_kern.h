@@ -35,10 +35,12 @@ int dsp__cuk_first_bad(cudaStream_t st, const int64_t *v, int64_t n,
                        int64_t lo, int64_t hi, int zero_only,
                        int64_t *host_pos);
 /* sum/mean/max/argmax: output element o reduces the R elements at
- * x[outer(o) + inner(r)], r in row-major order of the reduced dims. */
-int dsp__cuk_reduce(cudaStream_t st, int op, int dt, int64_t n_out,
+ * x[outer(o) + inner(r)], r in row-major order of the reduced dims, in
+ * S = dsp__cu_red_split(n_out, R) chunks; part holds n_out * S partials
+ * of DSP__CU_RED_PART_BYTES each when S > 1 (else it may be NULL). */
+int dsp__cuk_reduce(cudaStream_t st, int op, int dt, int64_t n_out, int64_t S,
                     const dsp__cu_index *outer, const dsp__cu_index *inner,
-                    int64_t R, const void *x, void *out);
+                    int64_t R, const void *x, void *out, void *part);
 /* softmax family along a dim split as [outer, len, inner]; y is the
  * forward output for the backward ops (x is then the grad) */
 int dsp__cuk_softmax(cudaStream_t st, int op, int dt, int64_t outer,

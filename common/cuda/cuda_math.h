@@ -316,6 +316,28 @@ DSP_HD dsp__cu_amax_i dsp__cu_amax_i_id(void) {
   return z;
 }
 
+/* Reductions run one block of DSP__CU_TPB threads per output, thread t
+ * taking elements t, t + TPB, ... and the block merging its partials in a
+ * halving tree. Few outputs over long rows would leave the device idle, so
+ * then each output is split into S contiguous chunks of r, one block each,
+ * and a second pass merges the S partials the same way. Both the backend
+ * and the host test take S from here. */
+#define DSP__CU_TPB 256
+#define DSP__CU_RED_PART_BYTES 16 /* the largest partial: ksum / amax */
+DSP_HD int64_t dsp__cu_red_split(int64_t n_out, int64_t R) {
+  if (n_out >= DSP__CU_TPB || R < 64 * DSP__CU_TPB) return 1;
+  int64_t s = R / (16 * DSP__CU_TPB), cap = 1024 / n_out;
+  if (cap < 1) cap = 1;
+  return s < cap ? s : cap;
+}
+/* chunk s of S over [0, R): [lo, hi) */
+DSP_HD void dsp__cu_red_chunk(int64_t R, int64_t S, int64_t s, int64_t *lo,
+                              int64_t *hi) {
+  int64_t c = (R + S - 1) / S;
+  *lo = s * c < R ? s * c : R;
+  *hi = *lo + c < R ? *lo + c : R;
+}
+
 /* Log-sum-exp of a row in one pass: m is the running max and s the sum of
  * exp(x - m). Merging rescales the smaller side, so no exp ever sees a
  * positive argument (no overflow). A NaN or +inf anywhere makes the row

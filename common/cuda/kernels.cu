@@ -6,7 +6,7 @@
 
 #include "cuda_kern.h"
 
-#define TPB 256
+#define TPB DSP__CU_TPB
 #define MAX_GRID 65535
 
 static unsigned grid_for(int64_t n) {
@@ -72,23 +72,10 @@ struct ksum_merge {
     return dsp__cu_ksum_merge(a, b);
   }
 };
-struct amaxf_merge {
-  __device__ dsp__cu_amax_f operator()(dsp__cu_amax_f a, dsp__cu_amax_f b) const {
-    return dsp__cu_amax_f_merge(a, b);
-  }
-};
-struct amaxi_merge {
-  __device__ dsp__cu_amax_i operator()(dsp__cu_amax_i a, dsp__cu_amax_i b) const {
-    return dsp__cu_amax_i_merge(a, b);
-  }
-};
 struct lse_merge {
   __device__ dsp__cu_lse operator()(dsp__cu_lse a, dsp__cu_lse b) const {
     return dsp__cu_lse_merge(a, b);
   }
-};
-struct u64_merge {
-  __device__ uint64_t operator()(uint64_t a, uint64_t b) const { return a + b; }
 };
 
 /* ------------------------------------------------------------------ */
@@ -185,103 +172,130 @@ extern "C" int dsp__cuk_first_bad(cudaStream_t st, const int64_t *v, int64_t n,
 }
 
 /* ------------------------------------------------------------------ */
-/* reductions: one block per output element                            */
+/* reductions                                                          */
 
+/* Reduction policies: the partial's type A, its identity, how an element
+ * enters it, the merge (also the functor block_reduce calls), and the
+ * store of the output element. */
 template <typename T>
-__global__ void k_sum(int mean, int64_t n_out, dsp__cu_index outer,
-                      dsp__cu_index inner, int64_t R, const T *x, T *out) {
-  for (int64_t o = blockIdx.x; o < n_out; o += gridDim.x) {
-    int64_t oo[3];
-    dsp__cu_offsets(&outer, o, oo);
-    dsp__cu_ksum acc = dsp__cu_ksum_zero();
-    for (int64_t r = threadIdx.x; r < R; r += blockDim.x) {
-      int64_t io[3];
-      dsp__cu_offsets(&inner, r, io);
-      dsp__cu_ksum_add(&acc, (double)x[oo[0] + io[0]]);
-    }
-    acc = block_reduce(acc, ksum_merge());
-    if (threadIdx.x == 0) {
-      double v = dsp__cu_ksum_value(acc);
-      out[o] = (T)(mean ? v / (double)R : v);
-    }
+struct RSum {
+  typedef dsp__cu_ksum A;
+  int mean;
+  __device__ A id() const { return dsp__cu_ksum_zero(); }
+  __device__ void add(A &a, T v, int64_t) const { dsp__cu_ksum_add(&a, (double)v); }
+  __device__ A operator()(A a, A b) const { return dsp__cu_ksum_merge(a, b); }
+  __device__ void store(void *out, int64_t o, A a, int64_t R) const {
+    double v = dsp__cu_ksum_value(a);
+    ((T *)out)[o] = (T)(mean ? v / (double)R : v);
   }
-}
-
-__global__ void k_sum_i64(int64_t n_out, dsp__cu_index outer, dsp__cu_index inner,
-                          int64_t R, const int64_t *x, int64_t *out) {
-  for (int64_t o = blockIdx.x; o < n_out; o += gridDim.x) {
-    int64_t oo[3];
-    dsp__cu_offsets(&outer, o, oo);
-    uint64_t acc = 0;
-    for (int64_t r = threadIdx.x; r < R; r += blockDim.x) {
-      int64_t io[3];
-      dsp__cu_offsets(&inner, r, io);
-      acc += (uint64_t)x[oo[0] + io[0]];
-    }
-    acc = block_reduce(acc, u64_merge());
-    if (threadIdx.x == 0) out[o] = (int64_t)acc;
+};
+struct RSumI {
+  typedef uint64_t A;
+  __device__ A id() const { return 0; }
+  __device__ void add(A &a, int64_t v, int64_t) const { a += (uint64_t)v; }
+  __device__ A operator()(A a, A b) const { return a + b; }
+  __device__ void store(void *out, int64_t o, A a, int64_t) const {
+    ((int64_t *)out)[o] = (int64_t)a;
   }
-}
-
+};
 template <typename T>
-__global__ void k_max_f(int arg, int64_t n_out, dsp__cu_index outer,
-                        dsp__cu_index inner, int64_t R, const T *x, void *out) {
-  for (int64_t o = blockIdx.x; o < n_out; o += gridDim.x) {
-    int64_t oo[3];
+struct RMaxF {
+  typedef dsp__cu_amax_f A;
+  int arg;
+  __device__ A id() const { return dsp__cu_amax_f_id(); }
+  __device__ void add(A &a, T v, int64_t r) const {
+    A c;
+    c.v = (double)v, c.i = r;
+    a = dsp__cu_amax_f_merge(a, c);
+  }
+  __device__ A operator()(A a, A b) const { return dsp__cu_amax_f_merge(a, b); }
+  __device__ void store(void *out, int64_t o, A a, int64_t) const {
+    if (arg) ((int64_t *)out)[o] = a.i;
+    else ((T *)out)[o] = (T)a.v;
+  }
+};
+struct RMaxI {
+  typedef dsp__cu_amax_i A;
+  int arg;
+  __device__ A id() const { return dsp__cu_amax_i_id(); }
+  __device__ void add(A &a, int64_t v, int64_t r) const {
+    A c;
+    c.v = v, c.i = r;
+    a = dsp__cu_amax_i_merge(a, c);
+  }
+  __device__ A operator()(A a, A b) const { return dsp__cu_amax_i_merge(a, b); }
+  __device__ void store(void *out, int64_t o, A a, int64_t) const {
+    ((int64_t *)out)[o] = arg ? a.i : a.v;
+  }
+};
+
+static_assert(sizeof(dsp__cu_ksum) <= DSP__CU_RED_PART_BYTES &&
+                  sizeof(dsp__cu_amax_f) <= DSP__CU_RED_PART_BYTES &&
+                  sizeof(dsp__cu_amax_i) <= DSP__CU_RED_PART_BYTES,
+              "a reduction partial outgrew its scratch slot");
+
+/* Block b reduces chunk b % S of output b / S (dsp__cu_red_chunk): the
+ * output itself when S == 1, else partial b for k_red_fin. */
+template <typename T, typename P>
+__global__ void k_red(P p, int64_t n_out, int64_t S, dsp__cu_index outer,
+                      dsp__cu_index inner, int64_t R, const T *x, void *out,
+                      typename P::A *part) {
+  for (int64_t b = blockIdx.x; b < n_out * S; b += gridDim.x) {
+    int64_t o = b / S, lo, hi, oo[3];
+    dsp__cu_red_chunk(R, S, b % S, &lo, &hi);
     dsp__cu_offsets(&outer, o, oo);
-    dsp__cu_amax_f best = dsp__cu_amax_f_id();
-    for (int64_t r = threadIdx.x; r < R; r += blockDim.x) {
+    typename P::A acc = p.id();
+    for (int64_t r = lo + threadIdx.x; r < hi; r += blockDim.x) {
       int64_t io[3];
       dsp__cu_offsets(&inner, r, io);
-      dsp__cu_amax_f c;
-      c.v = (double)x[oo[0] + io[0]], c.i = r;
-      best = dsp__cu_amax_f_merge(best, c);
+      p.add(acc, x[oo[0] + io[0]], r);
     }
-    best = block_reduce(best, amaxf_merge());
+    acc = block_reduce(acc, p);
     if (threadIdx.x == 0) {
-      if (arg) ((int64_t *)out)[o] = best.i;
-      else ((T *)out)[o] = (T)best.v;
+      if (S == 1) p.store(out, o, acc, R);
+      else part[b] = acc;
     }
   }
 }
 
-__global__ void k_max_i64(int arg, int64_t n_out, dsp__cu_index outer,
-                          dsp__cu_index inner, int64_t R, const int64_t *x,
-                          int64_t *out) {
+/* merges the S partials of each output, thread t taking t, t+TPB, ... */
+template <typename P>
+__global__ void k_red_fin(P p, int64_t n_out, int64_t S, int64_t R,
+                          const typename P::A *part, void *out) {
   for (int64_t o = blockIdx.x; o < n_out; o += gridDim.x) {
-    int64_t oo[3];
-    dsp__cu_offsets(&outer, o, oo);
-    dsp__cu_amax_i best = dsp__cu_amax_i_id();
-    for (int64_t r = threadIdx.x; r < R; r += blockDim.x) {
-      int64_t io[3];
-      dsp__cu_offsets(&inner, r, io);
-      dsp__cu_amax_i c;
-      c.v = x[oo[0] + io[0]], c.i = r;
-      best = dsp__cu_amax_i_merge(best, c);
-    }
-    best = block_reduce(best, amaxi_merge());
-    if (threadIdx.x == 0) out[o] = arg ? best.i : best.v;
+    typename P::A acc = p.id();
+    for (int64_t s = threadIdx.x; s < S; s += blockDim.x) acc = p(acc, part[o * S + s]);
+    acc = block_reduce(acc, p);
+    if (threadIdx.x == 0) p.store(out, o, acc, R);
   }
+}
+
+template <typename T, typename P>
+static int red_launch(cudaStream_t st, P p, int64_t n_out, int64_t S,
+                      const dsp__cu_index *outer, const dsp__cu_index *inner,
+                      int64_t R, const void *x, void *out, void *part) {
+  typename P::A *pp = (typename P::A *)part;
+  k_red<T, P><<<grid_rows(n_out * S), TPB, 0, st>>>(p, n_out, S, *outer, *inner, R,
+                                                     (const T *)x, out, pp);
+  if (S > 1) k_red_fin<P><<<grid_rows(n_out), TPB, 0, st>>>(p, n_out, S, R, pp, out);
+  return (int)cudaGetLastError();
 }
 
 extern "C" int dsp__cuk_reduce(cudaStream_t st, int op, int dt, int64_t n_out,
-                               const dsp__cu_index *outer,
+                               int64_t S, const dsp__cu_index *outer,
                                const dsp__cu_index *inner, int64_t R,
-                               const void *x, void *out) {
+                               const void *x, void *out, void *part) {
   if (n_out <= 0) return 0;
-  unsigned g = grid_rows(n_out);
   if (op == DSP_OP_SUM || op == DSP_OP_MEAN) {
     int mean = op == DSP_OP_MEAN;
-    if (dt == DSP_F32) k_sum<float><<<g, TPB, 0, st>>>(mean, n_out, *outer, *inner, R, (const float *)x, (float *)out);
-    else if (dt == DSP_F64) k_sum<double><<<g, TPB, 0, st>>>(mean, n_out, *outer, *inner, R, (const double *)x, (double *)out);
-    else k_sum_i64<<<g, TPB, 0, st>>>(n_out, *outer, *inner, R, (const int64_t *)x, (int64_t *)out);
-  } else {
-    int arg = op == DSP_OP_ARGMAX;
-    if (dt == DSP_F32) k_max_f<float><<<g, TPB, 0, st>>>(arg, n_out, *outer, *inner, R, (const float *)x, out);
-    else if (dt == DSP_F64) k_max_f<double><<<g, TPB, 0, st>>>(arg, n_out, *outer, *inner, R, (const double *)x, out);
-    else k_max_i64<<<g, TPB, 0, st>>>(arg, n_out, *outer, *inner, R, (const int64_t *)x, (int64_t *)out);
+    if (dt == DSP_F32) return red_launch<float>(st, RSum<float>{mean}, n_out, S, outer, inner, R, x, out, part);
+    if (dt == DSP_F64) return red_launch<double>(st, RSum<double>{mean}, n_out, S, outer, inner, R, x, out, part);
+    return red_launch<int64_t>(st, RSumI{}, n_out, S, outer, inner, R, x, out, part);
   }
-  return (int)cudaGetLastError();
+  int arg = op == DSP_OP_ARGMAX;
+  if (dt == DSP_F32) return red_launch<float>(st, RMaxF<float>{arg}, n_out, S, outer, inner, R, x, out, part);
+  if (dt == DSP_F64) return red_launch<double>(st, RMaxF<double>{arg}, n_out, S, outer, inner, R, x, out, part);
+  return red_launch<int64_t>(st, RMaxI{arg}, n_out, S, outer, inner, R, x, out, part);
 }
 
 /* ------------------------------------------------------------------ */
