@@ -845,16 +845,19 @@ Test(cuda_host, index_select_and_backward_match_cpu) {
       dsp_attrs ab = dsp_attrs_ints(2, bi);
       dsp_tensor *bin2[2] = {want, ix};
       dsp_tensor *wb = run(DSP_OP_INDEX_SELECT_BACKWARD, &ab, 2, bin2), *gb = empty_like(wb);
+      int64_t start[8], ks[6];
+      dsp__cu_csr_build(I, L, S[dim], start, ks);
       for (int64_t e = 0; e < gb->numel; e++) { /* k_index_select_bw */
         int64_t j = e % blk, s = (e / blk) % S[dim], o = e / (blk * S[dim]);
         double acc = 0;
-        for (int64_t k = 0; k < L; k++)
-          if (I[k] == s) {
-            double gv = ld(want, (o * L + k) * blk + j);
-            acc = f ? acc + gv : (double)((float)acc + (float)gv);
-          }
+        for (int64_t q = start[s]; q < start[s + 1]; q++) {
+          double gv = ld(want, (o * L + ks[q]) * blk + j);
+          acc = f ? acc + gv : (double)((float)acc + (float)gv);
+        }
         st_any(gb, e, acc);
       }
+      for (int64_t q = 1; q < L; q++) /* rows of one s in increasing k */
+        cr_assert(I[ks[q - 1]] < I[ks[q]] || (I[ks[q - 1]] == I[ks[q]] && ks[q - 1] < ks[q]));
       assert_same_bytes(gb, wb, "index_select_backward");
       dsp_tensor_unref(gb), dsp_tensor_unref(wb), dsp_tensor_unref(got);
       dsp_tensor_unref(want), dsp_tensor_unref(ix), dsp_tensor_unref(x);

@@ -480,6 +480,49 @@ static int index_check(cu_be *b, dsp_ctx *ctx, dsp_opcode op,
                     opname(op), (long long)v, (long long)pos, dim, (long long)size);
 }
 
+/* index_select_backward: the (already checked) indices come to the host,
+ * are sorted by destination row (dsp__cu_csr_build) and go back as a CSR,
+ * so each output element gathers its rows in increasing k: the CPU's sum
+ * order, no atomics, and work proportional to the grad, not to S * L.
+ * Host and device scratch are charged to the ctx's budget. */
+static int index_select_bw(cu_be *b, dsp_ctx *ctx, dsp_tensor *const *in,
+                           int64_t outer, int64_t L, int64_t S, int64_t blk,
+                           dsp_tensor *out) {
+  const dsp_opcode op = DSP_OP_INDEX_SELECT_BACKWARD;
+  const size_t hn = (size_t)(L + S + 1 + L) * sizeof(int64_t);
+  const size_t dn = (size_t)(S + 1 + L) * sizeof(int64_t);
+  int64_t *h = NULL;
+  void *d = NULL;
+  int rc = dsp__scratch_alloc(ctx, hn, "index_select_backward: row lists", (void **)&h);
+  if (rc < 0) return rc;
+  int64_t *hix = h, *start = h + L, *ks = start + S + 1;
+  cudaError_t e = cudaSuccess;
+  if (L > 0 && ((e = cudaMemcpyAsync(hix, dsp_tensor_data(in[1]), (size_t)L * sizeof(int64_t),
+                                     cudaMemcpyDeviceToHost, b->stream)) != cudaSuccess ||
+                (e = cudaStreamSynchronize(b->stream)) != cudaSuccess)) {
+    dsp__scratch_free(ctx, h, hn);
+    return cu_err(ctx, e, op, "index read");
+  }
+  dsp__cu_csr_build(hix, L, S, start, ks);
+  if ((rc = scratch_get(b, ctx, op, dn, &d)) < 0) {
+    dsp__scratch_free(ctx, h, hn);
+    return rc;
+  }
+  /* start and ks are adjacent on the host: one copy; the host buffer is
+   * only freed once the copy has landed */
+  int ke = 0;
+  if ((e = cudaMemcpyAsync(d, start, dn, cudaMemcpyHostToDevice, b->stream)) == cudaSuccess)
+    ke = dsp__cuk_index_select_bw(b->stream, (int)in[0]->meta.dtype, outer, L, S, blk,
+                                  (const int64_t *)d, (const int64_t *)d + S + 1,
+                                  dsp_tensor_data(in[0]), dsp_tensor_data(out));
+  cudaError_t se = cudaStreamSynchronize(b->stream);
+  scratch_put(b, ctx, dn, d);
+  dsp__scratch_free(ctx, h, hn);
+  if (e != cudaSuccess) return cu_err(ctx, e, op, "cudaMemcpyAsync");
+  if (ke) return cu_err(ctx, ke, op, "kernel launch");
+  return se == cudaSuccess ? 0 : cu_err(ctx, se, op, "cudaStreamSynchronize");
+}
+
 static int run_shape(cu_be *b, dsp_ctx *ctx, dsp_opcode op,
                      dsp_tensor *const *in, int n_in, const dsp_attrs *a,
                      dsp_tensor *out) {
@@ -575,14 +618,10 @@ static int run_shape(cu_be *b, dsp_ctx *ctx, dsp_opcode op,
       if (out->numel == 0) return 0;
       const int64_t outer = dsp__cu_prod(x->meta.shape, 0, dim);
       const int64_t blk = dsp__cu_prod(x->meta.shape, dim + 1, x->meta.ndim);
-      if (bw)
-        e = dsp__cuk_index_select_bw(b->stream, (int)x->meta.dtype, outer, L, S,
-                                     blk, dsp_tensor_data(in[1]),
-                                     dsp_tensor_data(x), dsp_tensor_data(out));
-      else
-        e = dsp__cuk_index_select(b->stream, es, outer, L, S, blk,
-                                  dsp_tensor_data(in[1]), dsp_tensor_data(x),
-                                  dsp_tensor_data(out));
+      if (bw) return index_select_bw(b, ctx, in, outer, L, S, blk, out);
+      e = dsp__cuk_index_select(b->stream, es, outer, L, S, blk,
+                                dsp_tensor_data(in[1]), dsp_tensor_data(x),
+                                dsp_tensor_data(out));
       return e ? cu_err(ctx, e, op, "kernel launch") : 0;
     }
     default:

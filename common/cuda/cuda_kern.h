@@ -74,11 +74,13 @@ int dsp__cuk_cast(cudaStream_t st, int from, int to, int64_t n, const void *x,
 int dsp__cuk_index_select(cudaStream_t st, int es, int64_t outer, int64_t L,
                           int64_t S, int64_t blk, const int64_t *ix,
                           const void *x, void *out);
-/* g [outer, L, blk] summed into out [outer, S, blk] at rows ix[k], in
- * increasing k for each output element (the CPU's order) */
+/* g [outer, L, blk] summed into out [outer, S, blk]: row s takes the
+ * rows k listed in ks[start[s] .. start[s+1]) (dsp__cu_csr_build), in
+ * that order, which is the CPU's */
 int dsp__cuk_index_select_bw(cudaStream_t st, int dt, int64_t outer,
                              int64_t L, int64_t S, int64_t blk,
-                             const int64_t *ix, const void *g, void *out);
+                             const int64_t *start, const int64_t *ks,
+                             const void *g, void *out);
 int dsp__cuk_sgd(cudaStream_t st, int dt, int64_t n, void *p, const void *g,
                  void *v, double lr, double mom, double wd);
 int dsp__cuk_adam(cudaStream_t st, int dt, int64_t n, void *p, const void *g,

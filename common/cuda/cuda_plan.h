@@ -167,6 +167,20 @@ static inline void dsp__cu_plan_pool(const dsp_meta *x, const dsp_meta *y,
   g->dh = g->dw = 1;
 }
 
+/* index_select_backward's rows by destination: a counting sort of the L
+ * (checked) indices into start[0..S] and ks[0..L), ks listing for each s
+ * the positions k with ix[k] == s in increasing order, so a gather adds
+ * them in the CPU's order. */
+static inline void dsp__cu_csr_build(const int64_t *ix, int64_t L, int64_t S,
+                                     int64_t *start, int64_t *ks) {
+  memset(start, 0, sizeof(int64_t) * (size_t)(S + 1));
+  for (int64_t k = 0; k < L; k++) start[ix[k] + 1]++;
+  for (int64_t s = 0; s < S; s++) start[s + 1] += start[s];
+  for (int64_t k = 0; k < L; k++) ks[start[ix[k]]++] = k;
+  for (int64_t s = S; s > 0; s--) start[s] = start[s - 1];
+  start[0] = 0;
+}
+
 static inline int64_t dsp__cu_prod(const int64_t *s, int from, int to) {
   int64_t p = 1;
   for (int i = from; i < to; i++) p *= s[i];

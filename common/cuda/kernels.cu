@@ -574,28 +574,32 @@ extern "C" int dsp__cuk_index_select(cudaStream_t st, int es, int64_t outer,
   return (int)cudaGetLastError();
 }
 
+/* out element (o, s, j) adds the grad rows k listed for s in the CSR
+ * (start[s] .. start[s+1] of ks, k increasing): one thread per output
+ * element, so the sum has the CPU's order and no atomics */
 template <typename T>
 __global__ void k_index_select_bw(int64_t n, int64_t L, int64_t S, int64_t blk,
-                                  const int64_t *ix, const T *g, T *out) {
+                                  const int64_t *start, const int64_t *ks,
+                                  const T *g, T *out) {
   GRID_LOOP(e, n) {
     int64_t j = e % blk, s = (e / blk) % S, o = e / (blk * S);
     T acc = out[e];
-    for (int64_t k = 0; k < L; k++)
-      if (ix[k] == s) acc = bin(DSP_OP_ADD, acc, g[(o * L + k) * blk + j]);
+    for (int64_t q = start[s]; q < start[s + 1]; q++)
+      acc = bin(DSP_OP_ADD, acc, g[(o * L + ks[q]) * blk + j]);
     out[e] = acc;
   }
 }
 
 extern "C" int dsp__cuk_index_select_bw(cudaStream_t st, int dt, int64_t outer,
                                         int64_t L, int64_t S, int64_t blk,
-                                        const int64_t *ix, const void *g,
-                                        void *out) {
+                                        const int64_t *start, const int64_t *ks,
+                                        const void *g, void *out) {
   int64_t n = outer * S * blk;
   if (n <= 0) return 0;
   unsigned gr = grid_for(n);
-  if (dt == DSP_F32) k_index_select_bw<float><<<gr, TPB, 0, st>>>(n, L, S, blk, ix, (const float *)g, (float *)out);
-  else if (dt == DSP_F64) k_index_select_bw<double><<<gr, TPB, 0, st>>>(n, L, S, blk, ix, (const double *)g, (double *)out);
-  else k_index_select_bw<int64_t><<<gr, TPB, 0, st>>>(n, L, S, blk, ix, (const int64_t *)g, (int64_t *)out);
+  if (dt == DSP_F32) k_index_select_bw<float><<<gr, TPB, 0, st>>>(n, L, S, blk, start, ks, (const float *)g, (float *)out);
+  else if (dt == DSP_F64) k_index_select_bw<double><<<gr, TPB, 0, st>>>(n, L, S, blk, start, ks, (const double *)g, (double *)out);
+  else k_index_select_bw<int64_t><<<gr, TPB, 0, st>>>(n, L, S, blk, start, ks, (const int64_t *)g, (int64_t *)out);
   return (int)cudaGetLastError();
 }
 
