@@ -381,10 +381,19 @@ static int run_nn(cu_be *b, dsp_ctx *ctx, dsp_opcode op, dsp_tensor *const *in,
       scratch_put(b, ctx, sn, scratch);
       break;
     }
-    case DSP_OP_MSE:
-      e = dsp__cuk_mse(b->stream, dt, in[0]->numel, dsp_tensor_data(in[0]),
-                       dsp_tensor_data(in[1]), dsp_tensor_data(out));
+    case DSP_OP_MSE: {
+      const int64_t n = in[0]->numel, S = dsp__cu_red_split(1, n);
+      size_t pn = S > 1 ? (size_t)S * DSP__CU_RED_PART_BYTES : 0;
+      void *part = NULL;
+      if (pn) {
+        int rc = scratch_get(b, ctx, op, pn, &part);
+        if (rc < 0) return rc;
+      }
+      e = dsp__cuk_mse(b->stream, dt, n, S, dsp_tensor_data(in[0]),
+                       dsp_tensor_data(in[1]), dsp_tensor_data(out), part);
+      scratch_put(b, ctx, pn, part);
       break;
+    }
     case DSP_OP_DROPOUT:
       e = dsp__cuk_dropout(b->stream, dt, out->numel, (uint64_t)a->ints[0],
                            a->floats[0], dsp_tensor_data(in[0]),

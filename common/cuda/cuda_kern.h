@@ -51,8 +51,10 @@ int dsp__cuk_softmax(cudaStream_t st, int op, int dt, int64_t outer,
 int dsp__cuk_cross_entropy(cudaStream_t st, int dt, int64_t N, int64_t C,
                            const void *g, const void *x, const int64_t *lab,
                            double *scratch, void *out);
-int dsp__cuk_mse(cudaStream_t st, int dt, int64_t n, const void *a,
-                 const void *b, void *out);
+/* mean((a - b)^2) over n elements: a full reduction, S and part as for
+ * dsp__cuk_reduce with one output */
+int dsp__cuk_mse(cudaStream_t st, int dt, int64_t n, int64_t S, const void *a,
+                 const void *b, void *out, void *part);
 /* ones/full (v), arange (v = start, step), uniform/normal (seed, f0, f1) */
 int dsp__cuk_fill(cudaStream_t st, int dt, int64_t n, double v, void *out);
 int dsp__cuk_arange(cudaStream_t st, int dt, int64_t n, double start,

@@ -3,6 +3,7 @@
  * errors of the running kernel surface at the stream's next
  * synchronisation, which the backend turns into a DISPATCH_E* code. */
 #include <stdint.h>
+#include <string.h>
 
 #include "cuda_kern.h"
 
@@ -182,7 +183,8 @@ struct RSum {
   typedef dsp__cu_ksum A;
   int mean;
   __device__ A id() const { return dsp__cu_ksum_zero(); }
-  __device__ void add(A &a, T v, int64_t) const { dsp__cu_ksum_add(&a, (double)v); }
+  template <typename V>
+  __device__ void add(A &a, V v, int64_t) const { dsp__cu_ksum_add(&a, (double)v); }
   __device__ A operator()(A a, A b) const { return dsp__cu_ksum_merge(a, b); }
   __device__ void store(void *out, int64_t o, A a, int64_t R) const {
     double v = dsp__cu_ksum_value(a);
@@ -234,11 +236,26 @@ static_assert(sizeof(dsp__cu_ksum) <= DSP__CU_RED_PART_BYTES &&
                   sizeof(dsp__cu_amax_i) <= DSP__CU_RED_PART_BYTES,
               "a reduction partial outgrew its scratch slot");
 
+/* element loaders: x[i], or mse's squared difference in double */
+template <typename T>
+struct LoadX {
+  const T *x;
+  __device__ T operator()(int64_t i) const { return x[i]; }
+};
+template <typename T>
+struct LoadSqDiff {
+  const T *a, *b;
+  __device__ double operator()(int64_t i) const {
+    double d = (double)a[i] - (double)b[i];
+    return d * d;
+  }
+};
+
 /* Block b reduces chunk b % S of output b / S (dsp__cu_red_chunk): the
  * output itself when S == 1, else partial b for k_red_fin. */
-template <typename T, typename P>
-__global__ void k_red(P p, int64_t n_out, int64_t S, dsp__cu_index outer,
-                      dsp__cu_index inner, int64_t R, const T *x, void *out,
+template <typename L, typename P>
+__global__ void k_red(P p, L ld, int64_t n_out, int64_t S, dsp__cu_index outer,
+                      dsp__cu_index inner, int64_t R, void *out,
                       typename P::A *part) {
   for (int64_t b = blockIdx.x; b < n_out * S; b += gridDim.x) {
     int64_t o = b / S, lo, hi, oo[3];
@@ -248,7 +265,7 @@ __global__ void k_red(P p, int64_t n_out, int64_t S, dsp__cu_index outer,
     for (int64_t r = lo + threadIdx.x; r < hi; r += blockDim.x) {
       int64_t io[3];
       dsp__cu_offsets(&inner, r, io);
-      p.add(acc, x[oo[0] + io[0]], r);
+      p.add(acc, ld(oo[0] + io[0]), r);
     }
     acc = block_reduce(acc, p);
     if (threadIdx.x == 0) {
@@ -270,13 +287,13 @@ __global__ void k_red_fin(P p, int64_t n_out, int64_t S, int64_t R,
   }
 }
 
-template <typename T, typename P>
-static int red_launch(cudaStream_t st, P p, int64_t n_out, int64_t S,
+template <typename L, typename P>
+static int red_launch(cudaStream_t st, P p, L ld, int64_t n_out, int64_t S,
                       const dsp__cu_index *outer, const dsp__cu_index *inner,
-                      int64_t R, const void *x, void *out, void *part) {
+                      int64_t R, void *out, void *part) {
   typename P::A *pp = (typename P::A *)part;
-  k_red<T, P><<<grid_rows(n_out * S), TPB, 0, st>>>(p, n_out, S, *outer, *inner, R,
-                                                     (const T *)x, out, pp);
+  k_red<L, P><<<grid_rows(n_out * S), TPB, 0, st>>>(p, ld, n_out, S, *outer, *inner,
+                                                     R, out, pp);
   if (S > 1) k_red_fin<P><<<grid_rows(n_out), TPB, 0, st>>>(p, n_out, S, R, pp, out);
   return (int)cudaGetLastError();
 }
@@ -286,16 +303,35 @@ extern "C" int dsp__cuk_reduce(cudaStream_t st, int op, int dt, int64_t n_out,
                                const dsp__cu_index *inner, int64_t R,
                                const void *x, void *out, void *part) {
   if (n_out <= 0) return 0;
+  const float *xf = (const float *)x;
+  const double *xd = (const double *)x;
+  const int64_t *xi = (const int64_t *)x;
   if (op == DSP_OP_SUM || op == DSP_OP_MEAN) {
     int mean = op == DSP_OP_MEAN;
-    if (dt == DSP_F32) return red_launch<float>(st, RSum<float>{mean}, n_out, S, outer, inner, R, x, out, part);
-    if (dt == DSP_F64) return red_launch<double>(st, RSum<double>{mean}, n_out, S, outer, inner, R, x, out, part);
-    return red_launch<int64_t>(st, RSumI{}, n_out, S, outer, inner, R, x, out, part);
+    if (dt == DSP_F32) return red_launch(st, RSum<float>{mean}, LoadX<float>{xf}, n_out, S, outer, inner, R, out, part);
+    if (dt == DSP_F64) return red_launch(st, RSum<double>{mean}, LoadX<double>{xd}, n_out, S, outer, inner, R, out, part);
+    return red_launch(st, RSumI{}, LoadX<int64_t>{xi}, n_out, S, outer, inner, R, out, part);
   }
   int arg = op == DSP_OP_ARGMAX;
-  if (dt == DSP_F32) return red_launch<float>(st, RMaxF<float>{arg}, n_out, S, outer, inner, R, x, out, part);
-  if (dt == DSP_F64) return red_launch<double>(st, RMaxF<double>{arg}, n_out, S, outer, inner, R, x, out, part);
-  return red_launch<int64_t>(st, RMaxI{arg}, n_out, S, outer, inner, R, x, out, part);
+  if (dt == DSP_F32) return red_launch(st, RMaxF<float>{arg}, LoadX<float>{xf}, n_out, S, outer, inner, R, out, part);
+  if (dt == DSP_F64) return red_launch(st, RMaxF<double>{arg}, LoadX<double>{xd}, n_out, S, outer, inner, R, out, part);
+  return red_launch(st, RMaxI{arg}, LoadX<int64_t>{xi}, n_out, S, outer, inner, R, out, part);
+}
+
+/* mse: the mean of the n squared differences, one output reduced like a
+ * full sum (split over blocks when n is long) */
+extern "C" int dsp__cuk_mse(cudaStream_t st, int dt, int64_t n, int64_t S,
+                            const void *a, const void *b, void *out, void *part) {
+  if (n <= 0) return 0;
+  dsp__cu_index one, all;
+  memset(&one, 0, sizeof one), memset(&all, 0, sizeof all);
+  one.nd = all.nd = 1, one.n = all.n = 1;
+  one.shape[0] = 1, all.shape[0] = n, all.st[0][0] = 1;
+  if (dt == DSP_F32)
+    return red_launch(st, RSum<float>{1}, LoadSqDiff<float>{(const float *)a, (const float *)b},
+                      1, S, &one, &all, n, out, part);
+  return red_launch(st, RSum<double>{1}, LoadSqDiff<double>{(const double *)a, (const double *)b},
+                    1, S, &one, &all, n, out, part);
 }
 
 /* ------------------------------------------------------------------ */
@@ -387,25 +423,6 @@ extern "C" int dsp__cuk_cross_entropy(cudaStream_t st, int dt, int64_t N,
     k_ce_rows<double><<<gr, TPB, 0, st>>>(N, C, (const double *)g, (const double *)x, lab, scratch, (double *)out);
     if (!g) k_mean_of<double><<<1, TPB, 0, st>>>(N, scratch, (double)N, (double *)out);
   }
-  return (int)cudaGetLastError();
-}
-
-template <typename T>
-__global__ void k_mse(int64_t n, const T *a, const T *b, T *out) {
-  dsp__cu_ksum acc = dsp__cu_ksum_zero();
-  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
-    double d = (double)a[i] - (double)b[i];
-    dsp__cu_ksum_add(&acc, d * d);
-  }
-  acc = block_reduce(acc, ksum_merge());
-  if (threadIdx.x == 0) out[0] = (T)(dsp__cu_ksum_value(acc) / (double)n);
-}
-
-extern "C" int dsp__cuk_mse(cudaStream_t st, int dt, int64_t n, const void *a,
-                            const void *b, void *out) {
-  if (n <= 0) return 0;
-  if (dt == DSP_F32) k_mse<float><<<1, TPB, 0, st>>>(n, (const float *)a, (const float *)b, (float *)out);
-  else k_mse<double><<<1, TPB, 0, st>>>(n, (const double *)a, (const double *)b, (double *)out);
   return (int)cudaGetLastError();
 }
 
