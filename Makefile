@@ -62,7 +62,8 @@ CUDA_A := $(BUILD)/libdspcuda.a
 PROTO_SRC := $(wildcard proto/*.proto)
 GEN_C := $(patsubst proto/%.proto,$(BUILD)/gen/%.pb-c.c,$(PROTO_SRC))
 GEN_H := $(GEN_C:.c=.h)
-COMMON_SRC := $(wildcard common/*.c)
+# common/cpu/: the CPU backend (kernels); common/cuda/ joins when built
+COMMON_SRC := $(wildcard common/*.c common/cpu/*.c)
 SERVER_SRC := $(filter-out server/main.c,$(wildcard server/*.c))
 CLIENT_SRC := $(wildcard client/*.c)
 TEST_HELPER_SRC := $(wildcard tests/helpers/*.c)
@@ -159,9 +160,12 @@ $(BUILD)/tests/%: tests/%.c $(TEST_HELPER_OBJ) $(CLIENT_A) $(SERVER_A) $(GEN_H)
 	$(CC) $(ALL_CFLAGS) -Itests -MMD -MP -o $@ $< $(TEST_HELPER_OBJ) \
 	  $(SERVER_A) $(CLIENT_A) $(LDFLAGS) -lcriterion $(LIBS)
 
-# the host checks of the CUDA kernels' math; with the backend built they
-# also open it (no GPU here: a clear error, no crash)
-$(BUILD)/tests/test_cuda_host: tests/test_cuda_host.c $(TEST_HELPER_OBJ) $(CLIENT_A) $(SERVER_A) $(GEN_H) $(if $(filter 1,$(CUDA)),$(CUDA_A))
+# suites that also run the CUDA backend when it is built: the host checks
+# of its kernels' math (which also open it: without a GPU, a clear error
+# and no crash) and the conformance suite over the op table (without a
+# GPU it prints "cuda: skipped (no GPU): REASON")
+CUDA_TEST_BIN := $(BUILD)/tests/test_cuda_host $(BUILD)/tests/test_backend_ops
+$(CUDA_TEST_BIN): $(BUILD)/tests/%: tests/%.c $(TEST_HELPER_OBJ) $(CLIENT_A) $(SERVER_A) $(GEN_H) $(if $(filter 1,$(CUDA)),$(CUDA_A))
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) -Itests -Icommon/cuda -DDSP_CUDA_BUILT=$(CUDA) \
 	  $(if $(filter 1,$(CUDA)),$(CUDA_CFLAGS)) -MMD -MP -o $@ $< $(TEST_HELPER_OBJ) \
@@ -208,7 +212,9 @@ sanitize: deps
 # no device can be opened; it never reports a pass it did not run.
 test-gpu:
 	@if [ "$(CUDA)" != 1 ]; then echo "cuda: skipped (backend not built: no nvcc, or CUDA=0)"; exit 0; fi; \
-	$(MAKE) -s --no-print-directory $(BUILD)/tests/gpu/cuda_ops && \
+	$(MAKE) -s --no-print-directory $(BUILD)/tests/gpu/cuda_ops $(BUILD)/tests/test_backend_ops $(if $(wildcard server/main.c),$(SERVER_BIN)) || exit 1; \
+	$(BUILD)/tests/gpu/cuda_ops --probe; rc=$$?; [ $$rc -eq 2 ] && exit 0; [ $$rc -eq 0 ] || exit 1; \
+	DISPATCH_SERVER_BIN=$(abspath $(SERVER_BIN)) $(BUILD)/tests/test_backend_ops --filter 'backend_ops/conformance' && \
 	$(BUILD)/tests/gpu/cuda_ops
 
 bench-gpu:

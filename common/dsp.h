@@ -2,8 +2,8 @@
  *
  * Tensors, dtypes, the allocator, the error/detail context, the op table
  * (codes shared with the wire protocol), shape inference, the backend
- * interface with its CPU implementation, and the reverse-mode autodiff
- * engine.
+ * interface with its CPU implementation (common/cpu/), and the
+ * reverse-mode autodiff engine.
  *
  * Conventions
  * - Every function that can fail returns 0 or a negative DISPATCH_E* code
@@ -236,6 +236,26 @@ static inline void *dsp_tensor_data(const dsp_tensor *t) {
 }
 size_t dsp_tensor_nbytes(const dsp_tensor *t);
 
+/* Staging, the one way the network layer moves tensor bytes (the backend
+ * table's stage_in/commit_in; reads use dsp_tensor_pin below). */
+typedef struct dsp_stage {
+  void *host;    /* nbytes of host memory to fill with every byte of t */
+  size_t nbytes; /* dsp_tensor_nbytes(t) */
+  dsp_tensor *t; /* a reference, dropped by dsp_stage_release */
+  void *token;   /* the backend's */
+} dsp_stage;
+/* Stages t (as a whole) for writing: 0 with st filled, or a DISPATCH_E*
+ * code with st zeroed. On the CPU st->host is t's storage (no copy). */
+int dsp_tensor_stage_in(dsp_ctx *ctx, dsp_tensor *t, dsp_stage *st);
+/* Moves the staged bytes into t; the staging stays until released. */
+int dsp_stage_commit(dsp_ctx *ctx, dsp_stage *st);
+/* Ends a staging, committed or not; a zeroed or released st is fine. */
+void dsp_stage_release(dsp_stage *st);
+/* Copies all of t's bytes to host memory dst (nbytes must be its byte
+ * size) through its backend's copy_out. */
+int dsp_tensor_read(dsp_ctx *ctx, const dsp_tensor *t, void *dst,
+                    size_t nbytes);
+
 /* Read snapshots (pin.c). A pin holds t's bytes as they are when it is
  * taken, for a reader on another thread (a server's Read reply leaving
  * the socket): an in-place writer that finds the storage pinned moves the
@@ -462,11 +482,41 @@ typedef struct dsp_backend {
   void (*free)(void *bctx, void *data);
   int (*copy_in)(void *bctx, void *dst, const void *src, size_t n);
   int (*copy_out)(void *bctx, void *dst, const void *src, size_t n);
-  /* 1 if the backend runs op on these dtypes */
-  int (*supports_op)(void *bctx, dsp_opcode op, const dsp_meta *in, int n_in);
+  /* Staging: how bytes cross between the network layer and storage
+   * without an extra copy (dsp_tensor_stage_in, dsp_tensor_pin). Only the
+   * backend touches `data`.
+   * stage_in: nbytes of host memory (*host) the caller fills with every
+   *   byte of data; commit_in then moves them into data. The CPU hands out
+   *   data itself and commits nothing; a GPU backend hands out pinned host
+   *   memory and commits with a DMA.
+   * stage_out: nbytes of host memory holding data's bytes as they are at
+   *   the call. The CPU hands out data itself (host_shared: a reader keeps
+   *   those bytes still with a pin, common/pin.c); a GPU backend copies to
+   *   pinned host memory.
+   * stage_release ends either staging (committed or not) with the *token
+   *   it gave; a NULL token is a no-op. */
+  int (*stage_in)(void *bctx, void *data, size_t nbytes, void **host,
+                  void **token);
+  int (*commit_in)(void *bctx, void *data, const void *host, size_t nbytes,
+                   void *token);
+  int (*stage_out)(void *bctx, const void *data, size_t nbytes,
+                   const void **host, void **token);
+  void (*stage_release)(void *bctx, void *token);
+  int host_shared; /* 1: stage_out's memory is the storage itself */
+  /* 1 if the backend has a kernel for op on these inputs and this output
+   * (the meta dsp_op_infer computed: for a creation op, with no inputs,
+   * it carries the dtype); 0 makes dsp_op fail with DISPATCH_EUNSUPPORTED
+   * naming the op, the dtypes and the backend before anything is
+   * allocated. Truthful per op x dtype: the conformance suite
+   * (tests/test_backend_ops.c) runs every pair it claims and checks that
+   * every pair it refuses is refused. */
+  int (*supports_op)(void *bctx, dsp_opcode op, const dsp_meta *in, int n_in,
+                     const dsp_meta *out);
   /* runs the kernel into the already allocated `out`, whose meta is the
    * one dsp_op_infer computed; kernels may still fail on values (an index
-   * out of range) and then return an error with the detail set in ctx */
+   * out of range) and then return an error with the detail set in ctx. An
+   * op x dtype it has no kernel for is DISPATCH_EUNSUPPORTED, never a
+   * success that leaves `out` as allocated. */
   int (*run_op)(void *bctx, dsp_ctx *ctx, dsp_opcode op,
                 dsp_tensor *const *in, int n_in, const dsp_attrs *a,
                 dsp_tensor *out);
@@ -512,11 +562,11 @@ int dsp_detach(dsp_ctx *ctx, dsp_tensor *t, dsp_tensor **out);
 /* ------------------------------------------------------------------ */
 /* family entry points (internal to common/)                           */
 
+/* shape inference per family (common/ops_<family>.c); each backend's
+ * kernels live in its own folder (CPU: common/cpu/) */
 #define DSP_FAMILY_DECL_(fam)                                                \
   int dsp__infer_##fam(dsp_ctx *ctx, dsp_opcode op, const dsp_meta *in,      \
-                       int n_in, const dsp_attrs *a, dsp_meta *out);         \
-  int dsp__cpu_##fam(dsp_ctx *ctx, dsp_opcode op, dsp_tensor *const *in,     \
-                     int n_in, const dsp_attrs *a, dsp_tensor *out);
+                       int n_in, const dsp_attrs *a, dsp_meta *out);
 DSP_FAMILY_DECL_(ew)
 DSP_FAMILY_DECL_(red)
 DSP_FAMILY_DECL_(shape)

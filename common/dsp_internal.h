@@ -43,6 +43,12 @@ static inline int dsp__poll(dsp_ctx *ctx, int64_t *acc, int64_t work) {
 /* Sets DISPATCH_ECANCELED with a message naming the op; returns the code. */
 int dsp__cancelled_err(dsp_ctx *ctx, dsp_opcode op);
 
+/* DISPATCH_EUNSUPPORTED with "OP: backend B has no kernel for inputs
+ * (f32, i64) -> f32", for dsp_op when a backend's supports_op says no and
+ * for a backend's kernels that reach an op x dtype they have no loop for. */
+int dsp__unsupported(dsp_ctx *ctx, const char *backend, dsp_opcode op,
+                     const dsp_meta *in, int n_in, const dsp_meta *out);
+
 /* Called by dsp_op after a successful kernel when grad mode is on and at
  * least one input is tracked: records the op so `out` becomes tracked.
  * On failure out is left untouched (the caller drops it). */

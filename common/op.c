@@ -1,5 +1,6 @@
 /* The op table, validation by family, and the op runner that ties the
  * backend kernel to the autodiff tape. */
+#include <stdio.h>
 #include <string.h>
 
 #include "dsp_internal.h"
@@ -37,6 +38,26 @@ dsp_attrs dsp_attrs_f1(double f0) {
   a.floats[0] = f0;
   a.n_floats = 1;
   return a;
+}
+
+int dsp__unsupported(dsp_ctx *ctx, const char *backend, dsp_opcode op,
+                     const dsp_meta *in, int n_in, const dsp_meta *out) {
+  char dts[160];
+  size_t k = 0;
+  dts[0] = 0;
+  for (int i = 0; i < n_in && k < sizeof dts - 16; i++) {
+    if (i == 6 && n_in > 7) { /* a long cat: the first few tell enough */
+      k += (size_t)snprintf(dts + k, sizeof dts - k, ", ... (%d inputs)", n_in);
+      break;
+    }
+    k += (size_t)snprintf(dts + k, sizeof dts - k, "%s%s", i ? ", " : "",
+                          dsp_dtype_name(in[i].dtype));
+  }
+  const dsp_op_info *info = dsp_op_lookup((int)op);
+  return dsp_seterr(ctx, DISPATCH_EUNSUPPORTED,
+                    "%s: backend %s has no kernel for inputs (%s) -> %s",
+                    info ? info->name : "?", backend, dts,
+                    out ? dsp_dtype_name(out->dtype) : "?");
 }
 
 int dsp_op_infer(dsp_ctx *ctx, dsp_opcode op, const dsp_meta *in, int n_in,
@@ -119,9 +140,9 @@ int dsp_op(dsp_ctx *ctx, dsp_opcode op, dsp_tensor *const *in, int n_in,
   }
   if (dsp_ctx_cancelled(ctx)) return dsp__cancelled_err(ctx, op);
   const dsp_backend *be = ctx->backend;
-  if (be->supports_op && !be->supports_op(be->bctx, op, metas, n_in))
-    return dsp_seterr(ctx, DISPATCH_EUNSUPPORTED, "%s: not supported by backend %s",
-                      dsp_op_lookup((int)op)->name, be->name);
+  /* a backend without the hook claims nothing rather than everything */
+  if (!be->supports_op || !be->supports_op(be->bctx, op, metas, n_in, &om))
+    return dsp__unsupported(ctx, be->name, op, metas, n_in, &om);
   dsp_tensor *t;
   if (dsp_op_lookup((int)op)->family == DSP_FAM_OPTIM) {
     /* in-place: the parameter itself is the output, and the parameter and

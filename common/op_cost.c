@@ -6,6 +6,7 @@
 #include <stdint.h>
 
 #include "dsp_internal.h"
+#include "ops_plan.h"
 
 static uint64_t mul_sat(uint64_t a, uint64_t b) {
   uint64_t r;
@@ -49,6 +50,9 @@ static uint64_t work(dsp_opcode op, const dsp_meta *in, int n_in,
     case DSP_FAM_NN:
       break;
   }
+  /* the nn ops are costed one by one: a new one needs its case here */
+  _Static_assert(DSP__OPS_IN_FAMILY(NN) == 15,
+                 "a new nn op needs a cost decision in dsp_op_cost");
   switch (op) {
     case DSP_OP_SOFTMAX:
     case DSP_OP_LOG_SOFTMAX:

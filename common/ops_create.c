@@ -1,4 +1,4 @@
-/* create family: zeros, ones, full, arange, uniform, normal.
+/* create family, shape inference: zeros, ones, full, arange, uniform, normal.
  *
  * Attributes: ints[0] = dtype, then (zeros/ones/full) the shape, or
  * (uniform/normal) the seed (as uint64) and the shape; full's value is
@@ -10,15 +10,16 @@
  * computed in double (then rounded once to f32 for an f32 tensor, and
  * nudged below high if rounding reached it); element i of a normal tensor
  * is mean + std * dsp_rng_normal(seed, i). So a seed gives the same tensor
- * on every machine regardless of how it is computed. */
+ * on every machine regardless of how it is computed (CPU kernels:
+ * common/cpu/create.c). */
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "dsp_internal.h"
-#include "rng.h"
+#include "ops_plan.h"
 
-static const char *opname(dsp_opcode op) { return dsp_op_lookup((int)op)->name; }
+#define opname dsp__opname
 
 /* Reads dtype and the shape that starts at ints[shape_at]. */
 static int create_meta(dsp_ctx *ctx, dsp_opcode op, const dsp_attrs *a,
@@ -126,108 +127,4 @@ int dsp__infer_create(dsp_ctx *ctx, dsp_opcode op, const dsp_meta *in,
       return dsp_seterr(ctx, DISPATCH_EINTERNAL, "create: op %d is not a creation op",
                         (int)op);
   }
-}
-
-/* Fills elements [i0, i1) of dtype dt with v (i64 checked exact by infer). */
-static void fill(void *po, dsp_dtype dt, int64_t i0, int64_t i1, double v) {
-  switch (dt) {
-    case DSP_F32: { float *o = po, f = (float)v; for (int64_t i = i0; i < i1; i++) o[i] = f; break; }
-    case DSP_F64: { double *o = po; for (int64_t i = i0; i < i1; i++) o[i] = v; break; }
-    case DSP_I64: { int64_t *o = po, x = (int64_t)v; for (int64_t i = i0; i < i1; i++) o[i] = x; break; }
-    case DSP_BOOL: memset((uint8_t *)po + i0, v != 0, (size_t)(i1 - i0)); break;
-    default: break;
-  }
-}
-
-/* Writes elements [i0, i1) of a creation op's n-element output; i0 is
- * even, so normal's pairs never straddle two calls. Every element depends
- * only on its index, so the output does not depend on the split. */
-static void create_range(dsp_opcode op, const dsp_attrs *a, dsp_dtype dt,
-                         void *po, int64_t n, int64_t i0, int64_t i1) {
-  switch (op) {
-    case DSP_OP_ONES: fill(po, dt, i0, i1, 1.0); return;
-    case DSP_OP_FULL: fill(po, dt, i0, i1, a->floats[0]); return;
-    case DSP_OP_ARANGE: {
-      double s = a->floats[0], st = a->floats[2];
-      if (dt == DSP_I64) {
-        int64_t *o = po, s0 = (int64_t)s, d = (int64_t)st;
-        /* wrapping form: every value lies between start and end */
-        for (int64_t i = i0; i < i1; i++)
-          o[i] = (int64_t)((uint64_t)s0 + (uint64_t)i * (uint64_t)d);
-      } else if (dt == DSP_F32) {
-        float *o = po;
-        for (int64_t i = i0; i < i1; i++) o[i] = (float)(s + (double)i * st);
-      } else {
-        double *o = po;
-        for (int64_t i = i0; i < i1; i++) o[i] = s + (double)i * st;
-      }
-      return;
-    }
-    case DSP_OP_UNIFORM: {
-      const uint64_t seed = (uint64_t)a->ints[1];
-      const double lo = a->floats[0], hi = a->floats[1], w = hi - lo;
-      if (dt == DSP_F64) {
-        double *o = po;
-        for (int64_t i = i0; i < i1; i++) {
-          double v = lo + w * dsp_rng_uniform01(seed, (uint64_t)i);
-          o[i] = (v >= hi && hi > lo) ? nextafter(hi, lo) : v;
-        }
-      } else {
-        float *o = po;
-        const float fhi = (float)hi, flo = (float)lo;
-        for (int64_t i = i0; i < i1; i++) {
-          float v = (float)(lo + w * dsp_rng_uniform01(seed, (uint64_t)i));
-          o[i] = (v >= fhi && fhi > flo) ? nextafterf(fhi, flo) : v;
-        }
-      }
-      return;
-    }
-    case DSP_OP_NORMAL: {
-      const uint64_t seed = (uint64_t)a->ints[1];
-      const double mu = a->floats[0], sd = a->floats[1];
-      for (int64_t i = i0; i < i1; i += 2) {
-        double z0, z1;
-        dsp_rng_normal_pair(seed, (uint64_t)i / 2, &z0, &z1);
-        if (dt == DSP_F64) {
-          double *o = po;
-          o[i] = mu + sd * z0;
-          if (i + 1 < n) o[i + 1] = mu + sd * z1;
-        } else {
-          float *o = po;
-          o[i] = (float)(mu + sd * z0);
-          if (i + 1 < n) o[i + 1] = (float)(mu + sd * z1);
-        }
-      }
-      return;
-    }
-    default: return;
-  }
-}
-
-/* Runs in blocks of DSP_POLL_WORK elements with a look at the cancel flag
- * before each. */
-int dsp__cpu_create(dsp_ctx *ctx, dsp_opcode op, dsp_tensor *const *in,
-                    int n_in, const dsp_attrs *a, dsp_tensor *out) {
-  (void)in, (void)n_in;
-  void *po = dsp_tensor_data(out);
-  const int64_t n = out->numel;
-  const dsp_dtype dt = out->meta.dtype;
-  switch (op) {
-    case DSP_OP_ZEROS: return 0; /* dsp_op hands over zeroed storage */
-    case DSP_OP_ONES:
-    case DSP_OP_FULL:
-    case DSP_OP_ARANGE:
-    case DSP_OP_UNIFORM:
-    case DSP_OP_NORMAL:
-      break;
-    default:
-      return dsp_seterr(ctx, DISPATCH_EINTERNAL, "create: op %d is not a creation op",
-                        (int)op);
-  }
-  for (int64_t i0 = 0; i0 < n; i0 += DSP_POLL_WORK) {
-    if (dsp_ctx_cancelled(ctx)) return dsp__cancelled_err(ctx, op);
-    int64_t i1 = n - i0 < DSP_POLL_WORK ? n : i0 + DSP_POLL_WORK;
-    create_range(op, a, dt, po, n, i0, i1);
-  }
-  return 0;
 }

@@ -6,7 +6,12 @@
  * pin is released on another thread than the one that writes. Attached
  * blocks are found by their storage's address in a hash table, so many
  * reads in flight (a server's sessions each pipelining Reads) do not make
- * each pin or in-place write scan them all. */
+ * each pin or in-place write scan them all.
+ *
+ * That holds for a backend whose storage is host memory (host_shared, the
+ * CPU). For any other backend a pin is the backend's own snapshot
+ * (stage_out: a GPU copies to pinned host memory while the Read runs, in
+ * the session's order), detached from the start: no writer shares it. */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <string.h>
@@ -22,6 +27,8 @@ typedef struct pin_block {
   long pins;
   dsp_budget *budget; /* once detached: charged `charged` for the copy */
   uint64_t charged;
+  int staged;   /* data is the backend's stage_out memory, not storage */
+  void *token;  /* its stage_release token */
 } pin_block;
 
 struct dsp_pin {
@@ -70,7 +77,9 @@ static void unpin(pin_block *b) {
   }
   pthread_mutex_unlock(&g_mu);
   if (!last) return;
-  if (free_data) {
+  if (b->staged) {
+    be->stage_release(be->bctx, b->token);
+  } else if (free_data) {
     be->free(be->bctx, free_data);
     dsp_budget_uncharge(b->budget, b->charged);
   }
@@ -87,13 +96,32 @@ int dsp_tensor_pin(dsp_ctx *ctx, dsp_tensor *t, dsp_pin **out) {
     return dsp_seterr(ctx, DISPATCH_ENOMEM, "out of memory pinning a read");
   }
   dsp_storage *s = t->storage;
+  if (!s->backend->host_shared) {
+    const dsp_backend *be = s->backend;
+    const void *host = NULL;
+    void *token = NULL;
+    int rc = be->stage_out(be->bctx, s->data, s->nbytes, &host, &token);
+    if (rc < 0) {
+      dsp_tensor_unref(p->keep);
+      dsp_free(p);
+      dsp_free(fresh);
+      return dsp_seterr(ctx, rc, "staging %zu bytes of a read from backend "
+                        "%s failed", s->nbytes, be->name);
+    }
+    *fresh = (pin_block){NULL, NULL, (void *)host, s->nbytes, be, 1, NULL, 0,
+                         1, token};
+    p->b = fresh;
+    *out = p;
+    return 0;
+  }
   pthread_mutex_lock(&g_mu);
   pin_block *b = find_locked(s);
   if (!b) {
     pin_block **head = bucket(s);
     b = fresh;
     fresh = NULL;
-    *b = (pin_block){*head, s, s->data, s->nbytes, s->backend, 0, NULL, 0};
+    *b = (pin_block){*head, s, s->data, s->nbytes, s->backend, 0, NULL, 0,
+                     0, NULL};
     *head = b;
     atomic_fetch_add(&g_n_attached, 1);
   }
@@ -144,6 +172,8 @@ int dsp__storage_prepare_write(dsp_ctx *ctx, dsp_tensor *t) {
                       "sends",
                       s->nbytes);
   }
+  /* b is attached, so the backend is host_shared: its storage is host
+   * memory and a memcpy is its own copy */
   if (s->nbytes) memcpy(nd, b->data, s->nbytes);
   pthread_mutex_lock(&g_mu);
   if (b->owner == s) {

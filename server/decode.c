@@ -227,6 +227,14 @@ int sv_upload_prepare(const sv_config *cfg, dsp_ctx *io_ctx, sv_session *s,
     pre_err(j, rc, "upload: %s", dsp_ctx_errmsg(io_ctx));
     return 0;
   }
+  /* the bulk lands in the backend's staging memory (on the CPU the storage
+   * itself), committed in order when the upload runs */
+  rc = dsp_tensor_stage_in(io_ctx, t, &j->upload_stage);
+  if (rc < 0) {
+    pre_err(j, rc, "upload: %s", dsp_ctx_errmsg(io_ctx));
+    dsp_tensor_unref(t);
+    return 0;
+  }
   j->upload = t;
   j->upload_bytes = nbytes;
   atomic_fetch_add(&s->queued_bytes, (long long)nbytes);
@@ -332,7 +340,7 @@ int sv_stream_exec(sv_session *s, dsp_ctx *io_ctx, int *hello_done,
       return 0;
     }
     if (j->upload && h.bulk_len)
-      memcpy(dsp_tensor_data(j->upload), p, (size_t)h.bulk_len);
+      memcpy(j->upload_stage.host, p, (size_t)h.bulk_len);
     p += h.bulk_len;
     n -= (size_t)h.bulk_len;
     sv_session_exec(s, j);

@@ -56,6 +56,7 @@ void sv_pb_charge_init(sv_pb_charge *pc, dsp_budget *b) {
 void sv_job_free(sv_job *j) {
   if (!j) return;
   if (j->req) dispatch__request__free_unpacked(j->req, &sv_pb_allocator);
+  dsp_stage_release(&j->upload_stage);
   dsp_tensor_unref(j->upload);
   dsp_pin_release(j->out_pin);
   dsp_free(j->pre_msg);
@@ -88,11 +89,26 @@ int sv_encode_reply(const Dispatch__Reply *r, const void *bulk,
 int sv_encode_read_reply(dsp_ctx *ctx, const Dispatch__Reply *r,
                          dsp_tensor *t, sv_job *j) {
   size_t nbytes = dsp_tensor_nbytes(t);
-  if (!j->bulk_by_ref || nbytes <= READ_COPY_MAX)
-    return sv_encode_reply(r, dsp_tensor_data(t), nbytes, &j->out,
-                           &j->out_len);
   size_t mlen = dispatch__reply__get_packed_size(r);
   if (mlen > UINT32_MAX) return DISPATCH_ETOOLARGE;
+  if (!j->bulk_by_ref || nbytes <= READ_COPY_MAX) {
+    /* the bytes are copied out by the backend into the frame */
+    if (nbytes > SIZE_MAX - DSP_FRAME_HEADER_SIZE - mlen)
+      return DISPATCH_ETOOLARGE;
+    uint8_t *buf = dsp_malloc(DSP_FRAME_HEADER_SIZE + mlen + nbytes);
+    if (!buf) return DISPATCH_ENOMEM;
+    dsp_frame_header h = {(uint32_t)mlen, 0, nbytes};
+    dsp_frame_header_encode(buf, &h);
+    dispatch__reply__pack(r, buf + DSP_FRAME_HEADER_SIZE);
+    int rc = dsp_tensor_read(ctx, t, buf + DSP_FRAME_HEADER_SIZE + mlen, nbytes);
+    if (rc < 0) {
+      dsp_free(buf);
+      return rc;
+    }
+    j->out = buf;
+    j->out_len = DSP_FRAME_HEADER_SIZE + mlen + nbytes;
+    return 0;
+  }
   dsp_pin *pin;
   if (dsp_tensor_pin(ctx, t, &pin) < 0) return DISPATCH_ENOMEM;
   uint8_t *buf = dsp_malloc(DSP_FRAME_HEADER_SIZE + mlen);

@@ -2,7 +2,8 @@
  * transport) into decoded requests, keeping its place across partial
  * reads. Every limit on what a peer may send sits here: the frame header
  * limits, uploads' quota, and the input backpressure of --max-queued. An
- * upload's bulk lands straight in the tensor's storage. */
+ * upload's bulk lands straight in the backend's staging memory for the
+ * tensor (on the CPU its storage). */
 #include <stdio.h>
 #include <string.h>
 
@@ -92,7 +93,7 @@ void sv_reader_again(sv_conn *c) {
 }
 
 /* Checks an Upload against every limit before allocating, then allocates
- * the tensor so the bulk lands straight in its storage. A failure keeps
+ * the tensor so the bulk lands straight in its staging memory. A failure keeps
  * the stream in sync by discarding the bulk and defers the error. */
 static void prepare_upload(sv_conn *c, sv_job *j, int final) {
   if (sv_upload_prepare(c->srv->cfg, c->srv->io_ctx, c->sess, j, c->bulk_len,
@@ -106,7 +107,7 @@ static void prepare_upload(sv_conn *c, sv_job *j, int final) {
   }
   c->bulk_job = j;
   c->bulk_got = 0;
-  c->bulk_dst = j->upload ? dsp_tensor_data(j->upload) : NULL;
+  c->bulk_dst = j->upload ? j->upload_stage.host : NULL;
   c->state = ST_BULK;
   sv_reader_frame_timer(c); /* resumed after a wait */
 }

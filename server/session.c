@@ -222,12 +222,21 @@ static int do_upload(sv_session *s, sv_job *j, char *why) {
                    j->pre_msg ? j->pre_msg : dispatch_strerror(j->pre_err));
   int rc = check_free_id(s, u->id, why);
   if (rc < 0) return rc;
-  /* the bytes came straight from the socket: as dsp_tensor_from_data does
-   * for a local caller, refuse a bool byte other than 0 or 1 */
-  if (j->upload->meta.dtype == DSP_BOOL &&
-      (rc = dsp_check_bool_bytes(s->ctx, dsp_tensor_data(j->upload),
-                                 dsp_tensor_nbytes(j->upload))) < 0)
-    return why_set(why, rc, "upload: %s", dsp_ctx_errmsg(s->ctx));
+  /* the bytes came straight from the socket into the backend's staging
+   * memory: as dsp_tensor_from_data does for a local caller, refuse a bool
+   * byte other than 0 or 1 there, before the backend takes them. (A job
+   * made in process may carry a tensor already filled through its backend,
+   * with no staging: dsp_tensor_from_data checked its bytes.) */
+  if (j->upload_stage.t) {
+    if (j->upload->meta.dtype == DSP_BOOL &&
+        (rc = dsp_check_bool_bytes(s->ctx, j->upload_stage.host,
+                                   j->upload_stage.nbytes)) < 0)
+      return why_set(why, rc, "upload: %s", dsp_ctx_errmsg(s->ctx));
+    rc = dsp_stage_commit(s->ctx, &j->upload_stage);
+    dsp_stage_release(&j->upload_stage);
+    if (rc < 0)
+      return why_set(why, rc, "upload: %s", dsp_ctx_errmsg(s->ctx));
+  }
   dsp_tensor *t = j->upload; /* charged to the session since it was read */
   j->upload = NULL;
   return insert(s, u->id, t, why);

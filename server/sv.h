@@ -141,6 +141,8 @@ typedef struct sv_job {
   struct sv_session *sess;
   Dispatch__Request *req; /* owned; NULL for teardown */
   dsp_tensor *upload;     /* owned upload tensor, filled from the bulk */
+  dsp_stage upload_stage; /* where the bulk lands: the backend's staging of
+                             upload, committed when the upload runs */
   uint64_t upload_bytes;  /* counted in sess->queued_bytes until run */
   int pre_err;            /* an error found while reading (deferred) */
   char *pre_msg;          /* its detail (owned, may be NULL) */

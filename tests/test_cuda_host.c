@@ -790,9 +790,9 @@ Test(cuda_host, shape_op_plans_match_cpu) {
     for (int s = 0; s < 3; s++) {
       dsp_attrs a = dsp_attrs_ints(4, SL[s]);
       dsp_tensor *want = run(DSP_OP_SLICE, &a, 1, &x), *got = empty_like(want);
-      int dim = (int)(SL[s][0] < 0 ? SL[s][0] + 3 : SL[s][0]);
+      int dim;
       int64_t s0, len, base;
-      dsp__cu_slice_range(S[dim], SL[s][1], SL[s][2], SL[s][3], &s0, &len);
+      cr_assert_eq(dsp__slice_params(ctx, DSP_OP_SLICE, &x->meta, SL[s], &dim, &s0, &len), 0);
       dsp__cu_index ix;
       dsp__cu_plan_slice(&ix, &x->meta, &got->meta, dim, s0, SL[s][3], &base);
       sim_gather(&ix, base, x, got, got->numel, 0);
@@ -1028,8 +1028,9 @@ Test(cuda_host, conv2d_im2col_blocks_match_cpu) {
       dsp_attrs a = dsp_attrs_ints(6, CI[ci]);
       dsp_tensor *in[2] = {x, w};
       dsp_tensor *y = run(DSP_OP_CONV2D, &a, 2, in);
-      dsp__cu_geo g;
-      dsp__cu_plan_conv(DSP_OP_CONV2D, &x->meta, &w->meta, &y->meta, &a, &g);
+      dsp__cu_geo g = {0};
+      const dsp_meta fm[2] = {x->meta, w->meta};
+      cr_assert_eq(dsp__cu_plan_nn(ctx, DSP_OP_CONV2D, fm, 2, &a, &g), 0);
       double tol = f ? 1e-12 : 1e-5;
       for (int64_t blk = 1; blk <= 64; blk *= 8) {
         dsp_tensor *gy = empty_like(y);
@@ -1046,9 +1047,10 @@ Test(cuda_host, conv2d_im2col_blocks_match_cpu) {
       dsp_tensor *i2[2] = {dy, w}, *w2[2] = {dy, x};
       dsp_tensor *dx = run(DSP_OP_CONV2D_BACKWARD_INPUT, &ai, 2, i2);
       dsp_tensor *dw = run(DSP_OP_CONV2D_BACKWARD_WEIGHT, &aw, 2, w2);
-      dsp__cu_geo gi, gw;
-      dsp__cu_plan_conv(DSP_OP_CONV2D_BACKWARD_INPUT, &dy->meta, &w->meta, &dx->meta, &ai, &gi);
-      dsp__cu_plan_conv(DSP_OP_CONV2D_BACKWARD_WEIGHT, &dy->meta, &x->meta, &dw->meta, &aw, &gw);
+      dsp__cu_geo gi = {0}, gw = {0};
+      const dsp_meta im[2] = {dy->meta, w->meta}, wm[2] = {dy->meta, x->meta};
+      cr_assert_eq(dsp__cu_plan_nn(ctx, DSP_OP_CONV2D_BACKWARD_INPUT, im, 2, &ai, &gi), 0);
+      cr_assert_eq(dsp__cu_plan_nn(ctx, DSP_OP_CONV2D_BACKWARD_WEIGHT, wm, 2, &aw, &gw), 0);
       cr_assert(memcmp(&gi, &g, sizeof g) == 0 && memcmp(&gw, &g, sizeof g) == 0,
                 "the three conv ops see one geometry");
       for (int64_t blk = 1; blk <= 64; blk *= 8) {
@@ -1074,8 +1076,9 @@ Test(cuda_host, pooling_forward_and_backward_gathers_match_cpu) {
         dsp_tensor *x = mk(dt, 4, X, 1, 0); /* ties, NaN, inf */
         dsp_attrs a = dsp_attrs_ints(6, PI[pi]);
         dsp_tensor *y = run(mx ? DSP_OP_MAX_POOL2D : DSP_OP_AVG_POOL2D, &a, 1, &x);
-        dsp__cu_geo g;
-        dsp__cu_plan_pool(&x->meta, &y->meta, &a, &g);
+        dsp__cu_geo g = {0};
+        cr_assert_eq(dsp__cu_plan_nn(ctx, mx ? DSP_OP_MAX_POOL2D : DSP_OP_AVG_POOL2D,
+                                     &x->meta, 1, &a, &g), 0);
         dsp_tensor *gy = empty_like(y);
         size_t es = f ? 8 : 4;
         for (int64_t e = 0; e < gy->numel; e++) { /* k_pool_fwd */

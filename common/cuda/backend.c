@@ -13,6 +13,7 @@
 #include "cuda_plan.h"
 #include "dsp_cuda.h"
 #include "dsp_internal.h"
+#include "ops_plan.h"
 
 /* dsp_backend first, so the table's address is the backend's */
 typedef struct cu_be {
@@ -131,6 +132,52 @@ static int cu_copy_out(void *bctx, void *dst, const void *src, size_t n) {
   return cu_copy(bctx, dst, src, n, cudaMemcpyDeviceToHost);
 }
 
+/* Staging: pinned host memory, so the network layer's bytes cross the
+ * bus by DMA with no pageable bounce. stage_in hands out a pinned block
+ * the caller fills, commit_in copies it into the storage; stage_out
+ * copies the storage into a pinned block as it is at the call. Both wait
+ * for the stream, so the block is the caller's until stage_release. */
+static int pinned_get(cu_be *b, size_t nbytes, void **host) {
+  *host = NULL;
+  if (cudaSetDevice(b->device) != cudaSuccess) return DISPATCH_EINTERNAL;
+  cudaError_t e = cudaHostAlloc(host, nbytes ? nbytes : 1, cudaHostAllocDefault);
+  if (e != cudaSuccess) {
+    *host = NULL;
+    return cuda_code(e) ? cuda_code(e) : DISPATCH_ENOMEM;
+  }
+  return 0;
+}
+static int cu_stage_in(void *bctx, void *data, size_t nbytes, void **host,
+                       void **token) {
+  (void)data;
+  *token = NULL;
+  int rc = pinned_get(bctx, nbytes, host);
+  if (rc == 0) *token = *host;
+  return rc;
+}
+static int cu_commit_in(void *bctx, void *data, const void *host,
+                        size_t nbytes, void *token) {
+  (void)token;
+  return cu_copy(bctx, data, host, nbytes, cudaMemcpyHostToDevice);
+}
+static int cu_stage_out(void *bctx, const void *data, size_t nbytes,
+                        const void **host, void **token) {
+  void *h = NULL;
+  *host = NULL, *token = NULL;
+  int rc = pinned_get(bctx, nbytes, &h);
+  if (rc < 0) return rc;
+  if ((rc = cu_copy(bctx, h, data, nbytes, cudaMemcpyDeviceToHost)) < 0) {
+    cudaFreeHost(h);
+    return rc;
+  }
+  *host = h, *token = h;
+  return 0;
+}
+static void cu_stage_release(void *bctx, void *token) {
+  (void)bctx;
+  if (token) cudaFreeHost(token);
+}
+
 /* Device scratch charged to ctx's budget. */
 static int scratch_get(cu_be *b, dsp_ctx *ctx, dsp_opcode op, size_t n,
                        void **p) {
@@ -155,34 +202,67 @@ static void scratch_put(cu_be *b, dsp_ctx *ctx, size_t n, void *p) {
 /* ------------------------------------------------------------------ */
 /* what this backend runs                                              */
 
-/* Every op of the table has a CUDA kernel here, for every dtype
- * combination that dsp_op_infer accepts; the checks below state those
- * combinations so a caller that asks before inferring gets a true answer
- * (bool only where the CPU has it, float-only families). */
-static int cu_supports(void *bctx, dsp_opcode op, const dsp_meta *in, int n) {
+/* What the CUDA kernels implement: per op, the key dtypes
+ * (dsp__op_key_dtype) they have a kernel for, the same rows as the CPU's
+ * table (common/cpu/backend.c). The other operands' dtypes are fixed by
+ * inference. One row per op: a new op in DSP_OP_MAP breaks the build here
+ * until it has a row (and a kernel), and tests/test_backend_ops.c runs
+ * every pair a row claims on a GPU. */
+#define F_ (1u << DSP_F32)
+#define D_ (1u << DSP_F64)
+#define I_ (1u << DSP_I64)
+#define B_ (1u << DSP_BOOL)
+#define FD_ (F_ | D_)
+#define FDI_ (F_ | D_ | I_)
+#define ALL_ (F_ | D_ | I_ | B_)
+static const struct cu_row {
+  dsp_opcode op;
+  unsigned dtypes;
+} g_cu_ops[] = {
+    {DSP_OP_ADD, FDI_}, {DSP_OP_SUB, FDI_}, {DSP_OP_MUL, FDI_},
+    {DSP_OP_DIV, FDI_}, {DSP_OP_MAXIMUM, FDI_}, {DSP_OP_MINIMUM, FDI_},
+    {DSP_OP_EQ, ALL_}, {DSP_OP_NE, ALL_}, {DSP_OP_LT, FDI_},
+    {DSP_OP_LE, FDI_}, {DSP_OP_GT, FDI_}, {DSP_OP_GE, FDI_},
+    {DSP_OP_WHERE, ALL_},
+    {DSP_OP_ADD_SCALAR, FDI_}, {DSP_OP_SUB_SCALAR, FDI_},
+    {DSP_OP_MUL_SCALAR, FDI_}, {DSP_OP_DIV_SCALAR, FD_},
+    {DSP_OP_POW_SCALAR, FD_}, {DSP_OP_RSUB_SCALAR, FDI_},
+    {DSP_OP_RDIV_SCALAR, FD_},
+    {DSP_OP_NEG, FDI_}, {DSP_OP_EXP, FD_}, {DSP_OP_LOG, FD_},
+    {DSP_OP_SQRT, FD_}, {DSP_OP_ABS, FDI_}, {DSP_OP_SIGN, FDI_},
+    {DSP_OP_RELU, FDI_}, {DSP_OP_SIGMOID, FD_}, {DSP_OP_TANH, FD_},
+    {DSP_OP_GELU, FD_}, {DSP_OP_RELU_BACKWARD, FDI_},
+    {DSP_OP_GELU_BACKWARD, FD_},
+    {DSP_OP_SUM, FDI_}, {DSP_OP_MEAN, FD_}, {DSP_OP_MAX, FDI_},
+    {DSP_OP_ARGMAX, FDI_},
+    {DSP_OP_RESHAPE, ALL_}, {DSP_OP_PERMUTE, ALL_}, {DSP_OP_TRANSPOSE, ALL_},
+    {DSP_OP_SLICE, ALL_}, {DSP_OP_CAT, ALL_}, {DSP_OP_STACK, ALL_},
+    {DSP_OP_BROADCAST_TO, ALL_}, {DSP_OP_INDEX_SELECT, ALL_},
+    {DSP_OP_CAST, ALL_}, {DSP_OP_SLICE_BACKWARD, ALL_},
+    {DSP_OP_INDEX_SELECT_BACKWARD, FDI_},
+    {DSP_OP_MATMUL, FD_},
+    {DSP_OP_SOFTMAX, FD_}, {DSP_OP_LOG_SOFTMAX, FD_},
+    {DSP_OP_SOFTMAX_BACKWARD, FD_}, {DSP_OP_LOG_SOFTMAX_BACKWARD, FD_},
+    {DSP_OP_CROSS_ENTROPY, FD_}, {DSP_OP_CROSS_ENTROPY_BACKWARD, FD_},
+    {DSP_OP_MSE, FD_}, {DSP_OP_CONV2D, FD_},
+    {DSP_OP_CONV2D_BACKWARD_INPUT, FD_}, {DSP_OP_CONV2D_BACKWARD_WEIGHT, FD_},
+    {DSP_OP_MAX_POOL2D, FD_}, {DSP_OP_AVG_POOL2D, FD_},
+    {DSP_OP_MAX_POOL2D_BACKWARD, FD_}, {DSP_OP_AVG_POOL2D_BACKWARD, FD_},
+    {DSP_OP_DROPOUT, FD_},
+    {DSP_OP_ZEROS, ALL_}, {DSP_OP_ONES, ALL_}, {DSP_OP_FULL, ALL_},
+    {DSP_OP_ARANGE, FDI_}, {DSP_OP_UNIFORM, FD_}, {DSP_OP_NORMAL, FD_},
+    {DSP_OP_SGD_STEP, FD_}, {DSP_OP_ADAM_STEP, FD_},
+};
+_Static_assert(sizeof g_cu_ops / sizeof g_cu_ops[0] == DSP__OP_COUNT,
+               "every op in DSP_OP_MAP needs a row in the CUDA support table");
+
+static int cu_supports(void *bctx, dsp_opcode op, const dsp_meta *in, int n,
+                       const dsp_meta *out) {
   (void)bctx;
-  const dsp_op_info *info = dsp_op_lookup((int)op);
-  if (!info) return 0;
-  for (int i = 0; i < n; i++)
-    if (!dsp_dtype_valid((int)in[i].dtype)) return 0;
-  switch (info->family) {
-    case DSP_FAM_LINALG:
-    case DSP_FAM_NN:
-    case DSP_FAM_OPTIM:
-      /* float kernels; cross entropy's labels are i64 */
-    {
-      int k = op == DSP_OP_CROSS_ENTROPY_BACKWARD ? 1 : 0;
-      return n > k && dsp_dtype_is_float(in[k].dtype);
-    }
-    case DSP_FAM_RED:
-      return n == 1 && in[0].dtype != DSP_BOOL;
-    case DSP_FAM_SHAPE:
-      if (op == DSP_OP_INDEX_SELECT_BACKWARD) return n > 0 && in[0].dtype != DSP_BOOL;
-      return 1;
-    case DSP_FAM_EW:
-    case DSP_FAM_CREATE:
-      return 1;
-  }
+  dsp_dtype dt = dsp__op_key_dtype(op, in, n, out);
+  if (!dsp_dtype_valid((int)dt)) return 0;
+  for (size_t i = 0; i < sizeof g_cu_ops / sizeof g_cu_ops[0]; i++)
+    if (g_cu_ops[i].op == op) return (g_cu_ops[i].dtypes >> dt) & 1u;
   return 0;
 }
 
@@ -229,25 +309,16 @@ static int run_ew(cu_be *b, dsp_ctx *ctx, dsp_opcode op, dsp_tensor *const *in,
 static int run_red(cu_be *b, dsp_ctx *ctx, dsp_opcode op, dsp_tensor *const *in,
                    const dsp_attrs *a, dsp_tensor *out) {
   const dsp_meta *x = &in[0]->meta;
-  int red[DSP_MAX_DIMS] = {0};
-  if (a->n_ints == 0)
-    for (int d = 0; d < x->ndim; d++) red[d] = 1;
-  for (int i = 0; i < a->n_ints; i++) {
-    int d;
-    int rc = dsp_norm_dim(ctx, opname(op), a->ints[i], x->ndim, &d);
-    if (rc < 0) return rc;
-    red[d] = 1;
-  }
+  int red[DSP_MAX_DIMS];
+  int rc = dsp__red_dims(ctx, op, a, x->ndim, red);
+  if (rc < 0) return rc;
   dsp__cu_index outer, inner;
   int64_t R;
   dsp__cu_plan_red(x, red, &outer, &inner, &R);
   const int64_t S = dsp__cu_red_split(out->numel, R);
   void *part = NULL;
   size_t pn = S > 1 ? (size_t)(out->numel * S) * DSP__CU_RED_PART_BYTES : 0;
-  if (pn) {
-    int rc = scratch_get(b, ctx, op, pn, &part);
-    if (rc < 0) return rc;
-  }
+  if (pn && (rc = scratch_get(b, ctx, op, pn, &part)) < 0) return rc;
   int e = dsp__cuk_reduce(b->stream, (int)op, (int)x->dtype, out->numel, S,
                           &outer, &inner, R, dsp_tensor_data(in[0]),
                           dsp_tensor_data(out), part);
@@ -294,7 +365,9 @@ static int run_conv(cu_be *b, dsp_ctx *ctx, dsp_opcode op,
                     dsp_tensor *const *in, const dsp_attrs *a,
                     dsp_tensor *out) {
   dsp__cu_geo g;
-  dsp__cu_plan_conv(op, &in[0]->meta, &in[1]->meta, &out->meta, a, &g);
+  const dsp_meta ms[2] = {in[0]->meta, in[1]->meta};
+  int rc = dsp__cu_plan_nn(ctx, op, ms, 2, a, &g);
+  if (rc < 0) return rc;
   const int64_t ck = g.C * g.KH * g.KW, ohw = g.OH * g.OW;
   if (g.N == 0 || g.O == 0 || ck == 0 || ohw == 0) return 0; /* zeroed out */
   const int f64 = out->meta.dtype == DSP_F64;
@@ -303,7 +376,7 @@ static int run_conv(cu_be *b, dsp_ctx *ctx, dsp_opcode op,
   const int64_t blk = per < 1 ? 1 : per < ohw ? per : ohw;
   const size_t col_bytes = (size_t)(ck * blk) * es;
   void *col = NULL;
-  int rc = scratch_get(b, ctx, op, col_bytes, &col);
+  rc = scratch_get(b, ctx, op, col_bytes, &col);
   if (rc < 0) return rc;
   const size_t xs = (size_t)(g.C * g.H * g.W) * es, ys = (size_t)(g.O * ohw) * es;
   const char *A = dsp_tensor_data(in[0]), *B = dsp_tensor_data(in[1]);
@@ -409,8 +482,9 @@ static int run_nn(cu_be *b, dsp_ctx *ctx, dsp_opcode op, dsp_tensor *const *in,
     case DSP_OP_AVG_POOL2D_BACKWARD: {
       int fwd = op == DSP_OP_MAX_POOL2D || op == DSP_OP_AVG_POOL2D;
       dsp__cu_geo g;
-      dsp__cu_plan_pool(&in[fwd ? 0 : 1]->meta, fwd ? &out->meta : &in[0]->meta,
-                        a, &g);
+      const dsp_meta ms[2] = {in[0]->meta, n_in > 1 ? in[1]->meta : in[0]->meta};
+      int rc = dsp__cu_plan_nn(ctx, op, ms, n_in, a, &g);
+      if (rc < 0) return rc;
       e = dsp__cuk_pool(b->stream, (int)op, dt == DSP_F64, &g,
                         fwd ? NULL : dsp_tensor_data(in[0]),
                         dsp_tensor_data(in[fwd ? 0 : 1]), dsp_tensor_data(out));
@@ -564,18 +638,7 @@ static int run_shape(cu_be *b, dsp_ctx *ctx, dsp_opcode op,
     }
     case DSP_OP_PERMUTE:
     case DSP_OP_TRANSPOSE: {
-      const int nd = x->meta.ndim;
-      if (op == DSP_OP_TRANSPOSE) {
-        int d0, d1;
-        if ((rc = dsp_norm_dim(ctx, "transpose", a->ints[0], nd, &d0)) < 0) return rc;
-        if ((rc = dsp_norm_dim(ctx, "transpose", a->ints[1], nd, &d1)) < 0) return rc;
-        for (int d = 0; d < nd; d++) perm[d] = d;
-        perm[d0] = d1, perm[d1] = d0;
-      } else {
-        for (int d = 0; d < nd; d++)
-          if ((rc = dsp_norm_dim(ctx, "permute", a->ints[d], nd, &perm[d])) < 0)
-            return rc;
-      }
+      if ((rc = dsp__perm_params(ctx, op, a, x->meta.ndim, perm)) < 0) return rc;
       dsp__cu_plan_perm(&ix, &x->meta, perm, &out->meta);
       e = dsp__cuk_gather(b->stream, es, out->numel, &ix, 0, dsp_tensor_data(x),
                           dsp_tensor_data(out));
@@ -588,9 +651,8 @@ static int run_shape(cu_be *b, dsp_ctx *ctx, dsp_opcode op,
       big = bw ? &out->meta : &x->meta;
       const dsp_meta *small = bw ? &x->meta : &out->meta;
       int64_t s0, len;
-      if ((rc = dsp_norm_dim(ctx, opname(op), a->ints[0], big->ndim, &dim)) < 0)
+      if ((rc = dsp__slice_params(ctx, op, big, a->ints, &dim, &s0, &len)) < 0)
         return rc;
-      dsp__cu_slice_range(big->shape[dim], a->ints[1], a->ints[2], a->ints[3], &s0, &len);
       dsp__cu_plan_slice(&ix, big, small, dim, s0, a->ints[3], &base);
       int64_t cnt = bw ? x->numel : out->numel;
       if (bw)
@@ -700,10 +762,11 @@ static int cu_run(void *bctx, dsp_ctx *ctx, dsp_opcode op,
                   dsp_tensor *out) {
   cu_be *b = bctx;
   dsp_meta ms[DSP_MAX_INPUTS];
-  for (int i = 0; i < n_in && i < DSP_MAX_INPUTS; i++) ms[i] = in[i]->meta;
-  if (!cu_supports(bctx, op, ms, n_in))
-    return dsp_seterr(ctx, DISPATCH_EUNSUPPORTED,
-                      "%s: not supported by backend %s", opname(op), b->table.name);
+  if (n_in < 0 || n_in > DSP_MAX_INPUTS || !dsp_op_lookup((int)op))
+    return dsp__unsupported(ctx, b->table.name, op, ms, 0, &out->meta);
+  for (int i = 0; i < n_in; i++) ms[i] = in[i]->meta;
+  if (!cu_supports(bctx, op, ms, n_in, &out->meta))
+    return dsp__unsupported(ctx, b->table.name, op, ms, n_in, &out->meta);
   if (dsp_ctx_cancelled(ctx)) return dsp__cancelled_err(ctx, op);
   cudaError_t e = cudaSetDevice(b->device);
   if (e != cudaSuccess) return cu_err(ctx, e, op, "cudaSetDevice");
@@ -802,6 +865,11 @@ int dsp_cuda_backend_open(int device, dsp_backend **out, char *why,
   b->table.free = cu_free;
   b->table.copy_in = cu_copy_in;
   b->table.copy_out = cu_copy_out;
+  b->table.stage_in = cu_stage_in;
+  b->table.commit_in = cu_commit_in;
+  b->table.stage_out = cu_stage_out;
+  b->table.stage_release = cu_stage_release;
+  b->table.host_shared = 0;
   b->table.supports_op = cu_supports;
   b->table.run_op = cu_run;
   *out = &b->table;

@@ -11,7 +11,8 @@
 #include <string.h>
 
 #include "cuda_math.h"
-#include "kern_iter.h"
+#include "ops_plan.h"
+#include "cpu/kern_iter.h"
 
 static inline void dsp__cu_ix_from_iter(dsp__cu_index *ix, const dsp_iter *it) {
   memset(ix, 0, sizeof *ix);
@@ -71,18 +72,6 @@ static inline void dsp__cu_plan_perm(dsp__cu_index *ix, const dsp_meta *x,
   dsp__cu_plan_strided(ix, out->ndim, out->shape, st, 1);
 }
 
-/* python-style slice of a dim of `size` (ops_shape.c's rule) */
-static inline void dsp__cu_slice_range(int64_t size, int64_t start,
-                                       int64_t end, int64_t step, int64_t *s0,
-                                       int64_t *len) {
-  if (start < 0) start = start + size < 0 ? 0 : start + size;
-  else if (start > size) start = size;
-  if (end < 0) end = end + size < 0 ? 0 : end + size;
-  else if (end > size) end = size;
-  *s0 = start;
-  *len = end > start ? (end - start - 1) / step + 1 : 0;
-}
-
 /* slice of `big` along dim (start s0, step): element i of the small
  * tensor is big[*base + off0(i)] */
 static inline void dsp__cu_plan_slice(dsp__cu_index *ix, const dsp_meta *big,
@@ -131,40 +120,33 @@ static inline void dsp__cu_plan_matmul(const dsp_meta *ma, const dsp_meta *mb,
   dsp__cu_plan_strided(ix, nbo, bshape, st, 2);
 }
 
-/* Geometry of conv2d and its backward ops from the metas infer accepted:
- * conv2d (x, w) -> y, backward input (grad y, w) -> x, backward weight
- * (grad y, x) -> w; the conv ints {sh, sw, ph, pw, dh, dw} are a prefix
- * (the backward ops end theirs with 4 dims), missing ones 1,1,0,0,1,1. */
-static inline void dsp__cu_plan_conv(dsp_opcode op, const dsp_meta *in0,
-                                     const dsp_meta *in1, const dsp_meta *out,
-                                     const dsp_attrs *a, dsp__cu_geo *g) {
-  static const int64_t def[6] = {1, 1, 0, 0, 1, 1};
-  int nconv = op == DSP_OP_CONV2D ? a->n_ints : a->n_ints - 4;
-  int64_t r[6];
-  for (int i = 0; i < 6; i++) r[i] = i < nconv ? a->ints[i] : def[i];
-  const dsp_meta *x = op == DSP_OP_CONV2D ? in0
-                      : op == DSP_OP_CONV2D_BACKWARD_INPUT ? out : in1;
-  const dsp_meta *w = op == DSP_OP_CONV2D_BACKWARD_WEIGHT ? out : in1;
-  const dsp_meta *y = op == DSP_OP_CONV2D ? out : in0;
-  g->N = x->shape[0], g->C = x->shape[1], g->H = x->shape[2], g->W = x->shape[3];
-  g->O = w->shape[0], g->KH = w->shape[2], g->KW = w->shape[3];
-  g->OH = y->shape[2], g->OW = y->shape[3];
-  g->sh = r[0], g->sw = r[1], g->ph = r[2], g->pw = r[3], g->dh = r[4], g->dw = r[5];
-}
-
-/* Pool geometry: x the [N,C,H,W] input, y the [N,C,OH,OW] output (or
- * grad); ints {kh, kw, sh, sw, ph, pw}, stride defaulting to the kernel. */
-static inline void dsp__cu_plan_pool(const dsp_meta *x, const dsp_meta *y,
-                                     const dsp_attrs *a, dsp__cu_geo *g) {
-  const int64_t *v = a->ints;
-  int n = a->n_ints;
+/* Geometry of conv2d and its backward ops, or of a pool op, from the
+ * shared nn plan of inference (ops_plan.h: dsp__nn_plan), so the CUDA
+ * kernels, the CPU kernels and inference agree on it by construction. 0 or
+ * the plan's error (with the detail in ctx). */
+static inline int dsp__cu_plan_nn(dsp_ctx *ctx, dsp_opcode op,
+                                  const dsp_meta *in, int n_in,
+                                  const dsp_attrs *a, dsp__cu_geo *g) {
+  dsp_conv_geo cg;
+  dsp_pool_geo pg;
+  dsp_meta om;
+  memset(&cg, 0, sizeof cg), memset(&pg, 0, sizeof pg);
+  int rc = dsp__nn_plan(ctx, op, in, n_in, a, &om, &cg, &pg);
+  if (rc < 0) return rc;
   memset(g, 0, sizeof *g);
-  g->N = x->shape[0], g->C = g->O = x->shape[1], g->H = x->shape[2], g->W = x->shape[3];
-  g->OH = y->shape[2], g->OW = y->shape[3];
-  g->KH = v[0], g->KW = v[1];
-  g->sh = n > 2 ? v[2] : g->KH, g->sw = n > 3 ? v[3] : g->KW;
-  g->ph = n > 4 ? v[4] : 0, g->pw = n > 5 ? v[5] : 0;
-  g->dh = g->dw = 1;
+  if (op == DSP_OP_CONV2D || op == DSP_OP_CONV2D_BACKWARD_INPUT ||
+      op == DSP_OP_CONV2D_BACKWARD_WEIGHT) {
+    g->N = cg.N, g->C = cg.C, g->H = cg.H, g->W = cg.W, g->O = cg.O;
+    g->KH = cg.KH, g->KW = cg.KW, g->OH = cg.OH, g->OW = cg.OW;
+    g->sh = cg.sh, g->sw = cg.sw, g->ph = cg.ph, g->pw = cg.pw;
+    g->dh = cg.dh, g->dw = cg.dw;
+  } else {
+    g->N = pg.N, g->C = g->O = pg.C, g->H = pg.H, g->W = pg.W;
+    g->KH = pg.KH, g->KW = pg.KW, g->OH = pg.OH, g->OW = pg.OW;
+    g->sh = pg.sh, g->sw = pg.sw, g->ph = pg.ph, g->pw = pg.pw;
+    g->dh = g->dw = 1;
+  }
+  return 0;
 }
 
 /* index_select_backward's rows by destination: a counting sort of the L

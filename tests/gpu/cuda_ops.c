@@ -7,7 +7,8 @@
  * fails with DISPATCH_ENOMEM and the next op on the same ctx still runs.
  *
  * Without a usable GPU it prints "cuda: skipped (no GPU): REASON" and
- * exits 0, claiming nothing. Exit 1 when any row fails.
+ * exits 0, claiming nothing (with --probe: exits 2 after that line, 0
+ * when cuda:0 opens). Exit 1 when any row fails.
  *
  * DSP_CUDA_OPS_ON_CPU=1 runs the same table with the CPU backend in the
  * GPU's place (a check of the cases themselves, no GPU claim); it also
@@ -112,7 +113,7 @@ static void run_case(const tcase *c) {
     if (on_cpu) row(c, "n/a", dsp_ctx_errmsg(cpu));
     return;
   }
-  if (!be->supports_op(be->bctx, c->op, c->in, c->n_in)) {
+  if (!be->supports_op(be->bctx, c->op, c->in, c->n_in, &om)) {
     row(c, "unsupported", "");
     n_unsup++;
     return;
@@ -218,8 +219,18 @@ static void mlp_backward_case(dsp_dtype dt) {
   for (int i = 0; i < 4; i++) free(h[i]);
 }
 
-int main(void) {
+int main(int argc, char **argv) {
   char why[512] = "";
+  if (argc > 1 && strcmp(argv[1], "--probe") == 0) {
+    /* make test-gpu asks first: 0 when cuda:0 opens, else the skip line
+     * and 2, so nothing after it runs or reports a pass */
+    if (dsp_cuda_backend_open(0, &be, why, sizeof why) < 0) {
+      printf("cuda: skipped (no GPU): %s\n", why);
+      return 2;
+    }
+    dsp_cuda_backend_close(be);
+    return 0;
+  }
   on_cpu = getenv("DSP_CUDA_OPS_ON_CPU") != NULL;
   if (on_cpu) {
     be = (dsp_backend *)dsp_cpu_backend();

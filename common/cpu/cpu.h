@@ -1,0 +1,26 @@
+/* Internal to the CPU backend (common/cpu/): the family kernels
+ * cpu/backend.c dispatches to, and the refusal they share. */
+#ifndef DSP_CPU_H
+#define DSP_CPU_H
+
+#include "dsp_internal.h"
+
+#define DSP_CPU_FAMILY_DECL_(fam)                                            \
+  int dsp__cpu_##fam(dsp_ctx *ctx, dsp_opcode op, dsp_tensor *const *in,     \
+                     int n_in, const dsp_attrs *a, dsp_tensor *out);
+DSP_CPU_FAMILY_DECL_(ew)
+DSP_CPU_FAMILY_DECL_(red)
+DSP_CPU_FAMILY_DECL_(shape)
+DSP_CPU_FAMILY_DECL_(linalg)
+DSP_CPU_FAMILY_DECL_(nn)
+DSP_CPU_FAMILY_DECL_(create)
+DSP_CPU_FAMILY_DECL_(optim)
+#undef DSP_CPU_FAMILY_DECL_
+
+/* The end of every kernel dispatch: an op x dtype the CPU kernels have no
+ * loop for is DISPATCH_EUNSUPPORTED naming the op, the dtypes and "cpu",
+ * never a silent success with the zeroed output. */
+int dsp__no_kernel(dsp_ctx *ctx, dsp_opcode op, dsp_tensor *const *in,
+                   int n_in, const dsp_tensor *out);
+
+#endif

@@ -1,0 +1,455 @@
+/* ew family, CPU kernels (inference and the dtype rules: common/ops_ew.c).
+ *
+ * Every kernel is a plain sequential loop, so results are bit-identical
+ * from run to run. Every dispatch switch ends in a default that refuses
+ * the op with DISPATCH_EUNSUPPORTED: an op x dtype without a kernel never
+ * "succeeds" with the zeroed output. */
+#include <math.h>
+#include <string.h>
+
+#include "cpu.h"
+#include "kern_iter.h"
+#include "ops_plan.h"
+
+#define opname dsp__opname
+#define is_arith dsp__ew_is_arith
+#define is_cmp dsp__ew_is_cmp
+#define is_scalar dsp__ew_is_scalar
+
+_Static_assert(DSP__OPS_IN_FAMILY(EW) == 32,
+               "a new elementwise op needs a case in dsp__cpu_ew's loops and "
+               "a row in the CPU support table (common/cpu/backend.c)");
+
+/* ------------------------------------------------------------------ */
+/* binary kernels                                                      */
+
+/* The fast paths (same shape, either side one element) are plain loops the
+ * compiler vectorises; everything else walks rows with dsp_iter. */
+enum { BC_SAME, BC_ASCALAR, BC_BSCALAR, BC_GENERAL };
+
+#define BIN_LOOP(TA, TO, EXPR)                                               \
+  do {                                                                       \
+    const TA *restrict A_ = (const TA *)pa;                                  \
+    const TA *restrict B_ = (const TA *)pb;                                  \
+    TO *restrict O_ = (TO *)po;                                              \
+    if (mode == BC_SAME) {                                                   \
+      for (int64_t i = 0; i < n; i++) {                                      \
+        TA x = A_[i], y = B_[i];                                             \
+        O_[i] = (EXPR);                                                      \
+      }                                                                      \
+    } else if (mode == BC_ASCALAR) {                                         \
+      const TA x = A_[0];                                                    \
+      for (int64_t i = 0; i < n; i++) {                                      \
+        TA y = B_[i];                                                        \
+        O_[i] = (EXPR);                                                      \
+      }                                                                      \
+    } else if (mode == BC_BSCALAR) {                                         \
+      const TA y = B_[0];                                                    \
+      for (int64_t i = 0; i < n; i++) {                                      \
+        TA x = A_[i];                                                        \
+        O_[i] = (EXPR);                                                      \
+      }                                                                      \
+    } else {                                                                 \
+      int64_t idx_[DSP_MAX_DIMS] = {0}, off_[3] = {0, 0, 0};                 \
+      const int64_t in_ = it.inner, sa_ = it.st[0][it.nd - 1],               \
+                    sb_ = it.st[1][it.nd - 1];                               \
+      int64_t pw_ = 0;                                                       \
+      for (int64_t r = 0; r < it.rows && !stop; r++) {                       \
+        const TA *a_ = A_ + off_[0], *b_ = B_ + off_[1];                     \
+        TO *o_ = O_ + r * in_;                                               \
+        if (sa_ == 1 && sb_ == 1) {                                          \
+          for (int64_t j = 0; j < in_; j++) {                                \
+            TA x = a_[j], y = b_[j];                                         \
+            o_[j] = (EXPR);                                                  \
+          }                                                                  \
+        } else if (sa_ == 0 && sb_ == 1) {                                   \
+          const TA x = a_[0];                                                \
+          for (int64_t j = 0; j < in_; j++) {                                \
+            TA y = b_[j];                                                    \
+            o_[j] = (EXPR);                                                  \
+          }                                                                  \
+        } else if (sa_ == 1 && sb_ == 0) {                                   \
+          const TA y = b_[0];                                                \
+          for (int64_t j = 0; j < in_; j++) {                                \
+            TA x = a_[j];                                                    \
+            o_[j] = (EXPR);                                                  \
+          }                                                                  \
+        } else {                                                             \
+          for (int64_t j = 0; j < in_; j++) {                                \
+            TA x = a_[j * sa_], y = b_[j * sb_];                             \
+            o_[j] = (EXPR);                                                  \
+          }                                                                  \
+        }                                                                    \
+        dsp__iter_step(&it, idx_, off_);                                     \
+        stop = dsp__poll(ctx, &pw_, in_);                                    \
+      }                                                                      \
+    }                                                                        \
+  } while (0)
+
+/* wrapping i64 arithmetic without signed-overflow UB */
+#define I64_ADD(x, y) ((int64_t)((uint64_t)(x) + (uint64_t)(y)))
+#define I64_SUB(x, y) ((int64_t)((uint64_t)(x) - (uint64_t)(y)))
+#define I64_MUL(x, y) ((int64_t)((uint64_t)(x) * (uint64_t)(y)))
+/* caller guarantees y != 0 */
+#define I64_DIV(x, y) (((y) == -1) ? I64_SUB(0, (x)) : (x) / (y))
+#define F_MAX(x, y) (((x) > (y) || (x) != (x)) ? (x) : (y))
+#define F_MIN(x, y) (((x) < (y) || (x) != (x)) ? (x) : (y))
+#define I_MAX(x, y) ((x) > (y) ? (x) : (y))
+#define I_MIN(x, y) ((x) < (y) ? (x) : (y))
+
+#define ARITH_CASES(T, ADD, SUB, MUL, DIV, MAX, MIN)                         \
+  switch (op) {                                                              \
+    case DSP_OP_ADD: BIN_LOOP(T, T, ADD(x, y)); break;                       \
+    case DSP_OP_SUB: BIN_LOOP(T, T, SUB(x, y)); break;                       \
+    case DSP_OP_MUL: BIN_LOOP(T, T, MUL(x, y)); break;                       \
+    case DSP_OP_DIV: BIN_LOOP(T, T, DIV(x, y)); break;                       \
+    case DSP_OP_MAXIMUM: BIN_LOOP(T, T, MAX(x, y)); break;                   \
+    case DSP_OP_MINIMUM: BIN_LOOP(T, T, MIN(x, y)); break;                   \
+    default: return -1;                                                      \
+  }
+
+#define CMP_CASES(T)                                                         \
+  switch (op) {                                                              \
+    case DSP_OP_EQ: BIN_LOOP(T, uint8_t, x == y); break;                     \
+    case DSP_OP_NE: BIN_LOOP(T, uint8_t, x != y); break;                     \
+    case DSP_OP_LT: BIN_LOOP(T, uint8_t, x < y); break;                      \
+    case DSP_OP_LE: BIN_LOOP(T, uint8_t, x <= y); break;                     \
+    case DSP_OP_GT: BIN_LOOP(T, uint8_t, x > y); break;                      \
+    case DSP_OP_GE: BIN_LOOP(T, uint8_t, x >= y); break;                     \
+    default: return -1;                                                      \
+  }
+
+#define F_ADD(x, y) ((x) + (y))
+#define F_SUB(x, y) ((x) - (y))
+#define F_MUL(x, y) ((x) * (y))
+#define F_DIV(x, y) ((x) / (y))
+
+/* One block of a binary op: n elements in a flat mode, or the whole
+ * output in BC_GENERAL (which polls the cancel flag between rows itself).
+ * Returns 1 when cancelled, -1 (nothing written) when there is no kernel
+ * for op on dt. */
+static int bin_block(dsp_ctx *ctx, dsp_opcode op, dsp_dtype dt, int mode,
+                     dsp_iter it, const void *pa, const void *pb, void *po,
+                     int64_t n) {
+  int stop = 0;
+  if (is_cmp(op)) {
+    switch (dt) {
+      case DSP_F32: CMP_CASES(float) break;
+      case DSP_F64: CMP_CASES(double) break;
+      case DSP_I64: CMP_CASES(int64_t) break;
+      case DSP_BOOL: /* bools have equality, no order */
+        if (op != DSP_OP_EQ && op != DSP_OP_NE) return -1;
+        CMP_CASES(uint8_t) break;
+      default: return -1;
+    }
+    return stop;
+  }
+  switch (dt) {
+    case DSP_F32: ARITH_CASES(float, F_ADD, F_SUB, F_MUL, F_DIV, F_MAX, F_MIN) break;
+    case DSP_F64: ARITH_CASES(double, F_ADD, F_SUB, F_MUL, F_DIV, F_MAX, F_MIN) break;
+    case DSP_I64:
+      ARITH_CASES(int64_t, I64_ADD, I64_SUB, I64_MUL, I64_DIV, I_MAX, I_MIN) break;
+    default: return -1;
+  }
+  return stop;
+}
+
+/* Binary op or comparison over broadcast inputs into out. The flat modes
+ * run in blocks of DSP_POLL_WORK elements with a look at the cancel flag
+ * before each. */
+static int run_binary(dsp_ctx *ctx, dsp_opcode op, dsp_tensor *const *in,
+                      dsp_tensor *out) {
+  const dsp_tensor *ta = in[0], *tb = in[1];
+  const int64_t n = out->numel;
+  if (n == 0) return 0;
+  const void *pa = dsp_tensor_data(ta), *pb = dsp_tensor_data(tb);
+  void *po = dsp_tensor_data(out);
+  dsp_iter it;
+  int mode;
+  if (ta->numel == n && tb->numel == n) mode = BC_SAME;
+  else if (ta->numel == 1 && tb->numel == n) mode = BC_ASCALAR;
+  else if (tb->numel == 1 && ta->numel == n) mode = BC_BSCALAR;
+  else {
+    const dsp_meta *ms[2] = {&ta->meta, &tb->meta};
+    dsp__iter_bcast(&it, &out->meta, ms, 2);
+    mode = BC_GENERAL;
+  }
+  if (mode != BC_GENERAL) memset(&it, 0, sizeof it);
+  dsp_dtype dt = ta->meta.dtype;
+  if (op == DSP_OP_DIV && dt == DSP_I64) {
+    /* every divisor element is used when the output is non-empty */
+    const int64_t *b = pb;
+    for (int64_t i = 0; i < tb->numel; i++)
+      if (b[i] == 0)
+        return dsp_seterr(ctx, DISPATCH_EINVAL,
+                          "div: integer division by zero (divisor element %lld)",
+                          (long long)i);
+  }
+  if (mode == BC_GENERAL) {
+    int r = bin_block(ctx, op, dt, mode, it, pa, pb, po, n);
+    if (r < 0) return dsp__no_kernel(ctx, op, in, 2, out);
+    return r ? dsp__cancelled_err(ctx, op) : 0;
+  }
+  const size_t ei = dsp_dtype_size(dt), eo = dsp_dtype_size(out->meta.dtype);
+  for (int64_t i0 = 0; i0 < n; i0 += DSP_POLL_WORK) {
+    if (dsp_ctx_cancelled(ctx)) return dsp__cancelled_err(ctx, op);
+    int64_t nb = n - i0 < DSP_POLL_WORK ? n - i0 : DSP_POLL_WORK;
+    const char *a0 = (const char *)pa + (mode == BC_ASCALAR ? 0 : i0 * ei);
+    const char *b0 = (const char *)pb + (mode == BC_BSCALAR ? 0 : i0 * ei);
+    /* the first block finds a missing kernel before anything is written */
+    if (bin_block(ctx, op, dt, mode, it, a0, b0, (char *)po + i0 * eo, nb) < 0)
+      return dsp__no_kernel(ctx, op, in, 2, out);
+  }
+  return 0;
+}
+
+/* where(mask, a, b) with a three-way broadcast. */
+static int run_where(dsp_ctx *ctx, dsp_tensor *const *in, dsp_tensor *out) {
+  const int64_t n = out->numel;
+  if (n == 0) return 0;
+  const uint8_t *m = dsp_tensor_data(in[0]);
+  const char *pa = dsp_tensor_data(in[1]), *pb = dsp_tensor_data(in[2]);
+  char *po = dsp_tensor_data(out);
+  const size_t es = dsp_dtype_size(out->meta.dtype);
+  int stop = 0;
+#define WHERE_T(T)                                                           \
+  do {                                                                       \
+    const T *a_ = (const T *)pa, *b_ = (const T *)pb;                        \
+    T *o_ = (T *)po;                                                         \
+    if (in[0]->numel == n && in[1]->numel == n && in[2]->numel == n) {       \
+      for (int64_t i0 = 0; i0 < n && !stop; i0 += DSP_POLL_WORK) {           \
+        int64_t i1 = n - i0 < DSP_POLL_WORK ? n : i0 + DSP_POLL_WORK;        \
+        for (int64_t i = i0; i < i1; i++) o_[i] = m[i] ? a_[i] : b_[i];      \
+        stop = dsp_ctx_cancelled(ctx);                                       \
+      }                                                                      \
+    } else {                                                                 \
+      const dsp_meta *ms[3] = {&in[0]->meta, &in[1]->meta, &in[2]->meta};    \
+      dsp_iter it;                                                           \
+      dsp__iter_bcast(&it, &out->meta, ms, 3);                               \
+      int64_t idx[DSP_MAX_DIMS] = {0}, off[3] = {0, 0, 0};                   \
+      const int64_t sm = it.st[0][it.nd - 1], sa = it.st[1][it.nd - 1],      \
+                    sb = it.st[2][it.nd - 1];                                \
+      int64_t pw = 0;                                                        \
+      for (int64_t r = 0; r < it.rows && !stop; r++) {                       \
+        const uint8_t *mr = m + off[0];                                      \
+        const T *ar = a_ + off[1], *br = b_ + off[2];                        \
+        T *orow = o_ + r * it.inner;                                         \
+        for (int64_t j = 0; j < it.inner; j++)                               \
+          orow[j] = mr[j * sm] ? ar[j * sa] : br[j * sb];                    \
+        dsp__iter_step(&it, idx, off);                                       \
+        stop = dsp__poll(ctx, &pw, it.inner);                                \
+      }                                                                      \
+    }                                                                        \
+  } while (0)
+  switch (es) {
+    case 1: WHERE_T(uint8_t); break;
+    case 4: WHERE_T(uint32_t); break; /* bit copies: NaN payloads survive */
+    case 8: WHERE_T(uint64_t); break;
+    default: return dsp__no_kernel(ctx, DSP_OP_WHERE, in, 3, out);
+  }
+#undef WHERE_T
+  return stop ? dsp__cancelled_err(ctx, DSP_OP_WHERE) : 0;
+}
+
+/* ------------------------------------------------------------------ */
+/* scalar forms and unary ops                                          */
+
+#define UN_LOOP(TI, TO, EXPR)                                                \
+  do {                                                                       \
+    const TI *restrict X_ = (const TI *)px;                                  \
+    TO *restrict O_ = (TO *)po;                                              \
+    for (int64_t i = 0; i < n; i++) {                                        \
+      TI x = X_[i];                                                          \
+      O_[i] = (EXPR);                                                        \
+    }                                                                        \
+  } while (0)
+
+static inline float sigmoidf_(float x) {
+  if (x >= 0) return 1.0f / (1.0f + expf(-x));
+  float e = expf(x);
+  return e / (1.0f + e);
+}
+static inline double sigmoid_(double x) {
+  if (x >= 0) return 1.0 / (1.0 + exp(-x));
+  double e = exp(x);
+  return e / (1.0 + e);
+}
+#define SQRT1_2 0.70710678118654752440
+#define INV_SQRT_2PI 0.39894228040143267794
+static inline float geluf_(float x) {
+  return 0.5f * x * (1.0f + erff(x * (float)SQRT1_2));
+}
+static inline double gelu_(double x) { return 0.5 * x * (1.0 + erf(x * SQRT1_2)); }
+/* d gelu / dx = Phi(x) + x phi(x) */
+static inline float gelu_gradf_(float x) {
+  return 0.5f * (1.0f + erff(x * (float)SQRT1_2)) +
+         x * (float)INV_SQRT_2PI * expf(-0.5f * x * x);
+}
+static inline double gelu_grad_(double x) {
+  return 0.5 * (1.0 + erf(x * SQRT1_2)) + x * INV_SQRT_2PI * exp(-0.5 * x * x);
+}
+#define SIGN_F(x) ((x) > 0 ? 1 : (x) < 0 ? -1 : (x))
+#define SIGN_I(x) ((int64_t)((x) > 0) - (int64_t)((x) < 0))
+#define RELU_F(x) ((x) < 0 ? 0 : (x))
+
+/* n elements of a scalar form, unary op or activation backward; one block
+ * of the chunked loop in dsp__cpu_ew. These return 0, or -1 (nothing
+ * written) when there is no kernel for op on dt. */
+static int run_scalar(dsp_opcode op, dsp_dtype dt, const void *px, double s,
+                      void *po, int64_t n) {
+  switch (dt) {
+    case DSP_F32: {
+      const float c = (float)s;
+      switch (op) {
+        case DSP_OP_ADD_SCALAR: UN_LOOP(float, float, x + c); break;
+        case DSP_OP_SUB_SCALAR: UN_LOOP(float, float, x - c); break;
+        case DSP_OP_MUL_SCALAR: UN_LOOP(float, float, x * c); break;
+        case DSP_OP_DIV_SCALAR: UN_LOOP(float, float, x / c); break;
+        case DSP_OP_POW_SCALAR:
+          if (c == 2.0f) UN_LOOP(float, float, x * x);
+          else UN_LOOP(float, float, powf(x, c));
+          break;
+        case DSP_OP_RSUB_SCALAR: UN_LOOP(float, float, c - x); break;
+        case DSP_OP_RDIV_SCALAR: UN_LOOP(float, float, c / x); break;
+        default: return -1;
+      }
+      break;
+    }
+    case DSP_F64:
+      switch (op) {
+        case DSP_OP_ADD_SCALAR: UN_LOOP(double, double, x + s); break;
+        case DSP_OP_SUB_SCALAR: UN_LOOP(double, double, x - s); break;
+        case DSP_OP_MUL_SCALAR: UN_LOOP(double, double, x * s); break;
+        case DSP_OP_DIV_SCALAR: UN_LOOP(double, double, x / s); break;
+        case DSP_OP_POW_SCALAR:
+          if (s == 2.0) UN_LOOP(double, double, x * x);
+          else UN_LOOP(double, double, pow(x, s));
+          break;
+        case DSP_OP_RSUB_SCALAR: UN_LOOP(double, double, s - x); break;
+        case DSP_OP_RDIV_SCALAR: UN_LOOP(double, double, s / x); break;
+        default: return -1;
+      }
+      break;
+    case DSP_I64: {
+      const int64_t c = (int64_t)s; /* infer checked it is an exact int64 */
+      switch (op) {
+        case DSP_OP_ADD_SCALAR: UN_LOOP(int64_t, int64_t, I64_ADD(x, c)); break;
+        case DSP_OP_SUB_SCALAR: UN_LOOP(int64_t, int64_t, I64_SUB(x, c)); break;
+        case DSP_OP_MUL_SCALAR: UN_LOOP(int64_t, int64_t, I64_MUL(x, c)); break;
+        case DSP_OP_RSUB_SCALAR: UN_LOOP(int64_t, int64_t, I64_SUB(c, x)); break;
+        default: return -1;
+      }
+      break;
+    }
+    default: return -1;
+  }
+  return 0;
+}
+
+static int run_unary(dsp_opcode op, dsp_dtype dt, const void *px, void *po,
+                     int64_t n) {
+  switch (dt) {
+    case DSP_F32:
+      switch (op) {
+        case DSP_OP_NEG: UN_LOOP(float, float, -x); break;
+        case DSP_OP_EXP: UN_LOOP(float, float, expf(x)); break;
+        case DSP_OP_LOG: UN_LOOP(float, float, logf(x)); break;
+        case DSP_OP_SQRT: UN_LOOP(float, float, sqrtf(x)); break;
+        case DSP_OP_ABS: UN_LOOP(float, float, fabsf(x)); break;
+        case DSP_OP_SIGN: UN_LOOP(float, float, SIGN_F(x)); break;
+        case DSP_OP_RELU: UN_LOOP(float, float, RELU_F(x)); break;
+        case DSP_OP_SIGMOID: UN_LOOP(float, float, sigmoidf_(x)); break;
+        case DSP_OP_TANH: UN_LOOP(float, float, tanhf(x)); break;
+        case DSP_OP_GELU: UN_LOOP(float, float, geluf_(x)); break;
+        default: return -1;
+      }
+      break;
+    case DSP_F64:
+      switch (op) {
+        case DSP_OP_NEG: UN_LOOP(double, double, -x); break;
+        case DSP_OP_EXP: UN_LOOP(double, double, exp(x)); break;
+        case DSP_OP_LOG: UN_LOOP(double, double, log(x)); break;
+        case DSP_OP_SQRT: UN_LOOP(double, double, sqrt(x)); break;
+        case DSP_OP_ABS: UN_LOOP(double, double, fabs(x)); break;
+        case DSP_OP_SIGN: UN_LOOP(double, double, SIGN_F(x)); break;
+        case DSP_OP_RELU: UN_LOOP(double, double, RELU_F(x)); break;
+        case DSP_OP_SIGMOID: UN_LOOP(double, double, sigmoid_(x)); break;
+        case DSP_OP_TANH: UN_LOOP(double, double, tanh(x)); break;
+        case DSP_OP_GELU: UN_LOOP(double, double, gelu_(x)); break;
+        default: return -1;
+      }
+      break;
+    case DSP_I64:
+      switch (op) {
+        case DSP_OP_NEG: UN_LOOP(int64_t, int64_t, I64_SUB(0, x)); break;
+        case DSP_OP_ABS: UN_LOOP(int64_t, int64_t, x < 0 ? I64_SUB(0, x) : x); break;
+        case DSP_OP_SIGN: UN_LOOP(int64_t, int64_t, SIGN_I(x)); break;
+        case DSP_OP_RELU: UN_LOOP(int64_t, int64_t, x < 0 ? 0 : x); break;
+        default: return -1;
+      }
+      break;
+    default: return -1;
+  }
+  return 0;
+}
+
+/* (grad, x) -> grad * f'(x); shapes are equal (checked by infer). */
+static int run_act_backward(dsp_opcode op, dsp_dtype dt, const void *pg,
+                            const void *px, void *po, int64_t n) {
+#define ACT_BW(T, EXPR)                                                      \
+  do {                                                                       \
+    const T *restrict G_ = pg, *restrict X_ = px;                            \
+    T *restrict O_ = po;                                                     \
+    for (int64_t i = 0; i < n; i++) {                                        \
+      T gv = G_[i], x = X_[i];                                               \
+      O_[i] = (EXPR);                                                        \
+    }                                                                        \
+  } while (0)
+  int relu = op == DSP_OP_RELU_BACKWARD;
+  switch (dt) {
+    case DSP_F32:
+      if (relu) ACT_BW(float, x > 0 ? gv : 0.0f);
+      else ACT_BW(float, gv * gelu_gradf_(x));
+      break;
+    case DSP_F64:
+      if (relu) ACT_BW(double, x > 0 ? gv : 0.0);
+      else ACT_BW(double, gv * gelu_grad_(x));
+      break;
+    case DSP_I64:
+      if (!relu) return -1;
+      ACT_BW(int64_t, x > 0 ? gv : 0);
+      break;
+    default: return -1;
+  }
+#undef ACT_BW
+  return 0;
+}
+
+int dsp__cpu_ew(dsp_ctx *ctx, dsp_opcode op, dsp_tensor *const *in, int n_in,
+                const dsp_attrs *a, dsp_tensor *out) {
+  if (is_arith(op) || is_cmp(op)) return run_binary(ctx, op, in, out);
+  if (op == DSP_OP_WHERE) return run_where(ctx, in, out);
+  /* the rest map element i to element i: blocks of DSP_POLL_WORK
+   * elements with a look at the cancel flag before each */
+  const dsp_dtype dt = in[0]->meta.dtype;
+  const size_t es = dsp_dtype_size(dt);
+  const char *p0 = dsp_tensor_data(in[0]);
+  const char *p1 = n_in > 1 ? dsp_tensor_data(in[1]) : NULL;
+  char *po = dsp_tensor_data(out);
+  const int64_t n = out->numel;
+  for (int64_t i0 = 0; i0 < n; i0 += DSP_POLL_WORK) {
+    if (dsp_ctx_cancelled(ctx)) return dsp__cancelled_err(ctx, op);
+    int64_t nb = n - i0 < DSP_POLL_WORK ? n - i0 : DSP_POLL_WORK;
+    size_t off = (size_t)i0 * es;
+    int r;
+    if (is_scalar(op))
+      r = run_scalar(op, dt, p0 + off, a->floats[0], po + off, nb);
+    else if (op == DSP_OP_RELU_BACKWARD || op == DSP_OP_GELU_BACKWARD)
+      r = run_act_backward(op, dt, p0 + off, p1 + off, po + off, nb);
+    else
+      r = run_unary(op, dt, p0 + off, po + off, nb);
+    /* the first block finds a missing kernel before anything is written */
+    if (r < 0) return dsp__no_kernel(ctx, op, in, n_in, out);
+  }
+  return 0;
+}

@@ -1,0 +1,106 @@
+/* linalg family, CPU kernel: matmul on OpenBLAS (inference:
+ * common/ops_linalg.c).
+ *
+ * Each batch entry is one cblas_?gemm call straight on the tensors'
+ * storage (no copies); when the right operand has no batch (or only size-1
+ * batch dims) the left operand's batch folds into M and the whole product
+ * is a single gemm. */
+#include <cblas.h>
+#include <limits.h>
+
+#include "cpu.h"
+#include "ops_plan.h"
+
+_Static_assert(DSP__OPS_IN_FAMILY(LINALG) == 1,
+               "a new linalg op needs a case in dsp__cpu_linalg and a row in "
+               "the CPU support table (common/cpu/backend.c)");
+
+/* One product C[m,n] = A[m,k] @ B[k,n], in blocks of A's rows so that a
+ * huge product looks at the cancel flag every ~2^33 multiply-adds. Each
+ * block makes BLAS pack all of B again, so blocks stay large: every
+ * product make bench runs (up to 2048^3 = 2^33) is still one call, and a
+ * block is a fraction of a second at BLAS speed. 1 when ctx was cancelled
+ * (C partly written), else 0. */
+#define MM_BLOCK_WORK ((int64_t)1 << 33)
+static int mm_gemm(dsp_ctx *ctx, dsp_dtype dt, int m, int n, int k,
+                   const char *a, const char *b, char *c) {
+  size_t es = dsp_dtype_size(dt);
+  int64_t bm = MM_BLOCK_WORK / ((int64_t)n * k);
+  if (bm < 1) bm = 1;
+  for (int64_t r = 0; r < m; r += bm) {
+    if (dsp_ctx_cancelled(ctx)) return 1;
+    int mb = (int)(m - r < bm ? m - r : bm);
+    const char *ar = a + (size_t)(r * k) * es;
+    char *cr = c + (size_t)(r * n) * es;
+    if (dt == DSP_F32)
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, mb, n, k, 1.0f,
+                  (const float *)ar, k, (const float *)b, n, 0.0f,
+                  (float *)cr, n);
+    else
+      cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, mb, n, k, 1.0,
+                  (const double *)ar, k, (const double *)b, n, 0.0,
+                  (double *)cr, n);
+  }
+  return 0;
+}
+
+/* Runs the product: results only depend on the operands (each output
+ * element comes from one gemm call with a fixed K order), so repeated runs
+ * are bit-identical. An empty product (M, N or batch 0) writes nothing; an
+ * empty K leaves the zeroed output as the correct all-zero result. */
+int dsp__cpu_linalg(dsp_ctx *ctx, dsp_opcode op, dsp_tensor *const *in,
+                    int n_in, const dsp_attrs *a, dsp_tensor *out) {
+  (void)a;
+  if (op != DSP_OP_MATMUL ||
+      (in[0]->meta.dtype != DSP_F32 && in[0]->meta.dtype != DSP_F64))
+    return dsp__no_kernel(ctx, op, in, n_in, out);
+  dsp_mm_view va, vb;
+  dsp_meta bshape, om;
+  int rc = dsp__mm_plan(ctx, &in[0]->meta, &in[1]->meta, &va, &vb, &bshape, &om);
+  if (rc < 0) return rc;
+  int64_t M = va.rows, K = va.cols, N = vb.cols;
+  if (out->numel == 0 || K == 0) return 0;
+  dsp_dtype dt = in[0]->meta.dtype;
+  size_t es = dsp_dtype_size(dt);
+  const char *pa = dsp_tensor_data(in[0]), *pb = dsp_tensor_data(in[1]);
+  char *pc = dsp_tensor_data(out);
+
+  int b_batched = 0;
+  for (int i = 0; i < vb.nbatch; i++) b_batched |= vb.batch[i] != 1;
+  int64_t nbat = out->numel / (M * N);
+  /* b shared by every batch entry: the output batch equals a's batch (b's
+   * size-1 dims only add leading 1s), a's entries are contiguous, so the
+   * batch folds into M and the whole product is one gemm */
+  if (!b_batched && nbat * M <= INT_MAX) {
+    if (mm_gemm(ctx, dt, (int)(nbat * M), (int)N, (int)K, pa, pb, pc))
+      return dsp__cancelled_err(ctx, op);
+    return 0;
+  }
+  /* general case: walk the broadcast batch index, one gemm per entry */
+  int nd = bshape.ndim;
+  int64_t sa[DSP_MAX_DIMS], sb[DSP_MAX_DIMS], idx[DSP_MAX_DIMS] = {0};
+  int64_t acc_a = M * K, acc_b = K * N;
+  for (int i = nd - 1; i >= 0; i--) {
+    int ia = va.nbatch - nd + i, ib = vb.nbatch - nd + i;
+    int64_t da = ia >= 0 ? va.batch[ia] : 1, db = ib >= 0 ? vb.batch[ib] : 1;
+    sa[i] = da == 1 ? 0 : acc_a;
+    sb[i] = db == 1 ? 0 : acc_b;
+    acc_a *= da;
+    acc_b *= db;
+  }
+  int64_t offa = 0, offb = 0;
+  for (int64_t e = 0; e < nbat; e++) {
+    if (mm_gemm(ctx, dt, (int)M, (int)N, (int)K, pa + (size_t)offa * es,
+                pb + (size_t)offb * es, pc + (size_t)(e * M * N) * es))
+      return dsp__cancelled_err(ctx, op);
+    for (int i = nd - 1; i >= 0; i--) {
+      offa += sa[i];
+      offb += sb[i];
+      if (++idx[i] < bshape.shape[i]) break;
+      offa -= sa[i] * idx[i];
+      offb -= sb[i] * idx[i];
+      idx[i] = 0;
+    }
+  }
+  return 0;
+}

@@ -1,0 +1,57 @@
+/* Staging: the tensor-level face of the backend table's stage_in /
+ * commit_in / stage_release and copy_out, the only way the network layer
+ * (and anything else outside a backend) moves a tensor's bytes. */
+#include <string.h>
+
+#include "dsp_internal.h"
+
+int dsp_tensor_stage_in(dsp_ctx *ctx, dsp_tensor *t, dsp_stage *st) {
+  memset(st, 0, sizeof *st);
+  const dsp_backend *be = t->storage->backend;
+  size_t nbytes = dsp_tensor_nbytes(t);
+  void *host = NULL, *token = NULL;
+  int rc = be->stage_in(be->bctx, t->storage->data, nbytes, &host, &token);
+  if (rc < 0)
+    return dsp_seterr(ctx, rc, "staging %zu bytes for backend %s failed",
+                      nbytes, be->name);
+  st->host = host;
+  st->nbytes = nbytes;
+  st->t = dsp_tensor_ref(t);
+  st->token = token;
+  return 0;
+}
+
+int dsp_stage_commit(dsp_ctx *ctx, dsp_stage *st) {
+  if (!st->t)
+    return dsp_seterr(ctx, DISPATCH_EINVAL, "commit of a released staging");
+  const dsp_backend *be = st->t->storage->backend;
+  int rc = be->commit_in(be->bctx, st->t->storage->data, st->host, st->nbytes,
+                         st->token);
+  if (rc < 0)
+    return dsp_seterr(ctx, rc, "moving %zu staged bytes into backend %s "
+                      "failed", st->nbytes, be->name);
+  return 0;
+}
+
+void dsp_stage_release(dsp_stage *st) {
+  if (!st || !st->t) return;
+  const dsp_backend *be = st->t->storage->backend;
+  if (st->token) be->stage_release(be->bctx, st->token);
+  dsp_tensor_unref(st->t);
+  memset(st, 0, sizeof *st);
+}
+
+int dsp_tensor_read(dsp_ctx *ctx, const dsp_tensor *t, void *dst,
+                    size_t nbytes) {
+  if (nbytes != dsp_tensor_nbytes(t))
+    return dsp_seterr(ctx, DISPATCH_EINVAL,
+                      "read: %zu bytes asked of a tensor of %zu", nbytes,
+                      dsp_tensor_nbytes(t));
+  if (!nbytes) return 0;
+  const dsp_backend *be = t->storage->backend;
+  int rc = be->copy_out(be->bctx, dst, t->storage->data, nbytes);
+  if (rc < 0)
+    return dsp_seterr(ctx, rc, "reading %zu bytes from backend %s failed",
+                      nbytes, be->name);
+  return 0;
+}
