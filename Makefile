@@ -5,6 +5,9 @@
 #   make demo       train the example MLP through a local dispatch-server
 #   make bench      benchmarks, each figure beside its limit
 #   make fuzz       libFuzzer targets for a bounded time
+#   make test-gpu   the CUDA backend against the CPU, op by op, on a GPU
+#   make bench-gpu  the CUDA backend's matmul beside cuBLAS called directly
+#   (CUDA=0 skips the CUDA backend; by default it is built when nvcc is found)
 #   make install PREFIX=/usr/local
 #   make clean
 
@@ -36,6 +39,25 @@ INCLUDES := -Icommon -Iclient/include -Iclient -Iserver -I$(BUILD)/gen
 ALL_CFLAGS = $(CFLAGS_BASE) $(INCLUDES) $(BLAS_CFLAGS) $(PKG_CFLAGS) $(CFLAGS)
 LIBS = $(PKG_LIBS) $(BLAS_LIBS) -lm -pthread
 
+# CUDA backend (common/cuda/): built into its own archive whenever nvcc is
+# found, so every CI run compiles it; CUDA=0 skips it. dispatch-server and
+# libdispatch-client never link it (no libcudart dependency on a host
+# without the toolkit); dispatch-server-cuda is the same server linked with
+# it (the server finds dsp_cuda_backend_open through a weak reference, see
+# common/cuda/dsp_cuda.h). Any other program links $(CUDA_A) $(CUDA_LIBS).
+NVCC ?= $(firstword $(shell command -v nvcc 2>/dev/null) $(wildcard /usr/local/cuda/bin/nvcc))
+CUDA ?= $(if $(NVCC),1,0)
+CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
+# H200 (sm_90) machine code plus compute_90 PTX for later GPUs; one arch
+# keeps the nvcc step to seconds
+NVCC_ARCH ?= -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90
+NVCC_FLAGS = -std=c++17 $(OPT) -g $(NVCC_ARCH) -Werror all-warnings \
+  -Xcompiler -fPIC,-Wall,-Wextra,-Werror,-Wno-unused-parameter \
+  -Icommon -Icommon/cuda
+CUDA_CFLAGS = -I$(CUDA_HOME)/include -Icommon/cuda
+CUDA_LIBS = -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublas -lcudart -lstdc++
+CUDA_A := $(BUILD)/libdspcuda.a
+
 # ---------------------------------------------------------------- sources
 PROTO_SRC := $(wildcard proto/*.proto)
 GEN_C := $(patsubst proto/%.proto,$(BUILD)/gen/%.pb-c.c,$(PROTO_SRC))
@@ -49,6 +71,8 @@ TEST_SRC := $(wildcard tests/test_*.c)
 EXAMPLE_SRC := $(wildcard examples/*.c)
 EXAMPLE_LIB_SRC := $(wildcard examples/lib/*.c)
 BENCH_SRC := $(wildcard bench/*.c)
+CUDA_SRC_C := $(wildcard common/cuda/*.c)
+CUDA_SRC_CU := $(wildcard common/cuda/*.cu)
 
 obj = $(patsubst %.c,$(BUILD)/obj/%.o,$(1))
 COMMON_OBJ := $(call obj,$(COMMON_SRC)) $(GEN_C:.c=.o)
@@ -59,6 +83,11 @@ TEST_BIN := $(patsubst tests/%.c,$(BUILD)/tests/%,$(TEST_SRC))
 EXAMPLE_BIN := $(patsubst examples/%.c,$(BUILD)/examples/%,$(EXAMPLE_SRC))
 EXAMPLE_LIB_OBJ := $(call obj,$(EXAMPLE_LIB_SRC))
 BENCH_BIN := $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_SRC))
+CUDA_OBJ := $(call obj,$(CUDA_SRC_C)) $(patsubst %.cu,$(BUILD)/obj/%.cu.o,$(CUDA_SRC_CU))
+ifeq ($(CUDA),1)
+  CUDA_BIN := $(BUILD)/tests/gpu/cuda_ops $(BUILD)/bench/gpu/matmul_cuda \
+    $(if $(wildcard server/main.c),$(BUILD)/dispatch-server-cuda)
+endif
 
 SERVER_BIN := $(BUILD)/dispatch-server
 CLIENT_A := $(BUILD)/libdispatch-client.a
@@ -71,8 +100,8 @@ SERVER_A := $(BUILD)/libdspserver.a
 # keep objects and generated headers that make would treat as intermediate
 .SECONDARY:
 
-.PHONY: all deps test test-run sanitize demo bench fuzz install clean
-all: $(if $(wildcard server/main.c),$(SERVER_BIN)) $(CLIENT_A) $(CLIENT_SO) $(TEST_BIN) $(EXAMPLE_BIN) $(BENCH_BIN)
+.PHONY: all deps test test-run sanitize demo bench fuzz install clean test-gpu bench-gpu
+all: $(if $(wildcard server/main.c),$(SERVER_BIN)) $(CLIENT_A) $(CLIENT_SO) $(TEST_BIN) $(EXAMPLE_BIN) $(BENCH_BIN) $(CUDA_BIN)
 
 deps:
 	@scripts/deps.sh
@@ -89,6 +118,16 @@ $(BUILD)/obj/%.o: %.c $(GEN_H)
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) -MMD -MP -c $< -o $@
 
+$(call obj,$(CUDA_SRC_C)): ALL_CFLAGS += $(CUDA_CFLAGS)
+
+$(BUILD)/obj/%.cu.o: %.cu $(wildcard common/cuda/*.h) common/dsp.h common/dispatch_errors.h
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCC_FLAGS) -c $< -o $@
+
+$(CUDA_A): $(CUDA_OBJ)
+	@rm -f $@
+	ar rcs $@ $^
+
 $(COMMON_A): $(COMMON_OBJ)
 	@rm -f $@
 	ar rcs $@ $^
@@ -99,6 +138,10 @@ $(SERVER_A): $(SERVER_OBJ)
 
 $(SERVER_BIN): $(BUILD)/obj/server/main.o $(SERVER_A) $(COMMON_A)
 	$(CC) $(LDFLAGS) -o $@ $^ $(LIBS)
+
+# -u keeps the backend in although nothing but a weak reference names it
+$(BUILD)/dispatch-server-cuda: $(BUILD)/obj/server/main.o $(SERVER_A) $(CUDA_A) $(COMMON_A)
+	$(CC) $(LDFLAGS) -Wl,-u,dsp_cuda_backend_open -o $@ $^ $(LIBS) $(CUDA_LIBS)
 
 $(CLIENT_A): $(CLIENT_OBJ) $(COMMON_OBJ)
 	@rm -f $@
@@ -116,6 +159,28 @@ $(BUILD)/tests/%: tests/%.c $(TEST_HELPER_OBJ) $(CLIENT_A) $(SERVER_A) $(GEN_H)
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) -Itests -MMD -MP -o $@ $< $(TEST_HELPER_OBJ) \
 	  $(SERVER_A) $(CLIENT_A) $(LDFLAGS) -lcriterion $(LIBS)
+
+# suites that also run the CUDA backend when it is built: the host checks
+# of its kernels' math (which also open it: without a GPU, a clear error
+# and no crash) and the conformance suite over the op table (without a
+# GPU it prints "cuda: skipped (no GPU): REASON")
+CUDA_TEST_BIN := $(BUILD)/tests/test_cuda_host $(BUILD)/tests/test_backend_ops
+$(CUDA_TEST_BIN): $(BUILD)/tests/%: tests/%.c $(TEST_HELPER_OBJ) $(CLIENT_A) $(SERVER_A) $(GEN_H) $(if $(filter 1,$(CUDA)),$(CUDA_A))
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_CFLAGS) -Itests -Icommon/cuda -DDSP_CUDA_BUILT=$(CUDA) \
+	  $(if $(filter 1,$(CUDA)),$(CUDA_CFLAGS)) -MMD -MP -o $@ $< $(TEST_HELPER_OBJ) \
+	  $(SERVER_A) $(if $(filter 1,$(CUDA)),$(CUDA_A)) $(CLIENT_A) $(LDFLAGS) \
+	  -lcriterion $(LIBS) $(if $(filter 1,$(CUDA)),$(CUDA_LIBS))
+
+$(BUILD)/tests/gpu/%: tests/gpu/%.c $(CUDA_A) $(CLIENT_A)
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_CFLAGS) $(CUDA_CFLAGS) -MMD -MP -o $@ $< $(CUDA_A) $(CLIENT_A) \
+	  $(LDFLAGS) $(LIBS) $(CUDA_LIBS)
+
+$(BUILD)/bench/gpu/%: bench/gpu/%.c $(CUDA_A) $(CLIENT_A)
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_CFLAGS) $(CUDA_CFLAGS) -MMD -MP -o $@ $< $(CUDA_A) $(CLIENT_A) \
+	  $(LDFLAGS) $(LIBS) $(CUDA_LIBS)
 
 $(BUILD)/examples/%: examples/%.c $(EXAMPLE_LIB_OBJ) $(CLIENT_A)
 	@mkdir -p $(dir $@)
@@ -142,6 +207,20 @@ test-run: $(TEST_BIN) $(if $(wildcard server/main.c),$(SERVER_BIN))
 
 sanitize: deps
 	@$(MAKE) --no-print-directory BUILD=build-san SAN=1 OPT=-O1 test-run
+
+# GPU runs: each program prints "cuda: skipped (no GPU)" and exits 0 when
+# no device can be opened; it never reports a pass it did not run.
+test-gpu:
+	@if [ "$(CUDA)" != 1 ]; then echo "cuda: skipped (backend not built: no nvcc, or CUDA=0)"; exit 0; fi; \
+	$(MAKE) -s --no-print-directory $(BUILD)/tests/gpu/cuda_ops $(BUILD)/tests/test_backend_ops $(if $(wildcard server/main.c),$(SERVER_BIN)) || exit 1; \
+	$(BUILD)/tests/gpu/cuda_ops --probe; rc=$$?; [ $$rc -eq 2 ] && exit 0; [ $$rc -eq 0 ] || exit 1; \
+	DISPATCH_SERVER_BIN=$(abspath $(SERVER_BIN)) $(BUILD)/tests/test_backend_ops --filter 'backend_ops/conformance' && \
+	$(BUILD)/tests/gpu/cuda_ops
+
+bench-gpu:
+	@if [ "$(CUDA)" != 1 ]; then echo "cuda: skipped (backend not built: no nvcc, or CUDA=0)"; exit 0; fi; \
+	$(MAKE) -s --no-print-directory $(BUILD)/bench/gpu/matmul_cuda && \
+	$(BUILD)/bench/gpu/matmul_cuda
 
 demo: deps
 	@$(MAKE) --no-print-directory all

@@ -36,6 +36,9 @@
 #include "helpers/server_proc.h"
 #include "helpers/wire.h"
 #include "ops_plan.h"
+#if DSP_CUDA_BUILT
+#include "dsp_cuda.h"
+#endif
 
 /* ------------------------------------------------------------------ */
 /* backends under test                                                 */
@@ -54,14 +57,31 @@ static int open_cpu(const dsp_backend **be, char *why, size_t why_len) {
   return 0;
 }
 
-/* One line per backend. The CUDA backend (common/cuda/), when built,
- * registers as
- *   {"cuda", open_cuda, close_cuda},
- * where open_cuda wraps dsp_cuda_backend_open and returns 1 with its
- * one-line reason on a machine without a GPU: the suite then prints
- * "cuda: skipped (no GPU): REASON" and never counts it as passed. */
+#if DSP_CUDA_BUILT
+/* cuda:0 when the CUDA backend is built in (make links it into this suite
+ * whenever nvcc is found); 1 with dsp_cuda_backend_open's one-line reason
+ * when this machine has no usable GPU. */
+static int open_cuda(const dsp_backend **be, char *why, size_t why_len) {
+  dsp_backend *b = NULL;
+  int rc = dsp_cuda_backend_open(0, &b, why, why_len);
+  if (rc == DISPATCH_EUNSUPPORTED) return 1;
+  if (rc < 0) return rc;
+  *be = b;
+  return 0;
+}
+static void close_cuda(const dsp_backend *be) {
+  dsp_cuda_backend_close((dsp_backend *)be);
+}
+#endif
+
+/* One line per backend. A backend built in without a device here (open
+ * gives 1) is printed as "NAME: skipped (no GPU): REASON" and never counts
+ * as passed. */
 static const suite_backend g_backends[] = {
     {"cpu", open_cpu, NULL},
+#if DSP_CUDA_BUILT
+    {"cuda", open_cuda, close_cuda},
+#endif
 };
 
 /* A ctx whose ops run on be. */

@@ -1,0 +1,63 @@
+/* The CUDA backend: a dsp_backend (common/dsp.h) whose storage lives in GPU
+ * memory. Built into build/libdspcuda.a only when nvcc is found (make
+ * CUDA=0 skips it); a program that uses it links that archive plus
+ * -lcublas -lcudart -lstdc++ (make's $(CUDA_LIBS)).
+ *
+ * How the server links it: dispatch-server and libdispatch-client never
+ * link it, so they carry no libcudart dependency on a host without the
+ * toolkit. make also builds dispatch-server-cuda: the same objects plus
+ * libdspcuda.a. Server code that opens a device declares the entry weak,
+ *     #pragma weak dsp_cuda_backend_open
+ * and, for --device cuda:N, exits at start with "this dispatch-server was
+ * built without CUDA (run dispatch-server-cuda)" when the symbol is NULL,
+ * else with the one-line reason dsp_cuda_backend_open gives when it fails.
+ *
+ * One opened backend owns one CUDA stream, one cuBLAS handle and the
+ * device's default memory pool (cudaMallocAsync): open one per session, so
+ * that every op, upload, read and free of the session runs in the order it
+ * was issued, while distinct sessions overlap on the device. Storage is
+ * charged to the ctx's dsp_budget like CPU storage (tensor.c); the pool's
+ * bytes in use on the device are readable with dsp_cuda_pool_used.
+ *
+ * Every CUDA and cuBLAS failure becomes a DISPATCH_E* code with the
+ * library's message in the ctx (out of device memory: DISPATCH_ENOMEM);
+ * nothing here aborts or exits. Kernels run asynchronously: an error of a
+ * running kernel is reported by the next call that waits for the stream
+ * (a read, or an op that checks index values). */
+#ifndef DSP_CUDA_H
+#define DSP_CUDA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "dsp.h"
+
+/* Opens device `device` (0-based). On success *out is a backend the caller
+ * owns (dsp_cuda_backend_close). On failure *out is NULL, why (may be
+ * NULL) holds one line such as "no CUDA device: cudaGetDeviceCount: CUDA
+ * driver version is insufficient for CUDA runtime version
+ * (cudaErrorInsufficientDriver)", and the code is DISPATCH_EUNSUPPORTED
+ * (no usable device), DISPATCH_EINVAL (no such device number) or
+ * DISPATCH_ENOMEM. */
+int dsp_cuda_backend_open(int device, dsp_backend **out, char *why,
+                          size_t why_len);
+/* Waits for the stream and releases it. Every tensor made on this backend
+ * must have been released first. NULL ok. */
+void dsp_cuda_backend_close(dsp_backend *be);
+/* Makes ctx run its ops on be (a CUDA backend from dsp_cuda_backend_open,
+ * which must outlive ctx). Only before ctx has made any tensor. */
+void dsp_cuda_ctx_use(dsp_ctx *ctx, const dsp_backend *be);
+/* Bytes the device's memory pool hands out now (all backends of that
+ * device together); 0 when be is not a CUDA backend. */
+uint64_t dsp_cuda_pool_used(const dsp_backend *be);
+/* Waits for every op enqueued on be; a pending kernel error comes back as
+ * its DISPATCH_E* code with the message in ctx (may be NULL). */
+int dsp_cuda_sync(const dsp_backend *be, dsp_ctx *ctx);
+
+/* The DISPATCH_E* code of a cudaError_t / cublasStatus_t value, and the
+ * message "WHAT: LIBRARY MESSAGE (NAME)" written to buf. */
+int dsp_cuda_error(int cuda_error, const char *what, char *buf, size_t len);
+int dsp_cuda_blas_error(int cublas_status, const char *what, char *buf,
+                        size_t len);
+
+#endif

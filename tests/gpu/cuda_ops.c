@@ -1,0 +1,395 @@
+/* make test-gpu: every op x dtype the CUDA backend claims, run on the GPU
+ * and on the CPU backend with the same random inputs (broadcasting where
+ * the op has it), outputs compared (integers and bools exactly, floats to
+ * a rounding tolerance). Prints one row per op x dtype: pass, FAIL or
+ * unsupported (what supports_op refuses is listed, never skipped
+ * silently), then out-of-memory handling: a tensor larger than the device
+ * fails with DISPATCH_ENOMEM and the next op on the same ctx still runs.
+ *
+ * Without a usable GPU it prints "cuda: skipped (no GPU): REASON" and
+ * exits 0, claiming nothing (with --probe: exits 2 after that line, 0
+ * when cuda:0 opens). Exit 1 when any row fails.
+ *
+ * DSP_CUDA_OPS_ON_CPU=1 runs the same table with the CPU backend in the
+ * GPU's place (a check of the cases themselves, no GPU claim); it also
+ * prints the cases that the CPU's inference refuses, so a mistyped case
+ * cannot drop out of the table unseen. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dsp.h"
+#include "dsp_cuda.h"
+#include "rng.h"
+
+static dsp_ctx *cpu, *gpu;
+static dsp_backend *be;
+static uint64_t g_ctr;
+static int n_pass, n_fail, n_unsup, on_cpu;
+
+static dsp_meta meta(dsp_dtype dt, int nd, const int64_t *sh) {
+  dsp_meta m;
+  memset(&m, 0, sizeof m);
+  m.dtype = dt, m.ndim = nd;
+  for (int d = 0; d < nd; d++) m.shape[d] = sh[d];
+  return m;
+}
+
+/* host bytes of a random tensor; kind 1: nonzero ints, 2: values in
+ * [0, lim) (labels, indices), 3: positive floats */
+static void *rand_bytes(const dsp_meta *m, int kind, int64_t lim, int64_t *n) {
+  int64_t k = 1;
+  for (int d = 0; d < m->ndim; d++) k *= m->shape[d];
+  *n = k;
+  size_t es = dsp_dtype_size(m->dtype);
+  void *p = calloc((size_t)(k ? k : 1), es);
+  for (int64_t i = 0; i < k; i++) {
+    double u = dsp_rng_uniform01(77, g_ctr++);
+    double v = kind == 3 ? 0.1 + 2 * u : (u - 0.5) * 6;
+    switch (m->dtype) {
+      case DSP_F32: ((float *)p)[i] = (float)v; break;
+      case DSP_F64: ((double *)p)[i] = v; break;
+      case DSP_I64: {
+        int64_t x = kind == 2 ? (int64_t)(u * (double)lim) : (int64_t)floor(v * 3);
+        if (kind == 1 && x == 0) x = 2;
+        ((int64_t *)p)[i] = x;
+        break;
+      }
+      default: ((uint8_t *)p)[i] = u < 0.5; break;
+    }
+  }
+  return p;
+}
+
+/* Reads a tensor of either backend into a new host buffer. */
+static void *host_copy(const dsp_tensor *t) {
+  size_t nb = dsp_tensor_nbytes(t);
+  void *h = malloc(nb ? nb : 1);
+  const dsp_backend *b = t->storage->backend;
+  if (b->copy_out(b->bctx, h, dsp_tensor_data(t), nb) < 0) {
+    free(h);
+    return NULL;
+  }
+  return h;
+}
+
+static int close_enough(dsp_dtype dt, const void *g, const void *w, int64_t n,
+                        int64_t *bad) {
+  for (int64_t i = 0; i < n; i++) {
+    double a, b, tol;
+    if (dt == DSP_F32) a = ((float *)g)[i], b = ((float *)w)[i], tol = 1e-5;
+    else if (dt == DSP_F64) a = ((double *)g)[i], b = ((double *)w)[i], tol = 1e-12;
+    else {
+      size_t es = dsp_dtype_size(dt);
+      if (memcmp((char *)g + i * es, (char *)w + i * es, es)) return *bad = i, 0;
+      continue;
+    }
+    if (isnan(a) && isnan(b)) continue;
+    if (!(fabs(a - b) <= tol * (fabs(b) > 1 ? fabs(b) : 1))) return *bad = i, 0;
+  }
+  return 1;
+}
+
+typedef struct tcase {
+  dsp_opcode op;
+  int n_in;
+  dsp_meta in[4];
+  int kind[4];
+  int64_t lim[4];
+  dsp_attrs a;
+} tcase;
+
+static void row(const tcase *c, const char *res, const char *detail) {
+  printf("%-24s %-4s %-12s %s\n", dsp_op_lookup((int)c->op)->name,
+         dsp_dtype_name(c->n_in ? c->in[0].dtype : (dsp_dtype)c->a.ints[0]), res,
+         detail);
+}
+
+static void run_case(const tcase *c) {
+  dsp_tensor *ci[4] = {0}, *gi[4] = {0}, *co = NULL, *go = NULL;
+  dsp_meta om;
+  if (dsp_op_infer(cpu, c->op, c->in, c->n_in, &c->a, &om) < 0) {
+    if (on_cpu) row(c, "n/a", dsp_ctx_errmsg(cpu));
+    return;
+  }
+  if (!be->supports_op(be->bctx, c->op, c->in, c->n_in, &om)) {
+    row(c, "unsupported", "");
+    n_unsup++;
+    return;
+  }
+  for (int i = 0; i < c->n_in; i++) {
+    int64_t n;
+    void *h = rand_bytes(&c->in[i], c->kind[i], c->lim[i], &n);
+    size_t nb = (size_t)n * dsp_dtype_size(c->in[i].dtype);
+    dsp_tensor_from_data(cpu, &c->in[i], h, nb, &ci[i]);
+    dsp_tensor_from_data(gpu, &c->in[i], h, nb, &gi[i]);
+    free(h);
+  }
+  int rc1 = dsp_op(cpu, c->op, ci, c->n_in, &c->a, &co);
+  int rc2 = dsp_op(gpu, c->op, gi, c->n_in, &c->a, &go);
+  char detail[600] = "";
+  int ok = rc1 == 0 && rc2 == 0;
+  if (!ok) {
+    snprintf(detail, sizeof detail, "cpu rc %d, cuda rc %d: %s", rc1, rc2,
+             dsp_ctx_errmsg(rc2 ? gpu : cpu));
+  } else {
+    /* in-place optimizer ops: the parameter is the output */
+    void *hg = host_copy(go), *hc = host_copy(co);
+    int64_t bad = -1;
+    ok = hg && hc && close_enough(co->meta.dtype, hg, hc, co->numel, &bad);
+    if (!ok) {
+      int sync = dsp_cuda_sync(be, gpu);
+      snprintf(detail, sizeof detail, "element %lld differs%s%s", (long long)bad,
+               sync ? "; " : "", sync ? dsp_ctx_errmsg(gpu) : "");
+    }
+    free(hg), free(hc);
+  }
+  row(c, ok ? "pass" : "FAIL", detail);
+  ok ? n_pass++ : n_fail++;
+  dsp_tensor_unref(co), dsp_tensor_unref(go);
+  for (int i = 0; i < c->n_in; i++) dsp_tensor_unref(ci[i]), dsp_tensor_unref(gi[i]);
+}
+
+static tcase mkcase(dsp_opcode op, int n_in, dsp_dtype dt, int nd0,
+                    const int64_t *s0, int nd1, const int64_t *s1) {
+  tcase c;
+  memset(&c, 0, sizeof c);
+  c.op = op, c.n_in = n_in;
+  c.a = dsp_attrs_none();
+  for (int i = 0; i < n_in && i < 4; i++)
+    c.in[i] = i == 0 ? meta(dt, nd0, s0) : meta(dt, nd1, s1);
+  return c;
+}
+
+/* A two-layer MLP step through autodiff on both backends: forward
+ * (matmul, relu, cross entropy), backward, and the gradients of both
+ * weights compared. */
+static void mlp_backward_case(dsp_dtype dt) {
+  static const int64_t XS[] = {8, 16}, W1[] = {16, 12}, W2[] = {12, 10}, LS[] = {8};
+  const dsp_meta mx = meta(dt, 2, XS), m1 = meta(dt, 2, W1), m2 = meta(dt, 2, W2),
+                 ml = meta(DSP_I64, 1, LS);
+  const dsp_meta *ms[4] = {&mx, &m1, &m2, &ml};
+  dsp_ctx *cx[2] = {cpu, gpu};
+  dsp_tensor *t[2][4] = {{0}}, *g[2][2] = {{0}};
+  void *h[4];
+  int64_t n;
+  int rc = 0;
+  for (int i = 0; i < 4; i++) h[i] = rand_bytes(ms[i], i == 3 ? 2 : 0, 10, &n);
+  for (int b = 0; b < 2 && rc == 0; b++) {
+    dsp_ctx *c = cx[b];
+    for (int i = 0; i < 4; i++) {
+      size_t nb = dsp_dtype_size(ms[i]->dtype);
+      for (int d = 0; d < ms[i]->ndim; d++) nb *= (size_t)ms[i]->shape[d];
+      rc = rc ? rc : dsp_tensor_from_data(c, ms[i], h[i], nb, &t[b][i]);
+    }
+    rc = rc ? rc : dsp_track(c, t[b][1]);
+    rc = rc ? rc : dsp_track(c, t[b][2]);
+    dsp_tensor *h1 = NULL, *a1 = NULL, *lo = NULL, *loss = NULL;
+    dsp_tensor *p1[2] = {t[b][0], t[b][1]};
+    rc = rc ? rc : dsp_op(c, DSP_OP_MATMUL, p1, 2, NULL, &h1);
+    rc = rc ? rc : dsp_op(c, DSP_OP_RELU, &h1, 1, NULL, &a1);
+    dsp_tensor *p2[2] = {a1, t[b][2]};
+    rc = rc ? rc : dsp_op(c, DSP_OP_MATMUL, p2, 2, NULL, &lo);
+    dsp_tensor *p3[2] = {lo, t[b][3]};
+    rc = rc ? rc : dsp_op(c, DSP_OP_CROSS_ENTROPY, p3, 2, NULL, &loss);
+    dsp_grads *gr = NULL;
+    rc = rc ? rc : dsp_backward(c, loss, 0, &gr);
+    rc = rc ? rc : dsp_grads_get(c, gr, t[b][1], &g[b][0]);
+    rc = rc ? rc : dsp_grads_get(c, gr, t[b][2], &g[b][1]);
+    if (rc) printf("mlp_backward %s on %s: %s\n", dsp_dtype_name(dt), b ? "cuda" : "cpu",
+                   dsp_ctx_errmsg(c));
+    dsp_grads_free(gr);
+    dsp_tensor_unref(h1), dsp_tensor_unref(a1), dsp_tensor_unref(lo), dsp_tensor_unref(loss);
+  }
+  int ok = rc == 0;
+  int64_t bad = -1;
+  for (int k = 0; k < 2 && ok; k++) {
+    void *hg = host_copy(g[1][k]), *hc = host_copy(g[0][k]);
+    ok = hg && hc && close_enough(dt, hg, hc, g[0][k]->numel, &bad);
+    free(hg), free(hc);
+  }
+  printf("%-24s %-4s %-12s %s\n", "mlp_backward (autodiff)", dsp_dtype_name(dt),
+         ok ? "pass" : "FAIL", ok ? "" : "gradients differ");
+  ok ? n_pass++ : n_fail++;
+  for (int b = 0; b < 2; b++) {
+    for (int i = 0; i < 4; i++) dsp_tensor_unref(t[b][i]);
+    dsp_tensor_unref(g[b][0]), dsp_tensor_unref(g[b][1]);
+  }
+  for (int i = 0; i < 4; i++) free(h[i]);
+}
+
+int main(int argc, char **argv) {
+  char why[512] = "";
+  if (argc > 1 && strcmp(argv[1], "--probe") == 0) {
+    /* make test-gpu asks first: 0 when cuda:0 opens, else the skip line
+     * and 2, so nothing after it runs or reports a pass */
+    if (dsp_cuda_backend_open(0, &be, why, sizeof why) < 0) {
+      printf("cuda: skipped (no GPU): %s\n", why);
+      return 2;
+    }
+    dsp_cuda_backend_close(be);
+    return 0;
+  }
+  on_cpu = getenv("DSP_CUDA_OPS_ON_CPU") != NULL;
+  if (on_cpu) {
+    be = (dsp_backend *)dsp_cpu_backend();
+  } else if (dsp_cuda_backend_open(0, &be, why, sizeof why) < 0) {
+    printf("cuda: skipped (no GPU): %s\n", why);
+    return 0;
+  }
+  printf("%s on %s\n", on_cpu ? "self-check of the cases (CPU vs CPU, no GPU claim)"
+                               : "cuda conformance", be->device);
+  cpu = dsp_ctx_new();
+  gpu = dsp_ctx_new();
+  if (!on_cpu) dsp_cuda_ctx_use(gpu, be);
+  static const dsp_dtype DT[] = {DSP_F32, DSP_F64, DSP_I64, DSP_BOOL};
+  static const int64_t A[] = {4, 1, 3}, B[] = {5, 1}, C[] = {4, 5, 3}, M1[] = {2, 3, 4},
+                       M2[] = {4, 5}, M3[] = {3, 4}, M4[] = {2, 4, 5}, L6[] = {6},
+                       N2[] = {6, 10}, NN[] = {6};
+  for (int di = 0; di < 4; di++) {
+    dsp_dtype dt = DT[di];
+    for (int op = DSP_OP_ADD; op <= DSP_OP_GE; op++) {
+      tcase c = mkcase((dsp_opcode)op, 2, dt, 3, A, 2, B);
+      c.kind[1] = op == DSP_OP_DIV ? 1 : 0;
+      run_case(&c);
+    }
+    tcase w = mkcase(DSP_OP_WHERE, 3, dt, 3, A, 2, B);
+    w.in[0].dtype = DSP_BOOL, w.in[2] = meta(dt, 3, C);
+    run_case(&w);
+    for (int op = DSP_OP_ADD_SCALAR; op <= DSP_OP_GELU_BACKWARD; op++) {
+      tcase c = mkcase((dsp_opcode)op, dsp_op_lookup(op)->n_inputs, dt, 3, C, 3, C);
+      if (op <= DSP_OP_RDIV_SCALAR) c.a = dsp_attrs_f1(op == DSP_OP_POW_SCALAR ? 1.5 : 3);
+      if (op == DSP_OP_LOG || op == DSP_OP_SQRT || op == DSP_OP_POW_SCALAR) c.kind[0] = 3;
+      run_case(&c);
+    }
+    for (int op = DSP_OP_SUM; op <= DSP_OP_ARGMAX; op++) {
+      tcase c = mkcase((dsp_opcode)op, 1, dt, 3, C, 0, NULL);
+      run_case(&c);
+      int64_t d = 1;
+      c.a = dsp_attrs_ints(1, &d);
+      run_case(&c);
+    }
+    /* shape ops */
+    {
+      int64_t rs[2] = {-1, 3}, pm[3] = {2, 0, 1}, tr[2] = {0, 2}, sl[4] = {1, 1, 5, 2},
+              bt[4] = {2, 4, 5, 3}, dim1 = 1, cst = DSP_F64;
+      tcase c = mkcase(DSP_OP_RESHAPE, 1, dt, 3, C, 0, NULL);
+      c.a = dsp_attrs_ints(2, rs), run_case(&c);
+      c.op = DSP_OP_PERMUTE, c.a = dsp_attrs_ints(3, pm), run_case(&c);
+      c.op = DSP_OP_TRANSPOSE, c.a = dsp_attrs_ints(2, tr), run_case(&c);
+      c.op = DSP_OP_SLICE, c.a = dsp_attrs_ints(4, sl), run_case(&c);
+      c.op = DSP_OP_BROADCAST_TO, c.a = dsp_attrs_ints(4, bt), run_case(&c);
+      c.op = DSP_OP_CAST, c.a = dsp_attrs_ints(1, &cst), run_case(&c);
+      tcase cs = mkcase(DSP_OP_CAT, 3, dt, 3, C, 3, C);
+      cs.in[2] = meta(dt, 3, C);
+      cs.a = dsp_attrs_ints(1, &dim1), run_case(&cs);
+      cs.op = DSP_OP_STACK, run_case(&cs);
+      tcase ix = mkcase(DSP_OP_INDEX_SELECT, 2, dt, 3, C, 1, L6);
+      ix.in[1].dtype = DSP_I64, ix.kind[1] = 2, ix.lim[1] = 5;
+      ix.a = dsp_attrs_ints(1, &dim1), run_case(&ix);
+      int64_t sb[7] = {1, 1, 5, 2, 4, 5, 3}, ib[2] = {1, 5}, S2[3] = {4, 2, 3};
+      tcase sbc = mkcase(DSP_OP_SLICE_BACKWARD, 1, dt, 3, S2, 0, NULL);
+      sbc.a = dsp_attrs_ints(7, sb), run_case(&sbc);
+      tcase ibc = mkcase(DSP_OP_INDEX_SELECT_BACKWARD, 2, dt, 3, (int64_t[]){4, 6, 3}, 1, L6);
+      ibc.in[1].dtype = DSP_I64, ibc.kind[1] = 2, ibc.lim[1] = 5;
+      ibc.a = dsp_attrs_ints(2, ib), run_case(&ibc);
+    }
+    tcase mm = mkcase(DSP_OP_MATMUL, 2, dt, 3, M1, 2, M2);
+    run_case(&mm);
+    mm = mkcase(DSP_OP_MATMUL, 2, dt, 2, M3, 3, M4);
+    run_case(&mm);
+    /* nn */
+    int64_t d1 = 1;
+    for (int op = DSP_OP_SOFTMAX; op <= DSP_OP_LOG_SOFTMAX_BACKWARD; op++) {
+      tcase c = mkcase((dsp_opcode)op, dsp_op_lookup(op)->n_inputs, dt, 3, C, 3, C);
+      c.a = dsp_attrs_ints(1, &d1);
+      run_case(&c);
+    }
+    tcase ce = mkcase(DSP_OP_CROSS_ENTROPY, 2, dt, 2, N2, 1, NN);
+    ce.in[1].dtype = DSP_I64, ce.kind[1] = 2, ce.lim[1] = 10;
+    run_case(&ce);
+    tcase ceb = mkcase(DSP_OP_CROSS_ENTROPY_BACKWARD, 3, dt, 0, NULL, 2, N2);
+    ceb.in[2] = meta(DSP_I64, 1, NN), ceb.kind[2] = 2, ceb.lim[2] = 10;
+    run_case(&ceb);
+    tcase mse = mkcase(DSP_OP_MSE, 2, dt, 3, C, 3, C);
+    run_case(&mse);
+    tcase dr = mkcase(DSP_OP_DROPOUT, 1, dt, 3, C, 0, NULL);
+    int64_t seed = 5;
+    dr.a = dsp_attrs_ints(1, &seed), dr.a.n_floats = 1, dr.a.floats[0] = 0.25;
+    run_case(&dr);
+    /* conv (stride 2, padding 1) and its backward ops; pools */
+    static const int64_t X4[] = {2, 3, 8, 8}, W4[] = {4, 3, 3, 3}, Y4[] = {2, 4, 4, 4},
+                         P4[] = {2, 3, 4, 4};
+    int64_t ci[4] = {2, 2, 1, 1}, cx[8] = {2, 2, 1, 1, 2, 3, 8, 8},
+            cw[8] = {2, 2, 1, 1, 4, 3, 3, 3};
+    tcase cv = mkcase(DSP_OP_CONV2D, 2, dt, 4, X4, 4, W4);
+    cv.a = dsp_attrs_ints(4, ci), run_case(&cv);
+    tcase cbi = mkcase(DSP_OP_CONV2D_BACKWARD_INPUT, 2, dt, 4, Y4, 4, W4);
+    cbi.a = dsp_attrs_ints(8, cx), run_case(&cbi);
+    tcase cbw = mkcase(DSP_OP_CONV2D_BACKWARD_WEIGHT, 2, dt, 4, Y4, 4, X4);
+    cbw.a = dsp_attrs_ints(8, cw), run_case(&cbw);
+    int64_t pk[2] = {2, 2};
+    tcase pl = mkcase(DSP_OP_MAX_POOL2D, 1, dt, 4, X4, 0, NULL);
+    pl.a = dsp_attrs_ints(2, pk), run_case(&pl);
+    pl.op = DSP_OP_AVG_POOL2D, run_case(&pl);
+    tcase pb = mkcase(DSP_OP_MAX_POOL2D_BACKWARD, 2, dt, 4, P4, 4, X4);
+    pb.a = dsp_attrs_ints(2, pk), run_case(&pb);
+    pb.op = DSP_OP_AVG_POOL2D_BACKWARD, run_case(&pb);
+    /* creation */
+    for (int op = DSP_OP_ZEROS; op <= DSP_OP_NORMAL; op++) {
+      tcase c = mkcase((dsp_opcode)op, 0, dt, 0, NULL, 0, NULL);
+      int64_t ints[5] = {dt, 3, 4, 5, 0};
+      int ni = 3;
+      if (op == DSP_OP_ARANGE) ni = 1, c.a.n_floats = 3, c.a.floats[0] = -2,
+                               c.a.floats[1] = 40, c.a.floats[2] = 3;
+      if (op >= DSP_OP_UNIFORM) ints[1] = 11, ints[2] = 3, ints[3] = 5, ni = 4,
+                                c.a.n_floats = 2, c.a.floats[0] = -1, c.a.floats[1] = 2;
+      if (op == DSP_OP_FULL) c.a.n_floats = 1, c.a.floats[0] = 7;
+      dsp_attrs keep = c.a;
+      c.a = dsp_attrs_ints(ni, ints);
+      c.a.n_floats = keep.n_floats;
+      memcpy(c.a.floats, keep.floats, sizeof c.a.floats);
+      run_case(&c);
+    }
+    /* optimizer steps (in place) */
+    tcase sg = mkcase(DSP_OP_SGD_STEP, 3, dt, 3, C, 3, C);
+    sg.in[2] = meta(dt, 3, C);
+    sg.a.n_floats = 3, sg.a.floats[0] = 0.1, sg.a.floats[1] = 0.9, sg.a.floats[2] = 0.01;
+    run_case(&sg);
+    tcase ad = mkcase(DSP_OP_ADAM_STEP, 4, dt, 3, C, 3, C);
+    ad.in[2] = ad.in[3] = meta(dt, 3, C), ad.kind[3] = 3;
+    int64_t t = 2;
+    ad.a = dsp_attrs_ints(1, &t);
+    ad.a.n_floats = 4, ad.a.floats[0] = 0.01, ad.a.floats[1] = 0.9,
+    ad.a.floats[2] = 0.999, ad.a.floats[3] = 1e-8;
+    run_case(&ad);
+  }
+  mlp_backward_case(DSP_F32);
+  mlp_backward_case(DSP_F64);
+  /* out of device memory: ENOMEM, then the ctx goes on */
+  int64_t huge[2] = {(int64_t)1 << 22, (int64_t)1 << 22}; /* 64 TiB of f32 */
+  dsp_meta hm = meta(DSP_F32, 2, huge);
+  dsp_tensor *h = NULL;
+  int rc = dsp_tensor_new(gpu, &hm, &h);
+  int oom_ok = rc == DISPATCH_ENOMEM && h == NULL;
+  dsp_tensor *x = NULL, *y = NULL;
+  int64_t one[1] = {8};
+  dsp_meta sm = meta(DSP_F32, 1, one);
+  float xs[8] = {1, 2, 3, 4, 5, 6, 7, 8}, ys[8];
+  dsp_tensor_from_data(gpu, &sm, xs, sizeof xs, &x);
+  dsp_attrs s2 = dsp_attrs_f1(2);
+  oom_ok = oom_ok && x && dsp_op(gpu, DSP_OP_MUL_SCALAR, &x, 1, &s2, &y) == 0 &&
+           be->copy_out(be->bctx, ys, dsp_tensor_data(y), sizeof ys) == 0 && ys[7] == 16;
+  printf("%-24s %-4s %-12s rc %d (%s)\n", "out_of_memory", "f32",
+         oom_ok ? "pass" : "FAIL", rc, dispatch_err_name(rc));
+  oom_ok ? n_pass++ : n_fail++;
+  dsp_tensor_unref(x), dsp_tensor_unref(y);
+  printf("%s: %d pass, %d FAIL, %d unsupported (pool in use after the run: %llu bytes)\n",
+         on_cpu ? "self-check" : "cuda", n_pass, n_fail, n_unsup,
+         (unsigned long long)dsp_cuda_pool_used(be));
+  dsp_ctx_free(gpu);
+  dsp_ctx_free(cpu);
+  if (!on_cpu) dsp_cuda_backend_close(be);
+  return n_fail ? 1 : 0;
+}

@@ -1,0 +1,1156 @@
+/* Host checks of the CUDA backend (no GPU needed).
+ *
+ * The kernels of common/cuda/kernels.cu are grid loops around the math of
+ * cuda_math.h and the plans of cuda_plan.h. Here each kernel is replayed
+ * on the host, with the same plans and the same functions (a "thread" is
+ * one iteration; block reductions are replayed with the same 256 strided
+ * partials and the same merge tree), on random inputs with broadcasting,
+ * NaN, infinities and ties, and compared with the CPU backend's result of
+ * the same op: bit for bit where the math is the same sequence of
+ * operations (elementwise, max/argmax, shape ops, random numbers,
+ * optimizer steps), within a rounding tolerance where the parallel order
+ * differs (sums, softmax, cross entropy, matmul).
+ *
+ * With the backend built (DSP_CUDA_BUILT=1) it also opens the backend: on
+ * a host without a GPU that must fail with a one-line reason, and no
+ * crash. */
+#include <criterion/criterion.h>
+#include <float.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda_math.h"
+#include "cuda_plan.h"
+#include "dsp.h"
+#include "helpers/tensor_util.h"
+#include "rng.h"
+
+#if DSP_CUDA_BUILT
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
+#include "dsp_cuda.h"
+#endif
+
+#define TPB DSP__CU_TPB /* threads per block of the reduction kernels */
+
+static dsp_ctx *ctx;
+static uint64_t g_seed = 12345;
+static void setup(void) { ctx = dsp_ctx_new(); }
+static void teardown(void) { dsp_ctx_free(ctx); }
+TestSuite(cuda_host, .init = setup, .fini = teardown);
+
+static uint64_t rnd(void) { return dsp_rng_u64(0xC0DA, g_seed++); }
+static double urnd(void) { return dsp_rng_uniform01(0xC0DA, g_seed++); }
+
+/* A random value: small integers (ties), reals, and with `special` now
+ * and then NaN, +-inf, -0 */
+static double rval(int special) {
+  uint64_t r = rnd() % 64;
+  if (special && r == 0) return NAN;
+  if (special && r == 1) return INFINITY;
+  if (special && r == 2) return -INFINITY;
+  if (special && r == 3) return -0.0;
+  if (r < 24) return (double)((int64_t)(rnd() % 7) - 3);
+  return (urnd() - 0.5) * 8.0;
+}
+
+static dsp_meta meta_of(dsp_dtype dt, int nd, const int64_t *sh) {
+  dsp_meta m;
+  memset(&m, 0, sizeof m);
+  m.dtype = dt, m.ndim = nd;
+  for (int d = 0; d < nd; d++) m.shape[d] = sh[d];
+  return m;
+}
+
+/* Random tensor; i64 values avoid 0 when nonzero is set (divisors). */
+static dsp_tensor *mk(dsp_dtype dt, int nd, const int64_t *sh, int special,
+                      int nonzero) {
+  dsp_meta m = meta_of(dt, nd, sh);
+  dsp_tensor *t = NULL;
+  cr_assert_eq(dsp_tensor_new(ctx, &m, &t), 0, "%s", dsp_ctx_errmsg(ctx));
+  void *p = dsp_tensor_data(t);
+  for (int64_t i = 0; i < t->numel; i++) {
+    double v = rval(special);
+    switch (dt) {
+      case DSP_F32: ((float *)p)[i] = (float)v; break;
+      case DSP_F64: ((double *)p)[i] = v; break;
+      case DSP_I64: {
+        int64_t x = (int64_t)(rnd() % 9) - 4;
+        if (rnd() % 16 == 0) x = (int64_t)rnd(); /* wrapping range */
+        if (nonzero && x == 0) x = 3;
+        ((int64_t *)p)[i] = x;
+        break;
+      }
+      default: ((uint8_t *)p)[i] = (uint8_t)(rnd() & 1); break;
+    }
+  }
+  return t;
+}
+
+static dsp_tensor *run(dsp_opcode op, const dsp_attrs *a, int n,
+                       dsp_tensor *const *in) {
+  dsp_tensor *o = NULL;
+  int rc = dsp_op(ctx, op, in, n, a, &o);
+  cr_assert_eq(rc, 0, "%s: %s", dsp_op_lookup((int)op)->name, dsp_ctx_errmsg(ctx));
+  return o;
+}
+
+static dsp_tensor *empty_like(const dsp_tensor *t) {
+  dsp_tensor *o = NULL;
+  cr_assert_eq(dsp_tensor_new(ctx, &t->meta, &o), 0);
+  return o;
+}
+
+static void assert_same_bytes(const dsp_tensor *got, const dsp_tensor *want,
+                              const char *what) {
+  cr_assert(dsp_meta_equal(&got->meta, &want->meta), "%s: meta differs", what);
+  size_t es = dsp_dtype_size(want->meta.dtype);
+  const uint8_t *g = dsp_tensor_data(got), *w = dsp_tensor_data(want);
+  for (int64_t i = 0; i < want->numel; i++)
+    cr_assert(memcmp(g + i * es, w + i * es, es) == 0,
+              "%s: element %lld differs from the CPU kernel", what, (long long)i);
+}
+
+/* |got - want| <= tol * scale, NaN matching NaN, inf matching inf */
+static void assert_close(const dsp_tensor *got, const dsp_tensor *want,
+                         double tol, const double *scale, const char *what) {
+  int f = want->meta.dtype == DSP_F64;
+  for (int64_t i = 0; i < want->numel; i++) {
+    double g = f ? ((double *)dsp_tensor_data(got))[i] : ((float *)dsp_tensor_data(got))[i];
+    double w = f ? ((double *)dsp_tensor_data(want))[i] : ((float *)dsp_tensor_data(want))[i];
+    if (isnan(w) || isinf(w)) {
+      cr_assert(isnan(w) ? isnan(g) : g == w, "%s: element %lld: %g vs CPU %g",
+                what, (long long)i, g, w);
+      continue;
+    }
+    double sc = scale ? scale[i] : fabs(w);
+    if (sc < 1) sc = 1;
+    cr_assert(fabs(g - w) <= tol * sc, "%s: element %lld: %.17g vs CPU %.17g",
+              what, (long long)i, g, w);
+  }
+}
+
+static double ld(const dsp_tensor *t, int64_t i) {
+  switch (t->meta.dtype) {
+    case DSP_F32: return ((float *)dsp_tensor_data(t))[i];
+    case DSP_F64: return ((double *)dsp_tensor_data(t))[i];
+    case DSP_I64: return (double)((int64_t *)dsp_tensor_data(t))[i];
+    default: return ((uint8_t *)dsp_tensor_data(t))[i];
+  }
+}
+
+/* ------------------------------------------------------------------ */
+/* elementwise                                                         */
+
+typedef struct shp {
+  int nd;
+  int64_t s[4];
+} shp;
+
+static const shp PAIRS[][2] = {
+    {{2, {2, 3}}, {1, {3}}},          {{3, {4, 1, 3}}, {3, {1, 5, 1}}},
+    {{1, {1}}, {2, {2, 2}}},          {{2, {3, 1}}, {3, {1, 1, 4}}},
+    {{3, {2, 3, 4}}, {3, {2, 3, 4}}}, {{1, {5}}, {0, {0}}},
+    {{4, {2, 1, 3, 2}}, {2, {3, 1}}}, {{2, {1, 7}}, {2, {6, 1}}},
+};
+
+/* the kernel k_binary, replayed */
+static dsp_tensor *sim_binary(dsp_opcode op, dsp_tensor *a, dsp_tensor *b,
+                              const dsp_tensor *like) {
+  dsp_tensor *o = empty_like(like);
+  const dsp_meta *ms[2] = {&a->meta, &b->meta};
+  dsp__cu_index ix;
+  dsp__cu_plan_bcast(&ix, &o->meta, ms, 2);
+  int cmp = op >= DSP_OP_EQ && op <= DSP_OP_GE;
+  void *A = dsp_tensor_data(a), *B = dsp_tensor_data(b), *O = dsp_tensor_data(o);
+  for (int64_t i = 0; i < o->numel; i++) {
+    int64_t off[3];
+    dsp__cu_offsets(&ix, i, off);
+    switch (a->meta.dtype) {
+      case DSP_F32: {
+        float x = ((float *)A)[off[0]], y = ((float *)B)[off[1]];
+        if (cmp) ((uint8_t *)O)[i] = dsp__cu_cmp_f32(op, x, y);
+        else ((float *)O)[i] = dsp__cu_bin_f32(op, x, y);
+        break;
+      }
+      case DSP_F64: {
+        double x = ((double *)A)[off[0]], y = ((double *)B)[off[1]];
+        if (cmp) ((uint8_t *)O)[i] = dsp__cu_cmp_f64(op, x, y);
+        else ((double *)O)[i] = dsp__cu_bin_f64(op, x, y);
+        break;
+      }
+      case DSP_I64: {
+        int64_t x = ((int64_t *)A)[off[0]], y = ((int64_t *)B)[off[1]];
+        if (cmp) ((uint8_t *)O)[i] = dsp__cu_cmp_i64(op, x, y);
+        else ((int64_t *)O)[i] = dsp__cu_bin_i64(op, x, y);
+        break;
+      }
+      default:
+        ((uint8_t *)O)[i] =
+            dsp__cu_cmp_u8(op, ((uint8_t *)A)[off[0]], ((uint8_t *)B)[off[1]]);
+    }
+  }
+  return o;
+}
+
+Test(cuda_host, binary_and_comparisons_with_broadcasting_match_cpu) {
+  static const dsp_dtype dts[] = {DSP_F32, DSP_F64, DSP_I64, DSP_BOOL};
+  int checked = 0;
+  for (size_t p = 0; p < sizeof PAIRS / sizeof PAIRS[0]; p++)
+    for (int swap = 0; swap < 2; swap++)
+      for (int di = 0; di < 4; di++)
+        for (int op = DSP_OP_ADD; op <= DSP_OP_GE; op++) {
+          dsp_dtype dt = dts[di];
+          if (dt == DSP_BOOL && op != DSP_OP_EQ && op != DSP_OP_NE) continue;
+          const shp *sa = &PAIRS[p][swap], *sb = &PAIRS[p][!swap];
+          dsp_tensor *in[2] = {mk(dt, sa->nd, sa->s, 1, 0),
+                               mk(dt, sb->nd, sb->s, 1, op == DSP_OP_DIV)};
+          dsp_tensor *want = run((dsp_opcode)op, NULL, 2, in);
+          dsp_tensor *got = sim_binary((dsp_opcode)op, in[0], in[1], want);
+          assert_same_bytes(got, want, dsp_op_lookup(op)->name);
+          checked++;
+          dsp_tensor_unref(got), dsp_tensor_unref(want);
+          dsp_tensor_unref(in[0]), dsp_tensor_unref(in[1]);
+        }
+  cr_assert_gt(checked, 400);
+}
+
+Test(cuda_host, i64_edge_cases_wrap_like_cpu) {
+  cr_assert_eq(dsp__cu_bin_i64(DSP_OP_DIV, INT64_MIN, -1), INT64_MIN);
+  cr_assert_eq(dsp__cu_bin_i64(DSP_OP_DIV, -7, 2), -3);
+  cr_assert_eq(dsp__cu_bin_i64(DSP_OP_ADD, INT64_MAX, 1), INT64_MIN);
+  cr_assert_eq(dsp__cu_unary_i64(DSP_OP_NEG, INT64_MIN), INT64_MIN);
+  cr_assert_eq(dsp__cu_unary_i64(DSP_OP_ABS, INT64_MIN), INT64_MIN);
+  cr_assert_eq(dsp__cu_f2i64(NAN), 0);
+  cr_assert_eq(dsp__cu_f2i64(1e300), INT64_MAX);
+  cr_assert_eq(dsp__cu_f2i64(-1e300), INT64_MIN);
+  cr_assert_eq(dsp__cu_f2i64(-2.9), -2);
+}
+
+Test(cuda_host, where_three_way_broadcast_matches_cpu) {
+  static const shp T[][3] = {
+      {{2, {2, 1}}, {1, {3}}, {2, {1, 1}}},
+      {{1, {4}}, {3, {2, 3, 4}}, {2, {3, 1}}},
+      {{3, {2, 3, 4}}, {3, {2, 3, 4}}, {3, {2, 3, 4}}},
+  };
+  static const dsp_dtype dts[] = {DSP_F32, DSP_F64, DSP_I64, DSP_BOOL};
+  for (size_t t = 0; t < sizeof T / sizeof T[0]; t++)
+    for (int di = 0; di < 4; di++) {
+      dsp_tensor *in[3] = {mk(DSP_BOOL, T[t][0].nd, T[t][0].s, 0, 0),
+                           mk(dts[di], T[t][1].nd, T[t][1].s, 1, 0),
+                           mk(dts[di], T[t][2].nd, T[t][2].s, 1, 0)};
+      dsp_tensor *want = run(DSP_OP_WHERE, NULL, 3, in);
+      dsp_tensor *got = empty_like(want);
+      const dsp_meta *ms[3] = {&in[0]->meta, &in[1]->meta, &in[2]->meta};
+      dsp__cu_index ix;
+      dsp__cu_plan_bcast(&ix, &got->meta, ms, 3);
+      size_t es = dsp_dtype_size(dts[di]);
+      for (int64_t i = 0; i < got->numel; i++) {
+        int64_t off[3];
+        dsp__cu_offsets(&ix, i, off);
+        const uint8_t *m = dsp_tensor_data(in[0]);
+        const char *src = m[off[0]] ? (char *)dsp_tensor_data(in[1]) + off[1] * es
+                                    : (char *)dsp_tensor_data(in[2]) + off[2] * es;
+        memcpy((char *)dsp_tensor_data(got) + i * es, src, es);
+      }
+      assert_same_bytes(got, want, "where");
+      dsp_tensor_unref(got), dsp_tensor_unref(want);
+      for (int k = 0; k < 3; k++) dsp_tensor_unref(in[k]);
+    }
+}
+
+/* the kernel k_map, replayed */
+static void sim_map(dsp_opcode op, const dsp_tensor *x, const dsp_tensor *y,
+                    double s, dsp_tensor *o) {
+  int sc = op >= DSP_OP_ADD_SCALAR && op <= DSP_OP_RDIV_SCALAR;
+  int bw = op == DSP_OP_RELU_BACKWARD || op == DSP_OP_GELU_BACKWARD;
+  for (int64_t i = 0; i < o->numel; i++) {
+    switch (x->meta.dtype) {
+      case DSP_F32: {
+        float v = ((float *)dsp_tensor_data(x))[i];
+        float w = y ? ((float *)dsp_tensor_data(y))[i] : 0.0f;
+        ((float *)dsp_tensor_data(o))[i] =
+            sc ? dsp__cu_scalar_f32(op, v, (float)s)
+               : bw ? dsp__cu_act_bw_f32(op, v, w) : dsp__cu_unary_f32(op, v);
+        break;
+      }
+      case DSP_F64: {
+        double v = ((double *)dsp_tensor_data(x))[i];
+        double w = y ? ((double *)dsp_tensor_data(y))[i] : 0.0;
+        ((double *)dsp_tensor_data(o))[i] =
+            sc ? dsp__cu_scalar_f64(op, v, s)
+               : bw ? dsp__cu_act_bw_f64(op, v, w) : dsp__cu_unary_f64(op, v);
+        break;
+      }
+      default: {
+        int64_t v = ((int64_t *)dsp_tensor_data(x))[i];
+        int64_t w = y ? ((int64_t *)dsp_tensor_data(y))[i] : 0;
+        ((int64_t *)dsp_tensor_data(o))[i] =
+            sc ? dsp__cu_scalar_i64(op, v, (int64_t)s)
+               : bw ? dsp__cu_act_bw_i64(op, v, w) : dsp__cu_unary_i64(op, v);
+      }
+    }
+  }
+}
+
+Test(cuda_host, scalar_unary_and_activation_backward_match_cpu) {
+  static const int64_t S[] = {3, 41};
+  static const dsp_dtype dts[] = {DSP_F32, DSP_F64, DSP_I64};
+  static const double scal[] = {2.0, -3.0, 0.5, 0.0};
+  int checked = 0;
+  for (int di = 0; di < 3; di++)
+    for (int op = DSP_OP_ADD_SCALAR; op <= DSP_OP_GELU_BACKWARD; op++)
+      for (int si = 0; si < 4; si++) {
+        dsp_dtype dt = dts[di];
+        int sc = op <= DSP_OP_RDIV_SCALAR;
+        if (!sc && si > 0) continue;
+        dsp_meta m = meta_of(dt, 2, S), om;
+        int nin = dsp_op_lookup(op)->n_inputs;
+        dsp_meta ms[2] = {m, m};
+        dsp_attrs a = sc ? dsp_attrs_f1(scal[si]) : dsp_attrs_none();
+        if (dsp_op_infer(ctx, (dsp_opcode)op, ms, nin, &a, &om) < 0) continue;
+        dsp_tensor *in[2] = {mk(dt, 2, S, 1, 0), mk(dt, 2, S, 1, 0)};
+        dsp_tensor *want = run((dsp_opcode)op, &a, nin, in);
+        dsp_tensor *got = empty_like(want);
+        sim_map((dsp_opcode)op, in[0], nin > 1 ? in[1] : NULL, scal[si], got);
+        assert_same_bytes(got, want, dsp_op_lookup(op)->name);
+        checked++;
+        dsp_tensor_unref(got), dsp_tensor_unref(want);
+        dsp_tensor_unref(in[0]), dsp_tensor_unref(in[1]);
+      }
+  cr_assert_gt(checked, 60);
+}
+
+/* ------------------------------------------------------------------ */
+/* reductions                                                          */
+
+/* k_red for one block: thread t folds elements lo + t, lo + t + TPB, ...
+ * below hi, then the halving merge tree of block_reduce; k_red_fin: the
+ * same over S partials. One macro per partial type. */
+#define SIM_RED(NAME, A, ID, ADD, MERGE)                                     \
+  static A NAME##_part(const dsp_tensor *x, const dsp__cu_index *inner,      \
+                       int64_t base, int64_t lo, int64_t hi) {               \
+    A p[TPB];                                                                \
+    for (int t = 0; t < TPB; t++) {                                          \
+      p[t] = ID;                                                             \
+      for (int64_t r = lo + t; r < hi; r += TPB) {                           \
+        int64_t io[3];                                                       \
+        dsp__cu_offsets(inner, r, io);                                       \
+        ADD(p[t], x, base + io[0], r);                                       \
+      }                                                                      \
+    }                                                                        \
+    for (int w = TPB / 2; w > 0; w >>= 1)                                    \
+      for (int t = 0; t < w; t++) p[t] = MERGE(p[t], p[t + w]);              \
+    return p[0];                                                             \
+  }                                                                          \
+  static A NAME##_fin(const A *part, int64_t S) {                            \
+    A p[TPB];                                                                \
+    for (int t = 0; t < TPB; t++) {                                          \
+      p[t] = ID;                                                             \
+      for (int64_t k = t; k < S; k += TPB) p[t] = MERGE(p[t], part[k]);      \
+    }                                                                        \
+    for (int w = TPB / 2; w > 0; w >>= 1)                                    \
+      for (int t = 0; t < w; t++) p[t] = MERGE(p[t], p[t + w]);              \
+    return p[0];                                                             \
+  }                                                                          \
+  static A NAME(const dsp_tensor *x, const dsp__cu_index *inner,             \
+                int64_t base, int64_t R, int64_t S) {                        \
+    if (S == 1) return NAME##_part(x, inner, base, 0, R);                    \
+    A part[1024];                                                            \
+    for (int64_t k = 0; k < S; k++) {                                        \
+      int64_t lo, hi;                                                        \
+      dsp__cu_red_chunk(R, S, k, &lo, &hi);                                  \
+      part[k] = NAME##_part(x, inner, base, lo, hi);                         \
+    }                                                                        \
+    return NAME##_fin(part, S);                                              \
+  }
+
+#define ADD_KSUM(a, x, i, r) dsp__cu_ksum_add(&(a), ld(x, i))
+#define ADD_AMAXF(a, x, i, r) \
+  ((a) = dsp__cu_amax_f_merge((a), (dsp__cu_amax_f){ld(x, i), (r)}))
+#define ADD_AMAXI(a, x, i, r) \
+  ((a) = dsp__cu_amax_i_merge((a), (dsp__cu_amax_i){((int64_t *)dsp_tensor_data(x))[i], (r)}))
+#define ADD_U64(a, x, i, r) ((a) += (uint64_t)((int64_t *)dsp_tensor_data(x))[i])
+#define MERGE_U64(a, b) ((a) + (b))
+
+SIM_RED(sim_sum, dsp__cu_ksum, dsp__cu_ksum_zero(), ADD_KSUM, dsp__cu_ksum_merge)
+SIM_RED(sim_amax_f, dsp__cu_amax_f, dsp__cu_amax_f_id(), ADD_AMAXF, dsp__cu_amax_f_merge)
+SIM_RED(sim_amax_i, dsp__cu_amax_i, dsp__cu_amax_i_id(), ADD_AMAXI, dsp__cu_amax_i_merge)
+SIM_RED(sim_sum_i, uint64_t, 0, ADD_U64, MERGE_U64)
+
+static void check_reduction(dsp_opcode op, dsp_dtype dt, int nd,
+                            const int64_t *sh, int nred, const int64_t *dims,
+                            int keep, int special, int *split_seen) {
+  dsp_tensor *x = mk(dt, nd, sh, special, 0);
+  dsp_attrs a = dsp_attrs_ints(nred, dims);
+  if (keep) a.n_floats = 1, a.floats[0] = 1;
+  dsp_tensor *want = run(op, &a, 1, &x);
+  dsp_tensor *got = empty_like(want);
+  int red[DSP_MAX_DIMS] = {0};
+  for (int d = 0; d < nd; d++) red[d] = nred == 0;
+  for (int i = 0; i < nred; i++) red[dims[i] < 0 ? dims[i] + nd : dims[i]] = 1;
+  dsp__cu_index outer, inner;
+  int64_t R;
+  dsp__cu_plan_red(&x->meta, red, &outer, &inner, &R);
+  double *scale = calloc((size_t)want->numel + 1, sizeof *scale);
+  const int64_t S = dsp__cu_red_split(got->numel, R);
+  if (split_seen && S > 1) (*split_seen)++;
+  for (int64_t o = 0; o < got->numel; o++) {
+    int64_t oo[3];
+    dsp__cu_offsets(&outer, o, oo);
+    void *G = dsp_tensor_data(got);
+    if (dt == DSP_I64) {
+      if (op == DSP_OP_SUM) {
+        ((int64_t *)G)[o] = (int64_t)sim_sum_i(x, &inner, oo[0], R, S);
+      } else {
+        dsp__cu_amax_i b = sim_amax_i(x, &inner, oo[0], R, S);
+        ((int64_t *)G)[o] = op == DSP_OP_MAX ? b.v : b.i;
+      }
+    } else if (op == DSP_OP_SUM || op == DSP_OP_MEAN) {
+      double v = dsp__cu_ksum_value(sim_sum(x, &inner, oo[0], R, S));
+      if (op == DSP_OP_MEAN) v /= (double)R;
+      if (dt == DSP_F32) ((float *)G)[o] = (float)v;
+      else ((double *)G)[o] = v;
+      for (int64_t r = 0; r < R; r++) {
+        int64_t io[3];
+        dsp__cu_offsets(&inner, r, io);
+        scale[o] += fabs(ld(x, oo[0] + io[0])) / (op == DSP_OP_MEAN ? (double)R : 1);
+      }
+    } else {
+      dsp__cu_amax_f b = sim_amax_f(x, &inner, oo[0], R, S);
+      if (op == DSP_OP_ARGMAX) ((int64_t *)G)[o] = b.i;
+      else if (dt == DSP_F32) ((float *)G)[o] = (float)b.v;
+      else ((double *)G)[o] = b.v;
+    }
+  }
+  if ((op == DSP_OP_SUM || op == DSP_OP_MEAN) && dt != DSP_I64)
+    /* the CPU's sequential double sum may be off by up to R roundings of
+     * sum |x| (the compensated one by about one); f32 rounds both to float */
+    assert_close(got, want, dt == DSP_F32 ? 2 * FLT_EPSILON : (double)(R + 4) * DBL_EPSILON,
+                 scale, dsp_op_lookup(op)->name);
+  else
+    assert_same_bytes(got, want, dsp_op_lookup(op)->name);
+  free(scale);
+  dsp_tensor_unref(got), dsp_tensor_unref(want), dsp_tensor_unref(x);
+}
+
+Test(cuda_host, reductions_match_cpu_on_every_split) {
+  static const int64_t S3[] = {3, 5, 7}, S2[] = {4, 700}, S1[] = {1000},
+                       S4[] = {2, 1, 3, 4};
+  static const int64_t D0[] = {0}, D1[] = {1}, D2[] = {2}, D02[] = {0, 2},
+                       Dm1[] = {-1}, D13[] = {1, 3};
+  static const dsp_dtype dts[] = {DSP_F32, DSP_F64, DSP_I64};
+  for (int op = DSP_OP_SUM; op <= DSP_OP_ARGMAX; op++)
+    for (int di = 0; di < 3; di++) {
+      dsp_dtype dt = dts[di];
+      if (op == DSP_OP_MEAN && dt == DSP_I64) continue;
+      for (int keep = 0; keep < 2; keep++)
+        for (int sp = 0; sp < 2; sp++) {
+          check_reduction(op, dt, 3, S3, 0, NULL, keep, sp, NULL);
+          check_reduction(op, dt, 3, S3, 1, D1, keep, sp, NULL);
+          check_reduction(op, dt, 3, S3, 1, D2, keep, sp, NULL);
+          check_reduction(op, dt, 3, S3, 1, D0, keep, sp, NULL);
+          if (op != DSP_OP_ARGMAX) {
+            check_reduction(op, dt, 3, S3, 2, D02, keep, sp, NULL);
+            check_reduction(op, dt, 4, S4, 2, D13, keep, sp, NULL);
+          }
+          check_reduction(op, dt, 2, S2, 1, Dm1, keep, sp, NULL);
+          check_reduction(op, dt, 1, S1, 0, NULL, keep, sp, NULL);
+        }
+    }
+}
+
+Test(cuda_host, reductions_split_over_blocks_match_cpu) {
+  /* few outputs over long rows: each output in S chunks, then a merge */
+  static const int64_t L1[] = {70000}, L2[] = {3, 20000}, D1[] = {1};
+  static const dsp_dtype dts[] = {DSP_F32, DSP_F64, DSP_I64};
+  int split = 0;
+  for (int op = DSP_OP_SUM; op <= DSP_OP_ARGMAX; op++)
+    for (int di = 0; di < 3; di++) {
+      if (op == DSP_OP_MEAN && dts[di] == DSP_I64) continue;
+      check_reduction(op, dts[di], 1, L1, 0, NULL, 0, 0, &split);
+      check_reduction(op, dts[di], 2, L2, 1, D1, 1, 1, &split);
+    }
+  cr_assert_eq(split, 22, "every case took the split path (%d)", split);
+  cr_assert_eq(dsp__cu_red_split(1, 70000), 17);
+  cr_assert_eq(dsp__cu_red_split(300, 1 << 20), 1);
+}
+
+Test(cuda_host, compensated_sum_is_exact_where_the_naive_one_is_not) {
+  static const double v[] = {1e16, 1.0, -1e16, 1.0};
+  dsp__cu_ksum a = dsp__cu_ksum_zero(), b = dsp__cu_ksum_zero();
+  for (int i = 0; i < 4; i++) dsp__cu_ksum_add(&a, v[i]);
+  cr_assert_eq(dsp__cu_ksum_value(a), 2.0);
+  /* split in two partials and merged: still exact */
+  dsp__cu_ksum_add(&b, v[2]);
+  dsp__cu_ksum_add(&b, v[3]);
+  dsp__cu_ksum c = dsp__cu_ksum_zero();
+  dsp__cu_ksum_add(&c, v[0]);
+  dsp__cu_ksum_add(&c, v[1]);
+  cr_assert_eq(dsp__cu_ksum_value(dsp__cu_ksum_merge(c, b)), 2.0);
+  /* infinities stay exact, inf - inf is NaN */
+  dsp__cu_ksum d = dsp__cu_ksum_zero();
+  dsp__cu_ksum_add(&d, INFINITY);
+  dsp__cu_ksum_add(&d, 1.0);
+  cr_assert_eq(dsp__cu_ksum_value(d), INFINITY);
+  dsp__cu_ksum_add(&d, -INFINITY);
+  cr_assert(isnan(dsp__cu_ksum_value(d)));
+}
+
+Test(cuda_host, argmax_merge_is_order_independent) {
+  /* ties and NaNs: any merge order gives the first NaN, else the first max */
+  static const double v[] = {1, 5, 5, NAN, 2, NAN, 5};
+  for (uint64_t trial = 0; trial < 200; trial++) {
+    int order[7] = {0, 1, 2, 3, 4, 5, 6};
+    for (int i = 6; i > 0; i--) {
+      int j = (int)(dsp_rng_u64(trial, (uint64_t)i) % (uint64_t)(i + 1));
+      int t = order[i];
+      order[i] = order[j], order[j] = t;
+    }
+    dsp__cu_amax_f acc = dsp__cu_amax_f_id();
+    for (int i = 0; i < 7; i++) {
+      dsp__cu_amax_f c = {v[order[i]], order[i]};
+      acc = dsp__cu_amax_f_merge(acc, c);
+    }
+    cr_assert_eq(acc.i, 3);
+    cr_assert(isnan(acc.v));
+  }
+}
+
+/* ------------------------------------------------------------------ */
+/* softmax family, cross entropy, mse                                  */
+
+static dsp__cu_lse sim_lse(const double *row, int64_t len, int64_t stride) {
+  dsp__cu_lse p[TPB];
+  for (int t = 0; t < TPB; t++) {
+    p[t] = dsp__cu_lse_id();
+    for (int64_t j = t; j < len; j += TPB)
+      p[t] = dsp__cu_lse_merge(p[t], dsp__cu_lse_elem(row[j * stride]));
+  }
+  for (int w = TPB / 2; w > 0; w >>= 1)
+    for (int t = 0; t < w; t++) p[t] = dsp__cu_lse_merge(p[t], p[t + w]);
+  return dsp__cu_lse_final(p[0]);
+}
+static double sim_ksum_of(const double *v, int64_t len, int64_t stride) {
+  dsp__cu_ksum p[TPB];
+  for (int t = 0; t < TPB; t++) {
+    p[t] = dsp__cu_ksum_zero();
+    for (int64_t j = t; j < len; j += TPB) dsp__cu_ksum_add(&p[t], v[j * stride]);
+  }
+  for (int w = TPB / 2; w > 0; w >>= 1)
+    for (int t = 0; t < w; t++) p[t] = dsp__cu_ksum_merge(p[t], p[t + w]);
+  return dsp__cu_ksum_value(p[0]);
+}
+
+static double *as_f64(const dsp_tensor *t) {
+  double *v = malloc(sizeof(double) * (size_t)(t->numel ? t->numel : 1));
+  for (int64_t i = 0; i < t->numel; i++) v[i] = ld(t, i);
+  return v;
+}
+static void st_any(dsp_tensor *t, int64_t i, double v) {
+  if (t->meta.dtype == DSP_F32) ((float *)dsp_tensor_data(t))[i] = (float)v;
+  else ((double *)dsp_tensor_data(t))[i] = v;
+}
+
+/* k_softmax replayed on one dim */
+static void check_softmax(dsp_dtype dt, int nd, const int64_t *sh, int dim,
+                          int special, int big) {
+  dsp_tensor *x = mk(dt, nd, sh, special, 0);
+  int64_t outer = dsp__cu_prod(sh, 0, dim), len = sh[dim],
+          inner = dsp__cu_prod(sh, dim + 1, nd);
+  if (big) /* exp would overflow without the max shift */
+    for (int64_t i = 0; i < x->numel; i++) st_any(x, i, ld(x, i) * (dt == DSP_F32 ? 1e37 : 1e307) / 4);
+  if (special > 1) /* one row all -inf */
+    for (int64_t j = 0; j < len; j++) st_any(x, j * inner, -INFINITY);
+  int64_t d64 = dim;
+  dsp_attrs a = dsp_attrs_ints(1, &d64);
+  for (int op = DSP_OP_SOFTMAX; op <= DSP_OP_LOG_SOFTMAX_BACKWARD; op++) {
+    dsp_tensor *in[2] = {x, NULL};
+    dsp_tensor *y = NULL, *g = NULL;
+    if (op >= DSP_OP_SOFTMAX_BACKWARD) {
+      dsp_tensor *xx = x;
+      y = run(op == DSP_OP_SOFTMAX_BACKWARD ? DSP_OP_SOFTMAX : DSP_OP_LOG_SOFTMAX,
+              &a, 1, &xx);
+      g = mk(dt, nd, sh, 0, 0);
+      in[0] = g, in[1] = y;
+    }
+    dsp_tensor *want = run((dsp_opcode)op, &a, op >= DSP_OP_SOFTMAX_BACKWARD ? 2 : 1, in);
+    dsp_tensor *got = empty_like(want);
+    double *X = as_f64(in[0]), *Y = y ? as_f64(y) : NULL;
+    for (int64_t row = 0; row < outer * inner; row++) {
+      int64_t base = (row / inner) * len * inner + row % inner;
+      if (op <= DSP_OP_LOG_SOFTMAX) {
+        dsp__cu_lse l = sim_lse(X + base, len, inner);
+        double ls = log(l.s);
+        for (int64_t j = 0; j < len; j++) {
+          double v = X[base + j * inner] - l.m;
+          st_any(got, base + j * inner, op == DSP_OP_SOFTMAX ? exp(v) / l.s : v - ls);
+        }
+      } else {
+        int sm = op == DSP_OP_SOFTMAX_BACKWARD;
+        double *prod = malloc(sizeof(double) * (size_t)len);
+        for (int64_t j = 0; j < len; j++)
+          prod[j] = sm ? X[base + j * inner] * Y[base + j * inner] : X[base + j * inner];
+        double s = sim_ksum_of(prod, len, 1);
+        free(prod);
+        for (int64_t j = 0; j < len; j++) {
+          int64_t i = base + j * inner;
+          st_any(got, i, sm ? Y[i] * (X[i] - s) : X[i] - exp(Y[i]) * s);
+        }
+      }
+    }
+    assert_close(got, want, dt == DSP_F32 ? 4 * FLT_EPSILON : 64 * DBL_EPSILON,
+                 NULL, dsp_op_lookup(op)->name);
+    free(X), free(Y);
+    dsp_tensor_unref(got), dsp_tensor_unref(want);
+    dsp_tensor_unref(y), dsp_tensor_unref(g);
+  }
+  dsp_tensor_unref(x);
+}
+
+Test(cuda_host, softmax_family_is_stable_and_matches_cpu) {
+  static const int64_t A[] = {3, 7}, B[] = {4, 5, 6}, C[] = {2, 600};
+  for (int f = 0; f < 2; f++) {
+    dsp_dtype dt = f ? DSP_F64 : DSP_F32;
+    check_softmax(dt, 2, A, 1, 0, 0);
+    check_softmax(dt, 2, A, 0, 0, 0);
+    check_softmax(dt, 3, B, 1, 0, 0);
+    check_softmax(dt, 3, B, 2, 1, 0);
+    check_softmax(dt, 3, B, 0, 2, 0);
+    check_softmax(dt, 2, C, 1, 0, 0);
+    check_softmax(dt, 2, C, 1, 0, 1);
+  }
+}
+
+static void check_ce(dsp_dtype dt, int64_t N, int64_t C, int big) {
+  int64_t sh[2] = {N, C};
+  dsp_tensor *x = mk(dt, 2, sh, 0, 0);
+  if (big)
+    for (int64_t i = 0; i < x->numel; i++) st_any(x, i, ld(x, i) * 1e30);
+  dsp_meta lm = meta_of(DSP_I64, 1, &N);
+  dsp_tensor *lab = NULL;
+  cr_assert_eq(dsp_tensor_new(ctx, &lm, &lab), 0);
+  for (int64_t i = 0; i < N; i++) ((int64_t *)dsp_tensor_data(lab))[i] = (int64_t)(rnd() % (uint64_t)C);
+  dsp_tensor *in2[2] = {x, lab};
+  dsp_tensor *loss = run(DSP_OP_CROSS_ENTROPY, NULL, 2, in2);
+  dsp_tensor *g = mk(dt, 0, NULL, 0, 0);
+  st_any(g, 0, 0.75);
+  dsp_tensor *in3[3] = {g, x, lab};
+  dsp_tensor *grad = run(DSP_OP_CROSS_ENTROPY_BACKWARD, NULL, 3, in3);
+  /* k_ce_rows + k_mean_of replayed */
+  double *X = as_f64(x), *rows = malloc(sizeof(double) * (size_t)N);
+  const int64_t *L = dsp_tensor_data(lab);
+  dsp_tensor *gloss = empty_like(loss), *ggrad = empty_like(grad);
+  for (int64_t i = 0; i < N; i++) {
+    dsp__cu_lse l = sim_lse(X + i * C, C, 1);
+    double lse = l.m + log(l.s);
+    rows[i] = lse - X[i * C + L[i]];
+    for (int64_t c = 0; c < C; c++)
+      st_any(ggrad, i * C + c,
+             0.75 / (double)N * (exp(X[i * C + c] - lse) - (c == L[i] ? 1.0 : 0.0)));
+  }
+  st_any(gloss, 0, sim_ksum_of(rows, N, 1) / (double)N);
+  assert_close(gloss, loss, dt == DSP_F32 ? 4 * FLT_EPSILON : 64 * DBL_EPSILON,
+               NULL, "cross_entropy");
+  assert_close(ggrad, grad, dt == DSP_F32 ? 4 * FLT_EPSILON : 64 * DBL_EPSILON,
+               NULL, "cross_entropy_backward");
+  free(X), free(rows);
+  dsp_tensor_unref(gloss), dsp_tensor_unref(ggrad), dsp_tensor_unref(loss);
+  dsp_tensor_unref(grad), dsp_tensor_unref(g), dsp_tensor_unref(lab);
+  dsp_tensor_unref(x);
+}
+
+Test(cuda_host, cross_entropy_and_mse_match_cpu) {
+  for (int f = 0; f < 2; f++) {
+    dsp_dtype dt = f ? DSP_F64 : DSP_F32;
+    check_ce(dt, 5, 7, 0);
+    check_ce(dt, 3, 1000, 0);
+    check_ce(dt, 4, 10, 1);
+    for (int big = 0; big < 2; big++) { /* 900 elements, one block; 20000, split */
+      int64_t sh[2] = {big ? 4 : 3, big ? 5000 : 300};
+      dsp_tensor *in[2] = {mk(dt, 2, sh, 0, 0), mk(dt, 2, sh, 0, 0)};
+      dsp_tensor *want = run(DSP_OP_MSE, NULL, 2, in), *got = empty_like(want);
+      /* dsp__cuk_mse: a full sum of the squared differences */
+      int64_t n = in[0]->numel;
+      dsp_meta dm = meta_of(DSP_F64, 1, &n);
+      dsp_tensor *d2 = NULL;
+      cr_assert_eq(dsp_tensor_new(ctx, &dm, &d2), 0);
+      for (int64_t i = 0; i < n; i++) {
+        double d = ld(in[0], i) - ld(in[1], i);
+        ((double *)dsp_tensor_data(d2))[i] = d * d;
+      }
+      int red[DSP_MAX_DIMS] = {1};
+      dsp__cu_index outer, inner;
+      int64_t R;
+      dsp__cu_plan_red(&d2->meta, red, &outer, &inner, &R);
+      int64_t S = dsp__cu_red_split(1, n);
+      cr_assert_eq(S > 1, big);
+      st_any(got, 0, dsp__cu_ksum_value(sim_sum(d2, &inner, 0, R, S)) / (double)n);
+      assert_close(got, want, dt == DSP_F32 ? 2 * FLT_EPSILON : (double)(n + 8) * DBL_EPSILON,
+                   NULL, "mse"); /* n roundings of the CPU's sequential sum */
+      dsp_tensor_unref(d2), dsp_tensor_unref(got), dsp_tensor_unref(want);
+      dsp_tensor_unref(in[0]), dsp_tensor_unref(in[1]);
+    }
+  }
+}
+
+/* ------------------------------------------------------------------ */
+/* matmul plan                                                         */
+
+Test(cuda_host, matmul_batch_plan_matches_cpu) {
+  static const shp T[][2] = {
+      {{3, {2, 3, 4}}, {2, {4, 5}}},       {{2, {3, 4}}, {3, {2, 4, 5}}},
+      {{4, {2, 1, 3, 4}}, {4, {1, 5, 4, 2}}}, {{1, {4}}, {1, {4}}},
+      {{1, {4}}, {2, {4, 3}}},             {{3, {2, 3, 4}}, {1, {4}}},
+      {{3, {1, 3, 4}}, {3, {6, 4, 2}}},
+  };
+  for (size_t t = 0; t < sizeof T / sizeof T[0]; t++)
+    for (int f = 0; f < 2; f++) {
+      dsp_dtype dt = f ? DSP_F64 : DSP_F32;
+      dsp_tensor *in[2] = {mk(dt, T[t][0].nd, T[t][0].s, 0, 0),
+                           mk(dt, T[t][1].nd, T[t][1].s, 0, 0)};
+      dsp_tensor *want = run(DSP_OP_MATMUL, NULL, 2, in), *got = empty_like(want);
+      int64_t m, k, n;
+      dsp__cu_index ix;
+      dsp__cu_plan_matmul(&in[0]->meta, &in[1]->meta, &m, &k, &n, &ix);
+      int64_t nb = want->numel / (m * n);
+      /* the gemm of batch entry j, row-major C = A B */
+      for (int64_t j = 0; j < nb; j++) {
+        int64_t off[3];
+        dsp__cu_offsets(&ix, j, off);
+        for (int64_t r = 0; r < m; r++)
+          for (int64_t c = 0; c < n; c++) {
+            double s = 0;
+            for (int64_t q = 0; q < k; q++)
+              s += ld(in[0], off[0] * m * k + r * k + q) * ld(in[1], off[1] * k * n + q * n + c);
+            st_any(got, j * m * n + r * n + c, s);
+          }
+      }
+      assert_close(got, want, dt == DSP_F32 ? 64 * FLT_EPSILON : 64 * DBL_EPSILON,
+                   NULL, "matmul");
+      dsp_tensor_unref(got), dsp_tensor_unref(want);
+      dsp_tensor_unref(in[0]), dsp_tensor_unref(in[1]);
+    }
+}
+
+/* ------------------------------------------------------------------ */
+/* shape ops                                                           */
+
+static void sim_gather(const dsp__cu_index *ix, int64_t base, const dsp_tensor *src,
+                       dsp_tensor *dst, int64_t n, int scatter) {
+  size_t es = dsp_dtype_size(src->meta.dtype);
+  for (int64_t i = 0; i < n; i++) {
+    int64_t off[3];
+    dsp__cu_offsets(ix, i, off);
+    if (scatter)
+      memcpy((char *)dsp_tensor_data(dst) + (base + off[0]) * es,
+             (char *)dsp_tensor_data(src) + i * es, es);
+    else
+      memcpy((char *)dsp_tensor_data(dst) + i * es,
+             (char *)dsp_tensor_data(src) + (base + off[0]) * es, es);
+  }
+}
+
+Test(cuda_host, shape_op_plans_match_cpu) {
+  static const int64_t S[] = {3, 4, 5}, S2[] = {1, 4, 1};
+  static const dsp_dtype dts[] = {DSP_F32, DSP_F64, DSP_I64, DSP_BOOL};
+  for (int di = 0; di < 4; di++) {
+    dsp_dtype dt = dts[di];
+    dsp_tensor *x = mk(dt, 3, S, 1, 0);
+    /* permute and transpose */
+    static const int64_t P[] = {2, 0, 1}, TR[] = {0, -1};
+    static const int perm_p[] = {2, 0, 1}, perm_t[] = {2, 1, 0};
+    for (int t = 0; t < 2; t++) {
+      dsp_attrs a = t ? dsp_attrs_ints(2, TR) : dsp_attrs_ints(3, P);
+      dsp_tensor *want = run(t ? DSP_OP_TRANSPOSE : DSP_OP_PERMUTE, &a, 1, &x);
+      dsp_tensor *got = empty_like(want);
+      dsp__cu_index ix;
+      dsp__cu_plan_perm(&ix, &x->meta, t ? perm_t : perm_p, &got->meta);
+      sim_gather(&ix, 0, x, got, got->numel, 0);
+      assert_same_bytes(got, want, t ? "transpose" : "permute");
+      dsp_tensor_unref(got), dsp_tensor_unref(want);
+    }
+    /* broadcast_to */
+    {
+      dsp_tensor *y = mk(dt, 3, S2, 1, 0);
+      static const int64_t TO[] = {2, 3, 4, 5};
+      dsp_attrs a = dsp_attrs_ints(4, TO);
+      dsp_tensor *want = run(DSP_OP_BROADCAST_TO, &a, 1, &y), *got = empty_like(want);
+      const dsp_meta *ms[1] = {&y->meta};
+      dsp__cu_index ix;
+      dsp__cu_plan_bcast(&ix, &got->meta, ms, 1);
+      sim_gather(&ix, 0, y, got, got->numel, 0);
+      assert_same_bytes(got, want, "broadcast_to");
+      dsp_tensor_unref(got), dsp_tensor_unref(want), dsp_tensor_unref(y);
+    }
+    /* slice and its backward, with negative bounds and steps */
+    static const int64_t SL[][4] = {{1, 1, 4, 2}, {-1, -4, 100, 3}, {0, -2, 3, 1}};
+    for (int s = 0; s < 3; s++) {
+      dsp_attrs a = dsp_attrs_ints(4, SL[s]);
+      dsp_tensor *want = run(DSP_OP_SLICE, &a, 1, &x), *got = empty_like(want);
+      int dim;
+      int64_t s0, len, base;
+      cr_assert_eq(dsp__slice_params(ctx, DSP_OP_SLICE, &x->meta, SL[s], &dim, &s0, &len), 0);
+      dsp__cu_index ix;
+      dsp__cu_plan_slice(&ix, &x->meta, &got->meta, dim, s0, SL[s][3], &base);
+      sim_gather(&ix, base, x, got, got->numel, 0);
+      assert_same_bytes(got, want, "slice");
+      if (dt != DSP_BOOL) {
+        int64_t bi[7] = {SL[s][0], SL[s][1], SL[s][2], SL[s][3], 3, 4, 5};
+        dsp_attrs ab = dsp_attrs_ints(7, bi);
+        dsp_tensor *wb = run(DSP_OP_SLICE_BACKWARD, &ab, 1, &want), *gb = empty_like(wb);
+        sim_gather(&ix, base, want, gb, want->numel, 1);
+        assert_same_bytes(gb, wb, "slice_backward");
+        dsp_tensor_unref(gb), dsp_tensor_unref(wb);
+      }
+      dsp_tensor_unref(got), dsp_tensor_unref(want);
+    }
+    /* cat and stack */
+    for (int stack = 0; stack < 2; stack++)
+      for (int dim = 0; dim < 3 + stack; dim++) {
+        dsp_tensor *in[3];
+        for (int i = 0; i < 3; i++) {
+          int64_t s[3] = {3, 4, 5};
+          if (!stack) s[dim] = 1 + i;
+          in[i] = mk(dt, 3, s, 1, 0);
+        }
+        int64_t d64 = dim;
+        dsp_attrs a = dsp_attrs_ints(1, &d64);
+        dsp_tensor *want = run(stack ? DSP_OP_STACK : DSP_OP_CAT, &a, 3, in);
+        dsp_tensor *got = empty_like(want);
+        int64_t pos = 0, base;
+        for (int i = 0; i < 3; i++) {
+          dsp__cu_index ix;
+          dsp__cu_plan_cat(&ix, &got->meta, &in[i]->meta, dim, stack, pos, &base);
+          sim_gather(&ix, base, in[i], got, in[i]->numel, 1);
+          pos += stack ? 1 : in[i]->meta.shape[dim];
+        }
+        assert_same_bytes(got, want, stack ? "stack" : "cat");
+        dsp_tensor_unref(got), dsp_tensor_unref(want);
+        for (int i = 0; i < 3; i++) dsp_tensor_unref(in[i]);
+      }
+    dsp_tensor_unref(x);
+  }
+}
+
+Test(cuda_host, index_select_and_backward_match_cpu) {
+  static const int64_t S[] = {3, 4, 5}, L = 6;
+  dsp_meta im = meta_of(DSP_I64, 1, &L);
+  for (int f = 0; f < 2; f++)
+    for (int dim = 0; dim < 3; dim++) {
+      dsp_dtype dt = f ? DSP_F64 : DSP_F32;
+      dsp_tensor *x = mk(dt, 3, S, 0, 0), *ix = NULL;
+      cr_assert_eq(dsp_tensor_new(ctx, &im, &ix), 0);
+      int64_t *I = dsp_tensor_data(ix);
+      for (int k = 0; k < L; k++) I[k] = (int64_t)(rnd() % (uint64_t)S[dim]); /* repeats */
+      int64_t d64 = dim;
+      dsp_attrs a = dsp_attrs_ints(1, &d64);
+      dsp_tensor *in[2] = {x, ix};
+      dsp_tensor *want = run(DSP_OP_INDEX_SELECT, &a, 2, in), *got = empty_like(want);
+      int64_t blk = dsp__cu_prod(S, dim + 1, 3);
+      size_t es = dsp_dtype_size(dt);
+      for (int64_t e = 0; e < got->numel; e++) { /* k_index_select */
+        int64_t j = e % blk, k = (e / blk) % L, o = e / (blk * L);
+        memcpy((char *)dsp_tensor_data(got) + e * es,
+               (char *)dsp_tensor_data(x) + ((o * S[dim] + I[k]) * blk + j) * es, es);
+      }
+      assert_same_bytes(got, want, "index_select");
+      int64_t bi[2] = {dim, S[dim]};
+      dsp_attrs ab = dsp_attrs_ints(2, bi);
+      dsp_tensor *bin2[2] = {want, ix};
+      dsp_tensor *wb = run(DSP_OP_INDEX_SELECT_BACKWARD, &ab, 2, bin2), *gb = empty_like(wb);
+      int64_t start[8], ks[6];
+      dsp__cu_csr_build(I, L, S[dim], start, ks);
+      for (int64_t e = 0; e < gb->numel; e++) { /* k_index_select_bw */
+        int64_t j = e % blk, s = (e / blk) % S[dim], o = e / (blk * S[dim]);
+        double acc = 0;
+        for (int64_t q = start[s]; q < start[s + 1]; q++) {
+          double gv = ld(want, (o * L + ks[q]) * blk + j);
+          acc = f ? acc + gv : (double)((float)acc + (float)gv);
+        }
+        st_any(gb, e, acc);
+      }
+      for (int64_t q = 1; q < L; q++) /* rows of one s in increasing k */
+        cr_assert(I[ks[q - 1]] < I[ks[q]] || (I[ks[q - 1]] == I[ks[q]] && ks[q - 1] < ks[q]));
+      assert_same_bytes(gb, wb, "index_select_backward");
+      dsp_tensor_unref(gb), dsp_tensor_unref(wb), dsp_tensor_unref(got);
+      dsp_tensor_unref(want), dsp_tensor_unref(ix), dsp_tensor_unref(x);
+    }
+}
+
+/* ------------------------------------------------------------------ */
+/* random numbers, dropout, optimizer steps                            */
+
+Test(cuda_host, rng_creation_and_dropout_are_bit_identical_to_cpu) {
+  for (uint64_t i = 0; i < 5000; i++) {
+    uint64_t seed = i * 7919u + 3;
+    cr_assert_eq(dsp__cu_rng_u64(seed, i), dsp_rng_u64(seed, i));
+    cr_assert_eq(dsp__cu_rng_uniform01(seed, i), dsp_rng_uniform01(seed, i));
+    double z = dsp_rng_normal(seed, i), c = dsp__cu_rng_normal(seed, i);
+    cr_assert(memcmp(&z, &c, sizeof z) == 0, "normal %llu", (unsigned long long)i);
+  }
+  static const int64_t S[] = {7, 13};
+  for (int f = 0; f < 2; f++)
+    for (int op = DSP_OP_UNIFORM; op <= DSP_OP_NORMAL; op++) {
+      dsp_dtype dt = f ? DSP_F64 : DSP_F32;
+      int64_t ints[4] = {dt, 99, S[0], S[1]};
+      dsp_attrs a = dsp_attrs_ints(4, ints);
+      a.n_floats = 2, a.floats[0] = -1.5, a.floats[1] = 2.5;
+      dsp_tensor *want = run((dsp_opcode)op, &a, 0, NULL), *got = empty_like(want);
+      for (int64_t i = 0; i < got->numel; i++) { /* k_random */
+        double v = op == DSP_OP_NORMAL ? -1.5 + 2.5 * dsp__cu_rng_normal(99, (uint64_t)i)
+                   : f ? dsp__cu_uniform_f64(99, (uint64_t)i, -1.5, 2.5)
+                       : dsp__cu_uniform_f32(99, (uint64_t)i, -1.5, 2.5);
+        st_any(got, i, v);
+      }
+      assert_same_bytes(got, want, dsp_op_lookup(op)->name);
+      /* dropout with the same counter stream */
+      int64_t seed = 4242;
+      dsp_attrs da = dsp_attrs_ints(1, &seed);
+      da.n_floats = 1, da.floats[0] = 0.3;
+      dsp_tensor *dw = run(DSP_OP_DROPOUT, &da, 1, &want), *dg = empty_like(dw);
+      for (int64_t i = 0; i < dg->numel; i++) /* k_dropout */
+        st_any(dg, i, dsp__cu_rng_uniform01(4242, (uint64_t)i) >= 0.3
+                          ? ld(want, i) * (1.0 / (1.0 - 0.3)) : 0.0);
+      assert_same_bytes(dg, dw, "dropout");
+      dsp_tensor_unref(dg), dsp_tensor_unref(dw);
+      dsp_tensor_unref(got), dsp_tensor_unref(want);
+    }
+}
+
+Test(cuda_host, optimizer_steps_are_bit_identical_to_cpu) {
+  static const int64_t S[] = {5, 9};
+  for (int f = 0; f < 2; f++) {
+    dsp_dtype dt = f ? DSP_F64 : DSP_F32;
+    dsp_tensor *p = mk(dt, 2, S, 0, 0), *g = mk(dt, 2, S, 0, 0),
+               *m = mk(dt, 2, S, 0, 0), *v = mk(dt, 2, S, 0, 0);
+    for (int64_t i = 0; i < v->numel; i++) st_any(v, i, fabs(ld(v, i)));
+    double *P = as_f64(p), *G = as_f64(g), *M = as_f64(m), *V = as_f64(v);
+    /* sgd on (p, g, m as velocity) */
+    dsp_attrs a = dsp_attrs_none();
+    a.n_floats = 3, a.floats[0] = 0.1, a.floats[1] = 0.9, a.floats[2] = 1e-3;
+    dsp_tensor *in3[3] = {p, g, m};
+    dsp_tensor_unref(run(DSP_OP_SGD_STEP, &a, 3, in3));
+    for (int64_t i = 0; i < p->numel; i++) {
+      double pi = P[i], mi = M[i];
+      dsp__cu_sgd(&pi, &mi, G[i], 0.1, 0.9, 1e-3);
+      cr_assert(f ? pi == ld(p, i) && mi == ld(m, i)
+                  : (float)pi == (float)ld(p, i) && (float)mi == (float)ld(m, i),
+                "sgd element %lld", (long long)i);
+      P[i] = ld(p, i), M[i] = ld(m, i);
+    }
+    /* adam step 3 */
+    int64_t t = 3;
+    dsp_attrs b = dsp_attrs_ints(1, &t);
+    b.n_floats = 4, b.floats[0] = 1e-2, b.floats[1] = 0.9, b.floats[2] = 0.999,
+    b.floats[3] = 1e-8;
+    dsp_tensor *in4[4] = {p, g, m, v};
+    dsp_tensor_unref(run(DSP_OP_ADAM_STEP, &b, 4, in4));
+    for (int64_t i = 0; i < p->numel; i++) {
+      double pi = P[i], mi = M[i], vi = V[i];
+      dsp__cu_adam(&pi, &mi, &vi, G[i], 1e-2, 0.9, 0.999, 1e-8,
+                   1.0 - pow(0.9, 3.0), 1.0 - pow(0.999, 3.0));
+      cr_assert(f ? pi == ld(p, i) && vi == ld(v, i)
+                  : (float)pi == (float)ld(p, i) && (float)vi == (float)ld(v, i),
+                "adam element %lld", (long long)i);
+    }
+    free(P), free(G), free(M), free(V);
+    dsp_tensor_unref(p), dsp_tensor_unref(g), dsp_tensor_unref(m), dsp_tensor_unref(v);
+  }
+}
+
+/* ------------------------------------------------------------------ */
+/* conv2d (im2col blocks + gemm) and pooling                           */
+
+/* run_conv replayed with blocks of `blk` output pixels and a naive gemm */
+static void sim_conv(dsp_opcode op, const dsp__cu_geo *g, const dsp_tensor *A,
+                     const dsp_tensor *B, dsp_tensor *O, int64_t blk) {
+  int f = O->meta.dtype == DSP_F64;
+  int64_t ck = g->C * g->KH * g->KW, ohw = g->OH * g->OW;
+  size_t es = f ? 8 : 4;
+  for (int64_t n = 0; n < g->N; n++)
+    for (int64_t p0 = 0; p0 < ohw; p0 += blk) {
+      int64_t np = ohw - p0 < blk ? ohw - p0 : blk;
+      double *col = calloc((size_t)(ck * np), sizeof *col);
+      void *colt = calloc((size_t)(ck * np), es); /* col in the dtype */
+      if (op != DSP_OP_CONV2D_BACKWARD_INPUT) {
+        const char *xn = (const char *)dsp_tensor_data(op == DSP_OP_CONV2D ? A : B) +
+                         (size_t)(n * g->C * g->H * g->W) * es;
+        for (int64_t r = 0; r < ck; r++)
+          for (int64_t q = 0; q < np; q++)
+            col[r * np + q] = dsp__cu_im2col_at(g, xn, f, r, p0 + q);
+      }
+      if (op == DSP_OP_CONV2D) {
+        for (int64_t o = 0; o < g->O; o++)
+          for (int64_t q = 0; q < np; q++) {
+            double s = 0;
+            for (int64_t r = 0; r < ck; r++) s += ld(B, o * ck + r) * col[r * np + q];
+            st_any(O, (n * g->O + o) * ohw + p0 + q, s);
+          }
+      } else if (op == DSP_OP_CONV2D_BACKWARD_INPUT) {
+        for (int64_t r = 0; r < ck; r++)
+          for (int64_t q = 0; q < np; q++) {
+            double s = 0;
+            for (int64_t o = 0; o < g->O; o++)
+              s += ld(B, o * ck + r) * ld(A, (n * g->O + o) * ohw + p0 + q);
+            if (f) ((double *)colt)[r * np + q] = s;
+            else ((float *)colt)[r * np + q] = (float)s;
+          }
+        int64_t xb = n * g->C * g->H * g->W;
+        for (int64_t c = 0; c < g->C; c++)
+          for (int64_t h = 0; h < g->H; h++)
+            for (int64_t w = 0; w < g->W; w++) {
+              int64_t i = xb + (c * g->H + h) * g->W + w;
+              st_any(O, i, ld(O, i) + dsp__cu_col2im_at(g, colt, f, p0, np, c, h, w));
+            }
+      } else {
+        for (int64_t o = 0; o < g->O; o++)
+          for (int64_t r = 0; r < ck; r++) {
+            double s = ld(O, o * ck + r);
+            for (int64_t q = 0; q < np; q++)
+              s += ld(A, (n * g->O + o) * ohw + p0 + q) * col[r * np + q];
+            st_any(O, o * ck + r, s);
+          }
+      }
+      free(col), free(colt);
+    }
+}
+
+Test(cuda_host, conv2d_im2col_blocks_match_cpu) {
+  static const int64_t X[] = {2, 3, 9, 8}, W[] = {4, 3, 3, 2};
+  static const int64_t CI[][6] = {{1, 1, 0, 0, 1, 1}, {2, 1, 1, 1, 1, 1}, {1, 2, 1, 0, 2, 1}};
+  for (int f = 0; f < 2; f++)
+    for (int ci = 0; ci < 3; ci++) {
+      dsp_dtype dt = f ? DSP_F64 : DSP_F32;
+      dsp_tensor *x = mk(dt, 4, X, 0, 0), *w = mk(dt, 4, W, 0, 0);
+      dsp_attrs a = dsp_attrs_ints(6, CI[ci]);
+      dsp_tensor *in[2] = {x, w};
+      dsp_tensor *y = run(DSP_OP_CONV2D, &a, 2, in);
+      dsp__cu_geo g = {0};
+      const dsp_meta fm[2] = {x->meta, w->meta};
+      cr_assert_eq(dsp__cu_plan_nn(ctx, DSP_OP_CONV2D, fm, 2, &a, &g), 0);
+      double tol = f ? 1e-12 : 1e-5;
+      for (int64_t blk = 1; blk <= 64; blk *= 8) {
+        dsp_tensor *gy = empty_like(y);
+        sim_conv(DSP_OP_CONV2D, &g, x, w, gy, blk);
+        assert_close(gy, y, tol, NULL, "conv2d");
+        dsp_tensor_unref(gy);
+      }
+      /* both backward ops with a random upstream grad */
+      dsp_tensor *dy = mk(dt, 4, y->meta.shape, 0, 0);
+      int64_t bi[10], bw[10];
+      memcpy(bi, CI[ci], sizeof CI[ci]), memcpy(bw, CI[ci], sizeof CI[ci]);
+      memcpy(bi + 6, X, sizeof X), memcpy(bw + 6, W, sizeof W);
+      dsp_attrs ai = dsp_attrs_ints(10, bi), aw = dsp_attrs_ints(10, bw);
+      dsp_tensor *i2[2] = {dy, w}, *w2[2] = {dy, x};
+      dsp_tensor *dx = run(DSP_OP_CONV2D_BACKWARD_INPUT, &ai, 2, i2);
+      dsp_tensor *dw = run(DSP_OP_CONV2D_BACKWARD_WEIGHT, &aw, 2, w2);
+      dsp__cu_geo gi = {0}, gw = {0};
+      const dsp_meta im[2] = {dy->meta, w->meta}, wm[2] = {dy->meta, x->meta};
+      cr_assert_eq(dsp__cu_plan_nn(ctx, DSP_OP_CONV2D_BACKWARD_INPUT, im, 2, &ai, &gi), 0);
+      cr_assert_eq(dsp__cu_plan_nn(ctx, DSP_OP_CONV2D_BACKWARD_WEIGHT, wm, 2, &aw, &gw), 0);
+      cr_assert(memcmp(&gi, &g, sizeof g) == 0 && memcmp(&gw, &g, sizeof g) == 0,
+                "the three conv ops see one geometry");
+      for (int64_t blk = 1; blk <= 64; blk *= 8) {
+        dsp_tensor *gx = empty_like(dx), *gwt = empty_like(dw);
+        sim_conv(DSP_OP_CONV2D_BACKWARD_INPUT, &g, dy, w, gx, blk);
+        sim_conv(DSP_OP_CONV2D_BACKWARD_WEIGHT, &g, dy, x, gwt, blk);
+        assert_close(gx, dx, f ? 1e-12 : 1e-5, NULL, "conv2d_backward_input");
+        assert_close(gwt, dw, f ? 1e-12 : 1e-5, NULL, "conv2d_backward_weight");
+        dsp_tensor_unref(gx), dsp_tensor_unref(gwt);
+      }
+      dsp_tensor_unref(dx), dsp_tensor_unref(dw), dsp_tensor_unref(dy);
+      dsp_tensor_unref(y), dsp_tensor_unref(x), dsp_tensor_unref(w);
+    }
+}
+
+Test(cuda_host, pooling_forward_and_backward_gathers_match_cpu) {
+  static const int64_t X[] = {2, 3, 7, 9};
+  static const int64_t PI[][6] = {{2, 2, 2, 2, 0, 0}, {3, 3, 2, 1, 1, 1}, {3, 2, 1, 2, 1, 0}};
+  for (int f = 0; f < 2; f++)
+    for (int pi = 0; pi < 3; pi++)
+      for (int mx = 0; mx < 2; mx++) {
+        dsp_dtype dt = f ? DSP_F64 : DSP_F32;
+        dsp_tensor *x = mk(dt, 4, X, 1, 0); /* ties, NaN, inf */
+        dsp_attrs a = dsp_attrs_ints(6, PI[pi]);
+        dsp_tensor *y = run(mx ? DSP_OP_MAX_POOL2D : DSP_OP_AVG_POOL2D, &a, 1, &x);
+        dsp__cu_geo g = {0};
+        cr_assert_eq(dsp__cu_plan_nn(ctx, mx ? DSP_OP_MAX_POOL2D : DSP_OP_AVG_POOL2D,
+                                     &x->meta, 1, &a, &g), 0);
+        dsp_tensor *gy = empty_like(y);
+        size_t es = f ? 8 : 4;
+        for (int64_t e = 0; e < gy->numel; e++) { /* k_pool_fwd */
+          int64_t ow = e % g.OW, oh = (e / g.OW) % g.OH, nc = e / (g.OW * g.OH), at;
+          const char *xp = (const char *)dsp_tensor_data(x) + (size_t)(nc * g.H * g.W) * es;
+          st_any(gy, e, mx ? dsp__cu_pool_max(&g, xp, f, oh, ow, &at)
+                           : dsp__cu_pool_avg(&g, xp, f, oh, ow));
+        }
+        assert_same_bytes(gy, y, mx ? "max_pool2d" : "avg_pool2d");
+        dsp_tensor *up = mk(dt, 4, y->meta.shape, 0, 0);
+        dsp_tensor *in[2] = {up, x};
+        dsp_tensor *dx = run(mx ? DSP_OP_MAX_POOL2D_BACKWARD : DSP_OP_AVG_POOL2D_BACKWARD,
+                             &a, 2, in);
+        dsp_tensor *gx = empty_like(dx);
+        for (int64_t e = 0; e < gx->numel; e++) { /* k_pool_bw */
+          int64_t w = e % g.W, h = (e / g.W) % g.H, nc = e / (g.W * g.H);
+          st_any(gx, e, dsp__cu_pool_bw_at(&g, mx,
+                        (const char *)dsp_tensor_data(up) + (size_t)(nc * g.OH * g.OW) * es,
+                        (const char *)dsp_tensor_data(x) + (size_t)(nc * g.H * g.W) * es,
+                        f, h, w));
+        }
+        assert_same_bytes(gx, dx, mx ? "max_pool2d_backward" : "avg_pool2d_backward");
+        dsp_tensor_unref(gx), dsp_tensor_unref(dx), dsp_tensor_unref(up);
+        dsp_tensor_unref(gy), dsp_tensor_unref(y), dsp_tensor_unref(x);
+      }
+}
+
+/* ------------------------------------------------------------------ */
+/* the backend itself                                                  */
+
+#if DSP_CUDA_BUILT
+Test(cuda_host, errors_map_to_dispatch_codes_with_the_library_message) {
+  char buf[256];
+  cr_assert_eq(dsp_cuda_error(cudaErrorMemoryAllocation, "cuda add: cudaMallocAsync",
+                              buf, sizeof buf),
+               DISPATCH_ENOMEM);
+  cr_assert(strstr(buf, "cuda add: cudaMallocAsync: out of memory"), "%s", buf);
+  cr_assert(strstr(buf, "cudaErrorMemoryAllocation"), "%s", buf);
+  cr_assert_eq(dsp_cuda_error(cudaErrorNoDevice, "x", buf, sizeof buf),
+               DISPATCH_EUNSUPPORTED);
+  cr_assert_eq(dsp_cuda_error(cudaErrorLaunchFailure, "x", buf, sizeof buf),
+               DISPATCH_EINTERNAL);
+  cr_assert_eq(dsp_cuda_blas_error(CUBLAS_STATUS_ALLOC_FAILED, "gemm", buf, sizeof buf),
+               DISPATCH_ENOMEM);
+  cr_assert(strstr(buf, "gemm: ") && strstr(buf, "CUBLAS_STATUS_ALLOC_FAILED"), "%s", buf);
+  cr_assert_eq(dsp_cuda_blas_error(CUBLAS_STATUS_NOT_SUPPORTED, "gemm", buf, sizeof buf),
+               DISPATCH_EUNSUPPORTED);
+}
+
+Test(cuda_host, open_without_a_gpu_fails_with_one_line) {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) == cudaSuccess && n > 0) {
+    /* a GPU host: the backend opens, names itself and closes */
+    dsp_backend *be = NULL;
+    char why[256] = "";
+    cr_assert_eq(dsp_cuda_backend_open(0, &be, why, sizeof why), 0, "%s", why);
+    cr_assert(strncmp(be->name, "cuda:0", 6) == 0);
+    dsp_cuda_backend_close(be);
+    return;
+  }
+  for (int tries = 0; tries < 2; tries++) { /* twice: no state left behind */
+    dsp_backend *be = (dsp_backend *)&be;
+    char why[256] = "";
+    int rc = dsp_cuda_backend_open(0, &be, why, sizeof why);
+    cr_assert_eq(rc, DISPATCH_EUNSUPPORTED, "rc %d: %s", rc, why);
+    cr_assert_null(be);
+    cr_assert(strncmp(why, "no CUDA device: cudaGetDeviceCount: ", 36) == 0, "%s", why);
+    cr_assert_null(strchr(why, '\n'));
+    cr_assert_gt(strlen(why), 40);
+  }
+  dsp_cuda_backend_close(NULL);
+  cr_assert_eq(dsp_cuda_pool_used(dsp_cpu_backend()), 0);
+  cr_assert_eq(dsp_cuda_sync(dsp_cpu_backend(), ctx), DISPATCH_EINVAL);
+}
+#endif
