@@ -92,7 +92,11 @@ static int add_device(const sv_config *cfg, sv_global *g,
   if (rc < 0) return rc;
   char who[40];
   snprintf(who, sizeof who, "device %s", name);
-  uint64_t limit = cfg->device_memory ? cfg->device_memory : cfg->max_memory;
+  /* without --device-memory the device is counted but only --max-memory
+   * (every session's budget's parent) limits it, so the server-wide
+   * refusal keeps its own message */
+  uint64_t limit = cfg->device_memory ? cfg->device_memory : UINT64_MAX;
+  d->total = cfg->device_memory ? cfg->device_memory : cfg->max_memory;
   d->mem = dsp_budget_new(limit, NULL, who, "--device-memory");
   if (!d->mem) {
     k->close(d->be);
@@ -193,7 +197,7 @@ size_t sv_device_infos(const sv_global *g, Dispatch__DeviceInfo *infos,
     infos[n].kind = (char *)d->kind;
     infos[n].name = (char *)d->name;
     infos[n].description = (char *)d->be->device;
-    uint64_t lim = dsp_budget_limit(d->mem), used = dsp_budget_used(d->mem);
+    uint64_t lim = d->total, used = dsp_budget_used(d->mem);
     infos[n].total_memory = lim;
     infos[n].free_memory = used < lim ? lim - used : 0;
     ptrs[n] = &infos[n];

@@ -449,8 +449,11 @@ int sv_run(const sv_config *cfg) {
 
   char names[256];
   sv_device_names(&srv->g, names, sizeof names);
-  sv_log(SV_LOG_INFO, "devices: %s (each %llu bytes of --device-memory)",
-         names, (unsigned long long)dsp_budget_limit(srv->g.devices[0].mem));
+  if (cfg->device_memory)
+    sv_log(SV_LOG_INFO, "devices: %s (each %llu bytes of --device-memory)",
+           names, (unsigned long long)cfg->device_memory);
+  else
+    sv_log(SV_LOG_INFO, "devices: %s (together within --max-memory)", names);
 
   uv_run(&srv->loop, UV_RUN_DEFAULT);
 

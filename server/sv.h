@@ -54,7 +54,8 @@ typedef struct sv_config {
    * "all"; none given: "cpu" */
   const char *devices[SV_MAX_DEVICES];
   int n_devices;
-  uint64_t device_memory;    /* each device's own budget; 0: --max-memory */
+  uint64_t device_memory;    /* each device's own budget; 0: none beyond
+                                --max-memory (still counted per device) */
   int insecure;              /* allow a non-loopback bind without TLS+token */
 } sv_config;
 
@@ -134,7 +135,8 @@ typedef struct sv_device {
   char name[32];   /* "cpu:1" */
   const char *kind;
   dsp_backend *be; /* owned; be->mem is `mem` */
-  dsp_budget *mem; /* owned */
+  dsp_budget *mem; /* owned; its limit is --device-memory, none without */
+  uint64_t total;  /* reported memory: --device-memory, else --max-memory */
   void (*close)(dsp_backend *be);
 } sv_device;
 /* Opens every device cfg->devices names (a small table of kinds: adding
