@@ -145,6 +145,24 @@ Test(devices, cpu1_computes_bit_identical_results_to_cpu0, .fini = stop,
   dispatch_device_close(d1);
 }
 
+/* A peer's tensors live on the peer's device although the session's is
+ * cpu:0: ops follow their inputs, and a backward pass seeds and fills
+ * its gradients there too (the seed is a creation op). */
+Test(devices, a_peer_computes_and_differentiates_on_its_device, .fini = stop,
+     .timeout = 120) {
+  start_two("67108864");
+  float a[96], b[96];
+  dispatch_device *d0 = open_spec("/cpu:0"), *d1;
+  cr_assert_eq(dispatch_device_open_peer(d0, "cpu:1", &d1), 0);
+  uint64_t f1 = device_free("cpu:1");
+  program(d0, a, 96);
+  program(d1, b, 96);
+  cr_assert_eq(memcmp(a, b, sizeof a), 0, "the peer on cpu:1 differs");
+  cr_assert_lt(device_free("cpu:1"), f1, "the peer's tensors are on cpu:1");
+  dispatch_device_close(d1);
+  dispatch_device_close(d0);
+}
+
 Test(devices, move_keeps_bytes_and_charges_the_device_it_lands_on,
      .fini = stop, .timeout = 120) {
   start_two("16777216"); /* 16 MiB per device */
