@@ -528,7 +528,9 @@ void dispatch_optim_free(dispatch_optim *opt);
  * land on `device`; an op runs on its inputs' device, and inputs of two
  * devices are DISPATCH_EDEVICE (no implicit copies). The peer is used
  * from dev's thread only; close it like any device (its tensors are freed
- * on the server, dev goes on); closing dev first is allowed. Errors:
+ * on the server, dev goes on); closing dev first is allowed. dev and its
+ * peers share the session's deferred error: it surfaces on whichever of
+ * them waits next (sync, read, backward). Errors:
  * DISPATCH_EUNSUPPORTED (dev is not remote), DISPATCH_EINVAL (bad name),
  * DISPATCH_EDEVICE (the server has no such device: the message names the
  * ones it has), DISPATCH_ECONN, DISPATCH_ENOMEM. *out is the caller's. */
