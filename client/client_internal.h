@@ -133,6 +133,10 @@ DISPATCH__HIDDEN int dispatch__remote_open(dispatch_device *dev,
 /* 0 when the server has dev->device, else DISPATCH_EDEVICE naming the
  * devices it has (one Stats round trip). */
 DISPATCH__HIDDEN int dispatch__remote_check_device(dispatch_device *dev);
+/* The server's devices (one Stats round trip); see dispatch_device_list. */
+DISPATCH__HIDDEN int dispatch__remote_devices(dispatch_device *dev,
+                                              dispatch_device_info *out,
+                                              int max, int *n);
 
 /* tls.c: a TLS session over dev->conn.fd through memory BIOs; every wait
  * is a poll bounded by deadline (ms, CLOCK_MONOTONIC). */

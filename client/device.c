@@ -282,6 +282,26 @@ int dispatch_device_open_peer(dispatch_device *dev, const char *device,
   return 0;
 }
 
+int dispatch_device_list(dispatch_device *dev, dispatch_device_info *out,
+                         int max, int *n) {
+  if (!dev) return DISPATCH_EINVAL;
+  if (!n || max < 0 || (max > 0 && !out))
+    return dispatch__ret(dev, dsp_seterr(dev->ctx, DISPATCH_EINVAL,
+                                         "device_list: bad arguments"));
+  if (dev->kind == DISPATCH_KIND_LOCAL) {
+    *n = 1;
+    if (max > 0) {
+      memset(out, 0, sizeof *out);
+      snprintf(out->kind, sizeof out->kind, "cpu");
+      snprintf(out->name, sizeof out->name, "local:cpu");
+      snprintf(out->description, sizeof out->description, "%s",
+               dsp_cpu_backend()->device);
+    }
+    return 0;
+  }
+  return dispatch__ret(dev, dispatch__remote_devices(dev, out, max, n));
+}
+
 dispatch_tensor_kind dispatch_device_kind(const dispatch_device *dev) {
   return dev->kind;
 }

@@ -464,6 +464,34 @@ int dispatch__remote_to_device(dispatch_device *dev, uint64_t id, uint64_t out,
   return queue(dev, dsp_wreq_to_device(&w, id, out, device), out, NULL, 0);
 }
 
+int dispatch__remote_devices(dispatch_device *dev, dispatch_device_info *out,
+                             int max, int *n) {
+  dsp_wreq w;
+  Dispatch__Reply *r;
+  *n = 0;
+  int rc = call(dev, dsp_wreq_stats(&w), NULL, 0, 0, &r);
+  if (rc == 0 && r->body_case != DISPATCH__REPLY__BODY_STATS)
+    rc = dsp_seterr(dev->ctx, DISPATCH_EPROTO,
+                    "device_list: the server's reply carries no stats");
+  if (rc == 0) {
+    for (size_t i = 0; i < r->stats->n_devices; i++) {
+      const Dispatch__DeviceInfo *d = r->stats->devices[i];
+      if ((int)i < max) {
+        dispatch_device_info *o = &out[i];
+        snprintf(o->kind, sizeof o->kind, "%s", d->kind);
+        snprintf(o->name, sizeof o->name, "%s", d->name);
+        snprintf(o->description, sizeof o->description, "%s",
+                 d->description);
+        o->total_memory = d->total_memory;
+        o->free_memory = d->free_memory;
+      }
+    }
+    *n = (int)r->stats->n_devices;
+  }
+  if (r) dispatch__reply__free_unpacked(r, &g_pb_alloc);
+  return rc;
+}
+
 /* 0 when the server has dev->device (by its stats' device list), else
  * DISPATCH_EDEVICE naming the devices it has. */
 int dispatch__remote_check_device(dispatch_device *dev) {

@@ -103,6 +103,20 @@ Test(devices, hello_lists_two_cpu_devices, .fini = stop, .timeout = 120) {
   cr_assert_str_eq(h->session_device, "cpu:1");
   wire_reply_free(r, NULL);
   wire_close(&c);
+
+  /* the client library lists them too */
+  dispatch_device *dev = open_spec("/cpu:1");
+  dispatch_device_info info[4];
+  int n = 0;
+  cr_assert_eq(dispatch_device_list(dev, info, 4, &n), 0);
+  cr_assert_eq(n, 2);
+  cr_assert_str_eq(info[0].name, "cpu:0");
+  cr_assert_str_eq(info[1].name, "cpu:1");
+  cr_assert_str_eq(info[1].kind, "cpu");
+  cr_assert_eq(info[1].total_memory, 64u << 20);
+  cr_assert_eq(dispatch_device_list(dev, info, 1, &n), 0);
+  cr_assert_eq(n, 2, "the count is the server's, not max");
+  dispatch_device_close(dev);
 }
 
 /* One small training-like program: matmul, softmax, a loss and its

@@ -537,4 +537,22 @@ void dispatch_optim_free(dispatch_optim *opt);
 int dispatch_device_open_peer(dispatch_device *dev, const char *device,
                               dispatch_device **out);
 
+/* One device of a server, as its hello and Stats list them. */
+typedef struct dispatch_device_info {
+  char kind[16];         /* "cpu", "cuda" */
+  char name[32];         /* "cpu:1": what a device string or a peer names */
+  char description[96];  /* the backend's */
+  uint64_t total_memory; /* the device's budget (--device-memory, else the
+                            server's --max-memory) */
+  uint64_t free_memory;  /* what is left of it now */
+} dispatch_device_info;
+
+/* Fills out[0..max-1] with the devices of dev's server, in the server's
+ * order, and sets *n to how many it has (may be more than max); one Stats
+ * round trip. LOCAL: the one in-process CPU ("cpu", "local:cpu", memory
+ * 0: unbounded). Strings are cut to their fields. 0, or DISPATCH_EINVAL /
+ * DISPATCH_ECONN / a deferred error of the session. */
+int dispatch_device_list(dispatch_device *dev, dispatch_device_info *out,
+                         int max, int *n);
+
 #endif
