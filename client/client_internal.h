@@ -77,6 +77,8 @@ typedef struct dispatch__conn {
   uint8_t *rbuf; /* plain TCP: received bytes not consumed yet (NULL on
                     TLS: OpenSSL buffers records itself) */
   size_t rpos, rlen;
+  int refs; /* the device and its peers (dispatch_device_open_peer) */
+  char *server_device; /* the hello's session device: "cpu:0" */
 } dispatch__conn;
 
 struct dispatch_device {
@@ -89,7 +91,10 @@ struct dispatch_device {
   dispatch_grads *grads;
   dispatch_optim *optims;
   dispatch_stats local_stats; /* LOCAL counters */
-  dispatch__conn conn;
+  dispatch__conn *conn; /* shared with peers (one session); every device
+                           has one (LOCAL: only its timeout is used) */
+  char *device; /* REMOTE: the server device its uploads and creation ops
+                   land on, NULL: the session's (hello) device */
   int closing;
 };
 
@@ -123,7 +128,15 @@ DISPATCH__HIDDEN int dispatch__remote_open(dispatch_device *dev,
                                            const char *host, const char *port,
                                            const char *token,
                                            const char *client_name,
+                                           const char *device,
                                            const dispatch_options *tls);
+/* 0 when the server has dev->device, else DISPATCH_EDEVICE naming the
+ * devices it has (one Stats round trip). */
+DISPATCH__HIDDEN int dispatch__remote_check_device(dispatch_device *dev);
+/* The server's devices (one Stats round trip); see dispatch_device_list. */
+DISPATCH__HIDDEN int dispatch__remote_devices(dispatch_device *dev,
+                                              dispatch_device_info *out,
+                                              int max, int *n);
 
 /* tls.c: a TLS session over dev->conn.fd through memory BIOs; every wait
  * is a poll bounded by deadline (ms, CLOCK_MONOTONIC). */
@@ -153,6 +166,10 @@ DISPATCH__HIDDEN int dispatch__remote_track(dispatch_device *dev, uint64_t id);
 DISPATCH__HIDDEN int dispatch__remote_grad(dispatch_device *dev,
                                            uint64_t grads, uint64_t tensor,
                                            uint64_t out);
+/* A new tensor `out` on server device `device` with the bytes of `id`. */
+DISPATCH__HIDDEN int dispatch__remote_to_device(dispatch_device *dev,
+                                                uint64_t id, uint64_t out,
+                                                const char *device);
 DISPATCH__HIDDEN int dispatch__remote_step(dispatch_device *dev,
                                            dsp_opcode op, uint64_t grads,
                                            const uint64_t *params, int n,

@@ -45,6 +45,49 @@ static int split_hostport(const char *s, char *host, size_t hlen, char *port,
   return 0;
 }
 
+/* "local", "local:cpu", "local:cpu:0": the in-process CPU; a kind this
+ * library was built without (cuda) is DISPATCH_EUNSUPPORTED, anything
+ * else DISPATCH_EINVAL, both with the reason in errmsg. */
+static int local_device(const char *spec, char *errmsg, size_t len) {
+  if (strcmp(spec, "local") == 0 || strcmp(spec, "local:cpu") == 0 ||
+      strcmp(spec, "local:cpu:0") == 0)
+    return 0;
+  char m[600];
+  if (strncmp(spec, "local:cuda", 10) == 0 &&
+      (spec[10] == '\0' || spec[10] == ':')) {
+    snprintf(m, sizeof m,
+             "device \"%.400s\": this libdispatch-client was built without "
+             "the CUDA backend (local devices here: local, local:cpu)",
+             spec);
+    copy_msg(errmsg, len, m);
+    return DISPATCH_EUNSUPPORTED;
+  }
+  snprintf(m, sizeof m,
+           "device \"%.400s\": unknown local device (use local or "
+           "local:cpu)",
+           spec);
+  copy_msg(errmsg, len, m);
+  return DISPATCH_EINVAL;
+}
+
+/* A server device name as sent in the hello: KIND or KIND:N, letters,
+ * digits and one colon, at most 31 characters; the server judges whether
+ * it has it. */
+static int valid_server_device(const char *d) {
+  size_t n = strlen(d);
+  if (n == 0 || n > 31) return 0;
+  int colons = 0;
+  for (const char *p = d; *p; p++) {
+    if (*p == ':') {
+      if (++colons > 1 || p == d || !p[1]) return 0;
+    } else if (!((*p >= 'a' && *p <= 'z') || (*p >= '0' && *p <= '9') ||
+                 *p == '_')) {
+      return 0;
+    }
+  }
+  return 1;
+}
+
 /* Opens a device; on failure nothing is left allocated and the detail is
  * copied to errmsg, since no device survives to hold it. */
 int dispatch_device_open(const char *spec, const dispatch_options *opts,
@@ -70,36 +113,36 @@ int dispatch_device_open(const char *spec, const dispatch_options *opts,
   }
 
   dispatch_tensor_kind kind;
-  char host[256], port[16];
-  if (strcmp(spec, "local") == 0) {
+  char host[256], port[16], base[300];
+  const char *sdev = NULL; /* the server device after "HOST:PORT/" */
+  if (strncmp(spec, "local", 5) == 0 &&
+      (spec[5] == '\0' || spec[5] == ':')) {
+    int rc = local_device(spec, errmsg, errmsg_len);
+    if (rc < 0) return rc;
     kind = DISPATCH_KIND_LOCAL;
-  } else if (strncmp(spec, "tcp://", 6) == 0) {
+  } else if (strncmp(spec, "tcp://", 6) == 0 ||
+             strncmp(spec, "tls://", 6) == 0) {
     kind = DISPATCH_KIND_REMOTE;
-    if (split_hostport(spec + 6, host, sizeof host, port, sizeof port) < 0) {
-      char m[512];
+    const char *slash = strchr(spec + 6, '/');
+    size_t n = slash ? (size_t)(slash - spec - 6) : strlen(spec + 6);
+    if (slash) sdev = slash + 1;
+    if (n >= sizeof base || (slash && !valid_server_device(sdev)) ||
+        (memcpy(base, spec + 6, n), base[n] = '\0',
+         split_hostport(base, host, sizeof host, port, sizeof port) < 0)) {
+      char m[600];
       snprintf(m, sizeof m,
-               "device \"%.400s\": expected tcp://HOST:PORT with a port in "
-               "1..65535",
-               spec);
-      copy_msg(errmsg, errmsg_len, m);
-      return DISPATCH_EINVAL;
-    }
-  } else if (strncmp(spec, "tls://", 6) == 0) {
-    kind = DISPATCH_KIND_REMOTE;
-    if (split_hostport(spec + 6, host, sizeof host, port, sizeof port) < 0) {
-      char m[512];
-      snprintf(m, sizeof m,
-               "device \"%.400s\": expected tls://HOST:PORT with a port in "
-               "1..65535",
-               spec);
+               "device \"%.400s\": expected %.6sHOST:PORT or "
+               "%.6sHOST:PORT/DEVICE (DEVICE like cpu, cpu:1, cuda:0) with a "
+               "port in 1..65535",
+               spec, spec, spec);
       copy_msg(errmsg, errmsg_len, m);
       return DISPATCH_EINVAL;
     }
   } else {
-    char m[512];
+    char m[600];
     snprintf(m, sizeof m,
-             "device \"%.400s\": unknown spec (use \"local\", "
-             "\"tcp://HOST:PORT\" or \"tls://HOST:PORT\")",
+             "device \"%.400s\": unknown spec (use \"local\", \"local:cpu\", "
+             "\"tcp://HOST:PORT[/DEVICE]\" or \"tls://HOST:PORT[/DEVICE]\")",
              spec);
     copy_msg(errmsg, errmsg_len, m);
     return DISPATCH_EINVAL;
@@ -111,19 +154,23 @@ int dispatch_device_open(const char *spec, const dispatch_options *opts,
     return DISPATCH_ENOMEM;
   }
   dev->kind = kind;
-  dev->conn.fd = -1;
-  dev->conn.timeout_ms = o.timeout_ms;
+  dev->conn = dsp_calloc(1, sizeof *dev->conn);
   dev->spec = dsp_strdup(spec);
   dev->ctx = dsp_ctx_new();
-  if (!dev->spec || !dev->ctx) {
+  if (!dev->conn || !dev->spec || !dev->ctx) {
+    dsp_free(dev->conn);
     dsp_free(dev->spec);
     dsp_ctx_free(dev->ctx);
     dsp_free(dev);
     copy_msg(errmsg, errmsg_len, "dispatch_device_open: out of memory");
     return DISPATCH_ENOMEM;
   }
+  dev->conn->refs = 1;
+  dev->conn->fd = -1;
+  dev->conn->timeout_ms = o.timeout_ms;
   if (kind == DISPATCH_KIND_REMOTE) {
     int rc = dispatch__remote_open(dev, host, port, o.token, o.client_name,
+                                   sdev,
                                    strncmp(spec, "tls://", 6) == 0 ? &o
                                                                    : NULL);
     if (rc < 0) {
@@ -144,6 +191,14 @@ int dispatch_device_open(const char *spec, const dispatch_options *opts,
  * exactly once from the device's list). */
 void dispatch_device_close(dispatch_device *dev) {
   if (!dev) return;
+  if (dev->kind == DISPATCH_KIND_REMOTE && dev->conn && dev->conn->refs > 1) {
+    /* a peer goes while the session stays: free what it made there */
+    for (dispatch_tensor *t = dev->all; t; t = t->anext)
+      if (t->kind == DISPATCH_KIND_REMOTE && t->id)
+        dispatch__remote_free(dev, t->id, 0);
+    for (dispatch_grads *g = dev->grads; g; g = g->next)
+      dispatch__remote_free(dev, g->id, 1);
+  }
   dev->closing = 1;
   if (dev->kind == DISPATCH_KIND_REMOTE) dispatch__remote_close(dev);
   while (dev->optims) {
@@ -169,9 +224,82 @@ void dispatch_device_close(dispatch_device *dev) {
     dev->scope = s->parent;
     dsp_free(s);
   }
+  if (dev->kind == DISPATCH_KIND_LOCAL) dsp_free(dev->conn);
+  dsp_free(dev->device);
   dsp_free(dev->spec);
   dsp_ctx_free(dev->ctx);
   dsp_free(dev);
+}
+
+/* The peer shares dev's connection, so its tensors are in dev's session
+ * and a move between the two is a ToDevice request; only the device its
+ * new tensors land on differs. */
+int dispatch_device_open_peer(dispatch_device *dev, const char *device,
+                              dispatch_device **out) {
+  if (!out) return dispatch__ret(dev, DISPATCH_EINVAL);
+  *out = NULL;
+  if (!dev) return DISPATCH_EINVAL;
+  if (dev->kind != DISPATCH_KIND_REMOTE)
+    return dispatch__ret(dev, dsp_seterr(dev->ctx, DISPATCH_EUNSUPPORTED,
+                                         "open_peer: \"%s\" is not a remote "
+                                         "device", dev->spec));
+  if (!device || !valid_server_device(device))
+    return dispatch__ret(dev, dsp_seterr(dev->ctx, DISPATCH_EINVAL,
+                                         "open_peer: \"%.64s\" is not a "
+                                         "device name (cpu, cpu:1, cuda:0)",
+                                         device ? device : "(null)"));
+  if (dev->conn->dead)
+    return dispatch__ret(dev, dsp_seterr(dev->ctx, DISPATCH_ECONN,
+                                         "open_peer: %s", dev->conn->dead_why));
+  const char *slash = strchr(dev->spec + 6, '/');
+  size_t n = slash ? (size_t)(slash - dev->spec) : strlen(dev->spec);
+  dispatch_device *p = dsp_calloc(1, sizeof *p);
+  char *spec = dsp_malloc(n + strlen(device) + 2);
+  if (p) p->ctx = dsp_ctx_new();
+  if (p) p->device = dsp_strdup(device);
+  if (!p || !spec || !p->ctx || !p->device) {
+    if (p) dsp_ctx_free(p->ctx), dsp_free(p->device);
+    dsp_free(p);
+    dsp_free(spec);
+    return dispatch__ret(dev, dsp_seterr(dev->ctx, DISPATCH_ENOMEM,
+                                         "open_peer: out of memory"));
+  }
+  memcpy(spec, dev->spec, n);
+  spec[n] = '/';
+  strcpy(spec + n + 1, device);
+  p->spec = spec;
+  p->kind = DISPATCH_KIND_REMOTE;
+  p->conn = dev->conn;
+  p->conn->refs++;
+  /* the server says whether it has the device */
+  int rc = dispatch__remote_check_device(p);
+  if (rc < 0) {
+    dsp_seterr(dev->ctx, rc, "%s", dsp_ctx_errmsg(p->ctx));
+    dispatch_device_close(p);
+    return dispatch__ret(dev, rc);
+  }
+  *out = p;
+  return 0;
+}
+
+int dispatch_device_list(dispatch_device *dev, dispatch_device_info *out,
+                         int max, int *n) {
+  if (!dev) return DISPATCH_EINVAL;
+  if (!n || max < 0 || (max > 0 && !out))
+    return dispatch__ret(dev, dsp_seterr(dev->ctx, DISPATCH_EINVAL,
+                                         "device_list: bad arguments"));
+  if (dev->kind == DISPATCH_KIND_LOCAL) {
+    *n = 1;
+    if (max > 0) {
+      memset(out, 0, sizeof *out);
+      snprintf(out->kind, sizeof out->kind, "cpu");
+      snprintf(out->name, sizeof out->name, "local:cpu");
+      snprintf(out->description, sizeof out->description, "%s",
+               dsp_cpu_backend()->device);
+    }
+    return 0;
+  }
+  return dispatch__ret(dev, dispatch__remote_devices(dev, out, max, n));
 }
 
 dispatch_tensor_kind dispatch_device_kind(const dispatch_device *dev) {
@@ -212,7 +340,7 @@ int dispatch_device_set_timeout(dispatch_device *dev, int timeout_ms) {
     return dispatch__ret(dev, dsp_seterr(dev->ctx, DISPATCH_EINVAL,
                                          "set_timeout: %d ms is not positive",
                                          timeout_ms));
-  dev->conn.timeout_ms = timeout_ms;
+  dev->conn->timeout_ms = timeout_ms;
   return 0;
 }
 

@@ -55,7 +55,7 @@ static int64_t now_ms(void) {
 /* Marks the connection lost: the socket is closed, queued bytes dropped,
  * and every later call reports ECONN with the first reason. */
 static int conn_lost(dispatch_device *dev, const char *why) {
-  dispatch__conn *c = &dev->conn;
+  dispatch__conn *c = dev->conn;
   if (!c->dead) {
     c->dead = 1;
     if (c->fd >= 0) close(c->fd);
@@ -71,15 +71,15 @@ static int conn_lost(dispatch_device *dev, const char *why) {
 }
 
 static int check_alive(dispatch_device *dev) {
-  if (!dev->conn.dead) return 0;
+  if (!dev->conn->dead) return 0;
   return dsp_seterr(dev->ctx, DISPATCH_ECONN, "connection to %s lost: %s",
-                    dev->spec, dev->conn.dead_why);
+                    dev->spec, dev->conn->dead_why);
 }
 
 /* Writes all n bytes or loses the connection; each poll waits at most
  * the remaining time to the deadline. */
 static int send_all(dispatch_device *dev, const void *p, size_t n) {
-  dispatch__conn *c = &dev->conn;
+  dispatch__conn *c = dev->conn;
   const uint8_t *b = p;
   int64_t deadline = now_ms() + c->timeout_ms;
   if (c->ssl) {
@@ -135,7 +135,7 @@ static int64_t now_ns(void) {
 
 /* Waits until the socket is readable or the deadline passes. */
 static int wait_readable(dispatch_device *dev, int64_t deadline) {
-  dispatch__conn *c = &dev->conn;
+  dispatch__conn *c = dev->conn;
   int64_t spin = spin_ns();
   if (spin > 0) {
     struct pollfd pfd = {c->fd, POLLIN, 0};
@@ -160,7 +160,7 @@ static int wait_readable(dispatch_device *dev, int64_t deadline) {
 
 /* One non-blocking recv: >0 bytes, 0 nothing yet, or ECONN. */
 static long recv_some(dispatch_device *dev, void *p, size_t n) {
-  ssize_t r = recv(dev->conn.fd, p, n, MSG_DONTWAIT);
+  ssize_t r = recv(dev->conn->fd, p, n, MSG_DONTWAIT);
   if (r > 0) return (long)r;
   if (r == 0) return conn_lost(dev, "the server closed the connection");
   if (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK) return 0;
@@ -177,7 +177,7 @@ static long recv_some(dispatch_device *dev, void *p, size_t n) {
  * cannot have arrived yet), saving a recv that would only say EAGAIN. */
 static int recv_all(dispatch_device *dev, void *p, size_t n,
                     int64_t deadline, int wait_first) {
-  dispatch__conn *c = &dev->conn;
+  dispatch__conn *c = dev->conn;
   uint8_t *b = p;
   while (c->ssl && n > 0) {
     char why[384];
@@ -227,7 +227,7 @@ static int recv_all(dispatch_device *dev, void *p, size_t n,
 }
 
 static int flush(dispatch_device *dev) {
-  dispatch__conn *c = &dev->conn;
+  dispatch__conn *c = dev->conn;
   if (c->len == 0) return 0;
   int rc = send_all(dev, c->buf, c->len);
   c->len = 0;
@@ -235,7 +235,7 @@ static int flush(dispatch_device *dev) {
 }
 
 static int reserve(dispatch_device *dev, size_t more) {
-  dispatch__conn *c = &dev->conn;
+  dispatch__conn *c = dev->conn;
   if (c->cap - c->len >= more) return 0;
   size_t cap = c->cap ? c->cap : 4096;
   while (cap - c->len < more) {
@@ -256,7 +256,7 @@ static int reserve(dispatch_device *dev, size_t more) {
  * queued or sent, or nothing is (ENOMEM) or the connection is lost. */
 static int put_frame(dispatch_device *dev, const Dispatch__Request *req,
                      const void *bulk, size_t bulk_len) {
-  dispatch__conn *c = &dev->conn;
+  dispatch__conn *c = dev->conn;
   size_t flen = dsp_req_frame_size(req);
   size_t mlen = flen - DSP_FRAME_HEADER_SIZE;
   if (c->max_frame && mlen > c->max_frame)
@@ -289,7 +289,7 @@ static int put_frame(dispatch_device *dev, const Dispatch__Request *req,
 
 /* Queues one Free message for the ids gathered so far. */
 static int put_frees(dispatch_device *dev) {
-  dispatch__conn *c = &dev->conn;
+  dispatch__conn *c = dev->conn;
   if (!c->n_free_ids && !c->n_free_grads) return 0;
   dsp_wreq w;
   Dispatch__Request *req =
@@ -312,7 +312,7 @@ static int put_frees(dispatch_device *dev) {
 }
 
 void dispatch__remote_free(dispatch_device *dev, uint64_t id, int is_grads) {
-  dispatch__conn *c = &dev->conn;
+  dispatch__conn *c = dev->conn;
   if (c->dead || dev->closing || c->fd < 0) return;
   if (c->n_free_ids == DISPATCH__FREE_BATCH ||
       c->n_free_grads == DISPATCH__FREE_BATCH)
@@ -324,7 +324,7 @@ void dispatch__remote_free(dispatch_device *dev, uint64_t id, int is_grads) {
 }
 
 uint64_t dispatch__remote_new_id(dispatch_device *dev) {
-  return dev->conn.next_id++;
+  return dev->conn->next_id++;
 }
 
 /* Maps the server's Error into the device: code, message, and the poison
@@ -364,7 +364,7 @@ static int drain(dispatch_device *dev, uint64_t n, int64_t deadline) {
  * server error; on ECONN/EPROTO *reply is NULL. */
 static int call(dispatch_device *dev, Dispatch__Request *req, void *dst,
                 size_t dst_len, uint64_t target, Dispatch__Reply **reply) {
-  dispatch__conn *c = &dev->conn;
+  dispatch__conn *c = dev->conn;
   *reply = NULL;
   int rc = check_alive(dev);
   if (rc < 0) return rc;
@@ -432,7 +432,7 @@ static int queue(dispatch_device *dev, Dispatch__Request *req, uint64_t rid,
                  const void *bulk, size_t bulk_len) {
   int rc = check_alive(dev);
   if (rc < 0) return rc;
-  req->req_id = rid ? rid : dev->conn.next_id++;
+  req->req_id = rid ? rid : dev->conn->next_id++;
   return put_frame(dev, req, bulk, bulk_len);
 }
 
@@ -440,21 +440,93 @@ int dispatch__remote_op(dispatch_device *dev, dsp_opcode op,
                         const uint64_t *in, int n_in, const dsp_attrs *a,
                         uint64_t out, int no_grad) {
   dsp_wreq w;
-  return queue(dev,
-               dsp_wreq_op(&w, (int32_t)op, in, (size_t)n_in, out, a->ints,
-                           (size_t)a->n_ints, a->floats, (size_t)a->n_floats,
-                           no_grad),
-               out, NULL, 0);
+  Dispatch__Request *r =
+      dsp_wreq_op(&w, (int32_t)op, in, (size_t)n_in, out, a->ints,
+                  (size_t)a->n_ints, a->floats, (size_t)a->n_floats, no_grad);
+  /* a peer's creation ops land on its device; ops on inputs follow them */
+  if (n_in == 0 && dev->device) w.body.op.device = dev->device;
+  return queue(dev, r, out, NULL, 0);
 }
 
 int dispatch__remote_upload(dispatch_device *dev, uint64_t id,
                             const dsp_meta *meta, const void *data,
                             size_t n) {
   dsp_wreq w;
-  return queue(dev,
-               dsp_wreq_upload(&w, id, (int32_t)meta->dtype,
-                               (size_t)meta->ndim, meta->shape),
-               id, data, n);
+  Dispatch__Request *r = dsp_wreq_upload(&w, id, (int32_t)meta->dtype,
+                                         (size_t)meta->ndim, meta->shape);
+  if (dev->device) w.body.upload.device = dev->device;
+  return queue(dev, r, id, data, n);
+}
+
+int dispatch__remote_to_device(dispatch_device *dev, uint64_t id, uint64_t out,
+                               const char *device) {
+  dsp_wreq w;
+  return queue(dev, dsp_wreq_to_device(&w, id, out, device), out, NULL, 0);
+}
+
+int dispatch__remote_devices(dispatch_device *dev, dispatch_device_info *out,
+                             int max, int *n) {
+  dsp_wreq w;
+  Dispatch__Reply *r;
+  *n = 0;
+  int rc = call(dev, dsp_wreq_stats(&w), NULL, 0, 0, &r);
+  if (rc == 0 && r->body_case != DISPATCH__REPLY__BODY_STATS)
+    rc = dsp_seterr(dev->ctx, DISPATCH_EPROTO,
+                    "device_list: the server's reply carries no stats");
+  if (rc == 0) {
+    for (size_t i = 0; i < r->stats->n_devices; i++) {
+      const Dispatch__DeviceInfo *d = r->stats->devices[i];
+      if ((int)i < max) {
+        dispatch_device_info *o = &out[i];
+        snprintf(o->kind, sizeof o->kind, "%s", d->kind);
+        snprintf(o->name, sizeof o->name, "%s", d->name);
+        snprintf(o->description, sizeof o->description, "%s",
+                 d->description);
+        o->total_memory = d->total_memory;
+        o->free_memory = d->free_memory;
+      }
+    }
+    *n = (int)r->stats->n_devices;
+  }
+  if (r) dispatch__reply__free_unpacked(r, &g_pb_alloc);
+  return rc;
+}
+
+/* 0 when the server has dev->device (by its stats' device list), else
+ * DISPATCH_EDEVICE naming the devices it has. */
+int dispatch__remote_check_device(dispatch_device *dev) {
+  dsp_wreq w;
+  Dispatch__Reply *r;
+  int rc = call(dev, dsp_wreq_stats(&w), NULL, 0, 0, &r);
+  if (rc == 0 && r->body_case != DISPATCH__REPLY__BODY_STATS)
+    rc = dsp_seterr(dev->ctx, DISPATCH_EPROTO,
+                    "open_peer: the server's reply carries no stats");
+  if (rc == 0) {
+    char names[256];
+    size_t k = 0;
+    names[0] = '\0';
+    int found = 0;
+    size_t dl = strlen(dev->device);
+    for (size_t i = 0; i < r->stats->n_devices; i++) {
+      const Dispatch__DeviceInfo *d = r->stats->devices[i];
+      if (strcmp(d->name, dev->device) == 0 ||
+          (!strchr(dev->device, ':') && strncmp(d->name, dev->device, dl) == 0 &&
+           d->name[dl] == ':'))
+        found = 1;
+      if (k < sizeof names) {
+        int wr = snprintf(names + k, sizeof names - k, "%s%s", i ? ", " : "",
+                          d->name);
+        if (wr > 0) k += (size_t)wr;
+      }
+    }
+    if (!found)
+      rc = dsp_seterr(dev->ctx, DISPATCH_EDEVICE,
+                      "%s: the server has no device \"%s\" (it has %s)",
+                      dev->spec, dev->device,
+                      names[0] ? names : "no device list: protocol 1.0");
+  }
+  if (r) dispatch__reply__free_unpacked(r, &g_pb_alloc);
+  return rc;
 }
 
 int dispatch__remote_track(dispatch_device *dev, uint64_t id) {
@@ -553,7 +625,7 @@ static int connect_to(dispatch_device *dev, const char *host,
     if (r < 0 && errno == EINPROGRESS) {
       struct pollfd pfd = {fd, POLLOUT, 0};
       int pr;
-      do pr = poll(&pfd, 1, dev->conn.timeout_ms);
+      do pr = poll(&pfd, 1, dev->conn->timeout_ms);
       while (pr < 0 && errno == EINTR);
       socklen_t sl = sizeof err;
       if (pr == 1 && getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &sl) == 0 &&
@@ -567,7 +639,7 @@ static int connect_to(dispatch_device *dev, const char *host,
     if (r == 0) {
       int one = 1;
       setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-      dev->conn.fd = fd;
+      dev->conn->fd = fd;
       freeaddrinfo(res);
       return 0;
     }
@@ -580,24 +652,25 @@ static int connect_to(dispatch_device *dev, const char *host,
 
 int dispatch__remote_open(dispatch_device *dev, const char *host,
                           const char *port, const char *token,
-                          const char *client_name,
+                          const char *client_name, const char *device,
                           const dispatch_options *tls) {
-  dev->conn.next_id = 1;
+  dev->conn->next_id = 1;
   int rc = connect_to(dev, host, port);
   if (rc == 0 && tls) rc = dispatch__tls_open(dev, host, tls);
   if (rc < 0) return rc;
   if (!tls) {
-    dev->conn.rbuf = dsp_malloc(REMOTE_RBUF);
-    if (!dev->conn.rbuf)
+    dev->conn->rbuf = dsp_malloc(REMOTE_RBUF);
+    if (!dev->conn->rbuf)
       return dsp_seterr(dev->ctx, DISPATCH_ENOMEM,
                         "%s: out of memory for the receive buffer", dev->spec);
   }
   dsp_wreq w;
   Dispatch__Reply *r;
-  rc = call(dev,
-            dsp_wreq_hello(&w, DSP_PROTO_MAJOR, DSP_PROTO_MINOR, token,
-                           client_name),
-            NULL, 0, 0, &r);
+  Dispatch__Request *hello = dsp_wreq_hello(&w, DSP_PROTO_MAJOR,
+                                            DSP_PROTO_MINOR, token,
+                                            client_name);
+  if (device) w.body.hello.device = (char *)device;
+  rc = call(dev, hello, NULL, 0, 0, &r);
   if (rc == 0 && r->body_case != DISPATCH__REPLY__BODY_HELLO)
     rc = dsp_seterr(dev->ctx, DISPATCH_EPROTO,
                     "%s: the server did not answer hello", dev->spec);
@@ -607,13 +680,17 @@ int dispatch__remote_open(dispatch_device *dev, const char *host,
                     dev->spec, r->hello->major, r->hello->minor,
                     DSP_PROTO_MAJOR, DSP_PROTO_MINOR);
   if (rc == 0) {
-    dev->conn.max_frame = r->hello->max_frame;
-    dev->conn.ready = 1;
-  } else if (rc == DISPATCH_ECONN && dev->conn.tls_failed) {
+    dev->conn->max_frame = r->hello->max_frame;
+    dev->conn->ready = 1;
+    if (r->hello->session_device && *r->hello->session_device &&
+        !(dev->conn->server_device = dsp_strdup(r->hello->session_device)))
+      rc = dsp_seterr(dev->ctx, DISPATCH_ENOMEM, "%s: out of memory",
+                      dev->spec);
+  } else if (rc == DISPATCH_ECONN && dev->conn->tls_failed) {
     /* TLS 1.3 reports a refused client certificate only after the
      * handshake, with the server's alert: still a TLS failure */
     rc = dsp_seterr(dev->ctx, DISPATCH_ETLS, "%s: TLS session refused: %s",
-                    dev->spec, dev->conn.dead_why);
+                    dev->spec, dev->conn->dead_why);
   }
   if (r) dispatch__reply__free_unpacked(r, &g_pb_alloc);
   return rc;
@@ -622,7 +699,8 @@ int dispatch__remote_open(dispatch_device *dev, const char *host,
 /* Says bye without waiting (the server frees the session's tensors when
  * the connection closes), then releases the socket and buffer. */
 void dispatch__remote_close(dispatch_device *dev) {
-  dispatch__conn *c = &dev->conn;
+  dispatch__conn *c = dev->conn;
+  if (!c || --c->refs > 0) return; /* a peer still uses the session */
   if (c->fd >= 0 && !c->dead && c->ready) {
     dsp_wreq w;
     c->n_free_ids = c->n_free_grads = 0;
@@ -637,4 +715,7 @@ void dispatch__remote_close(dispatch_device *dev) {
   dsp_free(c->rbuf);
   c->rbuf = NULL;
   c->rpos = c->rlen = 0;
+  dsp_free(c->server_device);
+  dsp_free(c);
+  dev->conn = NULL;
 }

@@ -204,10 +204,38 @@ int dispatch_tensor_read(dispatch_tensor *t, void *buf, size_t nbytes) {
   return dispatch__ret(dev, dispatch__remote_read(dev, c->id, buf, nbytes));
 }
 
+/* Between two devices of one session (a device and its peers) the server
+ * copies: one ToDevice request, no bytes through the client. */
+static int move_in_server(dispatch_tensor *c, dispatch_device *dev,
+                          dispatch_tensor **out) {
+  const char *target = dev->device ? dev->device : dev->conn->server_device;
+  if (!target)
+    return dsp_seterr(dev->ctx, DISPATCH_EPROTO,
+                      "to_device: the server named no session device");
+  dispatch_tensor *t;
+  int rc = dispatch__tensor_new(dev, DISPATCH_KIND_REMOTE, &c->meta, 0, &t);
+  if (rc < 0) return rc;
+  t->id = dispatch__remote_new_id(dev);
+  rc = dispatch__remote_to_device(dev, c->id, t->id, target);
+  if (rc < 0) {
+    t->id = 0;
+    dispatch_tensor_free(t);
+    return rc;
+  }
+  if (c->status) t->status = DISPATCH_EPOISONED;
+  dispatch__scope_adopt(t);
+  *out = t;
+  return 0;
+}
+
 int dispatch_to_device(dispatch_tensor *t, dispatch_device *dev,
                        dispatch_tensor **out) {
   if (!t || !dev || !out) return DISPATCH_EINVAL;
   *out = NULL;
+  dispatch_tensor *c = dispatch_inner(t);
+  if (c->kind == DISPATCH_KIND_REMOTE && dev->kind == DISPATCH_KIND_REMOTE &&
+      c->dev->conn == dev->conn)
+    return dispatch__ret(dev, move_in_server(c, dev, out));
   size_t n = dispatch_tensor_nbytes(t);
   void *tmp = dsp_malloc(n);
   if (!tmp)

@@ -234,7 +234,7 @@ static const char *opt_or_env(const char *v, const char *env) {
  * DISPATCH_ETLS (or DISPATCH_ECONN when the socket itself failed). */
 int dispatch__tls_open(dispatch_device *dev, const char *host,
                        const dispatch_options *o) {
-  dispatch__conn *c = &dev->conn;
+  dispatch__conn *c = dev->conn;
   const char *ca = opt_or_env(o->ca_file, "DISPATCH_TLS_CA");
   const char *cert = opt_or_env(o->cert_file, "DISPATCH_TLS_CERT");
   const char *key = opt_or_env(o->key_file, "DISPATCH_TLS_KEY");

@@ -399,6 +399,11 @@ int dsp_backward(dsp_ctx *ctx, dsp_tensor *loss, int retain,
   dsp_tensor **grads = dsp_calloc((size_t)nt, sizeof *grads);
   dsp_grads *res = NULL;
   int prev = dsp_set_grad_enabled(ctx, 0);
+  /* the seed and every zeros a rule creates go on the loss's device, so a
+   * graph that lives on a device other than the ctx's is not refused as
+   * mixing devices */
+  const dsp_backend *home = ctx->backend;
+  ctx->backend = loss->storage->backend;
   if (!grads) {
     rc = dsp_seterr(ctx, DISPATCH_ENOMEM, "backward: out of memory");
     goto done;
@@ -434,6 +439,7 @@ int dsp_backward(dsp_ctx *ctx, dsp_tensor *loss, int retain,
   }
 done:
   dsp_set_grad_enabled(ctx, prev);
+  ctx->backend = home;
   if (grads)
     for (int64_t i = 0; i < nt; i++) dsp_tensor_unref(grads[i]);
   dsp_free(grads);

@@ -202,6 +202,8 @@ typedef struct dsp_storage {
   const struct dsp_backend *backend; /* frees data */
   dsp_budget *budget; /* charged `charged` bytes until freed; may be NULL */
   uint64_t charged;
+  dsp_budget *dev_budget; /* the backend's device budget (backend->mem) it
+                             charged `charged` bytes too; NULL: none */
 } dsp_storage;
 
 struct dsp_node;
@@ -475,6 +477,12 @@ typedef struct dsp_backend {
   const char *name;
   const char *device; /* human description, e.g. "cpu x86_64 (openblas)" */
   void *bctx;
+  /* One device of a server: its name ("cpu:1", "cuda:0"; NULL: name) in
+   * messages, and its own memory budget (NULL: none), charged for every
+   * storage made on it beside the creating ctx's budget, so each device
+   * is accounted apart from the others. */
+  const char *id;
+  dsp_budget *mem;
   /* storage; data pointers are opaque to callers other than the backend */
   /* zero != 0: the bytes must read as zero; else their content is
    * unspecified (the caller overwrites every byte, e.g. an upload) */
@@ -523,12 +531,33 @@ typedef struct dsp_backend {
 } dsp_backend;
 
 const dsp_backend *dsp_cpu_backend(void);
+/* A CPU backend instance of its own, named id ("cpu:1": a server's second
+ * CPU device), with no device budget (the caller may set ->mem, keeping
+ * the budget alive while the instance lives). Kernels, cache and memory
+ * are the CPU's; only the identity differs, so tensors of two instances
+ * are two devices' tensors. NULL when out of memory. Freed with
+ * dsp_cpu_backend_free after every storage made on it is gone. */
+dsp_backend *dsp_cpu_backend_new(const char *id);
+void dsp_cpu_backend_free(dsp_backend *be); /* NULL ok */
+/* The device name of a backend in messages: id, else name. */
+const char *dsp_backend_id(const dsp_backend *be);
 /* The CPU backend keeps freed storage blocks of 1 MiB and more for reuse,
  * up to `bytes` in all (0, the default, keeps none and frees what it
  * kept); dsp_cpu_cache_bytes says how much it holds now. Thread-safe. */
 void dsp_cpu_cache_set_limit(size_t bytes);
 size_t dsp_cpu_cache_bytes(void);
 const dsp_backend *dsp_ctx_backend(const dsp_ctx *ctx);
+/* The backend creation ops and new tensors of ctx use (the ctx's device);
+ * an op on inputs runs on their device, which must be the same for all of
+ * them (dsp_op). be must outlive every tensor made on it. */
+void dsp_ctx_set_backend(dsp_ctx *ctx, const dsp_backend *be);
+/* A new untracked tensor on backend be with t's bytes (a move between two
+ * devices: t's backend stages its bytes out, be stages them in, so no
+ * third copy is made), charged to ctx's budget and be's device budget.
+ * 0, or DISPATCH_EQUOTA / DISPATCH_ENOMEM / a backend's error with the
+ * detail in ctx and *out NULL. */
+int dsp_tensor_to_backend(dsp_ctx *ctx, const dsp_tensor *t,
+                          const dsp_backend *be, dsp_tensor **out);
 
 /* ------------------------------------------------------------------ */
 /* autodiff                                                            */

@@ -18,6 +18,11 @@ struct dsp_ctx {
   uint64_t max_op_cost; /* 0: no limit (dsp_ctx_set_max_op_cost) */
 };
 
+/* A new tensor on backend be (zeroed when zero != 0), charged like
+ * dsp_tensor_new; dsp_op puts an op's result on its inputs' device. */
+int dsp__tensor_new_on(dsp_ctx *ctx, const dsp_backend *be, const dsp_meta *m,
+                       int zero, dsp_tensor **out);
+
 /* Kernel scratch of n bytes charged to ctx's budget: 0, or
  * DISPATCH_EQUOTA / DISPATCH_ENOMEM with the detail in ctx and *out NULL.
  * Free with the same n on the same ctx. */

@@ -139,7 +139,17 @@ int dsp_op(dsp_ctx *ctx, dsp_opcode op, dsp_tensor *const *in, int n_in,
                         (unsigned long long)ctx->max_op_cost);
   }
   if (dsp_ctx_cancelled(ctx)) return dsp__cancelled_err(ctx, op);
-  const dsp_backend *be = ctx->backend;
+  /* An op runs on its inputs' device (the ctx's device only for creation
+   * ops); inputs on two devices are refused, never copied behind the
+   * caller's back. */
+  const dsp_backend *be = n_in > 0 ? in[0]->storage->backend : ctx->backend;
+  for (int i = 1; i < n_in; i++)
+    if (in[i]->storage->backend != be)
+      return dsp_seterr(ctx, DISPATCH_EDEVICE,
+                        "%s: input 0 is on device %s, input %d on device %s; "
+                        "move one first (no implicit copies between devices)",
+                        dsp_op_lookup((int)op)->name, dsp_backend_id(be), i,
+                        dsp_backend_id(in[i]->storage->backend));
   /* a backend without the hook claims nothing rather than everything */
   if (!be->supports_op || !be->supports_op(be->bctx, op, metas, n_in, &om))
     return dsp__unsupported(ctx, be->name, op, metas, n_in, &om);
@@ -155,7 +165,7 @@ int dsp_op(dsp_ctx *ctx, dsp_opcode op, dsp_tensor *const *in, int n_in,
     }
     t = dsp_tensor_ref(in[0]);
   } else {
-    rc = dsp_tensor_new(ctx, &om, &t);
+    rc = dsp__tensor_new_on(ctx, be, &om, 1, &t);
     if (rc < 0) return rc;
   }
   /* An empty result needs no kernel: the zeroed storage already is the

@@ -11,15 +11,22 @@ static uint64_t storage_cost(size_t nbytes) {
   return DSP_BUDGET_COST(sizeof(dsp_storage)) + DSP_BUDGET_COST(nbytes) + 16;
 }
 
-static int storage_new(dsp_ctx *ctx, size_t nbytes, int zero,
-                       dsp_storage **out) {
-  const dsp_backend *be = ctx->backend;
+/* Storage on backend be, charged first to be's device budget and then to
+ * the ctx's (session) budget, both or neither. */
+static int storage_new(dsp_ctx *ctx, const dsp_backend *be, size_t nbytes,
+                       int zero, dsp_storage **out) {
   uint64_t cost = storage_cost(nbytes);
-  int rc = dsp_budget_charge(ctx->budget, ctx, cost, "tensor storage");
+  int rc = dsp_budget_charge(be->mem, ctx, cost, "tensor storage");
   if (rc < 0) return rc;
+  rc = dsp_budget_charge(ctx->budget, ctx, cost, "tensor storage");
+  if (rc < 0) {
+    dsp_budget_uncharge(be->mem, cost);
+    return rc;
+  }
   dsp_storage *s = dsp_malloc(sizeof *s);
   if (!s) {
     dsp_budget_uncharge(ctx->budget, cost);
+    dsp_budget_uncharge(be->mem, cost);
     return dsp_seterr(ctx, DISPATCH_ENOMEM, "out of memory (storage)");
   }
   s->refcount = 1;
@@ -28,10 +35,12 @@ static int storage_new(dsp_ctx *ctx, size_t nbytes, int zero,
   s->data = NULL;
   s->budget = ctx->budget;
   s->charged = cost;
+  s->dev_budget = be->mem;
   rc = be->alloc(be->bctx, nbytes, zero, &s->data);
   if (rc < 0) {
     dsp_free(s);
     dsp_budget_uncharge(ctx->budget, cost);
+    dsp_budget_uncharge(be->mem, cost);
     return dsp_seterr(ctx, rc, "out of memory allocating %zu bytes", nbytes);
   }
   *out = s;
@@ -43,10 +52,11 @@ static void storage_unref(dsp_storage *s) {
    * writes to the socket while a worker may alias the same storage */
   if (!s || __atomic_sub_fetch(&s->refcount, 1, __ATOMIC_ACQ_REL) > 0) return;
   s->backend->free(s->backend->bctx, s->data);
-  dsp_budget *b = s->budget;
+  dsp_budget *b = s->budget, *db = s->dev_budget;
   uint64_t cost = s->charged;
   dsp_free(s);
   dsp_budget_uncharge(b, cost);
+  dsp_budget_uncharge(db, cost);
 }
 
 static void tensor_free_shell(dsp_tensor *t) {
@@ -76,13 +86,13 @@ static int tensor_shell(dsp_ctx *ctx, const dsp_meta *m, dsp_tensor **out) {
   return 0;
 }
 
-static int tensor_new(dsp_ctx *ctx, const dsp_meta *m, int zero,
-                      dsp_tensor **out) {
+int dsp__tensor_new_on(dsp_ctx *ctx, const dsp_backend *be, const dsp_meta *m,
+                       int zero, dsp_tensor **out) {
   *out = NULL;
   dsp_tensor *t;
   int rc = tensor_shell(ctx, m, &t);
   if (rc < 0) return rc;
-  rc = storage_new(ctx, (size_t)t->numel * dsp_dtype_size(m->dtype), zero,
+  rc = storage_new(ctx, be, (size_t)t->numel * dsp_dtype_size(m->dtype), zero,
                    &t->storage);
   if (rc < 0) {
     tensor_free_shell(t);
@@ -93,11 +103,51 @@ static int tensor_new(dsp_ctx *ctx, const dsp_meta *m, int zero,
 }
 
 int dsp_tensor_new(dsp_ctx *ctx, const dsp_meta *m, dsp_tensor **out) {
-  return tensor_new(ctx, m, 1, out);
+  return dsp__tensor_new_on(ctx, ctx->backend, m, 1, out);
 }
 
 int dsp_tensor_new_uninit(dsp_ctx *ctx, const dsp_meta *m, dsp_tensor **out) {
-  return tensor_new(ctx, m, 0, out);
+  return dsp__tensor_new_on(ctx, ctx->backend, m, 0, out);
+}
+
+/* The bytes go source storage -> (source's stage_out) host memory ->
+ * (destination's stage_in/commit_in) destination storage; between two CPU
+ * devices both stagings are the storages themselves and the move is one
+ * memcpy. */
+int dsp_tensor_to_backend(dsp_ctx *ctx, const dsp_tensor *t,
+                          const dsp_backend *be, dsp_tensor **out) {
+  *out = NULL;
+  dsp_tensor *nt;
+  int rc = dsp__tensor_new_on(ctx, be, &t->meta, 0, &nt);
+  if (rc < 0) return rc;
+  size_t n = dsp_tensor_nbytes(t);
+  if (n == 0) {
+    *out = nt;
+    return 0;
+  }
+  const dsp_backend *src = t->storage->backend;
+  const void *host = NULL;
+  void *token = NULL;
+  rc = src->stage_out(src->bctx, t->storage->data, n, &host, &token);
+  if (rc < 0) {
+    dsp_tensor_unref(nt);
+    return dsp_seterr(ctx, rc, "move to %s: staging %zu bytes out of %s "
+                      "failed", dsp_backend_id(be), n, dsp_backend_id(src));
+  }
+  dsp_stage st;
+  rc = dsp_tensor_stage_in(ctx, nt, &st);
+  if (rc == 0) {
+    memcpy(st.host, host, n);
+    rc = dsp_stage_commit(ctx, &st);
+    dsp_stage_release(&st);
+  }
+  if (token) src->stage_release(src->bctx, token);
+  if (rc < 0) {
+    dsp_tensor_unref(nt);
+    return rc;
+  }
+  *out = nt;
+  return 0;
 }
 
 int dsp_tensor_from_data(dsp_ctx *ctx, const dsp_meta *m, const void *data,

@@ -146,6 +146,17 @@ Dispatch__Request *dsp_wreq_bye(dsp_wreq *w) {
   return &w->req;
 }
 
+Dispatch__Request *dsp_wreq_to_device(dsp_wreq *w, uint64_t id, uint64_t out,
+                                      const char *device) {
+  Dispatch__ToDevice *m = &w->body.to_device;
+  *m = (Dispatch__ToDevice)DISPATCH__TO_DEVICE__INIT;
+  m->id = id;
+  m->output = out;
+  m->device = (char *)device;
+  begin(w, DISPATCH__REQUEST__BODY_TO_DEVICE)->to_device = m;
+  return &w->req;
+}
+
 size_t dsp_req_frame_size(const Dispatch__Request *req) {
   return DSP_FRAME_HEADER_SIZE + dispatch__request__get_packed_size(req);
 }

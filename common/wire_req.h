@@ -39,6 +39,7 @@ typedef struct dsp_wreq {
     Dispatch__Sync sync;
     Dispatch__Stats stats;
     Dispatch__Bye bye;
+    Dispatch__ToDevice to_device;
   } body;
 } dsp_wreq;
 
@@ -70,6 +71,9 @@ Dispatch__Request *dsp_wreq_read(dsp_wreq *w, uint64_t id);
 Dispatch__Request *dsp_wreq_sync(dsp_wreq *w);
 Dispatch__Request *dsp_wreq_stats(dsp_wreq *w);
 Dispatch__Request *dsp_wreq_bye(dsp_wreq *w);
+/* 1.1: a copy of tensor id as tensor out on server device `device`. */
+Dispatch__Request *dsp_wreq_to_device(dsp_wreq *w, uint64_t id, uint64_t out,
+                                      const char *device);
 
 /* Bytes dsp_req_frame_encode writes for req: the header and the packed
  * message (the bulk is not counted: the caller sends it after). */

@@ -110,6 +110,13 @@ static const char *const g_usage =
     "  --max-memory BYTES       all sessions and their queued requests\n"
     "                           together (default 3/4 of physical or cgroup\n"
     "                           memory); the storage cache comes on top\n"
+    "  --device NAME            a device to host, repeatable: cpu, cpu:N\n"
+    "                           (several CPU devices, each counted apart,\n"
+    "                           see --device-memory), cuda:N, or all\n"
+    "                           (default: cpu); clients pick one by name\n"
+    "  --device-memory BYTES    each device's own budget for the tensors\n"
+    "                           stored on it (default: none; all devices\n"
+    "                           together within --max-memory)\n"
     "  --max-queued-bytes BYTES decoded requests one session may have\n"
     "                           waiting; past it the server stops reading\n"
     "                           the session until they ran (256 MiB)\n"
@@ -212,6 +219,15 @@ int sv_config_parse(sv_config *c, int argc, char **argv) {
       if (parse_u64(a, v, 0, 1ULL << 50, &c->max_session_bytes) < 0) return -1;
     } else if (strcmp(a, "--max-memory") == 0) {
       if (parse_u64(a, v, 0, 1ULL << 50, &c->max_memory) < 0) return -1;
+    } else if (strcmp(a, "--device") == 0) {
+      if (c->n_devices == SV_MAX_DEVICES) {
+        fprintf(stderr, "dispatch-server: at most %d --device options\n",
+                SV_MAX_DEVICES);
+        return -1;
+      }
+      c->devices[c->n_devices++] = v;
+    } else if (strcmp(a, "--device-memory") == 0) {
+      if (parse_u64(a, v, 0, 1ULL << 50, &c->device_memory) < 0) return -1;
     } else if (strcmp(a, "--max-queued-bytes") == 0) {
       if (parse_u64(a, v, 0, 1ULL << 50, &c->max_queued_bytes) < 0) return -1;
     } else if (strcmp(a, "--max-sessions") == 0) {

@@ -218,8 +218,26 @@ int sv_upload_prepare(const sv_config *cfg, dsp_ctx *io_ctx, sv_session *s,
    * count as held. The headers' few hundred bytes are in the hint. */
   if (may_wait && !dsp_budget_fits(s->budget, nbytes + 512)) return 1;
   dsp_tensor *t;
+  /* on the session's device (or the one the upload names), charged to the
+   * session and that device */
+  const dsp_backend *be = s->device;
+  const char *want = j->req->upload->device;
+  if (want && *want) {
+    const sv_device *d = sv_device_find(s->global, want);
+    if (!d) {
+      char names[256], w[4 * SV_LOG_STR_MAX + 8];
+      sv_device_names(s->global, names, sizeof names);
+      pre_err(j, DISPATCH_EDEVICE, "upload: this server has no device \"%s\" "
+              "(it has %s)", sv_log_str(w, sizeof w, want, SV_LOG_STR_MAX),
+              names[0] ? names : "only its default CPU");
+      return 0;
+    }
+    be = d->be;
+  }
   dsp_ctx_set_budget(io_ctx, s->budget);
+  dsp_ctx_set_backend(io_ctx, be);
   rc = dsp_tensor_new_uninit(io_ctx, &m, &t); /* the bulk fills it */
+  dsp_ctx_set_backend(io_ctx, NULL);
   dsp_ctx_set_budget(io_ctx, NULL);
   if (rc < 0) {
     if (rc == DISPATCH_EQUOTA)

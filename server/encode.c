@@ -218,6 +218,14 @@ void sv_describe(const Dispatch__Request *r, char *buf, size_t len) {
     case DISPATCH__REQUEST__BODY_READ:
       snprintf(buf, len, "read %llu", (unsigned long long)r->read->id);
       break;
+    case DISPATCH__REQUEST__BODY_TO_DEVICE: {
+      char dev[4 * SV_LOG_STR_MAX + 8];
+      snprintf(buf, len, "to_device %llu -> %llu on \"%s\"",
+               (unsigned long long)r->to_device->id,
+               (unsigned long long)r->to_device->output,
+               sv_log_str(dev, sizeof dev, r->to_device->device, 32));
+      break;
+    }
     case DISPATCH__REQUEST__BODY_SYNC: snprintf(buf, len, "sync"); break;
     case DISPATCH__REQUEST__BODY_STATS: snprintf(buf, len, "stats"); break;
     case DISPATCH__REQUEST__BODY_BYE: snprintf(buf, len, "bye"); break;

@@ -47,7 +47,28 @@ void sv_hello(sv_conn *c, Dispatch__Request *req) {
                    : "authentication failed: wrong token");
     return;
   }
-  const dsp_backend *be = dsp_cpu_backend();
+  /* the session's device; the session has run nothing yet, so the loop
+   * may still set its ctx */
+  sv_global *g = &c->srv->g;
+  const sv_device *dev = NULL;
+  if (g->devices) {
+    dev = h->device && *h->device ? sv_device_find(g, h->device)
+                                  : &g->devices[0];
+    if (!dev) {
+      char names[256], want[4 * SV_LOG_STR_MAX + 8], msg[640];
+      sv_device_names(g, names, sizeof names);
+      sv_log_str(want, sizeof want, h->device, SV_LOG_STR_MAX);
+      snprintf(msg, sizeof msg,
+               "unknown device \"%s\": this server has %s", want, names);
+      sv_log(SV_LOG_WARN, "conn %llu (%s): refused: %s", c->id, c->peer, msg);
+      sv_refuse(c, req->req_id, DISPATCH_EDEVICE, msg);
+      return;
+    }
+    c->sess->device = dev->be;
+    dsp_ctx_set_backend(c->sess->ctx, dev->be);
+  }
+  const dsp_backend *be = dev ? dev->be : dsp_cpu_backend();
+  Dispatch__DeviceInfo infos[SV_MAX_DEVICES], *ip[SV_MAX_DEVICES];
   char *dtypes[DSP_NDTYPES];
   for (int i = 0; i < DSP_NDTYPES; i++)
     dtypes[i] = (char *)dsp_dtype_name((dsp_dtype)i);
@@ -65,6 +86,9 @@ void sv_hello(sv_conn *c, Dispatch__Request *req) {
   hr.max_rank = DSP_MAX_DIMS;
   hr.max_elements = cfg->max_elements;
   hr.max_queued = cfg->max_queued;
+  hr.n_devices = sv_device_infos(g, infos, ip);
+  hr.devices = ip;
+  hr.session_device = dev ? (char *)dev->name : (char *)be->name;
   r.req_id = req->req_id;
   r.body_case = DISPATCH__REPLY__BODY_HELLO;
   r.hello = &hr;

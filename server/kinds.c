@@ -14,6 +14,7 @@ static const sv_req_kind g_kinds[] = {
     ROW(DISPATCH__REQUEST__BODY_BACKWARD, "backward", 1, 0, 0),
     ROW(DISPATCH__REQUEST__BODY_GRAD, "grad", 0, 0, 0),
     ROW(DISPATCH__REQUEST__BODY_STEP, "step", 0, 0, 0),
+    ROW(DISPATCH__REQUEST__BODY_TO_DEVICE, "to_device", 0, 0, 0),
     ROW(DISPATCH__REQUEST__BODY_FREE, "free", 0, 0, 0),
     ROW(DISPATCH__REQUEST__BODY_READ, "read", 1, 1, 0),
     ROW(DISPATCH__REQUEST__BODY_SYNC, "sync", 1, 1, 0),

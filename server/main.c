@@ -28,6 +28,7 @@ int main(int argc, char **argv) {
   dsp_cpu_cache_set_limit(0); /* gives the kept blocks back */
   sv_config_release(&cfg);
   if (rc < 0) {
+    if (sv_start_reason_printed) return 1;
     fprintf(stderr, "dispatch-server: %s\n", dispatch_strerror(rc));
     return 1;
   }

@@ -357,6 +357,8 @@ static void on_signal(uv_signal_t *sig, int signum) {
   if (srv->n_conns == 0) finish_shutdown(srv);
 }
 
+int sv_start_reason_printed;
+
 int sv_run(const sv_config *cfg) {
   sv_server *srv = dsp_calloc(1, sizeof *srv);
   if (!srv) return DISPATCH_ENOMEM;
@@ -375,7 +377,11 @@ int sv_run(const sv_config *cfg) {
                   : NULL;
   int err = 0;
   struct sockaddr_storage addr;
-  if (cfg->tls_cert) {
+  char why[256];
+  if (srv->pool && (err = sv_devices_open(cfg, &srv->g, why, sizeof why)) < 0) {
+    fprintf(stderr, "dispatch-server: %s\n", why);
+    sv_start_reason_printed = 1; /* one line, not also main's */
+  } else if (cfg->tls_cert) {
     srv->tls = sv_tls_ctx_new(cfg);
     if (!srv->tls) err = DISPATCH_ETLS;
   }
@@ -408,6 +414,7 @@ int sv_run(const sv_config *cfg) {
     uv_run(&srv->loop, UV_RUN_DEFAULT);
     uv_loop_close(&srv->loop);
     dsp_ctx_free(srv->io_ctx);
+    sv_devices_close(&srv->g);
     dsp_budget_unref(srv->g.mem);
     sv_tls_ctx_free(srv->tls);
     dsp_free(srv);
@@ -440,11 +447,20 @@ int sv_run(const sv_config *cfg) {
          cfg->tls_client_ca ? " with client certificates" : "",
          cfg->token ? ", token required" : "");
 
+  char names[256];
+  sv_device_names(&srv->g, names, sizeof names);
+  if (cfg->device_memory)
+    sv_log(SV_LOG_INFO, "devices: %s (each %llu bytes of --device-memory)",
+           names, (unsigned long long)cfg->device_memory);
+  else
+    sv_log(SV_LOG_INFO, "devices: %s (together within --max-memory)", names);
+
   uv_run(&srv->loop, UV_RUN_DEFAULT);
 
   rc = uv_loop_close(&srv->loop);
   if (rc != 0) sv_log(SV_LOG_ERROR, "loop closed with live handles");
   dsp_ctx_free(srv->io_ctx);
+  sv_devices_close(&srv->g);
   dsp_budget_unref(srv->g.mem);
   sv_tls_ctx_free(srv->tls);
   dsp_free(srv);

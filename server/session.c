@@ -50,6 +50,10 @@ sv_session *sv_session_new(const sv_config *cfg, sv_global *g, void *owner) {
     return NULL;
   }
   dsp_ctx_set_budget(s->ctx, s->budget);
+  /* the first device until the hello names another */
+  s->device = g->devices && g->n_devices ? g->devices[0].be
+                                         : dsp_cpu_backend();
+  dsp_ctx_set_backend(s->ctx, s->device);
   sv_pb_charge_init(&s->pb, s->queue);
   /* also bounds what the session cannot name: backward intermediates */
   dsp_ctx_set_max_elements(s->ctx, (int64_t)cfg->max_elements);
@@ -287,13 +291,55 @@ static int do_op(sv_session *s, sv_job *j, char *why) {
   if (rc < 0) return why_ctx(s, why, rc);
   rc = check_new_meta(s, &om, why);
   if (rc < 0) return rc;
+  /* a creation op may name its device; an op on inputs runs on theirs */
+  if (o->device && *o->device) {
+    const sv_device *d = sv_device_find(s->global, o->device);
+    char names[256], w[4 * SV_LOG_STR_MAX + 8];
+    sv_log_str(w, sizeof w, o->device, SV_LOG_STR_MAX);
+    if (o->n_inputs > 0)
+      return why_set(why, DISPATCH_EINVAL,
+                     "%s: device \"%s\" given for an op with inputs (it runs "
+                     "on its inputs' device)", info->name, w);
+    if (!d) {
+      sv_device_names(s->global, names, sizeof names);
+      return why_set(why, DISPATCH_EDEVICE,
+                     "%s: this server has no device \"%s\" (it has %s)",
+                     info->name, w, names[0] ? names : "only its default CPU");
+    }
+    dsp_ctx_set_backend(s->ctx, d->be);
+  }
   dsp_tensor *out;
   int grad = dsp_set_grad_enabled(s->ctx, !o->no_grad);
   rc = dsp_op(s->ctx, (dsp_opcode)o->op, in, (int)o->n_inputs, &a, &out);
   dsp_set_grad_enabled(s->ctx, grad);
+  dsp_ctx_set_backend(s->ctx, s->device);
   if (rc < 0) return why_run(s, why, rc);
   s->n_ops++;
   return insert(s, o->output, out, why);
+}
+
+/* A copy of a tensor on another device of this server (or the same one),
+ * made inside the server; charged to the session and the target device. */
+static int do_to_device(sv_session *s, sv_job *j, char *why) {
+  Dispatch__ToDevice *m = j->req->to_device;
+  dsp_tensor *t;
+  int rc = get_tensor(s, m->id, "to_device", why, &t);
+  if (rc < 0) return rc;
+  rc = check_free_id(s, m->output, why);
+  if (rc < 0) return rc;
+  const sv_device *d = sv_device_find(s->global, m->device);
+  if (!d) {
+    char names[256], dev[4 * SV_LOG_STR_MAX + 8];
+    sv_device_names(s->global, names, sizeof names);
+    return why_set(why, DISPATCH_EDEVICE,
+                   "to_device: this server has no device \"%s\" (it has %s)",
+                   sv_log_str(dev, sizeof dev, m->device, SV_LOG_STR_MAX),
+                   names[0] ? names : "only its default CPU");
+  }
+  dsp_tensor *out;
+  rc = dsp_tensor_to_backend(s->ctx, t, d->be, &out);
+  if (rc < 0) return why_run(s, why, rc);
+  return insert(s, m->output, out, why);
 }
 
 static int do_track(sv_session *s, sv_job *j, char *why) {
@@ -498,6 +544,9 @@ static int do_stats(sv_session *s, sv_job *j, char *why) {
   st.server_bytes = (uint64_t)atomic_load(&g->bytes);
   st.protocol_errors = (uint64_t)atomic_load(&g->protocol_errors);
   st.limit_violations = (uint64_t)atomic_load(&g->limit_violations);
+  Dispatch__DeviceInfo infos[SV_MAX_DEVICES], *ip[SV_MAX_DEVICES];
+  st.n_devices = sv_device_infos(g, infos, ip);
+  st.devices = ip;
   r.req_id = j->req->req_id;
   r.body_case = DISPATCH__REPLY__BODY_STATS;
   r.stats = &st;
@@ -560,6 +609,11 @@ void sv_session_exec(sv_session *s, sv_job *j) {
     case DISPATCH__REQUEST__BODY_OP:
       rc = do_op(s, j, why);
       out_id = r->op->output;
+      has_out = 1;
+      break;
+    case DISPATCH__REQUEST__BODY_TO_DEVICE:
+      rc = do_to_device(s, j, why);
+      out_id = r->to_device->output;
       has_out = 1;
       break;
     case DISPATCH__REQUEST__BODY_TRACK: rc = do_track(s, j, why); break;

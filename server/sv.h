@@ -19,6 +19,8 @@
 
 /* ------------------------------------------------------------ config */
 
+#define SV_MAX_DEVICES 16
+
 typedef struct sv_config {
   char host[64];
   int port;
@@ -48,6 +50,12 @@ typedef struct sv_config {
   char *token;               /* from --token-file (dsp_malloc), NULL: none */
   size_t token_len;
   int handshake_timeout_s;   /* TLS handshake + hello, 0: never */
+  /* --device, repeatable (points into argv): "cpu", "cpu:1", "cuda:0",
+   * "all"; none given: "cpu" */
+  const char *devices[SV_MAX_DEVICES];
+  int n_devices;
+  uint64_t device_memory;    /* each device's own budget; 0: none beyond
+                                --max-memory (still counted per device) */
   int insecure;              /* allow a non-loopback bind without TLS+token */
 } sv_config;
 
@@ -64,6 +72,9 @@ int sv_host_is_loopback(const char *host);
 /* Runs the server until SIGINT/SIGTERM; returns 0 after a clean shutdown,
  * or a negative DISPATCH_E* code when it could not start. */
 int sv_run(const sv_config *c);
+/* Set by sv_run when it has already written the reason it could not start
+ * to stderr as one line (a device that cannot be opened). */
+extern int sv_start_reason_printed;
 
 /* ------------------------------------------------------------ logging */
 
@@ -110,7 +121,40 @@ typedef struct sv_global {
   atomic_llong limit_violations; /* every refused limit, timeouts included */
   dsp_budget *mem; /* --max-memory: parent of every session's budget (owned;
                       NULL: no server-wide cap, as in fuzzers and tests) */
+  struct sv_device *devices; /* the server's devices (devices.c); NULL in
+                                fuzzers and tests: the CPU backend */
+  int n_devices;
 } sv_global;
+
+/* ------------------------------------------------------------ devices */
+
+/* One device of the server: a backend instance with its own memory
+ * budget (--device-memory), named "KIND:INDEX". Sessions pick one in their
+ * hello; tensors move between them with ToDevice. */
+typedef struct sv_device {
+  char name[32];   /* "cpu:1" */
+  const char *kind;
+  dsp_backend *be; /* owned; be->mem is `mem` */
+  dsp_budget *mem; /* owned; its limit is --device-memory, none without */
+  uint64_t total;  /* reported memory: --device-memory, else --max-memory */
+  void (*close)(dsp_backend *be);
+} sv_device;
+/* Opens every device cfg->devices names (a small table of kinds: adding
+ * a backend is a row), into g->devices. 0, or a negative code with a
+ * one-line reason in why ("--device cuda:0: ..."), nothing left open. */
+int sv_devices_open(const sv_config *cfg, sv_global *g, char *why,
+                    size_t len);
+void sv_devices_close(sv_global *g);
+/* The device a client names: "cpu:1", or a bare kind ("cpu") for its
+ * first device; NULL when the server has none of that name (or has no
+ * device table). */
+const sv_device *sv_device_find(const sv_global *g, const char *name);
+/* Fills the wire description of every device (at most SV_MAX_DEVICES;
+ * strings point into g) and ptrs[i] = &infos[i]; returns the count. */
+size_t sv_device_infos(const sv_global *g, Dispatch__DeviceInfo *infos,
+                       Dispatch__DeviceInfo **ptrs);
+/* "cpu:0, cpu:1": the names, for messages. */
+void sv_device_names(const sv_global *g, char *buf, size_t len);
 
 /* ------------------------------------------------------------ kinds */
 
@@ -180,7 +224,11 @@ typedef struct sv_pb_charge {
 
 typedef struct sv_session {
   /* worker side */
-  dsp_ctx *ctx;
+  dsp_ctx *ctx;     /* its backend is the session's device, except while a
+                       creation op that names another runs */
+  const dsp_backend *device; /* the session's device: set before the first
+                                job (new, hello), then only read, by the
+                                loop (uploads) and the worker */
   sv_idmap tensors; /* id -> sv_entry* */
   sv_idmap grads;   /* id -> dsp_grads* */
   uint64_t n_live;  /* tensors that are not poisoned */

@@ -160,7 +160,8 @@ static sv_session *session_on(const dsp_backend *be, sv_global *g,
   *io = dsp_ctx_new();
   sv_session *s = sv_session_new(&g_cfg, g, NULL);
   cr_assert(*io && s);
-  (*io)->backend = be; /* uploads are allocated on the io ctx */
+  (*io)->backend = be;
+  s->device = be; /* the session's device: uploads land on it */
   s->ctx->backend = be;
   return s;
 }

@@ -123,13 +123,20 @@ typedef struct dispatch_stats {
 void dispatch_options_init(dispatch_options *opts);
 
 /* Opens a device from a spec string:
- *   "local"            in-process CPU
+ *   "local"            in-process CPU (also "local:cpu"; "local:cuda:N" is
+ *                      DISPATCH_EUNSUPPORTED on a build without CUDA)
  *   "tcp://HOST:PORT"  a dispatch-server (connects and says hello now)
  *   "tls://HOST:PORT"  the same over TLS (1.2 at least, 1.3 preferred):
  *                      the server's certificate must chain to ca_file (or
  *                      the system store) and name server_name (or HOST; an
  *                      IP literal is matched against IP SANs); otherwise
  *                      DISPATCH_ETLS with the verify reason in errmsg
+ *   "tcp://HOST:PORT/DEVICE", "tls://HOST:PORT/DEVICE"
+ *                      the same, the session's tensors on the server's
+ *                      device DEVICE ("cpu", "cpu:1", "cuda:0"; a bare
+ *                      kind is its first device); without /DEVICE the
+ *                      server's first device. A device the server does not
+ *                      have: DISPATCH_EDEVICE naming the ones it has
  * spec NULL (or "") takes env DISPATCH_DEVICE, else "local", so an
  * unchanged program moves from local to remote. opts may be NULL.
  * Returns 0 and the device in *out (caller owns it: dispatch_device_close),
@@ -248,7 +255,11 @@ int dispatch_tensor_from_data(dispatch_device *dev, dispatch_dtype dtype,
 int dispatch_tensor_read(dispatch_tensor *t, void *buf, size_t nbytes);
 
 /* Copies t to device dev as a new LOCAL or REMOTE tensor (never AUTODIFF;
- * wrap it again if needed). Same device: still a copy. */
+ * wrap it again if needed). Same device: still a copy. When dev shares
+ * t's session (dev is t's device or a peer of it, see
+ * dispatch_device_open_peer) the server copies the bytes between its
+ * devices itself, one request, nothing through this process; otherwise
+ * the bytes are read here and uploaded. */
 int dispatch_to_device(dispatch_tensor *t, dispatch_device *dev,
                        dispatch_tensor **out);
 
@@ -506,5 +517,42 @@ void dispatch_optim_free(dispatch_optim *opt);
 #ifdef __cplusplus
 }
 #endif
+
+/* ------------------------------------------------------------------ */
+/* several devices of one server (protocol 1.1)                        */
+
+/* Opens device `device` ("cpu:1", "cuda:0") of dev's server as a peer of
+ * dev: one connection and one session, so dispatch_to_device between dev
+ * and the peer moves the bytes inside the server, each tensor charged to
+ * the memory of the device it is on. The peer's uploads and creation ops
+ * land on `device`; an op runs on its inputs' device, and inputs of two
+ * devices are DISPATCH_EDEVICE (no implicit copies). The peer is used
+ * from dev's thread only; close it like any device (its tensors are freed
+ * on the server, dev goes on); closing dev first is allowed. dev and its
+ * peers share the session's deferred error: it surfaces on whichever of
+ * them waits next (sync, read, backward). Errors:
+ * DISPATCH_EUNSUPPORTED (dev is not remote), DISPATCH_EINVAL (bad name),
+ * DISPATCH_EDEVICE (the server has no such device: the message names the
+ * ones it has), DISPATCH_ECONN, DISPATCH_ENOMEM. *out is the caller's. */
+int dispatch_device_open_peer(dispatch_device *dev, const char *device,
+                              dispatch_device **out);
+
+/* One device of a server, as its hello and Stats list them. */
+typedef struct dispatch_device_info {
+  char kind[16];         /* "cpu", "cuda" */
+  char name[32];         /* "cpu:1": what a device string or a peer names */
+  char description[96];  /* the backend's */
+  uint64_t total_memory; /* the device's budget (--device-memory, else the
+                            server's --max-memory) */
+  uint64_t free_memory;  /* what is left of it now */
+} dispatch_device_info;
+
+/* Fills out[0..max-1] with the devices of dev's server, in the server's
+ * order, and sets *n to how many it has (may be more than max); one Stats
+ * round trip. LOCAL: the one in-process CPU ("cpu", "local:cpu", memory
+ * 0: unbounded). Strings are cut to their fields. 0, or DISPATCH_EINVAL /
+ * DISPATCH_ECONN / a deferred error of the session. */
+int dispatch_device_list(dispatch_device *dev, dispatch_device_info *out,
+                         int max, int *n);
 
 #endif

@@ -259,3 +259,16 @@ static const dsp_backend g_cpu = {
 };
 
 const dsp_backend *dsp_cpu_backend(void) { return &g_cpu; }
+
+dsp_backend *dsp_cpu_backend_new(const char *id) {
+  size_t n = strlen(id ? id : "cpu") + 1;
+  dsp_backend *be = dsp_malloc(sizeof *be + n);
+  if (!be) return NULL;
+  *be = g_cpu;
+  char *name = (char *)(be + 1);
+  memcpy(name, id ? id : "cpu", n);
+  be->id = name;
+  return be;
+}
+
+void dsp_cpu_backend_free(dsp_backend *be) { dsp_free(be); }

@@ -1,0 +1,206 @@
+/* The server's devices: parsing --device, opening each through a small
+ * table of kinds, and their per-device memory budgets. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "sv.h"
+
+/* Opens device `index` of a kind: 0 with *out, or a negative code with a
+ * one-line reason in why. */
+typedef int (*dev_open_fn)(int index, dsp_backend **out, char *why,
+                           size_t len);
+/* How many devices of the kind this host has (for --device all). */
+typedef int (*dev_count_fn)(void);
+
+static int cpu_open(int index, dsp_backend **out, char *why, size_t len) {
+  char id[32];
+  snprintf(id, sizeof id, "cpu:%d", index);
+  *out = dsp_cpu_backend_new(id);
+  if (!*out) {
+    snprintf(why, len, "out of memory opening %s", id);
+    return DISPATCH_ENOMEM;
+  }
+  return 0;
+}
+
+static int cpu_count(void) { return 1; }
+
+/* A CUDA backend plugs in here: a row whose open is dsp_cuda_backend_open
+ * when the build has it. */
+static int no_cuda_open(int index, dsp_backend **out, char *why,
+                        size_t len) {
+  *out = NULL;
+  snprintf(why, len, "--device cuda:%d: this dispatch-server was built "
+           "without the CUDA backend", index);
+  return DISPATCH_EUNSUPPORTED;
+}
+
+static int no_cuda_count(void) { return 0; }
+
+static const struct dev_kind {
+  const char *kind;
+  dev_open_fn open;
+  void (*close)(dsp_backend *be);
+  dev_count_fn count;
+} g_kinds[] = {
+    {"cpu", cpu_open, dsp_cpu_backend_free, cpu_count},
+    {"cuda", no_cuda_open, NULL, no_cuda_count},
+};
+#define N_KINDS (sizeof g_kinds / sizeof g_kinds[0])
+
+/* Splits "kind" or "kind:N" (N in 0..999). 0, or -1 when malformed. */
+static int parse_name(const char *s, char *kind, size_t klen, int *index) {
+  const char *colon = strchr(s, ':');
+  size_t n = colon ? (size_t)(colon - s) : strlen(s);
+  if (n == 0 || n >= klen) return -1;
+  memcpy(kind, s, n);
+  kind[n] = '\0';
+  *index = 0;
+  if (!colon) return 0;
+  const char *d = colon + 1;
+  if (!*d || strlen(d) > 3) return -1;
+  for (const char *p = d; *p; p++)
+    if (*p < '0' || *p > '9') return -1;
+  *index = atoi(d);
+  return 0;
+}
+
+static const struct dev_kind *kind_of(const char *k) {
+  for (size_t i = 0; i < N_KINDS; i++)
+    if (strcmp(g_kinds[i].kind, k) == 0) return &g_kinds[i];
+  return NULL;
+}
+
+static int add_device(const sv_config *cfg, sv_global *g,
+                      const struct dev_kind *k, int index, char *why,
+                      size_t len) {
+  char name[32];
+  snprintf(name, sizeof name, "%s:%d", k->kind, index);
+  if (sv_device_find(g, name)) {
+    snprintf(why, len, "--device %s: given twice", name);
+    return DISPATCH_EINVAL;
+  }
+  if (g->n_devices == SV_MAX_DEVICES) {
+    snprintf(why, len, "--device %s: at most %d devices", name,
+             SV_MAX_DEVICES);
+    return DISPATCH_ELIMIT;
+  }
+  sv_device *d = &g->devices[g->n_devices];
+  memset(d, 0, sizeof *d);
+  int rc = k->open(index, &d->be, why, len);
+  if (rc < 0) return rc;
+  char who[40];
+  snprintf(who, sizeof who, "device %s", name);
+  /* without --device-memory the device is counted but only --max-memory
+   * (every session's budget's parent) limits it, so the server-wide
+   * refusal keeps its own message */
+  uint64_t limit = cfg->device_memory ? cfg->device_memory : UINT64_MAX;
+  d->total = cfg->device_memory ? cfg->device_memory : cfg->max_memory;
+  d->mem = dsp_budget_new(limit, NULL, who, "--device-memory");
+  if (!d->mem) {
+    k->close(d->be);
+    snprintf(why, len, "out of memory opening %s", name);
+    return DISPATCH_ENOMEM;
+  }
+  d->be->mem = d->mem;
+  d->be->id = d->name;
+  snprintf(d->name, sizeof d->name, "%s", name);
+  d->kind = k->kind;
+  d->close = k->close;
+  g->n_devices++;
+  return 0;
+}
+
+int sv_devices_open(const sv_config *cfg, sv_global *g, char *why,
+                    size_t len) {
+  g->devices = dsp_calloc(SV_MAX_DEVICES, sizeof *g->devices);
+  g->n_devices = 0;
+  if (!g->devices) {
+    snprintf(why, len, "out of memory opening devices");
+    return DISPATCH_ENOMEM;
+  }
+  static const char *const dflt[] = {"cpu"};
+  const char *const *list = cfg->n_devices ? cfg->devices : dflt;
+  int n = cfg->n_devices ? cfg->n_devices : 1;
+  int rc = 0;
+  for (int i = 0; i < n && rc == 0; i++) {
+    if (strcmp(list[i], "all") == 0) {
+      for (size_t k = 0; k < N_KINDS && rc == 0; k++)
+        for (int j = 0; j < g_kinds[k].count() && rc == 0; j++) {
+          char name[32];
+          snprintf(name, sizeof name, "%s:%d", g_kinds[k].kind, j);
+          if (!sv_device_find(g, name))
+            rc = add_device(cfg, g, &g_kinds[k], j, why, len);
+        }
+      continue;
+    }
+    char kind[16];
+    int index;
+    const struct dev_kind *k = NULL;
+    if (parse_name(list[i], kind, sizeof kind, &index) < 0 ||
+        !(k = kind_of(kind))) {
+      snprintf(why, len, "--device %.64s: expected cpu, cpu:N, cuda:N or "
+               "all", list[i]);
+      rc = DISPATCH_EINVAL;
+      break;
+    }
+    rc = add_device(cfg, g, k, index, why, len);
+  }
+  if (rc < 0) sv_devices_close(g);
+  return rc;
+}
+
+void sv_devices_close(sv_global *g) {
+  if (!g->devices) return;
+  for (int i = 0; i < g->n_devices; i++) {
+    g->devices[i].close(g->devices[i].be);
+    dsp_budget_unref(g->devices[i].mem);
+  }
+  dsp_free(g->devices);
+  g->devices = NULL;
+  g->n_devices = 0;
+}
+
+const sv_device *sv_device_find(const sv_global *g, const char *name) {
+  if (!g->devices || !name) return NULL;
+  char kind[16];
+  int index;
+  if (parse_name(name, kind, sizeof kind, &index) < 0) return NULL;
+  int bare = strchr(name, ':') == NULL;
+  for (int i = 0; i < g->n_devices; i++) {
+    const sv_device *d = &g->devices[i];
+    if (bare ? strcmp(d->kind, kind) == 0 : strcmp(d->name, name) == 0)
+      return d;
+  }
+  return NULL;
+}
+
+void sv_device_names(const sv_global *g, char *buf, size_t len) {
+  size_t k = 0;
+  buf[0] = '\0';
+  for (int i = 0; g->devices && i < g->n_devices && k + 1 < len; i++) {
+    int w = snprintf(buf + k, len - k, "%s%s", i ? ", " : "",
+                     g->devices[i].name);
+    if (w < 0) break;
+    k += (size_t)w;
+  }
+}
+
+size_t sv_device_infos(const sv_global *g, Dispatch__DeviceInfo *infos,
+                       Dispatch__DeviceInfo **ptrs) {
+  size_t n = 0;
+  for (int i = 0; g->devices && i < g->n_devices; i++, n++) {
+    const sv_device *d = &g->devices[i];
+    Dispatch__DeviceInfo init = DISPATCH__DEVICE_INFO__INIT;
+    infos[n] = init;
+    infos[n].kind = (char *)d->kind;
+    infos[n].name = (char *)d->name;
+    infos[n].description = (char *)d->be->device;
+    uint64_t lim = d->total, used = dsp_budget_used(d->mem);
+    infos[n].total_memory = lim;
+    infos[n].free_memory = used < lim ? lim - used : 0;
+    ptrs[n] = &infos[n];
+  }
+  return n;
+}
