@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cuda/dsp_cuda.h"
 #include "sv.h"
 
 /* Opens device `index` of a kind: 0 with *out, or a negative code with a
@@ -26,16 +27,31 @@ static int cpu_open(int index, dsp_backend **out, char *why, size_t len) {
 
 static int cpu_count(void) { return 1; }
 
-/* A CUDA backend plugs in here: a row whose open is dsp_cuda_backend_open
- * when the build has it. */
-static int no_cuda_open(int index, dsp_backend **out, char *why,
-                        size_t len) {
+/* The CUDA backend (common/cuda/) is linked only into dispatch-server-cuda:
+ * here it is a weak reference, NULL in the plain dispatch-server, so that
+ * binary carries no libcudart dependency. */
+#pragma weak dsp_cuda_backend_open
+#pragma weak dsp_cuda_backend_close
+
+static int cuda_open(int index, dsp_backend **out, char *why, size_t len) {
   *out = NULL;
-  snprintf(why, len, "--device cuda:%d: this dispatch-server was built "
-           "without the CUDA backend", index);
-  return DISPATCH_EUNSUPPORTED;
+  if (!dsp_cuda_backend_open) {
+    snprintf(why, len, "--device cuda:%d: this dispatch-server was built "
+             "without the CUDA backend (dispatch-server-cuda has it)", index);
+    return DISPATCH_EUNSUPPORTED;
+  }
+  char reason[256] = "";
+  int rc = dsp_cuda_backend_open(index, out, reason, sizeof reason);
+  if (rc < 0) snprintf(why, len, "--device cuda:%d: %s", index, reason);
+  return rc;
 }
 
+static void cuda_close(dsp_backend *be) {
+  if (dsp_cuda_backend_close) dsp_cuda_backend_close(be);
+}
+
+/* --device all opens cpu:0 only for now: the CUDA backend has no device
+ * count entry yet, so GPUs are named one by one (--device cuda:0). */
 static int no_cuda_count(void) { return 0; }
 
 static const struct dev_kind {
@@ -45,7 +61,7 @@ static const struct dev_kind {
   dev_count_fn count;
 } g_kinds[] = {
     {"cpu", cpu_open, dsp_cpu_backend_free, cpu_count},
-    {"cuda", no_cuda_open, NULL, no_cuda_count},
+    {"cuda", cuda_open, cuda_close, no_cuda_count},
 };
 #define N_KINDS (sizeof g_kinds / sizeof g_kinds[0])
 
