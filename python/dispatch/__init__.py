@@ -13,7 +13,7 @@ A binding over libdispatch-client (cffi, ABI mode). See python/README.md.
 from ._core import (  # noqa: F401
     Device, DispatchError, Grads, Scope, Tensor, abs, add, argmax,
     avg_pool2d, bool_, broadcast_to, cat, conv2d, cross_entropy,
-    default_device, device, div, dropout, eq, error_classes, exp, float32,
+    codes, default_device, device, div, dropout, eq, error_classes, exp, float32,
     float64, ge, gelu, gt, index_select, int64, keep, le, log, log_softmax,
     lt, matmul, max, max_pool2d, maximum, mean, minimum, mse, mul, ne, neg,
     permute, relu, reshape, sigmoid, sign, slice, softmax, sqrt, stack, sub,

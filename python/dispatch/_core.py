@@ -92,6 +92,9 @@ def _make_error_classes():
 
 
 _make_error_classes()
+# error codes by short name ("ESHAPE" -> -3), read from the library's table
+codes = {cls.__name__: code for code, cls in _ERROR_CLASSES.items()}
+_EINVAL = codes["EINVAL"]
 
 
 def _error(code, message):
@@ -100,7 +103,7 @@ def _error(code, message):
 
 
 def _freed_error():
-    return _error(lib.DISPATCH_EINVAL,
+    return _error(_EINVAL,
                   "tensor was freed: its scope ended or its device closed")
 
 
@@ -199,7 +202,7 @@ class Device:
     def _handle(self):
         h = self._state.h
         if h is None:
-            raise _error(lib.DISPATCH_EINVAL, f"device {self.spec} is closed")
+            raise _error(_EINVAL, f"device {self.spec} is closed")
         return h
 
     def _raise(self, rc):
@@ -279,22 +282,22 @@ class Device:
             t = data.to(self) if dtype is None else data.to(self).astype(dtype)
             return t.track() if requires_grad else t
         if dtype is not None:
-            arr = np.ascontiguousarray(data, dtype=_dtype(dtype))
-        elif isinstance(data, np.ndarray) or isinstance(data, np.generic):
-            arr = np.ascontiguousarray(data)
-            if arr.dtype not in _NP_TO_C:
-                _dtype(arr.dtype)  # raises with the supported list
+            arr = np.asarray(data, dtype=_dtype(dtype))
+        elif isinstance(data, (np.ndarray, np.generic)):
+            arr = np.asarray(data)
         else:
             arr = np.asarray(data)
             if arr.dtype.kind == "f":
                 arr = arr.astype(float32)
             elif arr.dtype.kind in "iu":
                 arr = arr.astype(int64)
-            arr = np.ascontiguousarray(arr)
-            if arr.dtype not in _NP_TO_C:
-                _dtype(arr.dtype)
+        if arr.dtype not in _NP_TO_C:
+            _dtype(arr.dtype)  # raises, naming the supported dtypes
+        if not arr.flags.c_contiguous:
+            # (np.ascontiguousarray would also turn a 0-d array into 1-d)
+            arr = arr.copy(order="C")
         if arr.ndim > 8:
-            raise _error(lib.DISPATCH_EINVAL,
+            raise _error(_EINVAL,
                          f"{arr.ndim} dims: a tensor has at most 8")
         shape = ffi.new("int64_t[]", arr.shape) if arr.ndim else ffi.NULL
         t = self._new(lib.dispatch_tensor_from_data, _NP_TO_C[arr.dtype],
@@ -649,7 +652,7 @@ def slice(x, dim, start=0, end=None, step=1):  # noqa: A001
 def _join(cfn, tensors, dim):
     tensors = list(tensors)
     if not tensors:
-        raise _error(lib.DISPATCH_EINVAL, "no tensors to join")
+        raise _error(_EINVAL, "no tensors to join")
     first = _as_tensor(tensors[0])
     ts = [first] + [_as_tensor(t, first) for t in tensors[1:]]
     arr = ffi.new("dispatch_tensor *[]", [_hd(t) for t in ts])
