@@ -71,7 +71,7 @@ SERVER_A := $(BUILD)/libdspserver.a
 # keep objects and generated headers that make would treat as intermediate
 .SECONDARY:
 
-.PHONY: all deps test test-run sanitize demo bench fuzz install clean
+.PHONY: all deps test test-run python-test sanitize demo bench fuzz install clean
 all: $(if $(wildcard server/main.c),$(SERVER_BIN)) $(CLIENT_A) $(CLIENT_SO) $(TEST_BIN) $(EXAMPLE_BIN) $(BENCH_BIN)
 
 deps:
@@ -138,7 +138,23 @@ test-run: $(TEST_BIN) $(if $(wildcard server/main.c),$(SERVER_BIN))
 	  DISPATCH_SERVER_BIN=$(abspath $(SERVER_BIN)) $$t --jobs 2 || fail=1; \
 	done; \
 	scripts/check-readme.sh || fail=1; \
+	$(if $(filter 1,$(SAN)),,$(MAKE) --no-print-directory python-test || fail=1;) \
 	if [ $$fail -ne 0 ]; then echo "TESTS FAILED"; exit 1; fi; echo "ALL SUITES PASSED"
+
+# The Python package's pytest suite (python/tests) against this build's
+# library and server; prints pytest's summary line, everything on failure.
+# test-run runs it except under SAN=1: an ASan-built library cannot be
+# loaded into an interpreter that was not built with ASan.
+PYTHON ?= /usr/bin/python3
+python-test: $(CLIENT_SO) $(if $(wildcard server/main.c),$(SERVER_BIN))
+	@echo "== python/tests (pytest)"; \
+	log=$$(mktemp); \
+	DISPATCH_SERVER_BIN=$(abspath $(SERVER_BIN)) \
+	DISPATCH_CLIENT_LIB=$(abspath $(BUILD)/libdispatch-client.so) \
+	PYTHONDONTWRITEBYTECODE=1 $(PYTHON) -m pytest -q -p no:cacheprovider \
+	  python/tests >$$log 2>&1; rc=$$?; \
+	if [ $$rc -ne 0 ]; then cat $$log; else tail -n 1 $$log; fi; \
+	rm -f $$log; exit $$rc
 
 sanitize: deps
 	@$(MAKE) --no-print-directory BUILD=build-san SAN=1 OPT=-O1 test-run
