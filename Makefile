@@ -166,8 +166,8 @@ demo: deps
 # the programs and the server, then scripts/bench.sh runs them and writes
 # bench/results.csv
 bench: deps
-	@$(MAKE) --no-print-directory $(if $(wildcard server/main.c),$(SERVER_BIN)) $(BENCH_BIN)
-	@BUILD=$(BUILD) scripts/bench.sh
+	@$(MAKE) --no-print-directory $(if $(wildcard server/main.c),$(SERVER_BIN)) $(BENCH_BIN) $(CLIENT_SO)
+	@BUILD=$(BUILD) PYTHON=$(PYTHON) scripts/bench.sh
 
 # libFuzzer targets (clang, fuzzer+address+undefined) built in build-fuzz/,
 # each run FUZZ_SECONDS from tests/fuzz_corpus/<target>/; not part of test.
