@@ -116,10 +116,11 @@ stop_tls_server() {
 # same step driven from C, which the script runs in turns with its own in
 # `$BUILD/bench/mlp --steps-on-stdin`.
 run_python_mlp() {
-  local t0 rc
+  local t0 rc lib="$BUILD/libdispatch-client.so"
+  [[ $lib = /* ]] || lib="$PWD/$lib"
   echo "== python mlp" >&2
   t0=$EPOCHREALTIME
-  BUILD="$BUILD" DISPATCH_CLIENT_LIB="$PWD/$BUILD/libdispatch-client.so" \
+  BUILD="$BUILD" DISPATCH_CLIENT_LIB="$lib" \
     timeout "$PER_PROGRAM_LIMIT" "${PYTHON:-/usr/bin/python3}" python/bench/mlp_step.py >>"$rows"
   rc=$?
   awk -v a="$t0" -v b="$EPOCHREALTIME" -v rc="$rc" \
