@@ -55,6 +55,7 @@ class DispatchError(Exception):
     """A failed dispatch call. .code is the negative DISPATCH_E* number,
     .name its constant ("DISPATCH_ESHAPE"), .message the detail the library
     or the server gave (the device's error message)."""
+    __module__ = "dispatch"
 
     def __init__(self, code, message):
         self.code = code
@@ -482,13 +483,15 @@ def _scalar_op(cfn, x, s):
 
 
 def _as_tensor(x, like=None):
-    """x as a Tensor: a Tensor as it is; a number or array on the device
-    (and, for numbers, in the dtype) of `like`, else the default device."""
+    """x as a Tensor: a Tensor as it is; anything else is uploaded to the
+    device of `like` (else the default device). Numbers and lists take
+    like's dtype, having none of their own; a numpy array keeps its dtype,
+    so a mismatch is an EDTYPE error rather than a silent conversion."""
     if isinstance(x, Tensor):
         return x
     if like is None:
         return default_device().tensor(x)
-    if isinstance(x, (numbers.Number, np.generic)):
+    if isinstance(x, (numbers.Number, np.generic, list, tuple)):
         return like._dev.tensor(np.asarray(x, dtype=like.dtype))
     return like._dev.tensor(x)
 
@@ -529,7 +532,8 @@ gelu = _unary("dispatch_gelu", "GELU, the exact erf form")
 def where(mask, a, b):
     """mask (bool) ? a : b, three-way broadcast."""
     a, b = _pair(a, b)
-    mask = _as_tensor(mask, a) if not isinstance(mask, Tensor) else mask
+    if not isinstance(mask, Tensor):
+        mask = a._dev.tensor(np.asarray(mask, dtype=bool_))
     out = _out()
     rc = lib.dispatch_where(_hd(mask), _hd(a), _hd(b), out)
     if rc < 0:
@@ -1057,9 +1061,13 @@ class Tensor:
         return abs(self)
 
     def __eq__(self, o):
+        if not isinstance(o, _OPERANDS):
+            return NotImplemented  # t == None is False, as in Python
         return eq(self, o)
 
     def __ne__(self, o):
+        if not isinstance(o, _OPERANDS):
+            return NotImplemented
         return ne(self, o)
 
     def __lt__(self, o):
@@ -1075,6 +1083,7 @@ class Tensor:
         return ge(self, o)
 
 
+_OPERANDS = (Tensor, numbers.Number, np.ndarray, np.generic, list, tuple)
 _slice_type = builtins.slice
 _full_slice = _slice_type(None)
 

@@ -43,6 +43,8 @@ class Optimizer:
 
     @lr.setter
     def lr(self, value):
+        if self._h is None or self._dev._state.h is None:
+            raise ValueError("the optimizer or its device was freed")
         rc = lib.dispatch_optim_set_lr(self._h, float(value))
         if rc < 0:
             self._dev._raise(rc)

@@ -84,6 +84,8 @@ def test_closed_device(server):
             d.ones((2,))
         with pytest.raises(ValueError):
             opt.step(g)
+        with pytest.raises(ValueError):
+            opt.lr = 0.5
         # collecting the handles of a closed device frees nothing twice
         del x, w, opt, g
         gc.collect()
