@@ -152,6 +152,13 @@ def test_numpy_operands_and_dtypes(dev):
     assert dev.tensor([1, 2]).dtype == np.int64
     b = dev.tensor(np.array([True, False]))
     assert np.array_equal(b.numpy(), [True, False])
+    # lists and numbers take the tensor's dtype; arrays keep theirs
+    assert (x + [1, 2, 3, 4]).dtype == np.float32
+    assert np.array_equal((x * [1, 2, 3, 4]).numpy(),
+                          A32 * np.array([1, 2, 3, 4], np.float32))
+    with pytest.raises(dispatch.EDTYPE, match="f32 and f64 differ"):
+        x + np.ones(4)
+    assert (x == None) is False and (x != None) is True  # noqa: E711
     z = dev.tensor(np.float64(2.5))  # 0-d
     assert z.shape == () and z.item() == 2.5 and float(z) == 2.5
     with pytest.raises(TypeError, match="not supported"):
