@@ -103,9 +103,9 @@ def _error(code, message):
     return cls(code, message)
 
 
-def _freed_error():
-    return _error(_EINVAL,
-                  "tensor was freed: its scope ended or its device closed")
+def _freed_error(what="tensor"):
+    return _error(_EINVAL, f"{what} was freed: its scope ended, it was "
+                  "freed explicitly, or its device closed")
 
 
 # ---------------------------------------------------------------- devices
@@ -1094,20 +1094,24 @@ class Grads:
     """The gradients of one backward pass. grads[leaf] is the gradient of
     a tracked leaf (or of the tensor it wraps) as a new plain tensor.
     Freed when collected (remote: the server drops them then)."""
-    __slots__ = ("_h", "_dev")
+    # The device remembers its last Grads (for Tensor.grad), so a Grads
+    # refers to its device only weakly: a strong reference both ways would
+    # leave a device and everything on it to the cycle collector.
+    __slots__ = ("_h", "_state", "_devref")
 
     def __init__(self, dev, p):
-        self._dev = dev
+        self._state = dev._state
+        self._devref = weakref.ref(dev)
         self._h = ffi.gc(p, dev._state.free_grads)
 
     def __getitem__(self, t):
-        if self._dev._state.h is None:
-            raise _freed_error()
+        if self._h is None or self._state.h is None:
+            raise _freed_error("gradient container")
         out = _out()
         rc = lib.dispatch_grad(self._h, _hd(t), out)
         if rc < 0:
             _fail(rc, t)
-        return self._dev._adopt(out[0])
+        return t._dev._adopt(out[0])
 
     get = __getitem__
 
@@ -1116,5 +1120,6 @@ class Grads:
         if self._h is not None:
             h, self._h = self._h, None
             ffi.release(h)
-        if self._dev._last_grads is self:
-            self._dev._last_grads = None
+        dev = self._devref()
+        if dev is not None and dev._last_grads is self:
+            dev._last_grads = None

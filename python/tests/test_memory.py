@@ -127,3 +127,26 @@ def test_non_contiguous_arrays(dev):
     a = np.arange(12, dtype=np.float64).reshape(3, 4)
     for view in (a.T, a[:, ::2], a[::-1]):
         assert np.array_equal(dev.tensor(view).numpy(), view)
+
+
+def test_device_goes_with_its_last_reference(server):
+    # No reference cycles: when the last name of a device and of its
+    # tensors and gradients goes, CPython closes it at once, on this thread
+    # (the cycle collector would do it later, on whichever thread runs it).
+    import weakref
+    gc.collect()
+    gc.disable()
+    try:
+        for spec in ("local", server.spec):
+            d = dispatch.device(spec)
+            w = d.tensor([1.0, 2.0]).track()
+            opt = dispatch.SGD([w], lr=0.1)
+            with d.scope():
+                g = (w * w).sum().backward()
+                opt.step(g)
+            assert w.grad.numpy().tolist() == [2.0, 4.0]
+            dev_ref, state_ref = weakref.ref(d), weakref.ref(d._state)
+            del d, w, g, opt
+            assert dev_ref() is None and state_ref() is None
+    finally:
+        gc.enable()
