@@ -116,33 +116,48 @@ _open_states = weakref.WeakSet()
 class _DeviceState:
     """Holds a device's C handle. The destructors of every C object of the
     device are methods of this object, so it outlives them all; h is None
-    once the device is closed, after which they are no-ops."""
-    __slots__ = ("h", "lib", "__weakref__")
+    once the device is closed, after which they are no-ops.
+
+    A destructor does not call into C: it queues the free, and the next
+    call of the binding on the device (any op, creation, read, sync, stats,
+    scope end) runs the queue. The collector may run a destructor on any
+    thread, even while another thread is inside a C call on this device
+    (cffi releases the GIL around calls); the C library allows one thread
+    at a time per device, and this way only the user's calls, which keep
+    that rule, ever touch it."""
+    __slots__ = ("h", "lib", "pending", "__weakref__")
 
     def __init__(self, h):
         self.h = h
         self.lib = lib  # kept: module globals may be gone at exit
+        self.pending = []
         _open_states.add(self)
 
     def close(self):
         h, self.h = self.h, None
+        self.pending = []  # closing frees everything of the device in C
         if h is not None:
             self.lib.dispatch_device_close(h)
 
     def __del__(self):
         self.close()
 
+    def drain(self):
+        """Runs the queued frees (from a user's call only)."""
+        pending = self.pending
+        while pending:  # list.pop is atomic: destructors may append
+            fn, p = pending.pop()
+            if self.h is not None:
+                fn(p)
+
     def free_tensor(self, p):
-        if self.h is not None:
-            self.lib.dispatch_tensor_free(p)
+        self.pending.append((self.lib.dispatch_tensor_free, p))
 
     def free_grads(self, p):
-        if self.h is not None:
-            self.lib.dispatch_grads_free(p)
+        self.pending.append((self.lib.dispatch_grads_free, p))
 
     def free_optim(self, p):
-        if self.h is not None:
-            self.lib.dispatch_optim_free(p)
+        self.pending.append((self.lib.dispatch_optim_free, p))
 
 
 @atexit.register
@@ -201,10 +216,12 @@ class Device:
         return self._state.h is None
 
     def _handle(self):
-        h = self._state.h
-        if h is None:
+        st = self._state
+        if st.h is None:
             raise _error(_EINVAL, f"device {self.spec} is closed")
-        return h
+        if st.pending:
+            st.drain()
+        return st.h
 
     def _raise(self, rc):
         h = self._state.h
@@ -257,8 +274,11 @@ class Device:
     def _adopt(self, p):
         """Wraps a C tensor the caller got a reference to (a C call's
         output) as a Tensor that owns that reference."""
+        st = self._state
+        if st.pending:
+            st.drain()
         t = Tensor.__new__(Tensor)
-        t._h = ffi.gc(p, self._state.free_tensor)
+        t._h = ffi.gc(p, st.free_tensor)
         t._dev = self
         t._shape = None
         if self._scopes:
@@ -409,9 +429,10 @@ class Scope:
                     outer._add(t)
             elif t._h is not None:
                 h, t._h = t._h, None
-                ffi.release(h)  # runs the destructor now: drops our ref
+                ffi.release(h)  # runs the destructor now: queues our free
         self._tensors = []
         self._kept = set()
+        self._dev._state.drain()
         return False
 
 
@@ -1120,6 +1141,7 @@ class Grads:
         if self._h is not None:
             h, self._h = self._h, None
             ffi.release(h)
+            self._state.drain()
         dev = self._devref()
         if dev is not None and dev._last_grads is self:
             dev._last_grads = None

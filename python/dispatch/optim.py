@@ -54,6 +54,7 @@ class Optimizer:
         if self._h is not None:
             h, self._h = self._h, None
             ffi.release(h)
+            self._dev._state.drain()
 
 
 class SGD(Optimizer):

@@ -150,3 +150,18 @@ def test_device_goes_with_its_last_reference(server):
             assert dev_ref() is None and state_ref() is None
     finally:
         gc.enable()
+
+
+def test_tensors_dropped_on_another_thread(dev):
+    # A tensor's last reference may go on any thread (a worker, the cycle
+    # collector); its free waits for the device's next call on the thread
+    # that uses the device, so two threads never call into one device.
+    import threading
+    base = live(dev)
+    box = [dev.tensor(np.ones(1000, np.float32)) for _ in range(5)]
+    assert live(dev) == base + 5
+    th = threading.Thread(target=box.clear)
+    th.start()
+    th.join()
+    assert len(dev._state.pending) == 5  # queued, not freed on that thread
+    assert live(dev) == base  # the next call ran the queue
