@@ -10,6 +10,8 @@ Ownership, in one place:
   so the device is closed only after the last of them is gone, or when the
   user closes it; after that the destructors do nothing, because closing a
   device frees everything on it in C.
+- Destructors only queue their frees; the device's next call runs them
+  (see _DeviceState), so dropping an object is never a call into C.
 - As in C, a device and everything on it is used from one thread at a time.
 """
 import atexit
