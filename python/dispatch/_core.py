@@ -923,10 +923,18 @@ class Tensor:
         """Reverse pass from this one-element autodiff tensor to every
         tracked leaf reachable from it. Returns the Grads (remote: one
         round trip; the gradients stay on the server until read). The
-        device also remembers them for Tensor.grad."""
+        device also remembers them for Tensor.grad, until its next
+        backward."""
+        h = _hd(self)
+        # Let go of the previous gradients before this pass makes new ones:
+        # unless the caller still holds them, they are freed first (the
+        # drain in _handle), so a loop holds one set at a time, as a C loop
+        # that frees its grads each step does (remote: the session's quota
+        # need not fit two; the server reuses their memory).
+        self._dev._last_grads = None
+        self._dev._handle()
         out = ffi.new("dispatch_grads **")
-        rc = lib.dispatch_backward_ex(_hd(self), 1 if retain_graph else 0,
-                                      out)
+        rc = lib.dispatch_backward_ex(h, 1 if retain_graph else 0, out)
         if rc < 0:
             _fail(rc, self)
         g = Grads(self._dev, out[0])

@@ -165,3 +165,28 @@ def test_tensors_dropped_on_another_thread(dev):
     th.join()
     assert len(dev._state.pending) == 5  # queued, not freed on that thread
     assert live(dev) == base  # the next call ran the queue
+
+
+def test_backward_lets_go_of_the_previous_gradients():
+    # A loop that does not keep its gradients holds one set at a time: the
+    # device's hold on the last Grads (for Tensor.grad) ends before the
+    # next backward makes new ones. The session budget below (7 units of
+    # the 4 MiB parameter) fits one backward of this graph (~6.5 units)
+    # but not one with a second set of gradients held; both halves are
+    # checked, so a change in what the server charges shows up here.
+    from conftest import Server
+    s = Server(["--max-session-bytes", str(28 << 20)])
+    try:
+        with dispatch.device(s.spec) as d:
+            w = d.tensor(np.ones(1 << 20, np.float32), requires_grad=True)
+            for _ in range(3):
+                with d.scope():
+                    (w * w).sum().backward()
+                assert w.grad[:2].numpy().tolist() == [2.0, 2.0]
+            held = (w * w).sum().backward()  # the caller keeps these
+            with pytest.raises(dispatch.EQUOTA):
+                (w * w).sum().backward()
+                d.sync()
+            assert held[w].numpy()[0] == 2.0
+    finally:
+        assert s.stop() == 0, s.stderr()
