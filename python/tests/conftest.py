@@ -5,6 +5,7 @@ stdout, as tests/helpers/server_proc.c does), and devices on it and local.
 The server binary is $DISPATCH_SERVER_BIN, else build/dispatch-server of
 this checkout; the library is found as the package finds it
 ($DISPATCH_CLIENT_LIB, else build/libdispatch-client.so)."""
+import ctypes
 import os
 import pathlib
 import re
@@ -29,6 +30,12 @@ SERVER_ARGS = ["--max-session-bytes", str(64 << 20),
 LINE = re.compile(rb"^dispatch-server listening on 127\.0\.0\.1:(\d+)\n$")
 
 
+def _die_with_parent():
+    # In the child before exec: SIGTERM when the test process dies, even
+    # abruptly (a sanitizer abort, SIGKILL), so no server outlives its run.
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
 class Server:
     """A running dispatch-server child; .spec is its tcp:// address."""
 
@@ -38,7 +45,8 @@ class Server:
         self.log = tempfile.TemporaryFile()
         self.proc = subprocess.Popen(
             [binary, "--listen", "127.0.0.1:0", *SERVER_ARGS, *extra],
-            stdout=subprocess.PIPE, stderr=self.log)
+            stdout=subprocess.PIPE, stderr=self.log,
+            preexec_fn=_die_with_parent)
         line = b""
         # bounded wait for the one line; the server prints it once bound
         while not line.endswith(b"\n"):
