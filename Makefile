@@ -100,7 +100,7 @@ SERVER_A := $(BUILD)/libdspserver.a
 # keep objects and generated headers that make would treat as intermediate
 .SECONDARY:
 
-.PHONY: all deps test test-run sanitize demo bench fuzz install clean test-gpu bench-gpu
+.PHONY: all deps test test-run python-test sanitize demo bench fuzz install clean test-gpu bench-gpu
 all: $(if $(wildcard server/main.c),$(SERVER_BIN)) $(CLIENT_A) $(CLIENT_SO) $(TEST_BIN) $(EXAMPLE_BIN) $(BENCH_BIN) $(CUDA_BIN)
 
 deps:
@@ -203,7 +203,29 @@ test-run: $(TEST_BIN) $(if $(wildcard server/main.c),$(SERVER_BIN))
 	  DISPATCH_SERVER_BIN=$(abspath $(SERVER_BIN)) $$t --jobs 2 || fail=1; \
 	done; \
 	scripts/check-readme.sh || fail=1; \
+	$(MAKE) --no-print-directory python-test || fail=1; \
 	if [ $$fail -ne 0 ]; then echo "TESTS FAILED"; exit 1; fi; echo "ALL SUITES PASSED"
+
+# The Python package's pytest suite (python/tests) against this build's
+# library and server; prints pytest's summary line, everything on failure.
+# Under SAN=1 the interpreter, not built with ASan, gets the sanitizer
+# runtimes preloaded so it can load the ASan library (its own leaks at exit
+# are not ours: leak detection off); a binding that freed a tensor twice or
+# used a closed device's memory fails here.
+PYTHON ?= /usr/bin/python3
+PY_SAN_ENV = $(if $(filter 1,$(SAN)),LD_PRELOAD="$(shell $(CC) -print-file-name=libasan.so) \
+  $(shell $(CC) -print-file-name=libubsan.so)" \
+  ASAN_OPTIONS=detect_leaks=0:log_path=$$log.asan UBSAN_OPTIONS=log_path=$$log.ubsan)
+python-test: $(CLIENT_SO) $(if $(wildcard server/main.c),$(SERVER_BIN))
+	@echo "== python/tests (pytest$(if $(filter 1,$(SAN)), with the ASan library))"; \
+	log=$$(mktemp); \
+	$(PY_SAN_ENV) DISPATCH_SERVER_BIN=$(abspath $(SERVER_BIN)) \
+	DISPATCH_CLIENT_LIB=$(abspath $(BUILD)/libdispatch-client.so) \
+	PYTHONDONTWRITEBYTECODE=1 $(PYTHON) -m pytest -q -p no:cacheprovider \
+	  python/tests >$$log 2>&1; rc=$$?; \
+	if [ $$rc -ne 0 ]; then cat $$log $$log.*san.* 2>/dev/null; \
+	else tail -n 1 $$log; fi; \
+	rm -f $$log $$log.*san.*; exit $$rc
 
 sanitize: deps
 	@$(MAKE) --no-print-directory BUILD=build-san SAN=1 OPT=-O1 test-run
@@ -229,8 +251,8 @@ demo: deps
 # the programs and the server, then scripts/bench.sh runs them and writes
 # bench/results.csv
 bench: deps
-	@$(MAKE) --no-print-directory $(if $(wildcard server/main.c),$(SERVER_BIN)) $(BENCH_BIN)
-	@BUILD=$(BUILD) scripts/bench.sh
+	@$(MAKE) --no-print-directory $(if $(wildcard server/main.c),$(SERVER_BIN)) $(BENCH_BIN) $(CLIENT_SO)
+	@BUILD=$(BUILD) PYTHON=$(PYTHON) scripts/bench.sh
 
 # libFuzzer targets (clang, fuzzer+address+undefined) built in build-fuzz/,
 # each run FUZZ_SECONDS from tests/fuzz_corpus/<target>/; not part of test.

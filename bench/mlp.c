@@ -12,6 +12,8 @@
  * Rows: remote vs local (goal: within 1.3x) and remote optim_step vs
  * per-parameter ops. The losses of remote and perparam must agree (same
  * math), which checks that both really trained.
+ * `mlp --steps-on-stdin` serves python/bench/mlp_step.py instead: the same
+ * step driven from C, in blocks the Python script asks for (see there).
  */
 #include "bench.h"
 
@@ -138,7 +140,50 @@ static void model_free(model *m) {
   dispatch_device_close(m->dev);
 }
 
-int main(void) {
+/* `mlp --steps-on-stdin`: the C side of python/bench/mlp_step.py, which
+ * times the same step driven from Python and needs the C figure from the
+ * same minutes of the same machine. Builds the local model and, when
+ * DISPATCH_BENCH_REMOTE is set, the remote one (both with optim_step), then
+ * answers each stdin line "MODEL N" (0 local, 1 remote, N <= MAX_STEPS) by
+ * running N recorded steps and printing "ok LOSS T1 ... TN" (seconds), or
+ * "error MESSAGE". Idle (blocked on stdin) while Python measures. */
+static int steps_on_stdin(void) {
+  model ms[2] = {{.name = "local"}, {.name = "remote"}};
+  const char *specs[2] = {"local", bench_remote_spec()};
+  int live[2];
+  for (int i = 0; i < 2; i++) {
+    ms[i].dev = bench_open(specs[i], ms[i].err, sizeof ms[i].err);
+    live[i] = ms[i].dev && model_init(&ms[i], 1) == 0;
+  }
+  char line[64];
+  while (fgets(line, sizeof line, stdin)) {
+    int i, n;
+    if (sscanf(line, "%d %d", &i, &n) != 2 || i < 0 || i > 1 || n < 1 ||
+        n > MAX_STEPS) {
+      printf("error bad request\n");
+    } else if (!live[i]) {
+      printf("error %s\n", ms[i].err[0] ? ms[i].err : "model not built");
+    } else {
+      ms[i].steps = 0;
+      for (int k = 0; k < n && live[i]; k++)
+        if (step(&ms[i], 1) < 0) live[i] = 0;
+      if (!live[i]) {
+        printf("error %s\n", ms[i].err);
+      } else {
+        printf("ok %.9g", (double)ms[i].loss);
+        for (int k = 0; k < n; k++) printf(" %.9g", ms[i].t[k]);
+        printf("\n");
+      }
+    }
+    fflush(stdout);
+  }
+  for (int i = 0; i < 2; i++) model_free(&ms[i]);
+  return 0;
+}
+
+int main(int argc, char **argv) {
+  if (argc > 1 && strcmp(argv[1], "--steps-on-stdin") == 0)
+    return steps_on_stdin();
   model ms[3] = {{.name = "local"}, {.name = "remote"}, {.name = "perparam"}};
   const char *specs[3] = {"local", bench_remote_spec(), bench_remote_spec()};
   int live[3];

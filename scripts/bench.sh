@@ -115,10 +115,27 @@ stop_tls_server() {
   rm -rf "$tls_dir"
 }
 
+# The MLP step driven from Python (python/bench/mlp_step.py) against the
+# same step driven from C, which the script runs in turns with its own in
+# `$BUILD/bench/mlp --steps-on-stdin`.
+run_python_mlp() {
+  local t0 rc lib="$BUILD/libdispatch-client.so"
+  [[ $lib = /* ]] || lib="$PWD/$lib"
+  echo "== python mlp" >&2
+  t0=$EPOCHREALTIME
+  BUILD="$BUILD" DISPATCH_CLIENT_LIB="$lib" \
+    timeout "$PER_PROGRAM_LIMIT" "${PYTHON:-/usr/bin/python3}" python/bench/mlp_step.py >>"$rows"
+  rc=$?
+  awk -v a="$t0" -v b="$EPOCHREALTIME" -v rc="$rc" \
+    'BEGIN { printf "   python mlp took %.1f s (exit %d)\n", b - a, rc }' >&2
+  [ "$rc" -ne 0 ] && status=1
+}
+
 start=$(date +%s)
 start_server
 start_tls_server
 for b in latency ops bulk devices matmul mlp; do run "$b"; done
+run_python_mlp
 stop_tls_server
 stop_server
 start_server

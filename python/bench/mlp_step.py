@@ -1,0 +1,174 @@
+#!/usr/bin/python3
+"""make bench rows: the training step of bench/mlp.c (784-256-10 MLP,
+relu, cross-entropy, batch 128, SGD through one optim step, then reading
+the loss) driven from Python through the dispatch package, against the
+same step driven from C, on the local device and on the server of
+$DISPATCH_BENCH_REMOTE.
+
+The C step runs in `bench/mlp --steps-on-stdin` (the very step() of
+bench/mlp.c), a child process that runs a block of steps when asked and
+sleeps on its stdin otherwise; the four models (C and Python, local and
+remote) take blocks of 10 steps in turn with a pause between, as
+bench/mlp.c does with its models, so load from the rest of the machine
+falls on all alike. Rows: the median Python step over the median C step
+(goal at most 1.3x). Same data and seeds on all four, so all four must end
+at the same loss; a difference is reported in the note.
+Prints CSV rows in bench/bench.h's columns on stdout.
+"""
+import math
+import os
+import pathlib
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "python"))
+import dispatch  # noqa: E402
+
+BATCH, NIN, NHID, NOUT, LR = 128, 784, 256, 10, 0.05
+WARMUP, MAX_STEPS, MIN_STEPS, BUDGET, BLOCK, GAP = 3, 60, 8, 12.0, 10, 0.15
+
+
+class Model:
+    def __init__(self, name, spec):
+        self.name, self.times, self.loss, self.err = name, [], math.nan, ""
+        self.dev = None
+        if not spec:
+            self.err = f"{name}: no server (DISPATCH_BENCH_REMOTE unset)"
+            return
+        try:
+            self.dev = dispatch.device(spec)
+            i = np.arange(BATCH * NIN, dtype=np.uint64)
+            xs = ((i * 2654435761) % (1 << 32) % 1000).astype(np.float32) \
+                / np.float32(1000)
+            ys = (np.arange(BATCH) * 7) % NOUT
+            self.x = self.dev.tensor(xs.reshape(BATCH, NIN))
+            self.y = self.dev.tensor(ys.astype(np.int64))
+            shapes = [(NIN, NHID), (NHID,), (NHID, NOUT), (NOUT,)]
+            self.p = [self.dev.normal(s, 0.0, 0.01 if k % 2 else 0.05,
+                                      seed=100 + k).track()
+                      for k, s in enumerate(shapes)]
+            self.opt = dispatch.SGD(self.p, lr=LR)
+            self.dev.sync()
+        except dispatch.DispatchError as e:
+            self.err, self.dev = f"{name}: {e}", None
+
+    def step(self, record):
+        t0 = time.perf_counter()
+        w1, b1, w2, b2 = self.p
+        with self.dev.scope():
+            h = (self.x @ w1 + b1).relu()
+            loss = dispatch.cross_entropy(h @ w2 + b2, self.y)
+            self.opt.step(loss.backward())
+            self.loss = loss.item()
+        t = time.perf_counter() - t0
+        if not math.isfinite(self.loss):
+            raise ValueError(f"loss is {self.loss}")
+        if record:
+            self.times.append(t)
+
+
+def num(v):
+    """A figure as bench/bench.h's bench_num_ prints it."""
+    if v is None or not math.isfinite(v):
+        return "n/a"
+    if abs(v) >= 100 or v == 0:
+        return f"{v:.0f}"
+    return f"{v:.3g}"
+
+
+def row(metric, ours, ref, note):
+    ratio = ours / ref if ours is not None and ref and math.isfinite(ref) \
+        and math.isfinite(ours) else None
+    met = "n/a" if ratio is None else ("yes" if ratio <= 1.3 else "NO")
+    fields = ["python", metric, num(ours), "ms", "same step driven from C",
+              num(ref), num(ratio), "ratio<=1.3", met, note]
+    print(",".join(f.replace(",", ";").replace("\n", ";") for f in fields),
+          flush=True)
+
+
+class CModel:
+    """One model inside the C driver process (0 local, 1 remote)."""
+
+    def __init__(self, name, proc, index):
+        self.name, self.proc, self.index = name, proc, index
+        self.times, self.loss, self.err = [], math.nan, ""
+
+    def step_block(self, n, record):
+        self.proc.stdin.write(f"{self.index} {n}\n")
+        self.proc.stdin.flush()
+        reply = self.proc.stdout.readline().split()
+        if not reply or reply[0] != "ok":
+            raise ValueError("C driver: " + (" ".join(reply[1:]) or "no reply"))
+        self.loss = float(reply[1])
+        if record:
+            self.times.extend(float(t) for t in reply[2:])
+
+
+def main():
+    build = os.environ.get("BUILD", "build")
+    driver = os.environ.get("DISPATCH_BENCH_MLP_BIN") or \
+        str(ROOT / build / "bench" / "mlp")
+    remote = os.environ.get("DISPATCH_BENCH_REMOTE")
+    proc = subprocess.Popen([driver, "--steps-on-stdin"], text=True,
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    # order of the turns: C local, Python local, C remote, Python remote
+    models = [CModel("C local", proc, 0), Model("Python local", "local"),
+              CModel("C remote", proc, 1), Model("Python remote", remote)]
+    live = [isinstance(m, CModel) or m.dev is not None for m in models]
+    if not remote:
+        models[2].err = "no server (DISPATCH_BENCH_REMOTE unset)"
+        live[2] = False
+
+    def block(i, n, record):
+        m = models[i]
+        try:
+            if isinstance(m, CModel):
+                m.step_block(n, record)
+            else:
+                for _ in range(n):
+                    m.step(record)
+        except (dispatch.DispatchError, ValueError) as e:
+            m.err = f"{m.name}: {e}"
+            live[i] = False
+
+    for i in range(4):
+        if live[i]:
+            block(i, WARMUP, False)
+    start = time.perf_counter()
+    for s in range(0, MAX_STEPS, BLOCK):
+        if s >= MIN_STEPS and time.perf_counter() - start > BUDGET:
+            break
+        for i in range(4):
+            time.sleep(GAP)
+            if live[i]:
+                block(i, min(BLOCK, MAX_STEPS - s), True)
+    proc.stdin.close()
+    proc.wait()
+    med = [float(np.median(m.times)) * 1e3 if live[i] and m.times else None
+           for i, m in enumerate(models)]
+    for m in models:
+        print(f"python mlp: {m.name}: " + (m.err or f"{len(m.times) + WARMUP}"
+              f" steps, final loss {m.loss:.6f}"), file=sys.stderr)
+    # same data, seeds, update and number of steps: the same loss, up to
+    # float reassociation (local and remote, C and Python alike)
+    agree = ""
+    ok = [m for i, m in enumerate(models) if live[i]]
+    if len({len(m.times) for m in ok}) == 1 and ok and any(
+            abs(m.loss - ok[0].loss) > 1e-3 * (1 + abs(ok[0].loss))
+            for m in ok):
+        agree = "losses differ: " + "; ".join(
+            f"{m.name} {m.loss:.6f}" for m in ok)
+    for py, c, what in ((3, 2, "remote"), (1, 0, "local")):
+        note = "; ".join(x for x in (models[c].err, models[py].err, agree)
+                         if x)
+        row(f"train step 784-256-10 b128 {what}; driven from Python",
+            med[py], med[c], note)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,167 @@
+"""Ops through the binding: LOCAL and REMOTE agree bit for bit (the same
+kernels run in this process and in the server), and both agree with numpy:
+exactly where IEEE arithmetic fixes the result (elementwise + - * /, max,
+comparisons, data movement), within rounding where the order of a
+reduction or a libm function may differ."""
+import numpy as np
+import pytest
+
+import dispatch
+
+rng = np.random.default_rng(1234)
+A32 = rng.standard_normal((3, 4)).astype(np.float32)
+B32 = rng.standard_normal((3, 4)).astype(np.float32)
+R32 = rng.standard_normal((4,)).astype(np.float32)  # broadcasts over rows
+M32 = rng.standard_normal((4, 5)).astype(np.float32)
+A64 = A32.astype(np.float64) * 1.5
+I64 = rng.integers(-50, 50, (3, 4))
+POS = np.abs(A32) + 0.5
+
+# (name, function over dispatch tensors built from the inputs, numpy
+#  reference, inputs, exact against numpy?)
+CASES = [
+    ("add", lambda a, b: a + b, lambda a, b: a + b, (A32, B32), True),
+    ("add_bcast", lambda a, b: a + b, lambda a, b: a + b, (A32, R32), True),
+    ("sub", lambda a, b: a - b, lambda a, b: a - b, (A32, B32), True),
+    ("mul", lambda a, b: a * b, lambda a, b: a * b, (A32, B32), True),
+    ("div", lambda a, b: a / b, lambda a, b: a / b, (A32, B32), True),
+    ("f64_mul", lambda a, b: a * b, lambda a, b: a * b, (A64, A64), True),
+    ("i64_add", lambda a, b: a + b, lambda a, b: a + b, (I64, I64), True),
+    ("scalar_ops", lambda a: (a + 2) * 3 - 1, lambda a: (a + np.float32(2))
+     * np.float32(3) - np.float32(1), (A32,), True),
+    ("rsub_rdiv", lambda a: (1 - a) + (2 / a), lambda a: (np.float32(1) - a)
+     + (np.float32(2) / a), (A32,), True),
+    ("neg", lambda a: -a, lambda a: -a, (A32,), True),
+    ("abs", lambda a: abs(a), np.abs, (A32,), True),
+    ("relu", lambda a: a.relu(), lambda a: np.maximum(a, 0), (A32,), True),
+    ("sqrt", lambda a: a.sqrt(), np.sqrt, (POS,), True),
+    ("maximum", dispatch.maximum, np.maximum, (A32, B32), True),
+    ("minimum", dispatch.minimum, np.minimum, (A32, B32), True),
+    ("eq", lambda a, b: a == b, lambda a, b: a == b, (A32, A32), True),
+    ("lt", lambda a, b: a < b, lambda a, b: a < b, (A32, B32), True),
+    ("ge", lambda a, b: a >= b, lambda a, b: a >= b, (A32, B32), True),
+    ("where", lambda a, b: dispatch.where(a > b, a, b),
+     lambda a, b: np.where(a > b, a, b), (A32, B32), True),
+    ("max", lambda a: a.max(1), lambda a: a.max(1), (A32,), True),
+    ("argmax", lambda a: a.argmax(1), lambda a: a.argmax(1), (A32,), True),
+    ("reshape", lambda a: a.reshape(6, -1), lambda a: a.reshape(6, -1),
+     (A32,), True),
+    ("T", lambda a: a.T, lambda a: a.T, (A32,), True),
+    ("getitem", lambda a: a[1:, ::2], lambda a: a[1:, ::2], (A32,), True),
+    ("getitem_int", lambda a: a[-1], lambda a: a[-1], (A32,), True),
+    ("cat", lambda a, b: dispatch.cat([a, b], 1),
+     lambda a, b: np.concatenate([a, b], 1), (A32, B32), True),
+    ("stack", lambda a, b: dispatch.stack([a, b]), lambda a, b: np.stack(
+        [a, b]), (A32, B32), True),
+    ("index_select", lambda a: a[[2, 0, 2]], lambda a: a[[2, 0, 2]],
+     (A32,), True),
+    ("cast", lambda a: a.astype(np.float64), lambda a: a.astype(np.float64),
+     (A32,), True),
+    ("matmul", lambda a, m: a @ m, lambda a, m: a @ m, (A32, M32), False),
+    ("sum", lambda a: a.sum(), lambda a: a.sum(), (A32,), False),
+    ("sum_dim", lambda a: a.sum(0, keepdim=True),
+     lambda a: a.sum(0, keepdims=True), (A32,), False),
+    ("mean", lambda a: a.mean(1), lambda a: a.mean(1), (A32,), False),
+    ("exp", lambda a: a.exp(), np.exp, (A32,), False),
+    ("log", lambda a: a.log(), np.log, (POS,), False),
+    ("tanh", lambda a: a.tanh(), np.tanh, (A32,), False),
+    ("sigmoid", lambda a: a.sigmoid(), lambda a: 1 / (1 + np.exp(-a)),
+     (A32,), False),
+    ("pow", lambda a: a ** 3, lambda a: a ** 3, (A32,), False),
+    ("softmax", lambda a: a.softmax(1),
+     lambda a: np.exp(a) / np.exp(a).sum(1, keepdims=True), (A32,), False),
+    ("log_softmax", lambda a: a.log_softmax(1),
+     lambda a: a - np.log(np.exp(a).sum(1, keepdims=True)), (A32,), False),
+    ("mse", dispatch.mse, lambda a, b: ((a - b) ** 2).mean(), (A32, B32),
+     False),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_local_remote_numpy_agree(local, remote, case):
+    name, fn, ref, inputs, exact = case
+    got_l = fn(*[local.tensor(x) for x in inputs]).numpy()
+    got_r = fn(*[remote.tensor(x) for x in inputs]).numpy()
+    want = np.asarray(ref(*inputs))
+    assert got_l.dtype == got_r.dtype == want.dtype, name
+    assert got_l.shape == want.shape, name
+    # the same kernels on both sides: bit for bit
+    assert np.array_equal(got_l, got_r), name
+    if exact:
+        assert np.array_equal(got_l, want), name
+    else:
+        np.testing.assert_allclose(got_l, want, rtol=2e-6, atol=1e-6,
+                                   err_msg=name)
+
+
+def test_cross_entropy_and_creation_agree(local, remote):
+    labels = np.array([0, 3, 1])
+    outs = []
+    for d in (local, remote):
+        logits = d.tensor(A32)
+        ce = dispatch.cross_entropy(logits, labels).numpy()
+        u = d.uniform((2, 3), -1, 1, seed=7).numpy()
+        n = d.normal((5,), 0, 2, seed=9, dtype=np.float64).numpy()
+        ar = d.arange(0, 5, 0.5).numpy()
+        fl = d.full((2,), 3.5).numpy()
+        outs.append((ce, u, n, ar, fl))
+    for a, b in zip(*outs):
+        assert np.array_equal(a, b)
+    ce, u, n, ar, fl = outs[0]
+    lse = np.log(np.exp(A32).sum(1))
+    want = np.mean(lse - A32[np.arange(3), labels])
+    np.testing.assert_allclose(ce, want, rtol=1e-6)
+    assert u.shape == (2, 3) and (u >= -1).all() and (u < 1).all()
+    assert n.dtype == np.float64 and n.shape == (5,)
+    assert np.array_equal(ar, np.arange(0, 5, 0.5, dtype=np.float32))
+    assert np.array_equal(fl, np.full((2,), 3.5, np.float32))
+
+
+def test_conv_pool_agree(local, remote):
+    x = rng.standard_normal((2, 3, 8, 8)).astype(np.float32)
+    w = rng.standard_normal((4, 3, 3, 3)).astype(np.float32)
+    outs = []
+    for d in (local, remote):
+        y = dispatch.conv2d(d.tensor(x), d.tensor(w), padding=1).relu()
+        outs.append((dispatch.max_pool2d(y, 2).numpy(),
+                     dispatch.avg_pool2d(y, 2).numpy()))
+    assert np.array_equal(outs[0][0], outs[1][0])
+    assert np.array_equal(outs[0][1], outs[1][1])
+    # numpy reference of the convolution (pad 1, stride 1), then the pools
+    xp = np.pad(x, ((0, 0), (0, 0), (1, 1), (1, 1)))
+    ref = np.zeros((2, 4, 8, 8), np.float64)
+    for i in range(3):
+        for j in range(3):
+            ref += np.einsum("nchw,oc->nohw", xp[:, :, i:i + 8, j:j + 8],
+                             w[:, :, i, j])
+    ref = np.maximum(ref, 0).reshape(2, 4, 4, 2, 4, 2)
+    np.testing.assert_allclose(outs[0][0], ref.max((3, 5)), rtol=1e-5,
+                               atol=1e-5)
+    np.testing.assert_allclose(outs[0][1], ref.mean((3, 5)), rtol=1e-5,
+                               atol=1e-5)
+
+
+def test_numpy_operands_and_dtypes(dev):
+    x = dev.tensor(A32)
+    # an ndarray on the left goes through our reflected operator
+    got = (np.ones((3, 4), np.float32) + x).numpy()
+    assert np.array_equal(got, A32 + 1)
+    assert x.shape == (3, 4) and x.ndim == 2 and x.size == 12 and len(x) == 3
+    assert x.dtype == np.float32 and x.kind == dev.kind
+    assert dev.tensor([1.5, 2]).dtype == np.float32  # Python floats
+    assert dev.tensor([1, 2]).dtype == np.int64
+    b = dev.tensor(np.array([True, False]))
+    assert np.array_equal(b.numpy(), [True, False])
+    # lists and numbers take the tensor's dtype; arrays keep theirs
+    assert (x + [1, 2, 3, 4]).dtype == np.float32
+    assert np.array_equal((x * [1, 2, 3, 4]).numpy(),
+                          A32 * np.array([1, 2, 3, 4], np.float32))
+    with pytest.raises(dispatch.EDTYPE, match="f32 and f64 differ"):
+        x + np.ones(4)
+    assert (x == None) is False and (x != None) is True  # noqa: E711
+    z = dev.tensor(np.float64(2.5))  # 0-d
+    assert z.shape == () and z.item() == 2.5 and float(z) == 2.5
+    with pytest.raises(TypeError, match="not supported"):
+        dev.tensor(np.zeros(3, np.int32))
+    assert np.array_equal(dev.tensor(np.arange(3, dtype=np.int32),
+                                     dtype="int64").numpy(), [0, 1, 2])
