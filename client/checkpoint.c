@@ -34,9 +34,9 @@
 struct dispatch_checkpoint {
   dispatch_device *dev;
   int n;
-  char **names;               /* in data order */
-  dispatch_tensor **tensors;  /* one reference each, unscoped */
-  int *by_name;               /* indices sorted by name (lookups) */
+  char **names;              /* in data order */
+  dispatch_tensor **tensors; /* one reference each, unscoped */
+  int *by_name;              /* indices sorted by name (lookups) */
   int n_meta;
   char **meta_keys, **meta_vals;
 };
@@ -259,14 +259,18 @@ int dispatch_save(dispatch_device *dev, const char *path,
                         "save: needs a path and n >= 0 names and tensors"));
   if (opt && opt->dev != dev)
     return dispatch__ret(
-        dev, dsp_seterr(dev->ctx, DISPATCH_EDEVICE,
-                        "save \"%s\": the optimizer lives on \"%s\", not \"%s\"",
-                        path, opt->dev->spec, dev->spec));
+        dev,
+        dsp_seterr(dev->ctx, DISPATCH_EDEVICE,
+                   "save \"%s\": the optimizer lives on \"%s\", not \"%s\"",
+                   path, opt->dev->spec, dev->spec));
   int per = opt ? opt->k : 0;
-  int64_t total64 = (int64_t)n + (opt ? (int64_t)opt->n * per + (opt->op == DSP_OP_ADAM_STEP) : 0);
+  int64_t total64 =
+      (int64_t)n +
+      (opt ? (int64_t)opt->n * per + (opt->op == DSP_OP_ADAM_STEP) : 0);
   if (total64 > INT32_MAX)
-    return dispatch__ret(dev, dsp_seterr(dev->ctx, DISPATCH_EINVAL,
-                                         "save \"%s\": too many tensors", path));
+    return dispatch__ret(dev,
+                         dsp_seterr(dev->ctx, DISPATCH_EINVAL,
+                                    "save \"%s\": too many tensors", path));
   int total = (int)total64, rc = 0;
   ck_entry *es = dsp_calloc(total ? (size_t)total : 1, sizeof *es);
   if (!es)
@@ -370,8 +374,9 @@ int dispatch_save(dispatch_device *dev, const char *path,
     if (!tmp)
       rc = dsp_seterr(dev->ctx, DISPATCH_ENOMEM, "save: out of memory");
     else if (fd < 0)
-      rc = dsp_seterr(dev->ctx, DISPATCH_EIO, "save \"%s\": cannot create %s: %s",
-                      path, tmp, strerror(errno));
+      rc = dsp_seterr(dev->ctx, DISPATCH_EIO,
+                      "save \"%s\": cannot create %s: %s", path, tmp,
+                      strerror(errno));
   }
   if (rc == 0) {
     uint8_t lenb[8];
@@ -499,14 +504,13 @@ static int parse_entry(dsp_ctx *ctx, const char *path, const cJSON *o,
   uint64_t need = (uint64_t)numel * dsp_dtype_size(e->meta.dtype);
   if (need != e->end - e->begin) {
     char sb[160];
-    return dsp_seterr(ctx, DISPATCH_ESHAPE,
-                      "load \"%s\": tensor \"%s\": %s %s needs %llu bytes, "
-                      "data_offsets [%llu, %llu] hold %llu",
-                      path, nm, k_st_dtype[dtype],
-                      dsp_shape_str(&e->meta, sb, sizeof sb),
-                      (unsigned long long)need, (unsigned long long)e->begin,
-                      (unsigned long long)e->end,
-                      (unsigned long long)(e->end - e->begin));
+    return dsp_seterr(
+        ctx, DISPATCH_ESHAPE,
+        "load \"%s\": tensor \"%s\": %s %s needs %llu bytes, "
+        "data_offsets [%llu, %llu] hold %llu",
+        path, nm, k_st_dtype[dtype], dsp_shape_str(&e->meta, sb, sizeof sb),
+        (unsigned long long)need, (unsigned long long)e->begin,
+        (unsigned long long)e->end, (unsigned long long)(e->end - e->begin));
   }
   e->name = nm;
   return 0;
@@ -529,7 +533,6 @@ void dispatch_checkpoint_free(dispatch_checkpoint *ck) {
   dsp_free(ck->by_name);
   dsp_free(ck);
 }
-
 
 /* Checks the parsed header against the file (every tensor's entry, the
  * metadata, unique names, contiguous offsets covering the data section
@@ -558,8 +561,7 @@ static int load_header(dsp_ctx *ctx, const char *path, const cJSON *root,
   if (meta) {
     if (!cJSON_IsObject(meta))
       return dsp_seterr(ctx, DISPATCH_EINVAL,
-                        "load \"%s\": __metadata__ is not a JSON object",
-                        path);
+                        "load \"%s\": __metadata__ is not a JSON object", path);
     int nm = cJSON_GetArraySize(meta);
     ck->meta_keys = dsp_calloc(nm ? (size_t)nm : 1, sizeof(char *));
     ck->meta_vals = dsp_calloc(nm ? (size_t)nm : 1, sizeof(char *));
@@ -662,8 +664,8 @@ int dispatch_load(dispatch_device *dev, const char *path,
   if (!ck) {
     rc = dsp_seterr(ctx, DISPATCH_ENOMEM, "load: out of memory");
   } else if (fd < 0 || fstat(fd, &st) < 0) {
-    rc = dsp_seterr(ctx, DISPATCH_EIO, "load \"%s\": %s", path,
-                    strerror(errno));
+    rc =
+        dsp_seterr(ctx, DISPATCH_EIO, "load \"%s\": %s", path, strerror(errno));
   } else if (!S_ISREG(st.st_mode)) {
     rc = dsp_seterr(ctx, DISPATCH_EINVAL, "load \"%s\": not a regular file",
                     path);
@@ -709,8 +711,8 @@ int dispatch_load(dispatch_device *dev, const char *path,
                       path, end ? (long long)(end - hdr) : -1LL,
                       (unsigned long long)hlen);
     } else {
-      while (end && end < hdr + hlen && (*end == ' ' || *end == '\t' ||
-                                         *end == '\n' || *end == '\r'))
+      while (end && end < hdr + hlen &&
+             (*end == ' ' || *end == '\t' || *end == '\n' || *end == '\r'))
         end++;
       if (end != hdr + hlen)
         rc = dsp_seterr(ctx, DISPATCH_EINVAL,
@@ -722,7 +724,8 @@ int dispatch_load(dispatch_device *dev, const char *path,
   if (rc == 0) rc = load_header(ctx, path, root, size - 8 - hlen, ck, &es);
   size_t maxb = 0;
   for (int i = 0; rc == 0 && i < ck->n; i++)
-    if (es[i].end - es[i].begin > maxb) maxb = (size_t)(es[i].end - es[i].begin);
+    if (es[i].end - es[i].begin > maxb)
+      maxb = (size_t)(es[i].end - es[i].begin);
   if (rc == 0 && maxb && !(buf = dsp_malloc(maxb)))
     rc = dsp_seterr(ctx, DISPATCH_ENOMEM,
                     "load \"%s\": out of memory (%zu bytes for one tensor)",
@@ -730,8 +733,9 @@ int dispatch_load(dispatch_device *dev, const char *path,
   for (int i = 0; rc == 0 && i < ck->n; i++) {
     size_t nb = (size_t)(es[i].end - es[i].begin);
     if (nb && pread_all(fd, buf, nb, 8 + hlen + es[i].begin) < 0)
-      rc = dsp_seterr(ctx, DISPATCH_EIO, "load \"%s\": reading \"%s\": %s",
-                      path, ck->names[i], errno ? strerror(errno) : "file shrank");
+      rc =
+          dsp_seterr(ctx, DISPATCH_EIO, "load \"%s\": reading \"%s\": %s", path,
+                     ck->names[i], errno ? strerror(errno) : "file shrank");
     if (rc == 0 && es[i].meta.dtype == DSP_BOOL &&
         (rc = dsp_check_bool_bytes(ctx, buf, nb)) < 0)
       rc = dsp_seterr(ctx, rc, "load \"%s\": tensor \"%s\": %s", path,
@@ -820,15 +824,16 @@ int dispatch_optim_load(dispatch_optim *opt, const dispatch_checkpoint *ck) {
         dev, dsp_seterr(ctx, DISPATCH_EINVAL,
                         "optim_load: the checkpoint holds %s%s%s state for %s "
                         "parameters; this optimizer is %s over %d",
-                        mk ? "\"" : "", mk ? mk : "no optimizer", mk ? "\"" : "",
-                        mn ? mn : "no", kind, opt->n));
+                        mk ? "\"" : "", mk ? mk : "no optimizer",
+                        mk ? "\"" : "", mn ? mn : "no", kind, opt->n));
   static const char *const sgd_names[] = {"momentum"};
   static const char *const adam_names[] = {"m", "v"};
   int total = opt->n * opt->k;
   for (int i = 0; i < total; i++) {
     char name[64];
-    snprintf(name, sizeof name, "optim.%d.%s", i / opt->k,
-             opt->op == DSP_OP_SGD_STEP ? sgd_names[0] : adam_names[i % opt->k]);
+    snprintf(
+        name, sizeof name, "optim.%d.%s", i / opt->k,
+        opt->op == DSP_OP_SGD_STEP ? sgd_names[0] : adam_names[i % opt->k]);
     dispatch_tensor *t = dispatch_checkpoint_get(ck, name);
     const dsp_meta *want = &opt->params[i / opt->k]->inner->meta;
     if (!t)
@@ -855,7 +860,8 @@ int dispatch_optim_load(dispatch_optim *opt, const dispatch_checkpoint *ck) {
       rc = dsp_seterr(ctx, DISPATCH_EINVAL,
                       "optim_load: \"optim.step\" is missing or not an i64 "
                       "scalar");
-    else if ((rc = dispatch_tensor_read(t, &step, sizeof step)) == 0 && step < 0)
+    else if ((rc = dispatch_tensor_read(t, &step, sizeof step)) == 0 &&
+             step < 0)
       rc = dsp_seterr(ctx, DISPATCH_EINVAL,
                       "optim_load: \"optim.step\" is negative (%lld)",
                       (long long)step);
@@ -863,8 +869,9 @@ int dispatch_optim_load(dispatch_optim *opt, const dispatch_checkpoint *ck) {
   }
   for (int i = 0; i < total; i++) {
     char name[64];
-    snprintf(name, sizeof name, "optim.%d.%s", i / opt->k,
-             opt->op == DSP_OP_SGD_STEP ? sgd_names[0] : adam_names[i % opt->k]);
+    snprintf(
+        name, sizeof name, "optim.%d.%s", i / opt->k,
+        opt->op == DSP_OP_SGD_STEP ? sgd_names[0] : adam_names[i % opt->k]);
     dispatch_tensor *t = dispatch_tensor_ref(dispatch_checkpoint_get(ck, name));
     dispatch_tensor_free(opt->states[i]);
     opt->states[i] = t;

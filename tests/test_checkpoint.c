@@ -7,6 +7,7 @@
  * training run stopped, saved, loaded into a fresh server and resumed that
  * ends bit-identical to an uninterrupted one. */
 #include <criterion/criterion.h>
+#include <malloc.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,6 +16,7 @@
 #include <unistd.h>
 
 #include "dispatch_client.h"
+#include "dsp.h"
 #include "helpers/client_check.h"
 #include "helpers/server_proc.h"
 
@@ -97,7 +99,8 @@ static void assert_same(dispatch_tensor *a, dispatch_tensor *b,
 
 #define N_RT 9
 static const char *const rt_names[N_RT] = {
-    "layer.0.weight", "layer.0.bias", "steps", "mask", "scalar", "empty",
+    "layer.0.weight", "layer.0.bias", "steps",
+    "mask",           "scalar",       "empty",
     "big.rows",       "big.row",      "ünïcode \"quoted\"/name"};
 
 /* Tensors of every dtype, a scalar, a zero-size one, one of 2.8 MiB (read
@@ -109,8 +112,8 @@ static void make_rt(dispatch_device *dev, dispatch_tensor **t) {
   OK(dev, dispatch_normal(dev, DISPATCH_F32, 2, s0, 0, 1, 11, &t[0]));
   OK(dev, dispatch_normal(dev, DISPATCH_F64, 1, s1, 0, 1, 12, &t[1]));
   int64_t iv[6] = {-1, 0, 1, INT64_MAX, INT64_MIN, 1234567890123LL};
-  OK(dev, dispatch_tensor_from_data(dev, DISPATCH_I64, 2, s2, iv, sizeof iv,
-                                    &t[2]));
+  OK(dev,
+     dispatch_tensor_from_data(dev, DISPATCH_I64, 2, s2, iv, sizeof iv, &t[2]));
   uint8_t bv[9] = {1, 0, 0, 1, 1, 0, 1, 0, 1};
   OK(dev, dispatch_tensor_from_data(dev, DISPATCH_BOOL, 1, s3, bv, sizeof bv,
                                     &t[3]));
@@ -146,8 +149,8 @@ static void round_trip(const char *save_kind, const char *load_kind) {
   cr_assert_eq(stat(path, &st), 0);
   cr_assert_gt(st.st_size, 700 * 1000 * 4 + 2 * 150000 * 8);
 
-  dispatch_device *ld = strcmp(save_kind, load_kind) == 0 ? sd
-                                                          : open_kind(load_kind);
+  dispatch_device *ld =
+      strcmp(save_kind, load_kind) == 0 ? sd : open_kind(load_kind);
   dispatch_checkpoint *ck = NULL;
   OK(ld, dispatch_load(ld, path, &ck));
   cr_assert_eq(dispatch_checkpoint_count(ck), N_RT);
@@ -156,9 +159,9 @@ static void round_trip(const char *save_kind, const char *load_kind) {
     cr_assert_str_eq(dispatch_checkpoint_name(ck, i), rt_names[i]);
     dispatch_tensor *got = dispatch_checkpoint_get(ck, rt_names[i]);
     cr_assert_eq(got, dispatch_checkpoint_tensor(ck, i));
-    cr_assert_eq(dispatch_kind(got),
-                 strcmp(load_kind, "local") == 0 ? DISPATCH_KIND_LOCAL
-                                                 : DISPATCH_KIND_REMOTE);
+    cr_assert_eq(dispatch_kind(got), strcmp(load_kind, "local") == 0
+                                         ? DISPATCH_KIND_LOCAL
+                                         : DISPATCH_KIND_REMOTE);
     assert_same(t[i], got, rt_names[i]);
   }
   cr_assert_null(dispatch_checkpoint_get(ck, "nope"));
@@ -222,6 +225,72 @@ Test(checkpoint, save_refusals_keep_old_file, .fini = teardown) {
   dispatch_tensor_free(a);
   dispatch_tensor_free(b);
   dispatch_device_close(dev);
+}
+
+/* ------------------------------------------------------------------ */
+/* memory: a REMOTE save streams                                        */
+
+/* A dsp allocator that counts the live bytes of the process's dsp memory
+ * (malloc_usable_size, so blocks from before it was installed free
+ * cleanly) and their peak. */
+static size_t g_live, g_peak;
+static void *cnt_malloc(size_t n, void *ud) {
+  void *p = malloc(n);
+  if (p && (g_live += malloc_usable_size(p)) > g_peak) g_peak = g_live;
+  return p;
+}
+static void *cnt_realloc(void *old, size_t n, void *ud) {
+  size_t was = old ? malloc_usable_size(old) : 0;
+  void *p = realloc(old, n);
+  if (p) {
+    g_live = g_live - was + malloc_usable_size(p);
+    if (g_live > g_peak) g_peak = g_live;
+  }
+  return p;
+}
+static void cnt_free(void *p, void *ud) {
+  if (p) g_live -= malloc_usable_size(p);
+  free(p);
+}
+
+/* 32 MiB of REMOTE parameters (made by the server: no bytes travel) saved
+ * and loaded back: the client's dsp memory peaks at the 1 MiB read chunk
+ * plus its connection buffers while saving, and at one tensor (8 MiB) plus
+ * those while loading, never at the model's size. */
+Test(checkpoint, remote_save_streams, .fini = teardown) {
+  setup_dir();
+  start_server(NULL);
+  dsp_allocator a = {cnt_malloc, cnt_realloc, cnt_free, NULL};
+  dsp_set_allocator(&a);
+  dispatch_device *dev = open_kind("remote");
+  dispatch_tensor *t[4];
+  const char *names[4] = {"l0", "l1", "l2", "l3"};
+  int64_t s[2] = {2048, 1024}; /* 8 MiB each */
+  for (int i = 0; i < 4; i++)
+    OK(dev, dispatch_uniform(dev, DISPATCH_F32, 2, s, -1, 1, 30 + i, &t[i]));
+  OK(dev, dispatch_device_sync(dev));
+  char path[300];
+  path_in_dir(path, sizeof path, "big.safetensors");
+  size_t base = g_live;
+  g_peak = g_live;
+  OK(dev, dispatch_save(dev, path, names, t, 4, NULL));
+  size_t save_peak = g_peak - base;
+  cr_log_info("REMOTE save of 32 MiB: client dsp memory peak +%zu bytes",
+              save_peak);
+  cr_assert_lt(save_peak, (size_t)4 << 20, "save held %zu bytes", save_peak);
+  dispatch_checkpoint *ck;
+  base = g_live;
+  g_peak = g_live;
+  OK(dev, dispatch_load(dev, path, &ck));
+  size_t load_peak = g_peak - base;
+  cr_log_info("REMOTE load of 32 MiB: client dsp memory peak +%zu bytes",
+              load_peak);
+  cr_assert_lt(load_peak, (size_t)12 << 20, "load held %zu bytes", load_peak);
+  assert_same(t[3], dispatch_checkpoint_get(ck, "l3"), "l3");
+  dispatch_checkpoint_free(ck);
+  for (int i = 0; i < 4; i++) dispatch_tensor_free(t[i]);
+  dispatch_device_close(dev);
+  dsp_set_allocator(NULL);
 }
 
 /* ------------------------------------------------------------------ */
@@ -308,8 +377,8 @@ static const bad_case k_bad[] = {
      "bytes after its JSON value"},
     {"entry not an object", "{\"a\": 3}", UINT64_MAX, 0, DISPATCH_EINVAL,
      "entry is not a JSON object"},
-    {"missing offsets", "{\"a\":{\"dtype\":\"F32\",\"shape\":[]}}",
-     UINT64_MAX, 4, DISPATCH_EINVAL, "needs a string \"dtype\""},
+    {"missing offsets", "{\"a\":{\"dtype\":\"F32\",\"shape\":[]}}", UINT64_MAX,
+     4, DISPATCH_EINVAL, "needs a string \"dtype\""},
     {"negative offset",
      "{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[-4,0]}}",
      UINT64_MAX, 0, DISPATCH_EINVAL, "data_offsets must be"},
@@ -437,8 +506,10 @@ static void interop_tensors(dispatch_device *dev, dispatch_tensor **t,
           se[2] = {0, 4};
   const char *n[6] = {"w", "b", "idx", "mask", "empty", "scalar"};
   memcpy(names, n, sizeof n);
-  OK(dev, dispatch_tensor_from_data(dev, DISPATCH_F32, 2, sw, w, sizeof w, &t[0]));
-  OK(dev, dispatch_tensor_from_data(dev, DISPATCH_F64, 1, sb, b, sizeof b, &t[1]));
+  OK(dev,
+     dispatch_tensor_from_data(dev, DISPATCH_F32, 2, sw, w, sizeof w, &t[0]));
+  OK(dev,
+     dispatch_tensor_from_data(dev, DISPATCH_F64, 1, sb, b, sizeof b, &t[1]));
   OK(dev, dispatch_tensor_from_data(dev, DISPATCH_I64, 2, si, idx, sizeof idx,
                                     &t[2]));
   OK(dev, dispatch_tensor_from_data(dev, DISPATCH_BOOL, 1, sm, mask,
@@ -508,7 +579,9 @@ static void python_writes(const char *kind) {
   dispatch_device_close(dev);
 }
 
-Test(checkpoint, python_reads_local, .fini = teardown) { python_reads("local"); }
+Test(checkpoint, python_reads_local, .fini = teardown) {
+  python_reads("local");
+}
 Test(checkpoint, python_reads_remote, .fini = teardown) {
   python_reads("remote");
 }
@@ -548,8 +621,8 @@ static void make_data(run_state *r) {
 
 static void make_optim(run_state *r, int adam) {
   if (adam)
-    OK(r->dev, dispatch_adam_new(r->p, N_PARAMS, 0.01, 0.9, 0.999, 1e-8,
-                                 &r->opt));
+    OK(r->dev,
+       dispatch_adam_new(r->p, N_PARAMS, 0.01, 0.9, 0.999, 1e-8, &r->opt));
   else
     OK(r->dev, dispatch_sgd_new(r->p, N_PARAMS, 0.05, 0.9, 0.001, &r->opt));
 }
@@ -559,8 +632,8 @@ static void fresh_params(run_state *r) {
   int nd[N_PARAMS] = {2, 1, 2, 1};
   for (int i = 0; i < N_PARAMS; i++) {
     dispatch_tensor *t;
-    OK(r->dev, dispatch_normal(r->dev, DISPATCH_F32, nd[i], s[i], 0, 0.3,
-                               200 + i, &t));
+    OK(r->dev,
+       dispatch_normal(r->dev, DISPATCH_F32, nd[i], s[i], 0, 0.3, 200 + i, &t));
     OK(r->dev, dispatch_autodiff(t, &r->p[i]));
     dispatch_tensor_free(t);
   }

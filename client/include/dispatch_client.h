@@ -533,9 +533,9 @@ typedef struct dispatch_checkpoint dispatch_checkpoint;
  * pieces of at most 1 MiB (whole rows of dim 0; one row when a row is
  * larger), each read from the server with one round trip: a save never
  * holds a second copy of the model here, and a deferred error surfaces
- * as at any read. Returns 0, DISPATCH_EINVAL (bad name, duplicate), DISPATCH_EDEVICE,
- * DISPATCH_EIO (file system; the temporary file is removed), or the error
- * of a read. */
+ * as at any read. Returns 0, DISPATCH_EINVAL (NULL, empty or reserved
+ * name, a name twice), DISPATCH_EDEVICE, DISPATCH_EIO (file system; the
+ * temporary file is removed), or the error of a read. */
 int dispatch_save(dispatch_device *dev, const char *path,
                   const char *const *names, dispatch_tensor *const *tensors,
                   int n, const dispatch_optim *opt);
