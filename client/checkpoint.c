@@ -13,6 +13,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -42,6 +43,20 @@ struct dispatch_checkpoint {
 };
 
 static const char *const k_st_dtype[] = {"F32", "F64", "I64", "BOOL"};
+
+/* Puts a prefix before the message ctx holds: dsp_seterr formats into
+ * the ctx's own buffer, so the old message is copied out first. */
+static int prefix_err(dsp_ctx *ctx, int rc, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static int prefix_err(dsp_ctx *ctx, int rc, const char *fmt, ...) {
+  char pre[512], old[512];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(pre, sizeof pre, fmt, ap);
+  va_end(ap);
+  snprintf(old, sizeof old, "%s", dsp_ctx_errmsg(ctx));
+  return dsp_seterr(ctx, rc, "%s: %s", pre, old);
+}
 
 /* ------------------------------------------------------------------ */
 /* file helpers                                                        */
@@ -166,8 +181,8 @@ static int stream_tensor(dispatch_device *dev, int fd, ck_entry *e,
       dispatch_tensor_free(s);
     }
     if (rc < 0)
-      return dsp_seterr(dev->ctx, rc, "save \"%s\": reading tensor \"%s\": %s",
-                        path, e->name, dsp_ctx_errmsg(dev->ctx));
+      return prefix_err(dev->ctx, rc, "save \"%s\": reading tensor \"%s\"",
+                        path, e->name);
     if (write_all(fd, *buf, len) < 0)
       return dsp_seterr(dev->ctx, DISPATCH_EIO, "save \"%s\": write: %s", path,
                         strerror(errno));
@@ -499,8 +514,7 @@ static int parse_entry(dsp_ctx *ctx, const char *path, const cJSON *o,
   int64_t numel;
   int rc = dsp_meta_numel(ctx, &e->meta, &numel);
   if (rc < 0)
-    return dsp_seterr(ctx, rc, "load \"%s\": tensor \"%s\": %s", path, nm,
-                      dsp_ctx_errmsg(ctx));
+    return prefix_err(ctx, rc, "load \"%s\": tensor \"%s\"", path, nm);
   uint64_t need = (uint64_t)numel * dsp_dtype_size(e->meta.dtype);
   if (need != e->end - e->begin) {
     char sb[160];
@@ -738,16 +752,16 @@ int dispatch_load(dispatch_device *dev, const char *path,
                      ck->names[i], errno ? strerror(errno) : "file shrank");
     if (rc == 0 && es[i].meta.dtype == DSP_BOOL &&
         (rc = dsp_check_bool_bytes(ctx, buf, nb)) < 0)
-      rc = dsp_seterr(ctx, rc, "load \"%s\": tensor \"%s\": %s", path,
-                      ck->names[i], dsp_ctx_errmsg(ctx));
+      rc =
+          prefix_err(ctx, rc, "load \"%s\": tensor \"%s\"", path, ck->names[i]);
     if (rc == 0 &&
         (rc = tensor_unscoped(dev, &es[i].meta, buf, nb, &ck->tensors[i])) < 0)
-      rc = dsp_seterr(ctx, rc, "load \"%s\": tensor \"%s\": %s", path,
-                      ck->names[i], dsp_ctx_errmsg(ctx));
+      rc =
+          prefix_err(ctx, rc, "load \"%s\": tensor \"%s\"", path, ck->names[i]);
   }
   if (rc == 0 && ck->n && dev->kind == DISPATCH_KIND_REMOTE &&
       (rc = dispatch__remote_sync(dev)) < 0)
-    rc = dsp_seterr(ctx, rc, "load \"%s\": %s", path, dsp_ctx_errmsg(ctx));
+    rc = prefix_err(ctx, rc, "load \"%s\"", path);
   if (fd >= 0) close(fd);
   dsp_free(buf);
   dsp_free(es);

@@ -227,6 +227,42 @@ Test(checkpoint, save_refusals_keep_old_file, .fini = teardown) {
   dispatch_device_close(dev);
 }
 
+/* A deferred server error (a gradient the backward did not reach)
+ * surfaces at the save's first read, as at any wait: the save fails with
+ * it, and neither the file nor a temporary is left. */
+Test(checkpoint, save_deferred_error_remote, .fini = teardown) {
+  setup_dir();
+  start_server(NULL);
+  dispatch_device *dev = open_kind("remote");
+  int64_t s[1] = {4};
+  dispatch_tensor *x, *w, *xa, *wa, *loss, *g;
+  OK(dev, dispatch_ones(dev, DISPATCH_F32, 1, s, &x));
+  OK(dev, dispatch_ones(dev, DISPATCH_F32, 1, s, &w));
+  OK(dev, dispatch_autodiff(x, &xa));
+  OK(dev, dispatch_autodiff(w, &wa));
+  OK(dev, dispatch_sum(xa, 0, NULL, 0, &loss));
+  dispatch_grads *gr;
+  OK(dev, dispatch_backward(loss, &gr));
+  OK(dev, dispatch_grad(gr, wa, &g)); /* w is not reached: deferred */
+  char path[300];
+  path_in_dir(path, sizeof path, "poisoned.safetensors");
+  const char *names[2] = {"x", "g"};
+  dispatch_tensor *ts[2] = {x, g};
+  int rc = dispatch_save(dev, path, names, ts, 2, NULL);
+  cr_assert_eq(rc, DISPATCH_ENOGRAD, "got %s: %s", dispatch_err_name(rc),
+               dispatch_device_errmsg(dev));
+  cr_assert(strstr(dispatch_device_errmsg(dev), "backward did not reach"), "%s",
+            dispatch_device_errmsg(dev));
+  char cmd[400];
+  snprintf(cmd, sizeof cmd, "test -z \"$(ls -A '%s')\"", g_dir);
+  cr_assert_eq(system(cmd), 0, "files left in %s", g_dir);
+  dispatch_tensor *all[] = {x, w, xa, wa, loss, g};
+  for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+    dispatch_tensor_free(all[i]);
+  dispatch_grads_free(gr);
+  dispatch_device_close(dev);
+}
+
 /* ------------------------------------------------------------------ */
 /* memory: a REMOTE save streams                                        */
 
@@ -721,6 +757,16 @@ static void resume_case(const char *kind, int adam) {
                      "is sgd over 4"),
               "%s", dispatch_device_errmsg(c.dev));
     dispatch_optim_free(sgd);
+    /* parameters in another order: state shapes no longer match */
+    dispatch_tensor *swapped[N_PARAMS] = {c.p[1], c.p[0], c.p[2], c.p[3]};
+    dispatch_optim *adam2;
+    OK(c.dev,
+       dispatch_adam_new(swapped, N_PARAMS, 0.01, 0.9, 0.999, 1e-8, &adam2));
+    cr_assert_eq(dispatch_optim_load(adam2, ck), DISPATCH_ESHAPE);
+    cr_assert(strstr(dispatch_device_errmsg(c.dev),
+                     "\"optim.0.m\" is f32 [8, 16], parameter 0 is f32 [16]"),
+              "%s", dispatch_device_errmsg(c.dev));
+    dispatch_optim_free(adam2);
     cr_assert_not_null(dispatch_checkpoint_get(ck, "optim.step"));
     cr_assert_not_null(dispatch_checkpoint_get(ck, "optim.3.v"));
   } else {
