@@ -378,11 +378,12 @@ int dispatch_save(dispatch_device *dev, const char *path,
   char *tmp = NULL;
   int fd = -1;
   if (rc == 0) {
-    static unsigned long counter;
+    static unsigned long counter; /* devices may save from distinct threads */
     size_t tl = strlen(path) + 64;
     tmp = dsp_malloc(tl);
     for (int tries = 0; tmp && fd < 0 && tries < 16; tries++) {
-      snprintf(tmp, tl, "%s.tmp.%ld.%lu", path, (long)getpid(), ++counter);
+      snprintf(tmp, tl, "%s.tmp.%ld.%lu", path, (long)getpid(),
+               __atomic_add_fetch(&counter, 1, __ATOMIC_RELAXED));
       fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
       if (fd < 0 && errno != EEXIST) break;
     }
