@@ -58,6 +58,41 @@ static int prefix_err(dsp_ctx *ctx, int rc, const char *fmt, ...) {
   return dsp_seterr(ctx, rc, "%s: %s", pre, old);
 }
 
+/* 1 when s is well-formed UTF-8 (no overlongs, surrogates or code points
+ * past U+10FFFF): the header is JSON text, which other readers decode
+ * strictly. */
+static int utf8_ok(const unsigned char *s, size_t n) {
+  size_t i = 0;
+  while (i < n) {
+    unsigned c = s[i];
+    size_t len;
+    unsigned cp;
+    if (c < 0x80) {
+      i++;
+      continue;
+    } else if ((c & 0xE0) == 0xC0) {
+      len = 2, cp = c & 0x1F;
+    } else if ((c & 0xF0) == 0xE0) {
+      len = 3, cp = c & 0x0F;
+    } else if ((c & 0xF8) == 0xF0) {
+      len = 4, cp = c & 0x07;
+    } else {
+      return 0;
+    }
+    if (n - i < len) return 0;
+    for (size_t k = 1; k < len; k++) {
+      if ((s[i + k] & 0xC0) != 0x80) return 0;
+      cp = (cp << 6) | (s[i + k] & 0x3F);
+    }
+    if ((len == 2 && cp < 0x80) || (len == 3 && cp < 0x800) ||
+        (len == 4 && cp < 0x10000) || cp > 0x10FFFF ||
+        (cp >= 0xD800 && cp <= 0xDFFF))
+      return 0;
+    i += len;
+  }
+  return 1;
+}
+
 /* ------------------------------------------------------------------ */
 /* file helpers                                                        */
 
@@ -301,6 +336,10 @@ int dispatch_save(dispatch_device *dev, const char *path,
                       "save \"%s\": tensor %d: the name \"%s\" is reserved or "
                       "empty",
                       path, i, names[i]);
+    } else if (!utf8_ok((const unsigned char *)names[i], strlen(names[i]))) {
+      rc = dsp_seterr(dev->ctx, DISPATCH_EINVAL,
+                      "save \"%s\": tensor %d: the name is not valid UTF-8",
+                      path, i);
     } else if (tensors[i]->dev != dev) {
       rc = dsp_seterr(dev->ctx, DISPATCH_EDEVICE,
                       "save \"%s\": tensor \"%s\" lives on \"%s\", not \"%s\"",
@@ -715,6 +754,9 @@ int dispatch_load(dispatch_device *dev, const char *path,
   if (rc == 0 && pread_all(fd, hdr, (size_t)hlen, 8) < 0)
     rc = dsp_seterr(ctx, DISPATCH_EIO, "load \"%s\": reading the header: %s",
                     path, errno ? strerror(errno) : "file shrank");
+  if (rc == 0 && !utf8_ok((const unsigned char *)hdr, (size_t)hlen))
+    rc = dsp_seterr(ctx, DISPATCH_EINVAL,
+                    "load \"%s\": the header is not valid UTF-8", path);
   if (rc == 0) {
     hdr[hlen] = 0;
     const char *end = NULL;

@@ -207,6 +207,10 @@ Test(checkpoint, save_refusals_keep_old_file, .fini = teardown) {
   const char *res[2] = {"a", "__metadata__"};
   cr_assert_eq(dispatch_save(dev, path, res, ab, 2, NULL), DISPATCH_EINVAL);
   cr_assert(strstr(dispatch_device_errmsg(dev), "reserved"));
+  const char *bad_utf8[1] = {"caf\xe9"}; /* Latin-1, not UTF-8 */
+  cr_assert_eq(dispatch_save(dev, path, bad_utf8, &a, 1, NULL),
+               DISPATCH_EINVAL);
+  cr_assert(strstr(dispatch_device_errmsg(dev), "not valid UTF-8"));
 
   char missing[300];
   path_in_dir(missing, sizeof missing, "no/such/dir/x.safetensors");
@@ -421,6 +425,8 @@ static const bad_case k_bad[] = {
     {"fractional dim",
      "{\"a\":{\"dtype\":\"F32\",\"shape\":[1.5],\"data_offsets\":[0,4]}}",
      UINT64_MAX, 4, DISPATCH_EINVAL, "shape[0] is not a whole number"},
+    {"header not UTF-8", "{\"a\xff\":{}}", UINT64_MAX, 0, DISPATCH_EINVAL,
+     "not valid UTF-8"},
     {"metadata not strings", "{\"__metadata__\":{\"k\":1}}", UINT64_MAX, 0,
      DISPATCH_EINVAL, "__metadata__ \"k\" is not a string"},
     {"bool byte 2 in the last tensor",

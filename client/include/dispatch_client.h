@@ -524,10 +524,10 @@ void dispatch_optim_free(dispatch_optim *opt);
  * betas, ...) are not saved: the caller creates the optimizer again. */
 typedef struct dispatch_checkpoint dispatch_checkpoint;
 
-/* Writes tensors[0..n-1] under names[0..n-1] (unique, non-empty, not
- * "__metadata__"), and, when opt is not NULL, opt's state under the names
- * above, to the file at path. Every tensor (AUTODIFF: its inner) and opt
- * live on dev; the call borrows them all. The file is written as
+/* Writes tensors[0..n-1] under names[0..n-1] (unique, non-empty, UTF-8,
+ * not "__metadata__"), and, when opt is not NULL, opt's state under the
+ * names above, to the file at path. Every tensor (AUTODIFF: its inner)
+ * and opt live on dev; the call borrows them all. The file is written as
  * PATH.tmp.PID.N, fsync-ed and renamed over path, so path holds the old
  * file or the whole new one. REMOTE tensors stream through the client in
  * pieces of at most 1 MiB (whole rows of dim 0; one row when a row is
@@ -546,18 +546,17 @@ int dispatch_save(dispatch_device *dev, const char *path,
  * first tensor is made, and a failure frees every tensor made so far:
  * a refused file leaves nothing behind. Refused: a file shorter than its
  * header or data says (truncated), a header length over 100 MiB
- * (DISPATCH_ETOOLARGE), a header that is not one JSON object, entries
- * missing dtype/shape/data_offsets, offsets that overlap, leave a gap or
- * run past the end, bytes after the last tensor, duplicate names, BOOL
- * bytes other than 0/1 (DISPATCH_EINVAL for these), a dtype other than
+ * (DISPATCH_ETOOLARGE), a header that is not UTF-8 or not one JSON
+ * object, entries missing dtype/shape/data_offsets, offsets that overlap,
+ * leave a gap or run past the end, bytes after the last tensor,
+ * duplicate names, BOOL bytes other than 0/1 (DISPATCH_EINVAL for these), a dtype other than
  * F32, F64, I64, BOOL (DISPATCH_EDTYPE), a rank over DISPATCH_MAX_DIMS
  * (DISPATCH_EDIM), a shape whose byte size differs from its offsets
  * (DISPATCH_ESHAPE); the message names the file, the tensor and the
  * figures. REMOTE holds one tensor's bytes at a time here and ends with a
  * sync (so a refused upload fails the load; a deferred error of earlier
- * work surfaces here too, as at any wait). Every later call on the
- * returned handle is valid until dispatch_checkpoint_free or the device's
- * close, whichever comes first. */
+ * work surfaces here too, as at any wait). ck is a handle of dev: free
+ * it before dispatch_device_close, which frees its tensors. */
 int dispatch_load(dispatch_device *dev, const char *path,
                   dispatch_checkpoint **out);
 
