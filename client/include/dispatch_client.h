@@ -550,8 +550,8 @@ int dispatch_save(dispatch_device *dev, const char *path,
  * object, entries missing dtype/shape/data_offsets, offsets that overlap,
  * leave a gap or run past the end, bytes after the last tensor,
  * duplicate names, BOOL bytes other than 0/1 (DISPATCH_EINVAL for
- * these), a dtype other than F32, F64, I64, BOOL (DISPATCH_EDTYPE), a rank over DISPATCH_MAX_DIMS
- * (DISPATCH_EDIM), a shape whose byte size differs from its offsets
+ * these), a dtype other than F32, F64, I64, BOOL (DISPATCH_EDTYPE), a
+ * rank over DISPATCH_MAX_DIMS (DISPATCH_EDIM), a shape whose byte size differs from its offsets
  * (DISPATCH_ESHAPE); the message names the file, the tensor and the
  * figures. REMOTE holds one tensor's bytes at a time here and ends with a
  * sync (so a refused upload fails the load; a deferred error of earlier
