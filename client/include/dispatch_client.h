@@ -543,20 +543,21 @@ int dispatch_save(dispatch_device *dev, const char *path,
 /* Reads the checkpoint at path into new tensors on dev (LOCAL or REMOTE):
  * *out is the caller's (dispatch_checkpoint_free), holding one tensor per
  * name, in the file's data order. The whole header is checked before the
- * first tensor is made, and a failure frees every tensor made so far:
- * a refused file leaves nothing behind. Refused: a file shorter than its
+ * first tensor is made, and a failure frees every tensor made so far: a
+ * refused file leaves nothing behind. Refused: a file shorter than its
  * header or data says (truncated), a header length over 100 MiB
- * (DISPATCH_ETOOLARGE), a header that is not UTF-8 or not one JSON
- * object, entries missing dtype/shape/data_offsets, offsets that overlap,
- * leave a gap or run past the end, bytes after the last tensor,
- * duplicate names, BOOL bytes other than 0/1 (DISPATCH_EINVAL for
- * these), a dtype other than F32, F64, I64, BOOL (DISPATCH_EDTYPE), a
- * rank over DISPATCH_MAX_DIMS (DISPATCH_EDIM), a shape whose byte size differs from its offsets
- * (DISPATCH_ESHAPE); the message names the file, the tensor and the
- * figures. REMOTE holds one tensor's bytes at a time here and ends with a
- * sync (so a refused upload fails the load; a deferred error of earlier
- * work surfaces here too, as at any wait). ck is a handle of dev: free
- * it before dispatch_device_close, which frees its tensors. */
+ * (DISPATCH_ETOOLARGE), a header that is not UTF-8 or not one JSON object,
+ * entries missing dtype/shape/data_offsets, offsets that overlap, leave a
+ * gap or run past the end, bytes after the last tensor, duplicate names,
+ * BOOL bytes other than 0/1 (DISPATCH_EINVAL for these), a dtype other than
+ * F32, F64, I64, BOOL (DISPATCH_EDTYPE), a rank over DISPATCH_MAX_DIMS
+ * (DISPATCH_EDIM), sizes that overflow (DISPATCH_EOVERFLOW), a shape whose
+ * byte size differs from its offsets (DISPATCH_ESHAPE); the message names
+ * the file, the tensor and the figures. REMOTE holds one tensor's bytes at
+ * a time here and ends with a sync (so a refused upload fails the load; a
+ * deferred error of earlier work surfaces here too, as at any wait). ck is
+ * a handle of dev: free it before dispatch_device_close, which frees its
+ * tensors. */
 int dispatch_load(dispatch_device *dev, const char *path,
                   dispatch_checkpoint **out);
 
