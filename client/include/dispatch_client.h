@@ -514,6 +514,93 @@ int dispatch_optim_set_lr(dispatch_optim *opt, double lr);
 /* Frees the optimizer, its state and its parameter references. NULL ok. */
 void dispatch_optim_free(dispatch_optim *opt);
 
+/* ------------------------------------------------------------------ */
+/* checkpoints (safetensors files)                                     */
+
+/* The file format is safetensors: an 8-byte little-endian header length
+ * N, N bytes of JSON {"NAME": {"dtype": "F32"|"F64"|"I64"|"BOOL",
+ * "shape": [...], "data_offsets": [BEGIN, END]}, ..., "__metadata__":
+ * {"KEY": "VALUE", ...}}, then the raw little-endian bytes, offsets
+ * relative to the data section, contiguous and in order. numpy,
+ * safetensors and PyTorch read and write it.
+ *
+ * Optimizer state goes under these names (parameter i of the optimizer,
+ * in the order given to dispatch_sgd_new / dispatch_adam_new):
+ *   optim.<i>.momentum   SGD velocity, dtype and shape of parameter i
+ *   optim.<i>.m          Adam first moment
+ *   optim.<i>.v          Adam second moment
+ *   optim.step           Adam's step count t, an I64 scalar (shape [])
+ * and the metadata "dispatch.optim" ("sgd" or "adam") and
+ * "dispatch.optim.params" (the parameter count). Hyperparameters (lr,
+ * betas, ...) are not saved: the caller creates the optimizer again. */
+typedef struct dispatch_checkpoint dispatch_checkpoint;
+
+/* Writes tensors[0..n-1] under names[0..n-1] (unique, non-empty, UTF-8,
+ * not "__metadata__"), and, when opt is not NULL, opt's state under the
+ * names above, to the file at path. Every tensor (AUTODIFF: its inner)
+ * and opt live on dev; the call borrows them all. The file is written as
+ * PATH.tmp.PID.N, fsync-ed and renamed over path, so path holds the old
+ * file or the whole new one. REMOTE tensors stream through the client in
+ * pieces of at most 1 MiB (whole rows of dim 0; one row when a row is
+ * larger), each read from the server with one round trip: a save never
+ * holds a second copy of the model here, and a deferred error surfaces
+ * as at any read. Returns 0, DISPATCH_EINVAL (NULL, empty or reserved
+ * name, a name twice), DISPATCH_EDEVICE, DISPATCH_EIO (file system; the
+ * temporary file is removed), or the error of a read. */
+int dispatch_save(dispatch_device *dev, const char *path,
+                  const char *const *names, dispatch_tensor *const *tensors,
+                  int n, const dispatch_optim *opt);
+
+/* Reads the checkpoint at path into new tensors on dev (LOCAL or REMOTE):
+ * *out is the caller's (dispatch_checkpoint_free), holding one tensor per
+ * name, in the file's data order. The whole header is checked before the
+ * first tensor is made, and a failure frees every tensor made so far: a
+ * refused file leaves nothing behind. Refused: a file shorter than its
+ * header or data says (truncated), a header length over 100 MiB
+ * (DISPATCH_ETOOLARGE), a header that is not UTF-8 or not one JSON object,
+ * entries missing dtype/shape/data_offsets, offsets that overlap, leave a
+ * gap or run past the end, bytes after the last tensor, duplicate names,
+ * BOOL bytes other than 0/1 (DISPATCH_EINVAL for these), a dtype other than
+ * F32, F64, I64, BOOL (DISPATCH_EDTYPE), a rank over DISPATCH_MAX_DIMS
+ * (DISPATCH_EDIM), sizes that overflow (DISPATCH_EOVERFLOW), a shape whose
+ * byte size differs from its offsets (DISPATCH_ESHAPE); the message names
+ * the file, the tensor and the figures. REMOTE holds one tensor's bytes at
+ * a time here and ends with a sync (so a refused upload fails the load; a
+ * deferred error of earlier work surfaces here too, as at any wait). ck is
+ * a handle of dev: free it before dispatch_device_close, which frees its
+ * tensors. */
+int dispatch_load(dispatch_device *dev, const char *path,
+                  dispatch_checkpoint **out);
+
+/* Number of tensors; the name and tensor of entry i (0..count-1), or NULL
+ * out of range. Both are borrowed from ck: dispatch_tensor_ref a tensor to
+ * keep it after dispatch_checkpoint_free. The tensors are plain (LOCAL or
+ * REMOTE, never AUTODIFF) and in no scope. */
+int dispatch_checkpoint_count(const dispatch_checkpoint *ck);
+const char *dispatch_checkpoint_name(const dispatch_checkpoint *ck, int i);
+dispatch_tensor *dispatch_checkpoint_tensor(const dispatch_checkpoint *ck,
+                                            int i);
+/* The tensor named name (borrowed), or NULL. */
+dispatch_tensor *dispatch_checkpoint_get(const dispatch_checkpoint *ck,
+                                         const char *name);
+/* The __metadata__ value of key (borrowed), or NULL. */
+const char *dispatch_checkpoint_meta(const dispatch_checkpoint *ck,
+                                     const char *key);
+
+/* Drops ck's reference to each of its tensors and frees it. NULL ok. */
+void dispatch_checkpoint_free(dispatch_checkpoint *ck);
+
+/* Replaces opt's state with the checkpoint's (see the names above; same
+ * optimizer kind, parameter count, and each state's dtype and shape equal
+ * to its parameter's), and Adam's step count with optim.step. Everything
+ * is checked before anything changes: on failure opt is as it was
+ * (DISPATCH_EINVAL, DISPATCH_ESHAPE, DISPATCH_EDEVICE). The optimizer
+ * takes its own reference to the checkpoint's state tensors, which its
+ * later steps update in place. To resume: load, wrap the parameters from
+ * the checkpoint with dispatch_autodiff, create the optimizer over them
+ * with the same hyperparameters, then dispatch_optim_load. */
+int dispatch_optim_load(dispatch_optim *opt, const dispatch_checkpoint *ck);
+
 #ifdef __cplusplus
 }
 #endif
