@@ -90,7 +90,13 @@ for i in "${!names[@]}"; do
       for s in ${suites[$i]}; do
         if ! (cd "$scratch" && DISPATCH_SERVER_BIN="$scratch/build/dispatch-server" \
               timeout 300 "build/tests/$s" --jobs "$jobs" >"$scratch/.suite.log" 2>&1); then
-          res="KILLED by $s"; break
+          res="KILLED by $s"
+          # the first failure's message, so the table says what broke
+          why=$(grep -m1 -A2 -e 'Assertion Failed' -e 'CRASH' -e 'Timed out' \
+                  "$scratch/.suite.log" | grep -v -e '^\[----\] *$' | tail -1 |
+                sed 's/^\[----\] *//' | cut -c1-90)
+          [ -n "$why" ] && res="$res: $why"
+          break
         fi
       done
       [ "$res" = SURVIVED ] && bad=1
