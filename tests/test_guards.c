@@ -13,7 +13,9 @@
 #include <string.h>
 
 #include "dispatch_client.h"
+#include "dsp.h"
 #include "helpers/server_proc.h"
+#include "helpers/wire.h"
 
 static sp_server g_srv;
 
@@ -284,6 +286,40 @@ Test(guards, element_limit_at_the_boundary, .fini = stop_server) {
   OK(dev, dispatch_ones(dev, DISPATCH_F32, 1, (int64_t[]){4}, &s));
   OK(dev, dispatch_device_sync(dev));
   dispatch_device_close(dev);
+}
+
+/* --max-frame set to exactly one upload frame (message + 256 bytes of
+ * bulk): that frame is accepted; the same upload with one more element
+ * (its message the same size) is refused with DISPATCH_ETOOLARGE. */
+Test(guards, frame_limit_at_the_boundary, .fini = stop_server) {
+  int64_t n64 = 64;
+  dsp_wreq w;
+  Dispatch__Request *r = dsp_wreq_upload(&w, 1, DSP_F32, 1, &n64);
+  r->req_id = 2; /* ids below 128 all pack to one byte */
+  size_t frame = dispatch__request__get_packed_size(r) + 64 * sizeof(float);
+  char lim[32];
+  snprintf(lim, sizeof lim, "%zu", frame);
+  const char *args[] = {"--max-frame", lim, "--log-level", "error", NULL};
+  start_server_args(args);
+  wire_conn c;
+  cr_assert_eq(wire_connect(&c, g_srv.port), 0);
+  cr_assert_eq(wire_hello(&c, "guards"), 0);
+  static float buf[65];
+  char msg[512] = "";
+  cr_assert_eq(c.next_req_id, 2, "the next request id changed: recompute");
+  wire_upload(&c, 1, DSP_F32, 1, &n64, buf, 64 * sizeof(float));
+  int rc = wire_sync_check(&c, msg, sizeof msg, NULL);
+  cr_assert_eq(rc, 0, "a frame of exactly --max-frame %s: %s: %s", lim,
+               dispatch_err_name(rc), msg);
+  int64_t n65 = 65;
+  wire_upload(&c, 2, DSP_F32, 1, &n65, buf, 65 * sizeof(float));
+  Dispatch__Reply *rep = NULL;
+  cr_assert_eq(wire_recv(&c, &rep, NULL, NULL), 0, "no reply to the refusal");
+  cr_assert(rep->error, "a frame one element over --max-frame was accepted");
+  cr_assert_eq(rep->error->code, DISPATCH_ETOOLARGE, "%s",
+               rep->error->message);
+  wire_reply_free(rep, NULL);
+  wire_close(&c);
 }
 
 /* Once a wait has told the client that a tensor failed, an op on it is
