@@ -5,6 +5,7 @@
 #   make demo       train the example MLP through a local dispatch-server
 #   make bench      benchmarks, each figure beside its limit
 #   make fuzz       libFuzzer targets for a bounded time
+#   make mutate     tests/mutations.txt, one mutation at a time: killed or survived
 #   make test-gpu   the CUDA backend against the CPU, op by op, on a GPU
 #   make bench-gpu  the CUDA backend's matmul beside cuBLAS called directly
 #   (CUDA=0 skips the CUDA backend; by default it is built when nvcc is found)
@@ -100,7 +101,7 @@ SERVER_A := $(BUILD)/libdspserver.a
 # keep objects and generated headers that make would treat as intermediate
 .SECONDARY:
 
-.PHONY: all deps test test-run python-test sanitize demo bench fuzz install clean test-gpu bench-gpu
+.PHONY: all deps test test-run python-test sanitize demo bench mutate fuzz install clean test-gpu bench-gpu
 all: $(if $(wildcard server/main.c),$(SERVER_BIN)) $(CLIENT_A) $(CLIENT_SO) $(TEST_BIN) $(EXAMPLE_BIN) $(BENCH_BIN) $(CUDA_BIN)
 
 deps:
@@ -253,6 +254,13 @@ demo: deps
 bench: deps
 	@$(MAKE) --no-print-directory $(if $(wildcard server/main.c),$(SERVER_BIN)) $(BENCH_BIN) $(CLIENT_SO)
 	@BUILD=$(BUILD) PYTHON=$(PYTHON) scripts/bench.sh
+
+# Applies each mutation of tests/mutations.txt to a scratch copy of the
+# tree (never this checkout), rebuilds there, runs the suites it names,
+# and prints KILLED/SURVIVED per mutation; fails on a survivor.
+# MUTATE=name1,name2 runs only those.
+mutate: deps
+	@scripts/mutate.sh tests/mutations.txt $(subst $(comma), ,$(MUTATE))
 
 # libFuzzer targets (clang, fuzzer+address+undefined) built in build-fuzz/,
 # each run FUZZ_SECONDS from tests/fuzz_corpus/<target>/; not part of test.

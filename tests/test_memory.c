@@ -54,7 +54,7 @@ static void stop_checked(void) {
 /* Starts the server with the common settings plus extra (NULL ended). */
 static void start(const char *const *extra) {
   if (!getenv("DISPATCH_SERVER_BIN") || !*getenv("DISPATCH_SERVER_BIN"))
-    cr_skip_test("DISPATCH_SERVER_BIN is not set");
+    cr_assert_fail("DISPATCH_SERVER_BIN is not set: this suite needs dispatch-server (make test sets it); failing rather than skipping");
   const char *args[32] = {"--log-level", "error", "--storage-cache", "0"};
   int n = 4;
   for (int i = 0; extra[i] && n < 31; i++) args[n++] = extra[i];

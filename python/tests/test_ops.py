@@ -165,3 +165,18 @@ def test_numpy_operands_and_dtypes(dev):
         dev.tensor(np.zeros(3, np.int32))
     assert np.array_equal(dev.tensor(np.arange(3, dtype=np.int32),
                                      dtype="int64").numpy(), [0, 1, 2])
+
+
+def test_slices_past_the_end_and_empty(dev):
+    # numpy's answers, written out: a start past the end gives 0 elements
+    x = dev.tensor(np.arange(10, dtype=np.float32))
+    for key, want in [(np.s_[100:200], []), (np.s_[10:20], []),
+                      (np.s_[3:3], []), (np.s_[5:2], []),
+                      (np.s_[-100:2], [0, 1]), (np.s_[8:100:3], [8]),
+                      (np.s_[-1:], [9])]:
+        got = x[key]
+        assert got.shape == (len(want),), (key, got.shape)
+        assert np.array_equal(got.numpy(), np.array(want, np.float32)), key
+        # the C API with the raw (unclamped) bounds gives the same
+        raw = dispatch.slice(x, 0, key.start, key.stop, key.step or 1)
+        assert raw.shape == (len(want),), (key, raw.shape)
