@@ -291,6 +291,8 @@ static int do_op(sv_session *s, sv_job *j, char *why) {
   if (rc < 0) return why_ctx(s, why, rc);
   rc = check_new_meta(s, &om, why);
   if (rc < 0) return rc;
+  s->turn_cost += dsp_op_cost((dsp_opcode)o->op, metas, (int)o->n_inputs, &a,
+                              &om);
   /* a creation op may name its device; an op on inputs runs on theirs */
   if (o->device && *o->device) {
     const sv_device *d = sv_device_find(s->global, o->device);
@@ -538,6 +540,7 @@ static int do_stats(sv_session *s, sv_job *j, char *why) {
   st.server_limit = g->mem ? dsp_budget_limit(g->mem) : 0;
   st.ops = s->n_ops;
   st.errors = s->n_errors;
+  st.batches = s->n_batches;
   st.grads = s->grads.count;
   st.sessions = (uint64_t)atomic_load(&g->sessions);
   st.server_tensors = (uint64_t)atomic_load(&g->tensors);
@@ -600,6 +603,10 @@ void sv_session_exec(sv_session *s, sv_job *j) {
   int rc = 0;
   uint64_t out_id = 0;
   int has_out = 0;
+  s->turn_cost += 1 + j->upload_bytes;
+  if (r->body_case == DISPATCH__REQUEST__BODY_BACKWARD ||
+      r->body_case == DISPATCH__REQUEST__BODY_STEP)
+    s->turn_cost = SV_TURN_COST; /* many ops in one request: its own turn */
   switch (r->body_case) {
     case DISPATCH__REQUEST__BODY_UPLOAD:
       rc = do_upload(s, j, why);

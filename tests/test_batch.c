@@ -1,0 +1,150 @@
+/* dispatch-server integration: a worker runs a session's queued requests as
+ * one batch (issue 11 item 1). Pipelined requests must take fewer worker
+ * turns than there are requests, and batching must keep the deferred-error
+ * rules: the first failure in a long pipelined chain is the one reported,
+ * exactly the ops that depend on it are poisoned, and the rest run. */
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dsp.h"
+#include "helpers/server_proc.h"
+#include "helpers/wire.h"
+
+static sp_server g_srv;
+
+static void start(void) {
+  const char *args[] = {"--log-level", "error", "--threads", "2",
+                        "--max-session-bytes", "67108864", NULL};
+  cr_assert_eq(sp_start(&g_srv, args), 0, "server did not start");
+}
+static void stop_checked(void) {
+  if (g_srv.pid > 0) cr_assert_eq(sp_stop(&g_srv), 0, "server exit status");
+}
+
+TestSuite(batch, .init = start, .fini = stop_checked);
+
+static const float k_one[16] = {1, 1, 1, 1, 1, 1, 1, 1,
+                                1, 1, 1, 1, 1, 1, 1, 1};
+
+/* N dependent adds sent back to back, then Stats: the session's worker
+ * turns ("batches") must be fewer than its requests. The old pool took one
+ * request per turn, so it reported one batch per request. */
+Test(batch, pipelined_ops_take_fewer_turns_than_ops) {
+  enum { N = 1000 };
+  wire_conn c;
+  cr_assert_eq(wire_connect(&c, g_srv.port), 0);
+  cr_assert_eq(wire_hello(&c, "batch"), 0);
+  int64_t s16[1] = {16};
+  cr_assert_neq(wire_upload(&c, 1, DSP_F32, 1, s16, k_one, sizeof k_one), 0);
+  for (uint64_t i = 0; i < N; i++) {
+    uint64_t in[2] = {i + 1, 1}; /* x_{i+1} = x_i + 1 */
+    cr_assert_neq(wire_op(&c, DSP_OP_ADD, in, 2, i + 2, NULL, 0, NULL, 0), 0);
+  }
+  void *got;
+  size_t n;
+  cr_assert_eq(wire_read_tensor(&c, N + 1, &got, &n, NULL, NULL), 0);
+  cr_assert_eq(n, sizeof k_one);
+  cr_assert_eq(((float *)got)[15], (float)(N + 1));
+  free(got);
+  Dispatch__StatsReply st;
+  cr_assert_eq(wire_get_stats(&c, &st), 0);
+  cr_assert_eq(st.ops, N);
+  /* upload + N ops + read: N + 2 requests ran on a worker */
+  cr_assert_gt(st.batches, 0, "no batches counted");
+  cr_assert_lt(st.batches, N + 2,
+               "%llu worker turns for %d pipelined requests: one per request",
+               (unsigned long long)st.batches, N + 2);
+  cr_log_info("%d pipelined requests ran in %llu worker turns", N + 2,
+              (unsigned long long)st.batches);
+  wire_close(&c);
+}
+
+/* A pipelined chain x_{i+1} = x_i + 1 of N adds, with an independent op
+ * after every link (y_i = one + one) and a failing op (a matmul of
+ * mismatched shapes) in place of link K: the wait reports that failure and
+ * no other, links K..N are poisoned naming it, links before K and every
+ * y_i hold their values, and the session goes on. */
+Test(batch, chain_error_poisons_exactly_its_dependents) {
+  enum { N = 300, K = 150, Y = 100000 };
+  wire_conn c;
+  cr_assert_eq(wire_connect(&c, g_srv.port), 0);
+  cr_assert_eq(wire_hello(&c, "batch"), 0);
+  int64_t s16[1] = {16}, s23[2] = {2, 3};
+  static const float d6[6] = {1, 2, 3, 4, 5, 6};
+  wire_upload(&c, 1, DSP_F32, 1, s16, k_one, sizeof k_one);
+  wire_upload(&c, 2, DSP_F32, 2, s23, d6, sizeof d6);
+  uint64_t bad = 0;
+  for (uint64_t i = 1; i <= N; i++) { /* x_i has id 10 + i */
+    uint64_t prev = i == 1 ? 1 : 10 + i - 1;
+    if (i == K) {
+      uint64_t mm[2] = {2, 2}; /* [2,3] @ [2,3]: shape error */
+      bad = wire_op(&c, DSP_OP_MATMUL, mm, 2, 10 + i, NULL, 0, NULL, 0);
+    } else {
+      uint64_t in[2] = {prev, 1};
+      wire_op(&c, DSP_OP_ADD, in, 2, 10 + i, NULL, 0, NULL, 0);
+    }
+    uint64_t ind[2] = {1, 1};
+    wire_op(&c, DSP_OP_ADD, ind, 2, Y + i, NULL, 0, NULL, 0);
+  }
+  cr_assert_neq(bad, 0);
+  char msg[700];
+  uint64_t failed = 0;
+  cr_assert_eq(wire_sync_check(&c, msg, sizeof msg, &failed), DISPATCH_ESHAPE,
+               "%s", msg);
+  cr_assert_eq(failed, bad, "reported request %llu, the failure was %llu",
+               (unsigned long long)failed, (unsigned long long)bad);
+  cr_assert(strstr(msg, "matmul"), "%s", msg);
+  /* the poisoned links were deferred failures too, but only the first is
+   * reported: the next wait is clean */
+  cr_assert_eq(wire_sync_check(&c, msg, sizeof msg, NULL), 0, "%s", msg);
+
+  void *got;
+  size_t n;
+  /* before the failure: x_i = 1 + i */
+  for (uint64_t i = 1; i < K; i++) {
+    cr_assert_eq(wire_read_tensor(&c, 10 + i, &got, &n, NULL, NULL), 0,
+                 "link %llu before the failure", (unsigned long long)i);
+    cr_assert_eq(((float *)got)[0], (float)(1 + i));
+    free(got);
+  }
+  /* the failed link and every later one: poisoned, naming the failure */
+  for (uint64_t i = K; i <= N; i++) {
+    uint64_t rid = wire_read(&c, 10 + i);
+    Dispatch__Reply *r;
+    cr_assert_eq(wire_recv(&c, &r, NULL, NULL), 0);
+    cr_assert_eq(r->req_id, rid);
+    cr_assert_not_null(r->error, "link %llu is not poisoned",
+                       (unsigned long long)i);
+    cr_assert_eq(r->error->code, DISPATCH_EPOISONED, "link %llu: %s",
+                 (unsigned long long)i, r->error->message);
+    /* the failed link names the failure; each later one the link it
+     * depends on, which names its own cause in turn */
+    char cause[64];
+    if (i == K) snprintf(cause, sizeof cause, "inner dims 3 and 2 differ");
+    else snprintf(cause, sizeof cause, "input 0 id %llu is poisoned",
+                  (unsigned long long)(10 + i - 1));
+    cr_assert(strstr(r->error->message, cause), "link %llu: %s",
+              (unsigned long long)i, r->error->message);
+    wire_reply_free(r, NULL);
+  }
+  /* the independent ops all ran */
+  for (uint64_t i = 1; i <= N; i++) {
+    cr_assert_eq(wire_read_tensor(&c, Y + i, &got, &n, NULL, NULL), 0,
+                 "independent op %llu", (unsigned long long)i);
+    cr_assert_eq(((float *)got)[7], 2.0f);
+    free(got);
+  }
+  Dispatch__StatsReply st;
+  cr_assert_eq(wire_get_stats(&c, &st), 0);
+  cr_assert_eq(st.ops, (uint64_t)(N - 1 - (N - K)) + N,
+               "ops %llu", (unsigned long long)st.ops);
+  /* the session goes on */
+  uint64_t in[2] = {1, 1};
+  wire_op(&c, DSP_OP_ADD, in, 2, 5, NULL, 0, NULL, 0);
+  cr_assert_eq(wire_read_tensor(&c, 5, &got, &n, NULL, NULL), 0);
+  cr_assert_eq(((float *)got)[0], 2.0f);
+  free(got);
+  wire_close(&c);
+}
