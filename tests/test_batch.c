@@ -148,3 +148,56 @@ Test(batch, chain_error_poisons_exactly_its_dependents) {
   free(got);
   wire_close(&c);
 }
+
+/* Sends a Step and returns the error message of the sync after it. */
+static int step_error(wire_conn *c, int op, const uint64_t *params, int n_p,
+                      const uint64_t *states, int n_s, const double *fl,
+                      int n_fl, char *msg, size_t len) {
+  cr_assert_neq(wire_step(c, op, 50, params, n_p, states, n_s, NULL, 0, fl,
+                          n_fl),
+                0);
+  return wire_sync_check(c, msg, len, NULL);
+}
+
+/* The error labels are built only when a lookup fails (issue 11 item 3):
+ * they must still name the op and input, the step's param and state, as
+ * they did when every op formatted them up front. */
+Test(batch, lazy_labels_name_the_failing_id) {
+  wire_conn c;
+  cr_assert_eq(wire_connect(&c, g_srv.port), 0);
+  cr_assert_eq(wire_hello(&c, "labels"), 0);
+  int64_t s16[1] = {16};
+  wire_upload(&c, 1, DSP_F32, 1, s16, k_one, sizeof k_one);
+  uint64_t in[2] = {1, 999};
+  wire_op(&c, DSP_OP_ADD, in, 2, 2, NULL, 0, NULL, 0);
+  char msg[700];
+  cr_assert_eq(wire_sync_check(&c, msg, sizeof msg, NULL), DISPATCH_ENOID);
+  cr_assert(strstr(msg, "add: input 1 id 999 does not exist"), "%s", msg);
+
+  wire_track(&c, 1);
+  uint64_t one[1] = {1};
+  wire_op(&c, DSP_OP_SUM, one, 1, 3, NULL, 0, NULL, 0);
+  uint64_t rid = wire_backward(&c, 3, 50, 0);
+  Dispatch__Reply *r;
+  cr_assert_eq(wire_recv(&c, &r, NULL, NULL), 0);
+  cr_assert_eq(r->req_id, rid);
+  cr_assert_null(r->error, "%s", r->error ? r->error->message : "");
+  wire_reply_free(r, NULL);
+
+  double fl[3] = {0.1, 0.9, 0.0};
+  uint64_t params[2] = {1, 777}, states[2] = {4, 4};
+  int64_t s16b[1] = {16};
+  static const float z[16] = {0};
+  wire_upload(&c, 4, DSP_F32, 1, s16b, z, sizeof z);
+  cr_assert_eq(step_error(&c, DSP_OP_SGD_STEP, params, 2, states, 2, fl, 3,
+                          msg, sizeof msg),
+               DISPATCH_ENOID);
+  cr_assert(strstr(msg, ": param 1 id 777 does not exist"), "%s", msg);
+  uint64_t p1[1] = {1}, s1[1] = {888};
+  cr_assert_eq(step_error(&c, DSP_OP_SGD_STEP, p1, 1, s1, 1, fl, 3, msg,
+                          sizeof msg),
+               DISPATCH_ENOID);
+  cr_assert(strstr(msg, ": state 0 of param 0 id 888 does not exist"), "%s",
+            msg);
+  wire_close(&c);
+}
