@@ -8,9 +8,10 @@
  * SV_TURN_COST (s->turn_cost, dsp_op_cost units; a Backward or Step ends a
  * turn by itself), and the session, if it has jobs left, goes to the back
  * of the run queue. So a session with a long FIFO delays another session
- * by at most one turn per worker. A cancelled session's ctx ends the turn
- * too: the jobs not yet run go back to the loop unrun (they were dropped
- * with their connection). Finished jobs go back to the loop through a
+ * by at most one turn per worker. The ctx's cancel flag is read before
+ * each job: once a session is cancelled its jobs not yet run go back to
+ * the loop unrun (they were dropped with their connection), all but its
+ * teardown, which runs. Finished jobs go back to the loop through a
  * uv_async in completion order, published together at the end of a turn,
  * or at once after a job that has a reply so no reply waits behind later
  * work. */
@@ -70,10 +71,15 @@ static sv_job *take_batch(sv_session *s) {
 }
 
 /* Runs one turn of s over batch (no lock held). Returns the jobs it did
- * not run (the turn's budget ran out), in order; the finished ones are
- * published to the loop. *torn is set when the teardown ran. */
-static sv_job *run_turn(sv_pool *p, sv_session *s, sv_job *batch, int *torn) {
+ * not run (the turn's budget ran out), in order. Jobs finished before a
+ * reply are published to the loop as the turn goes; the rest are left in
+ * *dh..*dt for the caller to publish under the same lock hold that ends
+ * the turn: once the loop has the teardown job it may free s, so nothing
+ * may touch s after that. *torn is set when the teardown ran. */
+static sv_job *run_turn(sv_pool *p, sv_session *s, sv_job *batch, int *torn,
+                        sv_job **dh_out, sv_job **dt_out) {
   sv_job *dh = NULL, *dt = NULL; /* finished, not yet published */
+  int dropping = 0;
   s->turn_cost = 0;
   s->n_batches++;
   while (batch) {
@@ -83,6 +89,11 @@ static sv_job *run_turn(sv_pool *p, sv_session *s, sv_job *batch, int *torn) {
     if (j->kind == SV_JOB_TEARDOWN) {
       sv_session_teardown(s); /* always the session's last job */
       *torn = 1;
+    } else if (dropping || dsp_ctx_cancelled(s->ctx)) {
+      /* the connection is gone, and its queued jobs with it: the loop
+       * frees these unrun, as it does sv_pool_cancel's; only a teardown
+       * behind them still runs */
+      dropping = 1;
     } else {
       sv_session_exec(s, j);
     }
@@ -90,25 +101,15 @@ static sv_job *run_turn(sv_pool *p, sv_session *s, sv_job *batch, int *torn) {
     else dh = j;
     dt = j;
     if (*torn) break;
-    if (dsp_ctx_cancelled(s->ctx)) {
-      /* the connection is gone and its queued jobs with it: the loop frees
-       * these unrun, as sv_pool_cancel's */
-      while (batch) {
-        sv_job *n = batch->next;
-        batch->next = NULL;
-        dt->next = batch;
-        dt = batch;
-        batch = n;
-      }
-      break;
-    }
+    if (dropping) continue;
     if (j->out) { /* a reply: do not hold it behind the rest of the turn */
       done_publish(p, dh, dt);
       dh = dt = NULL;
     }
     if (s->turn_cost >= SV_TURN_COST) break;
   }
-  done_publish(p, dh, dt);
+  *dh_out = dh;
+  *dt_out = dt;
   return batch;
 }
 
@@ -130,7 +131,8 @@ static void *worker_main(void *arg) {
     pthread_mutex_unlock(&p->mu);
 
     int torn = 0;
-    sv_job *rest = run_turn(p, s, batch, &torn);
+    sv_job *dh, *dt;
+    sv_job *rest = run_turn(p, s, batch, &torn, &dh, &dt);
 
     pthread_mutex_lock(&p->mu);
     s->running = 0;
@@ -146,6 +148,13 @@ static void *worker_main(void *arg) {
       pthread_cond_signal(&p->cv);
     } else {
       s->scheduled = 0;
+    }
+    /* last: from here the loop may free s (after its teardown) */
+    done_append(p, dh, dt);
+    if (dh) {
+      pthread_mutex_unlock(&p->mu);
+      uv_async_send(&p->async);
+      pthread_mutex_lock(&p->mu);
     }
   }
   pthread_mutex_unlock(&p->mu);
