@@ -27,15 +27,22 @@ static uint64_t node_cost(int n_in) {
 /* A node charged to ctx's budget; NULL with the error set in ctx. The
  * tensors it saves are charged already (their storage and headers), so a
  * tape that keeps freed intermediates alive is counted in full. */
-static int node_new(dsp_ctx *ctx, int n_in, const char *what,
-                    dsp_node **out) {
+/* A new node charged to ctx's budget. Its label for an error message is
+ * name followed by suffix, put together only on failure: a node is made
+ * for every tracked op, and formatting a label each time showed in the
+ * server's profile. */
+static int node_new(dsp_ctx *ctx, int n_in, const char *name,
+                    const char *suffix, dsp_node **out) {
   *out = NULL;
-  int rc = dsp_budget_charge(ctx->budget, ctx, node_cost(n_in), what);
-  if (rc < 0) return rc;
+  char refused[sizeof ctx->err];
+  int rc = dsp_budget_charge_why(ctx->budget, node_cost(n_in), "", refused,
+                                 sizeof refused);
+  if (rc < 0) return dsp_seterr(ctx, rc, "%s%s%s", name, suffix, refused);
   dsp_node *n = dsp_calloc(1, sizeof *n + (size_t)n_in * sizeof(dsp_tensor *));
   if (!n) {
     dsp_budget_uncharge(ctx->budget, node_cost(n_in));
-    return dsp_seterr(ctx, DISPATCH_ENOMEM, "%s: out of memory", what);
+    return dsp_seterr(ctx, DISPATCH_ENOMEM, "%s%s: out of memory", name,
+                      suffix);
   }
   n->budget = ctx->budget;
   n->refcount = 1;
@@ -104,7 +111,7 @@ int dsp_track(dsp_ctx *ctx, dsp_tensor *t) {
                       "track: only f32 and f64 tensors can be tracked, got %s",
                       dsp_dtype_name(t->meta.dtype));
   dsp_node *n;
-  int rc = node_new(ctx, 0, "track", &n);
+  int rc = node_new(ctx, 0, "track", "", &n);
   if (rc < 0) return rc;
   n->is_leaf = 1;
   n->meta = t->meta;
@@ -128,11 +135,9 @@ int dsp__autodiff_record(dsp_ctx *ctx, dsp_opcode op, dsp_tensor *const *in,
   if (out->node)
     return dsp_seterr(ctx, DISPATCH_EINTERNAL,
                       "%s: output is already tracked", dsp_op_lookup((int)op)->name);
-  char what[64];
-  snprintf(what, sizeof what, "%s: recording the op for autodiff",
-           dsp_op_lookup((int)op)->name);
   dsp_node *n;
-  int rc = node_new(ctx, n_in, what, &n);
+  int rc = node_new(ctx, n_in, dsp_op_lookup((int)op)->name,
+                    ": recording the op for autodiff", &n);
   if (rc < 0) return rc;
   n->op = op;
   n->attrs = *a;

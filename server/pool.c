@@ -1,11 +1,20 @@
 /* Worker pool: runs sessions' jobs off the loop thread.
  *
  * Guarantees: jobs of one session run in submission order and never on two
- * workers at once; a worker runs one job of a session and then puts the
- * session at the back of the run queue, so a session with a long FIFO (or
- * one slow op) delays another session by at most the jobs already running.
- * Finished jobs go back to the loop through a uv_async in completion
- * order. */
+ * workers at once. A worker takes a session's queued jobs as one batch
+ * (one lock round and no wake-up per job, which is what small pipelined
+ * ops were paying for) and runs them in order for one turn: the turn ends
+ * after SV_TURN_JOBS jobs or once the work of the jobs it ran reaches
+ * SV_TURN_COST (s->turn_cost, dsp_op_cost units; a Backward or Step ends a
+ * turn by itself), and the session, if it has jobs left, goes to the back
+ * of the run queue. So a session with a long FIFO delays another session
+ * by at most one turn per worker. The ctx's cancel flag is read before
+ * each job: once a session is cancelled its jobs not yet run go back to
+ * the loop unrun (they were dropped with their connection), all but its
+ * teardown, which runs. Finished jobs go back to the loop through a
+ * uv_async in completion order, published together at the end of a turn,
+ * or at once after a job that has a reply so no reply waits behind later
+ * work. */
 #include <stdlib.h>
 #include <uv.h>
 
@@ -31,6 +40,79 @@ static void runq_push(sv_pool *p, sv_session *s) {
   p->runq_tail = s;
 }
 
+/* Appends the finished jobs head..tail to the done list (caller holds the
+ * lock). */
+static void done_append(sv_pool *p, sv_job *head, sv_job *tail) {
+  if (!head) return;
+  if (p->done_tail) p->done_tail->next = head;
+  else p->done_head = head;
+  p->done_tail = tail;
+}
+
+/* Hands head..tail to the loop: one lock round and one uv_async_send. */
+static void done_publish(sv_pool *p, sv_job *head, sv_job *tail) {
+  if (!head) return;
+  pthread_mutex_lock(&p->mu);
+  done_append(p, head, tail);
+  pthread_mutex_unlock(&p->mu);
+  uv_async_send(&p->async);
+}
+
+/* Takes up to SV_TURN_JOBS jobs off the front of s's FIFO (lock held);
+ * NULL when every job was cancelled. */
+static sv_job *take_batch(sv_session *s) {
+  sv_job *head = s->fifo_head, *last = head;
+  if (!head) return NULL;
+  for (int n = 1; n < SV_TURN_JOBS && last->next; n++) last = last->next;
+  s->fifo_head = last->next;
+  if (!s->fifo_head) s->fifo_tail = NULL;
+  last->next = NULL;
+  return head;
+}
+
+/* Runs one turn of s over batch (no lock held). Returns the jobs it did
+ * not run (the turn's budget ran out), in order. Jobs finished before a
+ * reply are published to the loop as the turn goes; the rest are left in
+ * *dh..*dt for the caller to publish under the same lock hold that ends
+ * the turn: once the loop has the teardown job it may free s, so nothing
+ * may touch s after that. *torn is set when the teardown ran. */
+static sv_job *run_turn(sv_pool *p, sv_session *s, sv_job *batch, int *torn,
+                        sv_job **dh_out, sv_job **dt_out) {
+  sv_job *dh = NULL, *dt = NULL; /* finished, not yet published */
+  int dropping = 0;
+  s->turn_cost = 0;
+  s->n_batches++;
+  while (batch) {
+    sv_job *j = batch;
+    batch = j->next;
+    j->next = NULL;
+    if (j->kind == SV_JOB_TEARDOWN) {
+      sv_session_teardown(s); /* always the session's last job */
+      *torn = 1;
+    } else if (dropping || dsp_ctx_cancelled(s->ctx)) {
+      /* the connection is gone, and its queued jobs with it: the loop
+       * frees these unrun, as it does sv_pool_cancel's; only a teardown
+       * behind them still runs */
+      dropping = 1;
+    } else {
+      sv_session_exec(s, j);
+    }
+    if (dt) dt->next = j;
+    else dh = j;
+    dt = j;
+    if (*torn) break;
+    if (dropping) continue;
+    if (j->out) { /* a reply: do not hold it behind the rest of the turn */
+      done_publish(p, dh, dt);
+      dh = dt = NULL;
+    }
+    if (s->turn_cost >= SV_TURN_COST) break;
+  }
+  *dh_out = dh;
+  *dt_out = dt;
+  return batch;
+}
+
 static void *worker_main(void *arg) {
   sv_pool *p = arg;
   pthread_mutex_lock(&p->mu);
@@ -40,34 +122,40 @@ static void *worker_main(void *arg) {
     sv_session *s = p->runq_head;
     p->runq_head = s->runq_next;
     if (!p->runq_head) p->runq_tail = NULL;
-    sv_job *j = s->fifo_head;
-    if (!j) { /* every job was cancelled */
+    sv_job *batch = take_batch(s);
+    if (!batch) { /* every job was cancelled */
       s->scheduled = 0;
       continue;
     }
-    s->fifo_head = j->next;
-    if (!s->fifo_head) s->fifo_tail = NULL;
-    j->next = NULL;
     s->running = 1;
     pthread_mutex_unlock(&p->mu);
 
-    if (j->kind == SV_JOB_TEARDOWN) sv_session_teardown(s);
-    else sv_session_exec(s, j);
+    int torn = 0;
+    sv_job *dh, *dt;
+    sv_job *rest = run_turn(p, s, batch, &torn, &dh, &dt);
 
     pthread_mutex_lock(&p->mu);
     s->running = 0;
-    if (j->kind != SV_JOB_TEARDOWN && s->fifo_head) {
+    if (rest) { /* back in front of whatever arrived meanwhile */
+      sv_job *last = rest;
+      while (last->next) last = last->next;
+      last->next = s->fifo_head;
+      s->fifo_head = rest;
+      if (!s->fifo_tail) s->fifo_tail = last;
+    }
+    if (!torn && s->fifo_head) {
       runq_push(p, s);
       pthread_cond_signal(&p->cv);
     } else {
       s->scheduled = 0;
     }
-    if (p->done_tail) p->done_tail->next = j;
-    else p->done_head = j;
-    p->done_tail = j;
-    pthread_mutex_unlock(&p->mu);
-    uv_async_send(&p->async);
-    pthread_mutex_lock(&p->mu);
+    /* last: from here the loop may free s (after its teardown) */
+    done_append(p, dh, dt);
+    if (dh) {
+      pthread_mutex_unlock(&p->mu);
+      uv_async_send(&p->async);
+      pthread_mutex_lock(&p->mu);
+    }
   }
   pthread_mutex_unlock(&p->mu);
   return NULL;

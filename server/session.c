@@ -109,12 +109,15 @@ static void entry_free(sv_session *s, sv_entry *e) {
 /* Inserts t under a free id, taking the caller's reference (dropped on
  * failure). */
 static int insert(sv_session *s, uint64_t id, dsp_tensor *t, char *why) {
-  char what[64];
-  snprintf(what, sizeof what, "id %llu", (unsigned long long)id);
-  int rc = dsp_budget_charge(s->budget, s->ctx, ID_COST, what);
+  /* the budget formats its refusal only when it refuses (": session
+   * holds ..." with an empty label), so the id is put in front then, not
+   * formatted into a label for every insert */
+  char refused[WHY_LEN];
+  int rc = dsp_budget_charge_why(s->budget, ID_COST, "", refused,
+                                 sizeof refused);
   if (rc < 0) {
     dsp_tensor_unref(t);
-    return why_ctx(s, why, rc);
+    return why_set(why, rc, "id %llu%s", (unsigned long long)id, refused);
   }
   sv_entry *e = dsp_calloc(1, sizeof *e);
   if (!e || sv_idmap_put(&s->tensors, id, e) < 0) {
@@ -155,17 +158,48 @@ static void poison(sv_session *s, uint64_t id, int code, const char *msg) {
   }
 }
 
-static int get_tensor(sv_session *s, uint64_t id, const char *what,
-                      char *why, dsp_tensor **t) {
+/* What names an id in an error message ("add: input 1", "step sgd: state
+ * 0 of param 2"): kept as its parts and formatted by label_text only when
+ * the lookup fails, so a successful op formats nothing (formatting a label
+ * for every input of every op was ~4% of the server's time on a chain of
+ * small ops). */
+typedef enum { LBL_PLAIN, LBL_INPUT, LBL_PARAM, LBL_STATE } label_kind;
+typedef struct label {
+  label_kind kind;
+  const char *name; /* the whole label (LBL_PLAIN), or the op's name */
+  size_t i, q;      /* input or param index; state index */
+} label;
+#define LABEL(text) ((label){LBL_PLAIN, (text), 0, 0})
+
+static const char *label_text(const label *l, char *buf, size_t len) {
+  switch (l->kind) {
+    case LBL_INPUT: snprintf(buf, len, "%s: input %zu", l->name, l->i); break;
+    case LBL_PARAM:
+      snprintf(buf, len, "step %s: param %zu", l->name, l->i);
+      break;
+    case LBL_STATE:
+      snprintf(buf, len, "step %s: state %zu of param %zu", l->name, l->q,
+               l->i);
+      break;
+    default: return l->name;
+  }
+  return buf;
+}
+
+static int get_tensor(sv_session *s, uint64_t id, label what, char *why,
+                      dsp_tensor **t) {
   sv_entry *e = sv_idmap_get(&s->tensors, id);
+  if (e && e->t) {
+    *t = e->t;
+    return 0;
+  }
+  char buf[96];
+  const char *w = label_text(&what, buf, sizeof buf);
   if (!e)
-    return why_set(why, DISPATCH_ENOID, "%s id %llu does not exist", what,
+    return why_set(why, DISPATCH_ENOID, "%s id %llu does not exist", w,
                    (unsigned long long)id);
-  if (!e->t)
-    return why_set(why, DISPATCH_EPOISONED, "%s id %llu is poisoned by %s",
-                   what, (unsigned long long)id, e->poison ? e->poison : "?");
-  *t = e->t;
-  return 0;
+  return why_set(why, DISPATCH_EPOISONED, "%s id %llu is poisoned by %s", w,
+                 (unsigned long long)id, e->poison ? e->poison : "?");
 }
 
 static int check_free_id(sv_session *s, uint64_t id, char *why) {
@@ -277,9 +311,8 @@ static int do_op(sv_session *s, sv_job *j, char *why) {
   dsp_tensor *in[DSP_MAX_INPUTS];
   dsp_meta metas[DSP_MAX_INPUTS];
   for (size_t i = 0; i < o->n_inputs; i++) {
-    char what[64];
-    snprintf(what, sizeof what, "%s: input %zu", info->name, i);
-    rc = get_tensor(s, o->inputs[i], what, why, &in[i]);
+    rc = get_tensor(s, o->inputs[i], (label){LBL_INPUT, info->name, i, 0},
+                    why, &in[i]);
     if (rc < 0) return rc;
     metas[i] = in[i]->meta;
   }
@@ -291,6 +324,8 @@ static int do_op(sv_session *s, sv_job *j, char *why) {
   if (rc < 0) return why_ctx(s, why, rc);
   rc = check_new_meta(s, &om, why);
   if (rc < 0) return rc;
+  s->turn_cost += dsp_op_cost((dsp_opcode)o->op, metas, (int)o->n_inputs, &a,
+                              &om);
   /* a creation op may name its device; an op on inputs runs on theirs */
   if (o->device && *o->device) {
     const sv_device *d = sv_device_find(s->global, o->device);
@@ -323,7 +358,7 @@ static int do_op(sv_session *s, sv_job *j, char *why) {
 static int do_to_device(sv_session *s, sv_job *j, char *why) {
   Dispatch__ToDevice *m = j->req->to_device;
   dsp_tensor *t;
-  int rc = get_tensor(s, m->id, "to_device", why, &t);
+  int rc = get_tensor(s, m->id, LABEL("to_device"), why, &t);
   if (rc < 0) return rc;
   rc = check_free_id(s, m->output, why);
   if (rc < 0) return rc;
@@ -344,7 +379,7 @@ static int do_to_device(sv_session *s, sv_job *j, char *why) {
 
 static int do_track(sv_session *s, sv_job *j, char *why) {
   dsp_tensor *t;
-  int rc = get_tensor(s, j->req->track->id, "track", why, &t);
+  int rc = get_tensor(s, j->req->track->id, LABEL("track"), why, &t);
   if (rc < 0) return rc;
   rc = dsp_track(s->ctx, t);
   return rc < 0 ? why_ctx(s, why, rc) : 0;
@@ -353,7 +388,7 @@ static int do_track(sv_session *s, sv_job *j, char *why) {
 static int do_backward(sv_session *s, sv_job *j, char *why) {
   Dispatch__Backward *b = j->req->backward;
   dsp_tensor *loss;
-  int rc = get_tensor(s, b->loss, "backward: loss", why, &loss);
+  int rc = get_tensor(s, b->loss, LABEL("backward: loss"), why, &loss);
   if (rc < 0) return rc;
   if (sv_idmap_get(&s->grads, b->grads))
     return why_set(why, DISPATCH_EIDINUSE,
@@ -389,7 +424,7 @@ static int do_grad(sv_session *s, sv_job *j, char *why) {
   dsp_tensor *t, *gt;
   int rc = get_grads(s, gr->grads, why, &g);
   if (rc < 0) return rc;
-  rc = get_tensor(s, gr->tensor, "grad: tensor", why, &t);
+  rc = get_tensor(s, gr->tensor, LABEL("grad: tensor"), why, &t);
   if (rc < 0) return rc;
   rc = check_free_id(s, gr->output, why);
   if (rc < 0) return rc;
@@ -436,14 +471,11 @@ static int do_step(sv_session *s, sv_job *j, char *why) {
   size_t n_grads = 0;
   for (size_t i = 0; i < st->n_params && rc == 0; i++) {
     dsp_tensor **row = args + i * (k + 2);
-    char what[64];
-    snprintf(what, sizeof what, "step %s: param %zu", name, i);
-    rc = get_tensor(s, st->params[i], what, why, &row[0]);
-    for (size_t q = 0; q < k && rc == 0; q++) {
-      snprintf(what, sizeof what, "step %s: state %zu of param %zu", name, q,
-               i);
-      rc = get_tensor(s, st->states[i * k + q], what, why, &row[2 + q]);
-    }
+    rc = get_tensor(s, st->params[i], (label){LBL_PARAM, name, i, 0}, why,
+                    &row[0]);
+    for (size_t q = 0; q < k && rc == 0; q++)
+      rc = get_tensor(s, st->states[i * k + q],
+                      (label){LBL_STATE, name, i, q}, why, &row[2 + q]);
     if (rc < 0) break;
     rc = dsp_grads_get(s->ctx, g, row[0], &row[1]);
     if (rc < 0) {
@@ -508,7 +540,7 @@ static int do_free(sv_session *s, sv_job *j, char *why) {
 
 static int do_read(sv_session *s, sv_job *j, char *why) {
   dsp_tensor *t;
-  int rc = get_tensor(s, j->req->read->id, "read", why, &t);
+  int rc = get_tensor(s, j->req->read->id, LABEL("read"), why, &t);
   if (rc < 0) return rc;
   Dispatch__Reply r = DISPATCH__REPLY__INIT;
   Dispatch__ReadReply rr = DISPATCH__READ_REPLY__INIT;
@@ -538,6 +570,7 @@ static int do_stats(sv_session *s, sv_job *j, char *why) {
   st.server_limit = g->mem ? dsp_budget_limit(g->mem) : 0;
   st.ops = s->n_ops;
   st.errors = s->n_errors;
+  st.batches = s->n_batches;
   st.grads = s->grads.count;
   st.sessions = (uint64_t)atomic_load(&g->sessions);
   st.server_tensors = (uint64_t)atomic_load(&g->tensors);
@@ -600,6 +633,10 @@ void sv_session_exec(sv_session *s, sv_job *j) {
   int rc = 0;
   uint64_t out_id = 0;
   int has_out = 0;
+  s->turn_cost += 1 + j->upload_bytes;
+  if (r->body_case == DISPATCH__REQUEST__BODY_BACKWARD ||
+      r->body_case == DISPATCH__REQUEST__BODY_STEP)
+    s->turn_cost = SV_TURN_COST; /* many ops in one request: its own turn */
   switch (r->body_case) {
     case DISPATCH__REQUEST__BODY_UPLOAD:
       rc = do_upload(s, j, why);

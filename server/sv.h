@@ -233,6 +233,10 @@ typedef struct sv_session {
   sv_idmap grads;   /* id -> dsp_grads* */
   uint64_t n_live;  /* tensors that are not poisoned */
   uint64_t n_ops, n_errors;
+  uint64_t n_batches; /* worker turns the session had (Stats "batches") */
+  uint64_t turn_cost; /* work run in this turn (pool.c): dsp_op_cost of
+                         its ops, upload bytes, 1 for any other request;
+                         a Backward or Step sets it to SV_TURN_COST */
   int err_code; /* first deferred error, 0 when none */
   uint64_t err_req;
   char err_msg[640];
@@ -359,6 +363,14 @@ int sv_stream_exec(sv_session *s, dsp_ctx *io_ctx, int *hello_done,
                    const uint8_t *p, size_t n, sv_stream_stats *st);
 
 /* ------------------------------------------------------------ pool */
+
+/* One turn of a session on a worker (pool.c): at most this many jobs, and
+ * it ends once the jobs run have cost this much (2^24 elementary
+ * operations: a few milliseconds of kernel work, well under one op at
+ * --max-op-cost), so batching small ops does not let a long queue keep a
+ * worker from other sessions. */
+#define SV_TURN_JOBS 256
+#define SV_TURN_COST (1ULL << 24)
 
 typedef struct sv_pool sv_pool;
 /* Starts n workers. done_cb runs on the loop thread (via uv_async) for
