@@ -261,6 +261,20 @@ Test(cli, listen_ipv6_loopback_and_a_client, .fini = cleanup) {
   char spec[64];
   snprintf(spec, sizeof spec, "tcp://[::1]:%d", g_run.port);
   client_works(spec);
+  /* without brackets the port is a guess: refused before connecting, the
+   * same rule as --listen's (the old parser took the last colon) */
+  const char *bad[] = {"tcp://::1:%d", "tcp://[::1:%d", "tcp://[::1]%d",
+                       "tcp://[]:%d"};
+  for (int i = 0; i < 4; i++) {
+    snprintf(spec, sizeof spec, bad[i], g_run.port);
+    dispatch_device *d = NULL;
+    char msg[512] = "";
+    int rc = dispatch_device_open(spec, NULL, &d, msg, sizeof msg);
+    cr_assert_eq(rc, DISPATCH_EINVAL, "%s: %s: %s", spec,
+                 dispatch_err_name(rc), msg);
+    cr_assert_null(d);
+    cr_assert(strstr(msg, spec) && strstr(msg, "in brackets"), "%s", msg);
+  }
 }
 
 Test(cli, listen_forms_refused, .fini = cleanup) {
