@@ -166,7 +166,14 @@ Test(cli, size_suffix_is_a_power_of_1024, .fini = cleanup) {
   const char *hi[] = {"--listen=127.0.0.1:0", "--max-frame=1025G", NULL};
   const char *w2[] = {"--max-frame", "'1025G'", "out of range", NULL};
   refused(hi, w2);
+  /* counts are powers of 1000: --max-elements' ceiling is 2^50 =
+   * 1125899906842624, so 1125T (1.125e15) fits, 1126T does not; as
+   * powers of 1024 both would be far over it */
+  const char *c1[] = {"--max-elements", "1126T", NULL};
+  const char *w3[] = {"--max-elements", "'1126T'", "out of range", NULL};
+  refused(c1, w3);
   const char *ok[] = {"--listen=127.0.0.1:0", "--max-frame=1TiB",
+                      "--max-memory", "8G", "--max-elements=1125T",
                       "--log-level=warn", NULL};
   start(&g_run, ok);
   cr_assert_gt(g_run.pid, 0, "exit %d; stderr: %s", g_run.status, g_run.err);
