@@ -179,8 +179,9 @@ static void put_err(const char *fmt, ...) {
   va_end(ap);
 }
 
-/* Reads the leading decimal digits of s into *v; 0, or -1 when s does not
- * start with a digit or the number does not fit 64 bits. strtoull is not
+/* Reads the leading decimal digits of s into *v and *end past them; 0,
+ * -1 when s does not start with a digit, -2 when the number does not fit
+ * 64 bits. strtoull is not
  * used: it takes a sign, leading spaces and wraps "-1" to 2^64-1. */
 static int read_digits(const char *s, const char **end, uint64_t *v) {
   if (*s < '0' || *s > '9') return -1;
@@ -495,10 +496,11 @@ int sv_config_parse(sv_config *c, int argc, char **argv) {
       return -1;
     }
     if (val == '?') {
-      if (optopt >= 256) /* a flag given a value */
+      int is_long = strncmp(arg, "--", 2) == 0;
+      if (is_long && optopt) /* a known flag given a value: --version=1 */
         put_err("--%s takes no value, got '%s' (see --help)",
                 opt_name(optopt), arg);
-      else if (optopt && optopt < 256)
+      else if (optopt)
         put_err("unknown option '-%c' (see --help)", optopt);
       else
         put_err("unknown or ambiguous option '%s' (see --help)", arg);

@@ -216,6 +216,12 @@ Test(cli, unknown_option_missing_value_stray_argument, .fini = cleanup) {
   const char *a3[] = {"--insecure=yes", NULL};
   const char *w3[] = {"--insecure takes no value", NULL};
   refused(a3, w3);
+  const char *a5[] = {"--help=1", NULL};
+  const char *w5[] = {"--help takes no value", NULL};
+  refused(a5, w5);
+  const char *a6[] = {"-x", NULL};
+  const char *w6[] = {"unknown option '-x'", NULL};
+  refused(a6, w6);
   const char *a4[] = {"--listen=127.0.0.1:0", "8G", NULL};
   const char *w4[] = {"unexpected argument '8G'", NULL};
   refused(a4, w4);
