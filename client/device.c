@@ -26,14 +26,28 @@ static void copy_msg(char *errmsg, size_t len, const char *msg) {
   if (errmsg && len) snprintf(errmsg, len, "%s", msg);
 }
 
-/* Splits "HOST:PORT" (HOST may be "[v6]") into host and port buffers. */
+/* Splits "HOST:PORT" into host and port buffers. HOST is a name, an IPv4
+ * address or "[IPv6]"; an IPv6 address without brackets is refused, as the
+ * server's --listen refuses it: in "::1:7070" which colon starts the port
+ * would be a guess. Names are resolved later, at connect (getaddrinfo,
+ * every address tried in turn). */
 static int split_hostport(const char *s, char *host, size_t hlen, char *port,
                           size_t plen) {
-  const char *colon = strrchr(s, ':');
-  if (!colon || colon == s || !colon[1]) return DISPATCH_EINVAL;
-  const char *h = s;
-  size_t n = (size_t)(colon - s);
-  if (h[0] == '[' && n >= 2 && h[n - 1] == ']') h++, n -= 2;
+  const char *h = s, *colon;
+  size_t n;
+  if (s[0] == '[') {
+    const char *close = strchr(s, ']');
+    if (!close || close[1] != ':') return DISPATCH_EINVAL;
+    h = s + 1;
+    n = (size_t)(close - h);
+    colon = close + 1;
+  } else {
+    colon = strrchr(s, ':');
+    if (!colon) return DISPATCH_EINVAL;
+    n = (size_t)(colon - s);
+    if (memchr(s, ':', n)) return DISPATCH_EINVAL;
+  }
+  if (n == 0 || !colon[1]) return DISPATCH_EINVAL;
   if (n >= hlen || strlen(colon + 1) >= plen) return DISPATCH_EINVAL;
   memcpy(host, h, n);
   host[n] = '\0';
@@ -133,7 +147,8 @@ int dispatch_device_open(const char *spec, const dispatch_options *opts,
       snprintf(m, sizeof m,
                "device \"%.400s\": expected %.6sHOST:PORT or "
                "%.6sHOST:PORT/DEVICE (DEVICE like cpu, cpu:1, cuda:0) with a "
-               "port in 1..65535",
+               "port in 1..65535; HOST a name, an IPv4 address or an IPv6 "
+               "address in brackets ([::1])",
                spec, spec, spec);
       copy_msg(errmsg, errmsg_len, m);
       return DISPATCH_EINVAL;

@@ -1,9 +1,12 @@
 /* Command line of dispatch-server. */
 #include <errno.h>
+#include <getopt.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <arpa/inet.h>
+#include <netdb.h>
 #include <netinet/in.h>
 #include <uv.h>
 
@@ -51,14 +54,17 @@ void sv_config_release(sv_config *c) {
   c->token_len = 0;
 }
 
-int sv_host_is_loopback(const char *host) {
-  struct in_addr a4;
-  struct in6_addr a6;
-  if (strcmp(host, "localhost") == 0) return 1;
-  if (inet_pton(AF_INET, host, &a4) == 1)
-    return (ntohl(a4.s_addr) >> 24) == 127;
-  if (inet_pton(AF_INET6, host, &a6) == 1) return IN6_IS_ADDR_LOOPBACK(&a6);
-  return 0; /* a host name may resolve anywhere */
+int sv_addr_is_loopback(const struct sockaddr *sa) {
+  if (sa->sa_family == AF_INET) {
+    const struct sockaddr_in *a4 = (const struct sockaddr_in *)sa;
+    return (ntohl(a4->sin_addr.s_addr) >> 24) == 127;
+  }
+  if (sa->sa_family == AF_INET6) {
+    const struct in6_addr *a6 = &((const struct sockaddr_in6 *)sa)->sin6_addr;
+    if (IN6_IS_ADDR_LOOPBACK(a6)) return 1;
+    return IN6_IS_ADDR_V4MAPPED(a6) && a6->s6_addr[12] == 127;
+  }
+  return 0;
 }
 
 /* Reads the token file: its contents less one trailing newline (and a
@@ -100,8 +106,14 @@ static int read_token(sv_config *c, const char *path) {
 
 static const char *const g_usage =
     "usage: dispatch-server [options]\n"
+    "Values: --opt VALUE or --opt=VALUE. BYTES take K, M, G or T (or KiB,\n"
+    "...), powers of 1024 (8G = 8589934592); N of --max-elements and\n"
+    "--max-op-cost the same letters as powers of 1000 (2G = 2e9).\n"
     "  --listen HOST:PORT       address to listen on (default 127.0.0.1:7070;\n"
-    "                           port 0 picks a free port, printed on stdout)\n"
+    "                           port 0 picks a free port, printed on stdout);\n"
+    "                           HOST: an IP, [IPv6] or a name, resolved at\n"
+    "                           start (the first address is bound); a plain\n"
+    "                           bind needs every address loopback\n"
     "  --max-frame BYTES        largest frame, message + bulk (default 1 GiB)\n"
     "  --max-session-bytes BYTES  bytes one session may make the server hold:\n"
     "                           tensors named or not (autodiff tape,\n"
@@ -153,157 +165,384 @@ static const char *const g_usage =
     "  --insecure               allow a non-loopback --listen without both\n"
     "                           TLS and a token\n"
     "  --log-level error|warn|info|debug  stderr log level (default info)\n"
+    "  --version                print the version and exit\n"
     "  --help                   this text\n";
 
-static int parse_u64(const char *opt, const char *s, uint64_t min,
-                     uint64_t max, uint64_t *out) {
-  char *end;
-  errno = 0;
-  if (!s || !*s || *s == '-') goto bad;
-  unsigned long long v = strtoull(s, &end, 10);
-  if (errno || *end || v < min || v > max) goto bad;
+
+static void put_err(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void put_err(const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  fputs("dispatch-server: ", stderr);
+  vfprintf(stderr, fmt, ap);
+  fputs("\n", stderr);
+  va_end(ap);
+}
+
+/* Reads the leading decimal digits of s into *v and *end past them; 0,
+ * -1 when s does not start with a digit, -2 when the number does not fit
+ * 64 bits. strtoull is not
+ * used: it takes a sign, leading spaces and wraps "-1" to 2^64-1. */
+static int read_digits(const char *s, const char **end, uint64_t *v) {
+  if (*s < '0' || *s > '9') return -1;
+  uint64_t n = 0;
+  for (; *s >= '0' && *s <= '9'; s++) {
+    unsigned d = (unsigned)(*s - '0');
+    if (n > (UINT64_MAX - d) / 10) return -2;
+    n = n * 10 + d;
+  }
+  *end = s;
+  *v = n;
+  return 0;
+}
+
+/* Parses NUMBER[SUFFIX] into *out within [min, max]. SUFFIX is one of
+ * K, M, G, T (either case); for sizes an optional "iB" (KiB) or "B" (KB)
+ * may follow;
+ * base is 1024 for sizes, 1000 for counts, 0 when no suffix is allowed.
+ * On failure prints one line naming opt and the value, and returns -1. */
+static int parse_num(const char *opt, const char *s, unsigned base,
+                     uint64_t min, uint64_t max, uint64_t *out) {
+  const char *what = base == 1024 ? "a size in bytes (a number with an "
+                                    "optional K, M, G or T suffix, powers "
+                                    "of 1024: 512M, 8G, 64KiB)"
+                     : base == 1000 ? "a count (a number with an optional "
+                                      "K, M, G or T suffix, powers of 1000: "
+                                      "2G = 2000000000)"
+                                    : "a whole number";
+  const char *end;
+  uint64_t v;
+  int r = read_digits(s, &end, &v);
+  if (r == -2) goto range;
+  if (r < 0) goto bad;
+  unsigned shift = 0;
+  if (base && *end) {
+    const char *units = "KMGT";
+    const char *u = strchr(units, *end >= 'a' ? *end - 'a' + 'A' : *end);
+    if (!u || !*u) goto bad;
+    shift = (unsigned)(u - units) + 1;
+    end++;
+    /* bytes may say so (KiB, KB: both 1024 here); counts may not */
+    if (base == 1024 && strcmp(end, "iB") == 0) end += 2;
+    else if (base == 1024 && strcmp(end, "B") == 0) end++;
+  }
+  if (*end) goto bad;
+  for (unsigned i = 0; i < shift; i++) {
+    if (v > UINT64_MAX / base) goto range;
+    v *= base;
+  }
+  if (v < min || v > max) goto range;
   *out = v;
   return 0;
 bad:
-  fprintf(stderr, "dispatch-server: %s needs a number in [%llu, %llu], got "
-                  "'%s'\n",
-          opt, (unsigned long long)min, (unsigned long long)max,
-          s ? s : "");
+  put_err("%s: '%s' is not %s", opt, s, what);
+  return -1;
+range:
+  put_err("%s: '%s' is out of range: %s must be in [%llu, %llu]", opt, s,
+          opt, (unsigned long long)min, (unsigned long long)max);
   return -1;
 }
 
-static int parse_listen(sv_config *c, const char *s) {
-  const char *colon = s ? strrchr(s, ':') : NULL;
-  if (!colon || colon == s || (size_t)(colon - s) >= sizeof c->host) {
-    fprintf(stderr, "dispatch-server: --listen needs HOST:PORT, got '%s'\n",
-            s ? s : "");
-    return -1;
-  }
-  const char *h = s;
-  size_t hl = (size_t)(colon - s);
-  if (hl >= 2 && h[0] == '[' && h[hl - 1] == ']') { /* [::1]:7070 */
-    h++;
-    hl -= 2;
-  }
-  memcpy(c->host, h, hl);
-  c->host[hl] = '\0';
-  uint64_t port;
-  if (parse_u64("--listen port", colon + 1, 0, 65535, &port) < 0) return -1;
-  c->port = (int)port;
+static int parse_size(const char *opt, const char *s, uint64_t min,
+                      uint64_t max, uint64_t *out) {
+  return parse_num(opt, s, 1024, min, max, out);
+}
+
+static int parse_int(const char *opt, const char *s, uint64_t min,
+                     uint64_t max, int *out) {
+  uint64_t v;
+  if (parse_num(opt, s, 0, min, max, &v) < 0) return -1;
+  *out = (int)v;
   return 0;
 }
 
+/* Formats sa as "IP" for messages. */
+static void addr_name(const struct sockaddr *sa, char *buf, size_t len) {
+  snprintf(buf, len, "?");
+  if (sa->sa_family == AF_INET)
+    uv_ip4_name((const struct sockaddr_in *)sa, buf, len);
+  else if (sa->sa_family == AF_INET6)
+    uv_ip6_name((const struct sockaddr_in6 *)sa, buf, len);
+}
+
+/* Splits HOST:PORT (HOST may be [IPv6]) into c->host and c->port. A bare
+ * IPv6 literal with its port ("::1:7070") is refused: which colon starts
+ * the port would be a guess. */
+static int split_listen(sv_config *c, const char *s) {
+  const char *h = s, *colon;
+  size_t hl;
+  if (s[0] == '[') {
+    const char *close = strchr(s, ']');
+    if (!close || close[1] != ':') goto bad;
+    h = s + 1;
+    hl = (size_t)(close - h);
+    colon = close + 1;
+  } else {
+    colon = strrchr(s, ':');
+    if (!colon) goto bad;
+    hl = (size_t)(colon - s);
+    if (memchr(s, ':', hl)) {
+      put_err("--listen: '%s': write an IPv6 address in brackets, "
+              "[ADDR]:PORT", s);
+      return -1;
+    }
+  }
+  if (hl == 0 || hl >= sizeof c->host) goto bad;
+  memcpy(c->host, h, hl);
+  c->host[hl] = '\0';
+  return parse_int("--listen port", colon + 1, 0, 65535, &c->port);
+bad:
+  put_err("--listen: '%s' is not HOST:PORT (127.0.0.1:7070, "
+          "localhost:7070, [::1]:7070)", s);
+  return -1;
+}
+
+/* Resolves c->host with libuv's resolver (a private loop: nothing else
+ * runs yet) into c->listen_addr, the first address, which is the one
+ * bound. *all_loopback says whether every address the name has is a
+ * loopback one: a name that resolves partly elsewhere is not loopback.
+ * names gets the addresses, for the refusal message. */
+static int resolve_listen(sv_config *c, int *all_loopback, char *names,
+                          size_t nlen) {
+  uv_loop_t loop;
+  uv_getaddrinfo_t req;
+  struct addrinfo hints;
+  memset(&hints, 0, sizeof hints);
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE;
+  if (uv_loop_init(&loop) != 0) {
+    put_err("--listen: cannot start a resolver loop");
+    return -1;
+  }
+  /* no callback: libuv resolves synchronously */
+  int rc = uv_getaddrinfo(&loop, &req, NULL, c->host, NULL, &hints);
+  uv_loop_close(&loop);
+  if (rc != 0) {
+    put_err("--listen: cannot resolve '%s': %s", c->host, uv_strerror(rc));
+    return -1;
+  }
+  *all_loopback = 1;
+  names[0] = '\0';
+  size_t used = 0;
+  int first = 1;
+  for (struct addrinfo *ai = req.addrinfo; ai; ai = ai->ai_next) {
+    if (ai->ai_family != AF_INET && ai->ai_family != AF_INET6) continue;
+    if (ai->ai_addrlen > sizeof c->listen_addr) continue;
+    if (first) {
+      memcpy(&c->listen_addr, ai->ai_addr, ai->ai_addrlen);
+      first = 0;
+    }
+    if (!sv_addr_is_loopback(ai->ai_addr)) *all_loopback = 0;
+    char ip[64];
+    addr_name(ai->ai_addr, ip, sizeof ip);
+    if (used < nlen && !strstr(names, ip))
+      used += (size_t)snprintf(names + used, nlen - used, "%s%s",
+                               used ? ", " : "", ip);
+  }
+  uv_freeaddrinfo(req.addrinfo);
+  if (first) {
+    put_err("--listen: '%s' has no IPv4 or IPv6 address", c->host);
+    return -1;
+  }
+  if (c->listen_addr.ss_family == AF_INET)
+    ((struct sockaddr_in *)&c->listen_addr)->sin_port =
+        htons((uint16_t)c->port);
+  else
+    ((struct sockaddr_in6 *)&c->listen_addr)->sin6_port =
+        htons((uint16_t)c->port);
+  return 0;
+}
+
+/* Values of the long options that have no short form. */
+enum {
+  O_LISTEN = 256, O_MAX_FRAME, O_MAX_SESSION_BYTES, O_MAX_MEMORY, O_DEVICE,
+  O_DEVICE_MEMORY, O_MAX_QUEUED_BYTES, O_MAX_SESSIONS, O_IDLE_TIMEOUT,
+  O_FRAME_TIMEOUT, O_THREADS, O_MAX_OUTPUT_QUEUE, O_MAX_ELEMENTS,
+  O_MAX_OP_COST, O_STORAGE_CACHE, O_MAX_QUEUED, O_HANDSHAKE_TIMEOUT,
+  O_TLS_CERT, O_TLS_KEY, O_TLS_CLIENT_CA, O_TOKEN_FILE, O_INSECURE,
+  O_LOG_LEVEL, O_VERSION
+};
+
+static const struct option g_opts[] = {
+    {"listen", required_argument, NULL, O_LISTEN},
+    {"max-frame", required_argument, NULL, O_MAX_FRAME},
+    {"max-session-bytes", required_argument, NULL, O_MAX_SESSION_BYTES},
+    {"max-memory", required_argument, NULL, O_MAX_MEMORY},
+    {"device", required_argument, NULL, O_DEVICE},
+    {"device-memory", required_argument, NULL, O_DEVICE_MEMORY},
+    {"max-queued-bytes", required_argument, NULL, O_MAX_QUEUED_BYTES},
+    {"max-sessions", required_argument, NULL, O_MAX_SESSIONS},
+    {"idle-timeout", required_argument, NULL, O_IDLE_TIMEOUT},
+    {"frame-timeout", required_argument, NULL, O_FRAME_TIMEOUT},
+    {"threads", required_argument, NULL, O_THREADS},
+    {"max-output-queue", required_argument, NULL, O_MAX_OUTPUT_QUEUE},
+    {"max-elements", required_argument, NULL, O_MAX_ELEMENTS},
+    {"max-op-cost", required_argument, NULL, O_MAX_OP_COST},
+    {"storage-cache", required_argument, NULL, O_STORAGE_CACHE},
+    {"max-queued", required_argument, NULL, O_MAX_QUEUED},
+    {"handshake-timeout", required_argument, NULL, O_HANDSHAKE_TIMEOUT},
+    {"tls-cert", required_argument, NULL, O_TLS_CERT},
+    {"tls-key", required_argument, NULL, O_TLS_KEY},
+    {"tls-client-ca", required_argument, NULL, O_TLS_CLIENT_CA},
+    {"token-file", required_argument, NULL, O_TOKEN_FILE},
+    {"insecure", no_argument, NULL, O_INSECURE},
+    {"log-level", required_argument, NULL, O_LOG_LEVEL},
+    {"version", no_argument, NULL, O_VERSION},
+    {"help", no_argument, NULL, 'h'},
+    {NULL, 0, NULL, 0},
+};
+
+static const char *opt_name(int val) {
+  for (const struct option *o = g_opts; o->name; o++)
+    if (o->val == val) return o->name;
+  return "?";
+}
+
+/* Applies one option; 0, 1 to stop with exit status 0 (--help,
+ * --version), -1 after printing why. */
+static int apply(sv_config *c, int val, const char *v) {
+  uint64_t n;
+  char name[40];
+  snprintf(name, sizeof name, "--%s", opt_name(val));
+  switch (val) {
+  case 'h':
+    fputs(g_usage, stdout);
+    return 1;
+  case O_VERSION:
+    printf("dispatch-server %s\n", DISPATCH_VERSION_STRING);
+    return 1;
+  case O_INSECURE:
+    c->insecure = 1;
+    return 0;
+  case O_LISTEN:
+    return split_listen(c, v);
+  case O_MAX_FRAME:
+    return parse_size(name, v, 64, 1ULL << 40, &c->max_frame);
+  case O_MAX_SESSION_BYTES:
+    return parse_size(name, v, 0, 1ULL << 50, &c->max_session_bytes);
+  case O_MAX_MEMORY:
+    return parse_size(name, v, 0, 1ULL << 50, &c->max_memory);
+  case O_DEVICE:
+    if (c->n_devices == SV_MAX_DEVICES) {
+      put_err("at most %d --device options", SV_MAX_DEVICES);
+      return -1;
+    }
+    c->devices[c->n_devices++] = v;
+    return 0;
+  case O_DEVICE_MEMORY:
+    return parse_size(name, v, 0, 1ULL << 50, &c->device_memory);
+  case O_MAX_QUEUED_BYTES:
+    return parse_size(name, v, 0, 1ULL << 50, &c->max_queued_bytes);
+  case O_MAX_SESSIONS:
+    return parse_int(name, v, 1, 100000, &c->max_sessions);
+  case O_IDLE_TIMEOUT:
+    return parse_int(name, v, 0, 86400 * 365, &c->idle_timeout_s);
+  case O_FRAME_TIMEOUT:
+    return parse_int(name, v, 0, 86400, &c->frame_timeout_s);
+  case O_THREADS:
+    return parse_int(name, v, 1, 256, &c->threads);
+  case O_MAX_OUTPUT_QUEUE:
+    return parse_size(name, v, 0, 1ULL << 40, &c->max_output_queue);
+  case O_MAX_ELEMENTS:
+    return parse_num(name, v, 1000, 1, 1ULL << 50, &c->max_elements);
+  case O_MAX_OP_COST:
+    return parse_num(name, v, 1000, 0, UINT64_MAX, &c->max_op_cost);
+  case O_STORAGE_CACHE:
+    return parse_size(name, v, 0, 1ULL << 50, &c->storage_cache);
+  case O_MAX_QUEUED:
+    if (parse_num(name, v, 0, 1, 1u << 24, &n) < 0) return -1;
+    c->max_queued = (uint32_t)n;
+    return 0;
+  case O_HANDSHAKE_TIMEOUT:
+    return parse_int(name, v, 0, 3600, &c->handshake_timeout_s);
+  case O_TLS_CERT:
+    c->tls_cert = v;
+    return 0;
+  case O_TLS_KEY:
+    c->tls_key = v;
+    return 0;
+  case O_TLS_CLIENT_CA:
+    c->tls_client_ca = v;
+    return 0;
+  case O_TOKEN_FILE:
+    return read_token(c, v);
+  case O_LOG_LEVEL: {
+    int l = sv_log_parse_level(v);
+    if (l < 0) {
+      put_err("--log-level takes error, warn, info or debug, got '%s'", v);
+      return -1;
+    }
+    c->log_level = l;
+    return 0;
+  }
+  }
+  return -1;
+}
+
+/* Parses argv with getopt_long (--opt value, --opt=value, unambiguous
+ * prefixes), then checks the options together and resolves --listen, so
+ * every refusal happens before anything binds. */
 int sv_config_parse(sv_config *c, int argc, char **argv) {
-  for (int i = 1; i < argc; i++) {
-    const char *a = argv[i];
-    const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-    uint64_t n;
-    if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
-      fputs(g_usage, stdout);
-      return 1;
-    }
-    if (strcmp(a, "--insecure") == 0) {
-      c->insecure = 1;
-      continue;
-    }
-    if (!v) {
-      fprintf(stderr, "dispatch-server: unknown option or missing value: "
-                      "%s\n%s", a, g_usage);
+  opterr = 0; /* our messages name the option and point at --help */
+  optind = 0; /* glibc: a full reset, so parsing twice works */
+  for (;;) {
+    int prev = optind ? optind : 1;
+    int val = getopt_long(argc, argv, ":h", g_opts, NULL);
+    if (val == -1) break;
+    const char *arg = prev < argc ? argv[prev] : "";
+    if (val == ':') {
+      put_err("%s needs a value (see --help)", arg);
       return -1;
     }
-    if (strcmp(a, "--listen") == 0) {
-      if (parse_listen(c, v) < 0) return -1;
-    } else if (strcmp(a, "--max-frame") == 0) {
-      if (parse_u64(a, v, 64, 1ULL << 40, &c->max_frame) < 0) return -1;
-    } else if (strcmp(a, "--max-session-bytes") == 0) {
-      if (parse_u64(a, v, 0, 1ULL << 50, &c->max_session_bytes) < 0) return -1;
-    } else if (strcmp(a, "--max-memory") == 0) {
-      if (parse_u64(a, v, 0, 1ULL << 50, &c->max_memory) < 0) return -1;
-    } else if (strcmp(a, "--device") == 0) {
-      if (c->n_devices == SV_MAX_DEVICES) {
-        fprintf(stderr, "dispatch-server: at most %d --device options\n",
-                SV_MAX_DEVICES);
-        return -1;
-      }
-      c->devices[c->n_devices++] = v;
-    } else if (strcmp(a, "--device-memory") == 0) {
-      if (parse_u64(a, v, 0, 1ULL << 50, &c->device_memory) < 0) return -1;
-    } else if (strcmp(a, "--max-queued-bytes") == 0) {
-      if (parse_u64(a, v, 0, 1ULL << 50, &c->max_queued_bytes) < 0) return -1;
-    } else if (strcmp(a, "--max-sessions") == 0) {
-      if (parse_u64(a, v, 1, 100000, &n) < 0) return -1;
-      c->max_sessions = (int)n;
-    } else if (strcmp(a, "--idle-timeout") == 0) {
-      if (parse_u64(a, v, 0, 86400 * 365, &n) < 0) return -1;
-      c->idle_timeout_s = (int)n;
-    } else if (strcmp(a, "--frame-timeout") == 0) {
-      if (parse_u64(a, v, 0, 86400, &n) < 0) return -1;
-      c->frame_timeout_s = (int)n;
-    } else if (strcmp(a, "--threads") == 0) {
-      if (parse_u64(a, v, 1, 256, &n) < 0) return -1;
-      c->threads = (int)n;
-    } else if (strcmp(a, "--max-output-queue") == 0) {
-      if (parse_u64(a, v, 0, 1ULL << 40, &c->max_output_queue) < 0) return -1;
-    } else if (strcmp(a, "--max-elements") == 0) {
-      if (parse_u64(a, v, 1, 1ULL << 50, &c->max_elements) < 0) return -1;
-    } else if (strcmp(a, "--max-op-cost") == 0) {
-      if (parse_u64(a, v, 0, UINT64_MAX, &c->max_op_cost) < 0) return -1;
-    } else if (strcmp(a, "--storage-cache") == 0) {
-      if (parse_u64(a, v, 0, 1ULL << 50, &c->storage_cache) < 0) return -1;
-    } else if (strcmp(a, "--max-queued") == 0) {
-      if (parse_u64(a, v, 1, 1u << 24, &n) < 0) return -1;
-      c->max_queued = (uint32_t)n;
-    } else if (strcmp(a, "--handshake-timeout") == 0) {
-      if (parse_u64(a, v, 0, 3600, &n) < 0) return -1;
-      c->handshake_timeout_s = (int)n;
-    } else if (strcmp(a, "--tls-cert") == 0) {
-      c->tls_cert = v;
-    } else if (strcmp(a, "--tls-key") == 0) {
-      c->tls_key = v;
-    } else if (strcmp(a, "--tls-client-ca") == 0) {
-      c->tls_client_ca = v;
-    } else if (strcmp(a, "--token-file") == 0) {
-      if (read_token(c, v) < 0) return -1;
-    } else if (strcmp(a, "--log-level") == 0) {
-      int l = sv_log_parse_level(v);
-      if (l < 0) {
-        fprintf(stderr, "dispatch-server: --log-level takes error, warn, "
-                        "info or debug, got '%s'\n", v);
-        return -1;
-      }
-      c->log_level = l;
-    } else {
-      fprintf(stderr, "dispatch-server: unknown option %s\n%s", a, g_usage);
+    if (val == '?') {
+      int is_long = strncmp(arg, "--", 2) == 0;
+      if (is_long && optopt) /* a known flag given a value: --version=1 */
+        put_err("--%s takes no value, got '%s' (see --help)",
+                opt_name(optopt), arg);
+      else if (optopt)
+        put_err("unknown option '-%c' (see --help)", optopt);
+      else
+        put_err("unknown or ambiguous option '%s' (see --help)", arg);
       return -1;
     }
-    i++;
+    int r = apply(c, val, optarg);
+    if (r != 0) return r;
+  }
+  if (optind < argc) {
+    put_err("unexpected argument '%s' (options start with --; see --help)",
+            argv[optind]);
+    return -1;
   }
   if (c->max_msg > c->max_frame) c->max_msg = c->max_frame;
   if (!c->tls_cert != !c->tls_key) {
-    fprintf(stderr, "dispatch-server: --tls-cert and --tls-key go together\n");
+    put_err("--tls-cert and --tls-key go together");
     return -1;
   }
   if (c->tls_client_ca && !c->tls_cert) {
-    fprintf(stderr, "dispatch-server: --tls-client-ca needs --tls-cert and "
-                    "--tls-key\n");
+    put_err("--tls-client-ca needs --tls-cert and --tls-key");
     return -1;
   }
+  int loopback;
+  char names[256];
+  if (resolve_listen(c, &loopback, names, sizeof names) < 0) return -1;
+  char shown[600];
+  if (strcmp(c->host, names) == 0)
+    snprintf(shown, sizeof shown, "%s", c->host);
+  else
+    snprintf(shown, sizeof shown, "%s (%s)", c->host, names);
   /* refused here, before anything binds */
-  if (!sv_host_is_loopback(c->host) && !(c->tls_cert && c->token) &&
-      !c->insecure) {
-    fprintf(stderr,
-            "dispatch-server: refusing to listen on %s without both TLS "
+  if (!loopback && !(c->tls_cert && c->token) && !c->insecure) {
+    put_err("refusing to listen on %s without both TLS "
             "(--tls-cert/--tls-key) and a token (--token-file): anyone who "
             "can reach this address could run code and read tensors. Add "
             "them, listen on 127.0.0.1, or pass --insecure to accept the "
-            "risk.\n",
-            c->host);
+            "risk.",
+            shown);
     return -1;
   }
-  if (!sv_host_is_loopback(c->host) && !(c->tls_cert && c->token))
-    fprintf(stderr, "dispatch-server: warning: --insecure: listening on %s "
-                    "without %s\n",
-            c->host, c->tls_cert ? "a token" : c->token ? "TLS" :
-            "TLS or a token");
+  if (!loopback && !(c->tls_cert && c->token))
+    put_err("warning: --insecure: listening on %s without %s", shown,
+            c->tls_cert ? "a token" : c->token ? "TLS" : "TLS or a token");
   return 0;
 }

@@ -376,7 +376,6 @@ int sv_run(const sv_config *cfg) {
                   ? sv_pool_new(&srv->loop, cfg->threads, sv_conn_on_done, srv)
                   : NULL;
   int err = 0;
-  struct sockaddr_storage addr;
   char why[256];
   if (srv->pool && (err = sv_devices_open(cfg, &srv->g, why, sizeof why)) < 0) {
     fprintf(stderr, "dispatch-server: %s\n", why);
@@ -390,16 +389,12 @@ int sv_run(const sv_config *cfg) {
   } else if (!srv->pool) {
     sv_log(SV_LOG_ERROR, "cannot start %d worker threads", cfg->threads);
     err = DISPATCH_ENOMEM;
-  } else if (uv_ip4_addr(cfg->host, cfg->port, (struct sockaddr_in *)&addr) !=
-                 0 &&
-             uv_ip6_addr(cfg->host, cfg->port,
-                         (struct sockaddr_in6 *)&addr) != 0) {
-    sv_log(SV_LOG_ERROR, "bad listen address '%s'", cfg->host);
-    err = DISPATCH_EINVAL;
   } else {
     uv_tcp_init(&srv->loop, &srv->listener);
     srv->listener.data = srv;
-    rc = uv_tcp_bind(&srv->listener, (struct sockaddr *)&addr, 0);
+    /* the address sv_config_parse resolved and judged */
+    rc = uv_tcp_bind(&srv->listener,
+                     (const struct sockaddr *)&cfg->listen_addr, 0);
     if (rc == 0) rc = uv_listen((uv_stream_t *)&srv->listener, 128,
                                 on_connection);
     if (rc < 0) {

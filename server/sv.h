@@ -13,6 +13,7 @@
 #include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/socket.h>
 
 #include "dispatch.pb-c.h"
 #include "dsp.h"
@@ -22,8 +23,10 @@
 #define SV_MAX_DEVICES 16
 
 typedef struct sv_config {
-  char host[64];
+  char host[256];              /* --listen's host as given, for messages */
   int port;
+  struct sockaddr_storage listen_addr; /* what --listen's host resolved to
+                                          first (the one bound) */
   uint64_t max_frame;          /* msg_len + bulk_len of one frame */
   uint64_t max_msg;            /* protobuf part alone */
   uint64_t max_session_bytes;  /* bytes a session makes the server hold:
@@ -66,8 +69,10 @@ void sv_config_defaults(sv_config *c);
 int sv_config_parse(sv_config *c, int argc, char **argv);
 /* Frees what parsing allocated (the token). */
 void sv_config_release(sv_config *c);
-/* 1 when host names a loopback address (127.0.0.0/8, ::1, localhost). */
-int sv_host_is_loopback(const char *host);
+/* 1 when sa is a loopback address: 127.0.0.0/8, ::1 or ::ffff:127.x.
+ * Names are judged by what they resolve to (sv_config_parse resolves
+ * --listen and requires every address to pass for a plain bind). */
+int sv_addr_is_loopback(const struct sockaddr *sa);
 
 /* Runs the server until SIGINT/SIGTERM; returns 0 after a clean shutdown,
  * or a negative DISPATCH_E* code when it could not start. */
