@@ -204,14 +204,17 @@ static const struct cpu_row {
 _Static_assert(sizeof g_cpu_ops / sizeof g_cpu_ops[0] == DSP__OP_COUNT,
                "every op in DSP_OP_MAP needs a row in the CPU support table");
 
+int dsp__cpu_has_kernel(dsp_opcode op, dsp_dtype key) {
+  if (!dsp_dtype_valid((int)key)) return 0;
+  for (size_t i = 0; i < sizeof g_cpu_ops / sizeof g_cpu_ops[0]; i++)
+    if (g_cpu_ops[i].op == op) return (g_cpu_ops[i].dtypes >> key) & 1u;
+  return 0;
+}
+
 static int cpu_supports(void *bctx, dsp_opcode op, const dsp_meta *in,
                         int n_in, const dsp_meta *out) {
   (void)bctx;
-  dsp_dtype dt = dsp__op_key_dtype(op, in, n_in, out);
-  if (!dsp_dtype_valid((int)dt)) return 0;
-  for (size_t i = 0; i < sizeof g_cpu_ops / sizeof g_cpu_ops[0]; i++)
-    if (g_cpu_ops[i].op == op) return (g_cpu_ops[i].dtypes >> dt) & 1u;
-  return 0;
+  return dsp__cpu_has_kernel(op, dsp__op_key_dtype(op, in, n_in, out));
 }
 
 int dsp__no_kernel(dsp_ctx *ctx, dsp_opcode op, dsp_tensor *const *in,
