@@ -243,55 +243,11 @@ Test(auth, token_and_tls_together, .fini = cleanup) {
   stop_checked();
 }
 
-/* Runs the server binary on argv (no --listen added) with stdout and
- * stderr captured; returns its exit status and the output. */
-static int run_server(const char *const *args, char *out, size_t len) {
-  int pfd[2];
-  cr_assert_eq(pipe(pfd), 0);
-  pid_t pid = fork();
-  cr_assert(pid >= 0);
-  if (pid == 0) {
-    dup2(pfd[1], 1);
-    dup2(pfd[1], 2);
-    close(pfd[0]);
-    close(pfd[1]);
-    const char *argv[32];
-    int n = 0;
-    argv[n++] = getenv("DISPATCH_SERVER_BIN");
-    for (int i = 0; args[i] && n < 31; i++) argv[n++] = args[i];
-    argv[n] = NULL;
-    execv(argv[0], (char *const *)argv);
-    _exit(127);
-  }
-  close(pfd[1]);
-  size_t got = 0;
-  for (;;) {
-    struct pollfd p = {pfd[0], POLLIN, 0};
-    if (poll(&p, 1, 60000) <= 0) { /* a server that serves: stop it */
-      kill(pid, SIGKILL);
-      break;
-    }
-    /* keep reading past a full buffer (dropping the excess), so a long
-     * output never meets a closed pipe and dies of SIGPIPE */
-    char sink[4096];
-    int full = got == len - 1;
-    ssize_t r = full ? read(pfd[0], sink, sizeof sink)
-                     : read(pfd[0], out + got, len - 1 - got);
-    if (r <= 0) break;
-    if (!full) got += (size_t)r;
-  }
-  out[got] = '\0';
-  close(pfd[0]);
-  int st;
-  cr_assert_eq(waitpid(pid, &st, 0), pid);
-  return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-}
-
 Test(auth, non_loopback_bind_is_refused_before_binding, .fini = cleanup) {
   need_bin();
   char out[4096];
   const char *a1[] = {"--listen", "0.0.0.0:0", NULL};
-  int st = run_server(a1, out, sizeof out);
+  int st = sp_run_capture(a1, out, sizeof out);
   cr_assert_eq(st, 2, "exit status %d, output: %s", st, out);
   cr_assert_null(strstr(out, "listening"), "it must not bind: %s", out);
   cr_assert(strstr(out, "--insecure"), "%s", out);
@@ -300,17 +256,17 @@ Test(auth, non_loopback_bind_is_refused_before_binding, .fini = cleanup) {
   write_file(path("token"), "t\n");
   const char *a2[] = {"--listen", "0.0.0.0:0", "--token-file", path("token"),
                       NULL};
-  st = run_server(a2, out, sizeof out);
+  st = sp_run_capture(a2, out, sizeof out);
   cr_assert_eq(st, 2, "%s", out);
   cr_assert_null(strstr(out, "listening"), "%s", out);
   const char *a3[] = {"--listen", "[::]:0", "--tls-cert", "/nonexistent",
                       "--tls-key", "/nonexistent", NULL};
-  st = run_server(a3, out, sizeof out);
+  st = sp_run_capture(a3, out, sizeof out);
   cr_assert_eq(st, 2, "%s", out);
   cr_assert(strstr(out, "refusing to listen on ::"), "%s", out);
   /* the default is loopback */
   const char *a4[] = {"--help", NULL};
-  st = run_server(a4, out, sizeof out);
+  st = sp_run_capture(a4, out, sizeof out);
   cr_assert_eq(st, 0);
   cr_assert(strstr(out, "default 127.0.0.1:7070"), "%s", out);
 }

@@ -326,64 +326,25 @@ Test(devices, device_strings_name_devices_the_server_has, .fini = stop,
   dispatch_device_close(dev);
 }
 
-/* Runs the server binary with args, stdout and stderr captured. */
-static int run_server(const char *const *args, char *out, size_t len) {
-  int pfd[2];
-  cr_assert_eq(pipe(pfd), 0);
-  pid_t pid = fork();
-  cr_assert(pid >= 0);
-  if (pid == 0) {
-    dup2(pfd[1], 1);
-    dup2(pfd[1], 2);
-    close(pfd[0]);
-    close(pfd[1]);
-    const char *argv[32];
-    int n = 0;
-    argv[n++] = getenv("DISPATCH_SERVER_BIN");
-    for (int i = 0; args[i] && n < 31; i++) argv[n++] = args[i];
-    argv[n] = NULL;
-    execv(argv[0], (char *const *)argv);
-    _exit(127);
-  }
-  close(pfd[1]);
-  size_t got = 0;
-  for (;;) {
-    struct pollfd p = {pfd[0], POLLIN, 0};
-    if (poll(&p, 1, 60000) <= 0) { /* a server that serves: stop it */
-      kill(pid, SIGKILL);
-      break;
-    }
-    ssize_t r = read(pfd[0], out + got, len - 1 - got);
-    if (r <= 0) break;
-    got += (size_t)r;
-    if (got == len - 1) break;
-  }
-  out[got] = '\0';
-  close(pfd[0]);
-  int st;
-  cr_assert_eq(waitpid(pid, &st, 0), pid);
-  return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-}
-
 Test(devices, a_device_that_cannot_open_stops_the_server_in_one_line,
      .timeout = 120) {
   need_bin();
   char out[2048];
   const char *a1[] = {"--listen", "127.0.0.1:0", "--device", "cpu",
                       "--device", "cuda:0", NULL};
-  int st = run_server(a1, out, sizeof out);
+  int st = sp_run_capture(a1, out, sizeof out);
   cr_assert_neq(st, 0, "%s", out);
   cr_assert_null(strstr(out, "listening"), "%s", out);
   cr_assert(strstr(out, "cuda:0"), "%s", out);
   char *nl = strchr(out, '\n');
   cr_assert(nl && nl[1] == '\0', "one line, got: %s", out);
   const char *a2[] = {"--listen", "127.0.0.1:0", "--device", "tpu:0", NULL};
-  st = run_server(a2, out, sizeof out);
+  st = sp_run_capture(a2, out, sizeof out);
   cr_assert_neq(st, 0, "%s", out);
   cr_assert(strstr(out, "--device tpu:0: expected"), "%s", out);
   const char *a3[] = {"--listen", "127.0.0.1:0", "--device", "cpu:1",
                       "--device", "cpu:1", NULL};
-  st = run_server(a3, out, sizeof out);
+  st = sp_run_capture(a3, out, sizeof out);
   cr_assert_neq(st, 0, "%s", out);
   cr_assert(strstr(out, "given twice"), "%s", out);
 }

@@ -14,6 +14,7 @@
 #ifndef SERVER_PROC_H
 #define SERVER_PROC_H
 
+#include <stddef.h>
 #include <sys/types.h>
 
 typedef struct sp_server {
@@ -28,5 +29,12 @@ int sp_stop(sp_server *s);
 int sp_signal(sp_server *s, int sig);
 /* Waits for exit after sp_signal; same return values as sp_stop. */
 int sp_wait(sp_server *s);
+
+/* Runs `$DISPATCH_SERVER_BIN args...` to its end with stdout and stderr
+ * captured together into out (NUL-terminated; what does not fit is read
+ * and dropped, so a long output never meets a closed pipe). A server that
+ * starts serving instead of exiting is killed after 60 s of silence.
+ * Returns its exit status, 128+signal, or -1 when it could not be run. */
+int sp_run_capture(const char *const *args, char *out, size_t len);
 
 #endif
