@@ -122,6 +122,7 @@ void sv_reader_resume_wait(sv_conn *c) {
     if (c->bulk_len == 0) finish_bulk(c);
   } else { /* a message that did not fit the budget: decode it again */
     handle_msg(c);
+    if (c->state == ST_HEADER && c->hdr_got == 0) frame_end(c);
   }
   const uint8_t *p = c->pend;
   size_t n = c->pend_n;
