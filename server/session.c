@@ -611,6 +611,33 @@ static void error_reply(sv_job *j, int code, const char *msg,
 
 void sv_session_cancel(sv_session *s) { dsp_ctx_cancel(s->ctx); }
 
+/* The deferred-error bookkeeping shared by sv_session_exec and
+ * sv_session_defer: a waiting request takes (and clears) the pending
+ * error; a failure is labelled "request N (what): CODE: why" and becomes
+ * the pending error unless one is already there. */
+static void clear_deferred(sv_session *s) {
+  s->err_code = 0;
+  s->err_msg[0] = '\0';
+  s->err_req = 0;
+}
+
+static void label_failure(char *m, size_t len, uint64_t req_id,
+                          const char *what, int code, const char *why) {
+  /* long reasons are cut to the message buffer on purpose */
+  if (snprintf(m, len, "request %llu (%s): %s: %s", (unsigned long long)req_id,
+               what, dispatch_err_name(code), why) < 0)
+    m[0] = '\0';
+  sv_log(SV_LOG_DEBUG, "session error: %s", m);
+}
+
+static void defer_error(sv_session *s, int code, uint64_t req_id,
+                        const char *msg) {
+  if (s->err_code) return;
+  s->err_code = code;
+  s->err_req = req_id;
+  snprintf(s->err_msg, sizeof s->err_msg, "%s", msg);
+}
+
 void sv_session_exec(sv_session *s, sv_job *j) {
   Dispatch__Request *r = j->req;
   char why[WHY_LEN];
@@ -625,9 +652,7 @@ void sv_session_exec(sv_session *s, sv_job *j) {
   int wait = sv_req_kind_of(r->body_case)->waits;
   if (wait && s->err_code) {
     error_reply(j, s->err_code, s->err_msg, s->err_req);
-    s->err_code = 0;
-    s->err_msg[0] = '\0';
-    s->err_req = 0;
+    clear_deferred(s);
     return;
   }
   int rc = 0;
@@ -684,22 +709,13 @@ void sv_session_exec(sv_session *s, sv_job *j) {
   if (rc == DISPATCH_ECANCELED) /* nobody is left to read an error reply */
     sv_log(SV_LOG_INFO, "session %p: request %llu (%s) cancelled: %s",
            (void *)s, (unsigned long long)r->req_id, desc, why);
-  /* long reasons are cut to the message buffer on purpose */
-  if (snprintf(msg, sizeof msg, "request %llu (%s): %s: %s",
-               (unsigned long long)r->req_id, desc, dispatch_err_name(rc),
-               why) < 0)
-    msg[0] = '\0';
-  sv_log(SV_LOG_DEBUG, "session error: %s", msg);
+  label_failure(msg, sizeof msg, r->req_id, desc, rc, why);
   if (wait) {
     error_reply(j, rc, msg, r->req_id);
     return;
   }
   if (has_out) poison(s, out_id, rc, msg);
-  if (!s->err_code) {
-    s->err_code = rc;
-    s->err_req = r->req_id;
-    snprintf(s->err_msg, sizeof s->err_msg, "%s", msg);
-  }
+  defer_error(s, rc, r->req_id, msg);
 }
 
 /* The same outcome sv_session_exec gives a failed request, for one that
@@ -708,33 +724,24 @@ void sv_session_exec(sv_session *s, sv_job *j) {
  * deferred error unless one is pending. */
 void sv_session_defer(sv_session *s, uint64_t req_id, int body, int code,
                       const char *msg, uint8_t **out, size_t *out_len) {
+  const sv_req_kind *kind = sv_req_kind_of((Dispatch__Request__BodyCase)body);
   *out = NULL;
   *out_len = 0;
   atomic_fetch_add(&s->global->limit_violations, code == DISPATCH_EQUOTA);
-  if (sv_req_kind_of((Dispatch__Request__BodyCase)body)->waits && s->err_code) {
+  if (kind->waits && s->err_code) {
     sv_encode_error(req_id, s->err_code, s->err_msg, s->err_req, out,
                     out_len);
-    s->err_code = 0;
-    s->err_msg[0] = '\0';
-    s->err_req = 0;
+    clear_deferred(s);
     return;
   }
   s->n_errors++;
   char m[sizeof s->err_msg];
-  if (snprintf(m, sizeof m, "request %llu (%s): %s: %s",
-               (unsigned long long)req_id, sv_req_kind_of((Dispatch__Request__BodyCase)body)->name,
-               dispatch_err_name(code), msg) < 0)
-    m[0] = '\0';
-  sv_log(SV_LOG_DEBUG, "session error: %s", m);
-  if (sv_req_kind_of((Dispatch__Request__BodyCase)body)->waits) {
+  label_failure(m, sizeof m, req_id, kind->name, code, msg);
+  if (kind->waits) {
     sv_encode_error(req_id, code, m, req_id, out, out_len);
     return;
   }
-  if (!s->err_code) {
-    s->err_code = code;
-    s->err_req = req_id;
-    snprintf(s->err_msg, sizeof s->err_msg, "%s", m);
-  }
+  defer_error(s, code, req_id, m);
 }
 
 void sv_session_teardown(sv_session *s) {
