@@ -254,7 +254,7 @@ static int reserve(dispatch_device *dev, size_t more) {
 
 /* Appends one frame (header, message, bulk). Either the whole frame is
  * queued or sent, or nothing is (ENOMEM) or the connection is lost. */
-static int put_frame(dispatch_device *dev, const Dispatch__Request *req,
+static int put_frame(dispatch_device *dev, const Dspwire__Request *req,
                      const void *bulk, size_t bulk_len) {
   dispatch__conn *c = dev->conn;
   size_t flen = dsp_req_frame_size(req);
@@ -292,7 +292,7 @@ static int put_frees(dispatch_device *dev) {
   dispatch__conn *c = dev->conn;
   if (!c->n_free_ids && !c->n_free_grads) return 0;
   dsp_wreq w;
-  Dispatch__Request *req =
+  Dspwire__Request *req =
       dsp_wreq_free(&w, c->free_ids, (size_t)c->n_free_ids, c->free_grads,
                     (size_t)c->n_free_grads);
   req->req_id = c->next_id++;
@@ -329,7 +329,7 @@ uint64_t dispatch__remote_new_id(dispatch_device *dev) {
 
 /* Maps the server's Error into the device: code, message, and the poison
  * mark on the tensor the failed request was creating. */
-static int take_error(dispatch_device *dev, const Dispatch__Error *e,
+static int take_error(dispatch_device *dev, const Dspwire__Error *e,
                       uint64_t req_id, uint64_t target) {
   int code = e->code < 0 ? e->code : DISPATCH_EPROTO;
   dsp_seterr(dev->ctx, code, "server: %s",
@@ -362,8 +362,8 @@ static int drain(dispatch_device *dev, uint64_t n, int64_t deadline) {
  * waits for its reply. A READ reply's bulk lands in dst when its size is
  * dst_len. *reply is the caller's (free_unpacked) when it returns 0 or a
  * server error; on ECONN/EPROTO *reply is NULL. */
-static int call(dispatch_device *dev, Dispatch__Request *req, void *dst,
-                size_t dst_len, uint64_t target, Dispatch__Reply **reply) {
+static int call(dispatch_device *dev, Dspwire__Request *req, void *dst,
+                size_t dst_len, uint64_t target, Dspwire__Reply **reply) {
   dispatch__conn *c = dev->conn;
   *reply = NULL;
   int rc = check_alive(dev);
@@ -396,7 +396,7 @@ static int call(dispatch_device *dev, Dispatch__Request *req, void *dst,
       return rc;
     }
     g_pb_oom = 0;
-    Dispatch__Reply *r = dispatch__reply__unpack(&g_pb_alloc, h.msg_len, mb);
+    Dspwire__Reply *r = dspwire__reply__unpack(&g_pb_alloc, h.msg_len, mb);
     dsp_free(mb);
     if (!r && g_pb_oom) {
       rc = drain(dev, h.bulk_len, deadline);
@@ -407,18 +407,18 @@ static int call(dispatch_device *dev, Dispatch__Request *req, void *dst,
     if (!r) return conn_lost(dev, "undecodable reply message");
     int mine = r->req_id == req->req_id;
     if (h.bulk_len) {
-      if (mine && dst && r->body_case == DISPATCH__REPLY__BODY_READ &&
+      if (mine && dst && r->body_case == DSPWIRE__REPLY__BODY_READ &&
           h.bulk_len == dst_len)
         rc = recv_all(dev, dst, dst_len, deadline, 0);
       else
         rc = drain(dev, h.bulk_len, deadline);
       if (rc < 0) {
-        dispatch__reply__free_unpacked(r, &g_pb_alloc);
+        dspwire__reply__free_unpacked(r, &g_pb_alloc);
         return rc;
       }
     }
     if (!mine && !r->error) { /* not ours and harmless: skip it */
-      dispatch__reply__free_unpacked(r, &g_pb_alloc);
+      dspwire__reply__free_unpacked(r, &g_pb_alloc);
       continue;
     }
     *reply = r;
@@ -428,7 +428,7 @@ static int call(dispatch_device *dev, Dispatch__Request *req, void *dst,
   }
 }
 
-static int queue(dispatch_device *dev, Dispatch__Request *req, uint64_t rid,
+static int queue(dispatch_device *dev, Dspwire__Request *req, uint64_t rid,
                  const void *bulk, size_t bulk_len) {
   int rc = check_alive(dev);
   if (rc < 0) return rc;
@@ -440,7 +440,7 @@ int dispatch__remote_op(dispatch_device *dev, dsp_opcode op,
                         const uint64_t *in, int n_in, const dsp_attrs *a,
                         uint64_t out, int no_grad) {
   dsp_wreq w;
-  Dispatch__Request *r =
+  Dspwire__Request *r =
       dsp_wreq_op(&w, (int32_t)op, in, (size_t)n_in, out, a->ints,
                   (size_t)a->n_ints, a->floats, (size_t)a->n_floats, no_grad);
   /* a peer's creation ops land on its device; ops on inputs follow them */
@@ -452,7 +452,7 @@ int dispatch__remote_upload(dispatch_device *dev, uint64_t id,
                             const dsp_meta *meta, const void *data,
                             size_t n) {
   dsp_wreq w;
-  Dispatch__Request *r = dsp_wreq_upload(&w, id, (int32_t)meta->dtype,
+  Dspwire__Request *r = dsp_wreq_upload(&w, id, (int32_t)meta->dtype,
                                          (size_t)meta->ndim, meta->shape);
   if (dev->device) w.body.upload.device = dev->device;
   return queue(dev, r, id, data, n);
@@ -467,15 +467,15 @@ int dispatch__remote_to_device(dispatch_device *dev, uint64_t id, uint64_t out,
 int dispatch__remote_devices(dispatch_device *dev, dispatch_device_info *out,
                              int max, int *n) {
   dsp_wreq w;
-  Dispatch__Reply *r;
+  Dspwire__Reply *r;
   *n = 0;
   int rc = call(dev, dsp_wreq_stats(&w), NULL, 0, 0, &r);
-  if (rc == 0 && r->body_case != DISPATCH__REPLY__BODY_STATS)
+  if (rc == 0 && r->body_case != DSPWIRE__REPLY__BODY_STATS)
     rc = dsp_seterr(dev->ctx, DISPATCH_EPROTO,
                     "device_list: the server's reply carries no stats");
   if (rc == 0) {
     for (size_t i = 0; i < r->stats->n_devices; i++) {
-      const Dispatch__DeviceInfo *d = r->stats->devices[i];
+      const Dspwire__DeviceInfo *d = r->stats->devices[i];
       if ((int)i < max) {
         dispatch_device_info *o = &out[i];
         snprintf(o->kind, sizeof o->kind, "%s", d->kind);
@@ -488,7 +488,7 @@ int dispatch__remote_devices(dispatch_device *dev, dispatch_device_info *out,
     }
     *n = (int)r->stats->n_devices;
   }
-  if (r) dispatch__reply__free_unpacked(r, &g_pb_alloc);
+  if (r) dspwire__reply__free_unpacked(r, &g_pb_alloc);
   return rc;
 }
 
@@ -496,9 +496,9 @@ int dispatch__remote_devices(dispatch_device *dev, dispatch_device_info *out,
  * DISPATCH_EDEVICE naming the devices it has. */
 int dispatch__remote_check_device(dispatch_device *dev) {
   dsp_wreq w;
-  Dispatch__Reply *r;
+  Dspwire__Reply *r;
   int rc = call(dev, dsp_wreq_stats(&w), NULL, 0, 0, &r);
-  if (rc == 0 && r->body_case != DISPATCH__REPLY__BODY_STATS)
+  if (rc == 0 && r->body_case != DSPWIRE__REPLY__BODY_STATS)
     rc = dsp_seterr(dev->ctx, DISPATCH_EPROTO,
                     "open_peer: the server's reply carries no stats");
   if (rc == 0) {
@@ -508,7 +508,7 @@ int dispatch__remote_check_device(dispatch_device *dev) {
     int found = 0;
     size_t dl = strlen(dev->device);
     for (size_t i = 0; i < r->stats->n_devices; i++) {
-      const Dispatch__DeviceInfo *d = r->stats->devices[i];
+      const Dspwire__DeviceInfo *d = r->stats->devices[i];
       if (strcmp(d->name, dev->device) == 0 ||
           (!strchr(dev->device, ':') && strncmp(d->name, dev->device, dl) == 0 &&
            d->name[dl] == ':'))
@@ -525,7 +525,7 @@ int dispatch__remote_check_device(dispatch_device *dev) {
                       dev->spec, dev->device,
                       names[0] ? names : "no device list: protocol 1.0");
   }
-  if (r) dispatch__reply__free_unpacked(r, &g_pb_alloc);
+  if (r) dspwire__reply__free_unpacked(r, &g_pb_alloc);
   return rc;
 }
 
@@ -555,48 +555,48 @@ int dispatch__remote_step(dispatch_device *dev, dsp_opcode op, uint64_t grads,
 int dispatch__remote_read(dispatch_device *dev, uint64_t id, void *buf,
                           size_t nbytes) {
   dsp_wreq w;
-  Dispatch__Reply *r;
+  Dspwire__Reply *r;
   int rc = call(dev, dsp_wreq_read(&w, id), buf, nbytes, id, &r);
-  if (rc == 0 && r->body_case != DISPATCH__REPLY__BODY_READ)
+  if (rc == 0 && r->body_case != DSPWIRE__REPLY__BODY_READ)
     rc = dsp_seterr(dev->ctx, DISPATCH_EPROTO,
                     "read: the server's reply carries no tensor");
-  if (r) dispatch__reply__free_unpacked(r, &g_pb_alloc);
+  if (r) dspwire__reply__free_unpacked(r, &g_pb_alloc);
   return rc;
 }
 
 int dispatch__remote_backward(dispatch_device *dev, uint64_t loss,
                               uint64_t grads, int retain) {
   dsp_wreq w;
-  Dispatch__Reply *r;
+  Dspwire__Reply *r;
   int rc = call(dev, dsp_wreq_backward(&w, loss, grads, retain), NULL, 0, 0,
                 &r);
-  if (r) dispatch__reply__free_unpacked(r, &g_pb_alloc);
+  if (r) dspwire__reply__free_unpacked(r, &g_pb_alloc);
   return rc;
 }
 
 int dispatch__remote_sync(dispatch_device *dev) {
   dsp_wreq w;
-  Dispatch__Reply *r;
+  Dspwire__Reply *r;
   int rc = call(dev, dsp_wreq_sync(&w), NULL, 0, 0, &r);
-  if (r) dispatch__reply__free_unpacked(r, &g_pb_alloc);
+  if (r) dspwire__reply__free_unpacked(r, &g_pb_alloc);
   return rc;
 }
 
 int dispatch__remote_stats(dispatch_device *dev, dispatch_stats *out) {
   dsp_wreq w;
-  Dispatch__Reply *r;
+  Dspwire__Reply *r;
   int rc = call(dev, dsp_wreq_stats(&w), NULL, 0, 0, &r);
-  if (rc == 0 && r->body_case != DISPATCH__REPLY__BODY_STATS)
+  if (rc == 0 && r->body_case != DSPWIRE__REPLY__BODY_STATS)
     rc = dsp_seterr(dev->ctx, DISPATCH_EPROTO,
                     "stats: the server's reply carries no stats");
-  if (r && r->body_case == DISPATCH__REPLY__BODY_STATS) {
+  if (r && r->body_case == DSPWIRE__REPLY__BODY_STATS) {
     out->tensors = r->stats->tensors;
     out->bytes = r->stats->bytes;
     out->ops = r->stats->ops;
     out->errors = r->stats->errors;
     out->grads = r->stats->grads;
   }
-  if (r) dispatch__reply__free_unpacked(r, &g_pb_alloc);
+  if (r) dspwire__reply__free_unpacked(r, &g_pb_alloc);
   return rc;
 }
 
@@ -665,13 +665,13 @@ int dispatch__remote_open(dispatch_device *dev, const char *host,
                         "%s: out of memory for the receive buffer", dev->spec);
   }
   dsp_wreq w;
-  Dispatch__Reply *r;
-  Dispatch__Request *hello = dsp_wreq_hello(&w, DSP_PROTO_MAJOR,
+  Dspwire__Reply *r;
+  Dspwire__Request *hello = dsp_wreq_hello(&w, DSP_PROTO_MAJOR,
                                             DSP_PROTO_MINOR, token,
                                             client_name);
   if (device) w.body.hello.device = (char *)device;
   rc = call(dev, hello, NULL, 0, 0, &r);
-  if (rc == 0 && r->body_case != DISPATCH__REPLY__BODY_HELLO)
+  if (rc == 0 && r->body_case != DSPWIRE__REPLY__BODY_HELLO)
     rc = dsp_seterr(dev->ctx, DISPATCH_EPROTO,
                     "%s: the server did not answer hello", dev->spec);
   if (rc == 0 && r->hello->major != DSP_PROTO_MAJOR)
@@ -692,7 +692,7 @@ int dispatch__remote_open(dispatch_device *dev, const char *host,
     rc = dsp_seterr(dev->ctx, DISPATCH_ETLS, "%s: TLS session refused: %s",
                     dev->spec, dev->conn->dead_why);
   }
-  if (r) dispatch__reply__free_unpacked(r, &g_pb_alloc);
+  if (r) dspwire__reply__free_unpacked(r, &g_pb_alloc);
   return rc;
 }
 

@@ -4,45 +4,45 @@
 #include "wire_req.h"
 
 /* A fresh request of one body case; the body itself is the caller's. */
-static Dispatch__Request *begin(dsp_wreq *w,
-                                Dispatch__Request__BodyCase body_case) {
-  w->req = (Dispatch__Request)DISPATCH__REQUEST__INIT;
+static Dspwire__Request *begin(dsp_wreq *w,
+                                Dspwire__Request__BodyCase body_case) {
+  w->req = (Dspwire__Request)DSPWIRE__REQUEST__INIT;
   w->req.body_case = body_case;
   return &w->req;
 }
 
-Dispatch__Request *dsp_wreq_hello(dsp_wreq *w, uint32_t major, uint32_t minor,
+Dspwire__Request *dsp_wreq_hello(dsp_wreq *w, uint32_t major, uint32_t minor,
                                   const char *token, const char *client_name) {
-  Dispatch__Hello *m = &w->body.hello;
-  *m = (Dispatch__Hello)DISPATCH__HELLO__INIT;
+  Dspwire__Hello *m = &w->body.hello;
+  *m = (Dspwire__Hello)DSPWIRE__HELLO__INIT;
   m->major = major;
   m->minor = minor;
   m->token = (char *)token;
   m->client_name = (char *)client_name;
-  begin(w, DISPATCH__REQUEST__BODY_HELLO)->hello = m;
+  begin(w, DSPWIRE__REQUEST__BODY_HELLO)->hello = m;
   return &w->req;
 }
 
-Dispatch__Request *dsp_wreq_upload(dsp_wreq *w, uint64_t id, int32_t dtype,
+Dspwire__Request *dsp_wreq_upload(dsp_wreq *w, uint64_t id, int32_t dtype,
                                    size_t ndim, const int64_t *shape) {
-  w->meta = (Dispatch__TensorMeta)DISPATCH__TENSOR_META__INIT;
+  w->meta = (Dspwire__TensorMeta)DSPWIRE__TENSOR_META__INIT;
   w->meta.dtype = dtype;
   w->meta.n_shape = ndim;
   w->meta.shape = (int64_t *)shape;
-  Dispatch__Upload *m = &w->body.upload;
-  *m = (Dispatch__Upload)DISPATCH__UPLOAD__INIT;
+  Dspwire__Upload *m = &w->body.upload;
+  *m = (Dspwire__Upload)DSPWIRE__UPLOAD__INIT;
   m->id = id;
   m->meta = &w->meta;
-  begin(w, DISPATCH__REQUEST__BODY_UPLOAD)->upload = m;
+  begin(w, DSPWIRE__REQUEST__BODY_UPLOAD)->upload = m;
   return &w->req;
 }
 
-Dispatch__Request *dsp_wreq_op(dsp_wreq *w, int32_t op, const uint64_t *in,
+Dspwire__Request *dsp_wreq_op(dsp_wreq *w, int32_t op, const uint64_t *in,
                                size_t n_in, uint64_t out, const int64_t *ints,
                                size_t n_ints, const double *floats,
                                size_t n_floats, int no_grad) {
-  Dispatch__Op *m = &w->body.op;
-  *m = (Dispatch__Op)DISPATCH__OP__INIT;
+  Dspwire__Op *m = &w->body.op;
+  *m = (Dspwire__Op)DSPWIRE__OP__INIT;
   m->op = op;
   m->no_grad = no_grad != 0;
   m->n_inputs = n_in;
@@ -52,47 +52,47 @@ Dispatch__Request *dsp_wreq_op(dsp_wreq *w, int32_t op, const uint64_t *in,
   m->ints = (int64_t *)ints;
   m->n_floats = n_floats;
   m->floats = (double *)floats;
-  begin(w, DISPATCH__REQUEST__BODY_OP)->op = m;
+  begin(w, DSPWIRE__REQUEST__BODY_OP)->op = m;
   return &w->req;
 }
 
-Dispatch__Request *dsp_wreq_track(dsp_wreq *w, uint64_t id) {
-  Dispatch__Track *m = &w->body.track;
-  *m = (Dispatch__Track)DISPATCH__TRACK__INIT;
+Dspwire__Request *dsp_wreq_track(dsp_wreq *w, uint64_t id) {
+  Dspwire__Track *m = &w->body.track;
+  *m = (Dspwire__Track)DSPWIRE__TRACK__INIT;
   m->id = id;
-  begin(w, DISPATCH__REQUEST__BODY_TRACK)->track = m;
+  begin(w, DSPWIRE__REQUEST__BODY_TRACK)->track = m;
   return &w->req;
 }
 
-Dispatch__Request *dsp_wreq_backward(dsp_wreq *w, uint64_t loss,
+Dspwire__Request *dsp_wreq_backward(dsp_wreq *w, uint64_t loss,
                                      uint64_t grads, int retain) {
-  Dispatch__Backward *m = &w->body.backward;
-  *m = (Dispatch__Backward)DISPATCH__BACKWARD__INIT;
+  Dspwire__Backward *m = &w->body.backward;
+  *m = (Dspwire__Backward)DSPWIRE__BACKWARD__INIT;
   m->loss = loss;
   m->grads = grads;
   m->retain = retain != 0;
-  begin(w, DISPATCH__REQUEST__BODY_BACKWARD)->backward = m;
+  begin(w, DSPWIRE__REQUEST__BODY_BACKWARD)->backward = m;
   return &w->req;
 }
 
-Dispatch__Request *dsp_wreq_grad(dsp_wreq *w, uint64_t grads, uint64_t tensor,
+Dspwire__Request *dsp_wreq_grad(dsp_wreq *w, uint64_t grads, uint64_t tensor,
                                  uint64_t out) {
-  Dispatch__Grad *m = &w->body.grad;
-  *m = (Dispatch__Grad)DISPATCH__GRAD__INIT;
+  Dspwire__Grad *m = &w->body.grad;
+  *m = (Dspwire__Grad)DSPWIRE__GRAD__INIT;
   m->grads = grads;
   m->tensor = tensor;
   m->output = out;
-  begin(w, DISPATCH__REQUEST__BODY_GRAD)->grad = m;
+  begin(w, DSPWIRE__REQUEST__BODY_GRAD)->grad = m;
   return &w->req;
 }
 
-Dispatch__Request *dsp_wreq_step(dsp_wreq *w, int32_t op, uint64_t grads,
+Dspwire__Request *dsp_wreq_step(dsp_wreq *w, int32_t op, uint64_t grads,
                                  const uint64_t *params, size_t n_params,
                                  const uint64_t *states, size_t n_states,
                                  const int64_t *ints, size_t n_ints,
                                  const double *floats, size_t n_floats) {
-  Dispatch__Step *m = &w->body.step;
-  *m = (Dispatch__Step)DISPATCH__STEP__INIT;
+  Dspwire__Step *m = &w->body.step;
+  *m = (Dspwire__Step)DSPWIRE__STEP__INIT;
   m->op = op;
   m->grads = grads;
   m->n_params = n_params;
@@ -103,69 +103,69 @@ Dispatch__Request *dsp_wreq_step(dsp_wreq *w, int32_t op, uint64_t grads,
   m->ints = (int64_t *)ints;
   m->n_floats = n_floats;
   m->floats = (double *)floats;
-  begin(w, DISPATCH__REQUEST__BODY_STEP)->step = m;
+  begin(w, DSPWIRE__REQUEST__BODY_STEP)->step = m;
   return &w->req;
 }
 
-Dispatch__Request *dsp_wreq_free(dsp_wreq *w, const uint64_t *tensors,
+Dspwire__Request *dsp_wreq_free(dsp_wreq *w, const uint64_t *tensors,
                                  size_t n_tensors, const uint64_t *grads,
                                  size_t n_grads) {
-  Dispatch__Free *m = &w->body.free;
-  *m = (Dispatch__Free)DISPATCH__FREE__INIT;
+  Dspwire__Free *m = &w->body.free;
+  *m = (Dspwire__Free)DSPWIRE__FREE__INIT;
   m->n_tensors = n_tensors;
   m->tensors = (uint64_t *)tensors;
   m->n_grads = n_grads;
   m->grads = (uint64_t *)grads;
-  begin(w, DISPATCH__REQUEST__BODY_FREE)->free = m;
+  begin(w, DSPWIRE__REQUEST__BODY_FREE)->free = m;
   return &w->req;
 }
 
-Dispatch__Request *dsp_wreq_read(dsp_wreq *w, uint64_t id) {
-  Dispatch__Read *m = &w->body.read;
-  *m = (Dispatch__Read)DISPATCH__READ__INIT;
+Dspwire__Request *dsp_wreq_read(dsp_wreq *w, uint64_t id) {
+  Dspwire__Read *m = &w->body.read;
+  *m = (Dspwire__Read)DSPWIRE__READ__INIT;
   m->id = id;
-  begin(w, DISPATCH__REQUEST__BODY_READ)->read = m;
+  begin(w, DSPWIRE__REQUEST__BODY_READ)->read = m;
   return &w->req;
 }
 
-Dispatch__Request *dsp_wreq_sync(dsp_wreq *w) {
-  w->body.sync = (Dispatch__Sync)DISPATCH__SYNC__INIT;
-  begin(w, DISPATCH__REQUEST__BODY_SYNC)->sync = &w->body.sync;
+Dspwire__Request *dsp_wreq_sync(dsp_wreq *w) {
+  w->body.sync = (Dspwire__Sync)DSPWIRE__SYNC__INIT;
+  begin(w, DSPWIRE__REQUEST__BODY_SYNC)->sync = &w->body.sync;
   return &w->req;
 }
 
-Dispatch__Request *dsp_wreq_stats(dsp_wreq *w) {
-  w->body.stats = (Dispatch__Stats)DISPATCH__STATS__INIT;
-  begin(w, DISPATCH__REQUEST__BODY_STATS)->stats = &w->body.stats;
+Dspwire__Request *dsp_wreq_stats(dsp_wreq *w) {
+  w->body.stats = (Dspwire__Stats)DSPWIRE__STATS__INIT;
+  begin(w, DSPWIRE__REQUEST__BODY_STATS)->stats = &w->body.stats;
   return &w->req;
 }
 
-Dispatch__Request *dsp_wreq_bye(dsp_wreq *w) {
-  w->body.bye = (Dispatch__Bye)DISPATCH__BYE__INIT;
-  begin(w, DISPATCH__REQUEST__BODY_BYE)->bye = &w->body.bye;
+Dspwire__Request *dsp_wreq_bye(dsp_wreq *w) {
+  w->body.bye = (Dspwire__Bye)DSPWIRE__BYE__INIT;
+  begin(w, DSPWIRE__REQUEST__BODY_BYE)->bye = &w->body.bye;
   return &w->req;
 }
 
-Dispatch__Request *dsp_wreq_to_device(dsp_wreq *w, uint64_t id, uint64_t out,
+Dspwire__Request *dsp_wreq_to_device(dsp_wreq *w, uint64_t id, uint64_t out,
                                       const char *device) {
-  Dispatch__ToDevice *m = &w->body.to_device;
-  *m = (Dispatch__ToDevice)DISPATCH__TO_DEVICE__INIT;
+  Dspwire__ToDevice *m = &w->body.to_device;
+  *m = (Dspwire__ToDevice)DSPWIRE__TO_DEVICE__INIT;
   m->id = id;
   m->output = out;
   m->device = (char *)device;
-  begin(w, DISPATCH__REQUEST__BODY_TO_DEVICE)->to_device = m;
+  begin(w, DSPWIRE__REQUEST__BODY_TO_DEVICE)->to_device = m;
   return &w->req;
 }
 
-size_t dsp_req_frame_size(const Dispatch__Request *req) {
-  return DSP_FRAME_HEADER_SIZE + dispatch__request__get_packed_size(req);
+size_t dsp_req_frame_size(const Dspwire__Request *req) {
+  return DSP_FRAME_HEADER_SIZE + dspwire__request__get_packed_size(req);
 }
 
 /* Packs first and takes the length pack reports, so a frame costs one
  * size pass (the caller's, to make room) and one pack pass. */
-size_t dsp_req_frame_encode(const Dispatch__Request *req, uint64_t bulk_len,
+size_t dsp_req_frame_encode(const Dspwire__Request *req, uint64_t bulk_len,
                             uint8_t *out) {
-  size_t mlen = dispatch__request__pack(req, out + DSP_FRAME_HEADER_SIZE);
+  size_t mlen = dspwire__request__pack(req, out + DSP_FRAME_HEADER_SIZE);
   dsp_frame_header h = {(uint32_t)mlen, 0, bulk_len};
   dsp_frame_header_encode(out, &h);
   return DSP_FRAME_HEADER_SIZE + mlen;

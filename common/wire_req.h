@@ -24,66 +24,66 @@
 #include "frame.h"
 
 typedef struct dsp_wreq {
-  Dispatch__Request req;
-  Dispatch__TensorMeta meta; /* an upload's */
+  Dspwire__Request req;
+  Dspwire__TensorMeta meta; /* an upload's */
   union {
-    Dispatch__Hello hello;
-    Dispatch__Upload upload;
-    Dispatch__Op op;
-    Dispatch__Track track;
-    Dispatch__Backward backward;
-    Dispatch__Grad grad;
-    Dispatch__Step step;
-    Dispatch__Free free;
-    Dispatch__Read read;
-    Dispatch__Sync sync;
-    Dispatch__Stats stats;
-    Dispatch__Bye bye;
-    Dispatch__ToDevice to_device;
+    Dspwire__Hello hello;
+    Dspwire__Upload upload;
+    Dspwire__Op op;
+    Dspwire__Track track;
+    Dspwire__Backward backward;
+    Dspwire__Grad grad;
+    Dspwire__Step step;
+    Dspwire__Free free;
+    Dspwire__Read read;
+    Dspwire__Sync sync;
+    Dspwire__Stats stats;
+    Dspwire__Bye bye;
+    Dspwire__ToDevice to_device;
   } body;
 } dsp_wreq;
 
 /* Builders: each fills *w as one request of its kind and returns &w->req.
  * Counts are taken as given (a hostile-client test or a fuzzer may want
  * them wrong); token and client_name may be NULL. */
-Dispatch__Request *dsp_wreq_hello(dsp_wreq *w, uint32_t major, uint32_t minor,
+Dspwire__Request *dsp_wreq_hello(dsp_wreq *w, uint32_t major, uint32_t minor,
                                   const char *token, const char *client_name);
-Dispatch__Request *dsp_wreq_upload(dsp_wreq *w, uint64_t id, int32_t dtype,
+Dspwire__Request *dsp_wreq_upload(dsp_wreq *w, uint64_t id, int32_t dtype,
                                    size_t ndim, const int64_t *shape);
-Dispatch__Request *dsp_wreq_op(dsp_wreq *w, int32_t op, const uint64_t *in,
+Dspwire__Request *dsp_wreq_op(dsp_wreq *w, int32_t op, const uint64_t *in,
                                size_t n_in, uint64_t out, const int64_t *ints,
                                size_t n_ints, const double *floats,
                                size_t n_floats, int no_grad);
-Dispatch__Request *dsp_wreq_track(dsp_wreq *w, uint64_t id);
-Dispatch__Request *dsp_wreq_backward(dsp_wreq *w, uint64_t loss,
+Dspwire__Request *dsp_wreq_track(dsp_wreq *w, uint64_t id);
+Dspwire__Request *dsp_wreq_backward(dsp_wreq *w, uint64_t loss,
                                      uint64_t grads, int retain);
-Dispatch__Request *dsp_wreq_grad(dsp_wreq *w, uint64_t grads, uint64_t tensor,
+Dspwire__Request *dsp_wreq_grad(dsp_wreq *w, uint64_t grads, uint64_t tensor,
                                  uint64_t out);
-Dispatch__Request *dsp_wreq_step(dsp_wreq *w, int32_t op, uint64_t grads,
+Dspwire__Request *dsp_wreq_step(dsp_wreq *w, int32_t op, uint64_t grads,
                                  const uint64_t *params, size_t n_params,
                                  const uint64_t *states, size_t n_states,
                                  const int64_t *ints, size_t n_ints,
                                  const double *floats, size_t n_floats);
-Dispatch__Request *dsp_wreq_free(dsp_wreq *w, const uint64_t *tensors,
+Dspwire__Request *dsp_wreq_free(dsp_wreq *w, const uint64_t *tensors,
                                  size_t n_tensors, const uint64_t *grads,
                                  size_t n_grads);
-Dispatch__Request *dsp_wreq_read(dsp_wreq *w, uint64_t id);
-Dispatch__Request *dsp_wreq_sync(dsp_wreq *w);
-Dispatch__Request *dsp_wreq_stats(dsp_wreq *w);
-Dispatch__Request *dsp_wreq_bye(dsp_wreq *w);
+Dspwire__Request *dsp_wreq_read(dsp_wreq *w, uint64_t id);
+Dspwire__Request *dsp_wreq_sync(dsp_wreq *w);
+Dspwire__Request *dsp_wreq_stats(dsp_wreq *w);
+Dspwire__Request *dsp_wreq_bye(dsp_wreq *w);
 /* 1.1: a copy of tensor id as tensor out on server device `device`. */
-Dispatch__Request *dsp_wreq_to_device(dsp_wreq *w, uint64_t id, uint64_t out,
+Dspwire__Request *dsp_wreq_to_device(dsp_wreq *w, uint64_t id, uint64_t out,
                                       const char *device);
 
 /* Bytes dsp_req_frame_encode writes for req: the header and the packed
  * message (the bulk is not counted: the caller sends it after). */
-size_t dsp_req_frame_size(const Dispatch__Request *req);
+size_t dsp_req_frame_size(const Dspwire__Request *req);
 /* Writes the frame header, announcing bulk_len bulk bytes to follow, and
  * the packed req into out, which has room for dsp_req_frame_size(req)
  * bytes; returns the bytes written. The header's msg_len is the packed
  * size cut to 32 bits: callers bound it first (the client by the server's
  * frame limit), or mean to send a malformed frame. */
-size_t dsp_req_frame_encode(const Dispatch__Request *req, uint64_t bulk_len,
+size_t dsp_req_frame_encode(const Dspwire__Request *req, uint64_t bulk_len,
                             uint8_t *out);
 
 #endif

@@ -20,14 +20,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   if (left < h.msg_len) return 0;
   /* both session states: before and after the hello */
   for (int hello_done = 0; hello_done < 2; hello_done++) {
-    Dispatch__Request *req;
+    Dspwire__Request *req;
     uint64_t rid;
     if (sv_decode_request(msg, h.msg_len, h.bulk_len, hello_done, &req, &rid,
                           why, sizeof why) < 0)
       continue;
     char desc[256];
     sv_describe(req, desc, sizeof desc);
-    if (req->body_case == DISPATCH__REQUEST__BODY_UPLOAD) {
+    if (req->body_case == DSPWIRE__REQUEST__BODY_UPLOAD) {
       sv_global g;
       memset(&g, 0, sizeof g);
       dsp_ctx *io = dsp_ctx_new();
@@ -52,7 +52,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
       }
       dsp_ctx_free(io);
     }
-    if (req) dispatch__request__free_unpacked(req, &sv_pb_allocator);
+    if (req) dspwire__request__free_unpacked(req, &sv_pb_allocator);
   }
   return 0;
 }

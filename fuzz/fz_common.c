@@ -52,7 +52,7 @@ void fz_buf_free(fz_buf *b) {
   memset(b, 0, sizeof *b);
 }
 
-void fz_frame(fz_buf *b, const Dispatch__Request *req, const void *bulk,
+void fz_frame(fz_buf *b, const Dspwire__Request *req, const void *bulk,
               size_t have, uint64_t bulk_len) {
   size_t at = b->n;
   fz_buf_put(b, NULL, dsp_req_frame_size(req));
@@ -68,7 +68,7 @@ void fz_frame(fz_buf *b, const Dispatch__Request *req, const void *bulk,
 static uint64_t g_rid = 1;
 
 /* Appends req as the next request of the stream (req_id from g_rid). */
-static void put(fz_buf *b, Dispatch__Request *req) {
+static void put(fz_buf *b, Dspwire__Request *req) {
   req->req_id = g_rid++;
   fz_frame(b, req, NULL, 0, 0);
 }
@@ -77,7 +77,7 @@ static void put_upload(fz_buf *b, uint64_t id, int dtype, int ndim,
                        const int64_t *shape, const void *data, size_t nbytes,
                        uint64_t bulk_len) {
   dsp_wreq w;
-  Dispatch__Request *r = dsp_wreq_upload(&w, id, dtype, (size_t)ndim, shape);
+  Dspwire__Request *r = dsp_wreq_upload(&w, id, dtype, (size_t)ndim, shape);
   r->req_id = g_rid++;
   fz_frame(b, r, data, nbytes, bulk_len);
 }

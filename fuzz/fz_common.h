@@ -28,7 +28,7 @@ void fz_buf_put(fz_buf *b, const void *p, size_t n);
 void fz_buf_free(fz_buf *b);
 /* Appends one frame: header + packed req + bulk (bulk_len may differ from
  * the bytes given: missing bytes are zeros). */
-void fz_frame(fz_buf *b, const Dispatch__Request *req, const void *bulk,
+void fz_frame(fz_buf *b, const Dspwire__Request *req, const void *bulk,
               size_t have, uint64_t bulk_len);
 
 /* The frames that seed the scratch session (after a hello): f32 tensors

@@ -407,7 +407,7 @@ static void streams(void) {
   NEW();
   {
     dsp_wreq w;
-    Dispatch__Request *r = dsp_wreq_sync(&w);
+    Dspwire__Request *r = dsp_wreq_sync(&w);
     r->req_id = 9;
     fz_frame(&b, r, "abcd", 4, 4);
   }

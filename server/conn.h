@@ -202,6 +202,6 @@ void sv_reader_stop(sv_conn *c);
 void sv_reader_frame_timer(sv_conn *c);
 
 /* hello.c */
-void sv_hello(sv_conn *c, Dispatch__Request *req);
+void sv_hello(sv_conn *c, Dspwire__Request *req);
 
 #endif

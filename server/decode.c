@@ -47,33 +47,33 @@ int sv_decode_header(const sv_config *cfg,
  * the message decoded (0 otherwise). */
 static int decode_with(ProtobufCAllocator *alloc, const uint8_t *msg,
                        size_t len, uint64_t bulk_len, int hello_done,
-                       Dispatch__Request **out, uint64_t *req_id, char *why,
+                       Dspwire__Request **out, uint64_t *req_id, char *why,
                        size_t why_len) {
   *out = NULL;
   *req_id = 0;
-  Dispatch__Request *req = dispatch__request__unpack(alloc, len, msg);
+  Dspwire__Request *req = dspwire__request__unpack(alloc, len, msg);
   if (!req)
     return why_fmt(why, why_len, DISPATCH_EPROTO,
                    "undecodable request message (%zu bytes)", len);
   *req_id = req->req_id;
   const char *bad = NULL;
   char opwhy[64];
-  Dispatch__Request__BodyCase bc = req->body_case;
-  if (bc == DISPATCH__REQUEST__BODY__NOT_SET) {
+  Dspwire__Request__BodyCase bc = req->body_case;
+  if (bc == DSPWIRE__REQUEST__BODY__NOT_SET) {
     bad = "request has no body";
-  } else if (!hello_done && bc != DISPATCH__REQUEST__BODY_HELLO) {
+  } else if (!hello_done && bc != DSPWIRE__REQUEST__BODY_HELLO) {
     bad = "the first request must be a hello";
-  } else if (hello_done && bc == DISPATCH__REQUEST__BODY_HELLO) {
+  } else if (hello_done && bc == DSPWIRE__REQUEST__BODY_HELLO) {
     bad = "a second hello";
-  } else if (bc != DISPATCH__REQUEST__BODY_UPLOAD && bulk_len != 0) {
+  } else if (bc != DSPWIRE__REQUEST__BODY_UPLOAD && bulk_len != 0) {
     bad = "only an upload may carry a bulk part";
-  } else if (bc == DISPATCH__REQUEST__BODY_OP &&
+  } else if (bc == DSPWIRE__REQUEST__BODY_OP &&
              !dsp_op_lookup(req->op->op)) {
     snprintf(opwhy, sizeof opwhy, "unknown op code %d", req->op->op);
     bad = opwhy;
   }
   if (bad) {
-    dispatch__request__free_unpacked(req, alloc);
+    dspwire__request__free_unpacked(req, alloc);
     return why_fmt(why, why_len, DISPATCH_EPROTO, "request %llu: %s",
                    (unsigned long long)*req_id, bad);
   }
@@ -82,7 +82,7 @@ static int decode_with(ProtobufCAllocator *alloc, const uint8_t *msg,
 }
 
 int sv_decode_request(const uint8_t *msg, size_t len, uint64_t bulk_len,
-                      int hello_done, Dispatch__Request **out,
+                      int hello_done, Dspwire__Request **out,
                       uint64_t *req_id, char *why, size_t why_len) {
   return decode_with(&sv_pb_allocator, msg, len, bulk_len, hello_done, out,
                      req_id, why, why_len);
@@ -139,7 +139,7 @@ static void scan_request(const uint8_t *p, size_t len, uint64_t *req_id,
 
 int sv_decode_request_charged(sv_session *s, const uint8_t *msg, size_t len,
                               uint64_t bulk_len, int hello_done,
-                              Dispatch__Request **out, uint64_t *req_id,
+                              Dspwire__Request **out, uint64_t *req_id,
                               int *body, char *why, size_t why_len) {
   *body = 0;
   if (!s || !s->queue)
@@ -177,7 +177,7 @@ static void pre_err(sv_job *j, int code, const char *fmt, ...) {
  * with may_wait 0. */
 int sv_upload_prepare(const sv_config *cfg, dsp_ctx *io_ctx, sv_session *s,
                       sv_job *j, uint64_t bulk_len, int may_wait) {
-  Dispatch__Upload *u = j->req->upload;
+  Dspwire__Upload *u = j->req->upload;
   dsp_meta m;
   memset(&m, 0, sizeof m);
   int64_t numel = 0;
@@ -267,7 +267,7 @@ static int check_reply(const sv_job *j, sv_stream_stats *st) {
   if (dsp_frame_header_decode(j->out, UINT32_MAX, UINT64_MAX, &h) < 0 ||
       (uint64_t)h.msg_len + h.bulk_len + DSP_FRAME_HEADER_SIZE != j->out_len)
     return DISPATCH_EINTERNAL;
-  Dispatch__Reply *r = dispatch__reply__unpack(
+  Dspwire__Reply *r = dspwire__reply__unpack(
       &sv_pb_allocator, h.msg_len, j->out + DSP_FRAME_HEADER_SIZE);
   if (!r) return DISPATCH_ENOMEM; /* the frame was packed by us */
   st->replies++;
@@ -275,7 +275,7 @@ static int check_reply(const sv_job *j, sv_stream_stats *st) {
     st->error_replies++;
     if (!st->first_error) st->first_error = r->error->code;
   }
-  dispatch__reply__free_unpacked(r, &sv_pb_allocator);
+  dspwire__reply__free_unpacked(r, &sv_pb_allocator);
   return 0;
 }
 
@@ -305,7 +305,7 @@ int sv_stream_exec(sv_session *s, dsp_ctx *io_ctx, int *hello_done,
       st->truncated = 1;
       return 0;
     }
-    Dispatch__Request *req;
+    Dspwire__Request *req;
     uint64_t rid;
     int body;
     rc = sv_decode_request_charged(s, p, h.msg_len, h.bulk_len, *hello_done,
@@ -335,21 +335,21 @@ int sv_stream_exec(sv_session *s, dsp_ctx *io_ctx, int *hello_done,
     p += h.msg_len;
     n -= h.msg_len;
     st->frames++;
-    if (req->body_case == DISPATCH__REQUEST__BODY_HELLO) {
+    if (req->body_case == DSPWIRE__REQUEST__BODY_HELLO) {
       int major = (int)req->hello->major;
-      dispatch__request__free_unpacked(req, &sv_pb_allocator);
+      dspwire__request__free_unpacked(req, &sv_pb_allocator);
       if (major != DSP_PROTO_MAJOR) return DISPATCH_EVERSION;
       *hello_done = 1;
       continue;
     }
     sv_job *j = dsp_calloc(1, sizeof *j);
     if (!j) {
-      dispatch__request__free_unpacked(req, &sv_pb_allocator);
+      dspwire__request__free_unpacked(req, &sv_pb_allocator);
       return DISPATCH_ENOMEM;
     }
     j->req = req;
     j->sess = s;
-    if (req->body_case == DISPATCH__REQUEST__BODY_UPLOAD)
+    if (req->body_case == DSPWIRE__REQUEST__BODY_UPLOAD)
       sv_upload_prepare(cfg, io_ctx, s, j, h.bulk_len, 0);
     if (n < h.bulk_len) {
       atomic_fetch_sub(&s->queued_bytes, (long long)j->upload_bytes);

@@ -203,12 +203,12 @@ void sv_device_names(const sv_global *g, char *buf, size_t len) {
   }
 }
 
-size_t sv_device_infos(const sv_global *g, Dispatch__DeviceInfo *infos,
-                       Dispatch__DeviceInfo **ptrs) {
+size_t sv_device_infos(const sv_global *g, Dspwire__DeviceInfo *infos,
+                       Dspwire__DeviceInfo **ptrs) {
   size_t n = 0;
   for (int i = 0; g->devices && i < g->n_devices; i++, n++) {
     const sv_device *d = &g->devices[i];
-    Dispatch__DeviceInfo init = DISPATCH__DEVICE_INFO__INIT;
+    Dspwire__DeviceInfo init = DSPWIRE__DEVICE_INFO__INIT;
     infos[n] = init;
     infos[n].kind = (char *)d->kind;
     infos[n].name = (char *)d->name;

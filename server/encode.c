@@ -55,7 +55,7 @@ void sv_pb_charge_init(sv_pb_charge *pc, dsp_budget *b) {
 
 void sv_job_free(sv_job *j) {
   if (!j) return;
-  if (j->req) dispatch__request__free_unpacked(j->req, &sv_pb_allocator);
+  if (j->req) dspwire__request__free_unpacked(j->req, &sv_pb_allocator);
   dsp_stage_release(&j->upload_stage);
   dsp_tensor_unref(j->upload);
   dsp_pin_release(j->out_pin);
@@ -64,11 +64,11 @@ void sv_job_free(sv_job *j) {
   dsp_free(j);
 }
 
-int sv_encode_reply(const Dispatch__Reply *r, const void *bulk,
+int sv_encode_reply(const Dspwire__Reply *r, const void *bulk,
                     size_t bulk_len, uint8_t **out, size_t *out_len) {
   *out = NULL;
   *out_len = 0;
-  size_t mlen = dispatch__reply__get_packed_size(r);
+  size_t mlen = dspwire__reply__get_packed_size(r);
   if (mlen > UINT32_MAX || bulk_len > SIZE_MAX - DSP_FRAME_HEADER_SIZE - mlen)
     return DISPATCH_ETOOLARGE;
   size_t total = DSP_FRAME_HEADER_SIZE + mlen + bulk_len;
@@ -76,7 +76,7 @@ int sv_encode_reply(const Dispatch__Reply *r, const void *bulk,
   if (!buf) return DISPATCH_ENOMEM;
   dsp_frame_header h = {(uint32_t)mlen, 0, bulk_len};
   dsp_frame_header_encode(buf, &h);
-  dispatch__reply__pack(r, buf + DSP_FRAME_HEADER_SIZE);
+  dspwire__reply__pack(r, buf + DSP_FRAME_HEADER_SIZE);
   if (bulk_len) memcpy(buf + DSP_FRAME_HEADER_SIZE + mlen, bulk, bulk_len);
   *out = buf;
   *out_len = total;
@@ -86,10 +86,10 @@ int sv_encode_reply(const Dispatch__Reply *r, const void *bulk,
 /* Below this a copy is cheaper than the second write buffer. */
 #define READ_COPY_MAX (64u << 10)
 
-int sv_encode_read_reply(dsp_ctx *ctx, const Dispatch__Reply *r,
+int sv_encode_read_reply(dsp_ctx *ctx, const Dspwire__Reply *r,
                          dsp_tensor *t, sv_job *j) {
   size_t nbytes = dsp_tensor_nbytes(t);
-  size_t mlen = dispatch__reply__get_packed_size(r);
+  size_t mlen = dspwire__reply__get_packed_size(r);
   if (mlen > UINT32_MAX) return DISPATCH_ETOOLARGE;
   if (!j->bulk_by_ref || nbytes <= READ_COPY_MAX) {
     /* the bytes are copied out by the backend into the frame */
@@ -99,7 +99,7 @@ int sv_encode_read_reply(dsp_ctx *ctx, const Dispatch__Reply *r,
     if (!buf) return DISPATCH_ENOMEM;
     dsp_frame_header h = {(uint32_t)mlen, 0, nbytes};
     dsp_frame_header_encode(buf, &h);
-    dispatch__reply__pack(r, buf + DSP_FRAME_HEADER_SIZE);
+    dspwire__reply__pack(r, buf + DSP_FRAME_HEADER_SIZE);
     int rc = dsp_tensor_read(ctx, t, buf + DSP_FRAME_HEADER_SIZE + mlen, nbytes);
     if (rc < 0) {
       dsp_free(buf);
@@ -118,7 +118,7 @@ int sv_encode_read_reply(dsp_ctx *ctx, const Dispatch__Reply *r,
   }
   dsp_frame_header h = {(uint32_t)mlen, 0, nbytes};
   dsp_frame_header_encode(buf, &h);
-  dispatch__reply__pack(r, buf + DSP_FRAME_HEADER_SIZE);
+  dspwire__reply__pack(r, buf + DSP_FRAME_HEADER_SIZE);
   j->out = buf;
   j->out_len = DSP_FRAME_HEADER_SIZE + mlen;
   j->out_pin = pin;
@@ -127,8 +127,8 @@ int sv_encode_read_reply(dsp_ctx *ctx, const Dispatch__Reply *r,
 
 int sv_encode_error(uint64_t req_id, int code, const char *msg,
                     uint64_t failed_req, uint8_t **out, size_t *out_len) {
-  Dispatch__Reply r = DISPATCH__REPLY__INIT;
-  Dispatch__Error e = DISPATCH__ERROR__INIT;
+  Dspwire__Reply r = DSPWIRE__REPLY__INIT;
+  Dspwire__Error e = DSPWIRE__ERROR__INIT;
   e.code = code;
   e.message = (char *)(msg ? msg : "");
   e.failed_req_id = failed_req;
@@ -158,13 +158,13 @@ static const char *op_name(int code) {
   return i ? i->name : "unknown-op";
 }
 
-void sv_describe(const Dispatch__Request *r, char *buf, size_t len) {
+void sv_describe(const Dspwire__Request *r, char *buf, size_t len) {
   char ids[160], ids2[160];
   switch (r->body_case) {
-    case DISPATCH__REQUEST__BODY_HELLO:
+    case DSPWIRE__REQUEST__BODY_HELLO:
       snprintf(buf, len, "hello %u.%u", r->hello->major, r->hello->minor);
       break;
-    case DISPATCH__REQUEST__BODY_UPLOAD: {
+    case DSPWIRE__REQUEST__BODY_UPLOAD: {
       dsp_meta m = {0};
       char shape[128] = "?";
       if (r->upload->meta) {
@@ -185,40 +185,40 @@ void sv_describe(const Dispatch__Request *r, char *buf, size_t len) {
                shape);
       break;
     }
-    case DISPATCH__REQUEST__BODY_OP:
+    case DSPWIRE__REQUEST__BODY_OP:
       ids_str(ids, sizeof ids, r->op->inputs, r->op->n_inputs);
       snprintf(buf, len, "op %s [%s] -> %llu", op_name(r->op->op), ids,
                (unsigned long long)r->op->output);
       break;
-    case DISPATCH__REQUEST__BODY_TRACK:
+    case DSPWIRE__REQUEST__BODY_TRACK:
       snprintf(buf, len, "track %llu", (unsigned long long)r->track->id);
       break;
-    case DISPATCH__REQUEST__BODY_BACKWARD:
+    case DSPWIRE__REQUEST__BODY_BACKWARD:
       snprintf(buf, len, "backward loss %llu -> grads %llu%s",
                (unsigned long long)r->backward->loss,
                (unsigned long long)r->backward->grads,
                r->backward->retain ? " (retain)" : "");
       break;
-    case DISPATCH__REQUEST__BODY_GRAD:
+    case DSPWIRE__REQUEST__BODY_GRAD:
       snprintf(buf, len, "grad grads %llu tensor %llu -> %llu",
                (unsigned long long)r->grad->grads,
                (unsigned long long)r->grad->tensor,
                (unsigned long long)r->grad->output);
       break;
-    case DISPATCH__REQUEST__BODY_STEP:
+    case DSPWIRE__REQUEST__BODY_STEP:
       ids_str(ids, sizeof ids, r->step->params, r->step->n_params);
       snprintf(buf, len, "step %s grads %llu params [%s]",
                op_name(r->step->op), (unsigned long long)r->step->grads, ids);
       break;
-    case DISPATCH__REQUEST__BODY_FREE:
+    case DSPWIRE__REQUEST__BODY_FREE:
       ids_str(ids, sizeof ids, r->free->tensors, r->free->n_tensors);
       ids_str(ids2, sizeof ids2, r->free->grads, r->free->n_grads);
       snprintf(buf, len, "free tensors [%s] grads [%s]", ids, ids2);
       break;
-    case DISPATCH__REQUEST__BODY_READ:
+    case DSPWIRE__REQUEST__BODY_READ:
       snprintf(buf, len, "read %llu", (unsigned long long)r->read->id);
       break;
-    case DISPATCH__REQUEST__BODY_TO_DEVICE: {
+    case DSPWIRE__REQUEST__BODY_TO_DEVICE: {
       char dev[4 * SV_LOG_STR_MAX + 8];
       snprintf(buf, len, "to_device %llu -> %llu on \"%s\"",
                (unsigned long long)r->to_device->id,
@@ -226,9 +226,9 @@ void sv_describe(const Dispatch__Request *r, char *buf, size_t len) {
                sv_log_str(dev, sizeof dev, r->to_device->device, 32));
       break;
     }
-    case DISPATCH__REQUEST__BODY_SYNC: snprintf(buf, len, "sync"); break;
-    case DISPATCH__REQUEST__BODY_STATS: snprintf(buf, len, "stats"); break;
-    case DISPATCH__REQUEST__BODY_BYE: snprintf(buf, len, "bye"); break;
+    case DSPWIRE__REQUEST__BODY_SYNC: snprintf(buf, len, "sync"); break;
+    case DSPWIRE__REQUEST__BODY_STATS: snprintf(buf, len, "stats"); break;
+    case DSPWIRE__REQUEST__BODY_BYE: snprintf(buf, len, "bye"); break;
     default: snprintf(buf, len, "empty request"); break;
   }
 }

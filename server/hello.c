@@ -20,8 +20,8 @@ static int token_matches(const sv_config *cfg, const char *tok) {
 }
 
 /* Answers a hello, or refuses the connection (version, token). */
-void sv_hello(sv_conn *c, Dispatch__Request *req) {
-  Dispatch__Hello *h = req->hello;
+void sv_hello(sv_conn *c, Dspwire__Request *req) {
+  Dspwire__Hello *h = req->hello;
   const sv_config *cfg = c->srv->cfg;
   if (h->major != DSP_PROTO_MAJOR) {
     char msg[256];
@@ -68,12 +68,12 @@ void sv_hello(sv_conn *c, Dispatch__Request *req) {
     dsp_ctx_set_backend(c->sess->ctx, dev->be);
   }
   const dsp_backend *be = dev ? dev->be : dsp_cpu_backend();
-  Dispatch__DeviceInfo infos[SV_MAX_DEVICES], *ip[SV_MAX_DEVICES];
+  Dspwire__DeviceInfo infos[SV_MAX_DEVICES], *ip[SV_MAX_DEVICES];
   char *dtypes[DSP_NDTYPES];
   for (int i = 0; i < DSP_NDTYPES; i++)
     dtypes[i] = (char *)dsp_dtype_name((dsp_dtype)i);
-  Dispatch__Reply r = DISPATCH__REPLY__INIT;
-  Dispatch__HelloReply hr = DISPATCH__HELLO_REPLY__INIT;
+  Dspwire__Reply r = DSPWIRE__REPLY__INIT;
+  Dspwire__HelloReply hr = DSPWIRE__HELLO_REPLY__INIT;
   hr.major = DSP_PROTO_MAJOR;
   hr.minor = DSP_PROTO_MINOR;
   hr.server_version = DISPATCH_VERSION_STRING;
@@ -90,7 +90,7 @@ void sv_hello(sv_conn *c, Dispatch__Request *req) {
   hr.devices = ip;
   hr.session_device = dev ? (char *)dev->name : (char *)be->name;
   r.req_id = req->req_id;
-  r.body_case = DISPATCH__REPLY__BODY_HELLO;
+  r.body_case = DSPWIRE__REPLY__BODY_HELLO;
   r.hello = &hr;
   uint8_t *buf;
   size_t len;

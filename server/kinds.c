@@ -6,23 +6,23 @@
 #define ROW(bc, nm, w, l, b) [bc] = {nm, w, l, b}
 
 static const sv_req_kind g_kinds[] = {
-    ROW(DISPATCH__REQUEST__BODY__NOT_SET, "empty", 0, 0, 0),
-    ROW(DISPATCH__REQUEST__BODY_HELLO, "hello", 1, 0, 0),
-    ROW(DISPATCH__REQUEST__BODY_UPLOAD, "upload", 0, 0, 1),
-    ROW(DISPATCH__REQUEST__BODY_OP, "op", 0, 0, 0),
-    ROW(DISPATCH__REQUEST__BODY_TRACK, "track", 0, 0, 0),
-    ROW(DISPATCH__REQUEST__BODY_BACKWARD, "backward", 1, 0, 0),
-    ROW(DISPATCH__REQUEST__BODY_GRAD, "grad", 0, 0, 0),
-    ROW(DISPATCH__REQUEST__BODY_STEP, "step", 0, 0, 0),
-    ROW(DISPATCH__REQUEST__BODY_TO_DEVICE, "to_device", 0, 0, 0),
-    ROW(DISPATCH__REQUEST__BODY_FREE, "free", 0, 0, 0),
-    ROW(DISPATCH__REQUEST__BODY_READ, "read", 1, 1, 0),
-    ROW(DISPATCH__REQUEST__BODY_SYNC, "sync", 1, 1, 0),
-    ROW(DISPATCH__REQUEST__BODY_STATS, "stats", 1, 1, 0),
-    ROW(DISPATCH__REQUEST__BODY_BYE, "bye", 0, 0, 0),
+    ROW(DSPWIRE__REQUEST__BODY__NOT_SET, "empty", 0, 0, 0),
+    ROW(DSPWIRE__REQUEST__BODY_HELLO, "hello", 1, 0, 0),
+    ROW(DSPWIRE__REQUEST__BODY_UPLOAD, "upload", 0, 0, 1),
+    ROW(DSPWIRE__REQUEST__BODY_OP, "op", 0, 0, 0),
+    ROW(DSPWIRE__REQUEST__BODY_TRACK, "track", 0, 0, 0),
+    ROW(DSPWIRE__REQUEST__BODY_BACKWARD, "backward", 1, 0, 0),
+    ROW(DSPWIRE__REQUEST__BODY_GRAD, "grad", 0, 0, 0),
+    ROW(DSPWIRE__REQUEST__BODY_STEP, "step", 0, 0, 0),
+    ROW(DSPWIRE__REQUEST__BODY_TO_DEVICE, "to_device", 0, 0, 0),
+    ROW(DSPWIRE__REQUEST__BODY_FREE, "free", 0, 0, 0),
+    ROW(DSPWIRE__REQUEST__BODY_READ, "read", 1, 1, 0),
+    ROW(DSPWIRE__REQUEST__BODY_SYNC, "sync", 1, 1, 0),
+    ROW(DSPWIRE__REQUEST__BODY_STATS, "stats", 1, 1, 0),
+    ROW(DSPWIRE__REQUEST__BODY_BYE, "bye", 0, 0, 0),
 };
 
-const sv_req_kind *sv_req_kind_of(Dispatch__Request__BodyCase bc) {
+const sv_req_kind *sv_req_kind_of(Dspwire__Request__BodyCase bc) {
   static const sv_req_kind none = {"unknown", 0, 0, 0};
   size_t i = (size_t)bc;
   if (i >= sizeof g_kinds / sizeof g_kinds[0] || !g_kinds[i].name)

@@ -185,17 +185,17 @@ void sv_conn_dispatch(sv_conn *c, sv_job *j) {
 static void log_reply(sv_conn *c, const sv_job *j) {
   uint32_t mlen = (uint32_t)j->out[0] | (uint32_t)j->out[1] << 8 |
                   (uint32_t)j->out[2] << 16 | (uint32_t)j->out[3] << 24;
-  Dispatch__Reply *r = dispatch__reply__unpack(&sv_pb_allocator, mlen,
+  Dspwire__Reply *r = dspwire__reply__unpack(&sv_pb_allocator, mlen,
                                                j->out + DSP_FRAME_HEADER_SIZE);
   if (!r) return;
   const char *kind = r->error ? "error"
-                     : r->body_case == DISPATCH__REPLY__BODY_READ  ? "read"
-                     : r->body_case == DISPATCH__REPLY__BODY_STATS ? "stats"
+                     : r->body_case == DSPWIRE__REPLY__BODY_READ  ? "read"
+                     : r->body_case == DSPWIRE__REPLY__BODY_STATS ? "stats"
                                                                    : "ok";
   sv_log(SV_LOG_DEBUG, "conn %llu <- reply req %llu: %s%s%s (%zu bytes)",
          c->id, (unsigned long long)r->req_id, kind, r->error ? ": " : "",
          r->error ? r->error->message : "", j->out_len);
-  dispatch__reply__free_unpacked(r, &sv_pb_allocator);
+  dspwire__reply__free_unpacked(r, &sv_pb_allocator);
 }
 
 /* A job came back from a worker (or from sv_conn_dispatch): its reply

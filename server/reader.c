@@ -152,7 +152,7 @@ static void over_budget(sv_conn *c, uint64_t rid, int body, const char *why) {
   sv_session_defer(c->sess, rid, body, DISPATCH_EQUOTA, why, &out, &len);
   if (out) {
     sv_writer_queue(c, out, len, NULL);
-  } else if (sv_req_kind_of((Dispatch__Request__BodyCase)body)->waits) {
+  } else if (sv_req_kind_of((Dspwire__Request__BodyCase)body)->waits) {
     sv_conn_close(c, "out of memory for a reply");
     return;
   }
@@ -167,7 +167,7 @@ static void over_budget(sv_conn *c, uint64_t rid, int body, const char *why) {
  * session's queue budget; anything structurally wrong is a protocol error
  * that closes this connection only. */
 static void handle_msg(sv_conn *c) {
-  Dispatch__Request *req;
+  Dspwire__Request *req;
   uint64_t rid;
   int body;
   char why[384];
@@ -191,16 +191,16 @@ static void handle_msg(sv_conn *c) {
     sv_log(SV_LOG_DEBUG, "conn %llu -> req %llu: %s%s", c->id,
            (unsigned long long)rid, desc, c->bulk_len ? " (+bulk)" : "");
   }
-  if (req->body_case == DISPATCH__REQUEST__BODY_HELLO) {
+  if (req->body_case == DSPWIRE__REQUEST__BODY_HELLO) {
     sv_hello(c, req);
-    dispatch__request__free_unpacked(req, &sv_pb_allocator);
+    dspwire__request__free_unpacked(req, &sv_pb_allocator);
     c->state = c->state == ST_DEAD ? ST_DEAD : ST_HEADER;
     c->hdr_got = 0;
     return;
   }
   sv_job *j = dsp_calloc(1, sizeof *j);
   if (!j) {
-    dispatch__request__free_unpacked(req, &sv_pb_allocator);
+    dspwire__request__free_unpacked(req, &sv_pb_allocator);
     sv_conn_close(c, "out of memory for a request");
     return;
   }
@@ -213,7 +213,7 @@ static void handle_msg(sv_conn *c) {
   }
   c->state = ST_HEADER;
   c->hdr_got = 0;
-  if (req->body_case == DISPATCH__REQUEST__BODY_BYE)
+  if (req->body_case == DSPWIRE__REQUEST__BODY_BYE)
     sv_reader_stop(c); /* nothing after a bye is read */
   sv_conn_dispatch(c, j);
 }

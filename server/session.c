@@ -265,7 +265,7 @@ static int attrs_from(const char *name, size_t n_ints, const int64_t *ints,
 /* ------------------------------------------------------------ requests */
 
 static int do_upload(sv_session *s, sv_job *j, char *why) {
-  Dispatch__Upload *u = j->req->upload;
+  Dspwire__Upload *u = j->req->upload;
   atomic_fetch_sub(&s->queued_bytes, (long long)j->upload_bytes);
   if (j->pre_err < 0)
     return why_set(why, j->pre_err, "%s",
@@ -293,7 +293,7 @@ static int do_upload(sv_session *s, sv_job *j, char *why) {
 }
 
 static int do_op(sv_session *s, sv_job *j, char *why) {
-  Dispatch__Op *o = j->req->op;
+  Dspwire__Op *o = j->req->op;
   const dsp_op_info *info = dsp_op_lookup(o->op);
   if (!info) /* the loop refuses these; kept for direct callers */
     return why_set(why, DISPATCH_EUNSUPPORTED, "unknown op code %d", o->op);
@@ -356,7 +356,7 @@ static int do_op(sv_session *s, sv_job *j, char *why) {
 /* A copy of a tensor on another device of this server (or the same one),
  * made inside the server; charged to the session and the target device. */
 static int do_to_device(sv_session *s, sv_job *j, char *why) {
-  Dispatch__ToDevice *m = j->req->to_device;
+  Dspwire__ToDevice *m = j->req->to_device;
   dsp_tensor *t;
   int rc = get_tensor(s, m->id, LABEL("to_device"), why, &t);
   if (rc < 0) return rc;
@@ -386,7 +386,7 @@ static int do_track(sv_session *s, sv_job *j, char *why) {
 }
 
 static int do_backward(sv_session *s, sv_job *j, char *why) {
-  Dispatch__Backward *b = j->req->backward;
+  Dspwire__Backward *b = j->req->backward;
   dsp_tensor *loss;
   int rc = get_tensor(s, b->loss, LABEL("backward: loss"), why, &loss);
   if (rc < 0) return rc;
@@ -419,7 +419,7 @@ static int get_grads(sv_session *s, uint64_t id, char *why, dsp_grads **g) {
 }
 
 static int do_grad(sv_session *s, sv_job *j, char *why) {
-  Dispatch__Grad *gr = j->req->grad;
+  Dspwire__Grad *gr = j->req->grad;
   dsp_grads *g;
   dsp_tensor *t, *gt;
   int rc = get_grads(s, gr->grads, why, &g);
@@ -437,7 +437,7 @@ static int do_grad(sv_session *s, sv_job *j, char *why) {
 /* Validates every id and shape of the step first, then updates the
  * parameters in place with grad mode off (an update is not a graph op). */
 static int do_step(sv_session *s, sv_job *j, char *why) {
-  Dispatch__Step *st = j->req->step;
+  Dspwire__Step *st = j->req->step;
   size_t k;
   if (st->op == DSP_OP_SGD_STEP) k = 1;
   else if (st->op == DSP_OP_ADAM_STEP) k = 2;
@@ -516,7 +516,7 @@ static int do_step(sv_session *s, sv_job *j, char *why) {
 /* Frees every id it can; the first unknown id is reported after the rest
  * were freed. */
 static int do_free(sv_session *s, sv_job *j, char *why) {
-  Dispatch__Free *f = j->req->free;
+  Dspwire__Free *f = j->req->free;
   int rc = 0;
   for (size_t i = 0; i < f->n_tensors; i++) {
     sv_entry *e = sv_idmap_del(&s->tensors, f->tensors[i]);
@@ -542,15 +542,15 @@ static int do_read(sv_session *s, sv_job *j, char *why) {
   dsp_tensor *t;
   int rc = get_tensor(s, j->req->read->id, LABEL("read"), why, &t);
   if (rc < 0) return rc;
-  Dispatch__Reply r = DISPATCH__REPLY__INIT;
-  Dispatch__ReadReply rr = DISPATCH__READ_REPLY__INIT;
-  Dispatch__TensorMeta m = DISPATCH__TENSOR_META__INIT;
+  Dspwire__Reply r = DSPWIRE__REPLY__INIT;
+  Dspwire__ReadReply rr = DSPWIRE__READ_REPLY__INIT;
+  Dspwire__TensorMeta m = DSPWIRE__TENSOR_META__INIT;
   m.dtype = (int32_t)t->meta.dtype;
   m.n_shape = (size_t)t->meta.ndim;
   m.shape = t->meta.shape;
   rr.meta = &m;
   r.req_id = j->req->req_id;
-  r.body_case = DISPATCH__REPLY__BODY_READ;
+  r.body_case = DSPWIRE__REPLY__BODY_READ;
   r.read = &rr;
   rc = sv_encode_read_reply(s->ctx, &r, t, j);
   if (rc < 0) return why_set(why, rc, "read: out of memory for the reply");
@@ -558,8 +558,8 @@ static int do_read(sv_session *s, sv_job *j, char *why) {
 }
 
 static int do_stats(sv_session *s, sv_job *j, char *why) {
-  Dispatch__Reply r = DISPATCH__REPLY__INIT;
-  Dispatch__StatsReply st = DISPATCH__STATS_REPLY__INIT;
+  Dspwire__Reply r = DSPWIRE__REPLY__INIT;
+  Dspwire__StatsReply st = DSPWIRE__STATS_REPLY__INIT;
   sv_global *g = s->global;
   st.tensors = s->n_live;
   st.bytes = (uint64_t)atomic_load(&s->bytes);
@@ -577,11 +577,11 @@ static int do_stats(sv_session *s, sv_job *j, char *why) {
   st.server_bytes = (uint64_t)atomic_load(&g->bytes);
   st.protocol_errors = (uint64_t)atomic_load(&g->protocol_errors);
   st.limit_violations = (uint64_t)atomic_load(&g->limit_violations);
-  Dispatch__DeviceInfo infos[SV_MAX_DEVICES], *ip[SV_MAX_DEVICES];
+  Dspwire__DeviceInfo infos[SV_MAX_DEVICES], *ip[SV_MAX_DEVICES];
   st.n_devices = sv_device_infos(g, infos, ip);
   st.devices = ip;
   r.req_id = j->req->req_id;
-  r.body_case = DISPATCH__REPLY__BODY_STATS;
+  r.body_case = DSPWIRE__REPLY__BODY_STATS;
   r.stats = &st;
   int rc = sv_encode_reply(&r, NULL, 0, &j->out, &j->out_len);
   if (rc < 0) return why_set(why, rc, "stats: out of memory for the reply");
@@ -589,7 +589,7 @@ static int do_stats(sv_session *s, sv_job *j, char *why) {
 }
 
 static int empty_reply(sv_job *j, char *why) {
-  Dispatch__Reply r = DISPATCH__REPLY__INIT;
+  Dspwire__Reply r = DSPWIRE__REPLY__INIT;
   r.req_id = j->req->req_id;
   int rc = sv_encode_reply(&r, NULL, 0, &j->out, &j->out_len);
   if (rc < 0) return why_set(why, rc, "out of memory for the reply");
@@ -639,7 +639,7 @@ static void defer_error(sv_session *s, int code, uint64_t req_id,
 }
 
 void sv_session_exec(sv_session *s, sv_job *j) {
-  Dispatch__Request *r = j->req;
+  Dspwire__Request *r = j->req;
   char why[WHY_LEN];
   why[0] = '\0';
   dsp_clearerr(s->ctx);
@@ -659,41 +659,41 @@ void sv_session_exec(sv_session *s, sv_job *j) {
   uint64_t out_id = 0;
   int has_out = 0;
   s->turn_cost += 1 + j->upload_bytes;
-  if (r->body_case == DISPATCH__REQUEST__BODY_BACKWARD ||
-      r->body_case == DISPATCH__REQUEST__BODY_STEP)
+  if (r->body_case == DSPWIRE__REQUEST__BODY_BACKWARD ||
+      r->body_case == DSPWIRE__REQUEST__BODY_STEP)
     s->turn_cost = SV_TURN_COST; /* many ops in one request: its own turn */
   switch (r->body_case) {
-    case DISPATCH__REQUEST__BODY_UPLOAD:
+    case DSPWIRE__REQUEST__BODY_UPLOAD:
       rc = do_upload(s, j, why);
       out_id = r->upload->id;
       has_out = 1;
       break;
-    case DISPATCH__REQUEST__BODY_OP:
+    case DSPWIRE__REQUEST__BODY_OP:
       rc = do_op(s, j, why);
       out_id = r->op->output;
       has_out = 1;
       break;
-    case DISPATCH__REQUEST__BODY_TO_DEVICE:
+    case DSPWIRE__REQUEST__BODY_TO_DEVICE:
       rc = do_to_device(s, j, why);
       out_id = r->to_device->output;
       has_out = 1;
       break;
-    case DISPATCH__REQUEST__BODY_TRACK: rc = do_track(s, j, why); break;
-    case DISPATCH__REQUEST__BODY_BACKWARD:
+    case DSPWIRE__REQUEST__BODY_TRACK: rc = do_track(s, j, why); break;
+    case DSPWIRE__REQUEST__BODY_BACKWARD:
       rc = do_backward(s, j, why);
       if (rc == 0) rc = empty_reply(j, why);
       break;
-    case DISPATCH__REQUEST__BODY_GRAD:
+    case DSPWIRE__REQUEST__BODY_GRAD:
       rc = do_grad(s, j, why);
       out_id = r->grad->output;
       has_out = 1;
       break;
-    case DISPATCH__REQUEST__BODY_STEP: rc = do_step(s, j, why); break;
-    case DISPATCH__REQUEST__BODY_FREE: rc = do_free(s, j, why); break;
-    case DISPATCH__REQUEST__BODY_READ: rc = do_read(s, j, why); break;
-    case DISPATCH__REQUEST__BODY_SYNC: rc = empty_reply(j, why); break;
-    case DISPATCH__REQUEST__BODY_STATS: rc = do_stats(s, j, why); break;
-    case DISPATCH__REQUEST__BODY_BYE: j->is_bye = 1; break;
+    case DSPWIRE__REQUEST__BODY_STEP: rc = do_step(s, j, why); break;
+    case DSPWIRE__REQUEST__BODY_FREE: rc = do_free(s, j, why); break;
+    case DSPWIRE__REQUEST__BODY_READ: rc = do_read(s, j, why); break;
+    case DSPWIRE__REQUEST__BODY_SYNC: rc = empty_reply(j, why); break;
+    case DSPWIRE__REQUEST__BODY_STATS: rc = do_stats(s, j, why); break;
+    case DSPWIRE__REQUEST__BODY_BYE: j->is_bye = 1; break;
     default:
       rc = why_set(why, DISPATCH_EPROTO, "request has no body");
       break;
@@ -724,7 +724,7 @@ void sv_session_exec(sv_session *s, sv_job *j) {
  * deferred error unless one is pending. */
 void sv_session_defer(sv_session *s, uint64_t req_id, int body, int code,
                       const char *msg, uint8_t **out, size_t *out_len) {
-  const sv_req_kind *kind = sv_req_kind_of((Dispatch__Request__BodyCase)body);
+  const sv_req_kind *kind = sv_req_kind_of((Dspwire__Request__BodyCase)body);
   *out = NULL;
   *out_len = 0;
   atomic_fetch_add(&s->global->limit_violations, code == DISPATCH_EQUOTA);

@@ -156,8 +156,8 @@ void sv_devices_close(sv_global *g);
 const sv_device *sv_device_find(const sv_global *g, const char *name);
 /* Fills the wire description of every device (at most SV_MAX_DEVICES;
  * strings point into g) and ptrs[i] = &infos[i]; returns the count. */
-size_t sv_device_infos(const sv_global *g, Dispatch__DeviceInfo *infos,
-                       Dispatch__DeviceInfo **ptrs);
+size_t sv_device_infos(const sv_global *g, Dspwire__DeviceInfo *infos,
+                       Dspwire__DeviceInfo **ptrs);
 /* "cpu:0, cpu:1": the names, for messages. */
 void sv_device_names(const sv_global *g, char *buf, size_t len);
 
@@ -173,7 +173,7 @@ typedef struct sv_req_kind {
   unsigned bulk : 1;    /* carries a bulk part (an upload) */
 } sv_req_kind;
 /* The kind of a body case; an unknown case gets a kind with no flags. */
-const sv_req_kind *sv_req_kind_of(Dispatch__Request__BodyCase bc);
+const sv_req_kind *sv_req_kind_of(Dspwire__Request__BodyCase bc);
 
 /* ------------------------------------------------------------ jobs */
 
@@ -188,7 +188,7 @@ typedef struct sv_job {
   struct sv_job *next;
   sv_job_kind kind;
   struct sv_session *sess;
-  Dispatch__Request *req; /* owned; NULL for teardown */
+  Dspwire__Request *req; /* owned; NULL for teardown */
   dsp_tensor *upload;     /* owned upload tensor, filled from the bulk */
   dsp_stage upload_stage; /* where the bulk lands: the backend's staging of
                              upload, committed when the upload runs */
@@ -290,7 +290,7 @@ void sv_session_exec(sv_session *s, sv_job *j);
 
 /* Encodes a reply frame (header + message + bulk copy) into one buffer
  * from dsp_malloc. 0 or DISPATCH_ENOMEM / DISPATCH_ETOOLARGE. */
-int sv_encode_reply(const Dispatch__Reply *r, const void *bulk,
+int sv_encode_reply(const Dspwire__Reply *r, const void *bulk,
                     size_t bulk_len, uint8_t **out, size_t *out_len);
 /* A Read reply for t into j: with j->bulk_by_ref and a tensor past a few
  * pages, j->out is the header and message only and j->out_pin a pin of t
@@ -298,7 +298,7 @@ int sv_encode_reply(const Dispatch__Reply *r, const void *bulk,
  * until the loop releases it once they are sent); otherwise the bytes are
  * copied into j->out. 0 or DISPATCH_ENOMEM /
  * DISPATCH_ETOOLARGE. */
-int sv_encode_read_reply(dsp_ctx *ctx, const Dispatch__Reply *r,
+int sv_encode_read_reply(dsp_ctx *ctx, const Dspwire__Reply *r,
                          dsp_tensor *t, sv_job *j);
 /* An Error reply frame (req_id, code, message, failed_req_id). */
 int sv_encode_error(uint64_t req_id, int code, const char *msg,
@@ -312,7 +312,7 @@ void sv_pb_charge_init(sv_pb_charge *pc, dsp_budget *b);
 
 /* Short description of a request for messages and debug logs:
  * "op matmul [3, 4] -> 5", "upload 7 f32 [2, 3]". */
-void sv_describe(const Dispatch__Request *r, char *buf, size_t len);
+void sv_describe(const Dspwire__Request *r, char *buf, size_t len);
 
 /* ------------------------------------------------------------ decode
  * The socket-free steps of reading a request (decode.c), shared by reader.c,
@@ -326,7 +326,7 @@ int sv_decode_header(const sv_config *cfg, const uint8_t *in16,
  * only on uploads, known op code). 0 with *out owned by the caller, or
  * DISPATCH_EPROTO with *out NULL and *req_id the id when it decoded. */
 int sv_decode_request(const uint8_t *msg, size_t len, uint64_t bulk_len,
-                      int hello_done, Dispatch__Request **out,
+                      int hello_done, Dspwire__Request **out,
                       uint64_t *req_id, char *why, size_t why_len);
 /* The same, with what the decoded request holds charged to s's queue
  * budget (s NULL: uncharged). A request whose decoded form does not fit returns
@@ -335,7 +335,7 @@ int sv_decode_request(const uint8_t *msg, size_t len, uint64_t bulk_len,
  * to finish or defer the error instead of closing the connection. */
 int sv_decode_request_charged(sv_session *s, const uint8_t *msg, size_t len,
                               uint64_t bulk_len, int hello_done,
-                              Dispatch__Request **out, uint64_t *req_id,
+                              Dspwire__Request **out, uint64_t *req_id,
                               int *body, char *why, size_t why_len);
 /* Records a failure of a request that never reached a worker as the
  * session's deferred error (or, for a request that waits for a reply,

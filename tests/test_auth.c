@@ -109,16 +109,16 @@ static uint64_t protocol_errors(const char *token) {
   wire_conn c;
   cr_assert_eq(wire_connect(&c, g_srv.port), 0);
   dsp_wreq w;
-  Dispatch__Request *req = dsp_wreq_hello(&w, 1, 0, token, NULL);
+  Dspwire__Request *req = dsp_wreq_hello(&w, 1, 0, token, NULL);
   req->req_id = 1;
   cr_assert_eq(wire_send(&c, req, NULL, 0), 0);
-  Dispatch__Reply *r;
+  Dspwire__Reply *r;
   void *bulk;
   size_t bl;
   cr_assert_eq(wire_recv(&c, &r, &bulk, &bl), 0);
   cr_assert_null(r->error);
   wire_reply_free(r, bulk);
-  Dispatch__StatsReply st;
+  Dspwire__StatsReply st;
   cr_assert_eq(wire_get_stats(&c, &st), 0);
   wire_close(&c);
   return st.protocol_errors;
@@ -186,7 +186,7 @@ Test(auth, missing_token_is_refused_and_logged, .fini = cleanup) {
   wire_conn c;
   cr_assert_eq(wire_connect(&c, g_srv.port), 0);
   uint64_t rid = wire_hello_send(&c, 1, 0, "raw");
-  Dispatch__Reply *r;
+  Dspwire__Reply *r;
   void *bulk;
   size_t bl;
   cr_assert_eq(wire_recv(&c, &r, &bulk, &bl), 0);

@@ -49,7 +49,7 @@ Test(batch, pipelined_ops_take_fewer_turns_than_ops) {
   cr_assert_eq(n, sizeof k_one);
   cr_assert_eq(((float *)got)[15], (float)(N + 1));
   free(got);
-  Dispatch__StatsReply st;
+  Dspwire__StatsReply st;
   cr_assert_eq(wire_get_stats(&c, &st), 0);
   cr_assert_eq(st.ops, N);
   /* upload + N ops + read: N + 2 requests ran on a worker */
@@ -113,7 +113,7 @@ Test(batch, chain_error_poisons_exactly_its_dependents) {
   /* the failed link and every later one: poisoned, naming the failure */
   for (uint64_t i = K; i <= N; i++) {
     uint64_t rid = wire_read(&c, 10 + i);
-    Dispatch__Reply *r;
+    Dspwire__Reply *r;
     cr_assert_eq(wire_recv(&c, &r, NULL, NULL), 0);
     cr_assert_eq(r->req_id, rid);
     cr_assert_not_null(r->error, "link %llu is not poisoned",
@@ -137,7 +137,7 @@ Test(batch, chain_error_poisons_exactly_its_dependents) {
     cr_assert_eq(((float *)got)[7], 2.0f);
     free(got);
   }
-  Dispatch__StatsReply st;
+  Dspwire__StatsReply st;
   cr_assert_eq(wire_get_stats(&c, &st), 0);
   cr_assert_eq(st.ops, (uint64_t)(N - 1 - (N - K)) + N,
                "ops %llu", (unsigned long long)st.ops);
@@ -179,7 +179,7 @@ Test(batch, lazy_labels_name_the_failing_id) {
   uint64_t one[1] = {1};
   wire_op(&c, DSP_OP_SUM, one, 1, 3, NULL, 0, NULL, 0);
   uint64_t rid = wire_backward(&c, 3, 50, 0);
-  Dispatch__Reply *r;
+  Dspwire__Reply *r;
   cr_assert_eq(wire_recv(&c, &r, NULL, NULL), 0);
   cr_assert_eq(r->req_id, rid);
   cr_assert_null(r->error, "%s", r->error ? r->error->message : "");
@@ -211,7 +211,7 @@ Test(batch, disconnect_mid_batch_releases_everything) {
   wire_conn watch, a;
   cr_assert_eq(wire_connect(&watch, g_srv.port), 0);
   cr_assert_eq(wire_hello(&watch, "watch"), 0);
-  Dispatch__StatsReply base, st;
+  Dspwire__StatsReply base, st;
   cr_assert_eq(wire_get_stats(&watch, &base), 0);
   cr_assert_eq(wire_connect(&a, g_srv.port), 0);
   cr_assert_eq(wire_hello(&a, "gone"), 0);

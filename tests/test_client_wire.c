@@ -44,13 +44,13 @@ static int recv_n(int fd, void *p, size_t n) {
   return 0;
 }
 
-static void send_reply(int fd, Dispatch__Reply *r, const void *bulk,
+static void send_reply(int fd, Dspwire__Reply *r, const void *bulk,
                        size_t bulk_len) {
-  size_t n = dispatch__reply__get_packed_size(r);
+  size_t n = dspwire__reply__get_packed_size(r);
   uint8_t *buf = malloc(DSP_FRAME_HEADER_SIZE + n + bulk_len);
   dsp_frame_header h = {(uint32_t)n, 0, bulk_len};
   dsp_frame_header_encode(buf, &h);
-  dispatch__reply__pack(r, buf + DSP_FRAME_HEADER_SIZE);
+  dspwire__reply__pack(r, buf + DSP_FRAME_HEADER_SIZE);
   if (bulk_len) memcpy(buf + DSP_FRAME_HEADER_SIZE + n, bulk, bulk_len);
   ssize_t w = send(fd, buf, DSP_FRAME_HEADER_SIZE + n + bulk_len,
                    MSG_NOSIGNAL);
@@ -76,7 +76,7 @@ static void *fake_main(void *arg) {
       free(bulk);
       break;
     }
-    Dispatch__Request *q = dispatch__request__unpack(NULL, h.msg_len, m);
+    Dspwire__Request *q = dspwire__request__unpack(NULL, h.msg_len, m);
     free(m);
     if (!q) {
       free(bulk);
@@ -86,34 +86,34 @@ static void *fake_main(void *arg) {
     int i = f->n < MAX_LOG ? f->n++ : MAX_LOG - 1;
     f->kind[i] = q->body_case;
     f->count[i] = f->count2[i] = 0;
-    if (q->body_case == DISPATCH__REQUEST__BODY_OP) f->count[i] = q->op->n_inputs;
-    if (q->body_case == DISPATCH__REQUEST__BODY_STEP) {
+    if (q->body_case == DSPWIRE__REQUEST__BODY_OP) f->count[i] = q->op->n_inputs;
+    if (q->body_case == DSPWIRE__REQUEST__BODY_STEP) {
       f->count[i] = q->step->n_params;
       f->count2[i] = q->step->n_states;
     }
-    if (q->body_case == DISPATCH__REQUEST__BODY_FREE) {
+    if (q->body_case == DSPWIRE__REQUEST__BODY_FREE) {
       f->count[i] = q->free->n_tensors;
       f->count2[i] = q->free->n_grads;
     }
-    if (q->body_case == DISPATCH__REQUEST__BODY_UPLOAD) {
+    if (q->body_case == DSPWIRE__REQUEST__BODY_UPLOAD) {
       free(f->last_upload);
       f->last_upload = bulk;
       f->last_upload_len = h.bulk_len;
       bulk = NULL;
     }
-    if (q->body_case == DISPATCH__REQUEST__BODY_HELLO)
+    if (q->body_case == DSPWIRE__REQUEST__BODY_HELLO)
       snprintf(f->token, sizeof f->token, "%s", q->hello->token);
     pthread_mutex_unlock(&f->mu);
     free(bulk);
 
-    Dispatch__Reply r = DISPATCH__REPLY__INIT;
+    Dspwire__Reply r = DSPWIRE__REPLY__INIT;
     r.req_id = q->req_id;
-    Dispatch__HelloReply hr = DISPATCH__HELLO_REPLY__INIT;
-    Dispatch__Error e = DISPATCH__ERROR__INIT;
-    Dispatch__ReadReply rr = DISPATCH__READ_REPLY__INIT;
-    Dispatch__TensorMeta tm = DISPATCH__TENSOR_META__INIT;
+    Dspwire__HelloReply hr = DSPWIRE__HELLO_REPLY__INIT;
+    Dspwire__Error e = DSPWIRE__ERROR__INIT;
+    Dspwire__ReadReply rr = DSPWIRE__READ_REPLY__INIT;
+    Dspwire__TensorMeta tm = DSPWIRE__TENSOR_META__INIT;
     switch (q->body_case) {
-      case DISPATCH__REQUEST__BODY_HELLO:
+      case DSPWIRE__REQUEST__BODY_HELLO:
         if (strcmp(q->hello->token, "sesame") != 0) {
           e.code = DISPATCH_EAUTH;
           e.message = "hello: token rejected by the fake";
@@ -121,26 +121,26 @@ static void *fake_main(void *arg) {
           r.error = &e;
         } else {
           hr.major = DSP_PROTO_MAJOR;
-          r.body_case = DISPATCH__REPLY__BODY_HELLO;
+          r.body_case = DSPWIRE__REPLY__BODY_HELLO;
           r.hello = &hr;
         }
         send_reply(f->cfd, &r, NULL, 0);
         break;
-      case DISPATCH__REQUEST__BODY_READ:
+      case DSPWIRE__REQUEST__BODY_READ:
         if (f->silent) break;
-        r.body_case = DISPATCH__REPLY__BODY_READ;
+        r.body_case = DSPWIRE__REPLY__BODY_READ;
         r.read = &rr;
         rr.meta = &tm;
         send_reply(f->cfd, &r, f->last_upload, f->last_upload_len);
         break;
-      case DISPATCH__REQUEST__BODY_SYNC:
-      case DISPATCH__REQUEST__BODY_BACKWARD:
-      case DISPATCH__REQUEST__BODY_STATS:
+      case DSPWIRE__REQUEST__BODY_SYNC:
+      case DSPWIRE__REQUEST__BODY_BACKWARD:
+      case DSPWIRE__REQUEST__BODY_STATS:
         if (!f->silent) send_reply(f->cfd, &r, NULL, 0);
         break;
       default: break;
     }
-    dispatch__request__free_unpacked(q, NULL);
+    dspwire__request__free_unpacked(q, NULL);
   }
   return NULL;
 }
@@ -210,23 +210,23 @@ Test(client_wire, ops_are_pipelined_and_frees_batched) {
   cr_assert_eq(dispatch_reshape(t, 2, bad, &r), DISPATCH_ESHAPE);
   OK(dev, dispatch_scope_end(dev));
   /* nothing waited yet: only the hello reached the server */
-  cr_assert_eq(count_kind(f, DISPATCH__REQUEST__BODY_OP), 0);
+  cr_assert_eq(count_kind(f, DSPWIRE__REQUEST__BODY_OP), 0);
   OK(dev, dispatch_device_sync(dev));
   pthread_mutex_lock(&f->mu);
   int n = f->n;
-  int want[] = {DISPATCH__REQUEST__BODY_HELLO, DISPATCH__REQUEST__BODY_UPLOAD};
+  int want[] = {DSPWIRE__REQUEST__BODY_HELLO, DSPWIRE__REQUEST__BODY_UPLOAD};
   cr_assert_eq(n, 2 + 10 + 1 + 1, "got %d frames", n);
   for (int i = 0; i < 2; i++) cr_assert_eq(f->kind[i], want[i]);
-  for (int i = 2; i < 12; i++) cr_assert_eq(f->kind[i], DISPATCH__REQUEST__BODY_OP);
-  cr_assert_eq(f->kind[12], DISPATCH__REQUEST__BODY_FREE);
+  for (int i = 2; i < 12; i++) cr_assert_eq(f->kind[i], DSPWIRE__REQUEST__BODY_OP);
+  cr_assert_eq(f->kind[12], DSPWIRE__REQUEST__BODY_FREE);
   cr_assert_eq(f->count[12], 10, "one Free carries the scope's 10 ids");
-  cr_assert_eq(f->kind[13], DISPATCH__REQUEST__BODY_SYNC);
+  cr_assert_eq(f->kind[13], DSPWIRE__REQUEST__BODY_SYNC);
   pthread_mutex_unlock(&f->mu);
   /* a read is one round trip and its bytes land in the buffer */
   float back[8];
   OK(dev, dispatch_tensor_read(x, back, sizeof back));
   cr_assert_eq(memcmp(back, v, sizeof v), 0);
-  cr_assert_eq(count_kind(f, DISPATCH__REQUEST__BODY_READ), 1);
+  cr_assert_eq(count_kind(f, DSPWIRE__REQUEST__BODY_READ), 1);
   dispatch_device_close(dev);
   fake_stop(f);
 }
@@ -240,7 +240,7 @@ Test(client_wire, an_optimizer_step_is_one_step_message) {
     OK(dev, dispatch_ones(dev, DISPATCH_F32, 2, sh, &p[i]));
     OK(dev, dispatch_autodiff(p[i], &ap[i]));
   }
-  cr_assert_eq(count_kind(f, DISPATCH__REQUEST__BODY_TRACK), 0);
+  cr_assert_eq(count_kind(f, DSPWIRE__REQUEST__BODY_TRACK), 0);
   dispatch_optim *opt;
   OK(dev, dispatch_adam_new(ap, 3, 0.01, 0.9, 0.999, 1e-8, &opt));
   OK(dev, dispatch_add(ap[0], ap[1], &t));
@@ -248,21 +248,21 @@ Test(client_wire, an_optimizer_step_is_one_step_message) {
   OK(dev, dispatch_sum(t, 0, NULL, 0, &loss));
   dispatch_grads *g;
   OK(dev, dispatch_backward(loss, &g));
-  cr_assert_eq(count_kind(f, DISPATCH__REQUEST__BODY_TRACK), 3);
+  cr_assert_eq(count_kind(f, DSPWIRE__REQUEST__BODY_TRACK), 3);
   OK(dev, dispatch_optim_step(opt, g));
   OK(dev, dispatch_optim_step(opt, g));
   dispatch_grads_free(g);
   OK(dev, dispatch_device_sync(dev));
-  cr_assert_eq(count_kind(f, DISPATCH__REQUEST__BODY_STEP), 2);
-  cr_assert_eq(count_kind(f, DISPATCH__REQUEST__BODY_BACKWARD), 1);
+  cr_assert_eq(count_kind(f, DSPWIRE__REQUEST__BODY_STEP), 2);
+  cr_assert_eq(count_kind(f, DSPWIRE__REQUEST__BODY_BACKWARD), 1);
   pthread_mutex_lock(&f->mu);
   int seen = 0;
   for (int i = 0; i < f->n; i++)
-    if (f->kind[i] == DISPATCH__REQUEST__BODY_STEP) {
+    if (f->kind[i] == DSPWIRE__REQUEST__BODY_STEP) {
       cr_assert_eq(f->count[i], 3);
       cr_assert_eq(f->count2[i], 6);
       seen++;
-    } else if (f->kind[i] == DISPATCH__REQUEST__BODY_FREE) {
+    } else if (f->kind[i] == DSPWIRE__REQUEST__BODY_FREE) {
       cr_assert_eq(f->count2[i], 1, "the gradient container is freed");
     }
   cr_assert_eq(seen, 2);

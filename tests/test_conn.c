@@ -112,7 +112,7 @@ static void start_conn(int tls, const char *const *more, wire_conn *c) {
 /* Receives one frame that must be an Error of code whose message holds
  * want. */
 static void expect_error(wire_conn *c, int code, const char *want) {
-  Dispatch__Reply *r;
+  Dspwire__Reply *r;
   void *bulk;
   size_t bl;
   cr_assert_eq(wire_recv(c, &r, &bulk, &bl), 0, "no error frame");
@@ -126,7 +126,7 @@ static void expect_error(wire_conn *c, int code, const char *want) {
 
 /* Receives one frame that must be a reply without error. */
 static void expect_ok(wire_conn *c) {
-  Dispatch__Reply *r;
+  Dspwire__Reply *r;
   void *bulk;
   size_t bl;
   cr_assert_eq(wire_recv(c, &r, &bulk, &bl), 0, "no reply");
@@ -211,8 +211,8 @@ Test(conn, read_over_4gib_round_trips, .fini = cleanup, .timeout = 120) {
  * container `grads`, lr as given, no momentum or weight decay. */
 static void send_sgd_step(wire_conn *c, uint64_t grads, uint64_t param,
                           uint64_t state, double lr) {
-  Dispatch__Request r = DISPATCH__REQUEST__INIT;
-  Dispatch__Step st = DISPATCH__STEP__INIT;
+  Dspwire__Request r = DSPWIRE__REQUEST__INIT;
+  Dspwire__Step st = DSPWIRE__STEP__INIT;
   double fl[3] = {lr, 0, 0};
   uint64_t params[1] = {param}, states[1] = {state};
   st.op = DSP_OP_SGD_STEP;
@@ -224,7 +224,7 @@ static void send_sgd_step(wire_conn *c, uint64_t grads, uint64_t param,
   st.n_floats = 3;
   st.floats = fl;
   r.req_id = ++c->next_req_id;
-  r.body_case = DISPATCH__REQUEST__BODY_STEP;
+  r.body_case = DSPWIRE__REQUEST__BODY_STEP;
   r.step = &st;
   cr_assert_eq(wire_send(c, &r, NULL, 0), 0);
 }
@@ -253,7 +253,7 @@ static void read_is_a_snapshot(int tls) {
   send_sgd_step(&c, G, P, V, 1.0);
   wire_sync(&c);
   for (int pass = 0; pass < 2; pass++) {
-    Dispatch__Reply *r;
+    Dspwire__Reply *r;
     void *bulk;
     size_t bl;
     cr_assert_eq(wire_recv(&c, &r, &bulk, &bl), 0, "no read reply");
@@ -323,15 +323,15 @@ Test(conn, reply_queue_limit_counts_bookkeeping, .fini = cleanup,
   static uint8_t batch[PER * 64];
   size_t len = 0;
   for (int i = 0; i < PER; i++) {
-    Dispatch__Request r = DISPATCH__REQUEST__INIT;
+    Dspwire__Request r = DSPWIRE__REQUEST__INIT;
     r.req_id = (uint64_t)i + 100;
-    r.body_case = DISPATCH__REQUEST__BODY_SYNC;
-    Dispatch__Sync s = DISPATCH__SYNC__INIT;
+    r.body_case = DSPWIRE__REQUEST__BODY_SYNC;
+    Dspwire__Sync s = DSPWIRE__SYNC__INIT;
     r.sync = &s;
-    size_t ml = dispatch__request__get_packed_size(&r);
+    size_t ml = dspwire__request__get_packed_size(&r);
     dsp_frame_header h = {(uint32_t)ml, 0, 0};
     dsp_frame_header_encode(batch + len, &h);
-    dispatch__request__pack(&r, batch + len + DSP_FRAME_HEADER_SIZE);
+    dspwire__request__pack(&r, batch + len + DSP_FRAME_HEADER_SIZE);
     len += DSP_FRAME_HEADER_SIZE + ml;
   }
   uint64_t sent = 0;
@@ -396,9 +396,9 @@ Test(conn, steady_upload_is_not_cut, .fini = cleanup, .timeout = 120) {
   float *v = malloc(nb);
   cr_assert_not_null(v);
   for (int64_t i = 0; i < n; i++) v[i] = (float)(i % 97);
-  Dispatch__Request r = DISPATCH__REQUEST__INIT;
-  Dispatch__Upload up = DISPATCH__UPLOAD__INIT;
-  Dispatch__TensorMeta m = DISPATCH__TENSOR_META__INIT;
+  Dspwire__Request r = DSPWIRE__REQUEST__INIT;
+  Dspwire__Upload up = DSPWIRE__UPLOAD__INIT;
+  Dspwire__TensorMeta m = DSPWIRE__TENSOR_META__INIT;
   int64_t shape[1] = {n};
   m.dtype = DSP_F32;
   m.n_shape = 1;
@@ -406,14 +406,14 @@ Test(conn, steady_upload_is_not_cut, .fini = cleanup, .timeout = 120) {
   up.meta = &m;
   up.id = 1;
   r.req_id = ++c.next_req_id;
-  r.body_case = DISPATCH__REQUEST__BODY_UPLOAD;
+  r.body_case = DSPWIRE__REQUEST__BODY_UPLOAD;
   r.upload = &up;
-  size_t ml = dispatch__request__get_packed_size(&r);
+  size_t ml = dspwire__request__get_packed_size(&r);
   uint8_t *frame = malloc(DSP_FRAME_HEADER_SIZE + ml + nb);
   cr_assert_not_null(frame);
   dsp_frame_header h = {(uint32_t)ml, 0, nb};
   dsp_frame_header_encode(frame, &h);
-  dispatch__request__pack(&r, frame + DSP_FRAME_HEADER_SIZE);
+  dspwire__request__pack(&r, frame + DSP_FRAME_HEADER_SIZE);
   memcpy(frame + DSP_FRAME_HEADER_SIZE + ml, v, nb);
   size_t total = DSP_FRAME_HEADER_SIZE + ml + nb, piece = total / 20 + 1;
   for (size_t off = 0; off < total; off += piece) {
@@ -504,17 +504,17 @@ Test(conn, client_strings_cannot_forge_log_lines, .fini = cleanup,
   for (int pass = 0; pass < 2; pass++) {
     wire_conn c;
     cr_assert_eq(wire_connect(&c, g_srv.port), 0);
-    Dispatch__Request r = DISPATCH__REQUEST__INIT;
-    Dispatch__Hello h = DISPATCH__HELLO__INIT;
+    Dspwire__Request r = DSPWIRE__REQUEST__INIT;
+    Dspwire__Hello h = DSPWIRE__HELLO__INIT;
     h.major = DSP_PROTO_MAJOR;
     h.minor = DSP_PROTO_MINOR;
     h.client_name = (char *)forged;
     h.token = pass == 0 ? "wrong" : "s3cret";
     r.req_id = 1;
-    r.body_case = DISPATCH__REQUEST__BODY_HELLO;
+    r.body_case = DSPWIRE__REQUEST__BODY_HELLO;
     r.hello = &h;
     cr_assert_eq(wire_send(&c, &r, NULL, 0), 0);
-    Dispatch__Reply *rep;
+    Dspwire__Reply *rep;
     void *bulk;
     size_t bl;
     cr_assert_eq(wire_recv(&c, &rep, &bulk, &bl), 0);
@@ -582,7 +582,7 @@ static uint64_t server_sessions(void) {
   wire_conn s;
   cr_assert_eq(wire_connect(&s, g_srv.port), 0);
   cr_assert_eq(wire_hello(&s, "observer"), 0);
-  Dispatch__StatsReply st;
+  Dspwire__StatsReply st;
   cr_assert_eq(wire_get_stats(&s, &st), 0);
   wire_close(&s);
   return st.sessions;

@@ -55,9 +55,9 @@ static uint64_t device_free(const char *name) {
   cr_assert_eq(wire_hello(&c, "probe"), 0);
   uint64_t id = wire_stats(&c);
   cr_assert(id);
-  Dispatch__Reply *r;
+  Dspwire__Reply *r;
   cr_assert_eq(wire_recv(&c, &r, NULL, NULL), 0);
-  cr_assert_eq(r->body_case, DISPATCH__REPLY__BODY_STATS);
+  cr_assert_eq(r->body_case, DSPWIRE__REPLY__BODY_STATS);
   uint64_t free = UINT64_MAX;
   for (size_t i = 0; i < r->stats->n_devices; i++)
     if (strcmp(r->stats->devices[i]->name, name) == 0)
@@ -69,16 +69,16 @@ static uint64_t device_free(const char *name) {
 }
 
 /* A raw hello that names a device; returns the reply (caller frees). */
-static Dispatch__Reply *hello_on(wire_conn *c, const char *device) {
+static Dspwire__Reply *hello_on(wire_conn *c, const char *device) {
   cr_assert_eq(wire_connect(c, g_srv.port), 0);
   dsp_wreq w;
-  Dispatch__Request *req =
+  Dspwire__Request *req =
       dsp_wreq_hello(&w, DSP_PROTO_MAJOR, DSP_PROTO_MINOR, "", "devices");
   w.body.hello.device = (char *)device;
   req->req_id = 1;
   cr_assert_eq(wire_send(c, req, NULL, 0), 0);
   c->next_req_id = 2;
-  Dispatch__Reply *r;
+  Dspwire__Reply *r;
   cr_assert_eq(wire_recv(c, &r, NULL, NULL), 0);
   return r;
 }
@@ -86,10 +86,10 @@ static Dispatch__Reply *hello_on(wire_conn *c, const char *device) {
 Test(devices, hello_lists_two_cpu_devices, .fini = stop, .timeout = 120) {
   start_two("67108864");
   wire_conn c;
-  Dispatch__Reply *r = hello_on(&c, "cpu:1");
+  Dspwire__Reply *r = hello_on(&c, "cpu:1");
   cr_assert_null(r->error, "%s", r->error ? r->error->message : "");
-  cr_assert_eq(r->body_case, DISPATCH__REPLY__BODY_HELLO);
-  Dispatch__HelloReply *h = r->hello;
+  cr_assert_eq(r->body_case, DSPWIRE__REPLY__BODY_HELLO);
+  Dspwire__HelloReply *h = r->hello;
   cr_assert_eq(h->minor, 1);
   cr_assert_eq(h->n_devices, 2);
   cr_assert_str_eq(h->devices[0]->name, "cpu:0");
@@ -254,14 +254,14 @@ Test(devices, inputs_on_two_devices_are_refused_naming_both, .fini = stop,
 
   /* through the wire: the server refuses, naming both devices */
   wire_conn w;
-  Dispatch__Reply *r = hello_on(&w, "cpu:0");
+  Dspwire__Reply *r = hello_on(&w, "cpu:0");
   cr_assert_null(r->error);
   wire_reply_free(r, NULL);
   float v[4] = {1, 2, 3, 4};
   int64_t s4[1] = {4};
   cr_assert(wire_upload(&w, 10, DSP_F32, 1, s4, v, sizeof v));
   dsp_wreq q;
-  Dispatch__Request *req = dsp_wreq_to_device(&q, 10, 11, "cpu:1");
+  Dspwire__Request *req = dsp_wreq_to_device(&q, 10, 11, "cpu:1");
   req->req_id = w.next_req_id++;
   cr_assert_eq(wire_send(&w, req, NULL, 0), 0);
   uint64_t in[2] = {10, 11};

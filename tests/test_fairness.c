@@ -164,7 +164,7 @@ TestSuite(op_cost, .init = start_default, .fini = cleanup);
 Test(op_cost, huge_pool_is_refused_and_session_goes_on) {
   wire_conn c;
   connect_hello(&c);
-  Dispatch__StatsReply before, after;
+  Dspwire__StatsReply before, after;
   cr_assert_eq(wire_get_stats(&c, &before), 0);
   upload_image(&c, 1);
   huge_pool(&c, 2);
@@ -224,7 +224,7 @@ Test(op_cost_backward, backward_helper_ops_are_limited) {
   wire_op(&c, DSP_OP_SUM, sum_in, 1, 4, NULL, 0, NULL, 0);
   cr_assert_eq(wire_sync_check(&c, NULL, 0, NULL), 0, "forward refused");
   uint64_t rid = wire_backward(&c, 4, 50, 0);
-  Dispatch__Reply *r;
+  Dspwire__Reply *r;
   cr_assert_eq(wire_recv(&c, &r, NULL, NULL), 0);
   cr_assert_eq(r->req_id, rid);
   cr_assert_not_null(r->error, "backward ran past the limit");
@@ -255,7 +255,7 @@ Test(fairness, other_session_answered_within_a_bounded_op) {
   wire_conn a, b;
   connect_hello(&a);
   connect_hello(&b);
-  Dispatch__StatsReply base, st;
+  Dspwire__StatsReply base, st;
   cr_assert_eq(wire_get_stats(&b, &base), 0);
   upload_image(&a, 1);
   enum { N = 256, OPS = 30 };
@@ -275,7 +275,7 @@ Test(fairness, other_session_answered_within_a_bounded_op) {
   wire_upload(&b, 7, DSP_F32, 1, s1, one, 4);
   uint64_t rid = wire_read(&b, 7);
   cr_assert(wait_readable(&b), "B not answered within %d s", WAIT_S);
-  Dispatch__Reply *r;
+  Dspwire__Reply *r;
   void *bulk;
   size_t bl;
   cr_assert_eq(wire_recv(&b, &r, &bulk, &bl), 0);
@@ -339,7 +339,7 @@ Test(cancel, disconnect_cancels_running_op) {
   uint64_t sid = wire_sync(&b);
   cr_assert(wait_readable(&b), "worker still busy %d s after A left",
             WAIT_S);
-  Dispatch__Reply *r;
+  Dspwire__Reply *r;
   cr_assert_eq(wire_recv(&b, &r, NULL, NULL), 0);
   cr_assert_eq(r->req_id, sid);
   cr_assert_null(r->error);
@@ -351,7 +351,7 @@ Test(cancel, disconnect_cancels_running_op) {
   cr_assert(wait_log(line), "no cancel logged");
   /* A's teardown follows its cancelled op on the worker; B's stats may be
    * answered on the loop thread first, so this waits (bounded) for it */
-  Dispatch__StatsReply st;
+  Dspwire__StatsReply st;
   for (int i = 0; i < WAIT_S * 20; i++) {
     cr_assert_eq(wire_get_stats(&b, &st), 0);
     if (st.server_tensors == 1) break;

@@ -197,7 +197,7 @@ Test(fuzz_regress, seeded_session_is_live) {
  * blind to them. Each test decodes the frames a recipe makes. */
 
 typedef struct decoded {
-  Dispatch__Request *req[64];
+  Dspwire__Request *req[64];
   uint64_t bulk[64];
   int n;
 } decoded;
@@ -215,7 +215,7 @@ static void decode_recipe(const uint8_t *rec, size_t n, decoded *d) {
                                          &h), 0);
     at += DSP_FRAME_HEADER_SIZE;
     cr_assert_leq(at + h.msg_len + h.bulk_len, b.n);
-    d->req[d->n] = dispatch__request__unpack(NULL, h.msg_len, b.p + at);
+    d->req[d->n] = dspwire__request__unpack(NULL, h.msg_len, b.p + at);
     cr_assert(d->req[d->n], "frame %d does not decode", d->n);
     d->bulk[d->n++] = h.bulk_len;
     at += h.msg_len + h.bulk_len;
@@ -225,7 +225,7 @@ static void decode_recipe(const uint8_t *rec, size_t n, decoded *d) {
 
 static void decoded_free(decoded *d) {
   for (int i = 0; i < d->n; i++)
-    dispatch__request__free_unpacked(d->req[i], NULL);
+    dspwire__request__free_unpacked(d->req[i], NULL);
 }
 
 /* Runs a recipe on the seeded session: no error reply, `replies` replies
@@ -261,17 +261,17 @@ Test(fuzz_regress, recipe_zero_size_upload) {
     decoded d;
     decode_recipe(rec, sizeof rec, &d);
     cr_assert_eq(d.n, 3, "shape %u: %d frames", k, d.n);
-    Dispatch__Request *u = d.req[0];
-    cr_assert_eq(u->body_case, DISPATCH__REQUEST__BODY_UPLOAD);
+    Dspwire__Request *u = d.req[0];
+    cr_assert_eq(u->body_case, DSPWIRE__REQUEST__BODY_UPLOAD);
     cr_assert_eq(d.bulk[0], 0);
     int64_t numel = 1;
     for (size_t i = 0; i < u->upload->meta->n_shape; i++)
       numel = u->upload->meta->shape[i] == 0 ? 0 : numel;
     cr_assert_eq(numel, 0, "shape %u has no zero dim", k);
-    cr_assert_eq(d.req[1]->body_case, DISPATCH__REQUEST__BODY_OP);
+    cr_assert_eq(d.req[1]->body_case, DSPWIRE__REQUEST__BODY_OP);
     cr_assert_eq(d.req[1]->op->op, DSP_OP_SOFTMAX);
     cr_assert_eq(d.req[1]->op->inputs[0], u->upload->id);
-    cr_assert_eq(d.req[2]->body_case, DISPATCH__REQUEST__BODY_READ);
+    cr_assert_eq(d.req[2]->body_case, DSPWIRE__REQUEST__BODY_READ);
     decoded_free(&d);
   }
   uint8_t rec[] = {0xf0, 0, 0, 0, 0, 0};
@@ -289,8 +289,8 @@ Test(fuzz_regress, recipe_zero_size_attribute_shapes) {
     decoded d;
     decode_recipe(rec, sizeof rec, &d);
     cr_assert_geq(d.n, 1);
-    Dispatch__Op *o = d.req[0]->op;
-    cr_assert_eq(d.req[0]->body_case, DISPATCH__REQUEST__BODY_OP);
+    Dspwire__Op *o = d.req[0]->op;
+    cr_assert_eq(d.req[0]->body_case, DSPWIRE__REQUEST__BODY_OP);
     cr_assert(zero_beside_huge(o->ints, o->n_ints),
               "op %d: no zero-size shape among its ints", o->op);
     seen_create |= o->op == DSP_OP_ZEROS;
@@ -308,10 +308,10 @@ Test(fuzz_regress, recipe_steps_between_reads) {
   decode_recipe(rec, sizeof rec, &d);
   cr_assert_eq(d.n, 12);
   for (int k = 0; k < 4; k++) {
-    Dispatch__Request **r = d.req + 3 * k;
-    cr_assert_eq(r[0]->body_case, DISPATCH__REQUEST__BODY_READ);
-    cr_assert_eq(r[1]->body_case, DISPATCH__REQUEST__BODY_STEP);
-    cr_assert_eq(r[2]->body_case, DISPATCH__REQUEST__BODY_READ);
+    Dspwire__Request **r = d.req + 3 * k;
+    cr_assert_eq(r[0]->body_case, DSPWIRE__REQUEST__BODY_READ);
+    cr_assert_eq(r[1]->body_case, DSPWIRE__REQUEST__BODY_STEP);
+    cr_assert_eq(r[2]->body_case, DSPWIRE__REQUEST__BODY_READ);
     cr_assert_eq(r[1]->step->op, k & 1 ? DSP_OP_ADAM_STEP : DSP_OP_SGD_STEP);
     cr_assert_eq(r[1]->step->params[0], r[0]->read->id);
     cr_assert_eq(r[2]->read->id, r[0]->read->id);
@@ -328,13 +328,13 @@ Test(fuzz_regress, recipe_retained_backward_passes) {
   decode_recipe(rec, sizeof rec, &d);
   cr_assert_eq(d.n, 10);
   for (int k = 0; k < 4; k++) {
-    cr_assert_eq(d.req[k]->body_case, DISPATCH__REQUEST__BODY_BACKWARD);
+    cr_assert_eq(d.req[k]->body_case, DSPWIRE__REQUEST__BODY_BACKWARD);
     cr_assert(d.req[k]->backward->retain);
     cr_assert_eq(d.req[k]->backward->grads, 2 + (uint64_t)k);
   }
   for (int k = 4; k < 10; k += 2) {
-    cr_assert_eq(d.req[k]->body_case, DISPATCH__REQUEST__BODY_GRAD);
-    cr_assert_eq(d.req[k + 1]->body_case, DISPATCH__REQUEST__BODY_READ);
+    cr_assert_eq(d.req[k]->body_case, DSPWIRE__REQUEST__BODY_GRAD);
+    cr_assert_eq(d.req[k + 1]->body_case, DSPWIRE__REQUEST__BODY_READ);
     cr_assert_eq(d.req[k + 1]->read->id, d.req[k]->grad->output);
   }
   decoded_free(&d);

@@ -294,9 +294,9 @@ Test(guards, element_limit_at_the_boundary, .fini = stop_server) {
 Test(guards, frame_limit_at_the_boundary, .fini = stop_server) {
   int64_t n64 = 64;
   dsp_wreq w;
-  Dispatch__Request *r = dsp_wreq_upload(&w, 1, DSP_F32, 1, &n64);
+  Dspwire__Request *r = dsp_wreq_upload(&w, 1, DSP_F32, 1, &n64);
   r->req_id = 2; /* ids below 128 all pack to one byte */
-  size_t frame = dispatch__request__get_packed_size(r) + 64 * sizeof(float);
+  size_t frame = dspwire__request__get_packed_size(r) + 64 * sizeof(float);
   char lim[32];
   snprintf(lim, sizeof lim, "%zu", frame);
   const char *args[] = {"--max-frame", lim, "--log-level", "error", NULL};
@@ -313,7 +313,7 @@ Test(guards, frame_limit_at_the_boundary, .fini = stop_server) {
                dispatch_err_name(rc), msg);
   int64_t n65 = 65;
   wire_upload(&c, 2, DSP_F32, 1, &n65, buf, 65 * sizeof(float));
-  Dispatch__Reply *rep = NULL;
+  Dspwire__Reply *rep = NULL;
   cr_assert_eq(wire_recv(&c, &rep, NULL, NULL), 0, "no reply to the refusal");
   cr_assert(rep->error, "a frame one element over --max-frame was accepted");
   cr_assert_eq(rep->error->code, DISPATCH_ETOOLARGE, "%s",

@@ -24,7 +24,7 @@
 
 static sp_server g_srv;
 static long g_rss_base_kb;
-static Dispatch__StatsReply g_base;
+static Dspwire__StatsReply g_base;
 
 static long rss_kb(void) {
   char path[64], line[256];
@@ -81,7 +81,7 @@ static void good_client(void) {
 
 /* Stats from a fresh session once every other session has been torn down
  * (closing is asynchronous: this waits, bounded, for sessions == 1). */
-static void settled_stats(Dispatch__StatsReply *st) {
+static void settled_stats(Dspwire__StatsReply *st) {
   for (int i = 0; i < 600; i++) {
     wire_conn c;
     connect_hello(&c);
@@ -127,7 +127,7 @@ static void start(void) {
  * memory near baseline, and a clean exit. */
 static void check_recovered(void) {
   good_client();
-  Dispatch__StatsReply st;
+  Dspwire__StatsReply st;
   settled_stats(&st);
   cr_assert_eq(st.server_tensors, g_base.server_tensors);
   cr_assert_eq(st.server_bytes, g_base.server_bytes);
@@ -151,7 +151,7 @@ static void header(uint8_t out[DSP_FRAME_HEADER_SIZE], uint32_t msg_len,
 
 /* The error reply of a refused frame, then the close. */
 static void expect_refused(wire_conn *c, int code) {
-  Dispatch__Reply *r;
+  Dspwire__Reply *r;
   cr_assert_eq(wire_recv(c, &r, NULL, NULL), 0, "no error frame");
   cr_assert_not_null(r->error);
   cr_assert_eq(r->error->code, code, "got %d: %s", r->error->code,
@@ -184,7 +184,7 @@ Test(hostile, truncated_frames_then_disconnect) {
   float *big = calloc(1 << 18, sizeof *big);
   cr_assert_not_null(big);
   dsp_wreq w;
-  Dispatch__Request *req = dsp_wreq_upload(&w, 1, DSP_F32, 1, shape);
+  Dspwire__Request *req = dsp_wreq_upload(&w, 1, DSP_F32, 1, shape);
   req->req_id = 7;
   cr_assert_eq(wire_send(&c, req, NULL, 0), 0); /* header says no bulk */
   wire_close(&c);
@@ -291,7 +291,7 @@ Test(hostile, id_reuse_never_overwrites) {
   cr_assert_eq(wire_sync_check(&c, NULL, 0, NULL), DISPATCH_EIDINUSE);
   wire_track(&c, 5);
   wire_op(&c, DSP_OP_SUM, in, 1, 6, NULL, 0, NULL, 0);
-  Dispatch__Reply *r;
+  Dspwire__Reply *r;
   wire_backward(&c, 6, 1, 1);
   cr_assert_eq(wire_recv(&c, &r, NULL, NULL), 0);
   cr_assert_null(r->error);
@@ -355,7 +355,7 @@ Test(hostile, wrong_byte_counts_keep_the_stream_in_step) {
                  "bulk of %zu bytes", sizes[i]);
   }
   dsp_wreq w;
-  Dispatch__Request *req = dsp_wreq_upload(&w, 200, DSP_F32, 1, s4);
+  Dspwire__Request *req = dsp_wreq_upload(&w, 200, DSP_F32, 1, s4);
   req->upload->meta = NULL; /* no meta at all */
   req->req_id = 200;
   cr_assert_eq(wire_send(&c, req, x, 16), 0);
@@ -384,7 +384,7 @@ Test(hostile, slow_partial_frame_does_not_block_others) {
   for (int i = 0; i < 16; i++) x[i] = (float)i * 0.5f;
   int64_t s16[1] = {16};
   dsp_wreq w;
-  Dispatch__Request *req = dsp_wreq_upload(&w, 9, DSP_F32, 1, s16);
+  Dspwire__Request *req = dsp_wreq_upload(&w, 9, DSP_F32, 1, s16);
   req->req_id = 90;
   size_t flen = dsp_req_frame_size(req);
   size_t total = flen + sizeof x;
@@ -471,7 +471,7 @@ Test(hostile, thousand_connections_opened_and_dropped) {
     /* every dropped session is torn down before the next batch: glibc
      * keeps the heap's high-water mark, so piling batches up would
      * measure how many were alive at once, not what was left behind */
-    Dispatch__StatsReply st;
+    Dspwire__StatsReply st;
     settled_stats(&st);
     cr_assert_eq(st.server_tensors, g_base.server_tensors, "round %d", r);
   }

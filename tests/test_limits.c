@@ -44,7 +44,7 @@ static void connect_hello(wire_conn *c) {
 static uint64_t violations(void) {
   wire_conn c;
   connect_hello(&c);
-  Dispatch__StatsReply st;
+  Dspwire__StatsReply st;
   cr_assert_eq(wire_get_stats(&c, &st), 0);
   wire_close(&c);
   return st.limit_violations;
@@ -53,7 +53,7 @@ static uint64_t violations(void) {
 /* Receives one frame that must be an Error of code; its message is
  * checked to contain want. */
 static void expect_error(wire_conn *c, int code, const char *want) {
-  Dispatch__Reply *r;
+  Dspwire__Reply *r;
   void *bulk;
   size_t bl;
   cr_assert_eq(wire_recv(c, &r, &bulk, &bl), 0, "no error frame");
@@ -193,7 +193,7 @@ Test(limits, every_refused_limit_is_counted, .fini = cleanup,
   expect_error(&b, DISPATCH_ETOOLARGE, "frame limit 4096");
   cr_assert_eq(wire_wait_closed(&b), 1);
   wire_close(&b);
-  Dispatch__StatsReply st;
+  Dspwire__StatsReply st;
   int counted = 0;
   /* b's close is seen by the server asynchronously: a's stats settle */
   for (int i = 0; i < 1000 && !counted; i++) {
@@ -214,11 +214,11 @@ Test(limits, hello_announces_the_configured_limits, .fini = cleanup) {
   wire_conn c;
   cr_assert_eq(wire_connect(&c, g_srv.port), 0);
   wire_hello_send(&c, DSP_PROTO_MAJOR, DSP_PROTO_MINOR, "limits");
-  Dispatch__Reply *r;
+  Dspwire__Reply *r;
   void *bulk;
   size_t bl;
   cr_assert_eq(wire_recv(&c, &r, &bulk, &bl), 0);
-  cr_assert_eq(r->body_case, DISPATCH__REPLY__BODY_HELLO);
+  cr_assert_eq(r->body_case, DSPWIRE__REPLY__BODY_HELLO);
   cr_assert_eq(r->hello->max_elements, 12345);
   cr_assert_eq(r->hello->max_queued, 77);
   cr_assert_eq(r->hello->max_frame, 65536);

@@ -86,8 +86,8 @@ static void connect_hello(wire_conn *c) {
   cr_assert_eq(wire_hello(c, "memory"), 0);
 }
 
-static Dispatch__StatsReply stats(wire_conn *c) {
-  Dispatch__StatsReply st;
+static Dspwire__StatsReply stats(wire_conn *c) {
+  Dspwire__StatsReply st;
   cr_assert_eq(wire_get_stats(c, &st), 0);
   return st;
 }
@@ -108,7 +108,7 @@ static uint64_t baseline(void) {
   for (int i = 0; i < 200; i++) {
     wire_conn p;
     connect_hello(&p);
-    Dispatch__StatsReply st = stats(&p);
+    Dspwire__StatsReply st = stats(&p);
     wire_close(&p);
     if (st.sessions == 1) break;
     usleep(10000);
@@ -137,7 +137,7 @@ static void check_settles(const char *route, uint64_t base) {
   for (int i = 0; i < 300; i++) {
     wire_conn p;
     connect_hello(&p);
-    Dispatch__StatsReply st = stats(&p);
+    Dspwire__StatsReply st = stats(&p);
     wire_close(&p);
     rss = proc_bytes("VmRSS");
     held = st.sessions == 1
@@ -171,7 +171,7 @@ static int backward(wire_conn *c, uint64_t loss, uint64_t grads, int retain,
                     char *msg, size_t len) {
   uint64_t id = wire_backward(c, loss, grads, retain);
   cr_assert_neq(id, 0);
-  Dispatch__Reply *r;
+  Dspwire__Reply *r;
   cr_assert_eq(wire_recv(c, &r, NULL, NULL), 0);
   cr_assert_eq(r->req_id, id);
   int code = r->error ? r->error->code : 0;
@@ -315,7 +315,7 @@ Test(memory, tape_counts_freed_intermediates, .fini = cleanup,
   cr_assert(strstr(msg, "limit of 33554432 bytes (--max-session-bytes)"),
             "%s", msg);
   cr_assert(strstr(msg, "session holds"), "%s", msg);
-  Dispatch__StatsReply st = stats(&c);
+  Dspwire__StatsReply st = stats(&c);
   cr_assert_leq(st.held_bytes, 32 * MiB);
   cr_assert_gt(st.held_bytes, 24 * MiB, "held %llu",
                (unsigned long long)st.held_bytes);
@@ -402,7 +402,7 @@ Test(memory, backward_intermediate_is_charged, .fini = cleanup,
   cr_assert(strstr(msg, "limit of 16777216 bytes"), "%s", msg);
   check_peak("matmul backward", base, 16 * MiB);
   /* nothing was released by the failed pass: the graph is intact */
-  Dispatch__StatsReply st = stats(&c);
+  Dspwire__StatsReply st = stats(&c);
   cr_assert_lt(st.held_bytes, 2 * MiB, "held %llu",
                (unsigned long long)st.held_bytes);
   still_works(&c, 20);
@@ -426,7 +426,7 @@ Test(memory, empty_and_poisoned_ids_are_charged, .fini = cleanup,
     cr_assert_neq(wire_op(&c, DSP_OP_ZEROS, NULL, 0, id, zeros, 2, NULL, 0),
                   0);
   expect_quota(&c, "limit of 4194304 bytes (--max-session-bytes)", NULL);
-  Dispatch__StatsReply st = stats(&c);
+  Dspwire__StatsReply st = stats(&c);
   cr_assert_lt(st.tensors, IDS);
   cr_assert_gt(st.tensors, 1000);
   cr_assert_leq(st.held_bytes, 4 * MiB);
@@ -524,7 +524,7 @@ Test(memory, queued_requests_are_charged, .fini = cleanup, .timeout = 300) {
   cr_assert_eq(wire_sync_check(&c, msg, sizeof msg, NULL), DISPATCH_ENOID,
                "%s", msg);
   cr_assert(strstr(msg, "free: tensor id 100 does not exist"), "%s", msg);
-  Dispatch__StatsReply st = stats(&c);
+  Dspwire__StatsReply st = stats(&c);
   cr_assert_eq(st.errors, FRAMES, "every Free ran: %llu errors",
                (unsigned long long)st.errors);
   /* 13.5 MiB of tensors, 16 MiB of queue */
@@ -554,7 +554,7 @@ Test(memory, max_memory_caps_all_sessions, .fini = cleanup, .timeout = 300) {
   cr_assert_eq(wire_sync_check(&a, NULL, 0, NULL), 0);
   upload_f32(&b, 1, 1, s, v);
   expect_quota(&b, "limit of 50331648 bytes (--max-memory)", "server holds");
-  Dispatch__StatsReply st = stats(&b);
+  Dspwire__StatsReply st = stats(&b);
   cr_assert_eq(st.server_limit, 48 * MiB);
   cr_assert_gt(st.server_held_bytes, 24 * MiB);
   cr_assert_leq(st.server_held_bytes, 48 * MiB);

@@ -103,7 +103,7 @@ static uint64_t remote_forward_backward(wire_conn *c) {
   wire_op(c, DSP_OP_MUL_SCALAR, r, 1, ID_S, NULL, 0, &k, 1);
   wire_op(c, DSP_OP_CROSS_ENTROPY, sl2, 2, ID_LOSS, NULL, 0, NULL, 0);
   uint64_t rid = wire_backward(c, ID_LOSS, ID_G, 0);
-  Dispatch__Reply *rep;
+  Dspwire__Reply *rep;
   cr_assert_eq(wire_recv(c, &rep, NULL, NULL), 0);
   cr_assert_eq(rep->req_id, rid);
   cr_assert_null(rep->error, "%s", rep->error ? rep->error->message : "");
@@ -141,13 +141,13 @@ Test(server_autodiff, backward_over_wire_equals_in_process) {
   assert_remote_equals(&c, ID_LOSS, m.loss);
   assert_remote_equals(&c, ID_GX, m.gx);
   assert_remote_equals(&c, ID_GW, m.gw);
-  Dispatch__StatsReply st;
+  Dspwire__StatsReply st;
   cr_assert_eq(wire_get_stats(&c, &st), 0);
   cr_assert_eq(st.grads, 1);
   cr_assert_eq(st.errors, 0);
   /* the graph was released: a second backward through it fails */
   uint64_t rid = wire_backward(&c, ID_LOSS, ID_G + 1, 0);
-  Dispatch__Reply *rep;
+  Dspwire__Reply *rep;
   cr_assert_eq(wire_recv(&c, &rep, NULL, NULL), 0);
   cr_assert_eq(rep->req_id, rid);
   cr_assert_not_null(rep->error);
@@ -200,7 +200,7 @@ Test(server_autodiff, backward_errors_reply_directly) {
       {1, 10, DISPATCH_ENOTTRACKED}, {77, 10, DISPATCH_ENOID}};
   for (int i = 0; i < 2; i++) {
     uint64_t rid = wire_backward(&c, cases[i].loss, cases[i].grads, 0);
-    Dispatch__Reply *rep;
+    Dspwire__Reply *rep;
     cr_assert_eq(wire_recv(&c, &rep, NULL, NULL), 0);
     cr_assert_eq(rep->req_id, rid);
     cr_assert_not_null(rep->error);
@@ -212,7 +212,7 @@ Test(server_autodiff, backward_errors_reply_directly) {
   uint64_t in[1] = {1};
   wire_op(&c, DSP_OP_RELU, in, 1, 2, NULL, 0, NULL, 0);
   uint64_t rid = wire_backward(&c, 2, 10, 0);
-  Dispatch__Reply *rep;
+  Dspwire__Reply *rep;
   cr_assert_eq(wire_recv(&c, &rep, NULL, NULL), 0);
   cr_assert_eq(rep->req_id, rid);
   cr_assert_not_null(rep->error);
@@ -316,7 +316,7 @@ Test(server_fairness, long_queue_does_not_starve_other_session) {
   wire_conn a, b;
   connect_hello(&a);
   connect_hello(&b);
-  Dispatch__StatsReply base, st;
+  Dspwire__StatsReply base, st;
   cr_assert_eq(wire_get_stats(&b, &base), 0);
   enum { N = 256, OPS = 30 };
   float *d = calloc(N * N, sizeof *d);
@@ -344,7 +344,7 @@ Test(server_fairness, long_queue_does_not_starve_other_session) {
   cr_assert_geq(st.server_tensors, base.server_tensors + 2);
   uint64_t a_done = st.server_tensors - base.server_tensors - 2;
   cr_assert_lt(a_done, OPS, "session B waited for all %d of A's ops", OPS);
-  Dispatch__Reply *r;
+  Dspwire__Reply *r;
   void *bulk;
   size_t bl;
   cr_assert_eq(wire_recv(&a, &r, &bulk, &bl), 0);

@@ -32,11 +32,11 @@ Test(server_basic, hello_reply_describes_server) {
   wire_conn c;
   cr_assert_eq(wire_connect(&c, g_srv.port), 0);
   uint64_t id = wire_hello_send(&c, DSP_PROTO_MAJOR, DSP_PROTO_MINOR, "t");
-  Dispatch__Reply *r;
+  Dspwire__Reply *r;
   cr_assert_eq(wire_recv(&c, &r, NULL, NULL), 0);
   cr_assert_eq(r->req_id, id);
   cr_assert_null(r->error);
-  cr_assert_eq(r->body_case, DISPATCH__REPLY__BODY_HELLO);
+  cr_assert_eq(r->body_case, DSPWIRE__REPLY__BODY_HELLO);
   cr_assert_eq(r->hello->major, DSP_PROTO_MAJOR);
   cr_assert_eq(r->hello->minor, DSP_PROTO_MINOR);
   cr_assert_str_eq(r->hello->backend, "cpu");
@@ -55,7 +55,7 @@ Test(server_basic, version_mismatch_names_both_versions) {
   wire_conn c;
   cr_assert_eq(wire_connect(&c, g_srv.port), 0);
   uint64_t id = wire_hello_send(&c, DSP_PROTO_MAJOR + 1, 3, "future");
-  Dispatch__Reply *r;
+  Dspwire__Reply *r;
   cr_assert_eq(wire_recv(&c, &r, NULL, NULL), 0);
   cr_assert_eq(r->req_id, id);
   cr_assert_not_null(r->error);
@@ -198,7 +198,7 @@ Test(server_basic, ops_match_in_process_results) {
 Test(server_basic, free_and_stats_count_tensors) {
   wire_conn c;
   connect_hello(&c);
-  Dispatch__StatsReply st;
+  Dspwire__StatsReply st;
   cr_assert_eq(wire_get_stats(&c, &st), 0);
   cr_assert_eq(st.tensors, 0);
   cr_assert_eq(st.bytes, 0);
@@ -238,7 +238,7 @@ Test(server_basic, bye_closes_after_pending_work) {
   wire_upload(&c, 1, DSP_F32, 1, s, d, sizeof d);
   uint64_t rid = wire_read(&c, 1);
   wire_bye(&c);
-  Dispatch__Reply *r;
+  Dspwire__Reply *r;
   void *bulk;
   size_t bl;
   cr_assert_eq(wire_recv(&c, &r, &bulk, &bl), 0);
@@ -283,7 +283,7 @@ Test(server_idle, idle_session_is_closed_and_freed) {
   cr_assert_eq(wire_wait_closed(&c), 1); /* nothing sent: closed by server */
   wire_close(&c);
   connect_hello(&w);
-  Dispatch__StatsReply st;
+  Dspwire__StatsReply st;
   int freed = 0;
   for (int i = 0; i < 2000 && !freed; i++) {
     cr_assert_eq(wire_get_stats(&w, &st), 0);

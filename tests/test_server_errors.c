@@ -75,7 +75,7 @@ Test(server_errors, deferred_error_poisons_and_session_recovers) {
   free(got);
   /* poisoned ids exist but fail, naming the original failure */
   uint64_t rid = wire_read(&c, 4);
-  Dispatch__Reply *r;
+  Dspwire__Reply *r;
   cr_assert_eq(wire_recv(&c, &r, NULL, NULL), 0);
   cr_assert_eq(r->req_id, rid);
   cr_assert_not_null(r->error);
@@ -89,7 +89,7 @@ Test(server_errors, deferred_error_poisons_and_session_recovers) {
   wire_free(&c, f, 1, NULL, 0);
   wire_upload(&c, 3, DSP_F32, 2, s23, k_d6, sizeof k_d6);
   cr_assert_eq(wire_sync_check(&c, msg, sizeof msg, NULL), 0, "%s", msg);
-  Dispatch__StatsReply st;
+  Dspwire__StatsReply st;
   cr_assert_eq(wire_get_stats(&c, &st), 0);
   /* matmul, add on poison, read of poison, upload on a taken id */
   cr_assert_eq(st.errors, 4);
@@ -182,7 +182,7 @@ static void malformed_case(const void *bytes, size_t n, int hello, int code,
   if (hello) cr_assert_eq(wire_hello(&bad, "bad"), 0);
   assert_served(&other, 1);
   cr_assert_eq(wire_send_raw(&bad, bytes, n), 0);
-  Dispatch__Reply *r;
+  Dspwire__Reply *r;
   cr_assert_eq(wire_recv(&bad, &r, NULL, NULL), 0, "%s: no error frame",
                what);
   cr_assert_not_null(r->error, "%s", what);
@@ -223,7 +223,7 @@ Test(server_errors, garbage_and_truncated_protobuf_are_refused) {
 
   /* a valid read request cut short inside its varint */
   dsp_wreq w;
-  Dispatch__Request *req = dsp_wreq_read(&w, 0x7fffffffffffULL);
+  Dspwire__Request *req = dsp_wreq_read(&w, 0x7fffffffffffULL);
   req->req_id = 0x123456789ULL;
   size_t full = dsp_req_frame_encode(req, 0, buf);
   size_t cut = full - DSP_FRAME_HEADER_SIZE - 3;
@@ -235,14 +235,14 @@ Test(server_errors, garbage_and_truncated_protobuf_are_refused) {
 
 Test(server_errors, no_body_unknown_op_and_missing_hello_are_refused) {
   uint8_t buf[128];
-  Dispatch__Request bare = DISPATCH__REQUEST__INIT;
+  Dspwire__Request bare = DSPWIRE__REQUEST__INIT;
   bare.req_id = 5;
   size_t n = dsp_req_frame_encode(&bare, 0, buf);
   /* req_id only: a message, but no body */
   malformed_case(buf, n, 1, DISPATCH_EPROTO, "no body");
 
   dsp_wreq w;
-  Dispatch__Request *req = dsp_wreq_op(&w, 9999, NULL, 0, 1, NULL, 0, NULL,
+  Dspwire__Request *req = dsp_wreq_op(&w, 9999, NULL, 0, 1, NULL, 0, NULL,
                                        0, 0);
   req->req_id = 5;
   n = dsp_req_frame_encode(req, 0, buf);
@@ -283,7 +283,7 @@ Test(server_errors, byte_by_byte_frames_parse) {
   connect_hello(&c);
   int64_t s[1] = {6};
   dsp_wreq w;
-  Dispatch__Request *req = dsp_wreq_upload(&w, 9, DSP_F32, 1, s);
+  Dspwire__Request *req = dsp_wreq_upload(&w, 9, DSP_F32, 1, s);
   req->req_id = 77;
   uint8_t buf[256];
   size_t n = dsp_req_frame_encode(req, sizeof k_d6, buf);
@@ -301,7 +301,7 @@ Test(server_errors, byte_by_byte_frames_parse) {
 Test(server_errors, memory_is_freed_on_disconnect) {
   wire_conn watch, a;
   connect_hello(&watch);
-  Dispatch__StatsReply base, st;
+  Dspwire__StatsReply base, st;
   cr_assert_eq(wire_get_stats(&watch, &base), 0);
   connect_hello(&a);
   int64_t s[2] = {64, 64};
@@ -392,7 +392,7 @@ Test(server_limits, quota_refuses_and_keeps_everything_else) {
   cr_assert_eq(wire_read_tensor(&c, 1, &got, &n, NULL, NULL), 0);
   cr_assert_eq(memcmp(got, d, sizeof d), 0);
   free(got);
-  Dispatch__StatsReply st;
+  Dspwire__StatsReply st;
   cr_assert_eq(wire_get_stats(&c, &st), 0);
   cr_assert_eq(st.bytes, 800);
   cr_assert_geq(st.limit_violations, 2);
@@ -420,7 +420,7 @@ Test(server_limits, slow_reader_is_dropped_others_served) {
   /* Read nothing until the server has dropped the slow reader: draining
    * earlier would let a server slower than the client (valgrind) keep up,
    * and then there is nothing to drop. */
-  Dispatch__StatsReply st;
+  Dspwire__StatsReply st;
   for (int i = 0; i < 6000; i++) {
     cr_assert_eq(wire_get_stats(&other, &st), 0);
     if (st.limit_violations >= 1) break;
@@ -437,7 +437,7 @@ Test(server_limits, session_limit_refuses_with_error) {
   wire_conn c[4], extra;
   for (int i = 0; i < 4; i++) connect_hello(&c[i]);
   cr_assert_eq(wire_connect(&extra, g_srv.port), 0);
-  Dispatch__Reply *r;
+  Dspwire__Reply *r;
   cr_assert_eq(wire_recv(&extra, &r, NULL, NULL), 0);
   cr_assert_not_null(r->error);
   cr_assert_eq(r->error->code, DISPATCH_ELIMIT);

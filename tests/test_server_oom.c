@@ -12,15 +12,15 @@
 #include "sv.h"
 #include "wire_req.h"
 
-static Dispatch__Request *unpack(const Dispatch__Request *r) {
+static Dspwire__Request *unpack(const Dspwire__Request *r) {
   uint8_t buf[512];
-  size_t n = dispatch__request__pack(r, buf);
-  return dispatch__request__unpack(&sv_pb_allocator, n, buf);
+  size_t n = dspwire__request__pack(r, buf);
+  return dspwire__request__unpack(&sv_pb_allocator, n, buf);
 }
 
 /* Runs one request; returns the error code in its reply (0 when it has no
  * reply or succeeded, 1 when a reply could not even be allocated). */
-static int run_req(sv_session *s, dsp_ctx *io, Dispatch__Request *r,
+static int run_req(sv_session *s, dsp_ctx *io, Dspwire__Request *r,
                    const float *bulk, int64_t n) {
   sv_job *j = dsp_calloc(1, sizeof *j);
   if (!j) return DISPATCH_ENOMEM;
@@ -38,10 +38,10 @@ static int run_req(sv_session *s, dsp_ctx *io, Dispatch__Request *r,
   }
   sv_session_exec(s, j);
   int code = 0;
-  int waits = r->body_case == DISPATCH__REQUEST__BODY_READ ||
-              r->body_case == DISPATCH__REQUEST__BODY_SYNC ||
-              r->body_case == DISPATCH__REQUEST__BODY_STATS ||
-              r->body_case == DISPATCH__REQUEST__BODY_BACKWARD;
+  int waits = r->body_case == DSPWIRE__REQUEST__BODY_READ ||
+              r->body_case == DSPWIRE__REQUEST__BODY_SYNC ||
+              r->body_case == DSPWIRE__REQUEST__BODY_STATS ||
+              r->body_case == DSPWIRE__REQUEST__BODY_BACKWARD;
   if (waits && !j->out) code = 1;
   sv_job_free(j);
   return code;

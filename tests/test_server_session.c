@@ -8,15 +8,15 @@
 #include "sv.h"
 #include "wire_req.h"
 
-static Dispatch__Request *unpack(const Dispatch__Request *r) {
+static Dspwire__Request *unpack(const Dspwire__Request *r) {
   uint8_t buf[1024];
-  cr_assert_lt(dispatch__request__get_packed_size(r), sizeof buf);
-  size_t n = dispatch__request__pack(r, buf);
-  return dispatch__request__unpack(&sv_pb_allocator, n, buf);
+  cr_assert_lt(dspwire__request__get_packed_size(r), sizeof buf);
+  size_t n = dspwire__request__pack(r, buf);
+  return dspwire__request__unpack(&sv_pb_allocator, n, buf);
 }
 
 /* Runs one request on s (an upload takes `bulk`, f32 [n]). */
-static void run_req(sv_session *s, Dispatch__Request *r, const float *bulk,
+static void run_req(sv_session *s, Dspwire__Request *r, const float *bulk,
                     int64_t n) {
   sv_job *j = dsp_calloc(1, sizeof *j);
   cr_assert_not_null(j);
@@ -63,7 +63,7 @@ static void run_sgd_step(sv_session *s, uint64_t req_id, uint64_t *params,
                          size_t n_params, uint64_t *states, size_t n_states) {
   double fl[3] = {0.1, 0, 0};
   dsp_wreq w;
-  Dispatch__Request *r = dsp_wreq_step(&w, DSP_OP_SGD_STEP, 7, params,
+  Dspwire__Request *r = dsp_wreq_step(&w, DSP_OP_SGD_STEP, 7, params,
                                        n_params, states, n_states, NULL, 0,
                                        fl, 3);
   r->req_id = req_id;
@@ -113,7 +113,7 @@ Test(server_session, optimizer_op_as_plain_op_is_refused) {
   uint64_t in[3] = {1, 2, 3};
   double fl[3] = {0.1, 0, 0};
   dsp_wreq w;
-  Dispatch__Request *r =
+  Dspwire__Request *r =
       dsp_wreq_op(&w, DSP_OP_SGD_STEP, in, 3, 9, NULL, 0, fl, 3, 0);
   r->req_id = 6;
   run_req(f.s, r, NULL, 0);

@@ -139,7 +139,7 @@ static void put(stream *s, const void *p, size_t n) {
   memcpy(s->p + s->n, p, n);
   s->n += n;
 }
-static void frame(stream *s, Dispatch__Request *req, const void *bulk,
+static void frame(stream *s, Dspwire__Request *req, const void *bulk,
                   size_t bulk_len) {
   req->req_id = ++s->rid;
   uint8_t *buf = malloc(dsp_req_frame_size(req));
@@ -237,7 +237,7 @@ Test(staging, read_replies_come_out_through_the_backend) {
     sv_job j;
     memset(&j, 0, sizeof j);
     j.bulk_by_ref = 1;
-    Dispatch__Reply r = DISPATCH__REPLY__INIT;
+    Dspwire__Reply r = DSPWIRE__REPLY__INIT;
     r.req_id = 7;
     long out0 = g_staged_out, rel0 = g_released;
     cr_assert_eq(sv_encode_read_reply(ctx, &r, t, &j), 0);

@@ -11,8 +11,8 @@
 #include "helpers/wire.h"
 
 /* Frames req (announcing bulk_len) and decodes it again; the caller frees
- * the result with dispatch__request__free_unpacked. */
-static Dispatch__Request *round_trip(const Dispatch__Request *req,
+ * the result with dspwire__request__free_unpacked. */
+static Dspwire__Request *round_trip(const Dspwire__Request *req,
                                      uint64_t bulk_len) {
   uint8_t buf[1024];
   size_t n = dsp_req_frame_size(req);
@@ -22,8 +22,8 @@ static Dispatch__Request *round_trip(const Dispatch__Request *req,
   cr_assert_eq(dsp_frame_header_decode(buf, UINT32_MAX, UINT64_MAX, &h), 0);
   cr_assert_eq(h.msg_len, n - DSP_FRAME_HEADER_SIZE);
   cr_assert_eq(h.bulk_len, bulk_len);
-  Dispatch__Request *r =
-      dispatch__request__unpack(NULL, h.msg_len, buf + DSP_FRAME_HEADER_SIZE);
+  Dspwire__Request *r =
+      dspwire__request__unpack(NULL, h.msg_len, buf + DSP_FRAME_HEADER_SIZE);
   cr_assert_not_null(r);
   cr_assert_eq(r->req_id, req->req_id);
   cr_assert_eq(r->body_case, req->body_case);
@@ -37,14 +37,14 @@ Test(wire_req, every_builder_frames_what_it_was_given) {
   int64_t ints[2] = {-1, 7};
   double fl[2] = {0.5, -2};
 
-  Dispatch__Request *q = dsp_wreq_hello(&w, 1, 2, "tok", "name");
+  Dspwire__Request *q = dsp_wreq_hello(&w, 1, 2, "tok", "name");
   q->req_id = 11;
-  Dispatch__Request *r = round_trip(q, 0);
+  Dspwire__Request *r = round_trip(q, 0);
   cr_assert_eq(r->hello->major, 1);
   cr_assert_eq(r->hello->minor, 2);
   cr_assert_str_eq(r->hello->token, "tok");
   cr_assert_str_eq(r->hello->client_name, "name");
-  dispatch__request__free_unpacked(r, NULL);
+  dspwire__request__free_unpacked(r, NULL);
 
   q = dsp_wreq_upload(&w, 3, DSP_I64, 3, shape);
   r = round_trip(q, 48);
@@ -52,7 +52,7 @@ Test(wire_req, every_builder_frames_what_it_was_given) {
   cr_assert_eq(r->upload->meta->dtype, DSP_I64);
   cr_assert_eq(r->upload->meta->n_shape, 3);
   cr_assert_arr_eq(r->upload->meta->shape, shape, sizeof shape);
-  dispatch__request__free_unpacked(r, NULL);
+  dspwire__request__free_unpacked(r, NULL);
 
   r = round_trip(dsp_wreq_op(&w, DSP_OP_SLICE, in, 2, 4, ints, 2, fl, 2, 1),
                  0);
@@ -63,7 +63,7 @@ Test(wire_req, every_builder_frames_what_it_was_given) {
   cr_assert_arr_eq(r->op->ints, ints, sizeof ints);
   cr_assert_arr_eq(r->op->floats, fl, sizeof fl);
   cr_assert(r->op->no_grad);
-  dispatch__request__free_unpacked(r, NULL);
+  dspwire__request__free_unpacked(r, NULL);
 
   r = round_trip(dsp_wreq_step(&w, DSP_OP_ADAM_STEP, 6, in, 1, st, 2, ints,
                                1, fl, 2),
@@ -75,32 +75,32 @@ Test(wire_req, every_builder_frames_what_it_was_given) {
   cr_assert_arr_eq(r->step->states, st, sizeof st);
   cr_assert_eq(r->step->n_ints, 1);
   cr_assert_eq(r->step->n_floats, 2);
-  dispatch__request__free_unpacked(r, NULL);
+  dspwire__request__free_unpacked(r, NULL);
 
   r = round_trip(dsp_wreq_free(&w, in, 2, st, 1), 0);
   cr_assert_arr_eq(r->free->tensors, in, sizeof in);
   cr_assert_eq(r->free->n_grads, 1);
   cr_assert_eq(r->free->grads[0], 8);
-  dispatch__request__free_unpacked(r, NULL);
+  dspwire__request__free_unpacked(r, NULL);
 
   r = round_trip(dsp_wreq_backward(&w, 2, 3, 1), 0);
   cr_assert(r->backward->loss == 2 && r->backward->grads == 3 &&
             r->backward->retain);
-  dispatch__request__free_unpacked(r, NULL);
+  dspwire__request__free_unpacked(r, NULL);
   r = round_trip(dsp_wreq_grad(&w, 3, 1, 12), 0);
   cr_assert(r->grad->grads == 3 && r->grad->tensor == 1 &&
             r->grad->output == 12);
-  dispatch__request__free_unpacked(r, NULL);
+  dspwire__request__free_unpacked(r, NULL);
   r = round_trip(dsp_wreq_track(&w, 42), 0);
   cr_assert_eq(r->track->id, 42);
-  dispatch__request__free_unpacked(r, NULL);
+  dspwire__request__free_unpacked(r, NULL);
   r = round_trip(dsp_wreq_read(&w, 43), 0);
   cr_assert_eq(r->read->id, 43);
-  dispatch__request__free_unpacked(r, NULL);
-  Dispatch__Request *(*const bare[3])(dsp_wreq *) = {
+  dspwire__request__free_unpacked(r, NULL);
+  Dspwire__Request *(*const bare[3])(dsp_wreq *) = {
       dsp_wreq_sync, dsp_wreq_stats, dsp_wreq_bye};
   for (int i = 0; i < 3; i++)
-    dispatch__request__free_unpacked(round_trip(bare[i](&w), 0), NULL);
+    dspwire__request__free_unpacked(round_trip(bare[i](&w), 0), NULL);
 }
 
 static sp_server g_srv;
@@ -132,7 +132,7 @@ Test(wire_req_server, every_builder_is_served) {
   cr_assert_neq(wire_op(&c, DSP_OP_MUL, xx, 2, 3, NULL, 0, NULL, 0), 0);
   cr_assert_neq(wire_op(&c, DSP_OP_SUM, &p, 1, 4, NULL, 0, NULL, 0), 0);
   uint64_t bid = wire_backward(&c, 4, 7, 1); /* waits: has a reply */
-  Dispatch__Reply *r;
+  Dspwire__Reply *r;
   cr_assert_eq(wire_recv(&c, &r, NULL, NULL), 0);
   cr_assert_eq(r->req_id, bid);
   cr_assert_null(r->error, "backward: %s", r->error->message);
@@ -161,7 +161,7 @@ Test(wire_req_server, every_builder_is_served) {
 
   uint64_t gone[3] = {3, 4, 5}, grads = 7;
   cr_assert_neq(wire_free(&c, gone, 3, &grads, 1), 0);
-  Dispatch__StatsReply st;
+  Dspwire__StatsReply st;
   cr_assert_eq(wire_get_stats(&c, &st), 0);
   cr_assert_eq(st.tensors, 2); /* x and its velocity */
   cr_assert_eq(st.grads, 0);

@@ -404,7 +404,7 @@ Test(zero_size, backward_through_the_server, .init = start_wide,
   wire_op(&w, DSP_OP_SOFTMAX, &x, 1, 2, &dim, 1, NULL, 0);
   wire_op(&w, DSP_OP_SUM, &y, 1, 3, NULL, 0, NULL, 0);
   uint64_t rid = wire_backward(&w, 3, 1, 0);
-  Dispatch__Reply *r;
+  Dspwire__Reply *r;
   cr_assert_eq(wire_recv(&w, &r, NULL, NULL), 0);
   cr_assert_eq(r->req_id, rid);
   cr_assert_null(r->error, "%s", r->error ? r->error->message : "");
@@ -533,7 +533,7 @@ Test(zero_size, backward_intermediates_are_bounded_on_the_server,
   wire_op(&w, DSP_OP_MATMUL, ab, 2, 3, NULL, 0, NULL, 0);
   wire_op(&w, DSP_OP_SUM, &y, 1, 4, NULL, 0, NULL, 0);
   uint64_t rid = wire_backward(&w, 4, 1, 0);
-  Dispatch__Reply *r;
+  Dspwire__Reply *r;
   cr_assert_eq(wire_recv(&w, &r, NULL, NULL), 0);
   cr_assert_eq(r->req_id, rid);
   cr_assert_not_null(r->error, "backward passed the element limit");

@@ -54,7 +54,7 @@ int wire_send_raw(wire_conn *c, const void *buf, size_t n) {
   return 0;
 }
 
-int wire_send(wire_conn *c, const Dispatch__Request *req, const void *bulk,
+int wire_send(wire_conn *c, const Dspwire__Request *req, const void *bulk,
               size_t bulk_len) {
   uint8_t *buf = malloc(dsp_req_frame_size(req));
   if (!buf) return -1;
@@ -80,7 +80,7 @@ static int recv_all(wire_conn *c, void *buf, size_t n) {
   return 0;
 }
 
-int wire_recv(wire_conn *c, Dispatch__Reply **rep, void **bulk,
+int wire_recv(wire_conn *c, Dspwire__Reply **rep, void **bulk,
               size_t *bulk_len) {
   *rep = NULL;
   if (bulk) *bulk = NULL;
@@ -95,7 +95,7 @@ int wire_recv(wire_conn *c, Dispatch__Reply **rep, void **bulk,
     free(msg);
     return -1;
   }
-  Dispatch__Reply *r = dispatch__reply__unpack(NULL, h.msg_len, msg);
+  Dspwire__Reply *r = dspwire__reply__unpack(NULL, h.msg_len, msg);
   free(msg);
   if (!r) return -1;
   void *b = NULL;
@@ -103,7 +103,7 @@ int wire_recv(wire_conn *c, Dispatch__Reply **rep, void **bulk,
     b = malloc(h.bulk_len);
     if (!b || recv_all(c, b, h.bulk_len) < 0) {
       free(b);
-      dispatch__reply__free_unpacked(r, NULL);
+      dspwire__reply__free_unpacked(r, NULL);
       return -1;
     }
   }
@@ -114,8 +114,8 @@ int wire_recv(wire_conn *c, Dispatch__Reply **rep, void **bulk,
   return 0;
 }
 
-void wire_reply_free(Dispatch__Reply *rep, void *bulk) {
-  if (rep) dispatch__reply__free_unpacked(rep, NULL);
+void wire_reply_free(Dspwire__Reply *rep, void *bulk) {
+  if (rep) dspwire__reply__free_unpacked(rep, NULL);
   free(bulk);
 }
 
@@ -132,7 +132,7 @@ int wire_wait_closed(wire_conn *c) {
   }
 }
 
-static uint64_t send_req(wire_conn *c, Dispatch__Request *req,
+static uint64_t send_req(wire_conn *c, Dspwire__Request *req,
                          const void *bulk, size_t bulk_len) {
   req->req_id = c->next_req_id++;
   if (wire_send(c, req, bulk, bulk_len) < 0) return 0;
@@ -148,10 +148,10 @@ uint64_t wire_hello_send(wire_conn *c, uint32_t major, uint32_t minor,
 int wire_hello(wire_conn *c, const char *name) {
   uint64_t id = wire_hello_send(c, DSP_PROTO_MAJOR, DSP_PROTO_MINOR, name);
   if (!id) return -1;
-  Dispatch__Reply *r;
+  Dspwire__Reply *r;
   if (wire_recv(c, &r, NULL, NULL) < 0) return -1;
   int ok = r->req_id == id && !r->error &&
-           r->body_case == DISPATCH__REPLY__BODY_HELLO;
+           r->body_case == DSPWIRE__REPLY__BODY_HELLO;
   wire_reply_free(r, NULL);
   return ok ? 0 : -1;
 }
@@ -234,7 +234,7 @@ int wire_sync_check(wire_conn *c, char *msg, size_t msg_len,
                     uint64_t *failed_req) {
   uint64_t id = wire_sync(c);
   if (!id) return 1;
-  Dispatch__Reply *r;
+  Dspwire__Reply *r;
   if (wire_recv(c, &r, NULL, NULL) < 0) return 1;
   if (r->req_id != id) {
     wire_reply_free(r, NULL);
@@ -252,13 +252,13 @@ int wire_sync_check(wire_conn *c, char *msg, size_t msg_len,
   return code;
 }
 
-int wire_get_stats(wire_conn *c, Dispatch__StatsReply *out) {
+int wire_get_stats(wire_conn *c, Dspwire__StatsReply *out) {
   uint64_t id = wire_stats(c);
   if (!id) return -1;
-  Dispatch__Reply *r;
+  Dspwire__Reply *r;
   if (wire_recv(c, &r, NULL, NULL) < 0) return -1;
   int ok = r->req_id == id && !r->error &&
-           r->body_case == DISPATCH__REPLY__BODY_STATS;
+           r->body_case == DSPWIRE__REPLY__BODY_STATS;
   if (ok) *out = *r->stats;
   wire_reply_free(r, NULL);
   return ok ? 0 : -1;
@@ -270,7 +270,7 @@ int wire_read_tensor(wire_conn *c, uint64_t id, void **data, size_t *nbytes,
   *nbytes = 0;
   uint64_t rid = wire_read(c, id);
   if (!rid) return 1;
-  Dispatch__Reply *r;
+  Dspwire__Reply *r;
   void *bulk;
   size_t blen;
   if (wire_recv(c, &r, &bulk, &blen) < 0) return 1;
@@ -283,7 +283,7 @@ int wire_read_tensor(wire_conn *c, uint64_t id, void **data, size_t *nbytes,
     wire_reply_free(r, bulk);
     return code < 0 ? code : 1;
   }
-  if (r->body_case != DISPATCH__REPLY__BODY_READ || !r->read->meta) {
+  if (r->body_case != DSPWIRE__REPLY__BODY_READ || !r->read->meta) {
     wire_reply_free(r, bulk);
     return 1;
   }

@@ -29,13 +29,13 @@ int wire_send_raw(wire_conn *c, const void *buf, size_t n);
 /* One frame: header + packed req + bulk (bulk may be NULL when len 0).
  * Built requests come from common/wire_req.h (dsp_wreq_*), the encoder
  * the client and the fuzzers use too. */
-int wire_send(wire_conn *c, const Dispatch__Request *req, const void *bulk,
+int wire_send(wire_conn *c, const Dspwire__Request *req, const void *bulk,
               size_t bulk_len);
 /* One frame back. *rep is freed with wire_reply_free (with *bulk, which is
  * NULL when the frame had no bulk part). */
-int wire_recv(wire_conn *c, Dispatch__Reply **rep, void **bulk,
+int wire_recv(wire_conn *c, Dspwire__Reply **rep, void **bulk,
               size_t *bulk_len);
-void wire_reply_free(Dispatch__Reply *rep, void *bulk);
+void wire_reply_free(Dspwire__Reply *rep, void *bulk);
 /* 1 when the server closed the connection (EOF or reset, after skipping
  * any frames still queued), 0 when it did not within the wait. */
 int wire_wait_closed(wire_conn *c);
@@ -75,7 +75,7 @@ int wire_sync_check(wire_conn *c, char *msg, size_t msg_len,
                     uint64_t *failed_req);
 /* Sends a stats request and copies the reply; 0 or -1 (also when the reply
  * carries an error). */
-int wire_get_stats(wire_conn *c, Dispatch__StatsReply *out);
+int wire_get_stats(wire_conn *c, Dspwire__StatsReply *out);
 /* Reads tensor id into a malloc'd buffer (*data, *nbytes, free()); returns
  * 0, the reply's (negative) error code, or 1 on I/O failure. */
 int wire_read_tensor(wire_conn *c, uint64_t id, void **data, size_t *nbytes,
