@@ -4,10 +4,16 @@
  *
  * A program prints one CSV row per figure on stdout, in the columns of
  * BENCH_CSV_HEADER, and its diagnostics on stderr; scripts/bench.sh joins
- * the rows into bench/results.csv and prints them as a table. Each row
- * carries our figure, the reference measured in the same process run, and
- * their ratio ours/reference; a goal, when the issue sets one, is checked
- * against that ratio (or against our figure) and reported as met or not.
+ * the rows into bench/results.csv and prints them as a table. A row comes
+ * from n repetitions, each measuring our figure and its reference in the
+ * same minutes (bench_turn rotates the order of variants per repetition):
+ * it carries the medians, min and max of ours, and the median and
+ * quartiles of the per-repetition ratios ours/reference. The verdict
+ * (bench_verdict) is met or missed only when the goal lies outside that
+ * interquartile range, unclear when it lies inside (the spread does not
+ * support a verdict; programs repeat while a row is unclear, to a cap),
+ * and REF SUSPECT when dispatch beats a reference that is a limit by more
+ * than 5%: such a reference is not the best a plain implementation does.
  * A figure that could not be measured is written "n/a" with the reason in
  * the note column, never a made-up number.
  *

@@ -127,8 +127,9 @@ int main(void) {
   int bm = bench_best_variant(rv, 2, rounds);
   int bp = bench_best_variant(rp, 2, rounds);
   char note[1200];
-  snprintf(note, sizeof note, "%s%s%sraw reference: %s wait; %d rounds of %d",
-           why, why[0] ? "; " : "", rwhy[0] ? rwhy : "", bench_wait_name[bm],
+  snprintf(note, sizeof note,
+           "%s%s%s%sraw reference: %s wait; %d rounds of %d", why,
+           why[0] ? "; " : "", rwhy, rwhy[0] ? "; " : "", bench_wait_name[bm],
            rounds, per_block);
   bench_emit(&d_sync, med[V_SYNC], rv[bm], rounds, "%s", note);
   bench_def d_p99 = {"latency", "sync p99", "us", 1, "raw TCP ping-pong 16 B",
