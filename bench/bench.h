@@ -197,13 +197,20 @@ static inline const char *bench_verdict(const bench_def *d, bench_sum s) {
 }
 
 /* Whether more repetitions could still change the row's verdict: its goal
- * is neither met nor missed yet (REF SUSPECT, too, is worth confirming
- * with the repetitions left). Rows without a goal never ask for more. */
+ * is neither met nor missed yet, or it says REF SUSPECT while its
+ * interquartile range still reaches back inside the 5% line (a suspect
+ * row is confirmed or cleared, not left to one noisy median). A row with
+ * neither a goal nor a limit never asks for more. */
 static inline int bench_unsettled(const bench_def *d, const double *ours,
                                   const double *ref, int n) {
-  if (bench_quick() || d->goal == BENCH_GOAL_NONE) return 0;
-  const char *v = bench_verdict(d, bench_summarize(ours, ref, n));
-  return strcmp(v, "unclear") == 0;
+  if (bench_quick()) return 0;
+  bench_sum s = bench_summarize(ours, ref, n);
+  const char *v = bench_verdict(d, s);
+  if (strcmp(v, "unclear") == 0) return 1;
+  if (strcmp(v, "REF SUSPECT") == 0)
+    return d->lower_better ? !(s.rq3 < 1 / BENCH_SUSPECT)
+                           : !(s.rq1 > BENCH_SUSPECT);
+  return 0;
 }
 
 /* Writes s into a CSV field: commas and newlines would break the row. */

@@ -149,7 +149,8 @@ int main(void) {
         double *ref = bv[faster_blas(g[V_BLAS1], g[V_BLAS2], reps)];
         if (!bench_more(reps, min_reps, max_reps, bench_now() - start,
                         quick ? 0 : BUDGET[k],
-                        bench_unsettled(&d_rem, g[V_REMOTE], ref, reps)))
+                        bench_unsettled(&d_rem, g[V_REMOTE], ref, reps) ||
+                            bench_unsettled(&d_loc, g[V_LOCAL], ref, reps)))
           break;
       }
       double tv[NVAR];

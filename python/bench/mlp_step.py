@@ -111,6 +111,14 @@ def verdict(ratios):
     return "met" if q3 <= GOAL else "missed" if q1 > GOAL else "unclear"
 
 
+def unsettled(ratios):
+    """bench.h's bench_unsettled for these rows."""
+    v = verdict(ratios)
+    if v == "REF SUSPECT":
+        return not quantile(ratios, 0.75) < 1 / SUSPECT
+    return v == "unclear"
+
+
 def row(metric, ours, ref, note):
     """ours, ref: per-round medians (ms), paired by round."""
     ratios = [o / r for o, r in zip(ours, ref) if r]
@@ -180,9 +188,8 @@ def main():
 
     start = time.perf_counter()
     for r in range(MAX_ROUNDS):
-        if r >= MIN_ROUNDS and (time.perf_counter() - start > BUDGET or all(
-                verdict(ratios(py, c)) != "unclear"
-                for py, c in ((3, 2), (1, 0)))):
+        if r >= MIN_ROUNDS and (time.perf_counter() - start > BUDGET or not any(
+                unsettled(ratios(py, c)) for py, c in ((3, 2), (1, 0)))):
             break
         for k in range(4):
             i = (k + r) % 4
