@@ -246,6 +246,9 @@ awk -F, '
   }' "$CSV"
 echo
 count() { awk -F, -v v="$1" 'NR > 1 && $14 == v' "$CSV" | wc -l; }
+# the rows that need a look, by name
+awk -F, 'NR > 1 && ($14 == "REF SUSPECT" || $14 == "unclear") {
+  printf "%s: %s / %s (ratio %s [%s..%s] over %s reps)\n", $14, $1, $2, $9, $10, $11, $12 }' "$CSV"
 echo "allocator: GLIBC_TUNABLES=${GLIBC_TUNABLES:-(unset)}; verdicts: $(count met) met, $(count missed) missed, $(count unclear) unclear (spread does not support a verdict), $(count 'REF SUSPECT') REF SUSPECT, $(count n/a) not measured; $(($(date +%s) - start)) s in all; rows in $CSV"
 
 # Quick mode: every expected row present once, numbers where numbers
