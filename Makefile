@@ -4,6 +4,7 @@
 #   make sanitize   the same suites built with -fsanitize=address,undefined
 #   make demo       train the example MLP through a local dispatch-server
 #   make bench      benchmarks, each figure beside its limit
+#   make bench-quick  every benchmark row at tiny sizes, CSV checked (CI)
 #   make fuzz       libFuzzer targets for a bounded time
 #   make mutate     tests/mutations.txt, one mutation at a time: killed or survived
 #   make test-gpu   the CUDA backend against the CPU, op by op, on a GPU
@@ -101,7 +102,7 @@ SERVER_A := $(BUILD)/libdspserver.a
 # keep objects and generated headers that make would treat as intermediate
 .SECONDARY:
 
-.PHONY: all deps test test-run python-test sanitize demo bench mutate fuzz install clean test-gpu bench-gpu
+.PHONY: all deps test test-run python-test sanitize demo bench bench-quick mutate fuzz install clean test-gpu bench-gpu
 all: $(if $(wildcard server/main.c),$(SERVER_BIN)) $(CLIENT_A) $(CLIENT_SO) $(TEST_BIN) $(EXAMPLE_BIN) $(BENCH_BIN) $(CUDA_BIN)
 
 deps:
@@ -254,6 +255,12 @@ demo: deps
 bench: deps
 	@$(MAKE) --no-print-directory $(if $(wildcard server/main.c),$(SERVER_BIN)) $(BENCH_BIN) $(CLIENT_SO)
 	@BUILD=$(BUILD) PYTHON=$(PYTHON) scripts/bench.sh
+
+# every benchmark row at tiny sizes, no goal judged; fails unless the CSV
+# holds every row of bench/expected-rows.txt with numeric fields (for CI)
+bench-quick: deps
+	@$(MAKE) --no-print-directory $(if $(wildcard server/main.c),$(SERVER_BIN)) $(BENCH_BIN) $(CLIENT_SO)
+	@BENCH_QUICK=1 BUILD=$(BUILD) PYTHON=$(PYTHON) scripts/bench.sh
 
 # Applies each mutation of tests/mutations.txt to a scratch copy of the
 # tree (never this checkout), rebuilds there, runs the suites it names,

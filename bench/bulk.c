@@ -1,43 +1,64 @@
-/* bench bulk: upload and download bandwidth of 4 KiB, 1 MiB, 64 MiB and
- * 256 MiB f32 tensors on a REMOTE device, against a raw loopback socket
- * moving the same bytes (16-byte header, then the payload, as a dispatch
- * frame does) and against memcpy, all in this process run.
+/* bench bulk: upload and download bandwidth of f32 tensors on a REMOTE
+ * device (4 KiB, 1 MiB, 64 MiB and 256 MiB; BENCH_QUICK: 4 KiB, 64 KiB,
+ * 1 MiB, 4 MiB), against a raw loopback socket moving the same bytes
+ * (16-byte header, then the payload, as a dispatch frame does) and
+ * against memcpy, all in this process run.
  *
  * upload   = dispatch_tensor_from_data + dispatch_device_sync (the server
  *            has the bytes in storage when sync returns)
  * download = dispatch_tensor_read of a tensor already on the server
  * raw      = PUT: header + payload, the receiver reads it all into a
- *            buffer and answers a header; GET: header, payload back.
- *            A diagnostic row for the large sizes has the receiver
+ *            buffer and answers a header; GET: header, payload back. The
+ *            receiver is bench/raw_server, exec'd and placed by
+ *            scripts/bench.sh exactly like dispatch-server, with the same
+ *            allocator settings; its buffer is warm, as the server's
+ *            storage cache is. The client side runs twice, once with
+ *            blocking reads and writes and once waiting the way
+ *            libdispatch-client does (non-blocking I/O, spinning
+ *            DISPATCH_SPIN_US before every sleep, mid-payload too); each
+ *            row's reference is whichever of the two has the better
+ *            median, so the limit is the best a plain socket does here.
+ *            A diagnostic row for the two large sizes has the receiver
  *            malloc a fresh buffer per PUT, to show what page faults on
  *            fresh memory cost by themselves.
  *
- * Variants run interleaved per repetition and each figure is the median
- * time of its repetitions (bandwidth = bytes / median time). Also: the
- * speed of OpenSSL's AES-128-GCM and AES-256-GCM through EVP (TLS record
- * sized, 16 KiB), and 64 MiB up and down over tls:// against it (the
- * server named by DISPATCH_BENCH_TLS, which scripts/bench.sh starts).
+ * Every repetition runs all variants once, in an order that rotates by
+ * one per repetition; rows are medians over repetitions with their spread
+ * (bench.h). Repetitions go on (up to a cap and a time budget per size)
+ * while a goal is neither met nor missed by the interquartile range of
+ * the paired ratios. Goal: at least 0.9 of the raw socket from 1 MiB on.
+ * Also: OpenSSL's AES-128-GCM and AES-256-GCM through EVP (TLS record
+ * sized, 16 KiB), and the large size up and down over tls:// against the
+ * cipher in the same repetition (the server named by DISPATCH_BENCH_TLS).
  */
 #include <openssl/evp.h>
 
 #include "bench.h"
 
 #define MAX_REPS 64
+#define BULK_GOAL 0.9
 
 typedef struct size_case {
   const char *name;
   size_t bytes;
-  int reps;       /* at most */
-  double budget;  /* seconds for all variants of this size */
+  int reps;      /* at most */
+  double budget; /* seconds for all variants of this size */
 } size_case;
 
 static const size_case SIZES[] = {
-    {"4 KiB", 4096, MAX_REPS, 1.0},
-    {"1 MiB", 1 << 20, MAX_REPS, 2.0},
-    {"64 MiB", 64u << 20, 9, 6.0},
-    {"256 MiB", 256u << 20, 5, 14.0},
+    {"4 KiB", 4096, MAX_REPS, 2.0},
+    {"1 MiB", 1 << 20, MAX_REPS, 4.0},
+    {"64 MiB", 64u << 20, 31, 12.0},
+    {"256 MiB", 256u << 20, 15, 24.0},
 };
-#define NSIZES ((int)(sizeof SIZES / sizeof SIZES[0]))
+static const size_case QUICK_SIZES[] = {
+    {"4 KiB", 4096, 2, 0},
+    {"64 KiB", 64u << 10, 2, 0},
+    {"1 MiB", 1 << 20, 2, 0},
+    {"4 MiB", 4u << 20, 2, 0},
+};
+#define NSIZES 4
+#define MIN_REPS 5
 
 /* small sizes: one sample is the mean of this many transfers, so the
  * timer and scheduler jitter do not dominate */
@@ -51,11 +72,10 @@ static double mbps(size_t nbytes, double t) {
 }
 
 /* Encrypts `total` bytes as 16 KiB GCM records (new IV each, tag read),
- * the way TLS 1.3 does; returns MB/s (median of 3) or NAN. */
-static double aes_gcm_mbps(const EVP_CIPHER *cipher, unsigned char *in,
+ * the way TLS 1.3 does; returns seconds or NAN. */
+static double aes_gcm_time(const EVP_CIPHER *cipher, unsigned char *in,
                            unsigned char *out, size_t total) {
   unsigned char key[32] = {1, 2, 3}, iv[12] = {0}, tag[16];
-  double t[3];
   EVP_CIPHER_CTX *c = EVP_CIPHER_CTX_new();
   if (!c) return NAN;
   if (EVP_EncryptInit_ex(c, cipher, NULL, key, iv) != 1) {
@@ -63,23 +83,21 @@ static double aes_gcm_mbps(const EVP_CIPHER *cipher, unsigned char *in,
     return NAN;
   }
   const size_t rec = 16384;
-  for (int r = 0; r < 3; r++) {
-    double t0 = bench_now();
-    for (size_t off = 0; off + rec <= total; off += rec) {
-      int len = 0;
-      iv[0]++;
-      if (EVP_EncryptInit_ex(c, NULL, NULL, NULL, iv) != 1 ||
-          EVP_EncryptUpdate(c, out + off, &len, in + off, (int)rec) != 1 ||
-          EVP_EncryptFinal_ex(c, out + off + len, &len) != 1 ||
-          EVP_CIPHER_CTX_ctrl(c, EVP_CTRL_GCM_GET_TAG, 16, tag) != 1) {
-        EVP_CIPHER_CTX_free(c);
-        return NAN;
-      }
+  double t0 = bench_now();
+  for (size_t off = 0; off + rec <= total; off += rec) {
+    int len = 0;
+    iv[0]++;
+    if (EVP_EncryptInit_ex(c, NULL, NULL, NULL, iv) != 1 ||
+        EVP_EncryptUpdate(c, out + off, &len, in + off, (int)rec) != 1 ||
+        EVP_EncryptFinal_ex(c, out + off + len, &len) != 1 ||
+        EVP_CIPHER_CTX_ctrl(c, EVP_CTRL_GCM_GET_TAG, 16, tag) != 1) {
+      EVP_CIPHER_CTX_free(c);
+      return NAN;
     }
-    t[r] = bench_now() - t0;
   }
+  double t = bench_now() - t0;
   EVP_CIPHER_CTX_free(c);
-  return mbps(total, bench_median(t, 3));
+  return t;
 }
 
 static void *xmalloc_touched(size_t n) {
@@ -92,198 +110,271 @@ static void *xmalloc_touched(size_t n) {
   return p;
 }
 
+/* times (s) -> MB/s, in place */
+static void to_mbps(double *t, int n, size_t bytes) {
+  for (int i = 0; i < n; i++) t[i] = mbps(bytes, t[i]);
+}
+
+/* the variants of one repetition, in bench_turn's rotating order */
+enum {
+  V_PUT_BLOCK, V_PUT_CLIENT, V_GET_BLOCK, V_GET_CLIENT, V_FRESH, V_MEMCPY,
+  V_UP, V_DOWN, NVAR
+};
+
+typedef struct bulk_ctx {
+  int fd; /* raw server connection, -1 when none */
+  dispatch_device *dev;
+  dispatch_tensor *held; /* the tensor downloads read */
+  unsigned char *src, *dst;
+  char fail[512];  /* dispatch failure: the rows say why */
+  char rfail[512]; /* raw failure */
+} bulk_ctx;
+
+/* Runs variant v of one repetition (inner transfers of n bytes); returns
+ * the mean seconds per transfer, NAN when it could not run. */
+static double run_variant(bulk_ctx *c, int v, size_t n, int inner) {
+  int64_t shape[1] = {(int64_t)(n / 4)};
+  double t0 = bench_now();
+  if (v <= V_FRESH) {
+    if (c->fd < 0 || c->rfail[0]) return NAN;
+    uint32_t cmd = v <= V_PUT_CLIENT ? BENCH_RAW_PUT
+                   : v == V_FRESH    ? BENCH_RAW_PUT_FRESH
+                                     : BENCH_RAW_GET;
+    bench_wait how = (v == V_PUT_CLIENT || v == V_GET_CLIENT)
+                         ? BENCH_WAIT_CLIENT
+                         : BENCH_WAIT_BLOCK;
+    void *buf = cmd == BENCH_RAW_GET ? (void *)c->dst : (void *)c->src;
+    for (int i = 0; i < inner; i++)
+      if (bench_raw_call(c->fd, cmd, buf, n, how) < 0) {
+        snprintf(c->rfail, sizeof c->rfail, "raw transfer failed: %s",
+                 strerror(errno));
+        return NAN;
+      }
+  } else if (v == V_MEMCPY) {
+    for (int i = 0; i < inner; i++) {
+      memcpy(c->dst, c->src, n);
+      __asm__ volatile("" : : "r"(c->dst) : "memory");
+    }
+  } else {
+    if (!c->dev || c->fail[0]) return NAN;
+    for (int i = 0; i < inner; i++) {
+      int rc;
+      if (v == V_UP) {
+        dispatch_tensor *t = NULL;
+        rc = dispatch_tensor_from_data(c->dev, DISPATCH_F32, 1, shape, c->src,
+                                       n, &t);
+        if (rc == 0) rc = dispatch_device_sync(c->dev);
+        dispatch_tensor_free(t);
+      } else {
+        rc = dispatch_tensor_read(c->held, c->dst, n);
+      }
+      if (rc < 0) {
+        snprintf(c->fail, sizeof c->fail, "%s %zu B: %s: %s",
+                 v == V_UP ? "upload" : "read", n, dispatch_err_name(rc),
+                 dispatch_device_errmsg(c->dev));
+        return NAN;
+      }
+    }
+    if (v == V_DOWN && memcmp(c->dst, c->src, n) != 0) {
+      snprintf(c->fail, sizeof c->fail, "read %zu B: bytes differ", n);
+      return NAN;
+    }
+  }
+  return (bench_now() - t0) / inner;
+}
+
 int main(void) {
-  size_t maxb = SIZES[NSIZES - 1].bytes;
-  bench_raw raw;
-  if (bench_raw_start(&raw, maxb) < 0) {
-    fprintf(stderr, "bulk: raw server: %s\n", strerror(errno));
-    return 1;
-  }
-  int fd = bench_raw_connect(&raw);
-  if (fd < 0) {
-    fprintf(stderr, "bulk: connect raw: %s\n", strerror(errno));
-    return 1;
-  }
-  unsigned char *src = xmalloc_touched(maxb), *dst = xmalloc_touched(maxb);
+  int quick = bench_quick();
+  const size_case *sizes = quick ? QUICK_SIZES : SIZES;
+  size_t maxb = sizes[NSIZES - 1].bytes;
+  bulk_ctx c = {.fd = -1};
+  c.fd = bench_raw_connect(c.rfail, sizeof c.rfail);
+  if (c.fd < 0) fprintf(stderr, "bulk: %s\n", c.rfail);
+  c.src = xmalloc_touched(maxb);
+  c.dst = xmalloc_touched(maxb);
   char why[512] = "";
-  dispatch_device *dev = bench_open(bench_remote_spec(), why, sizeof why);
-  double raw64_put = NAN;
+  c.dev = bench_open(bench_remote_spec(), why, sizeof why);
+  if (!c.dev) snprintf(c.fail, sizeof c.fail, "%s", why);
 
   for (int s = 0; s < NSIZES; s++) {
-    const size_case *sc = &SIZES[s];
+    const size_case *sc = &sizes[s];
     size_t n = sc->bytes;
     int inner = inner_count(n);
     int64_t shape[1] = {(int64_t)(n / 4)};
-    double t_put[MAX_REPS], t_get[MAX_REPS], t_mem[MAX_REPS],
-        t_up[MAX_REPS], t_down[MAX_REPS], t_fresh[MAX_REPS];
-    int reps = 0, ok = dev != NULL;
-    char fail[512] = "";
-    dispatch_tensor *held = NULL;
-    if (ok) {
-      int rc = dispatch_tensor_from_data(dev, DISPATCH_F32, 1, shape, src, n,
-                                         &held);
-      if (rc == 0) rc = dispatch_device_sync(dev);
-      if (rc < 0) {
-        snprintf(fail, sizeof fail, "upload %s: %s: %s", sc->name,
-                 dispatch_err_name(rc), dispatch_device_errmsg(dev));
-        ok = 0;
-      }
-    } else {
-      snprintf(fail, sizeof fail, "%s", why);
+    static double t[NVAR][MAX_REPS];
+    int reps = 0;
+    c.held = NULL;
+    if (c.dev && !c.fail[0]) {
+      int rc = dispatch_tensor_from_data(c.dev, DISPATCH_F32, 1, shape, c.src,
+                                         n, &c.held);
+      if (rc == 0) rc = dispatch_device_sync(c.dev);
+      if (rc < 0)
+        snprintf(c.fail, sizeof c.fail, "upload %s: %s: %s", sc->name,
+                 dispatch_err_name(rc), dispatch_device_errmsg(c.dev));
     }
+    bench_def up = {"bulk", NULL, "MB/s", 0, "raw socket", 1,
+                    n >= (1u << 20) ? BENCH_GOAL_RATIO_GE : BENCH_GOAL_NONE,
+                    BULK_GOAL};
+    bench_def down = up;
     double start = bench_now();
-    /* one warm-up repetition (r = -1) is measured and dropped */
+    /* one warm-up repetition (r = -1) is measured and dropped: it grows
+     * the raw server's buffer and the server's storage */
     for (int r = -1; r < sc->reps; r++) {
-      if (r >= 3 && bench_now() - start > sc->budget) break;
-      double t0 = bench_now();
-      for (int i = 0; i < inner; i++)
-        if (bench_raw_call(fd, BENCH_RAW_PUT, src, n) < 0) goto raw_fail;
-      double tput = (bench_now() - t0) / inner;
-      t0 = bench_now();
-      for (int i = 0; i < inner; i++)
-        if (bench_raw_call(fd, BENCH_RAW_GET, dst, n) < 0) goto raw_fail;
-      double tget = (bench_now() - t0) / inner;
-      t0 = bench_now();
-      for (int i = 0; i < inner; i++)
-        if (bench_raw_call(fd, BENCH_RAW_PUT_FRESH, src, n) < 0) goto raw_fail;
-      double tfresh = (bench_now() - t0) / inner;
-      t0 = bench_now();
-      for (int i = 0; i < inner; i++) {
-        memcpy(dst, src, n);
-        __asm__ volatile("" : : "r"(dst) : "memory");
+      if (r >= 0) {
+        int best_put, best_get;
+        double *pv[2] = {t[V_PUT_BLOCK], t[V_PUT_CLIENT]};
+        double *gv[2] = {t[V_GET_BLOCK], t[V_GET_CLIENT]};
+        best_put = bench_best_variant(pv, 2, reps);
+        best_get = bench_best_variant(gv, 2, reps);
+        int unsettled = 0;
+        if (reps > 0) {
+          double ru[MAX_REPS], rd[MAX_REPS], rp[MAX_REPS], rg[MAX_REPS];
+          for (int i = 0; i < reps; i++) {
+            ru[i] = 1 / t[V_UP][i];
+            rd[i] = 1 / t[V_DOWN][i];
+            rp[i] = 1 / pv[best_put][i];
+            rg[i] = 1 / gv[best_get][i];
+          }
+          unsettled = bench_unsettled(&up, ru, rp, reps) ||
+                      bench_unsettled(&down, rd, rg, reps);
+        }
+        if (!bench_more(reps, quick ? sc->reps : MIN_REPS, sc->reps,
+                        bench_now() - start, sc->budget, unsettled))
+          break;
       }
-      double tmem = (bench_now() - t0) / inner;
-      double tup = NAN, tdown = NAN;
-      if (ok) {
-        t0 = bench_now();
-        for (int i = 0; i < inner && ok; i++) {
-          dispatch_tensor *t = NULL;
-          int rc = dispatch_tensor_from_data(dev, DISPATCH_F32, 1, shape, src,
-                                             n, &t);
-          if (rc == 0) rc = dispatch_device_sync(dev);
-          dispatch_tensor_free(t);
-          if (rc < 0) {
-            snprintf(fail, sizeof fail, "upload %s: %s: %s", sc->name,
-                     dispatch_err_name(rc), dispatch_device_errmsg(dev));
-            ok = 0;
-          }
-        }
-        tup = (bench_now() - t0) / inner;
-        t0 = bench_now();
-        for (int i = 0; i < inner && ok; i++) {
-          int rc = dispatch_tensor_read(held, dst, n);
-          if (rc < 0) {
-            snprintf(fail, sizeof fail, "read %s: %s: %s", sc->name,
-                     dispatch_err_name(rc), dispatch_device_errmsg(dev));
-            ok = 0;
-          }
-        }
-        tdown = (bench_now() - t0) / inner;
-        if (ok && memcmp(dst, src, n) != 0) {
-          snprintf(fail, sizeof fail, "read %s: bytes differ from upload",
-                   sc->name);
-          ok = 0;
-        }
+      double tv[NVAR];
+      for (int k = 0; k < NVAR; k++) {
+        int v = bench_turn(r, k, NVAR);
+        tv[v] = (v == V_FRESH && s < NSIZES - 2) ? NAN
+                                                 : run_variant(&c, v, n, inner);
       }
       if (r < 0) continue;
-      t_put[reps] = tput;
-      t_fresh[reps] = tfresh;
-      t_get[reps] = tget;
-      t_mem[reps] = tmem;
-      t_up[reps] = tup;
-      t_down[reps] = tdown;
+      for (int v = 0; v < NVAR; v++) t[v][reps] = tv[v];
       reps++;
     }
-    dispatch_tensor_free(held);
-    if (fail[0]) fprintf(stderr, "bulk: %s\n", fail);
+    dispatch_tensor_free(c.held);
+    c.held = NULL;
+    if (c.fail[0]) fprintf(stderr, "bulk: %s\n", c.fail);
+    if (c.rfail[0]) fprintf(stderr, "bulk: %s\n", c.rfail);
 
-    double put = mbps(n, bench_median(t_put, reps));
-    double get = mbps(n, bench_median(t_get, reps));
-    double mem = mbps(n, bench_median(t_mem, reps));
-    double fresh = mbps(n, bench_median(t_fresh, reps));
-    double up = ok ? mbps(n, bench_median(t_up, reps)) : NAN;
-    double down = ok ? mbps(n, bench_median(t_down, reps)) : NAN;
-    if (n == (64u << 20)) raw64_put = put;
-    /* 4 KiB is a latency-bound size, not bulk: no goal there */
-    bench_goal g = n >= (1u << 20) ? BENCH_GOAL_RATIO_GE : BENCH_GOAL_NONE;
-    char m[96];
-    const char *note = fail[0] ? fail : NULL;
+    double *pv[2] = {t[V_PUT_BLOCK], t[V_PUT_CLIENT]};
+    double *gv[2] = {t[V_GET_BLOCK], t[V_GET_CLIENT]};
+    int bp = bench_best_variant(pv, 2, reps);
+    int bg = bench_best_variant(gv, 2, reps);
+    double put[MAX_REPS], get[MAX_REPS];
+    for (int v = 0; v < NVAR; v++) to_mbps(t[v], reps, n);
+    memcpy(put, pv[bp], sizeof(double) * (size_t)reps);
+    memcpy(get, gv[bg], sizeof(double) * (size_t)reps);
+    char m[96], note[1200];
+    snprintf(note, sizeof note, "%s%s%s%sraw reference: %s wait", c.fail,
+             c.fail[0] ? "; " : "", c.rfail, c.rfail[0] ? "; " : "",
+             bench_wait_name[bp]);
     snprintf(m, sizeof m, "upload %s", sc->name);
-    bench_row("bulk", m, up, "MB/s", "raw socket", put, g, 0.7, note);
+    up.metric = m;
+    bench_emit(&up, t[V_UP], put, reps, "%s", note);
+    bench_def vs_mem = {"bulk", m, "MB/s", 0, "memcpy", 1, BENCH_GOAL_NONE,
+                        0};
     snprintf(m, sizeof m, "upload %s vs memcpy", sc->name);
-    bench_row("bulk", m, up, "MB/s", "memcpy", mem, BENCH_GOAL_NONE, 0, note);
-    if (n >= (64u << 20)) {
+    bench_emit(&vs_mem, t[V_UP], t[V_MEMCPY], reps, c.fail[0] ? "%s" : NULL,
+               c.fail);
+    if (s >= NSIZES - 2) {
+      bench_def fresh = {"bulk", m, "MB/s", 0, "raw socket", 0,
+                         BENCH_GOAL_NONE, 0};
       snprintf(m, sizeof m, "raw socket %s into fresh malloc", sc->name);
-      bench_row("bulk", m, fresh, "MB/s", "raw socket", put, BENCH_GOAL_NONE,
-                0, "diagnostic: receiver allocates per transfer (faults)");
+      bench_emit(&fresh, t[V_FRESH], put, reps,
+                 "diagnostic: receiver allocates per transfer (faults)%s%s",
+                 c.rfail[0] ? "; " : "", c.rfail);
     }
+    snprintf(note, sizeof note, "%s%s%s%sraw reference: %s wait", c.fail,
+             c.fail[0] ? "; " : "", c.rfail, c.rfail[0] ? "; " : "",
+             bench_wait_name[bg]);
     snprintf(m, sizeof m, "download %s", sc->name);
-    bench_row("bulk", m, down, "MB/s", "raw socket", get, g, 0.7, note);
+    down.metric = m;
+    bench_emit(&down, t[V_DOWN], get, reps, "%s", note);
     snprintf(m, sizeof m, "download %s vs memcpy", sc->name);
-    bench_row("bulk", m, down, "MB/s", "memcpy", mem, BENCH_GOAL_NONE, 0,
-              note);
-    continue;
-  raw_fail:
-    fprintf(stderr, "bulk: raw transfer of %s failed\n", sc->name);
-    return 1;
+    bench_emit(&vs_mem, t[V_DOWN], t[V_MEMCPY], reps, c.fail[0] ? "%s" : NULL,
+               c.fail);
   }
 
-  /* OpenSSL's own cipher speed on one core: the limit of a TLS stream */
-  size_t aes_bytes = 64u << 20;
-  double a128 = aes_gcm_mbps(EVP_aes_128_gcm(), src, dst, aes_bytes);
-  double a256 = aes_gcm_mbps(EVP_aes_256_gcm(), src, dst, aes_bytes);
-  bench_row("bulk", "AES-128-GCM encrypt (EVP; 16 KiB records)", a128, "MB/s",
-            "raw socket 64 MiB", raw64_put, BENCH_GOAL_NONE, 0,
-            "reference for TLS: one core's cipher speed");
-  bench_row("bulk", "AES-256-GCM encrypt (EVP; 16 KiB records)", a256, "MB/s",
-            "raw socket 64 MiB", raw64_put, BENCH_GOAL_NONE, 0,
-            "reference for TLS: one core's cipher speed");
-
-  /* 64 MiB up and down over tls:// (TLS 1.3 negotiates AES-256-GCM), each
-   * against the cipher's own speed */
+  /* OpenSSL's own cipher speed on one core, the limit of a TLS stream
+   * (the client encrypts every byte on one thread), then the large size
+   * up and down over tls:// (TLS 1.3 negotiates AES-256-GCM), each
+   * repetition pairing the transfers with the cipher, in rotating order */
+  size_t n = sizes[NSIZES - 2].bytes;
+  int64_t shape[1] = {(int64_t)(n / 4)};
   const char *tls = getenv("DISPATCH_BENCH_TLS");
   char twhy[512] = "";
-  dispatch_device *tdev = tls ? bench_open(tls, twhy, sizeof twhy) : NULL;
-  if (!tls) snprintf(twhy, sizeof twhy, "no TLS server (DISPATCH_BENCH_TLS)");
-  size_t n = 64u << 20;
-  int64_t shape[1] = {(int64_t)(n / 4)};
-  double tu[5], td[5];
-  int ku = 0, kd = 0;
-  for (int r = 0; tdev && r < 5; r++) {
+  dispatch_device *tdev = tls && *tls ? bench_open(tls, twhy, sizeof twhy)
+                                      : NULL;
+  if (!tls || !*tls)
+    snprintf(twhy, sizeof twhy, "no TLS server (DISPATCH_BENCH_TLS)");
+  enum { A128, A256, TUP, TDOWN, NT };
+  int treps = quick ? 2 : 7;
+  double tt[NT][16];
+  int k = 0;
+  for (int r = -1; r < treps; r++) {
+    double tv[NT] = {NAN, NAN, NAN, NAN};
     dispatch_tensor *x = NULL;
-    double t0 = bench_now();
-    int rc = dispatch_tensor_from_data(tdev, DISPATCH_F32, 1, shape, src, n,
-                                       &x);
-    if (rc == 0) rc = dispatch_device_sync(tdev);
-    double t1 = bench_now();
-    if (rc == 0) rc = dispatch_tensor_read(x, dst, n);
-    double t2 = bench_now();
+    for (int j = 0; j < NT; j++) {
+      int v = bench_turn(r, j, NT);
+      if (v == A128 || v == A256) {
+        tv[v] = aes_gcm_time(v == A128 ? EVP_aes_128_gcm() : EVP_aes_256_gcm(),
+                             c.src, c.dst, n);
+        continue;
+      }
+      if (!tdev || twhy[0]) continue;
+      int rc = 0;
+      double t0 = bench_now();
+      if (v == TUP) {
+        dispatch_tensor *y = NULL;
+        rc = dispatch_tensor_from_data(tdev, DISPATCH_F32, 1, shape, c.src, n,
+                                       &y);
+        if (rc == 0) rc = dispatch_device_sync(tdev);
+        dispatch_tensor_free(y);
+      } else {
+        if (!x) { /* the tensor to download, put there untimed */
+          rc = dispatch_tensor_from_data(tdev, DISPATCH_F32, 1, shape, c.src,
+                                         n, &x);
+          if (rc == 0) rc = dispatch_device_sync(tdev);
+          t0 = bench_now();
+        }
+        if (rc == 0) rc = dispatch_tensor_read(x, c.dst, n);
+        if (rc == 0 && memcmp(c.src, c.dst, n) != 0) {
+          snprintf(twhy, sizeof twhy, "tls: bytes read back differ");
+          continue;
+        }
+      }
+      tv[v] = bench_now() - t0;
+      if (rc < 0) {
+        snprintf(twhy, sizeof twhy, "tls: %s: %s", dispatch_err_name(rc),
+                 dispatch_device_errmsg(tdev));
+        tv[v] = NAN;
+      }
+    }
     dispatch_tensor_free(x);
-    if (rc == 0 && memcmp(src, dst, n) != 0) {
-      snprintf(twhy, sizeof twhy, "tls: bytes read back differ");
-      break;
-    }
-    if (rc < 0) {
-      snprintf(twhy, sizeof twhy, "tls: %s: %s", dispatch_err_name(rc),
-               dispatch_device_errmsg(tdev));
-      break;
-    }
-    tu[ku++] = t1 - t0;
-    td[kd++] = t2 - t1;
+    if (r < 0) continue;
+    for (int v = 0; v < NT; v++) tt[v][k] = mbps(n, tv[v]);
+    k++;
   }
-  bench_row("bulk", "TLS upload 64 MiB", ku ? mbps(n, bench_median(tu, ku)) : NAN,
-            "MB/s", "AES-256-GCM one core", a256, BENCH_GOAL_NONE, 0,
-            twhy[0] ? twhy : NULL);
-  bench_row("bulk", "TLS download 64 MiB",
-            kd ? mbps(n, bench_median(td, kd)) : NAN, "MB/s",
-            "AES-256-GCM one core", a256, BENCH_GOAL_NONE, 0,
-            twhy[0] ? twhy : NULL);
+  char m[96];
+  bench_def aes = {"bulk", "AES-128-GCM encrypt (EVP; 16 KiB records)",
+                   "MB/s", 0, NULL, 0, BENCH_GOAL_NONE, 0};
+  bench_emit(&aes, tt[A128], NULL, k,
+             "one core's cipher speed: the limit of a TLS stream");
+  aes.metric = "AES-256-GCM encrypt (EVP; 16 KiB records)";
+  bench_emit(&aes, tt[A256], NULL, k,
+             "one core's cipher speed: the limit of a TLS stream");
+  bench_def tr = {"bulk", m, "MB/s", 0, "AES-256-GCM one core", 1,
+                  BENCH_GOAL_NONE, 0};
+  snprintf(m, sizeof m, "TLS upload %s", sizes[NSIZES - 2].name);
+  bench_emit(&tr, tt[TUP], tt[A256], k, twhy[0] ? "%s" : NULL, twhy);
+  snprintf(m, sizeof m, "TLS download %s", sizes[NSIZES - 2].name);
+  bench_emit(&tr, tt[TDOWN], tt[A256], k, twhy[0] ? "%s" : NULL, twhy);
   dispatch_device_close(tdev);
 
-  dispatch_device_close(dev);
-  free(src);
-  free(dst);
-  close(fd);
-  bench_raw_stop(&raw);
+  dispatch_device_close(c.dev);
+  free(c.src);
+  free(c.dst);
+  if (c.fd >= 0) close(c.fd);
   return 0;
 }

@@ -16,18 +16,35 @@
 #include "bench.h"
 
 #define MOVE_BYTES ((size_t)64 << 20)
+#define QUICK_BYTES ((size_t)4 << 20)
 #define REPS 7
 
+/* in server: a limit (one copy, the same bytes memcpy moves); through
+ * the client: two transfers over the wire, compared for scale only */
+static bench_def d_in = {"devices", NULL, "MB/s", 0, "memcpy", 1,
+                         BENCH_GOAL_NONE, 0};
+static bench_def d_cl = {"devices", NULL, "MB/s", 0, "memcpy", 0,
+                         BENCH_GOAL_NONE, 0};
+static char m_in[96], m_cl[96];
+
 static void na(const char *why) {
-  bench_row("devices", "move 64 MiB cpu:0 -> cpu:1 (in server)", NAN, "MB/s",
-            "memcpy", NAN, BENCH_GOAL_NONE, 0, "%s", why);
-  bench_row("devices", "move 64 MiB cpu:0 -> cpu:1 (through the client)", NAN,
-            "MB/s", "memcpy", NAN, BENCH_GOAL_NONE, 0, "%s", why);
+  double nan = NAN;
+  bench_emit(&d_in, &nan, &nan, 1, "%s", why);
+  bench_emit(&d_cl, &nan, &nan, 1, "%s", why);
 }
 
 static double mbps(size_t n, double s) { return (double)n / s / 1e6; }
 
 int main(void) {
+  int quick = bench_quick();
+  size_t n = quick ? QUICK_BYTES : MOVE_BYTES;
+  int reps_max = quick ? 2 : REPS;
+  snprintf(m_in, sizeof m_in, "move %zu MiB cpu:0 -> cpu:1 (in server)",
+           n >> 20);
+  snprintf(m_cl, sizeof m_cl, "move %zu MiB cpu:0 -> cpu:1 (through the client)",
+           n >> 20);
+  d_in.metric = m_in;
+  d_cl.metric = m_cl;
   const char *remote = getenv("DISPATCH_BENCH_REMOTE");
   if (!remote || !*remote) {
     na("no server (DISPATCH_BENCH_REMOTE unset)");
@@ -50,7 +67,6 @@ int main(void) {
   if (dispatch_device_open(spec, NULL, &other, msg, sizeof msg) < 0)
     other = NULL;
 
-  size_t n = MOVE_BYTES;
   float *src = malloc(n), *dst = malloc(n);
   if (!src || !dst) {
     na("out of memory");
@@ -67,36 +83,38 @@ int main(void) {
     snprintf(fail, sizeof fail, "upload: %s", dispatch_device_errmsg(d0));
 
   double tin[REPS], tcl[REPS], tmem[REPS];
-  int kin = 0, kcl = 0, kmem = 0;
-  /* one warm-up repetition (r = -1) is measured and dropped */
-  for (int r = -1; r < REPS && !fail[0]; r++) {
-    double t = bench_now();
-    memcpy(dst, src, n);
-    __asm__ volatile("" : : "r"(dst) : "memory");
-    t = bench_now() - t;
-    if (r >= 0) tmem[kmem++] = t;
-
-    dispatch_tensor *t1 = NULL;
-    t = bench_now();
-    rc = dispatch_to_device(t0, d1, &t1);
-    if (rc == 0) rc = dispatch_device_sync(d1);
-    t = bench_now() - t;
-    if (rc < 0) {
-      snprintf(fail, sizeof fail, "in server: %s: %s", dispatch_err_name(rc),
-               dispatch_device_errmsg(d1));
-      break;
-    }
-    if (r >= 0) tin[kin++] = t;
-    dispatch_tensor_free(t1);
-
-    if (other) {
-      t = bench_now();
-      rc = dispatch_to_device(t0, other, &t1);
-      if (rc == 0) rc = dispatch_device_sync(other);
-      t = bench_now() - t;
-      if (rc == 0 && r >= 0) tcl[kcl++] = t;
+  int reps = 0;
+  /* one warm-up repetition (r = -1) is measured and dropped; the order of
+   * the three variants rotates every repetition */
+  for (int r = -1; r < reps_max && !fail[0]; r++) {
+    double tv[3] = {NAN, NAN, NAN};
+    for (int k = 0; k < 3 && !fail[0]; k++) {
+      int v = bench_turn(r, k, 3);
+      dispatch_tensor *t1 = NULL;
+      double t = bench_now();
+      if (v == 0) {
+        memcpy(dst, src, n);
+        __asm__ volatile("" : : "r"(dst) : "memory");
+        tv[0] = bench_now() - t;
+      } else if (v == 1) {
+        rc = dispatch_to_device(t0, d1, &t1);
+        if (rc == 0) rc = dispatch_device_sync(d1);
+        tv[1] = bench_now() - t;
+        if (rc < 0)
+          snprintf(fail, sizeof fail, "in server: %s: %s",
+                   dispatch_err_name(rc), dispatch_device_errmsg(d1));
+      } else if (other) {
+        rc = dispatch_to_device(t0, other, &t1);
+        if (rc == 0) rc = dispatch_device_sync(other);
+        tv[2] = rc == 0 ? bench_now() - t : NAN;
+      }
       dispatch_tensor_free(t1);
     }
+    if (r < 0) continue;
+    tmem[reps] = mbps(n, tv[0]);
+    tin[reps] = mbps(n, tv[1]);
+    tcl[reps] = mbps(n, tv[2]);
+    reps++;
   }
   /* the moved bytes are checked once, outside the timing */
   if (!fail[0]) {
@@ -108,23 +126,14 @@ int main(void) {
                dispatch_err_name(rc));
     dispatch_tensor_free(t1);
   }
-  double mem = kmem ? mbps(n, bench_median(tmem, kmem)) : NAN;
   if (fail[0]) {
     na(fail);
   } else {
-    bench_row("devices", "move 64 MiB cpu:0 -> cpu:1 (in server)",
-              mbps(n, bench_median(tin, kin)), "MB/s", "memcpy", mem,
-              BENCH_GOAL_NONE, 0,
-              "one ToDevice + Sync; median of %d; memcpy between warm "
-              "buffers",
-              kin);
-    bench_row("devices", "move 64 MiB cpu:0 -> cpu:1 (through the client)",
-              kcl ? mbps(n, bench_median(tcl, kcl)) : NAN, "MB/s", "memcpy",
-              mem, BENCH_GOAL_NONE, 0,
-              kcl ? "two sessions: read to this process and upload again; "
-                    "median of %d"
-                  : "second session did not open",
-              kcl);
+    bench_emit(&d_in, tin, tmem, reps,
+               "one ToDevice + Sync; memcpy between warm buffers");
+    bench_emit(&d_cl, tcl, tmem, reps,
+               other ? "two sessions: read to this process and upload again"
+                     : "second session did not open");
   }
   dispatch_tensor_free(t0);
   dispatch_device_close(d1);

@@ -8,8 +8,11 @@
  */
 #include "bench.h"
 
-#define HELD 100000
-#define SMALL_OPS 1000000L
+#define FULL_HELD 100000
+#define FULL_SMALL_OPS 1000000L
+/* BENCH_QUICK: a hundredth of each */
+#define HELD (bench_quick() ? FULL_HELD / 100 : FULL_HELD)
+#define SMALL_OPS (bench_quick() ? FULL_SMALL_OPS / 100 : FULL_SMALL_OPS)
 #define OPS_BUDGET 60.0 /* seconds; the row says how many ran if cut */
 
 int main(void) {
@@ -82,17 +85,24 @@ int main(void) {
   }
   if (why[0]) fprintf(stderr, "memory: %s\n", why);
   const char *note = why[0] ? why : NULL;
-  bench_row("memory", "server overhead per held 1-elem tensor", per_tensor,
-            "B", "payload per tensor", 4.0, BENCH_GOAL_NONE, 0,
-            note ? note : "100000 tensors held; RSS delta minus payload");
-  bench_row("memory", "server RSS holding 100000 tensors", held_mib, "MiB",
-            "baseline RSS", base_mib, BENCH_GOAL_NONE, 0, note);
-  bench_row("memory", "server RSS after freeing them", freed_mib, "MiB",
-            "baseline RSS", base_mib, BENCH_GOAL_NONE, 0, note);
-  char m[96];
+  char m[96], n1[600];
+  /* one measurement each: RSS of a server at one moment, no repetitions */
+  bench_def d = {"memory", "server overhead per held 1-elem tensor", "B", 1,
+                 "payload per tensor", 0, BENCH_GOAL_NONE, 0};
+  snprintf(n1, sizeof n1, "%s", note ? note : "");
+  if (!note)
+    snprintf(n1, sizeof n1, "%d tensors held; RSS delta minus payload", HELD);
+  bench_emit1(&d, per_tensor, 4.0, n1);
+  snprintf(m, sizeof m, "server RSS holding %d tensors", HELD);
+  d.metric = m;
+  d.unit = "MiB";
+  d.ref_name = "baseline RSS";
+  bench_emit1(&d, held_mib, base_mib, note);
+  d.metric = "server RSS after freeing them";
+  bench_emit1(&d, freed_mib, base_mib, note);
   snprintf(m, sizeof m, "server RSS after %ld small ops + frees", ops_done);
-  bench_row("memory", m, ops_mib, "MiB", "baseline RSS", base_mib,
-            BENCH_GOAL_NONE, 0, note);
+  d.metric = m;
+  bench_emit1(&d, ops_mib, base_mib, note);
   free(held);
   dispatch_device_close(dev);
   return 0;

@@ -10,9 +10,13 @@ bench/mlp.c), a child process that runs a block of steps when asked and
 sleeps on its stdin otherwise; the four models (C and Python, local and
 remote) take blocks of 10 steps in turn with a pause between, as
 bench/mlp.c does with its models, so load from the rest of the machine
-falls on all alike. Rows: the median Python step over the median C step
-(goal at most 1.3x). Same data and seeds on all four, so all four must end
-at the same loss; a difference is reported in the note.
+falls on all alike, in an order that rotates every round. Rows: the
+median over rounds of the Python block's median step over the C block's
+(goal at most 1.3x), with the spread, judged as bench/bench.h judges
+(the C step is a limit: Python beating it by more than 5% is REF SUSPECT).
+Same data and seeds on all four, so all four must end at the same loss;
+a difference is reported in the note. BENCH_QUICK=1: two rounds of one
+step, nothing judged.
 Prints CSV rows in bench/bench.h's columns on stdout.
 """
 import math
@@ -29,7 +33,10 @@ sys.path.insert(0, str(ROOT / "python"))
 import dispatch  # noqa: E402
 
 BATCH, NIN, NHID, NOUT, LR = 128, 784, 256, 10, 0.05
-WARMUP, MAX_STEPS, MIN_STEPS, BUDGET, BLOCK, GAP = 3, 60, 8, 12.0, 10, 0.15
+QUICK = os.environ.get("BENCH_QUICK", "") not in ("", "0")
+WARMUP, MAX_ROUNDS, MIN_ROUNDS, BUDGET, BLOCK, GAP = \
+    (1, 2, 2, 0.0, 1, 0.001) if QUICK else (3, 20, 6, 15.0, 6, 0.1)
+GOAL, SUSPECT, MIN_VERDICT_REPS = 1.3, 1.05, 5
 
 
 class Model:
@@ -80,12 +87,47 @@ def num(v):
     return f"{v:.3g}"
 
 
+def quantile(v, q):
+    """bench.h's bench_quantile: nearest rank, a value really measured."""
+    if not v:
+        return None
+    v = sorted(v)
+    i = min(max(math.ceil(q * len(v)) - 1, 0), len(v) - 1)
+    return v[i]
+
+
+def verdict(ratios):
+    """bench.h's bench_verdict for a time (lower is better) whose
+    reference is a limit, goal ratio <= GOAL."""
+    if QUICK:
+        return "quick"
+    if not ratios:
+        return "n/a"
+    if quantile(ratios, 0.5) < 1 / SUSPECT:
+        return "REF SUSPECT"
+    if len(ratios) < MIN_VERDICT_REPS:
+        return "unclear"
+    q1, q3 = quantile(ratios, 0.25), quantile(ratios, 0.75)
+    return "met" if q3 <= GOAL else "missed" if q1 > GOAL else "unclear"
+
+
+def unsettled(ratios):
+    """bench.h's bench_unsettled for these rows."""
+    v = verdict(ratios)
+    if v == "REF SUSPECT":
+        return not quantile(ratios, 0.75) < 1 / SUSPECT
+    return v == "unclear"
+
+
 def row(metric, ours, ref, note):
-    ratio = ours / ref if ours is not None and ref and math.isfinite(ref) \
-        and math.isfinite(ours) else None
-    met = "n/a" if ratio is None else ("yes" if ratio <= 1.3 else "NO")
-    fields = ["python", metric, num(ours), "ms", "same step driven from C",
-              num(ref), num(ratio), "ratio<=1.3", met, note]
+    """ours, ref: per-round medians (ms), paired by round."""
+    ratios = [o / r for o, r in zip(ours, ref) if r]
+    fields = ["python", metric, num(quantile(ours, 0.5)),
+              num(quantile(ours, 0)), num(quantile(ours, 1)), "ms",
+              "same step driven from C", num(quantile(ref, 0.5)),
+              num(quantile(ratios, 0.5)), num(quantile(ratios, 0.25)),
+              num(quantile(ratios, 0.75)), str(len(ratios)),
+              f"ratio<={GOAL}", verdict(ratios), note]
     print(",".join(f.replace(",", ";").replace("\n", ";") for f in fields),
           flush=True)
 
@@ -138,18 +180,28 @@ def main():
     for i in range(4):
         if live[i]:
             block(i, WARMUP, False)
+    # per-round medians of each model's block (ms), paired by round
+    meds = [[] for _ in models]
+
+    def ratios(py, c):
+        return [a / b for a, b in zip(meds[py], meds[c]) if b]
+
     start = time.perf_counter()
-    for s in range(0, MAX_STEPS, BLOCK):
-        if s >= MIN_STEPS and time.perf_counter() - start > BUDGET:
+    for r in range(MAX_ROUNDS):
+        if r >= MIN_ROUNDS and (time.perf_counter() - start > BUDGET or not any(
+                unsettled(ratios(py, c)) for py, c in ((3, 2), (1, 0)))):
             break
-        for i in range(4):
+        for k in range(4):
+            i = (k + r) % 4
             time.sleep(GAP)
             if live[i]:
-                block(i, min(BLOCK, MAX_STEPS - s), True)
+                first = len(models[i].times)
+                block(i, BLOCK, True)
+                got = models[i].times[first:]
+                if live[i] and got:
+                    meds[i].append(quantile(got, 0.5) * 1e3)
     proc.stdin.close()
     proc.wait()
-    med = [float(np.median(m.times)) * 1e3 if live[i] and m.times else None
-           for i, m in enumerate(models)]
     for m in models:
         print(f"python mlp: {m.name}: " + (m.err or f"{len(m.times) + WARMUP}"
               f" steps, final loss {m.loss:.6f}"), file=sys.stderr)
@@ -166,7 +218,7 @@ def main():
         note = "; ".join(x for x in (models[c].err, models[py].err, agree)
                          if x)
         row(f"train step 784-256-10 b128 {what}; driven from Python",
-            med[py], med[c], note)
+            meds[py] if live[py] else [], meds[c] if live[c] else [], note)
     return 0
 
 
