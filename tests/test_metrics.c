@@ -294,6 +294,49 @@ Test(metrics, limit_violations_by_limit) {
   wire_close(&c);
 }
 
+/* Replies a client does not take show in dispatch_output_queue_bytes: 48
+ * reads of a 1 MiB tensor, none of them read back, are more than the
+ * loopback socket buffers hold (the Read replies share the tensor's
+ * storage, so the server holds no copies). A bounded wait for the replies
+ * to reach the queue; then they are read and the gauge drains to 0. */
+Test(metrics, unsent_replies_show_in_the_output_queue) {
+  start(NULL, 0);
+  wire_conn c;
+  connect_hello(&c);
+  int64_t s1m[1] = {1 << 18};
+  float *d = calloc(1 << 18, sizeof *d);
+  cr_assert_not_null(d);
+  wire_upload(&c, 1, DSP_F32, 1, s1m, d, (1 << 18) * sizeof *d);
+  free(d);
+  enum { READS = 48 };
+  for (int i = 0; i < READS; i++) wire_read(&c, 1);
+  double q = 0;
+  for (int i = 0; i < 600 && q == 0; i++) {
+    char *t = scrape();
+    q = value(t, "dispatch_output_queue_bytes");
+    free(t);
+    if (q == 0) usleep(10000);
+  }
+  cr_assert_gt(q, 0, "48 MiB of replies nobody reads, none queued");
+  for (int i = 0; i < READS; i++) {
+    Dspwire__Reply *r;
+    void *bulk;
+    size_t bl;
+    cr_assert_eq(wire_recv(&c, &r, &bulk, &bl), 0);
+    cr_assert_eq(bl, (size_t)(1 << 20));
+    wire_reply_free(r, bulk);
+  }
+  cr_assert_eq(wire_sync_check(&c, NULL, 0, NULL), 0);
+  char *t = scrape();
+  cr_assert_eq(value(t, "dispatch_output_queue_bytes"), 0);
+  cr_assert_eq(value(t, "dispatch_request_duration_seconds_count"
+                        "{kind=\"read\"}"),
+               READS);
+  cr_assert_geq(value(t, "dispatch_sent_bytes_total"), READS * (1 << 20));
+  free(t);
+  wire_close(&c);
+}
+
 /* promtool finds nothing to complain about in a scrape taken after work
  * of every kind the counters follow (ops, an error, a refusal). */
 Test(metrics, promtool_accepts_the_exposition) {
@@ -332,7 +375,8 @@ Test(metrics, other_paths_and_methods_are_refused) {
 }
 
 /* --metrics-listen follows --listen's rule: a non-loopback address is
- * refused before anything binds, unless --insecure. */
+ * refused before anything binds, unless --insecure; a malformed address or
+ * an unknown --log-format stops the server with a line naming it. */
 Test(metrics, non_loopback_metrics_address_is_refused) {
   need_bin();
   char out[4096];
@@ -349,6 +393,11 @@ Test(metrics, non_loopback_metrics_address_is_refused) {
   cr_assert_eq(st, 2, "%s", out);
   cr_assert(strstr(out, "--metrics-listen: '127.0.0.1' is not HOST:PORT"),
             "%s", out);
+  const char *a3[] = {"--listen", "127.0.0.1:0", "--log-format", "xml", NULL};
+  st = sp_run_capture(a3, out, sizeof out);
+  cr_assert_eq(st, 2, "%s", out);
+  cr_assert(strstr(out, "--log-format takes text or json, got 'xml'"), "%s",
+            out);
 }
 
 /* ------------------------------------------------------------ logs */
