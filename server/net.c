@@ -32,10 +32,10 @@ static void maybe_free(sv_conn *c) {
   dsp_free(c->msg);
   sv_job_free(c->bulk_job);
   sv_job_free(c->wait_job);
+  srv->ls.in_closed += c->received; /* the totals outlive the connection */
+  srv->ls.out_closed += c->sent;
   dsp_free(c);
   srv->n_conns--;
-  srv->ls.in_closed += c->received;
-  srv->ls.out_closed += c->sent;
   atomic_fetch_sub(&srv->g.sessions, 1);
   if (srv->shutting_down && srv->n_conns == 0) finish_shutdown(srv);
 }
