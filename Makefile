@@ -23,7 +23,7 @@ VERSION_MINOR := 1
 VERSION_PATCH := 0
 VERSION := $(VERSION_MAJOR).$(VERSION_MINOR).$(VERSION_PATCH)
 
-PKGS := libuv libprotobuf-c openssl zlib libcjson
+PKGS := libuv libprotobuf-c openssl zlib libcjson libmicrohttpd
 PKG_CFLAGS = $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 PKG_LIBS = $(shell pkg-config --libs $(PKGS) 2>/dev/null)
 BLAS_CFLAGS := -I/usr/include/x86_64-linux-gnu

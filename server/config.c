@@ -163,8 +163,17 @@ static const char *const g_usage =
     "                           signed by this CA\n"
     "  --token-file FILE        clients must send this token in hello\n"
     "  --insecure               allow a non-loopback --listen without both\n"
-    "                           TLS and a token\n"
+    "                           TLS and a token, and a non-loopback\n"
+    "                           --metrics-listen\n"
     "  --log-level error|warn|info|debug  stderr log level (default info)\n"
+    "  --log-format text|json   log lines as text (default) or one JSON\n"
+    "                           object a line (ts, level, msg, and session\n"
+    "                           and peer where the line has them); times\n"
+    "                           are ISO-8601 UTC with milliseconds\n"
+    "  --metrics-listen HOST:PORT  serve Prometheus metrics over HTTP at\n"
+    "                           /metrics (default: off; port 0 picks a free\n"
+    "                           port, printed on stdout); HOST as for\n"
+    "                           --listen, loopback only unless --insecure\n"
     "  --version                print the version and exit\n"
     "  --help                   this text\n";
 
@@ -265,10 +274,11 @@ static void addr_name(const struct sockaddr *sa, char *buf, size_t len) {
     uv_ip6_name((const struct sockaddr_in6 *)sa, buf, len);
 }
 
-/* Splits HOST:PORT (HOST may be [IPv6]) into c->host and c->port. A bare
- * IPv6 literal with its port ("::1:7070") is refused: which colon starts
- * the port would be a guess. */
-static int split_listen(sv_config *c, const char *s) {
+/* Splits HOST:PORT (HOST may be [IPv6]) into host (hlen bytes) and *port;
+ * opt names the option in messages. A bare IPv6 literal with its port
+ * ("::1:7070") is refused: which colon starts the port would be a guess. */
+static int split_hostport(const char *opt, const char *s, char *host,
+                          size_t hlen_max, int *port) {
   const char *h = s, *colon;
   size_t hl;
   if (s[0] == '[') {
@@ -282,28 +292,31 @@ static int split_listen(sv_config *c, const char *s) {
     if (!colon) goto bad;
     hl = (size_t)(colon - s);
     if (memchr(s, ':', hl)) {
-      put_err("--listen: '%s': write an IPv6 address in brackets, "
-              "[ADDR]:PORT", s);
+      put_err("%s: '%s': write an IPv6 address in brackets, "
+              "[ADDR]:PORT", opt, s);
       return -1;
     }
   }
-  if (hl == 0 || hl >= sizeof c->host) goto bad;
-  memcpy(c->host, h, hl);
-  c->host[hl] = '\0';
-  return parse_int("--listen port", colon + 1, 0, 65535, &c->port);
+  if (hl == 0 || hl >= hlen_max) goto bad;
+  memcpy(host, h, hl);
+  host[hl] = '\0';
+  char what[64];
+  snprintf(what, sizeof what, "%s port", opt);
+  return parse_int(what, colon + 1, 0, 65535, port);
 bad:
-  put_err("--listen: '%s' is not HOST:PORT (127.0.0.1:7070, "
-          "localhost:7070, [::1]:7070)", s);
+  put_err("%s: '%s' is not HOST:PORT (127.0.0.1:7070, "
+          "localhost:7070, [::1]:7070)", opt, s);
   return -1;
 }
 
-/* Resolves c->host with libuv's resolver (a private loop: nothing else
- * runs yet) into c->listen_addr, the first address, which is the one
- * bound. *all_loopback says whether every address the name has is a
- * loopback one: a name that resolves partly elsewhere is not loopback.
- * names gets the addresses, for the refusal message. */
-static int resolve_listen(sv_config *c, int *all_loopback, char *names,
-                          size_t nlen) {
+/* Resolves host with libuv's resolver (a private loop: nothing else runs
+ * yet) into *out with port, the first address, which is the one bound.
+ * *all_loopback says whether every address the name has is a loopback
+ * one: a name that resolves partly elsewhere is not loopback. names gets
+ * the addresses, for the refusal message; opt names the option. */
+static int resolve_host(const char *opt, const char *host, int port,
+                        struct sockaddr_storage *out, int *all_loopback,
+                        char *names, size_t nlen) {
   uv_loop_t loop;
   uv_getaddrinfo_t req;
   struct addrinfo hints;
@@ -312,14 +325,14 @@ static int resolve_listen(sv_config *c, int *all_loopback, char *names,
   hints.ai_socktype = SOCK_STREAM;
   hints.ai_flags = AI_PASSIVE;
   if (uv_loop_init(&loop) != 0) {
-    put_err("--listen: cannot start a resolver loop");
+    put_err("%s: cannot start a resolver loop", opt);
     return -1;
   }
   /* no callback: libuv resolves synchronously */
-  int rc = uv_getaddrinfo(&loop, &req, NULL, c->host, NULL, &hints);
+  int rc = uv_getaddrinfo(&loop, &req, NULL, host, NULL, &hints);
   uv_loop_close(&loop);
   if (rc != 0) {
-    put_err("--listen: cannot resolve '%s': %s", c->host, uv_strerror(rc));
+    put_err("%s: cannot resolve '%s': %s", opt, host, uv_strerror(rc));
     return -1;
   }
   *all_loopback = 1;
@@ -328,9 +341,9 @@ static int resolve_listen(sv_config *c, int *all_loopback, char *names,
   int first = 1;
   for (struct addrinfo *ai = req.addrinfo; ai; ai = ai->ai_next) {
     if (ai->ai_family != AF_INET && ai->ai_family != AF_INET6) continue;
-    if (ai->ai_addrlen > sizeof c->listen_addr) continue;
+    if (ai->ai_addrlen > sizeof *out) continue;
     if (first) {
-      memcpy(&c->listen_addr, ai->ai_addr, ai->ai_addrlen);
+      memcpy(out, ai->ai_addr, ai->ai_addrlen);
       first = 0;
     }
     if (!sv_addr_is_loopback(ai->ai_addr)) *all_loopback = 0;
@@ -342,16 +355,21 @@ static int resolve_listen(sv_config *c, int *all_loopback, char *names,
   }
   uv_freeaddrinfo(req.addrinfo);
   if (first) {
-    put_err("--listen: '%s' has no IPv4 or IPv6 address", c->host);
+    put_err("%s: '%s' has no IPv4 or IPv6 address", opt, host);
     return -1;
   }
-  if (c->listen_addr.ss_family == AF_INET)
-    ((struct sockaddr_in *)&c->listen_addr)->sin_port =
-        htons((uint16_t)c->port);
+  if (out->ss_family == AF_INET)
+    ((struct sockaddr_in *)out)->sin_port = htons((uint16_t)port);
   else
-    ((struct sockaddr_in6 *)&c->listen_addr)->sin6_port =
-        htons((uint16_t)c->port);
+    ((struct sockaddr_in6 *)out)->sin6_port = htons((uint16_t)port);
   return 0;
+}
+
+/* "HOST" or "HOST (ADDR, ADDR)" when the name is not its one address. */
+static void shown_name(const char *host, const char *names, char *buf,
+                       size_t len) {
+  if (strcmp(host, names) == 0) snprintf(buf, len, "%s", host);
+  else snprintf(buf, len, "%s (%s)", host, names);
 }
 
 /* Values of the long options that have no short form. */
@@ -361,7 +379,7 @@ enum {
   O_FRAME_TIMEOUT, O_THREADS, O_MAX_OUTPUT_QUEUE, O_MAX_ELEMENTS,
   O_MAX_OP_COST, O_STORAGE_CACHE, O_MAX_QUEUED, O_HANDSHAKE_TIMEOUT,
   O_TLS_CERT, O_TLS_KEY, O_TLS_CLIENT_CA, O_TOKEN_FILE, O_INSECURE,
-  O_LOG_LEVEL, O_VERSION
+  O_LOG_LEVEL, O_VERSION, O_METRICS_LISTEN, O_LOG_FORMAT
 };
 
 static const struct option g_opts[] = {
@@ -388,6 +406,8 @@ static const struct option g_opts[] = {
     {"token-file", required_argument, NULL, O_TOKEN_FILE},
     {"insecure", no_argument, NULL, O_INSECURE},
     {"log-level", required_argument, NULL, O_LOG_LEVEL},
+    {"log-format", required_argument, NULL, O_LOG_FORMAT},
+    {"metrics-listen", required_argument, NULL, O_METRICS_LISTEN},
     {"version", no_argument, NULL, O_VERSION},
     {"help", no_argument, NULL, 'h'},
     {NULL, 0, NULL, 0},
@@ -416,7 +436,10 @@ static int apply(sv_config *c, int val, const char *v) {
     c->insecure = 1;
     return 0;
   case O_LISTEN:
-    return split_listen(c, v);
+    return split_hostport("--listen", v, c->host, sizeof c->host, &c->port);
+  case O_METRICS_LISTEN:
+    return split_hostport("--metrics-listen", v, c->metrics_host,
+                          sizeof c->metrics_host, &c->metrics_port);
   case O_MAX_FRAME:
     return parse_size(name, v, 64, 1ULL << 40, &c->max_frame);
   case O_MAX_SESSION_BYTES:
@@ -476,6 +499,15 @@ static int apply(sv_config *c, int val, const char *v) {
     c->log_level = l;
     return 0;
   }
+  case O_LOG_FORMAT: {
+    int f = sv_log_parse_format(v);
+    if (f < 0) {
+      put_err("--log-format takes text or json, got '%s'", v);
+      return -1;
+    }
+    c->log_format = f;
+    return 0;
+  }
   }
   return -1;
 }
@@ -525,12 +557,11 @@ int sv_config_parse(sv_config *c, int argc, char **argv) {
   }
   int loopback;
   char names[256];
-  if (resolve_listen(c, &loopback, names, sizeof names) < 0) return -1;
+  if (resolve_host("--listen", c->host, c->port, &c->listen_addr, &loopback,
+                   names, sizeof names) < 0)
+    return -1;
   char shown[600];
-  if (strcmp(c->host, names) == 0)
-    snprintf(shown, sizeof shown, "%s", c->host);
-  else
-    snprintf(shown, sizeof shown, "%s (%s)", c->host, names);
+  shown_name(c->host, names, shown, sizeof shown);
   /* refused here, before anything binds */
   if (!loopback && !(c->tls_cert && c->token) && !c->insecure) {
     put_err("refusing to listen on %s without both TLS "
@@ -544,5 +575,23 @@ int sv_config_parse(sv_config *c, int argc, char **argv) {
   if (!loopback && !(c->tls_cert && c->token))
     put_err("warning: --insecure: listening on %s without %s", shown,
             c->tls_cert ? "a token" : c->token ? "TLS" : "TLS or a token");
+  if (!c->metrics_host[0]) return 0;
+  /* the metrics endpoint is plain HTTP with no authentication: the same
+   * rule as a plain --listen, with the same override */
+  if (resolve_host("--metrics-listen", c->metrics_host, c->metrics_port,
+                   &c->metrics_addr, &loopback, names, sizeof names) < 0)
+    return -1;
+  shown_name(c->metrics_host, names, shown, sizeof shown);
+  if (!loopback && !c->insecure) {
+    put_err("refusing to serve metrics on %s: the endpoint is plain HTTP "
+            "without authentication and tells anyone who reaches it how the "
+            "server is used. Use a loopback address (127.0.0.1:9090) and a "
+            "local scraper or proxy, or pass --insecure to accept the risk.",
+            shown);
+    return -1;
+  }
+  if (!loopback)
+    put_err("warning: --insecure: serving metrics on %s without TLS or "
+            "authentication", shown);
   return 0;
 }

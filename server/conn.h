@@ -33,6 +33,22 @@ enum { ST_HEADER, ST_MSG, ST_BULK, ST_WAIT, ST_DEAD };
 #define SV_PREAUTH_FRAME_MAX 4096u
 
 typedef struct sv_server sv_server;
+
+/* Request latency buckets (seconds) of dispatch_request_duration_seconds;
+ * SV_BODY_MAX bounds the request body cases (kinds.c). */
+#define SV_LAT_BUCKETS 16
+#define SV_BODY_MAX 16
+
+/* What only the loop thread counts (plain integers: one writer); the
+ * metrics thread sees them through the snapshot the loop publishes
+ * (metrics.c). */
+typedef struct sv_loop_stats {
+  uint64_t opened;                  /* connections accepted */
+  uint64_t in_closed, out_closed;   /* bytes of connections already freed */
+  uint64_t lat[SV_BODY_MAX][SV_LAT_BUCKETS + 1]; /* per bucket, not
+                                                     cumulative; last: +Inf */
+  uint64_t lat_ns[SV_BODY_MAX];     /* sum of the latencies */
+} sv_loop_stats;
 typedef struct sv_conn sv_conn;
 
 /* One reply frame waiting to leave: buf, then the bytes of a pinned Read
@@ -117,6 +133,7 @@ struct sv_conn {
   sv_out *oq_head, *oq_tail; /* frames not yet handed to the socket */
   int writes_pending;        /* sv_writes in flight */
   uint64_t sent;             /* bytes the socket took, ever */
+  uint64_t received;         /* bytes read from the socket, ever */
   uint64_t sent_at_idle;     /* sent at the last idle tick */
   uint64_t outq_bytes; /* unsent reply bytes + SV_OUT_COST a frame */
   /* lifecycle */
@@ -139,6 +156,8 @@ struct sv_server {
   int n_conns;
   int shutting_down;
   sv_conn *conns;
+  sv_loop_stats ls;
+  struct sv_metrics *metrics; /* --metrics-listen, NULL when off */
 };
 
 /* net.c */
@@ -203,5 +222,20 @@ void sv_reader_frame_timer(sv_conn *c);
 
 /* hello.c */
 void sv_hello(sv_conn *c, Dspwire__Request *req);
+
+/* metrics.c */
+/* Starts the --metrics-listen endpoint (its own thread); 0, or a negative
+ * code after logging why. Call once the devices are open. */
+int sv_metrics_start(sv_server *srv);
+/* Prints "dispatch-server metrics on IP:PORT" on stdout (after the
+ * listening line, which scripts read first); nothing when off. */
+void sv_metrics_announce(sv_server *srv);
+/* Loop thread, at shutdown: closes the handle the endpoint wakes the loop
+ * with (scrapes from now on get the last snapshot). */
+void sv_metrics_loop_close(sv_server *srv);
+/* After the loop ended: stops the endpoint's thread and frees it. */
+void sv_metrics_stop(sv_server *srv);
+/* A request of body case bc took ns from decode to its result (loop). */
+void sv_metrics_observe(sv_server *srv, int bc, uint64_t ns);
 
 #endif

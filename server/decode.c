@@ -240,8 +240,7 @@ int sv_upload_prepare(const sv_config *cfg, dsp_ctx *io_ctx, sv_session *s,
   dsp_ctx_set_backend(io_ctx, NULL);
   dsp_ctx_set_budget(io_ctx, NULL);
   if (rc < 0) {
-    if (rc == DISPATCH_EQUOTA)
-      atomic_fetch_add(&s->global->limit_violations, 1);
+    if (rc == DISPATCH_EQUOTA) sv_count_limit(s->global, SV_LIM_QUOTA);
     pre_err(j, rc, "upload: %s", dsp_ctx_errmsg(io_ctx));
     return 0;
   }

@@ -29,7 +29,7 @@ void sv_hello(sv_conn *c, Dspwire__Request *req) {
              "protocol version mismatch: client speaks %u.%u, server speaks "
              "%d.%d",
              h->major, h->minor, DSP_PROTO_MAJOR, DSP_PROTO_MINOR);
-    sv_log(SV_LOG_WARN, "conn %llu (%s): refused: %s", c->id, c->peer, msg);
+    sv_log_conn(SV_LOG_WARN, c->id, c->peer, "refused: %s", msg);
     sv_refuse(c, req->req_id, DISPATCH_EVERSION, msg);
     return;
   }
@@ -37,10 +37,9 @@ void sv_hello(sv_conn *c, Dspwire__Request *req) {
     int none = !h->token || !*h->token;
     atomic_fetch_add(&c->srv->g.protocol_errors, 1);
     char name[4 * SV_LOG_STR_MAX + 8];
-    sv_log(SV_LOG_WARN,
-           "conn %llu (%s): refused: %s token from client '%s'", c->id,
-           c->peer, none ? "no" : "wrong",
-           sv_log_str(name, sizeof name, h->client_name, SV_LOG_STR_MAX));
+    sv_log_conn(SV_LOG_WARN, c->id, c->peer,
+                "refused: %s token from client '%s'", none ? "no" : "wrong",
+                sv_log_str(name, sizeof name, h->client_name, SV_LOG_STR_MAX));
     sv_refuse(c, req->req_id, DISPATCH_EAUTH,
               none ? "authentication failed: this server requires a token "
                      "(none was sent)"
@@ -60,7 +59,7 @@ void sv_hello(sv_conn *c, Dspwire__Request *req) {
       sv_log_str(want, sizeof want, h->device, SV_LOG_STR_MAX);
       snprintf(msg, sizeof msg,
                "unknown device \"%s\": this server has %s", want, names);
-      sv_log(SV_LOG_WARN, "conn %llu (%s): refused: %s", c->id, c->peer, msg);
+      sv_log_conn(SV_LOG_WARN, c->id, c->peer, "refused: %s", msg);
       sv_refuse(c, req->req_id, DISPATCH_EDEVICE, msg);
       return;
     }
@@ -101,9 +100,8 @@ void sv_hello(sv_conn *c, Dspwire__Request *req) {
   c->hello_done = 1;
   uv_timer_stop(&c->hs);
   char name[4 * SV_LOG_STR_MAX + 8];
-  sv_log(SV_LOG_INFO, "conn %llu (%s): hello from '%s', protocol %u.%u",
-         c->id, c->peer,
-         sv_log_str(name, sizeof name, h->client_name, SV_LOG_STR_MAX),
-         h->major, h->minor);
+  sv_log_conn(SV_LOG_INFO, c->id, c->peer, "hello from '%s', protocol %u.%u",
+              sv_log_str(name, sizeof name, h->client_name, SV_LOG_STR_MAX),
+              h->major, h->minor);
   sv_writer_queue(c, buf, len, NULL);
 }

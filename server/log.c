@@ -2,21 +2,32 @@
  * and the workers never interleave mid-line, and one line per call: every
  * control byte and invalid UTF-8 in a message is written as \xNN, so
  * nothing that reaches a message from the network (a client name, a
- * certificate subject, a library's reason) can start a line of its own. */
+ * certificate subject, a library's reason) can start a line of its own.
+ * In JSON the same escaped text is a string cJSON quotes (", \ and the
+ * rest), so every line is one valid JSON object in valid UTF-8. */
+#include <cJSON.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
 #include "sv.h"
 
 int sv_log_level = SV_LOG_INFO;
+int sv_log_format = SV_LOG_TEXT;
 
 static const char *const g_names[] = {"error", "warn", "info", "debug"};
 
 int sv_log_parse_level(const char *s) {
   for (int i = 0; i < 4; i++)
     if (strcmp(s, g_names[i]) == 0) return i;
+  return -1;
+}
+
+int sv_log_parse_format(const char *s) {
+  if (strcmp(s, "text") == 0) return SV_LOG_TEXT;
+  if (strcmp(s, "json") == 0) return SV_LOG_JSON;
   return -1;
 }
 
@@ -74,18 +85,74 @@ const char *sv_log_str(char *buf, size_t len, const char *s, size_t max) {
   return buf;
 }
 
-void sv_log(int level, const char *fmt, ...) {
-  if (level > sv_log_level) return;
-  char raw[1024], msg[4 * sizeof raw];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(raw, sizeof raw, fmt, ap);
-  va_end(ap);
-  escape(msg, sizeof msg, raw, sizeof raw, 0);
+/* "2026-12-01T08:10:00.123Z": UTC, so lines from hosts in other zones
+ * sort and compare as they are. */
+static void timestamp(char *buf, size_t len) {
   struct timespec ts;
   clock_gettime(CLOCK_REALTIME, &ts);
   struct tm tm;
   gmtime_r(&ts.tv_sec, &tm);
-  fprintf(stderr, "%02d:%02d:%02d.%03ld dispatch-server %s: %s\n", tm.tm_hour,
-          tm.tm_min, tm.tm_sec, ts.tv_nsec / 1000000L, g_names[level], msg);
+  char date[40];
+  strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%S", &tm);
+  snprintf(buf, len, "%s.%03dZ", date, (int)(ts.tv_nsec / 1000000L) % 1000);
+}
+
+/* The JSON line, or NULL when cJSON runs out of memory (the caller then
+ * writes the text form: a line is never dropped). */
+static char *json_line(const char *ts, int level, unsigned long long session,
+                       const char *peer, const char *msg) {
+  cJSON *o = cJSON_CreateObject();
+  char *out = NULL;
+  if (o && cJSON_AddStringToObject(o, "ts", ts) &&
+      cJSON_AddStringToObject(o, "level", g_names[level]) &&
+      cJSON_AddStringToObject(o, "msg", msg) &&
+      (!session || cJSON_AddNumberToObject(o, "session", (double)session)) &&
+      (!peer || cJSON_AddStringToObject(o, "peer", peer)))
+    out = cJSON_PrintUnformatted(o);
+  cJSON_Delete(o);
+  return out;
+}
+
+/* One line: session 0 and peer NULL for lines about no connection. */
+static void emit(int level, unsigned long long session, const char *peer,
+                 const char *fmt, va_list ap) {
+  char raw[1024], msg[4 * sizeof raw], ts[64];
+  vsnprintf(raw, sizeof raw, fmt, ap);
+  escape(msg, sizeof msg, raw, sizeof raw, 0);
+  timestamp(ts, sizeof ts);
+  char safe_peer[4 * 96];
+  if (peer) escape(safe_peer, sizeof safe_peer, peer, 96, 0);
+  if (sv_log_format == SV_LOG_JSON) {
+    char *line = json_line(ts, level, session, peer ? safe_peer : NULL, msg);
+    if (line) {
+      fprintf(stderr, "%s\n", line);
+      cJSON_free(line);
+      return;
+    }
+  }
+  if (session && peer)
+    fprintf(stderr, "%s dispatch-server %s: conn %llu (%s): %s\n", ts,
+            g_names[level], session, safe_peer, msg);
+  else if (session)
+    fprintf(stderr, "%s dispatch-server %s: conn %llu: %s\n", ts,
+            g_names[level], session, msg);
+  else
+    fprintf(stderr, "%s dispatch-server %s: %s\n", ts, g_names[level], msg);
+}
+
+void sv_log(int level, const char *fmt, ...) {
+  if (level > sv_log_level) return;
+  va_list ap;
+  va_start(ap, fmt);
+  emit(level, 0, NULL, fmt, ap);
+  va_end(ap);
+}
+
+void sv_log_conn(int level, unsigned long long session, const char *peer,
+                 const char *fmt, ...) {
+  if (level > sv_log_level) return;
+  va_list ap;
+  va_start(ap, fmt);
+  emit(level, session, peer, fmt, ap);
+  va_end(ap);
 }

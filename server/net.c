@@ -32,6 +32,8 @@ static void maybe_free(sv_conn *c) {
   dsp_free(c->msg);
   sv_job_free(c->bulk_job);
   sv_job_free(c->wait_job);
+  srv->ls.in_closed += c->received; /* the totals outlive the connection */
+  srv->ls.out_closed += c->sent;
   dsp_free(c);
   srv->n_conns--;
   atomic_fetch_sub(&srv->g.sessions, 1);
@@ -51,8 +53,8 @@ void sv_conn_close(sv_conn *c, const char *reason) {
   if (c->closing) return;
   c->closing = 1;
   c->state = ST_DEAD;
-  sv_log(SV_LOG_INFO, "conn %llu (%s) closed (%s) after %llu requests", c->id,
-         c->peer, reason, c->n_requests);
+  sv_log_conn(SV_LOG_INFO, c->id, c->peer, "closed (%s) after %llu requests",
+              reason, c->n_requests);
   uv_read_stop((uv_stream_t *)&c->tcp);
   sv_writer_clear(c);
   uv_close((uv_handle_t *)&c->tcp, on_handle_closed);
@@ -84,12 +86,12 @@ static void on_idle(uv_timer_t *t) {
       c->sent_at_idle = c->sent; /* it reads, however slowly */
       return;
     }
-    atomic_fetch_add(&c->srv->g.limit_violations, 1);
-    sv_log(SV_LOG_WARN,
-           "conn %llu (%s): took none of %llu bytes of replies for %d s "
-           "(server limit --idle-timeout)",
-           c->id, c->peer, (unsigned long long)c->outq_bytes,
-           c->srv->cfg->idle_timeout_s);
+    sv_count_limit(&c->srv->g, SV_LIM_IDLE_TIMEOUT);
+    sv_log_conn(SV_LOG_WARN, c->id, c->peer,
+                "took none of %llu bytes of replies for %d s "
+                "(server limit --idle-timeout)",
+                (unsigned long long)c->outq_bytes,
+                c->srv->cfg->idle_timeout_s);
     sv_conn_close(c, "client does not read its replies");
     return;
   }
@@ -100,8 +102,8 @@ static void on_idle(uv_timer_t *t) {
   snprintf(msg, sizeof msg,
            "session idle for %d s (server limit --idle-timeout): closed",
            c->srv->cfg->idle_timeout_s);
-  atomic_fetch_add(&c->srv->g.limit_violations, 1);
-  sv_log(SV_LOG_INFO, "conn %llu (%s): %s", c->id, c->peer, msg);
+  sv_count_limit(&c->srv->g, SV_LIM_IDLE_TIMEOUT);
+  sv_log_conn(SV_LOG_INFO, c->id, c->peer, "%s", msg);
   sv_refuse(c, 0, DISPATCH_ELIMIT, msg);
 }
 
@@ -115,8 +117,8 @@ static void on_handshake_timeout(uv_timer_t *t) {
            "no %shello within %d s (server limit --handshake-timeout)",
            c->tp->ready(c) ? "" : "TLS handshake and ",
            c->srv->cfg->handshake_timeout_s);
-  atomic_fetch_add(&c->srv->g.limit_violations, 1);
-  sv_log(SV_LOG_WARN, "conn %llu (%s): %s", c->id, c->peer, msg);
+  sv_count_limit(&c->srv->g, SV_LIM_HANDSHAKE_TIMEOUT);
+  sv_log_conn(SV_LOG_WARN, c->id, c->peer, "%s", msg);
   sv_refuse(c, 0, DISPATCH_ELIMIT, msg);
 }
 
@@ -143,6 +145,7 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
     return;
   }
   if (nread == 0) return;
+  c->received += (uint64_t)nread;
   c->tp->on_bytes(c, buf, (size_t)nread);
 }
 
@@ -192,9 +195,10 @@ static void log_reply(sv_conn *c, const sv_job *j) {
                      : r->body_case == DSPWIRE__REPLY__BODY_READ  ? "read"
                      : r->body_case == DSPWIRE__REPLY__BODY_STATS ? "stats"
                                                                    : "ok";
-  sv_log(SV_LOG_DEBUG, "conn %llu <- reply req %llu: %s%s%s (%zu bytes)",
-         c->id, (unsigned long long)r->req_id, kind, r->error ? ": " : "",
-         r->error ? r->error->message : "", j->out_len);
+  sv_log_conn(SV_LOG_DEBUG, c->id, c->peer,
+              "<- reply req %llu: %s%s%s (%zu bytes)",
+              (unsigned long long)r->req_id, kind, r->error ? ": " : "",
+              r->error ? r->error->message : "", j->out_len);
   dspwire__reply__free_unpacked(r, &sv_pb_allocator);
 }
 
@@ -215,6 +219,8 @@ void sv_conn_on_done(sv_job *j, void *ud) {
     sv_job_free(j);
     return;
   }
+  if (j->t0)
+    sv_metrics_observe(c->srv, (int)j->req->body_case, uv_hrtime() - j->t0);
   if (j->out) {
     if (SV_LOG_ON(SV_LOG_DEBUG)) log_reply(c, j);
     uint8_t *out = j->out;
@@ -277,6 +283,8 @@ static void on_connection(uv_stream_t *l, int status) {
   td->sess = sess;
   c->teardown = td;
   c->id = ++srv->next_id;
+  sess->log_id = c->id;
+  srv->ls.opened++;
   snprintf(c->peer, sizeof c->peer, "?");
   uv_tcp_init(&srv->loop, &c->tcp);
   uv_timer_init(&srv->loop, &c->idle);
@@ -311,7 +319,7 @@ static void on_connection(uv_stream_t *l, int status) {
     snprintf(c->peer, sizeof c->peer, "[%s]:%d", ip, ntohs(s6->sin6_port));
   }
   uv_tcp_nodelay(&c->tcp, 1);
-  sv_log(SV_LOG_INFO, "conn %llu (%s) opened", c->id, c->peer);
+  sv_log_conn(SV_LOG_INFO, c->id, c->peer, "opened");
   if (srv->shutting_down) {
     sv_conn_close(c, "server shutting down");
     return;
@@ -325,16 +333,17 @@ static void on_connection(uv_stream_t *l, int status) {
                    (uint64_t)srv->cfg->handshake_timeout_s * 1000, 0);
   if (srv->n_conns > srv->cfg->max_sessions && !c->tp->ready(c)) {
     /* the refusal can only travel once the transport is ready */
-    atomic_fetch_add(&srv->g.limit_violations, 1);
-    sv_log(SV_LOG_WARN, "conn %llu (%s): refused: server already serves %d "
-           "sessions (limit)", c->id, c->peer, srv->n_conns - 1);
+    sv_count_limit(&srv->g, SV_LIM_MAX_SESSIONS);
+    sv_log_conn(SV_LOG_WARN, c->id, c->peer,
+                "refused: server already serves %d sessions (limit)",
+                srv->n_conns - 1);
     c->over_limit = 1;
   } else if (srv->n_conns > srv->cfg->max_sessions) {
     char msg[128];
-    atomic_fetch_add(&srv->g.limit_violations, 1);
+    sv_count_limit(&srv->g, SV_LIM_MAX_SESSIONS);
     snprintf(msg, sizeof msg, "server already serves %d sessions (limit)",
              srv->n_conns - 1);
-    sv_log(SV_LOG_WARN, "conn %llu (%s): refused: %s", c->id, c->peer, msg);
+    sv_log_conn(SV_LOG_WARN, c->id, c->peer, "refused: %s", msg);
     sv_refuse(c, 0, DISPATCH_ELIMIT, msg);
     return;
   }
@@ -353,6 +362,7 @@ static void on_signal(uv_signal_t *sig, int signum) {
   uv_close((uv_handle_t *)&srv->listener, NULL);
   uv_close((uv_handle_t *)&srv->sigint, NULL);
   uv_close((uv_handle_t *)&srv->sigterm, NULL);
+  sv_metrics_loop_close(srv);
   for (sv_conn *c = srv->conns; c; c = c->next) sv_conn_close(c, "shutdown");
   if (srv->n_conns == 0) finish_shutdown(srv);
 }
@@ -364,6 +374,7 @@ int sv_run(const sv_config *cfg) {
   if (!srv) return DISPATCH_ENOMEM;
   srv->cfg = cfg;
   sv_log_level = cfg->log_level;
+  sv_log_format = cfg->log_format;
   int rc = uv_loop_init(&srv->loop);
   if (rc < 0) {
     dsp_free(srv);
@@ -402,9 +413,13 @@ int sv_run(const sv_config *cfg) {
              cfg->port, uv_strerror(rc));
       uv_close((uv_handle_t *)&srv->listener, NULL);
       err = DISPATCH_EIO;
+    } else if ((err = sv_metrics_start(srv)) < 0) {
+      uv_close((uv_handle_t *)&srv->listener, NULL);
     }
   }
   if (err < 0) {
+    sv_metrics_loop_close(srv);
+    sv_metrics_stop(srv);
     if (srv->pool) sv_pool_close(srv->pool);
     uv_run(&srv->loop, UV_RUN_DEFAULT);
     uv_loop_close(&srv->loop);
@@ -435,12 +450,13 @@ int sv_run(const sv_config *cfg) {
   uv_signal_start(&srv->sigint, on_signal, SIGINT);
   uv_signal_start(&srv->sigterm, on_signal, SIGTERM);
   printf("dispatch-server listening on %s:%d\n", ip, port);
-  fflush(stdout);
   sv_log(SV_LOG_INFO, "listening on %s:%d with %d worker threads%s%s%s", ip,
          port, cfg->threads,
          srv->tls ? ", TLS" : ", plain TCP (no TLS)",
          cfg->tls_client_ca ? " with client certificates" : "",
          cfg->token ? ", token required" : "");
+  sv_metrics_announce(srv); /* its stdout line after the listening one */
+  fflush(stdout);
 
   char names[256];
   sv_device_names(&srv->g, names, sizeof names);
@@ -452,6 +468,7 @@ int sv_run(const sv_config *cfg) {
 
   uv_run(&srv->loop, UV_RUN_DEFAULT);
 
+  sv_metrics_stop(srv); /* its thread reads the devices and counters */
   rc = uv_loop_close(&srv->loop);
   if (rc != 0) sv_log(SV_LOG_ERROR, "loop closed with live handles");
   dsp_ctx_free(srv->io_ctx);

@@ -22,8 +22,8 @@ static void on_frame_timeout(uv_timer_t *t) {
            c->state == ST_HEADER ? "header unfinished"
            : c->state == ST_MSG  ? "message unfinished"
                                  : "bulk unfinished");
-  atomic_fetch_add(&c->srv->g.limit_violations, 1);
-  sv_log(SV_LOG_WARN, "conn %llu (%s): %s", c->id, c->peer, msg);
+  sv_count_limit(&c->srv->g, SV_LIM_FRAME_TIMEOUT);
+  sv_log_conn(SV_LOG_WARN, c->id, c->peer, "%s", msg);
   sv_refuse(c, 0, DISPATCH_ELIMIT, msg);
 }
 
@@ -188,11 +188,13 @@ static void handle_msg(sv_conn *c) {
   if (SV_LOG_ON(SV_LOG_DEBUG)) {
     char desc[256];
     sv_describe(req, desc, sizeof desc);
-    sv_log(SV_LOG_DEBUG, "conn %llu -> req %llu: %s%s", c->id,
-           (unsigned long long)rid, desc, c->bulk_len ? " (+bulk)" : "");
+    sv_log_conn(SV_LOG_DEBUG, c->id, c->peer, "-> req %llu: %s%s",
+                (unsigned long long)rid, desc, c->bulk_len ? " (+bulk)" : "");
   }
+  uint64_t t0 = uv_hrtime();
   if (req->body_case == DSPWIRE__REQUEST__BODY_HELLO) {
     sv_hello(c, req);
+    sv_metrics_observe(c->srv, (int)req->body_case, uv_hrtime() - t0);
     dspwire__request__free_unpacked(req, &sv_pb_allocator);
     c->state = c->state == ST_DEAD ? ST_DEAD : ST_HEADER;
     c->hdr_got = 0;
@@ -205,6 +207,7 @@ static void handle_msg(sv_conn *c) {
     return;
   }
   j->req = req;
+  j->t0 = t0;
   j->bulk_by_ref = 1;
   if (sv_req_kind_of(req->body_case)->bulk) {
     prepare_upload(c, j, 0);

@@ -84,11 +84,18 @@ static int why_ctx(sv_session *s, char *why, int code) {
   return why_set(why, code, "%s", m && *m ? m : dispatch_strerror(code));
 }
 
+/* Which limit a dsp_op's DISPATCH_ELIMIT was: the per-op cost (its
+ * message names --max-op-cost, common/op.c) or the span of a result that
+ * the session never named (a backward intermediate, --max-elements). */
+static sv_limit op_limit(sv_session *s) {
+  return strstr(dsp_ctx_errmsg(s->ctx), "--max-op-cost") ? SV_LIM_MAX_OP_COST
+                                                         : SV_LIM_MAX_ELEMENTS;
+}
+
 /* why_ctx for a failed dsp_op / dsp_backward: a refusal by the per-op cost
  * limit (--max-op-cost) counts as a limit violation. */
 static int why_run(sv_session *s, char *why, int code) {
-  if (code == DISPATCH_ELIMIT)
-    atomic_fetch_add(&s->global->limit_violations, 1);
+  if (code == DISPATCH_ELIMIT) sv_count_limit(s->global, op_limit(s));
   return why_ctx(s, why, code);
 }
 
@@ -97,8 +104,7 @@ static void entry_free(sv_session *s, sv_entry *e) {
   if (e->t) {
     long long nb = (long long)dsp_tensor_nbytes(e->t);
     atomic_fetch_sub(&s->bytes, nb);
-    atomic_fetch_sub(&s->global->bytes, nb);
-    atomic_fetch_sub(&s->global->tensors, 1);
+    sv_count_tensor(s->global, e->t, nb, -1);
     s->n_live--;
     dsp_tensor_unref(e->t);
   }
@@ -131,8 +137,7 @@ static int insert(sv_session *s, uint64_t id, dsp_tensor *t, char *why) {
   e->t = t;
   long long nb = (long long)dsp_tensor_nbytes(t);
   atomic_fetch_add(&s->bytes, nb);
-  atomic_fetch_add(&s->global->bytes, nb);
-  atomic_fetch_add(&s->global->tensors, 1);
+  sv_count_tensor(s->global, t, nb, 1);
   s->n_live++;
   return 0;
 }
@@ -219,7 +224,7 @@ int sv_check_meta(const sv_config *cfg, sv_global *g, dsp_ctx *ctx,
     return rc;
   }
   if ((uint64_t)span <= cfg->max_elements) return 0;
-  atomic_fetch_add(&g->limit_violations, 1);
+  sv_count_limit(g, SV_LIM_MAX_ELEMENTS);
   char shape[160];
   dsp_shape_str(m, shape, sizeof shape);
   if (*numel == span)
@@ -350,6 +355,7 @@ static int do_op(sv_session *s, sv_job *j, char *why) {
   dsp_ctx_set_backend(s->ctx, s->device);
   if (rc < 0) return why_run(s, why, rc);
   s->n_ops++;
+  sv_count_op(s->global, o->op);
   return insert(s, o->output, out, why);
 }
 
@@ -496,14 +502,14 @@ static int do_step(sv_session *s, sv_job *j, char *why) {
       rc = dsp_op(s->ctx, (dsp_opcode)st->op, args + i * (k + 2),
                   (int)(k + 2), &a, &out);
       if (rc < 0) {
-        if (rc == DISPATCH_ELIMIT)
-          atomic_fetch_add(&s->global->limit_violations, 1);
+        if (rc == DISPATCH_ELIMIT) sv_count_limit(s->global, op_limit(s));
         const char *m = dsp_ctx_errmsg(s->ctx);
         rc = why_set(why, rc, "param %zu (id %llu): %s", i,
                      (unsigned long long)st->params[i], m);
       } else {
         dsp_tensor_unref(out);
         s->n_ops++; /* one per parameter, as the local device counts */
+        sv_count_op(s->global, st->op);
       }
     }
     dsp_set_grad_enabled(s->ctx, prev);
@@ -646,8 +652,8 @@ void sv_session_exec(sv_session *s, sv_job *j) {
   if (SV_LOG_ON(SV_LOG_DEBUG)) {
     char d[256];
     sv_describe(r, d, sizeof d);
-    sv_log(SV_LOG_DEBUG, "session %p: running request %llu (%s)", (void *)s,
-           (unsigned long long)r->req_id, d);
+    sv_log_conn(SV_LOG_DEBUG, s->log_id, NULL, "running request %llu (%s)",
+                (unsigned long long)r->req_id, d);
   }
   int wait = sv_req_kind_of(r->body_case)->waits;
   if (wait && s->err_code) {
@@ -700,15 +706,17 @@ void sv_session_exec(sv_session *s, sv_job *j) {
   }
   if (rc >= 0) return;
   s->n_errors++;
+  sv_count_error(s->global, rc);
   /* budget refusals are counted here, where they surface; an upload's
    * was counted when it was read */
   if (rc == DISPATCH_EQUOTA && j->pre_err != DISPATCH_EQUOTA)
-    atomic_fetch_add(&s->global->limit_violations, 1);
+    sv_count_limit(s->global, SV_LIM_QUOTA);
   char desc[256], msg[sizeof s->err_msg];
   sv_describe(r, desc, sizeof desc);
   if (rc == DISPATCH_ECANCELED) /* nobody is left to read an error reply */
-    sv_log(SV_LOG_INFO, "session %p: request %llu (%s) cancelled: %s",
-           (void *)s, (unsigned long long)r->req_id, desc, why);
+    sv_log_conn(SV_LOG_INFO, s->log_id, NULL,
+                "request %llu (%s) cancelled: %s",
+                (unsigned long long)r->req_id, desc, why);
   label_failure(msg, sizeof msg, r->req_id, desc, rc, why);
   if (wait) {
     error_reply(j, rc, msg, r->req_id);
@@ -727,7 +735,7 @@ void sv_session_defer(sv_session *s, uint64_t req_id, int body, int code,
   const sv_req_kind *kind = sv_req_kind_of((Dspwire__Request__BodyCase)body);
   *out = NULL;
   *out_len = 0;
-  atomic_fetch_add(&s->global->limit_violations, code == DISPATCH_EQUOTA);
+  if (code == DISPATCH_EQUOTA) sv_count_limit(s->global, SV_LIM_QUOTA);
   if (kind->waits && s->err_code) {
     sv_encode_error(req_id, s->err_code, s->err_msg, s->err_req, out,
                     out_len);
@@ -735,6 +743,7 @@ void sv_session_defer(sv_session *s, uint64_t req_id, int body, int code,
     return;
   }
   s->n_errors++;
+  sv_count_error(s->global, code);
   char m[sizeof s->err_msg];
   label_failure(m, sizeof m, req_id, kind->name, code, msg);
   if (kind->waits) {

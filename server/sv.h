@@ -59,7 +59,14 @@ typedef struct sv_config {
   int n_devices;
   uint64_t device_memory;    /* each device's own budget; 0: none beyond
                                 --max-memory (still counted per device) */
-  int insecure;              /* allow a non-loopback bind without TLS+token */
+  int insecure;              /* allow a non-loopback bind without TLS+token,
+                                and a non-loopback --metrics-listen */
+  /* --metrics-listen: the Prometheus endpoint (metrics.c); off when
+   * metrics_host is empty */
+  char metrics_host[256];
+  int metrics_port;
+  struct sockaddr_storage metrics_addr; /* resolved, as listen_addr */
+  int log_format;            /* SV_LOG_TEXT or SV_LOG_JSON */
 } sv_config;
 
 /* Fills the documented defaults. */
@@ -84,10 +91,21 @@ extern int sv_start_reason_printed;
 /* ------------------------------------------------------------ logging */
 
 enum { SV_LOG_ERROR = 0, SV_LOG_WARN = 1, SV_LOG_INFO = 2, SV_LOG_DEBUG = 3 };
+/* --log-format: "TIME dispatch-server LEVEL: MSG" lines, or one JSON
+ * object a line ({"ts", "level", "msg", and "session"/"peer" when the line
+ * is about a connection}); TIME is ISO-8601 UTC with milliseconds. */
+enum { SV_LOG_TEXT = 0, SV_LOG_JSON = 1 };
 extern int sv_log_level;
+extern int sv_log_format;
 int sv_log_parse_level(const char *s); /* -1 when unknown */
+int sv_log_parse_format(const char *s); /* -1 when unknown */
 void sv_log(int level, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
+/* A line about one connection: session is its id (the number in "conn N"),
+ * peer its address or NULL. Text: "conn N (PEER): MSG"; JSON: the two as
+ * fields of their own. */
+void sv_log_conn(int level, unsigned long long session, const char *peer,
+                 const char *fmt, ...) __attribute__((format(printf, 4, 5)));
 #define SV_LOG_ON(l) ((l) <= sv_log_level)
 /* A client-supplied string made safe to quote in a log line: at most max
  * characters, control bytes, backslashes and invalid UTF-8 as \xNN, "..."
@@ -118,6 +136,35 @@ void *sv_idmap_del(sv_idmap *m, uint64_t key);
 
 /* ------------------------------------------------------------ counters */
 
+/* Which limit refused something, for dispatch_limit_violations_total
+ * (metrics.c names them). */
+typedef enum sv_limit {
+  SV_LIM_QUOTA,             /* a memory budget: session, queue, server,
+                               device */
+  SV_LIM_MAX_ELEMENTS,      /* --max-elements */
+  SV_LIM_MAX_OP_COST,       /* --max-op-cost */
+  SV_LIM_FRAME_SIZE,        /* --max-frame, the protobuf cap, pre-hello */
+  SV_LIM_MAX_SESSIONS,      /* --max-sessions */
+  SV_LIM_OUTPUT_QUEUE,      /* --max-output-queue */
+  SV_LIM_IDLE_TIMEOUT,      /* --idle-timeout (idle, or not reading) */
+  SV_LIM_HANDSHAKE_TIMEOUT, /* --handshake-timeout */
+  SV_LIM_FRAME_TIMEOUT,     /* --frame-timeout */
+  SV_LIM_COUNT
+} sv_limit;
+
+#define SV_METRIC_OPS 128 /* op codes are below this (dsp.h) */
+#define SV_METRIC_ERRS 64 /* -code of every DISPATCH_E* is below this */
+
+/* Counters any thread bumps (relaxed atomics; the metrics thread reads
+ * them without a lock). Index 0 of errors collects codes out of range. */
+typedef struct sv_counters {
+  atomic_llong ops[SV_METRIC_OPS];
+  atomic_llong errors[SV_METRIC_ERRS];
+  atomic_llong limits[SV_LIM_COUNT];
+  atomic_llong dev_tensors[SV_MAX_DEVICES]; /* by index in devices */
+  atomic_llong dev_bytes[SV_MAX_DEVICES];
+} sv_counters;
+
 typedef struct sv_global {
   atomic_llong sessions;
   atomic_llong tensors;
@@ -129,7 +176,21 @@ typedef struct sv_global {
   struct sv_device *devices; /* the server's devices (devices.c); NULL in
                                 fuzzers and tests: the CPU backend */
   int n_devices;
+  sv_counters m; /* by label, for /metrics */
 } sv_global;
+
+/* The counting helpers (metrics.c); any thread. */
+/* A refusal by limit `which`: also counted in g->limit_violations. */
+void sv_count_limit(sv_global *g, sv_limit which);
+/* An error reported to a client (an Error reply, a deferred error, a
+ * refusal that closes the connection), by code. */
+void sv_count_error(sv_global *g, int code);
+/* One op run (forward op, or one parameter of an optimizer step). */
+void sv_count_op(sv_global *g, int op);
+/* A tensor of nbytes entering (sign 1) or leaving (-1) a session's table:
+ * the server-wide tensors/bytes and its device's. */
+void sv_count_tensor(sv_global *g, const dsp_tensor *t, long long nbytes,
+                     int sign);
 
 /* ------------------------------------------------------------ devices */
 
@@ -195,6 +256,9 @@ typedef struct sv_job {
   uint64_t upload_bytes;  /* counted in sess->queued_bytes until run */
   int pre_err;            /* an error found while reading (deferred) */
   char *pre_msg;          /* its detail (owned, may be NULL) */
+  uint64_t t0;            /* uv_hrtime() when its message was decoded: the
+                             request latency runs to its result being
+                             back on the loop */
   /* results, filled by the worker: one frame ready to write */
   uint8_t *out;
   size_t out_len;
@@ -262,6 +326,7 @@ typedef struct sv_session {
   int running;
   struct sv_session *runq_next;
   void *owner; /* the connection (loop side) */
+  unsigned long long log_id; /* the connection's id, for log lines */
 } sv_session;
 
 /* Creates the worker-side state; NULL when out of memory. */

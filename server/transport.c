@@ -167,8 +167,9 @@ static void tls_send(sv_conn *c) {
 static void tls_failed(sv_conn *c, const char *why) {
   tls_conn *t = c->tpd;
   atomic_fetch_add(&c->srv->g.protocol_errors, 1);
-  sv_log(SV_LOG_WARN, "conn %llu (%s): TLS %s failed: %s", c->id, c->peer,
-         t->done ? "read" : "handshake", why);
+  sv_count_error(&c->srv->g, DISPATCH_ETLS);
+  sv_log_conn(SV_LOG_WARN, c->id, c->peer, "TLS %s failed: %s",
+              t->done ? "read" : "handshake", why);
   sv_writer_clear(c); /* the session cannot encrypt them any more */
   tls_flush_q(c, 0);
   if (c->closing) return;
@@ -197,9 +198,9 @@ static void tls_pump(sv_conn *c) {
     if (SV_LOG_ON(SV_LOG_INFO)) {
       char peer[256], safe[4 * SV_LOG_STR_MAX + 8];
       sv_tls_peer_name(t->tls, peer, sizeof peer);
-      sv_log(SV_LOG_INFO, "conn %llu (%s): TLS handshake done%s%s", c->id,
-             c->peer, *peer ? ", client certificate " : "",
-             sv_log_str(safe, sizeof safe, peer, SV_LOG_STR_MAX));
+      sv_log_conn(SV_LOG_INFO, c->id, c->peer, "TLS handshake done%s%s",
+                  *peer ? ", client certificate " : "",
+                  sv_log_str(safe, sizeof safe, peer, SV_LOG_STR_MAX));
     }
     if (c->over_limit) {
       char msg[128];

@@ -158,12 +158,12 @@ void sv_writer_queue(sv_conn *c, uint8_t *buf, size_t len, dsp_pin *bulk) {
   if (c->outq_bytes > cfg->max_output_queue) {
     dsp_free(buf);
     dsp_pin_release(bulk);
-    atomic_fetch_add(&c->srv->g.limit_violations, 1);
-    sv_log(SV_LOG_WARN,
-           "conn %llu (%s): output queue holds %llu bytes, over %llu: "
-           "dropping a client that does not read its replies",
-           c->id, c->peer, (unsigned long long)c->outq_bytes,
-           (unsigned long long)cfg->max_output_queue);
+    sv_count_limit(&c->srv->g, SV_LIM_OUTPUT_QUEUE);
+    sv_log_conn(SV_LOG_WARN, c->id, c->peer,
+                "output queue holds %llu bytes, over %llu: "
+                "dropping a client that does not read its replies",
+                (unsigned long long)c->outq_bytes,
+                (unsigned long long)cfg->max_output_queue);
     sv_conn_close(c, "slow reader");
     return;
   }
@@ -187,6 +187,7 @@ void sv_writer_queue(sv_conn *c, uint8_t *buf, size_t len, dsp_pin *bulk) {
 void sv_refuse(sv_conn *c, uint64_t req_id, int code, const char *msg) {
   uint8_t *buf;
   size_t len;
+  sv_count_error(&c->srv->g, code);
   sv_reader_stop(c);
   if (!c->tp->ready(c)) { /* no session to carry a frame yet */
     sv_conn_close(c, msg);
@@ -209,8 +210,8 @@ void sv_proto_error(sv_conn *c, uint64_t req_id, int code, const char *fmt,
   va_end(ap);
   atomic_fetch_add(&c->srv->g.protocol_errors, 1);
   if (code == DISPATCH_ETOOLARGE) /* the frame limit */
-    atomic_fetch_add(&c->srv->g.limit_violations, 1);
-  sv_log(SV_LOG_WARN, "conn %llu (%s): protocol error: %s: %s", c->id,
-         c->peer, dispatch_err_name(code), msg);
+    sv_count_limit(&c->srv->g, SV_LIM_FRAME_SIZE);
+  sv_log_conn(SV_LOG_WARN, c->id, c->peer, "protocol error: %s: %s",
+              dispatch_err_name(code), msg);
   sv_refuse(c, req_id, code, msg);
 }
