@@ -72,6 +72,8 @@ check "every library of the programs is found in the image" \
 # namespace, so neither the image nor the host changes
 deploy/make-certs.sh --group "${user#*:}" "$work/etc" >/dev/null
 chmod 755 "$work"
+# (the probe connects to 127.0.0.1: the image has no /etc/hosts, which a
+# container runtime provides)
 cat > "$work/run.sh" <<'RUN'
 # $1 image root, $2 user:group, $3 files for /etc/dispatch, $4 scratch dir
 set -u
@@ -93,7 +95,7 @@ if [ -z "$port" ]; then
 fi
 chroot --userspec="$2" "$1" /usr/local/bin/dispatch-probe \
   --ca /etc/dispatch/ca.pem --token-file /etc/dispatch/token \
-  "tls://localhost:$port"
+  --server-name localhost "tls://127.0.0.1:$port"
 rc=$?
 kill "$srv"; wait "$srv"
 exit $rc
