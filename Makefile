@@ -102,7 +102,7 @@ SERVER_A := $(BUILD)/libdspserver.a
 # keep objects and generated headers that make would treat as intermediate
 .SECONDARY:
 
-.PHONY: all deps test test-run python-test sanitize demo bench bench-quick mutate fuzz install clean test-gpu bench-gpu
+.PHONY: all deps test test-run python-test deploy-test container sanitize demo bench bench-quick mutate fuzz install clean test-gpu bench-gpu
 all: $(if $(wildcard server/main.c),$(SERVER_BIN)) $(CLIENT_A) $(CLIENT_SO) $(TEST_BIN) $(EXAMPLE_BIN) $(BENCH_BIN) $(CUDA_BIN)
 
 deps:
@@ -189,6 +189,10 @@ $(BUILD)/examples/%: examples/%.c $(EXAMPLE_LIB_OBJ) $(CLIENT_A)
 	$(CC) $(ALL_CFLAGS) -Iexamples/lib -MMD -MP -o $@ $< $(EXAMPLE_LIB_OBJ) \
 	  $(CLIENT_A) $(LDFLAGS) $(LIBS)
 
+# the health check of the container and the Kubernetes readiness probe
+$(BUILD)/dispatch-probe: deploy/dispatch-probe.c $(CLIENT_A)
+	$(CC) $(ALL_CFLAGS) -MMD -MP -o $@ $< $(CLIENT_A) $(LDFLAGS) $(LIBS)
+
 $(BUILD)/bench/%: bench/%.c $(CLIENT_A) $(SERVER_A)
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) -MMD -MP -o $@ $< $(SERVER_A) $(CLIENT_A) $(LDFLAGS) $(LIBS)
@@ -205,6 +209,7 @@ test-run: $(TEST_BIN) $(if $(wildcard server/main.c),$(SERVER_BIN))
 	  DISPATCH_SERVER_BIN=$(abspath $(SERVER_BIN)) $$t --jobs 2 || fail=1; \
 	done; \
 	scripts/check-readme.sh || fail=1; \
+	$(MAKE) --no-print-directory deploy-test || fail=1; \
 	$(MAKE) --no-print-directory python-test || fail=1; \
 	if [ $$fail -ne 0 ]; then echo "TESTS FAILED"; exit 1; fi; echo "ALL SUITES PASSED"
 
@@ -228,6 +233,18 @@ python-test: $(CLIENT_SO) $(if $(wildcard server/main.c),$(SERVER_BIN))
 	if [ $$rc -ne 0 ]; then cat $$log $$log.*san.* 2>/dev/null; \
 	else tail -n 1 $$log; fi; \
 	rm -f $$log $$log.*san.*; exit $$rc
+
+# deploy/: the systemd unit verified, the server started as an unprivileged
+# user with the files and modes deploy/README.md documents, a TLS client
+# with the token, and the Kubernetes manifests checked offline
+# (deploy/tests/run.sh says what each check is). Needs root to switch users.
+deploy-test: $(if $(wildcard server/main.c),$(SERVER_BIN)) $(BUILD)/dispatch-probe $(BUILD)/examples/first_program
+	@BUILD=$(BUILD) PYTHON=$(PYTHON) deploy/tests/run.sh
+
+# deploy/Containerfile built with podman (not part of test: slow, and needs
+# podman, debootstrap and a network mirror); see deploy/README.md
+container:
+	@deploy/container-build.sh
 
 sanitize: deps
 	@$(MAKE) --no-print-directory BUILD=build-san SAN=1 OPT=-O1 test-run

@@ -1,15 +1,30 @@
 #!/usr/bin/env bash
-# Makes a private CA, a server certificate and a client certificate with
-# the openssl command line, for tests and first deployments.
+# Makes a private CA, a server certificate, a client certificate and a
+# token with the openssl command line, for tests and first deployments.
 #
-#   deploy/make-certs.sh OUTDIR [SERVER_NAME [DAYS]]
+#   deploy/make-certs.sh [--group GROUP] OUTDIR [SERVER_NAME [DAYS]]
 #
 # OUTDIR gets ca.pem/ca.key, server.pem/server.key (subjectAltName
-# DNS:SERVER_NAME, DNS:localhost, IP:127.0.0.1) and client.pem/client.key
-# (for mutual TLS). SERVER_NAME defaults to localhost, DAYS to 365. A
-# negative DAYS makes certificates that are already expired (for tests).
+# DNS:SERVER_NAME, DNS:localhost, IP:127.0.0.1), client.pem/client.key
+# (for mutual TLS) and token (32 random bytes, base64; an existing token
+# is kept). SERVER_NAME defaults to localhost, DAYS to 365. A negative
+# DAYS makes certificates that are already expired (for tests).
+#
+# Modes: certificates 0644. The secrets the server reads (server.key,
+# token) are 0600 for the user who ran this, which is what systemd's
+# LoadCredential= reads as root; with --group GROUP (a name or a numeric
+# gid) they are 0640 and group GROUP, so a server running as a user of
+# that group (the container's uid/gid 10001, the nogroup of a test) can
+# read them and nobody else can. ca.key and client.key stay 0600 always:
+# the server never reads them.
 set -euo pipefail
-out=${1:?usage: make-certs.sh OUTDIR [SERVER_NAME [DAYS]]}
+usage="usage: make-certs.sh [--group GROUP] OUTDIR [SERVER_NAME [DAYS]]"
+group=
+case "${1:-}" in
+  --group) group=${2:?$usage}; shift 2 ;;
+  --group=*) group=${1#--group=}; shift ;;
+esac
+out=${1:?$usage}
 name=${2:-localhost}
 days=${3:-365}
 mkdir -p "$out"
@@ -64,4 +79,16 @@ EXT
 sign server "/CN=$name" server.ext
 sign client "/CN=dispatch client" client.ext
 rm -f server.ext client.ext ca.srl
-echo "make-certs: wrote ca.pem server.pem server.key client.pem client.key in $out"
+# base64 of random bytes: no newline or quote in it to trip a shell or YAML
+[ -s token ] || head -c 32 /dev/urandom | base64 > token
+
+chmod 0644 ca.pem server.pem client.pem
+chmod 0600 ca.key client.key server.key token
+if [ -n "$group" ]; then
+  chgrp "$group" server.key token
+  chmod 0640 server.key token
+  # the group must reach the files: no "other" access is needed
+  chgrp "$group" .
+  chmod g+rx .
+fi
+echo "make-certs: wrote ca.pem server.pem server.key client.pem client.key token in $out"

@@ -5,6 +5,7 @@ set -eu
 pkgs="gcc make pkg-config libuv1-dev libprotobuf-c-dev protobuf-c-compiler
 libssl-dev openssl libcriterion-dev libopenblas-dev zlib1g-dev libcjson-dev
 libmicrohttpd-dev prometheus
+systemd python3-yaml python3-jsonschema
 dataset-fashion-mnist clang libclang-rt-14-dev valgrind
 python3 python3-cffi python3-numpy python3-pytest"
 missing=""
