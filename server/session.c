@@ -50,9 +50,21 @@ sv_session *sv_session_new(const sv_config *cfg, sv_global *g, void *owner) {
     return NULL;
   }
   dsp_ctx_set_budget(s->ctx, s->budget);
+  s->cfg = cfg;
+  s->global = g;
+  for (int i = 0; i < SV_MAX_DEVICES; i++) atomic_init(&s->views[i], NULL);
   /* the first device until the hello names another */
-  s->device = g->devices && g->n_devices ? g->devices[0].be
-                                         : dsp_cpu_backend();
+  char why[320];
+  s->device = dsp_cpu_backend();
+  if (g->devices && g->n_devices &&
+      sv_session_backend(s, &g->devices[0], &s->device, why, sizeof why) < 0) {
+    sv_log(SV_LOG_WARN, "new session: %s", why);
+    dsp_ctx_free(s->ctx);
+    dsp_budget_unref(s->budget);
+    dsp_budget_unref(s->queue);
+    dsp_free(s);
+    return NULL;
+  }
   dsp_ctx_set_backend(s->ctx, s->device);
   sv_pb_charge_init(&s->pb, s->queue);
   /* also bounds what the session cannot name: backward intermediates */
@@ -62,8 +74,6 @@ sv_session *sv_session_new(const sv_config *cfg, sv_global *g, void *owner) {
   sv_idmap_init(&s->grads);
   atomic_init(&s->bytes, 0);
   atomic_init(&s->queued_bytes, 0);
-  s->cfg = cfg;
-  s->global = g;
   s->owner = owner;
   return s;
 }
@@ -341,7 +351,9 @@ static int do_op(sv_session *s, sv_job *j, char *why) {
                      "%s: this server has no device \"%s\" (it has %s)",
                      info->name, w, names[0] ? names : "only its default CPU");
     }
-    dsp_ctx_set_backend(s->ctx, d->be);
+    const dsp_backend *be;
+    if ((rc = sv_session_backend(s, d, &be, why, WHY_LEN)) < 0) return rc;
+    dsp_ctx_set_backend(s->ctx, be);
   }
   dsp_tensor *out;
   int grad = dsp_set_grad_enabled(s->ctx, !o->no_grad);
@@ -371,8 +383,10 @@ static int do_to_device(sv_session *s, sv_job *j, char *why) {
                    sv_log_str(dev, sizeof dev, m->device, SV_LOG_STR_MAX),
                    names[0] ? names : "only its default CPU");
   }
+  const dsp_backend *be;
+  if ((rc = sv_session_backend(s, d, &be, why, WHY_LEN)) < 0) return rc;
   dsp_tensor *out;
-  rc = dsp_tensor_to_backend(s->ctx, t, d->be, &out);
+  rc = dsp_tensor_to_backend(s->ctx, t, be, &out);
   if (rc < 0) return why_run(s, why, rc);
   return insert(s, m->output, out, why);
 }
@@ -756,6 +770,7 @@ void sv_session_teardown(sv_session *s) {
   sv_idmap_clear(&s->tensors);
   dsp_ctx_free(s->ctx);
   s->ctx = NULL;
+  sv_session_backends_close(s);
   /* what the loop still holds for the session (a request being read, a
    * reply being written) keeps the budget alive until it is freed */
   dsp_budget_unref(s->budget);

@@ -6,6 +6,7 @@
 #include <cuda_runtime_api.h>
 #include <limits.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -25,6 +26,16 @@ typedef struct cu_be {
   cudaMemPool_t pool;
   char name[24];
   char desc[352];
+  /* a session view (dsp_cuda_session_open): its device's backend, and its
+   * link in that device's list of every view it made; NULL/unused on a
+   * device backend */
+  struct cu_be *parent;
+  struct cu_be *next_view;
+  int in_use; /* guarded by the parent's mu */
+  /* a device backend: its session views, each with a stream and cuBLAS
+   * handle of its own, kept until the device closes */
+  pthread_mutex_t mu;
+  struct cu_be *views;
 } cu_be;
 
 static const char *opname(dsp_opcode op) { return dsp_op_lookup((int)op)->name; }
@@ -749,6 +760,43 @@ static void why_set(char *why, size_t len, const char *fmt, const char *a,
                 cudaGetErrorName(e));
 }
 
+/* Gives b (device, pool, name and desc set) its stream, its cuBLAS
+ * handle on that stream and the backend table: what one ordered queue of
+ * work on the device needs. 0, or a code with the reason in why and
+ * nothing left open. */
+static int queue_open(cu_be *b, char *why, size_t why_len) {
+  cudaError_t e = cudaSetDevice(b->device);
+  if (e == cudaSuccess)
+    e = cudaStreamCreateWithFlags(&b->stream, cudaStreamNonBlocking);
+  if (e != cudaSuccess) {
+    why_set(why, why_len, "CUDA device unusable", "cudaStreamCreate", e);
+    return cuda_code(e) ? cuda_code(e) : DISPATCH_EUNSUPPORTED;
+  }
+  cublasStatus_t s = cublasCreate(&b->blas);
+  if (s == CUBLAS_STATUS_SUCCESS) s = cublasSetStream(b->blas, b->stream);
+  if (s != CUBLAS_STATUS_SUCCESS) {
+    int code = dsp_cuda_blas_error((int)s, "cublasCreate", why, why_len);
+    if (b->blas) cublasDestroy(b->blas);
+    cudaStreamDestroy(b->stream);
+    return code;
+  }
+  b->table.name = b->name;
+  b->table.device = b->desc;
+  b->table.bctx = b;
+  b->table.alloc = cu_alloc;
+  b->table.free = cu_free;
+  b->table.copy_in = cu_copy_in;
+  b->table.copy_out = cu_copy_out;
+  b->table.stage_in = cu_stage_in;
+  b->table.commit_in = cu_commit_in;
+  b->table.stage_out = cu_stage_out;
+  b->table.stage_release = cu_stage_release;
+  b->table.host_shared = 0;
+  b->table.supports_op = cu_supports;
+  b->table.run_op = cu_run;
+  return 0;
+}
+
 int dsp_cuda_backend_open(int device, dsp_backend **out, char *why,
                           size_t why_len) {
   *out = NULL;
@@ -791,39 +839,20 @@ int dsp_cuda_backend_open(int device, dsp_backend **out, char *why,
   uint64_t keep = POOL_KEEP;
   if ((e = cudaDeviceGetDefaultMemPool(&b->pool, device)) != cudaSuccess ||
       (e = cudaMemPoolSetAttribute(b->pool, cudaMemPoolAttrReleaseThreshold,
-                                   &keep)) != cudaSuccess ||
-      (e = cudaStreamCreateWithFlags(&b->stream, cudaStreamNonBlocking)) !=
-          cudaSuccess) {
-    why_set(why, why_len, "CUDA device unusable", "stream/pool setup", e);
+                                   &keep)) != cudaSuccess) {
+    why_set(why, why_len, "CUDA device unusable", "pool setup", e);
     dsp_free(b);
     return cuda_code(e) ? cuda_code(e) : DISPATCH_EUNSUPPORTED;
-  }
-  cublasStatus_t s = cublasCreate(&b->blas);
-  if (s == CUBLAS_STATUS_SUCCESS) s = cublasSetStream(b->blas, b->stream);
-  if (s != CUBLAS_STATUS_SUCCESS) {
-    int code = dsp_cuda_blas_error((int)s, "cublasCreate", why, why_len);
-    if (b->blas) cublasDestroy(b->blas);
-    cudaStreamDestroy(b->stream);
-    dsp_free(b);
-    return code;
   }
   snprintf(b->name, sizeof b->name, "cuda:%d", device);
   snprintf(b->desc, sizeof b->desc, "cuda:%d %s (sm_%d%d, %zu MiB)", device,
            prop.name, prop.major, prop.minor, prop.totalGlobalMem >> 20);
-  b->table.name = b->name;
-  b->table.device = b->desc;
-  b->table.bctx = b;
-  b->table.alloc = cu_alloc;
-  b->table.free = cu_free;
-  b->table.copy_in = cu_copy_in;
-  b->table.copy_out = cu_copy_out;
-  b->table.stage_in = cu_stage_in;
-  b->table.commit_in = cu_commit_in;
-  b->table.stage_out = cu_stage_out;
-  b->table.stage_release = cu_stage_release;
-  b->table.host_shared = 0;
-  b->table.supports_op = cu_supports;
-  b->table.run_op = cu_run;
+  int rc = queue_open(b, why, why_len);
+  if (rc < 0) {
+    dsp_free(b);
+    return rc;
+  }
+  pthread_mutex_init(&b->mu, NULL);
   *out = &b->table;
   return 0;
 }
@@ -832,14 +861,92 @@ static cu_be *as_cuda(const dsp_backend *be) {
   return be && be->alloc == cu_alloc ? (cu_be *)be->bctx : NULL;
 }
 
-void dsp_cuda_backend_close(dsp_backend *be) {
-  cu_be *b = as_cuda(be);
-  if (!b) return;
+/* Waits for the queue's work, then destroys its stream and handle. */
+static void queue_close(cu_be *b) {
   cudaSetDevice(b->device);
   cudaStreamSynchronize(b->stream);
   cublasDestroy(b->blas);
   cudaStreamDestroy(b->stream);
+}
+
+void dsp_cuda_backend_close(dsp_backend *be) {
+  cu_be *b = as_cuda(be);
+  if (!b) return;
+  if (b->parent) { /* a session view: the device closes it */
+    dsp_cuda_session_close(be);
+    return;
+  }
+  for (cu_be *v = b->views, *nx; v; v = nx) {
+    nx = v->next_view;
+    queue_close(v);
+    dsp_free(v);
+  }
+  queue_close(b);
+  pthread_mutex_destroy(&b->mu);
   dsp_free(b);
+}
+
+/* A view is never destroyed before its device: a storage it made may be
+ * freed after its session has gone (a Read reply's pin still sending),
+ * and that free is enqueued on the view's stream, which then runs it
+ * after whatever the view's next session has queued -- still in order for
+ * the block, since nobody else holds it. Handing a returned view to the
+ * next session also spares a stream and a cuBLAS handle per connection. */
+int dsp_cuda_session_open(dsp_backend *device, dsp_backend **out, char *why,
+                          size_t why_len) {
+  *out = NULL;
+  cu_be *d = as_cuda(device);
+  if (!d || d->parent) {
+    if (why) snprintf(why, why_len, "dsp_cuda_session_open: not a CUDA "
+                      "device backend");
+    return DISPATCH_EINVAL;
+  }
+  pthread_mutex_lock(&d->mu);
+  cu_be *v = d->views;
+  while (v && v->in_use) v = v->next_view;
+  if (v) v->in_use = 1;
+  pthread_mutex_unlock(&d->mu);
+  if (!v) {
+    v = dsp_calloc(1, sizeof *v);
+    if (!v) {
+      if (why) snprintf(why, why_len, "out of memory opening a session on %s",
+                        d->name);
+      return DISPATCH_ENOMEM;
+    }
+    v->device = d->device;
+    v->pool = d->pool;
+    v->parent = d;
+    memcpy(v->name, d->name, sizeof v->name);
+    memcpy(v->desc, d->desc, sizeof v->desc);
+    int rc = queue_open(v, why, why_len);
+    if (rc < 0) {
+      dsp_free(v);
+      return rc;
+    }
+    v->in_use = 1;
+    pthread_mutex_lock(&d->mu);
+    v->next_view = d->views;
+    d->views = v;
+    pthread_mutex_unlock(&d->mu);
+  }
+  /* the device's identity and budget, as set by whoever opened it */
+  v->table.id = device->id;
+  v->table.mem = device->mem;
+  *out = &v->table;
+  return 0;
+}
+
+void dsp_cuda_session_close(dsp_backend *session) {
+  cu_be *v = as_cuda(session);
+  if (!v || !v->parent) return;
+  pthread_mutex_lock(&v->parent->mu);
+  v->in_use = 0;
+  pthread_mutex_unlock(&v->parent->mu);
+}
+
+int dsp_cuda_device_count(void) {
+  int n = 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0 ? n : 0;
 }
 
 void dsp_cuda_ctx_use(dsp_ctx *ctx, const dsp_backend *be) {
