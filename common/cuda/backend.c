@@ -145,49 +145,137 @@ static int cu_copy_out(void *bctx, void *dst, const void *src, size_t n) {
 }
 
 /* Staging: pinned host memory, so the network layer's bytes cross the
- * bus by DMA with no pageable bounce. stage_in hands out a pinned block
- * the caller fills, commit_in copies it into the storage; stage_out
- * copies the storage into a pinned block as it is at the call. Both wait
- * for the stream, so the block is the caller's until stage_release. */
-static int pinned_get(cu_be *b, size_t nbytes, void **host) {
-  *host = NULL;
+ * bus by DMA with no pageable bounce, in parts of DSP_STAGE_CHUNK that
+ * overlap the socket.
+ *   upload: stage_in hands out a pinned block the reader fills;
+ *     commit_part enqueues each part's H2D copy on the session's stream as
+ *     soon as the socket has delivered it (the loop thread; the storage
+ *     was allocated on the same stream, and nobody can name the tensor
+ *     before its upload runs), and the last call waits for all of them.
+ *   read: stage_out enqueues every part's D2H copy with an event behind
+ *     it and returns once the first part has landed (so the session's
+ *     earlier work is done); the writer waits per part (stage_out_wait),
+ *     sending part k while part k+1 still crosses the bus.
+ * The block stays the caller's until stage_release, which first waits
+ * for any copy still using it. */
+typedef struct cu_stage {
+  void *host;
+  size_t nbytes;
+  int copying;    /* upload: `done` marks the last part enqueued */
+  cudaEvent_t done;
+  int n_ev;       /* read: parts, each with its event */
+  cudaEvent_t ev[];
+} cu_stage;
+
+static int pinned_get(cu_be *b, size_t nbytes, int parts, cu_stage **out) {
+  *out = NULL;
   if (cudaSetDevice(b->device) != cudaSuccess) return DISPATCH_EINTERNAL;
-  cudaError_t e = cudaHostAlloc(host, nbytes ? nbytes : 1, cudaHostAllocDefault);
+  cu_stage *st = dsp_calloc(1, sizeof *st + (size_t)parts * sizeof(cudaEvent_t));
+  if (!st) return DISPATCH_ENOMEM;
+  cudaError_t e = cudaHostAlloc(&st->host, nbytes ? nbytes : 1,
+                                cudaHostAllocDefault);
   if (e != cudaSuccess) {
-    *host = NULL;
+    dsp_free(st);
     return cuda_code(e) ? cuda_code(e) : DISPATCH_ENOMEM;
   }
+  st->nbytes = nbytes;
+  *out = st;
   return 0;
+}
+static void pinned_put(cu_stage *st) {
+  if (!st) return;
+  if (st->copying) {
+    cudaEventSynchronize(st->done);
+    cudaEventDestroy(st->done);
+  }
+  for (int i = 0; i < st->n_ev; i++) {
+    cudaEventSynchronize(st->ev[i]);
+    cudaEventDestroy(st->ev[i]);
+  }
+  cudaFreeHost(st->host);
+  dsp_free(st);
 }
 static int cu_stage_in(void *bctx, void *data, size_t nbytes, void **host,
                        void **token) {
   (void)data;
-  *token = NULL;
-  int rc = pinned_get(bctx, nbytes, host);
-  if (rc == 0) *token = *host;
-  return rc;
+  cu_stage *st;
+  *host = *token = NULL;
+  int rc = pinned_get(bctx, nbytes, 0, &st);
+  if (rc < 0) return rc;
+  *host = st->host;
+  *token = st;
+  return 0;
 }
 static int cu_commit_in(void *bctx, void *data, const void *host,
                         size_t nbytes, void *token) {
   (void)token;
   return cu_copy(bctx, data, host, nbytes, cudaMemcpyHostToDevice);
 }
+static int cu_commit_part(void *bctx, void *data, const void *host,
+                          size_t off, size_t n, int last, void *token) {
+  cu_be *b = bctx;
+  cu_stage *st = token;
+  cudaError_t e = cudaSetDevice(b->device);
+  if (e == cudaSuccess && n) {
+    e = cudaMemcpyAsync((char *)data + off, (const char *)host + off, n,
+                        cudaMemcpyHostToDevice, b->stream);
+    if (e == cudaSuccess && !st->copying) {
+      e = cudaEventCreateWithFlags(&st->done, cudaEventDisableTiming);
+      if (e == cudaSuccess) st->copying = 1;
+    }
+    if (e == cudaSuccess) e = cudaEventRecord(st->done, b->stream);
+  }
+  if (e == cudaSuccess && last && st->copying)
+    e = cudaEventSynchronize(st->done);
+  return cuda_code(e);
+}
 static int cu_stage_out(void *bctx, const void *data, size_t nbytes,
                         const void **host, void **token) {
-  void *h = NULL;
+  cu_be *b = bctx;
+  const size_t C = DSP_STAGE_CHUNK;
+  const int parts = (int)((nbytes + C - 1) / C);
+  cu_stage *st;
   *host = NULL, *token = NULL;
-  int rc = pinned_get(bctx, nbytes, &h);
+  int rc = pinned_get(b, nbytes, parts, &st);
   if (rc < 0) return rc;
-  if ((rc = cu_copy(bctx, h, data, nbytes, cudaMemcpyDeviceToHost)) < 0) {
-    cudaFreeHost(h);
-    return rc;
+  cudaError_t e = cudaSuccess;
+  for (int i = 0; i < parts && e == cudaSuccess; i++) {
+    size_t off = (size_t)i * C, n = nbytes - off < C ? nbytes - off : C;
+    e = cudaMemcpyAsync((char *)st->host + off, (const char *)data + off, n,
+                        cudaMemcpyDeviceToHost, b->stream);
+    if (e == cudaSuccess)
+      e = cudaEventCreateWithFlags(&st->ev[i], cudaEventDisableTiming);
+    if (e == cudaSuccess) {
+      st->n_ev = i + 1;
+      e = cudaEventRecord(st->ev[i], b->stream);
+    }
   }
-  *host = h, *token = h;
+  if (e == cudaSuccess && parts) e = cudaEventSynchronize(st->ev[0]);
+  if (e != cudaSuccess) {
+    cudaStreamSynchronize(b->stream);
+    pinned_put(st);
+    return cuda_code(e) ? cuda_code(e) : DISPATCH_EINTERNAL;
+  }
+  *host = st->host, *token = st;
   return 0;
+}
+/* Also reports every later part that has landed meanwhile, so the writer
+ * hands the socket as much as it can in one go. */
+static size_t cu_stage_out_wait(void *bctx, void *token, size_t off) {
+  (void)bctx;
+  cu_stage *st = token;
+  const size_t C = DSP_STAGE_CHUNK;
+  size_t k = off / C;
+  if (!st || k >= (size_t)st->n_ev) return st ? st->nbytes : 0;
+  if (cudaEventSynchronize(st->ev[k]) != cudaSuccess) return 0;
+  while (k + 1 < (size_t)st->n_ev && cudaEventQuery(st->ev[k + 1]) == cudaSuccess)
+    k++;
+  size_t end = (k + 1) * C;
+  return end < st->nbytes ? end : st->nbytes;
 }
 static void cu_stage_release(void *bctx, void *token) {
   (void)bctx;
-  if (token) cudaFreeHost(token);
+  pinned_put(token);
 }
 
 /* Device scratch charged to ctx's budget. */
@@ -791,6 +879,8 @@ static int queue_open(cu_be *b, char *why, size_t why_len) {
   b->table.commit_in = cu_commit_in;
   b->table.stage_out = cu_stage_out;
   b->table.stage_release = cu_stage_release;
+  b->table.commit_part = cu_commit_part;
+  b->table.stage_out_wait = cu_stage_out_wait;
   b->table.host_shared = 0;
   b->table.supports_op = cu_supports;
   b->table.run_op = cu_run;
