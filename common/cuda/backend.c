@@ -278,16 +278,24 @@ static void cu_stage_release(void *bctx, void *token) {
   pinned_put(token);
 }
 
-/* Device scratch charged to ctx's budget. */
+/* Device scratch charged to the device's budget (the backend's mem, as
+ * storage is) and to ctx's, so a kernel's workspace counts where its
+ * bytes live. */
 static int scratch_get(cu_be *b, dsp_ctx *ctx, dsp_opcode op, size_t n,
                        void **p) {
   *p = NULL;
-  int rc = dsp_budget_charge(dsp_ctx_budget(ctx), ctx, DSP_BUDGET_COST(n),
-                             "cuda kernel scratch");
+  const uint64_t cost = DSP_BUDGET_COST(n);
+  int rc = dsp_budget_charge(b->table.mem, ctx, cost, "cuda kernel scratch");
   if (rc < 0) return rc;
+  rc = dsp_budget_charge(dsp_ctx_budget(ctx), ctx, cost, "cuda kernel scratch");
+  if (rc < 0) {
+    dsp_budget_uncharge(b->table.mem, cost);
+    return rc;
+  }
   cudaError_t e = cudaMallocAsync(p, n ? n : 1, b->stream);
   if (e != cudaSuccess) {
-    dsp_budget_uncharge(dsp_ctx_budget(ctx), DSP_BUDGET_COST(n));
+    dsp_budget_uncharge(dsp_ctx_budget(ctx), cost);
+    dsp_budget_uncharge(b->table.mem, cost);
     *p = NULL;
     return cu_err(ctx, e, op, "cudaMallocAsync (scratch)");
   }
@@ -297,6 +305,7 @@ static void scratch_put(cu_be *b, dsp_ctx *ctx, size_t n, void *p) {
   if (!p) return;
   cudaFreeAsync(p, b->stream);
   dsp_budget_uncharge(dsp_ctx_budget(ctx), DSP_BUDGET_COST(n));
+  dsp_budget_uncharge(b->table.mem, DSP_BUDGET_COST(n));
 }
 
 /* ------------------------------------------------------------------ */
