@@ -320,3 +320,23 @@ Test(stage_chunks, cpu_staging_stays_zero_copy) {
   dsp_tensor_unref(t);
   dsp_ctx_free(ctx);
 }
+
+/* A move inside the server from a device that lands its read in parts
+ * (a GPU) takes each part only once it has landed. */
+Test(stage_chunks, a_move_off_a_device_waits_for_every_part) {
+  reset();
+  const size_t N = 3500; /* 4 parts of the double, the last short */
+  dsp_ctx *ctx = dsp_ctx_new();
+  dsp_tensor *t = tensor_on(ctx, &g_parts, (int64_t)N);
+  uint8_t *data = t->storage->data;
+  for (size_t i = 0; i < N; i++) data[i] = (uint8_t)(i * 5 + 2) & 1;
+  dsp_tensor *c = NULL;
+  cr_assert_eq(dsp_tensor_to_backend(ctx, t, dsp_cpu_backend(), &c), 0, "%s",
+               dsp_ctx_errmsg(ctx));
+  cr_assert_eq(memcmp(c->storage->data, data, N), 0,
+               "the copy took bytes that had not landed");
+  cr_assert_eq(g_nwaits, 4, "each part waited for");
+  dsp_tensor_unref(c);
+  dsp_tensor_unref(t);
+  dsp_ctx_free(ctx);
+}
