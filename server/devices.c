@@ -48,6 +48,14 @@ static int cuda_open(int index, dsp_backend **out, char *why, size_t len) {
   return rc;
 }
 
+/* A GPU holds no more than its memory: without --device-memory that is
+ * its budget, and what the hello reports as its total (not --max-memory,
+ * which bounds all devices together). */
+#pragma weak dsp_cuda_total_memory
+static uint64_t cuda_total(const dsp_backend *be) {
+  return dsp_cuda_total_memory ? dsp_cuda_total_memory(be) : 0;
+}
+
 static void cuda_close(dsp_backend *be) {
   if (dsp_cuda_backend_close) dsp_cuda_backend_close(be);
 }
@@ -83,10 +91,12 @@ static const struct dev_kind {
   int (*session_open)(dsp_backend *be, dsp_backend **out, char *why,
                       size_t len);
   void (*session_close)(dsp_backend *view);
+  /* the device's own memory, 0: none of its own (host memory) */
+  uint64_t (*total)(const dsp_backend *be);
 } g_kinds[] = {
-    {"cpu", cpu_open, dsp_cpu_backend_free, cpu_count, NULL, NULL},
+    {"cpu", cpu_open, dsp_cpu_backend_free, cpu_count, NULL, NULL, NULL},
     {"cuda", cuda_open, cuda_close, cuda_count, cuda_session_open,
-     cuda_session_close},
+     cuda_session_close, cuda_total},
 };
 #define N_KINDS (sizeof g_kinds / sizeof g_kinds[0])
 
@@ -133,11 +143,17 @@ static int add_device(const sv_config *cfg, sv_global *g,
   if (rc < 0) return rc;
   char who[40];
   snprintf(who, sizeof who, "device %s", name);
-  /* without --device-memory the device is counted but only --max-memory
-   * (every session's budget's parent) limits it, so the server-wide
-   * refusal keeps its own message */
-  uint64_t limit = cfg->device_memory ? cfg->device_memory : UINT64_MAX;
-  d->total = cfg->device_memory ? cfg->device_memory : cfg->max_memory;
+  /* without --device-memory a host-memory device is counted but only
+   * --max-memory (every session's budget's parent) limits it, so the
+   * server-wide refusal keeps its own message; a GPU is also bounded by
+   * its own memory */
+  uint64_t own = k->total ? k->total(d->be) : 0;
+  uint64_t limit = cfg->device_memory ? cfg->device_memory
+                   : own              ? own
+                                      : UINT64_MAX;
+  d->total = cfg->device_memory ? cfg->device_memory
+             : own              ? own
+                                : cfg->max_memory;
   d->mem = dsp_budget_new(limit, NULL, who, "--device-memory");
   if (!d->mem) {
     k->close(d->be);

@@ -26,6 +26,7 @@ typedef struct cu_be {
   cudaMemPool_t pool;
   char name[24];
   char desc[352];
+  uint64_t total_mem; /* the GPU's memory (cudaDeviceProp.totalGlobalMem) */
   /* a session view (dsp_cuda_session_open): its device's backend, and its
    * link in that device's list of every view it made; NULL/unused on a
    * device backend */
@@ -943,6 +944,7 @@ int dsp_cuda_backend_open(int device, dsp_backend **out, char *why,
     dsp_free(b);
     return cuda_code(e) ? cuda_code(e) : DISPATCH_EUNSUPPORTED;
   }
+  b->total_mem = (uint64_t)prop.totalGlobalMem;
   snprintf(b->name, sizeof b->name, "cuda:%d", device);
   snprintf(b->desc, sizeof b->desc, "cuda:%d %s (sm_%d%d, %zu MiB)", device,
            prop.name, prop.major, prop.minor, prop.totalGlobalMem >> 20);
@@ -1041,6 +1043,12 @@ void dsp_cuda_session_close(dsp_backend *session) {
   pthread_mutex_lock(&v->parent->mu);
   v->in_use = 0;
   pthread_mutex_unlock(&v->parent->mu);
+}
+
+uint64_t dsp_cuda_total_memory(const dsp_backend *be) {
+  cu_be *b = as_cuda(be);
+  if (b && b->parent) b = b->parent;
+  return b ? b->total_mem : 0;
 }
 
 int dsp_cuda_device_count(void) {

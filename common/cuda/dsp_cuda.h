@@ -50,6 +50,9 @@ int dsp_cuda_backend_open(int device, dsp_backend **out, char *why,
  * their streams first; every tensor made on any of them must have been
  * released. Given a view, the same as dsp_cuda_session_close. NULL ok. */
 void dsp_cuda_backend_close(dsp_backend *be);
+/* The GPU's memory in bytes (of a device backend or a view of one); 0
+ * when be is not a CUDA backend. */
+uint64_t dsp_cuda_total_memory(const dsp_backend *be);
 /* How many CUDA devices this host has; 0 when none is usable, whatever
  * the reason (dsp_cuda_backend_open says why). */
 int dsp_cuda_device_count(void);
