@@ -299,6 +299,16 @@ int sv_session_backend(sv_session *s, const sv_device *d,
   return 0;
 }
 
+int sv_session_use_device(sv_session *s, const sv_device *d, char *why,
+                          size_t len) {
+  const dsp_backend *be;
+  int rc = sv_session_backend(s, d, &be, why, len);
+  if (rc < 0) return rc;
+  s->device = be;
+  dsp_ctx_set_backend(s->ctx, be);
+  return 0;
+}
+
 void sv_session_backends_close(sv_session *s) {
   const sv_global *g = s->global;
   for (int i = 0; g && g->devices && i < g->n_devices; i++) {

@@ -65,15 +65,12 @@ void sv_hello(sv_conn *c, Dspwire__Request *req) {
       return;
     }
     char why[320];
-    const dsp_backend *sbe;
-    int rc = sv_session_backend(c->sess, dev, &sbe, why, sizeof why);
+    int rc = sv_session_use_device(c->sess, dev, why, sizeof why);
     if (rc < 0) {
       sv_log(SV_LOG_WARN, "conn %llu (%s): refused: %s", c->id, c->peer, why);
       sv_refuse(c, req->req_id, rc, why);
       return;
     }
-    c->sess->device = sbe;
-    dsp_ctx_set_backend(c->sess->ctx, sbe);
   }
   const dsp_backend *be = dev ? dev->be : dsp_cpu_backend();
   Dspwire__DeviceInfo infos[SV_MAX_DEVICES], *ip[SV_MAX_DEVICES];

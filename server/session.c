@@ -53,18 +53,11 @@ sv_session *sv_session_new(const sv_config *cfg, sv_global *g, void *owner) {
   s->cfg = cfg;
   s->global = g;
   for (int i = 0; i < SV_MAX_DEVICES; i++) atomic_init(&s->views[i], NULL);
-  /* the first device until the hello names another */
-  char why[320];
-  s->device = dsp_cpu_backend();
-  if (g->devices && g->n_devices &&
-      sv_session_backend(s, &g->devices[0], &s->device, why, sizeof why) < 0) {
-    sv_log(SV_LOG_WARN, "new session: %s", why);
-    dsp_ctx_free(s->ctx);
-    dsp_budget_unref(s->budget);
-    dsp_budget_unref(s->queue);
-    dsp_free(s);
-    return NULL;
-  }
+  /* the first device until the hello picks the session's own
+   * (sv_session_use_device: a GPU session gets its stream only then, so
+   * a connection that never authenticates costs the GPU nothing) */
+  s->device = g->devices && g->n_devices ? g->devices[0].be
+                                         : dsp_cpu_backend();
   dsp_ctx_set_backend(s->ctx, s->device);
   sv_pb_charge_init(&s->pb, s->queue);
   /* also bounds what the session cannot name: backward intermediates */

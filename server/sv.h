@@ -175,6 +175,11 @@ struct sv_session;
  * untouched and the reason in why[0..len-1]. */
 int sv_session_backend(struct sv_session *s, const sv_device *d,
                        const dsp_backend **out, char *why, size_t len);
+/* Makes d the device of s (its hello): s->device and its ctx's backend
+ * become sv_session_backend's answer. Only before s runs anything. 0, or
+ * that function's code and reason. */
+int sv_session_use_device(struct sv_session *s, const sv_device *d,
+                          char *why, size_t len);
 /* Gives s's views back to their devices (teardown, after its tensors). */
 void sv_session_backends_close(struct sv_session *s);
 

@@ -8,11 +8,11 @@
  * instance of its own, named like the device and sharing its memory
  * budget, and the hooks count opens and closes. Through the server's own
  * request path (sv_stream_exec) every way a tensor lands on the device --
- * the session's default device, an upload naming it, a creation op naming
+ * the device the hello picked, an upload naming it, a creation op naming
  * it, a move to it -- must land on the session's view, never on the
- * device's shared backend; two sessions get two views; ops between the
- * tensors of one session work; teardown gives each view back once and
- * the next session reuses none of the live ones. */
+ * device's shared backend; a view is opened on first use only (at the
+ * hello at the earliest); two sessions get two views; ops between the
+ * tensors of one session work; teardown gives each view back once. */
 #include <criterion/criterion.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -183,18 +183,37 @@ Test(session_views, each_session_runs_a_device_on_its_own_view) {
   dsp_ctx_free(io);
 }
 
-/* A session whose device has views gets its view from its first moment
- * (sv_session_new), not the device's shared backend. */
-Test(session_views, a_default_device_with_views_opens_one_at_start) {
+/* A session whose device has views gets its view at its hello
+ * (sv_session_use_device, what hello.c calls), not before: a connection
+ * that never authenticates opens nothing on the device. From then on its
+ * uploads land on the view. */
+Test(session_views, the_hello_gives_a_session_its_view) {
   sv_device tmp = g.devices[0];
   g.devices[0] = g.devices[1];
   g.devices[1] = tmp;
+  dsp_ctx *io = dsp_ctx_new();
   sv_session *s = sv_session_new(&g_cfg, &g, NULL);
-  cr_assert_not_null(s);
+  cr_assert(io && s);
+  cr_assert_eq(g_opened, 0, "nothing opened before the hello");
+  char why[320];
+  cr_assert_eq(sv_session_use_device(s, &g.devices[0], why, sizeof why), 0,
+               "%s", why);
   cr_assert_eq(g_opened, 1);
   cr_assert_neq(s->device, g.devices[0].be);
   cr_assert_str_eq(dsp_backend_id(s->device), "view:1");
+  cr_assert_eq(dsp_ctx_backend(s->ctx), s->device);
+  stream st = {0};
+  dsp_wreq w;
+  float x[3] = {1, 2, 3};
+  int64_t sh[1] = {3};
+  frame(&st, dsp_wreq_upload(&w, 1, DSP_F32, 1, sh), x, sizeof x);
+  int hello = 1;
+  sv_stream_stats stats;
+  cr_assert_eq(sv_stream_exec(s, io, &hello, st.p, st.n, &stats), 0);
+  cr_assert_eq(lookup(s, 1)->storage->backend, s->device);
+  free(st.p);
   sv_session_teardown(s);
   cr_assert_eq(g_closed, 1);
   dsp_free(s);
+  dsp_ctx_free(io);
 }
