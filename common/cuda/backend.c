@@ -34,10 +34,21 @@ typedef struct cu_be {
   struct cu_be *next_view;
   int in_use; /* guarded by the parent's mu */
   /* a device backend: its session views, each with a stream and cuBLAS
-   * handle of its own, kept until the device closes */
+   * handle of its own, kept until the device closes; and the pinned host
+   * blocks staging gave back, kept for the next upload or read (mu
+   * guards both) */
   pthread_mutex_t mu;
   struct cu_be *views;
+  struct pin_blk *pins;
+  uint64_t pins_bytes;
+  int pins_n;
 } cu_be;
+
+typedef struct pin_blk {
+  struct pin_blk *next;
+  void *p;
+  size_t cap;
+} pin_blk;
 
 static const char *opname(dsp_opcode op) { return dsp_op_lookup((int)op)->name; }
 
@@ -161,23 +172,77 @@ static int cu_copy_out(void *bctx, void *dst, const void *src, size_t n) {
  * for any copy still using it. */
 typedef struct cu_stage {
   void *host;
-  size_t nbytes;
+  size_t nbytes, cap; /* cap: the pinned block's size */
+  cu_be *root;        /* the device whose cache the block goes back to */
   int copying;    /* upload: `done` marks the last part enqueued */
   cudaEvent_t done;
   int n_ev;       /* read: parts, each with its event */
   cudaEvent_t ev[];
 } cu_stage;
 
+/* Pinned blocks given back are kept, up to PIN_KEEP bytes and PIN_MAX
+ * blocks per device, because pinning is slow (page-locking every page:
+ * tens of ms for 256 MiB) and stage_in runs on the server's loop. Sizes
+ * are rounded up to a quarter of their power of two (at most 25% more),
+ * so a tensor of the same size finds its block again. The cache is host
+ * memory outside every budget, hence the bound. */
+#define PIN_KEEP ((uint64_t)512 << 20)
+#define PIN_MAX 64
+#define PIN_MIN ((size_t)64 << 10)
+
+static size_t pin_cap(size_t n) {
+  if (n <= PIN_MIN) return PIN_MIN;
+  size_t top = (size_t)1 << (63 - __builtin_clzll((unsigned long long)(n - 1)));
+  size_t step = top / 4;
+  return (n + step - 1) / step * step;
+}
+static void *pin_take(cu_be *root, size_t cap) {
+  void *p = NULL;
+  pthread_mutex_lock(&root->mu);
+  for (pin_blk **pp = &root->pins; *pp; pp = &(*pp)->next)
+    if ((*pp)->cap == cap) {
+      pin_blk *k = *pp;
+      *pp = k->next;
+      root->pins_bytes -= cap;
+      root->pins_n--;
+      p = k->p;
+      dsp_free(k);
+      break;
+    }
+  pthread_mutex_unlock(&root->mu);
+  return p;
+}
+static void pin_give(cu_be *root, void *p, size_t cap) {
+  pin_blk *k = dsp_malloc(sizeof *k);
+  if (k) {
+    pthread_mutex_lock(&root->mu);
+    if (root->pins_n < PIN_MAX && root->pins_bytes + cap <= PIN_KEEP) {
+      *k = (pin_blk){root->pins, p, cap};
+      root->pins = k;
+      root->pins_bytes += cap;
+      root->pins_n++;
+      p = NULL, k = NULL;
+    }
+    pthread_mutex_unlock(&root->mu);
+  }
+  dsp_free(k);
+  if (p) cudaFreeHost(p);
+}
+
 static int pinned_get(cu_be *b, size_t nbytes, int parts, cu_stage **out) {
   *out = NULL;
   if (cudaSetDevice(b->device) != cudaSuccess) return DISPATCH_EINTERNAL;
   cu_stage *st = dsp_calloc(1, sizeof *st + (size_t)parts * sizeof(cudaEvent_t));
   if (!st) return DISPATCH_ENOMEM;
-  cudaError_t e = cudaHostAlloc(&st->host, nbytes ? nbytes : 1,
-                                cudaHostAllocDefault);
-  if (e != cudaSuccess) {
-    dsp_free(st);
-    return cuda_code(e) ? cuda_code(e) : DISPATCH_ENOMEM;
+  st->root = b->parent ? b->parent : b;
+  st->cap = pin_cap(nbytes);
+  st->host = pin_take(st->root, st->cap);
+  if (!st->host) {
+    cudaError_t e = cudaHostAlloc(&st->host, st->cap, cudaHostAllocDefault);
+    if (e != cudaSuccess) {
+      dsp_free(st);
+      return cuda_code(e) ? cuda_code(e) : DISPATCH_ENOMEM;
+    }
   }
   st->nbytes = nbytes;
   *out = st;
@@ -193,7 +258,7 @@ static void pinned_put(cu_stage *st) {
     cudaEventSynchronize(st->ev[i]);
     cudaEventDestroy(st->ev[i]);
   }
-  cudaFreeHost(st->host);
+  pin_give(st->root, st->host, st->cap);
   dsp_free(st);
 }
 static int cu_stage_in(void *bctx, void *data, size_t nbytes, void **host,
@@ -983,6 +1048,11 @@ void dsp_cuda_backend_close(dsp_backend *be) {
     dsp_free(v);
   }
   queue_close(b);
+  for (pin_blk *k = b->pins, *nx; k; k = nx) {
+    nx = k->next;
+    cudaFreeHost(k->p);
+    dsp_free(k);
+  }
   pthread_mutex_destroy(&b->mu);
   dsp_free(b);
 }
