@@ -7,8 +7,10 @@
 #   make bench-quick  every benchmark row at tiny sizes, CSV checked (CI)
 #   make fuzz       libFuzzer targets for a bounded time
 #   make mutate     tests/mutations.txt, one mutation at a time: killed or survived
-#   make test-gpu   the CUDA backend against the CPU, op by op, on a GPU
-#   make bench-gpu  the CUDA backend's matmul beside cuBLAS called directly
+#   make test-gpu   on a GPU: the CUDA backend against the CPU op by op, and
+#                   dispatch-server-cuda on cuda:0 through the client
+#   make bench-gpu  on a GPU: matmul beside cuBLAS, upload/read beside the
+#                   raw socket, the MLP step on cuda:0 beside the local CPU
 #   (CUDA=0 skips the CUDA backend; by default it is built when nvcc is found)
 #   make install PREFIX=/usr/local
 #   make clean
@@ -87,7 +89,8 @@ EXAMPLE_LIB_OBJ := $(call obj,$(EXAMPLE_LIB_SRC))
 BENCH_BIN := $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_SRC))
 CUDA_OBJ := $(call obj,$(CUDA_SRC_C)) $(patsubst %.cu,$(BUILD)/obj/%.cu.o,$(CUDA_SRC_CU))
 ifeq ($(CUDA),1)
-  CUDA_BIN := $(BUILD)/tests/gpu/cuda_ops $(BUILD)/bench/gpu/matmul_cuda \
+  CUDA_BIN := $(BUILD)/tests/gpu/cuda_ops $(BUILD)/tests/gpu/cuda_server \
+    $(BUILD)/bench/gpu/matmul_cuda \
     $(if $(wildcard server/main.c),$(BUILD)/dispatch-server-cuda)
 endif
 
@@ -249,19 +252,22 @@ container:
 sanitize: deps
 	@$(MAKE) --no-print-directory BUILD=build-san SAN=1 OPT=-O1 test-run
 
-# GPU runs: each program prints "cuda: skipped (no GPU)" and exits 0 when
-# no device can be opened; it never reports a pass it did not run.
+# GPU runs, one script each (scripts/gpu.sh): every program prints
+# "cuda: skipped (no GPU)" and exits 0 when no device can be opened; it
+# never reports a pass it did not run.
+GPU_TEST_BIN = $(BUILD)/tests/gpu/cuda_ops $(BUILD)/tests/gpu/cuda_server \
+  $(BUILD)/tests/test_backend_ops $(SERVER_BIN) $(BUILD)/dispatch-server-cuda
+GPU_BENCH_BIN = $(BUILD)/tests/gpu/cuda_ops $(BUILD)/bench/gpu/matmul_cuda \
+  $(BUILD)/bench/bulk $(BUILD)/bench/mlp $(BUILD)/dispatch-server-cuda
 test-gpu:
 	@if [ "$(CUDA)" != 1 ]; then echo "cuda: skipped (backend not built: no nvcc, or CUDA=0)"; exit 0; fi; \
-	$(MAKE) -s --no-print-directory $(BUILD)/tests/gpu/cuda_ops $(BUILD)/tests/test_backend_ops $(if $(wildcard server/main.c),$(SERVER_BIN)) || exit 1; \
-	$(BUILD)/tests/gpu/cuda_ops --probe; rc=$$?; [ $$rc -eq 2 ] && exit 0; [ $$rc -eq 0 ] || exit 1; \
-	DISPATCH_SERVER_BIN=$(abspath $(SERVER_BIN)) $(BUILD)/tests/test_backend_ops --filter 'backend_ops/conformance' && \
-	$(BUILD)/tests/gpu/cuda_ops
+	$(MAKE) -s --no-print-directory $(GPU_TEST_BIN) || exit 1; \
+	BUILD=$(BUILD) scripts/gpu.sh test
 
 bench-gpu:
 	@if [ "$(CUDA)" != 1 ]; then echo "cuda: skipped (backend not built: no nvcc, or CUDA=0)"; exit 0; fi; \
-	$(MAKE) -s --no-print-directory $(BUILD)/bench/gpu/matmul_cuda && \
-	$(BUILD)/bench/gpu/matmul_cuda
+	$(MAKE) -s --no-print-directory $(GPU_BENCH_BIN) || exit 1; \
+	BUILD=$(BUILD) scripts/gpu.sh bench
 
 demo: deps
 	@$(MAKE) --no-print-directory all

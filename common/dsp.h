@@ -245,11 +245,28 @@ typedef struct dsp_stage {
   size_t nbytes; /* dsp_tensor_nbytes(t) */
   dsp_tensor *t; /* a reference, dropped by dsp_stage_release */
   void *token;   /* the backend's */
+  size_t chunk;  /* dsp_stage_progress hands bytes over in parts of this
+                    size (DSP_STAGE_CHUNK unless a caller sets another) */
+  size_t committed; /* bytes handed to the backend's commit_part so far */
+  int err;          /* the first commit_part failure, reported by commit */
 } dsp_stage;
+/* Parts of an upload a backend with commit_part copies while the next
+ * part is still being read from the socket. */
+#define DSP_STAGE_CHUNK ((size_t)4 << 20)
 /* Stages t (as a whole) for writing: 0 with st filled, or a DISPATCH_E*
  * code with st zeroed. On the CPU st->host is t's storage (no copy). */
 int dsp_tensor_stage_in(dsp_ctx *ctx, dsp_tensor *t, dsp_stage *st);
-/* Moves the staged bytes into t; the staging stays until released. */
+/* The first `filled` bytes of st->host now hold their final values (the
+ * socket has delivered them): every whole part of st->chunk bytes among
+ * them, and at filled == nbytes the last short one, that the backend has
+ * not been given yet goes to its commit_part now, in order, so its copy
+ * into t runs while the caller reads the next part. Does nothing on a
+ * backend without commit_part (the CPU: the staging is the storage). Never
+ * waits; a failure is kept in st->err for dsp_stage_commit. */
+void dsp_stage_progress(dsp_stage *st, size_t filled);
+/* Moves the staged bytes into t (what dsp_stage_progress has not handed
+ * over yet) and waits until all of them are there; the staging stays
+ * until released. */
 int dsp_stage_commit(dsp_ctx *ctx, dsp_stage *st);
 /* Ends a staging, committed or not; a zeroed or released st is fine. */
 void dsp_stage_release(dsp_stage *st);
@@ -268,6 +285,12 @@ typedef struct dsp_pin dsp_pin;
 /* 0 with *out owned by the caller (dsp_pin_release), or DISPATCH_ENOMEM. */
 int dsp_tensor_pin(dsp_ctx *ctx, dsp_tensor *t, dsp_pin **out);
 const void *dsp_pin_data(const dsp_pin *p);
+/* How many of the `want` bytes of the pin's data from byte `off` on may be
+ * sent now (at least 1 when want > 0): a backend that copies a read out
+ * in parts (stage_out_wait) is waited for up to the part holding byte
+ * off only, so the first parts leave while the later ones still cross
+ * the bus. `want` itself everywhere else. */
+size_t dsp_pin_avail(const dsp_pin *p, size_t off, size_t want);
 size_t dsp_pin_nbytes(const dsp_pin *p);
 void dsp_pin_release(dsp_pin *p); /* NULL ok */
 /* Called before a kernel writes t's storage in place; 0 or
@@ -510,6 +533,20 @@ typedef struct dsp_backend {
   int (*stage_out)(void *bctx, const void *data, size_t nbytes,
                    const void **host, void **token);
   void (*stage_release)(void *bctx, void *token);
+  /* Optional overlap of staging with the socket (NULL: none; the CPU has
+   * no copy to overlap).
+   * commit_part: starts moving staged bytes [off, off+n) into data and
+   *   returns without waiting; with last set (the final part, n may be 0)
+   *   it also waits until every part is in data. When set, dsp_stage
+   *   uses it instead of commit_in.
+   * stage_out_wait: stage_out may return once the first part of the
+   *   copy has landed, the rest still in flight; this blocks until the
+   *   part holding byte off has landed and returns the end of the landed
+   *   prefix (> off), or 0 when the copy failed (the bytes are then
+   *   unspecified). */
+  int (*commit_part)(void *bctx, void *data, const void *host, size_t off,
+                     size_t n, int last, void *token);
+  size_t (*stage_out_wait)(void *bctx, void *token, size_t off);
   int host_shared; /* 1: stage_out's memory is the storage itself */
   /* 1 if the backend has a kernel for op on these inputs and this output
    * (the meta dsp_op_infer computed: for a creation op, with no inputs,

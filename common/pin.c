@@ -134,6 +134,17 @@ int dsp_tensor_pin(dsp_ctx *ctx, dsp_tensor *t, dsp_pin **out) {
 }
 
 const void *dsp_pin_data(const dsp_pin *p) { return p->b->data; }
+
+/* Only a staged block can still be landing; a failed part is sent as it
+ * is (the copy's error is the device's, and surfaces in the session's
+ * next wait). */
+size_t dsp_pin_avail(const dsp_pin *p, size_t off, size_t want) {
+  const pin_block *b = p->b;
+  if (!want || !b->staged || !b->backend->stage_out_wait) return want;
+  size_t end = b->backend->stage_out_wait(b->backend->bctx, b->token, off);
+  if (end <= off) return want;
+  return end - off < want ? end - off : want;
+}
 size_t dsp_pin_nbytes(const dsp_pin *p) { return p->b->nbytes; }
 
 void dsp_pin_release(dsp_pin *p) {

@@ -18,15 +18,46 @@ int dsp_tensor_stage_in(dsp_ctx *ctx, dsp_tensor *t, dsp_stage *st) {
   st->nbytes = nbytes;
   st->t = dsp_tensor_ref(t);
   st->token = token;
+  st->chunk = DSP_STAGE_CHUNK;
   return 0;
+}
+
+/* Parts start at multiples of st->chunk: committed only ever grows by a
+ * whole part, except for the last one. */
+void dsp_stage_progress(dsp_stage *st, size_t filled) {
+  if (!st || !st->t || st->err) return;
+  const dsp_backend *be = st->t->storage->backend;
+  if (!be->commit_part) return;
+  size_t chunk = st->chunk ? st->chunk : DSP_STAGE_CHUNK;
+  if (filled > st->nbytes) filled = st->nbytes;
+  while (st->committed < filled) {
+    size_t n = filled - st->committed;
+    if (n > chunk) n = chunk;
+    else if (n < chunk && filled < st->nbytes) break; /* part not full yet */
+    int rc = be->commit_part(be->bctx, st->t->storage->data, st->host,
+                             st->committed, n, 0, st->token);
+    if (rc < 0) {
+      st->err = rc;
+      return;
+    }
+    st->committed += n;
+  }
 }
 
 int dsp_stage_commit(dsp_ctx *ctx, dsp_stage *st) {
   if (!st->t)
     return dsp_seterr(ctx, DISPATCH_EINVAL, "commit of a released staging");
   const dsp_backend *be = st->t->storage->backend;
-  int rc = be->commit_in(be->bctx, st->t->storage->data, st->host, st->nbytes,
-                         st->token);
+  int rc;
+  if (be->commit_part) {
+    dsp_stage_progress(st, st->nbytes);
+    rc = st->err ? st->err
+                 : be->commit_part(be->bctx, st->t->storage->data, st->host,
+                                   st->committed, 0, 1, st->token);
+  } else {
+    rc = be->commit_in(be->bctx, st->t->storage->data, st->host, st->nbytes,
+                       st->token);
+  }
   if (rc < 0)
     return dsp_seterr(ctx, rc, "moving %zu staged bytes into backend %s "
                       "failed", st->nbytes, be->name);

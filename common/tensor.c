@@ -136,11 +136,23 @@ int dsp_tensor_to_backend(dsp_ctx *ctx, const dsp_tensor *t,
   }
   dsp_stage st;
   rc = dsp_tensor_stage_in(ctx, nt, &st);
-  if (rc == 0) {
-    memcpy(st.host, host, n);
-    rc = dsp_stage_commit(ctx, &st);
-    dsp_stage_release(&st);
+  /* a source that lands its copy in parts (stage_out_wait) is taken part
+   * by part, each handed on to the destination while the next lands */
+  for (size_t off = 0; rc == 0 && off < n;) {
+    size_t end = src->stage_out_wait
+                     ? src->stage_out_wait(src->bctx, token, off) : n;
+    if (end <= off || end > n) {
+      rc = dsp_seterr(ctx, DISPATCH_EINTERNAL, "move to %s: copying %zu "
+                      "bytes out of %s failed", dsp_backend_id(be), n,
+                      dsp_backend_id(src));
+      break;
+    }
+    memcpy((char *)st.host + off, (const char *)host + off, end - off);
+    off = end;
+    dsp_stage_progress(&st, off);
   }
+  if (rc == 0) rc = dsp_stage_commit(ctx, &st);
+  dsp_stage_release(&st);
   if (token) src->stage_release(src->bctx, token);
   if (rc < 0) {
     dsp_tensor_unref(nt);

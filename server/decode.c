@@ -232,7 +232,11 @@ int sv_upload_prepare(const sv_config *cfg, dsp_ctx *io_ctx, sv_session *s,
               names[0] ? names : "only its default CPU");
       return 0;
     }
-    be = d->be;
+    char why[320];
+    if ((rc = sv_session_backend(s, d, &be, why, sizeof why)) < 0) {
+      pre_err(j, rc, "upload: %s", why);
+      return 0;
+    }
   }
   dsp_ctx_set_budget(io_ctx, s->budget);
   dsp_ctx_set_backend(io_ctx, be);

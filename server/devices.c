@@ -1,5 +1,7 @@
 /* The server's devices: parsing --device, opening each through a small
  * table of kinds, and their per-device memory budgets. */
+#include <stdatomic.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -46,22 +48,55 @@ static int cuda_open(int index, dsp_backend **out, char *why, size_t len) {
   return rc;
 }
 
+/* A GPU holds no more than its memory: without --device-memory that is
+ * its budget, and what the hello reports as its total (not --max-memory,
+ * which bounds all devices together). */
+#pragma weak dsp_cuda_total_memory
+static uint64_t cuda_total(const dsp_backend *be) {
+  return dsp_cuda_total_memory ? dsp_cuda_total_memory(be) : 0;
+}
+
 static void cuda_close(dsp_backend *be) {
   if (dsp_cuda_backend_close) dsp_cuda_backend_close(be);
 }
 
-/* --device all opens cpu:0 only for now: the CUDA backend has no device
- * count entry yet, so GPUs are named one by one (--device cuda:0). */
-static int no_cuda_count(void) { return 0; }
+/* --device all: every GPU the CUDA runtime sees; none in the plain
+ * dispatch-server or on a host without a usable GPU (then all is cpu:0). */
+#pragma weak dsp_cuda_device_count
+static int cuda_count(void) {
+  return dsp_cuda_device_count ? dsp_cuda_device_count() : 0;
+}
+
+/* Only a device cuda_open opened reaches these, so the backend is linked. */
+#pragma weak dsp_cuda_session_open
+#pragma weak dsp_cuda_session_close
+static int cuda_session_open(dsp_backend *be, dsp_backend **out, char *why,
+                             size_t len) {
+  *out = NULL;
+  if (!dsp_cuda_session_open) {
+    snprintf(why, len, "no CUDA backend in this dispatch-server");
+    return DISPATCH_EUNSUPPORTED;
+  }
+  return dsp_cuda_session_open(be, out, why, len);
+}
+static void cuda_session_close(dsp_backend *view) {
+  if (dsp_cuda_session_close) dsp_cuda_session_close(view);
+}
 
 static const struct dev_kind {
   const char *kind;
   dev_open_fn open;
   void (*close)(dsp_backend *be);
   dev_count_fn count;
+  int (*session_open)(dsp_backend *be, dsp_backend **out, char *why,
+                      size_t len);
+  void (*session_close)(dsp_backend *view);
+  /* the device's own memory, 0: none of its own (host memory) */
+  uint64_t (*total)(const dsp_backend *be);
 } g_kinds[] = {
-    {"cpu", cpu_open, dsp_cpu_backend_free, cpu_count},
-    {"cuda", cuda_open, cuda_close, no_cuda_count},
+    {"cpu", cpu_open, dsp_cpu_backend_free, cpu_count, NULL, NULL, NULL},
+    {"cuda", cuda_open, cuda_close, cuda_count, cuda_session_open,
+     cuda_session_close, cuda_total},
 };
 #define N_KINDS (sizeof g_kinds / sizeof g_kinds[0])
 
@@ -108,11 +143,17 @@ static int add_device(const sv_config *cfg, sv_global *g,
   if (rc < 0) return rc;
   char who[40];
   snprintf(who, sizeof who, "device %s", name);
-  /* without --device-memory the device is counted but only --max-memory
-   * (every session's budget's parent) limits it, so the server-wide
-   * refusal keeps its own message */
-  uint64_t limit = cfg->device_memory ? cfg->device_memory : UINT64_MAX;
-  d->total = cfg->device_memory ? cfg->device_memory : cfg->max_memory;
+  /* without --device-memory a host-memory device is counted but only
+   * --max-memory (every session's budget's parent) limits it, so the
+   * server-wide refusal keeps its own message; a GPU is also bounded by
+   * its own memory */
+  uint64_t own = k->total ? k->total(d->be) : 0;
+  uint64_t limit = cfg->device_memory ? cfg->device_memory
+                   : own              ? own
+                                      : UINT64_MAX;
+  d->total = cfg->device_memory ? cfg->device_memory
+             : own              ? own
+                                : cfg->max_memory;
   d->mem = dsp_budget_new(limit, NULL, who, "--device-memory");
   if (!d->mem) {
     k->close(d->be);
@@ -124,6 +165,8 @@ static int add_device(const sv_config *cfg, sv_global *g,
   snprintf(d->name, sizeof d->name, "%s", name);
   d->kind = k->kind;
   d->close = k->close;
+  d->session_open = k->session_open;
+  d->session_close = k->session_close;
   g->n_devices++;
   return 0;
 }
@@ -219,4 +262,57 @@ size_t sv_device_infos(const sv_global *g, Dspwire__DeviceInfo *infos,
     ptrs[n] = &infos[n];
   }
   return n;
+}
+
+/* Lock-free install: the loop (an upload, the hello) and the worker (an
+ * op naming the device, a move) may both be first; the loser gives its
+ * view straight back. */
+int sv_session_backend(sv_session *s, const sv_device *d,
+                       const dsp_backend **out, char *why, size_t len) {
+  if (!d->session_open) {
+    *out = d->be;
+    return 0;
+  }
+  const sv_global *g = s->global;
+  ptrdiff_t i = d - g->devices;
+  if (!g->devices || i < 0 || i >= g->n_devices) {
+    snprintf(why, len, "device %s is not one of this server's", d->name);
+    return DISPATCH_EINTERNAL;
+  }
+  dsp_backend *v = atomic_load(&s->views[i]);
+  if (v) {
+    *out = v;
+    return 0;
+  }
+  char reason[256] = "";
+  int rc = d->session_open(d->be, &v, reason, sizeof reason);
+  if (rc < 0 || !v) {
+    snprintf(why, len, "opening a session on %s: %s", d->name, reason);
+    return rc < 0 ? rc : DISPATCH_EINTERNAL;
+  }
+  dsp_backend *none = NULL;
+  if (!atomic_compare_exchange_strong(&s->views[i], &none, v)) {
+    d->session_close(v);
+    v = none;
+  }
+  *out = v;
+  return 0;
+}
+
+int sv_session_use_device(sv_session *s, const sv_device *d, char *why,
+                          size_t len) {
+  const dsp_backend *be;
+  int rc = sv_session_backend(s, d, &be, why, len);
+  if (rc < 0) return rc;
+  s->device = be;
+  dsp_ctx_set_backend(s->ctx, be);
+  return 0;
+}
+
+void sv_session_backends_close(sv_session *s) {
+  const sv_global *g = s->global;
+  for (int i = 0; g && g->devices && i < g->n_devices; i++) {
+    dsp_backend *v = atomic_exchange(&s->views[i], NULL);
+    if (v) g->devices[i].session_close(v);
+  }
 }

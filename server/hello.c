@@ -63,8 +63,13 @@ void sv_hello(sv_conn *c, Dspwire__Request *req) {
       sv_refuse(c, req->req_id, DISPATCH_EDEVICE, msg);
       return;
     }
-    c->sess->device = dev->be;
-    dsp_ctx_set_backend(c->sess->ctx, dev->be);
+    char why[320];
+    int rc = sv_session_use_device(c->sess, dev, why, sizeof why);
+    if (rc < 0) {
+      sv_log(SV_LOG_WARN, "conn %llu (%s): refused: %s", c->id, c->peer, why);
+      sv_refuse(c, req->req_id, rc, why);
+      return;
+    }
   }
   const dsp_backend *be = dev ? dev->be : dsp_cpu_backend();
   Dspwire__DeviceInfo infos[SV_MAX_DEVICES], *ip[SV_MAX_DEVICES];

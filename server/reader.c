@@ -80,8 +80,18 @@ static void finish_bulk(sv_conn *c) {
   if (j) sv_conn_submit(c, j); /* NULL: the bulk of a request refused */
 }
 
+/* Hands the parts of an upload's bulk that have arrived to the backend
+ * (a GPU starts their copy), so they cross the bus while the socket
+ * delivers the rest; on the CPU nothing happens. */
+static void bulk_progress(sv_conn *c) {
+  sv_job *j = c->bulk_job;
+  if (j && j->upload && c->bulk_dst)
+    dsp_stage_progress(&j->upload_stage, (size_t)c->bulk_got);
+}
+
 void sv_reader_bulk_got(sv_conn *c, size_t n) {
   c->bulk_got += (uint64_t)n;
+  bulk_progress(c);
   if (c->bulk_got == c->bulk_len) finish_bulk(c);
 }
 
@@ -279,6 +289,7 @@ void sv_reader_parse(sv_conn *c, const uint8_t *p, size_t n) {
       size_t take = rem < n ? (size_t)rem : n;
       if (c->bulk_dst) memcpy(c->bulk_dst + c->bulk_got, p, take);
       c->bulk_got += take;
+      bulk_progress(c);
       p += take;
       n -= take;
       if (c->bulk_got == c->bulk_len) finish_bulk(c);

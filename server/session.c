@@ -50,7 +50,12 @@ sv_session *sv_session_new(const sv_config *cfg, sv_global *g, void *owner) {
     return NULL;
   }
   dsp_ctx_set_budget(s->ctx, s->budget);
-  /* the first device until the hello names another */
+  s->cfg = cfg;
+  s->global = g;
+  for (int i = 0; i < SV_MAX_DEVICES; i++) atomic_init(&s->views[i], NULL);
+  /* the first device until the hello picks the session's own
+   * (sv_session_use_device: a GPU session gets its stream only then, so
+   * a connection that never authenticates costs the GPU nothing) */
   s->device = g->devices && g->n_devices ? g->devices[0].be
                                          : dsp_cpu_backend();
   dsp_ctx_set_backend(s->ctx, s->device);
@@ -62,8 +67,6 @@ sv_session *sv_session_new(const sv_config *cfg, sv_global *g, void *owner) {
   sv_idmap_init(&s->grads);
   atomic_init(&s->bytes, 0);
   atomic_init(&s->queued_bytes, 0);
-  s->cfg = cfg;
-  s->global = g;
   s->owner = owner;
   return s;
 }
@@ -346,7 +349,9 @@ static int do_op(sv_session *s, sv_job *j, char *why) {
                      "%s: this server has no device \"%s\" (it has %s)",
                      info->name, w, names[0] ? names : "only its default CPU");
     }
-    dsp_ctx_set_backend(s->ctx, d->be);
+    const dsp_backend *be;
+    if ((rc = sv_session_backend(s, d, &be, why, WHY_LEN)) < 0) return rc;
+    dsp_ctx_set_backend(s->ctx, be);
   }
   dsp_tensor *out;
   int grad = dsp_set_grad_enabled(s->ctx, !o->no_grad);
@@ -377,8 +382,10 @@ static int do_to_device(sv_session *s, sv_job *j, char *why) {
                    sv_log_str(dev, sizeof dev, m->device, SV_LOG_STR_MAX),
                    names[0] ? names : "only its default CPU");
   }
+  const dsp_backend *be;
+  if ((rc = sv_session_backend(s, d, &be, why, WHY_LEN)) < 0) return rc;
   dsp_tensor *out;
-  rc = dsp_tensor_to_backend(s->ctx, t, d->be, &out);
+  rc = dsp_tensor_to_backend(s->ctx, t, be, &out);
   if (rc < 0) return why_run(s, why, rc);
   return insert(s, m->output, out, why);
 }
@@ -765,6 +772,7 @@ void sv_session_teardown(sv_session *s) {
   sv_idmap_clear(&s->tensors);
   dsp_ctx_free(s->ctx);
   s->ctx = NULL;
+  sv_session_backends_close(s);
   /* what the loop still holds for the session (a request being read, a
    * reply being written) keeps the budget alive until it is freed */
   dsp_budget_unref(s->budget);

@@ -204,6 +204,13 @@ typedef struct sv_device {
   dsp_budget *mem; /* owned; its limit is --device-memory, none without */
   uint64_t total;  /* reported memory: --device-memory, else --max-memory */
   void (*close)(dsp_backend *be);
+  /* A kind whose sessions each get a backend of their own (CUDA: a stream
+   * per session, so one session's order is kept while sessions overlap):
+   * opens one session's view of be (0, or a code with why) and gives it
+   * back. NULL: every session uses be itself (CPU). */
+  int (*session_open)(dsp_backend *be, dsp_backend **out, char *why,
+                      size_t len);
+  void (*session_close)(dsp_backend *view);
 } sv_device;
 /* Opens every device cfg->devices names (a small table of kinds: adding
  * a backend is a row), into g->devices. 0, or a negative code with a
@@ -221,6 +228,21 @@ size_t sv_device_infos(const sv_global *g, Dspwire__DeviceInfo *infos,
                        Dspwire__DeviceInfo **ptrs);
 /* "cpu:0, cpu:1": the names, for messages. */
 void sv_device_names(const sv_global *g, char *buf, size_t len);
+struct sv_session;
+/* The backend session s runs device d's work on: d->be, or for a kind
+ * with session views s's own view of it, opened on first use (from the
+ * loop or the worker: whichever comes first installs it). 0 with *out,
+ * or the open's code (DISPATCH_ENOMEM, a CUDA failure's) with *out
+ * untouched and the reason in why[0..len-1]. */
+int sv_session_backend(struct sv_session *s, const sv_device *d,
+                       const dsp_backend **out, char *why, size_t len);
+/* Makes d the device of s (its hello): s->device and its ctx's backend
+ * become sv_session_backend's answer. Only before s runs anything. 0, or
+ * that function's code and reason. */
+int sv_session_use_device(struct sv_session *s, const sv_device *d,
+                          char *why, size_t len);
+/* Gives s's views back to their devices (teardown, after its tensors). */
+void sv_session_backends_close(struct sv_session *s);
 
 /* ------------------------------------------------------------ kinds */
 
@@ -298,6 +320,9 @@ typedef struct sv_session {
   const dsp_backend *device; /* the session's device: set before the first
                                 job (new, hello), then only read, by the
                                 loop (uploads) and the worker */
+  /* its view of g->devices[i] for a kind with session views (NULL until
+   * first used; sv_session_backend) */
+  _Atomic(dsp_backend *) views[SV_MAX_DEVICES];
   sv_idmap tensors; /* id -> sv_entry* */
   sv_idmap grads;   /* id -> dsp_grads* */
   uint64_t n_live;  /* tensors that are not poisoned */

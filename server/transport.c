@@ -55,10 +55,15 @@ static void tcp_send(sv_conn *c) {
       if (nb < MAXB && total < SV_WRITE_PIECE && off < o->len + o->bulk_len) {
         size_t k = o->len + o->bulk_len - off;
         if (k > SV_WRITE_PIECE - total) k = SV_WRITE_PIECE - total;
+        /* a GPU's read lands part by part: send what has (the wait is
+         * for one part's DMA at most, the Read itself waited for the
+         * first), and nothing of a later frame before the rest of it */
+        size_t avail = dsp_pin_avail(o->bulk, off - o->len, k);
         b[nb++] = uv_buf_init((char *)dsp_pin_data(o->bulk) +
                                   (off - o->len),
-                              (unsigned)k);
-        total += k;
+                              (unsigned)avail);
+        total += avail;
+        if (avail < k) break;
       }
     }
     long n = sv_writer_sock(c, b, nb, NULL, 0);

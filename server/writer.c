@@ -42,6 +42,8 @@ int sv_writer_peek(sv_conn *c, size_t max, const uint8_t **p, size_t *n) {
   } else {
     *p = (const uint8_t *)dsp_pin_data(o->bulk) + (o->done - o->len);
     k = o->len + o->bulk_len - o->done;
+    if (k > max) k = max;
+    k = dsp_pin_avail(o->bulk, o->done - o->len, k); /* landed parts only */
   }
   *n = k < max ? k : max;
   return 1;

@@ -348,3 +348,66 @@ Test(devices, a_device_that_cannot_open_stops_the_server_in_one_line,
   cr_assert_neq(st, 0, "%s", out);
   cr_assert(strstr(out, "given twice"), "%s", out);
 }
+
+/* --device all: cpu:0, then cuda:0..N-1 for every GPU the CUDA runtime
+ * reports (none in the plain dispatch-server, which has no CUDA backend;
+ * none on a host without a usable GPU). With dispatch-server-cuda beside
+ * DISPATCH_SERVER_BIN (make builds it when nvcc is found) the same holds
+ * for that binary, and when it found no GPU, --device cuda:0 stops it at
+ * start with the one-line reason. */
+static void check_all(const char *bin, int *n_cuda) {
+  char *old = strdup(getenv("DISPATCH_SERVER_BIN"));
+  setenv("DISPATCH_SERVER_BIN", bin, 1);
+  const char *args[] = {"--device", "all", NULL};
+  int rc = sp_start(&g_srv, args);
+  setenv("DISPATCH_SERVER_BIN", old, 1);
+  free(old);
+  cr_assert_eq(rc, 0, "%s --device all did not start", bin);
+  wire_conn c;
+  Dspwire__Reply *r = hello_on(&c, "");
+  cr_assert_null(r->error, "%s", r->error ? r->error->message : "");
+  Dspwire__HelloReply *h = r->hello;
+  cr_assert_geq(h->n_devices, 1);
+  cr_assert_str_eq(h->devices[0]->name, "cpu:0");
+  for (size_t i = 1; i < h->n_devices; i++) {
+    char want[32];
+    snprintf(want, sizeof want, "cuda:%zu", i - 1);
+    cr_assert_str_eq(h->devices[i]->name, want);
+    cr_assert_str_eq(h->devices[i]->kind, "cuda");
+  }
+  *n_cuda = (int)h->n_devices - 1;
+  wire_reply_free(r, NULL);
+  wire_close(&c);
+  sp_stop(&g_srv);
+  g_srv.pid = 0;
+}
+
+Test(devices, all_opens_cpu0_and_every_gpu_the_host_has, .fini = stop,
+     .timeout = 120) {
+  need_bin();
+  int n_cuda = -1;
+  check_all(getenv("DISPATCH_SERVER_BIN"), &n_cuda);
+  cr_assert_eq(n_cuda, 0, "the plain dispatch-server has no CUDA backend");
+  char cuda_bin[4096];
+  snprintf(cuda_bin, sizeof cuda_bin, "%s-cuda", getenv("DISPATCH_SERVER_BIN"));
+  if (access(cuda_bin, X_OK) != 0) {
+    printf("devices/all: %s not built (no nvcc, or CUDA=0): checked the "
+           "plain server only\n", cuda_bin);
+    return;
+  }
+  check_all(cuda_bin, &n_cuda);
+  printf("devices/all: %s --device all opened cpu:0 and %d CUDA device(s)\n",
+         cuda_bin, n_cuda);
+  if (n_cuda > 0) return;
+  char *old = strdup(getenv("DISPATCH_SERVER_BIN"));
+  setenv("DISPATCH_SERVER_BIN", cuda_bin, 1);
+  char out[2048];
+  const char *a[] = {"--listen", "127.0.0.1:0", "--device", "cuda:0", NULL};
+  int st = sp_run_capture(a, out, sizeof out);
+  setenv("DISPATCH_SERVER_BIN", old, 1);
+  free(old);
+  cr_assert_neq(st, 0, "%s", out);
+  cr_assert(strstr(out, "--device cuda:0: "), "%s", out);
+  char *nl = strchr(out, '\n');
+  cr_assert(nl && nl[1] == '\0', "one line, got: %s", out);
+}

@@ -6,6 +6,7 @@
 #include <cuda_runtime_api.h>
 #include <limits.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -25,7 +26,29 @@ typedef struct cu_be {
   cudaMemPool_t pool;
   char name[24];
   char desc[352];
+  uint64_t total_mem; /* the GPU's memory (cudaDeviceProp.totalGlobalMem) */
+  /* a session view (dsp_cuda_session_open): its device's backend, and its
+   * link in that device's list of every view it made; NULL/unused on a
+   * device backend */
+  struct cu_be *parent;
+  struct cu_be *next_view;
+  int in_use; /* guarded by the parent's mu */
+  /* a device backend: its session views, each with a stream and cuBLAS
+   * handle of its own, kept until the device closes; and the pinned host
+   * blocks staging gave back, kept for the next upload or read (mu
+   * guards both) */
+  pthread_mutex_t mu;
+  struct cu_be *views;
+  struct pin_blk *pins;
+  uint64_t pins_bytes;
+  int pins_n;
 } cu_be;
+
+typedef struct pin_blk {
+  struct pin_blk *next;
+  void *p;
+  size_t cap;
+} pin_blk;
 
 static const char *opname(dsp_opcode op) { return dsp_op_lookup((int)op)->name; }
 
@@ -134,61 +157,211 @@ static int cu_copy_out(void *bctx, void *dst, const void *src, size_t n) {
 }
 
 /* Staging: pinned host memory, so the network layer's bytes cross the
- * bus by DMA with no pageable bounce. stage_in hands out a pinned block
- * the caller fills, commit_in copies it into the storage; stage_out
- * copies the storage into a pinned block as it is at the call. Both wait
- * for the stream, so the block is the caller's until stage_release. */
-static int pinned_get(cu_be *b, size_t nbytes, void **host) {
-  *host = NULL;
-  if (cudaSetDevice(b->device) != cudaSuccess) return DISPATCH_EINTERNAL;
-  cudaError_t e = cudaHostAlloc(host, nbytes ? nbytes : 1, cudaHostAllocDefault);
-  if (e != cudaSuccess) {
-    *host = NULL;
-    return cuda_code(e) ? cuda_code(e) : DISPATCH_ENOMEM;
+ * bus by DMA with no pageable bounce, in parts of DSP_STAGE_CHUNK that
+ * overlap the socket.
+ *   upload: stage_in hands out a pinned block the reader fills;
+ *     commit_part enqueues each part's H2D copy on the session's stream as
+ *     soon as the socket has delivered it (the loop thread; the storage
+ *     was allocated on the same stream, and nobody can name the tensor
+ *     before its upload runs), and the last call waits for all of them.
+ *   read: stage_out enqueues every part's D2H copy with an event behind
+ *     it and returns once the first part has landed (so the session's
+ *     earlier work is done); the writer waits per part (stage_out_wait),
+ *     sending part k while part k+1 still crosses the bus.
+ * The block stays the caller's until stage_release, which first waits
+ * for any copy still using it. */
+typedef struct cu_stage {
+  void *host;
+  size_t nbytes, cap; /* cap: the pinned block's size */
+  cu_be *root;        /* the device whose cache the block goes back to */
+  int copying;    /* upload: `done` marks the last part enqueued */
+  cudaEvent_t done;
+  int n_ev;       /* read: parts, each with its event */
+  cudaEvent_t ev[];
+} cu_stage;
+
+/* Pinned blocks given back are kept, up to PIN_KEEP bytes and PIN_MAX
+ * blocks per device, because pinning is slow (page-locking every page:
+ * tens of ms for 256 MiB) and stage_in runs on the server's loop. Sizes
+ * are rounded up to a quarter of their power of two (at most 25% more),
+ * so a tensor of the same size finds its block again. The cache is host
+ * memory outside every budget, hence the bound. */
+#define PIN_KEEP ((uint64_t)512 << 20)
+#define PIN_MAX 64
+#define PIN_MIN ((size_t)64 << 10)
+
+static size_t pin_cap(size_t n) {
+  if (n <= PIN_MIN) return PIN_MIN;
+  size_t top = (size_t)1 << (63 - __builtin_clzll((unsigned long long)(n - 1)));
+  size_t step = top / 4;
+  return (n + step - 1) / step * step;
+}
+static void *pin_take(cu_be *root, size_t cap) {
+  void *p = NULL;
+  pthread_mutex_lock(&root->mu);
+  for (pin_blk **pp = &root->pins; *pp; pp = &(*pp)->next)
+    if ((*pp)->cap == cap) {
+      pin_blk *k = *pp;
+      *pp = k->next;
+      root->pins_bytes -= cap;
+      root->pins_n--;
+      p = k->p;
+      dsp_free(k);
+      break;
+    }
+  pthread_mutex_unlock(&root->mu);
+  return p;
+}
+static void pin_give(cu_be *root, void *p, size_t cap) {
+  pin_blk *k = dsp_malloc(sizeof *k);
+  if (k) {
+    pthread_mutex_lock(&root->mu);
+    if (root->pins_n < PIN_MAX && root->pins_bytes + cap <= PIN_KEEP) {
+      *k = (pin_blk){root->pins, p, cap};
+      root->pins = k;
+      root->pins_bytes += cap;
+      root->pins_n++;
+      p = NULL, k = NULL;
+    }
+    pthread_mutex_unlock(&root->mu);
   }
+  dsp_free(k);
+  if (p) cudaFreeHost(p);
+}
+
+static int pinned_get(cu_be *b, size_t nbytes, int parts, cu_stage **out) {
+  *out = NULL;
+  if (cudaSetDevice(b->device) != cudaSuccess) return DISPATCH_EINTERNAL;
+  cu_stage *st = dsp_calloc(1, sizeof *st + (size_t)parts * sizeof(cudaEvent_t));
+  if (!st) return DISPATCH_ENOMEM;
+  st->root = b->parent ? b->parent : b;
+  st->cap = pin_cap(nbytes);
+  st->host = pin_take(st->root, st->cap);
+  if (!st->host) {
+    cudaError_t e = cudaHostAlloc(&st->host, st->cap, cudaHostAllocDefault);
+    if (e != cudaSuccess) {
+      dsp_free(st);
+      return cuda_code(e) ? cuda_code(e) : DISPATCH_ENOMEM;
+    }
+  }
+  st->nbytes = nbytes;
+  *out = st;
   return 0;
+}
+static void pinned_put(cu_stage *st) {
+  if (!st) return;
+  if (st->copying) {
+    cudaEventSynchronize(st->done);
+    cudaEventDestroy(st->done);
+  }
+  for (int i = 0; i < st->n_ev; i++) {
+    cudaEventSynchronize(st->ev[i]);
+    cudaEventDestroy(st->ev[i]);
+  }
+  pin_give(st->root, st->host, st->cap);
+  dsp_free(st);
 }
 static int cu_stage_in(void *bctx, void *data, size_t nbytes, void **host,
                        void **token) {
   (void)data;
-  *token = NULL;
-  int rc = pinned_get(bctx, nbytes, host);
-  if (rc == 0) *token = *host;
-  return rc;
+  cu_stage *st;
+  *host = *token = NULL;
+  int rc = pinned_get(bctx, nbytes, 0, &st);
+  if (rc < 0) return rc;
+  *host = st->host;
+  *token = st;
+  return 0;
 }
 static int cu_commit_in(void *bctx, void *data, const void *host,
                         size_t nbytes, void *token) {
   (void)token;
   return cu_copy(bctx, data, host, nbytes, cudaMemcpyHostToDevice);
 }
+static int cu_commit_part(void *bctx, void *data, const void *host,
+                          size_t off, size_t n, int last, void *token) {
+  cu_be *b = bctx;
+  cu_stage *st = token;
+  cudaError_t e = cudaSetDevice(b->device);
+  if (e == cudaSuccess && n) {
+    e = cudaMemcpyAsync((char *)data + off, (const char *)host + off, n,
+                        cudaMemcpyHostToDevice, b->stream);
+    if (e == cudaSuccess && !st->copying) {
+      e = cudaEventCreateWithFlags(&st->done, cudaEventDisableTiming);
+      if (e == cudaSuccess) st->copying = 1;
+    }
+    if (e == cudaSuccess) e = cudaEventRecord(st->done, b->stream);
+  }
+  if (e == cudaSuccess && last && st->copying)
+    e = cudaEventSynchronize(st->done);
+  return cuda_code(e);
+}
 static int cu_stage_out(void *bctx, const void *data, size_t nbytes,
                         const void **host, void **token) {
-  void *h = NULL;
+  cu_be *b = bctx;
+  const size_t C = DSP_STAGE_CHUNK;
+  const int parts = (int)((nbytes + C - 1) / C);
+  cu_stage *st;
   *host = NULL, *token = NULL;
-  int rc = pinned_get(bctx, nbytes, &h);
+  int rc = pinned_get(b, nbytes, parts, &st);
   if (rc < 0) return rc;
-  if ((rc = cu_copy(bctx, h, data, nbytes, cudaMemcpyDeviceToHost)) < 0) {
-    cudaFreeHost(h);
-    return rc;
+  cudaError_t e = cudaSuccess;
+  for (int i = 0; i < parts && e == cudaSuccess; i++) {
+    size_t off = (size_t)i * C, n = nbytes - off < C ? nbytes - off : C;
+    e = cudaMemcpyAsync((char *)st->host + off, (const char *)data + off, n,
+                        cudaMemcpyDeviceToHost, b->stream);
+    if (e == cudaSuccess)
+      e = cudaEventCreateWithFlags(&st->ev[i], cudaEventDisableTiming);
+    if (e == cudaSuccess) {
+      st->n_ev = i + 1;
+      e = cudaEventRecord(st->ev[i], b->stream);
+    }
   }
-  *host = h, *token = h;
+  if (e == cudaSuccess && parts) e = cudaEventSynchronize(st->ev[0]);
+  if (e != cudaSuccess) {
+    cudaStreamSynchronize(b->stream);
+    pinned_put(st);
+    return cuda_code(e) ? cuda_code(e) : DISPATCH_EINTERNAL;
+  }
+  *host = st->host, *token = st;
   return 0;
+}
+/* Also reports every later part that has landed meanwhile, so the writer
+ * hands the socket as much as it can in one go. */
+static size_t cu_stage_out_wait(void *bctx, void *token, size_t off) {
+  (void)bctx;
+  cu_stage *st = token;
+  const size_t C = DSP_STAGE_CHUNK;
+  size_t k = off / C;
+  if (!st || k >= (size_t)st->n_ev) return st ? st->nbytes : 0;
+  if (cudaEventSynchronize(st->ev[k]) != cudaSuccess) return 0;
+  while (k + 1 < (size_t)st->n_ev && cudaEventQuery(st->ev[k + 1]) == cudaSuccess)
+    k++;
+  size_t end = (k + 1) * C;
+  return end < st->nbytes ? end : st->nbytes;
 }
 static void cu_stage_release(void *bctx, void *token) {
   (void)bctx;
-  if (token) cudaFreeHost(token);
+  pinned_put(token);
 }
 
-/* Device scratch charged to ctx's budget. */
+/* Device scratch charged to the device's budget (the backend's mem, as
+ * storage is) and to ctx's, so a kernel's workspace counts where its
+ * bytes live. */
 static int scratch_get(cu_be *b, dsp_ctx *ctx, dsp_opcode op, size_t n,
                        void **p) {
   *p = NULL;
-  int rc = dsp_budget_charge(dsp_ctx_budget(ctx), ctx, DSP_BUDGET_COST(n),
-                             "cuda kernel scratch");
+  const uint64_t cost = DSP_BUDGET_COST(n);
+  int rc = dsp_budget_charge(b->table.mem, ctx, cost, "cuda kernel scratch");
   if (rc < 0) return rc;
+  rc = dsp_budget_charge(dsp_ctx_budget(ctx), ctx, cost, "cuda kernel scratch");
+  if (rc < 0) {
+    dsp_budget_uncharge(b->table.mem, cost);
+    return rc;
+  }
   cudaError_t e = cudaMallocAsync(p, n ? n : 1, b->stream);
   if (e != cudaSuccess) {
-    dsp_budget_uncharge(dsp_ctx_budget(ctx), DSP_BUDGET_COST(n));
+    dsp_budget_uncharge(dsp_ctx_budget(ctx), cost);
+    dsp_budget_uncharge(b->table.mem, cost);
     *p = NULL;
     return cu_err(ctx, e, op, "cudaMallocAsync (scratch)");
   }
@@ -198,6 +371,7 @@ static void scratch_put(cu_be *b, dsp_ctx *ctx, size_t n, void *p) {
   if (!p) return;
   cudaFreeAsync(p, b->stream);
   dsp_budget_uncharge(dsp_ctx_budget(ctx), DSP_BUDGET_COST(n));
+  dsp_budget_uncharge(b->table.mem, DSP_BUDGET_COST(n));
 }
 
 /* ------------------------------------------------------------------ */
@@ -749,6 +923,45 @@ static void why_set(char *why, size_t len, const char *fmt, const char *a,
                 cudaGetErrorName(e));
 }
 
+/* Gives b (device, pool, name and desc set) its stream, its cuBLAS
+ * handle on that stream and the backend table: what one ordered queue of
+ * work on the device needs. 0, or a code with the reason in why and
+ * nothing left open. */
+static int queue_open(cu_be *b, char *why, size_t why_len) {
+  cudaError_t e = cudaSetDevice(b->device);
+  if (e == cudaSuccess)
+    e = cudaStreamCreateWithFlags(&b->stream, cudaStreamNonBlocking);
+  if (e != cudaSuccess) {
+    why_set(why, why_len, "CUDA device unusable", "cudaStreamCreate", e);
+    return cuda_code(e) ? cuda_code(e) : DISPATCH_EUNSUPPORTED;
+  }
+  cublasStatus_t s = cublasCreate(&b->blas);
+  if (s == CUBLAS_STATUS_SUCCESS) s = cublasSetStream(b->blas, b->stream);
+  if (s != CUBLAS_STATUS_SUCCESS) {
+    int code = dsp_cuda_blas_error((int)s, "cublasCreate", why, why_len);
+    if (b->blas) cublasDestroy(b->blas);
+    cudaStreamDestroy(b->stream);
+    return code;
+  }
+  b->table.name = b->name;
+  b->table.device = b->desc;
+  b->table.bctx = b;
+  b->table.alloc = cu_alloc;
+  b->table.free = cu_free;
+  b->table.copy_in = cu_copy_in;
+  b->table.copy_out = cu_copy_out;
+  b->table.stage_in = cu_stage_in;
+  b->table.commit_in = cu_commit_in;
+  b->table.stage_out = cu_stage_out;
+  b->table.stage_release = cu_stage_release;
+  b->table.commit_part = cu_commit_part;
+  b->table.stage_out_wait = cu_stage_out_wait;
+  b->table.host_shared = 0;
+  b->table.supports_op = cu_supports;
+  b->table.run_op = cu_run;
+  return 0;
+}
+
 int dsp_cuda_backend_open(int device, dsp_backend **out, char *why,
                           size_t why_len) {
   *out = NULL;
@@ -791,39 +1004,21 @@ int dsp_cuda_backend_open(int device, dsp_backend **out, char *why,
   uint64_t keep = POOL_KEEP;
   if ((e = cudaDeviceGetDefaultMemPool(&b->pool, device)) != cudaSuccess ||
       (e = cudaMemPoolSetAttribute(b->pool, cudaMemPoolAttrReleaseThreshold,
-                                   &keep)) != cudaSuccess ||
-      (e = cudaStreamCreateWithFlags(&b->stream, cudaStreamNonBlocking)) !=
-          cudaSuccess) {
-    why_set(why, why_len, "CUDA device unusable", "stream/pool setup", e);
+                                   &keep)) != cudaSuccess) {
+    why_set(why, why_len, "CUDA device unusable", "pool setup", e);
     dsp_free(b);
     return cuda_code(e) ? cuda_code(e) : DISPATCH_EUNSUPPORTED;
   }
-  cublasStatus_t s = cublasCreate(&b->blas);
-  if (s == CUBLAS_STATUS_SUCCESS) s = cublasSetStream(b->blas, b->stream);
-  if (s != CUBLAS_STATUS_SUCCESS) {
-    int code = dsp_cuda_blas_error((int)s, "cublasCreate", why, why_len);
-    if (b->blas) cublasDestroy(b->blas);
-    cudaStreamDestroy(b->stream);
-    dsp_free(b);
-    return code;
-  }
+  b->total_mem = (uint64_t)prop.totalGlobalMem;
   snprintf(b->name, sizeof b->name, "cuda:%d", device);
   snprintf(b->desc, sizeof b->desc, "cuda:%d %s (sm_%d%d, %zu MiB)", device,
            prop.name, prop.major, prop.minor, prop.totalGlobalMem >> 20);
-  b->table.name = b->name;
-  b->table.device = b->desc;
-  b->table.bctx = b;
-  b->table.alloc = cu_alloc;
-  b->table.free = cu_free;
-  b->table.copy_in = cu_copy_in;
-  b->table.copy_out = cu_copy_out;
-  b->table.stage_in = cu_stage_in;
-  b->table.commit_in = cu_commit_in;
-  b->table.stage_out = cu_stage_out;
-  b->table.stage_release = cu_stage_release;
-  b->table.host_shared = 0;
-  b->table.supports_op = cu_supports;
-  b->table.run_op = cu_run;
+  int rc = queue_open(b, why, why_len);
+  if (rc < 0) {
+    dsp_free(b);
+    return rc;
+  }
+  pthread_mutex_init(&b->mu, NULL);
   *out = &b->table;
   return 0;
 }
@@ -832,14 +1027,103 @@ static cu_be *as_cuda(const dsp_backend *be) {
   return be && be->alloc == cu_alloc ? (cu_be *)be->bctx : NULL;
 }
 
-void dsp_cuda_backend_close(dsp_backend *be) {
-  cu_be *b = as_cuda(be);
-  if (!b) return;
+/* Waits for the queue's work, then destroys its stream and handle. */
+static void queue_close(cu_be *b) {
   cudaSetDevice(b->device);
   cudaStreamSynchronize(b->stream);
   cublasDestroy(b->blas);
   cudaStreamDestroy(b->stream);
+}
+
+void dsp_cuda_backend_close(dsp_backend *be) {
+  cu_be *b = as_cuda(be);
+  if (!b) return;
+  if (b->parent) { /* a session view: the device closes it */
+    dsp_cuda_session_close(be);
+    return;
+  }
+  for (cu_be *v = b->views, *nx; v; v = nx) {
+    nx = v->next_view;
+    queue_close(v);
+    dsp_free(v);
+  }
+  queue_close(b);
+  for (pin_blk *k = b->pins, *nx; k; k = nx) {
+    nx = k->next;
+    cudaFreeHost(k->p);
+    dsp_free(k);
+  }
+  pthread_mutex_destroy(&b->mu);
   dsp_free(b);
+}
+
+/* A view is never destroyed before its device: a storage it made may be
+ * freed after its session has gone (a Read reply's pin still sending),
+ * and that free is enqueued on the view's stream, which then runs it
+ * after whatever the view's next session has queued -- still in order for
+ * the block, since nobody else holds it. Handing a returned view to the
+ * next session also spares a stream and a cuBLAS handle per connection. */
+int dsp_cuda_session_open(dsp_backend *device, dsp_backend **out, char *why,
+                          size_t why_len) {
+  *out = NULL;
+  cu_be *d = as_cuda(device);
+  if (!d || d->parent) {
+    if (why) snprintf(why, why_len, "dsp_cuda_session_open: not a CUDA "
+                      "device backend");
+    return DISPATCH_EINVAL;
+  }
+  pthread_mutex_lock(&d->mu);
+  cu_be *v = d->views;
+  while (v && v->in_use) v = v->next_view;
+  if (v) v->in_use = 1;
+  pthread_mutex_unlock(&d->mu);
+  if (!v) {
+    v = dsp_calloc(1, sizeof *v);
+    if (!v) {
+      if (why) snprintf(why, why_len, "out of memory opening a session on %s",
+                        d->name);
+      return DISPATCH_ENOMEM;
+    }
+    v->device = d->device;
+    v->pool = d->pool;
+    v->parent = d;
+    memcpy(v->name, d->name, sizeof v->name);
+    memcpy(v->desc, d->desc, sizeof v->desc);
+    int rc = queue_open(v, why, why_len);
+    if (rc < 0) {
+      dsp_free(v);
+      return rc;
+    }
+    v->in_use = 1;
+    pthread_mutex_lock(&d->mu);
+    v->next_view = d->views;
+    d->views = v;
+    pthread_mutex_unlock(&d->mu);
+  }
+  /* the device's identity and budget, as set by whoever opened it */
+  v->table.id = device->id;
+  v->table.mem = device->mem;
+  *out = &v->table;
+  return 0;
+}
+
+void dsp_cuda_session_close(dsp_backend *session) {
+  cu_be *v = as_cuda(session);
+  if (!v || !v->parent) return;
+  pthread_mutex_lock(&v->parent->mu);
+  v->in_use = 0;
+  pthread_mutex_unlock(&v->parent->mu);
+}
+
+uint64_t dsp_cuda_total_memory(const dsp_backend *be) {
+  cu_be *b = as_cuda(be);
+  if (b && b->parent) b = b->parent;
+  return b ? b->total_mem : 0;
+}
+
+int dsp_cuda_device_count(void) {
+  int n = 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0 ? n : 0;
 }
 
 void dsp_cuda_ctx_use(dsp_ctx *ctx, const dsp_backend *be) {

@@ -12,12 +12,17 @@
  * built without CUDA (run dispatch-server-cuda)" when the symbol is NULL,
  * else with the one-line reason dsp_cuda_backend_open gives when it fails.
  *
- * One opened backend owns one CUDA stream, one cuBLAS handle and the
- * device's default memory pool (cudaMallocAsync): open one per session, so
- * that every op, upload, read and free of the session runs in the order it
- * was issued, while distinct sessions overlap on the device. Storage is
- * charged to the ctx's dsp_budget like CPU storage (tensor.c); the pool's
- * bytes in use on the device are readable with dsp_cuda_pool_used.
+ * One opened backend (the device) owns one CUDA stream, one cuBLAS handle
+ * and uses the device's default memory pool (cudaMallocAsync). A server
+ * gives each session a view of it (dsp_cuda_session_open): the same
+ * device, pool, name and budget, with a stream and cuBLAS handle of its
+ * own, so every op, upload, read and free of the session runs in the
+ * order it was issued while distinct sessions overlap on the device; the
+ * pool stays stream-ordered (a block freed on a view's stream is reused
+ * after that stream's earlier work). Storage is charged to the ctx's
+ * dsp_budget (the session) and the backend's mem (the device) like CPU
+ * storage (tensor.c); the pool's bytes in use on the device are readable
+ * with dsp_cuda_pool_used.
  *
  * Every CUDA and cuBLAS failure becomes a DISPATCH_E* code with the
  * library's message in the ctx (out of device memory: DISPATCH_ENOMEM);
@@ -41,9 +46,29 @@
  * DISPATCH_ENOMEM. */
 int dsp_cuda_backend_open(int device, dsp_backend **out, char *why,
                           size_t why_len);
-/* Waits for the stream and releases it. Every tensor made on this backend
- * must have been released first. NULL ok. */
+/* Closes a device backend and every session view it made, waiting for
+ * their streams first; every tensor made on any of them must have been
+ * released. Given a view, the same as dsp_cuda_session_close. NULL ok. */
 void dsp_cuda_backend_close(dsp_backend *be);
+/* The GPU's memory in bytes (of a device backend or a view of one); 0
+ * when be is not a CUDA backend. */
+uint64_t dsp_cuda_total_memory(const dsp_backend *be);
+/* How many CUDA devices this host has; 0 when none is usable, whatever
+ * the reason (dsp_cuda_backend_open says why). */
+int dsp_cuda_device_count(void);
+/* A session's view of device backend `device` (from dsp_cuda_backend_open,
+ * not a view): its own stream and cuBLAS handle, the device's pool, name,
+ * id and mem. A view closed earlier is handed out again before a new one
+ * is made. 0 with *out, which the caller gives back with
+ * dsp_cuda_session_close (the device still owns it); or DISPATCH_EINVAL /
+ * DISPATCH_ENOMEM / a CUDA failure's code with why (may be NULL) set.
+ * Thread-safe against other opens and closes of the same device. */
+int dsp_cuda_session_open(dsp_backend *device, dsp_backend **out, char *why,
+                          size_t why_len);
+/* Gives a view back to its device. Storage made on it may still be freed
+ * afterwards (on its stream, which lives until the device closes).
+ * Anything but a view is ignored. */
+void dsp_cuda_session_close(dsp_backend *session);
 /* Makes ctx run its ops on be (a CUDA backend from dsp_cuda_backend_open,
  * which must outlive ctx). Only before ctx has made any tensor. */
 void dsp_cuda_ctx_use(dsp_ctx *ctx, const dsp_backend *be);

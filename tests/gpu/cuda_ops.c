@@ -4,7 +4,9 @@
  * a rounding tolerance). Prints one row per op x dtype: pass, FAIL or
  * unsupported (what supports_op refuses is listed, never skipped
  * silently), then out-of-memory handling: a tensor larger than the device
- * fails with DISPATCH_ENOMEM and the next op on the same ctx still runs.
+ * fails with DISPATCH_ENOMEM and the next op on the same ctx still runs;
+ * then session views (a stream each, reused once given back) and an
+ * upload and a read staged in parts across part boundaries.
  *
  * Without a usable GPU it prints "cuda: skipped (no GPU): REASON" and
  * exits 0, claiming nothing (with --probe: exits 2 after that line, 0
@@ -219,6 +221,69 @@ static void mlp_backward_case(dsp_dtype dt) {
   for (int i = 0; i < 4; i++) free(h[i]);
 }
 
+/* Session views (a stream each) and staging in parts, in process: two
+ * views are two queues of one device, a view given back is handed out
+ * again, an upload staged and committed part by part and a read sent
+ * part by part (dsp_pin_avail, as the server's writer does) keep every
+ * byte, across part boundaries. */
+static void check(const char *what, int ok) {
+  printf("%-24s %-4s %-12s\n", what, "u8", ok ? "pass" : "FAIL");
+  ok ? n_pass++ : n_fail++;
+}
+static void views_and_staging(void) {
+  char why[256] = "";
+  dsp_backend *v1 = NULL, *v2 = NULL, *v3 = NULL;
+  int ok = dsp_cuda_session_open(be, &v1, why, sizeof why) == 0 &&
+           dsp_cuda_session_open(be, &v2, why, sizeof why) == 0 &&
+           v1 != v2 && v1 != be && strcmp(v1->name, be->name) == 0;
+  if (ok) {
+    dsp_cuda_session_close(v2);
+    ok = dsp_cuda_session_open(be, &v3, why, sizeof why) == 0 && v3 == v2;
+  }
+  check("session_views", ok);
+  if (!v1) return;
+  const size_t n = 9 * DSP_STAGE_CHUNK / 4 + 3; /* parts and a short tail */
+  unsigned char *src = malloc(n), *back = malloc(n);
+  for (size_t i = 0; i < n; i++) src[i] = (unsigned char)((i * 40503u) >> 7) & 1;
+  dsp_ctx *vc = dsp_ctx_new();
+  dsp_cuda_ctx_use(vc, v1);
+  int64_t shape[1] = {(int64_t)n};
+  dsp_meta m = meta(DSP_BOOL, 1, shape);
+  dsp_tensor *t = NULL;
+  dsp_stage st;
+  ok = dsp_tensor_new_uninit(vc, &m, &t) == 0 &&
+       dsp_tensor_stage_in(vc, t, &st) == 0;
+  if (ok) {
+    for (size_t got = 0; got < n;) {
+      size_t k = n - got < 1000003 ? n - got : 1000003;
+      memcpy((unsigned char *)st.host + got, src + got, k);
+      got += k;
+      dsp_stage_progress(&st, got);
+    }
+    ok = st.committed == n && dsp_stage_commit(vc, &st) == 0;
+    dsp_stage_release(&st);
+    ok = ok && dsp_tensor_read(vc, t, back, n) == 0 && memcmp(src, back, n) == 0;
+  }
+  check("upload_in_parts", ok);
+  dsp_pin *p = NULL;
+  ok = t && dsp_tensor_pin(vc, t, &p) == 0;
+  for (size_t off = 0; ok && off < n;) {
+    size_t want = n - off < (3u << 20) ? n - off : (3u << 20);
+    size_t k = dsp_pin_avail(p, off, want);
+    ok = k > 0 && k <= want &&
+         memcmp((const unsigned char *)dsp_pin_data(p) + off, src + off, k) == 0;
+    off += k;
+  }
+  check("read_in_parts", ok);
+  dsp_pin_release(p);
+  dsp_tensor_unref(t);
+  dsp_ctx_free(vc);
+  dsp_cuda_session_close(v1);
+  dsp_cuda_session_close(v3);
+  free(src);
+  free(back);
+}
+
 int main(int argc, char **argv) {
   char why[512] = "";
   if (argc > 1 && strcmp(argv[1], "--probe") == 0) {
@@ -385,6 +450,7 @@ int main(int argc, char **argv) {
          oom_ok ? "pass" : "FAIL", rc, dispatch_err_name(rc));
   oom_ok ? n_pass++ : n_fail++;
   dsp_tensor_unref(x), dsp_tensor_unref(y);
+  if (!on_cpu) views_and_staging();
   printf("%s: %d pass, %d FAIL, %d unsupported (pool in use after the run: %llu bytes)\n",
          on_cpu ? "self-check" : "cuda", n_pass, n_fail, n_unsup,
          (unsigned long long)dsp_cuda_pool_used(be));
