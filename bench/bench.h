@@ -486,25 +486,33 @@ static inline int bench_recv_client_(int fd, void *p, size_t n) {
   return 0;
 }
 
+/* "IPV4:PORT" into *a; 0, or -1 when there is no colon or the host is not
+ * an IPv4 literal (the raw server and its clients take nothing else). */
+static inline int bench_ipv4_addr(const char *hostport, struct sockaddr_in *a) {
+  const char *colon = hostport ? strrchr(hostport, ':') : NULL;
+  if (!colon) return -1;
+  char host[64];
+  size_t hl = (size_t)(colon - hostport);
+  if (hl >= sizeof host) hl = sizeof host - 1;
+  memcpy(host, hostport, hl);
+  host[hl] = 0;
+  memset(a, 0, sizeof *a);
+  a->sin_family = AF_INET;
+  a->sin_port = htons((uint16_t)atoi(colon + 1));
+  return inet_pton(AF_INET, host, &a->sin_addr) == 1 ? 0 : -1;
+}
+
 /* A connection to the raw server named by DISPATCH_BENCH_RAW (TCP_NODELAY,
  * as dispatch's), or -1 with the reason in why. */
 static inline int bench_raw_connect(char *why, size_t why_len) {
   const char *e = getenv("DISPATCH_BENCH_RAW");
-  const char *colon = e ? strrchr(e, ':') : NULL;
-  if (!e || !*e || !colon) {
+  if (!e || !*e) {
     snprintf(why, why_len, "no raw server (DISPATCH_BENCH_RAW unset)");
     return -1;
   }
-  char host[64];
-  size_t hl = (size_t)(colon - e);
-  if (hl >= sizeof host) hl = sizeof host - 1;
-  memcpy(host, e, hl);
-  host[hl] = 0;
-  struct sockaddr_in a = {0};
-  a.sin_family = AF_INET;
-  a.sin_port = htons((uint16_t)atoi(colon + 1));
-  if (inet_pton(AF_INET, host, &a.sin_addr) != 1) {
-    snprintf(why, why_len, "raw server address %s is not IPv4", e);
+  struct sockaddr_in a;
+  if (bench_ipv4_addr(e, &a) < 0) {
+    snprintf(why, why_len, "raw server address %s is not IPV4:PORT", e);
     return -1;
   }
   int fd = socket(AF_INET, SOCK_STREAM, 0);

@@ -79,21 +79,9 @@ int main(int argc, char **argv) {
   const char *listen_at = NULL;
   for (int i = 1; i + 1 < argc; i++)
     if (strcmp(argv[i], "--listen") == 0) listen_at = argv[i + 1];
-  const char *colon = listen_at ? strrchr(listen_at, ':') : NULL;
-  if (!colon) {
-    fprintf(stderr, "usage: %s --listen 127.0.0.1:PORT\n", argv[0]);
-    return 2;
-  }
-  char host[64];
-  size_t hl = (size_t)(colon - listen_at);
-  if (hl >= sizeof host) hl = sizeof host - 1;
-  memcpy(host, listen_at, hl);
-  host[hl] = 0;
-  struct sockaddr_in a = {0};
-  a.sin_family = AF_INET;
-  a.sin_port = htons((uint16_t)atoi(colon + 1));
-  if (inet_pton(AF_INET, host, &a.sin_addr) != 1) {
-    fprintf(stderr, "raw-server: %s is not an IPv4 address\n", host);
+  struct sockaddr_in a;
+  if (!listen_at || bench_ipv4_addr(listen_at, &a) < 0) {
+    fprintf(stderr, "usage: %s --listen IPV4:PORT\n", argv[0]);
     return 2;
   }
   signal(SIGPIPE, SIG_IGN);
