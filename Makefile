@@ -17,10 +17,18 @@ ifeq ($(origin CC),default)
 endif
 BUILD ?= build
 PREFIX ?= /usr/local
-VERSION_MAJOR := 0
-VERSION_MINOR := 1
-VERSION_PATCH := 0
+# The version is defined once, in client/include/dispatch_version.h; the
+# soname, the .pc and CMake files and dispatch-server --version take it
+# from there.
+VERSION_H := client/include/dispatch_version.h
+version_part = $(shell sed -n 's/^\#define DISPATCH_VERSION_$(1) \([0-9][0-9]*\)$$/\1/p' $(VERSION_H))
+VERSION_MAJOR := $(call version_part,MAJOR)
+VERSION_MINOR := $(call version_part,MINOR)
+VERSION_PATCH := $(call version_part,PATCH)
 VERSION := $(VERSION_MAJOR).$(VERSION_MINOR).$(VERSION_PATCH)
+ifeq ($(VERSION_MAJOR)$(VERSION_MINOR)$(VERSION_PATCH),)
+  $(error cannot read the version from $(VERSION_H))
+endif
 
 PKGS := libuv libprotobuf-c openssl zlib libcjson
 PKG_CFLAGS = $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
@@ -29,8 +37,12 @@ BLAS_CFLAGS := -I/usr/include/x86_64-linux-gnu
 BLAS_LIBS := -lopenblas
 
 OPT ?= -O2
-CFLAGS_BASE := -std=c11 -D_GNU_SOURCE -g $(OPT) -fPIC -Wall -Wextra -Werror \
-  -Wno-unused-parameter -pthread -DDISPATCH_VERSION_STRING='"$(VERSION)"'
+# -fvisibility=hidden: a symbol leaves libdispatch-client.so only when its
+# declaration carries DISPATCH_API (dispatch_version.h) and the version
+# script lists it; executables linked from the same objects are unaffected.
+CFLAGS_BASE := -std=c11 -D_GNU_SOURCE -g $(OPT) -fPIC -fvisibility=hidden \
+  -Wall -Wextra -Werror -Wno-unused-parameter -pthread \
+  -DDISPATCH_VERSION_STRING='"$(VERSION)"'
 ifeq ($(SAN),1)
   CFLAGS_BASE += -fsanitize=address,undefined -fno-omit-frame-pointer \
     -fno-sanitize-recover=undefined
@@ -54,7 +66,7 @@ CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
 NVCC_ARCH ?= -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90
 NVCC_FLAGS = -std=c++17 $(OPT) -g $(NVCC_ARCH) -Werror all-warnings \
   -Xcompiler -fPIC,-Wall,-Wextra,-Werror,-Wno-unused-parameter \
-  -Icommon -Icommon/cuda
+  -Icommon -Icommon/cuda -Iclient/include
 CUDA_CFLAGS = -I$(CUDA_HOME)/include -Icommon/cuda
 CUDA_LIBS = -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublas -lcudart -lstdc++
 CUDA_A := $(BUILD)/libdspcuda.a
@@ -121,7 +133,7 @@ $(BUILD)/obj/%.o: %.c $(GEN_H)
 
 $(call obj,$(CUDA_SRC_C)): ALL_CFLAGS += $(CUDA_CFLAGS)
 
-$(BUILD)/obj/%.cu.o: %.cu $(wildcard common/cuda/*.h) common/dsp.h common/dispatch_errors.h
+$(BUILD)/obj/%.cu.o: %.cu $(wildcard common/cuda/*.h) common/dsp.h client/include/dispatch_errors.h
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCC_FLAGS) -c $< -o $@
 
@@ -148,9 +160,12 @@ $(CLIENT_A): $(CLIENT_OBJ) $(COMMON_OBJ)
 	@rm -f $@
 	ar rcs $@ $^
 
-$(CLIENT_SO): $(CLIENT_OBJ) $(COMMON_OBJ) $(wildcard client/dispatch-client.map)
+# client/dispatch-client.map lists every exported function by name;
+# tests/abi/check-exports.sh compares what the library exports with
+# tests/abi/exported.txt.
+$(CLIENT_SO): $(CLIENT_OBJ) $(COMMON_OBJ) client/dispatch-client.map
 	$(CC) $(LDFLAGS) -shared -Wl,-soname,$(CLIENT_SONAME) \
-	  $(if $(wildcard client/dispatch-client.map),-Wl$(comma)--version-script=client/dispatch-client.map) \
+	  -Wl,--version-script=client/dispatch-client.map \
 	  -o $@ $(CLIENT_OBJ) $(COMMON_OBJ) $(LIBS)
 	ln -sf $(notdir $@) $(BUILD)/$(CLIENT_SONAME)
 	ln -sf $(CLIENT_SONAME) $(BUILD)/libdispatch-client.so

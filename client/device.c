@@ -5,16 +5,15 @@
 
 #include "client_internal.h"
 
-const char *dispatch_version(void) {
-#ifdef DISPATCH_VERSION_STRING
-  return DISPATCH_VERSION_STRING;
-#else
-  return "0.1.0";
-#endif
-}
+/* The library's version, from dispatch_version.h as it was built (a
+ * program compiled against another header sees the difference between
+ * this and DISPATCH_VERSION). */
+const char *dispatch_version(void) { return DISPATCH_VERSION; }
 
 void dispatch_options_init(dispatch_options *opts) {
-  if (opts) memset(opts, 0, sizeof *opts);
+  if (!opts) return;
+  memset(opts, 0, sizeof *opts);
+  opts->size = sizeof *opts;
 }
 
 int dispatch__ret(dispatch_device *dev, int rc) {
@@ -114,9 +113,22 @@ int dispatch_device_open(const char *spec, const dispatch_options *opts,
   *out = NULL;
   if (!spec || !*spec) spec = getenv("DISPATCH_DEVICE");
   if (!spec || !*spec) spec = "local";
+  /* Only the fields within the caller's opts->size are read: a program
+   * built against an older, shorter struct gets the defaults for the
+   * fields it does not have, and never has bytes past its struct read. */
   dispatch_options o;
   dispatch_options_init(&o);
-  if (opts) o = *opts;
+  if (opts) {
+    if (opts->size < sizeof opts->size) {
+      copy_msg(errmsg, errmsg_len,
+               "dispatch_device_open: opts->size is 0; start the options "
+               "from dispatch_options_init or DISPATCH_OPTIONS_INIT");
+      return DISPATCH_EINVAL;
+    }
+    size_t n = opts->size < sizeof o ? opts->size : sizeof o;
+    memcpy(&o, opts, n);
+    o.size = sizeof o;
+  }
   if (!o.token) o.token = getenv("DISPATCH_TOKEN");
   if (!o.token) o.token = "";
   if (!o.client_name) o.client_name = "libdispatch-client";
@@ -339,14 +351,31 @@ int dispatch_device_sync(dispatch_device *dev) {
   return dispatch__ret(dev, dispatch__remote_sync(dev));
 }
 
+/* Gathers every counter this library knows into a full struct, then
+ * copies out only the part that lies within the caller's out->size: the
+ * caller's struct may be older and shorter than ours, and nothing past it
+ * is written. */
 int dispatch_device_stats(dispatch_device *dev, dispatch_stats *out) {
   if (!dev || !out) return DISPATCH_EINVAL;
+  size_t size = out->size;
+  if (size < offsetof(dispatch_stats, tensors) + sizeof out->tensors)
+    return dispatch__ret(
+        dev, dsp_seterr(dev->ctx, DISPATCH_EINVAL,
+                        "device_stats: out->size is %zu; declare the struct "
+                        "with DISPATCH_STATS_INIT",
+                        size));
+  dispatch_stats all;
+  int rc = 0;
   if (dev->kind == DISPATCH_KIND_LOCAL) {
-    *out = dev->local_stats;
-    return 0;
+    all = dev->local_stats;
+    all.devices = 1;
+  } else {
+    memset(&all, 0, sizeof all);
+    rc = dispatch__ret(dev, dispatch__remote_stats(dev, &all));
   }
-  memset(out, 0, sizeof *out);
-  return dispatch__ret(dev, dispatch__remote_stats(dev, out));
+  all.size = size;
+  memcpy(out, &all, size < sizeof all ? size : sizeof all);
+  return rc;
 }
 
 int dispatch_device_set_timeout(dispatch_device *dev, int timeout_ms) {

@@ -207,7 +207,7 @@ Test(client_local, scope_rule_allocations_back_to_baseline) {
   dispatch_tensor *w;
   OK(dev, dispatch_ones(dev, DISPATCH_F32, 2, sh, &w));
   long base = failalloc_live();
-  dispatch_stats st0;
+  dispatch_stats st0 = DISPATCH_STATS_INIT;
   OK(dev, dispatch_device_stats(dev, &st0));
   dispatch_tensor *kept = NULL;
   for (int step = 0; step < 20; step++) {
@@ -235,7 +235,7 @@ Test(client_local, scope_rule_allocations_back_to_baseline) {
   cr_assert_not_null(kept);
   float kv[16];
   read_f32(kept, kv, 16);
-  dispatch_stats st1;
+  dispatch_stats st1 = DISPATCH_STATS_INIT;
   OK(dev, dispatch_device_stats(dev, &st1));
   cr_assert_eq(st1.tensors, st0.tensors + 1);
   dispatch_tensor_free(kept);
