@@ -36,8 +36,9 @@ static void read_f32(dispatch_tensor *t, float *out, size_t n) {
 
 
 Test(client_local, version) {
-  cr_assert_str_eq(dispatch_version(), "0.1.0");
-  cr_assert_eq(DISPATCH_VERSION_HEX, 0x000100);
+  /* the library built from this tree reports this tree's header version
+   * (dispatch_version.h is the one place it is defined) */
+  cr_assert_str_eq(dispatch_version(), DISPATCH_VERSION);
 }
 
 Test(client_local, device_specs) {
