@@ -9,7 +9,7 @@
 #   make test-gpu   the CUDA backend against the CPU, op by op, on a GPU
 #   make bench-gpu  the CUDA backend's matmul beside cuBLAS called directly
 #   (CUDA=0 skips the CUDA backend; by default it is built when nvcc is found)
-#   make install PREFIX=/usr/local
+#   make install PREFIX=/usr/local [DESTDIR=...]   (make uninstall: the same files)
 #   make clean
 
 ifeq ($(origin CC),default)
@@ -113,7 +113,7 @@ SERVER_A := $(BUILD)/libdspserver.a
 # keep objects and generated headers that make would treat as intermediate
 .SECONDARY:
 
-.PHONY: all deps test test-run python-test sanitize demo bench mutate fuzz install clean test-gpu bench-gpu
+.PHONY: all deps test test-run python-test sanitize demo bench mutate fuzz install uninstall clean test-gpu bench-gpu
 all: $(if $(wildcard server/main.c),$(SERVER_BIN)) $(CLIENT_A) $(CLIENT_SO) $(TEST_BIN) $(EXAMPLE_BIN) $(BENCH_BIN) $(CUDA_BIN)
 
 deps:
@@ -213,12 +213,21 @@ test: deps
 	@$(MAKE) --no-print-directory all
 	@$(MAKE) --no-print-directory test-run
 
-test-run: $(TEST_BIN) $(if $(wildcard server/main.c),$(SERVER_BIN))
+# Beside the suites: the exported symbols against tests/abi/exported.txt,
+# and an install into a temporary DESTDIR that programs are built against
+# (README's compile lines and CMake; with the sanitizers under SAN=1).
+test-run: $(TEST_BIN) $(CLIENT_A) $(CLIENT_SO) $(if $(wildcard server/main.c),$(SERVER_BIN))
 	@fail=0; for t in $(TEST_BIN); do \
 	  echo "== $$t"; \
 	  DISPATCH_SERVER_BIN=$(abspath $(SERVER_BIN)) $$t --jobs 2 || fail=1; \
 	done; \
 	scripts/check-readme.sh || fail=1; \
+	echo "== tests/abi/check-exports.sh"; \
+	tests/abi/check-exports.sh $(BUILD)/libdispatch-client.so || fail=1; \
+	echo "== tests/install/check-install.sh"; \
+	BUILD=$(BUILD) CC=$(CC) \
+	  SAN_FLAGS="$(if $(filter 1,$(SAN)),-fsanitize=address$(comma)undefined)" \
+	  tests/install/check-install.sh || fail=1; \
 	$(MAKE) --no-print-directory python-test || fail=1; \
 	if [ $$fail -ne 0 ]; then echo "TESTS FAILED"; exit 1; fi; echo "ALL SUITES PASSED"
 
@@ -283,18 +292,50 @@ FUZZ_SECONDS ?= 60
 fuzz: deps
 	@FUZZ_SECONDS=$(FUZZ_SECONDS) fuzz/run.sh
 
-# libdispatch-client: shared lib (SONAME .so.MAJOR), static lib, one
-# self-contained header (dispatch_errors.h inlined) and a pkg-config file.
-install: $(CLIENT_A) $(CLIENT_SO)
-	install -d $(DESTDIR)$(PREFIX)/lib/pkgconfig $(DESTDIR)$(PREFIX)/include
-	install -m 644 $(CLIENT_A) $(DESTDIR)$(PREFIX)/lib/
-	install -m 755 $(CLIENT_SO) $(DESTDIR)$(PREFIX)/lib/
-	ln -sf $(notdir $(CLIENT_SO)) $(DESTDIR)$(PREFIX)/lib/$(CLIENT_SONAME)
-	ln -sf $(CLIENT_SONAME) $(DESTDIR)$(PREFIX)/lib/libdispatch-client.so
-	sed -e '/#include "dispatch_errors.h"/{r common/dispatch_errors.h' -e 'd}' \
-	  client/include/dispatch_client.h > $(DESTDIR)$(PREFIX)/include/dispatch_client.h
-	sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@VERSION@|$(VERSION)|g' \
-	  client/dispatch-client.pc.in > $(DESTDIR)$(PREFIX)/lib/pkgconfig/dispatch-client.pc
+# make install [PREFIX=/usr/local] [DESTDIR=/staging]: dispatch-server,
+# libdispatch-client (shared with its soname links, static), the public
+# headers of client/include (self-contained: -I PREFIX/include is all a
+# program needs), the pkg-config file, the CMake package and the man
+# pages. Files with @VERSION@/@MAJOR@/@PREFIX@ get them filled in here.
+# make uninstall removes exactly these files.
+BINDIR = $(PREFIX)/bin
+LIBDIR = $(PREFIX)/lib
+INCDIR = $(PREFIX)/include
+MANDIR = $(PREFIX)/share/man
+CMAKEDIR = $(LIBDIR)/cmake/dispatch-client
+PUBLIC_H := $(wildcard client/include/*.h)
+MAN_PAGES := docs/man/dispatch-server.1 docs/man/libdispatch-client.3
+SUBST = sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@VERSION@|$(VERSION)|g' \
+  -e 's|@MAJOR@|$(VERSION_MAJOR)|g'
+install: $(if $(wildcard server/main.c),$(SERVER_BIN)) $(CLIENT_A) $(CLIENT_SO)
+	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(LIBDIR)/pkgconfig \
+	  $(DESTDIR)$(INCDIR) $(DESTDIR)$(CMAKEDIR) \
+	  $(DESTDIR)$(MANDIR)/man1 $(DESTDIR)$(MANDIR)/man3
+	$(if $(wildcard server/main.c),install -m 755 $(SERVER_BIN) $(DESTDIR)$(BINDIR)/)
+	install -m 644 $(CLIENT_A) $(DESTDIR)$(LIBDIR)/
+	install -m 755 $(CLIENT_SO) $(DESTDIR)$(LIBDIR)/
+	ln -sf $(notdir $(CLIENT_SO)) $(DESTDIR)$(LIBDIR)/$(CLIENT_SONAME)
+	ln -sf $(CLIENT_SONAME) $(DESTDIR)$(LIBDIR)/libdispatch-client.so
+	install -m 644 $(PUBLIC_H) $(DESTDIR)$(INCDIR)/
+	$(SUBST) client/dispatch-client.pc.in > $(DESTDIR)$(LIBDIR)/pkgconfig/dispatch-client.pc
+	$(SUBST) client/dispatch-clientConfig.cmake.in > $(DESTDIR)$(CMAKEDIR)/dispatch-clientConfig.cmake
+	$(SUBST) client/dispatch-clientConfigVersion.cmake.in > $(DESTDIR)$(CMAKEDIR)/dispatch-clientConfigVersion.cmake
+	$(SUBST) docs/man/dispatch-server.1 > $(DESTDIR)$(MANDIR)/man1/dispatch-server.1
+	$(SUBST) docs/man/libdispatch-client.3 > $(DESTDIR)$(MANDIR)/man3/libdispatch-client.3
+
+uninstall:
+	rm -f $(DESTDIR)$(BINDIR)/dispatch-server \
+	  $(DESTDIR)$(LIBDIR)/libdispatch-client.a \
+	  $(DESTDIR)$(LIBDIR)/$(notdir $(CLIENT_SO)) \
+	  $(DESTDIR)$(LIBDIR)/$(CLIENT_SONAME) \
+	  $(DESTDIR)$(LIBDIR)/libdispatch-client.so \
+	  $(addprefix $(DESTDIR)$(INCDIR)/,$(notdir $(PUBLIC_H))) \
+	  $(DESTDIR)$(LIBDIR)/pkgconfig/dispatch-client.pc \
+	  $(DESTDIR)$(CMAKEDIR)/dispatch-clientConfig.cmake \
+	  $(DESTDIR)$(CMAKEDIR)/dispatch-clientConfigVersion.cmake \
+	  $(DESTDIR)$(MANDIR)/man1/dispatch-server.1 \
+	  $(DESTDIR)$(MANDIR)/man3/libdispatch-client.3
+	-rmdir $(DESTDIR)$(CMAKEDIR) 2>/dev/null
 
 # The server integration suites with dispatch-server under valgrind
 # (server_proc.c honours DISPATCH_SERVER_WRAP); a leak or memory error makes
