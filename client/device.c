@@ -309,24 +309,49 @@ int dispatch_device_open_peer(dispatch_device *dev, const char *device,
   return 0;
 }
 
+/* The caller's array may be of an older, shorter dispatch_device_info:
+ * out[0].size gives its element size, the array is walked with that
+ * stride, and each element gets only the fields within it. The devices
+ * are gathered into full-size structs first. */
 int dispatch_device_list(dispatch_device *dev, dispatch_device_info *out,
                          int max, int *n) {
   if (!dev) return DISPATCH_EINVAL;
   if (!n || max < 0 || (max > 0 && !out))
     return dispatch__ret(dev, dsp_seterr(dev->ctx, DISPATCH_EINVAL,
                                          "device_list: bad arguments"));
+  size_t size = max > 0 ? out->size : 0;
+  if (max > 0 && size < offsetof(dispatch_device_info, kind) + sizeof out->kind)
+    return dispatch__ret(
+        dev, dsp_seterr(dev->ctx, DISPATCH_EINVAL,
+                        "device_list: out[0].size is %zu; declare the array "
+                        "with DISPATCH_DEVICE_INFO_INIT as its first element",
+                        size));
+  dispatch_device_info *all = NULL;
+  if (max > 0 && !(all = dsp_calloc((size_t)max, sizeof *all)))
+    return dispatch__ret(dev, dsp_seterr(dev->ctx, DISPATCH_ENOMEM,
+                                         "device_list: out of memory"));
+  int rc = 0;
   if (dev->kind == DISPATCH_KIND_LOCAL) {
     *n = 1;
     if (max > 0) {
-      memset(out, 0, sizeof *out);
-      snprintf(out->kind, sizeof out->kind, "cpu");
-      snprintf(out->name, sizeof out->name, "local:cpu");
-      snprintf(out->description, sizeof out->description, "%s",
+      snprintf(all->kind, sizeof all->kind, "cpu");
+      snprintf(all->name, sizeof all->name, "local:cpu");
+      snprintf(all->description, sizeof all->description, "%s",
                dsp_cpu_backend()->device);
     }
-    return 0;
+  } else {
+    rc = dispatch__ret(dev, dispatch__remote_devices(dev, all, max, n));
   }
-  return dispatch__ret(dev, dispatch__remote_devices(dev, out, max, n));
+  if (rc == 0) {
+    int k = *n < max ? *n : max;
+    for (int i = 0; i < k; i++) {
+      all[i].size = size;
+      memcpy((char *)out + (size_t)i * size, &all[i],
+             size < sizeof *all ? size : sizeof *all);
+    }
+  }
+  dsp_free(all);
+  return rc;
 }
 
 dispatch_tensor_kind dispatch_device_kind(const dispatch_device *dev) {

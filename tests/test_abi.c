@@ -127,7 +127,7 @@ Test(abi, remote_stats_carry_the_server_wide_counters,
   cr_assert_geq(st.batches, 1, "the ones op ran in at least one turn");
   cr_assert_geq(st.devices, 1);
   int n = 0;
-  dispatch_device_info info[4];
+  dispatch_device_info info[4] = {DISPATCH_DEVICE_INFO_INIT};
   cr_assert_eq(dispatch_device_list(a, info, 4, &n), 0);
   cr_assert_eq(st.devices, (uint64_t)n, "devices %llu, device_list %d",
                (unsigned long long)st.devices, n);
@@ -202,4 +202,59 @@ Test(abi, version_is_one_value_everywhere) {
   cr_assert_eq(DISPATCH_VERSION_HEX,
                (DISPATCH_VERSION_MAJOR << 16) | (DISPATCH_VERSION_MINOR << 8) |
                    DISPATCH_VERSION_PATCH);
+}
+
+/* An array of an older dispatch_device_info that ended before the memory
+ * fields: walked with the caller's stride, each element gets kind, name
+ * and description, and no byte past an element's size is written. */
+Test(abi, device_list_walks_an_older_array_with_its_stride,
+     .fini = stop_server) {
+  const char *args[] = {"--device", "cpu:0", "--device", "cpu:1", NULL};
+  need_server(args);
+  char spec[64];
+  snprintf(spec, sizeof spec, "tcp://127.0.0.1:%d", g_srv.port);
+  dispatch_device *dev = open_spec(spec, NULL);
+  size_t old = offsetof(dispatch_device_info, total_memory);
+  unsigned char buf[3 * sizeof(dispatch_device_info)];
+  memset(buf, 0xAB, sizeof buf);
+  dispatch_device_info first;
+  memset(&first, 0, sizeof first);
+  first.size = old;
+  memcpy(buf, &first, sizeof first.size);
+  int n = 0;
+  cr_assert_eq(dispatch_device_list(dev, (dispatch_device_info *)buf, 2, &n),
+               0, "%s", dispatch_device_errmsg(dev));
+  cr_assert_eq(n, 2);
+  for (int i = 0; i < 2; i++) {
+    dispatch_device_info e;
+    memset(&e, 0, sizeof e);
+    memcpy(&e, buf + (size_t)i * old, old);
+    char want[8];
+    snprintf(want, sizeof want, "cpu:%d", i);
+    cr_assert_eq(e.size, old, "element %d size %zu", i, e.size);
+    cr_assert_str_eq(e.kind, "cpu");
+    cr_assert_str_eq(e.name, want, "element %d is at the caller's stride", i);
+  }
+  for (size_t i = 2 * old; i < sizeof buf; i++)
+    cr_assert_eq(buf[i], 0xAB, "byte %zu past the array (%zu bytes) written",
+                 i, 2 * old);
+  dispatch_device_close(dev);
+}
+
+Test(abi, device_list_with_no_size_is_refused) {
+  dispatch_device *dev = open_spec("local", NULL);
+  dispatch_device_info info[2];
+  memset(info, 0, sizeof info);
+  int n = -1;
+  int rc = dispatch_device_list(dev, info, 2, &n);
+  cr_assert_eq(rc, DISPATCH_EINVAL, "got %s", dispatch_err_name(rc));
+  cr_assert_not_null(strstr(dispatch_device_errmsg(dev),
+                            "DISPATCH_DEVICE_INFO_INIT"),
+                     "message: %s", dispatch_device_errmsg(dev));
+  dispatch_device_info ok[2] = {DISPATCH_DEVICE_INFO_INIT};
+  cr_assert_eq(dispatch_device_list(dev, ok, 2, &n), 0);
+  cr_assert_eq(n, 1);
+  cr_assert_str_eq(ok[0].name, "local:cpu");
+  cr_assert_eq(ok[0].size, sizeof(dispatch_device_info));
+  dispatch_device_close(dev);
 }

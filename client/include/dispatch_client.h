@@ -628,8 +628,11 @@ DISPATCH_API int dispatch_optim_load(dispatch_optim *opt, const dispatch_checkpo
 DISPATCH_API int dispatch_device_open_peer(dispatch_device *dev, const char *device,
                               dispatch_device **out);
 
-/* One device of a server, as its hello and Stats list them. */
+/* One device of a server, as its hello and Stats list them. size: as in
+ * dispatch_stats, the struct's size as the caller was compiled (see
+ * dispatch_device_list); fields are only ever appended. */
 typedef struct dispatch_device_info {
+  size_t size;           /* sizeof(dispatch_device_info) of the caller */
   char kind[16];         /* "cpu", "cuda" */
   char name[32];         /* "cpu:1": what a device string or a peer names */
   char description[96];  /* the backend's */
@@ -638,11 +641,19 @@ typedef struct dispatch_device_info {
   uint64_t free_memory;  /* what is left of it now */
 } dispatch_device_info;
 
+/* The first element of an array for dispatch_device_list:
+ *   dispatch_device_info info[4] = {DISPATCH_DEVICE_INFO_INIT}; */
+#define DISPATCH_DEVICE_INFO_INIT {sizeof(dispatch_device_info), "", "", "", 0, 0}
+
 /* Fills out[0..max-1] with the devices of dev's server, in the server's
  * order, and sets *n to how many it has (may be more than max); one Stats
  * round trip. LOCAL: the one in-process CPU ("cpu", "local:cpu", memory
- * 0: unbounded). Strings are cut to their fields. 0, or DISPATCH_EINVAL /
- * DISPATCH_ECONN / a deferred error of the session. */
+ * 0: unbounded). Strings are cut to their fields. out[0].size (set by
+ * DISPATCH_DEVICE_INFO_INIT) is taken as the size of every element: the
+ * array is walked with that stride and each element gets only the fields
+ * within it, so an older, shorter struct is never overrun. 0, or
+ * DISPATCH_EINVAL (out[0].size too small to hold kind) / DISPATCH_ENOMEM /
+ * DISPATCH_ECONN / a deferred error of the session. The caller owns out. */
 DISPATCH_API int dispatch_device_list(dispatch_device *dev, dispatch_device_info *out,
                          int max, int *n);
 
