@@ -6,7 +6,7 @@ pkgs="gcc make pkg-config libuv1-dev libprotobuf-c-dev protobuf-c-compiler
 libssl-dev openssl libcriterion-dev libopenblas-dev zlib1g-dev libcjson-dev
 dataset-fashion-mnist clang libclang-rt-14-dev valgrind
 python3 python3-cffi python3-numpy python3-pytest
-binutils cmake groff-base"
+binutils cmake g++ groff-base"
 missing=""
 for p in $pkgs; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"

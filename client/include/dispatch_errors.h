@@ -10,6 +10,10 @@
 
 #include "dispatch_version.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 #define DISPATCH_ERRNO_MAP(X)                                                \
   X(OK, 0, "success")                                                        \
   X(ENOMEM, -1, "out of memory")                                             \
@@ -52,9 +56,15 @@ typedef enum dispatch_errno {
 
 /* Returns the constant name of an error code ("DISPATCH_ESHAPE"), or
  * "DISPATCH_EUNKNOWN". The string is static; the caller owns nothing. */
-DISPATCH_API const char *dispatch_err_name(int code);
+DISPATCH_API
+const char *dispatch_err_name(int code);
 
 /* Returns the generic message of an error code. The string is static. */
-DISPATCH_API const char *dispatch_strerror(int code);
+DISPATCH_API
+const char *dispatch_strerror(int code);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

@@ -26,8 +26,20 @@ if ! d=$(diff -u --label "$want (expected)" --label "$lib (nm -D)" \
 fi
 
 # The header and the version script name the same functions.
-hdr=$(grep -ho '^DISPATCH_API [^(]*(' client/include/*.h |
-      sed -E 's/.*[ *](dispatch_[a-z0-9_]+)\($/\1/' | LC_ALL=C sort)
+# (DISPATCH_API stands on its own line, the declaration on the next)
+hdr=$(awk 'prev == "DISPATCH_API" && match($0, /dispatch_[a-z0-9_]+\(/) {
+             print substr($0, RSTART, RLENGTH - 1) }
+           { prev = $0 }' client/include/*.h | LC_ALL=C sort)
+# a declaration that lost its DISPATCH_API would be hidden: programs
+# could not link it
+bare=$(awk 'prev != "DISPATCH_API" &&
+            /^(const )?[a-z_0-9]+ \**dispatch_[a-z0-9_]+\(/ { print FILENAME ": " $0 }
+            { prev = $0 }' client/include/*.h)
+if [ -n "$bare" ]; then
+  echo "abi: public declarations without DISPATCH_API:" >&2
+  printf '%s\n' "$bare" >&2
+  fail=1
+fi
 map=$(grep -Eo '^ *dispatch_[a-z0-9_]+;' client/dispatch-client.map |
       tr -d ' ;' | LC_ALL=C sort)
 if ! d=$(diff -u --label "DISPATCH_API in client/include" \

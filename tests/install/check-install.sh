@@ -16,6 +16,7 @@ cd "$(dirname "$0")/../.."
 BUILD=${BUILD:-build}
 SAN_FLAGS=${SAN_FLAGS:-}
 CC=${CC:-cc}
+CXX=${CXX:-c++}
 tmp=$(mktemp -d /tmp/dsp-install-XXXXXX)
 trap 'rm -rf "$tmp"' EXIT
 root=$tmp/root
@@ -64,6 +65,27 @@ while IFS= read -r line; do
     fail "prog$n does not load the installed libdispatch-client.so.$major"
   echo "install: README line $n builds and runs: $out"
 done <<<"$lines"
+
+# Each public header compiles on its own, as C and as C++, with nothing
+# but the installed include directory; prog.c built as C++ links (every
+# function has C linkage) and runs.
+for h in "$inst"/include/*.h; do
+  printf '#include <%s>\nint main(void) { return 0; }\n' "$(basename "$h")" \
+    >"$tmp/h.c"
+  "$CC" -std=c11 -Wall -Wextra -Werror -pedantic -fsyntax-only \
+    -I"$inst/include" "$tmp/h.c" 2>"$tmp/h.log" ||
+    { cat "$tmp/h.log" >&2; fail "$(basename "$h") alone does not compile as C"; }
+  "$CXX" -std=c++11 -Wall -Wextra -Werror -pedantic -fsyntax-only -x c++ \
+    -I"$inst/include" "$tmp/h.c" 2>"$tmp/h.log" ||
+    { cat "$tmp/h.log" >&2; fail "$(basename "$h") alone does not compile as C++"; }
+done
+"$CXX" -std=c++11 -Wall -Wextra -Werror -x c++ tests/install/prog.c -x none \
+  -I"$inst/include" -L"$inst/lib" -ldispatch-client -o "$tmp/prog_cxx" \
+  $SAN_FLAGS 2>"$tmp/cxx.log" ||
+  { cat "$tmp/cxx.log" >&2; fail "prog.c as C++ does not build"; }
+out=$(LD_LIBRARY_PATH="$inst/lib" "$tmp/prog_cxx") || fail "prog_cxx: $out"
+[ "$out" = "prog: ok $version" ] || fail "prog_cxx printed '$out'"
+echo "install: each header compiles alone as C11 and C++11; a C++ program links and runs"
 
 # CMake: find_package from the installed package files only.
 cm() {
