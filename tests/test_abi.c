@@ -229,7 +229,7 @@ Test(abi, device_list_walks_an_older_array_with_its_stride,
     dispatch_device_info e;
     memset(&e, 0, sizeof e);
     memcpy(&e, buf + (size_t)i * old, old);
-    char want[8];
+    char want[16];
     snprintf(want, sizeof want, "cpu:%d", i);
     cr_assert_eq(e.size, old, "element %d size %zu", i, e.size);
     cr_assert_str_eq(e.kind, "cpu");
