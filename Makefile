@@ -12,7 +12,7 @@
 #   make bench-gpu  on a GPU: matmul beside cuBLAS, upload/read beside the
 #                   raw socket, the MLP step on cuda:0 beside the local CPU
 #   (CUDA=0 skips the CUDA backend; by default it is built when nvcc is found)
-#   make install PREFIX=/usr/local
+#   make install PREFIX=/usr/local [DESTDIR=...]   (make uninstall: the same files)
 #   make clean
 
 ifeq ($(origin CC),default)
@@ -20,10 +20,18 @@ ifeq ($(origin CC),default)
 endif
 BUILD ?= build
 PREFIX ?= /usr/local
-VERSION_MAJOR := 0
-VERSION_MINOR := 1
-VERSION_PATCH := 0
+# The version is defined once, in client/include/dispatch_version.h; the
+# soname, the .pc and CMake files and dispatch-server --version take it
+# from there.
+VERSION_H := client/include/dispatch_version.h
+version_part = $(shell sed -n 's/^\#define DISPATCH_VERSION_$(1) \([0-9][0-9]*\)$$/\1/p' $(VERSION_H))
+VERSION_MAJOR := $(call version_part,MAJOR)
+VERSION_MINOR := $(call version_part,MINOR)
+VERSION_PATCH := $(call version_part,PATCH)
 VERSION := $(VERSION_MAJOR).$(VERSION_MINOR).$(VERSION_PATCH)
+ifeq ($(VERSION_MAJOR)$(VERSION_MINOR)$(VERSION_PATCH),)
+  $(error cannot read the version from $(VERSION_H))
+endif
 
 PKGS := libuv libprotobuf-c openssl zlib libcjson libmicrohttpd
 PKG_CFLAGS = $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
@@ -32,8 +40,12 @@ BLAS_CFLAGS := -I/usr/include/x86_64-linux-gnu
 BLAS_LIBS := -lopenblas
 
 OPT ?= -O2
-CFLAGS_BASE := -std=c11 -D_GNU_SOURCE -g $(OPT) -fPIC -Wall -Wextra -Werror \
-  -Wno-unused-parameter -pthread -DDISPATCH_VERSION_STRING='"$(VERSION)"'
+# -fvisibility=hidden: a symbol leaves libdispatch-client.so only when its
+# declaration carries DISPATCH_API (dispatch_version.h) and the version
+# script lists it; executables linked from the same objects are unaffected.
+CFLAGS_BASE := -std=c11 -D_GNU_SOURCE -g $(OPT) -fPIC -fvisibility=hidden \
+  -Wall -Wextra -Werror -Wno-unused-parameter -pthread \
+  -DDISPATCH_VERSION_STRING='"$(VERSION)"'
 ifeq ($(SAN),1)
   CFLAGS_BASE += -fsanitize=address,undefined -fno-omit-frame-pointer \
     -fno-sanitize-recover=undefined
@@ -57,7 +69,7 @@ CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
 NVCC_ARCH ?= -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90
 NVCC_FLAGS = -std=c++17 $(OPT) -g $(NVCC_ARCH) -Werror all-warnings \
   -Xcompiler -fPIC,-Wall,-Wextra,-Werror,-Wno-unused-parameter \
-  -Icommon -Icommon/cuda
+  -Icommon -Icommon/cuda -Iclient/include
 CUDA_CFLAGS = -I$(CUDA_HOME)/include -Icommon/cuda
 CUDA_LIBS = -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublas -lcudart -lstdc++
 CUDA_A := $(BUILD)/libdspcuda.a
@@ -105,7 +117,7 @@ SERVER_A := $(BUILD)/libdspserver.a
 # keep objects and generated headers that make would treat as intermediate
 .SECONDARY:
 
-.PHONY: all deps test test-run python-test deploy-test container sanitize demo bench bench-quick mutate fuzz install clean test-gpu bench-gpu
+.PHONY: all deps test test-run python-test deploy-test container sanitize demo bench bench-quick mutate fuzz install uninstall clean test-gpu bench-gpu
 all: $(if $(wildcard server/main.c),$(SERVER_BIN)) $(CLIENT_A) $(CLIENT_SO) $(TEST_BIN) $(EXAMPLE_BIN) $(BENCH_BIN) $(CUDA_BIN)
 
 deps:
@@ -125,7 +137,7 @@ $(BUILD)/obj/%.o: %.c $(GEN_H)
 
 $(call obj,$(CUDA_SRC_C)): ALL_CFLAGS += $(CUDA_CFLAGS)
 
-$(BUILD)/obj/%.cu.o: %.cu $(wildcard common/cuda/*.h) common/dsp.h common/dispatch_errors.h
+$(BUILD)/obj/%.cu.o: %.cu $(wildcard common/cuda/*.h) common/dsp.h client/include/dispatch_errors.h
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCC_FLAGS) -c $< -o $@
 
@@ -152,9 +164,12 @@ $(CLIENT_A): $(CLIENT_OBJ) $(COMMON_OBJ)
 	@rm -f $@
 	ar rcs $@ $^
 
-$(CLIENT_SO): $(CLIENT_OBJ) $(COMMON_OBJ) $(wildcard client/dispatch-client.map)
+# client/dispatch-client.map lists every exported function by name;
+# tests/abi/check-exports.sh compares what the library exports with
+# tests/abi/exported.txt.
+$(CLIENT_SO): $(CLIENT_OBJ) $(COMMON_OBJ) client/dispatch-client.map
 	$(CC) $(LDFLAGS) -shared -Wl,-soname,$(CLIENT_SONAME) \
-	  $(if $(wildcard client/dispatch-client.map),-Wl$(comma)--version-script=client/dispatch-client.map) \
+	  -Wl,--version-script=client/dispatch-client.map \
 	  -o $@ $(CLIENT_OBJ) $(COMMON_OBJ) $(LIBS)
 	ln -sf $(notdir $@) $(BUILD)/$(CLIENT_SONAME)
 	ln -sf $(CLIENT_SONAME) $(BUILD)/libdispatch-client.so
@@ -206,13 +221,22 @@ test: deps
 	@$(MAKE) --no-print-directory all
 	@$(MAKE) --no-print-directory test-run
 
-test-run: $(TEST_BIN) $(if $(wildcard server/main.c),$(SERVER_BIN))
+# Beside the suites: the exported symbols against tests/abi/exported.txt,
+# and an install into a temporary DESTDIR that programs are built against
+# (README's compile lines and CMake; with the sanitizers under SAN=1).
+test-run: $(TEST_BIN) $(CLIENT_A) $(CLIENT_SO) $(if $(wildcard server/main.c),$(SERVER_BIN))
 	@fail=0; for t in $(TEST_BIN); do \
 	  echo "== $$t"; \
 	  DISPATCH_SERVER_BIN=$(abspath $(SERVER_BIN)) $$t --jobs 2 || fail=1; \
 	done; \
 	scripts/check-readme.sh || fail=1; \
 	$(MAKE) --no-print-directory deploy-test || fail=1; \
+	echo "== tests/abi/check-exports.sh"; \
+	tests/abi/check-exports.sh $(BUILD)/libdispatch-client.so || fail=1; \
+	echo "== tests/install/check-install.sh"; \
+	BUILD=$(BUILD) CC=$(CC) \
+	  SAN_FLAGS="$(if $(filter 1,$(SAN)),-fsanitize=address$(comma)undefined)" \
+	  tests/install/check-install.sh || fail=1; \
 	$(MAKE) --no-print-directory python-test || fail=1; \
 	if [ $$fail -ne 0 ]; then echo "TESTS FAILED"; exit 1; fi; echo "ALL SUITES PASSED"
 
@@ -298,18 +322,50 @@ FUZZ_SECONDS ?= 60
 fuzz: deps
 	@FUZZ_SECONDS=$(FUZZ_SECONDS) fuzz/run.sh
 
-# libdispatch-client: shared lib (SONAME .so.MAJOR), static lib, one
-# self-contained header (dispatch_errors.h inlined) and a pkg-config file.
-install: $(CLIENT_A) $(CLIENT_SO)
-	install -d $(DESTDIR)$(PREFIX)/lib/pkgconfig $(DESTDIR)$(PREFIX)/include
-	install -m 644 $(CLIENT_A) $(DESTDIR)$(PREFIX)/lib/
-	install -m 755 $(CLIENT_SO) $(DESTDIR)$(PREFIX)/lib/
-	ln -sf $(notdir $(CLIENT_SO)) $(DESTDIR)$(PREFIX)/lib/$(CLIENT_SONAME)
-	ln -sf $(CLIENT_SONAME) $(DESTDIR)$(PREFIX)/lib/libdispatch-client.so
-	sed -e '/#include "dispatch_errors.h"/{r common/dispatch_errors.h' -e 'd}' \
-	  client/include/dispatch_client.h > $(DESTDIR)$(PREFIX)/include/dispatch_client.h
-	sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@VERSION@|$(VERSION)|g' \
-	  client/dispatch-client.pc.in > $(DESTDIR)$(PREFIX)/lib/pkgconfig/dispatch-client.pc
+# make install [PREFIX=/usr/local] [DESTDIR=/staging]: dispatch-server,
+# libdispatch-client (shared with its soname links, static), the public
+# headers of client/include (self-contained: -I PREFIX/include is all a
+# program needs), the pkg-config file, the CMake package and the man
+# pages. Files with @VERSION@/@MAJOR@/@PREFIX@ get them filled in here.
+# make uninstall removes exactly these files.
+BINDIR = $(PREFIX)/bin
+LIBDIR = $(PREFIX)/lib
+INCDIR = $(PREFIX)/include
+MANDIR = $(PREFIX)/share/man
+CMAKEDIR = $(LIBDIR)/cmake/dispatch-client
+PUBLIC_H := $(wildcard client/include/*.h)
+MAN_PAGES := docs/man/dispatch-server.1 docs/man/libdispatch-client.3
+SUBST = sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@VERSION@|$(VERSION)|g' \
+  -e 's|@MAJOR@|$(VERSION_MAJOR)|g'
+install: $(if $(wildcard server/main.c),$(SERVER_BIN)) $(CLIENT_A) $(CLIENT_SO)
+	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(LIBDIR)/pkgconfig \
+	  $(DESTDIR)$(INCDIR) $(DESTDIR)$(CMAKEDIR) \
+	  $(DESTDIR)$(MANDIR)/man1 $(DESTDIR)$(MANDIR)/man3
+	$(if $(wildcard server/main.c),install -m 755 $(SERVER_BIN) $(DESTDIR)$(BINDIR)/)
+	install -m 644 $(CLIENT_A) $(DESTDIR)$(LIBDIR)/
+	install -m 755 $(CLIENT_SO) $(DESTDIR)$(LIBDIR)/
+	ln -sf $(notdir $(CLIENT_SO)) $(DESTDIR)$(LIBDIR)/$(CLIENT_SONAME)
+	ln -sf $(CLIENT_SONAME) $(DESTDIR)$(LIBDIR)/libdispatch-client.so
+	install -m 644 $(PUBLIC_H) $(DESTDIR)$(INCDIR)/
+	$(SUBST) client/dispatch-client.pc.in > $(DESTDIR)$(LIBDIR)/pkgconfig/dispatch-client.pc
+	$(SUBST) client/dispatch-clientConfig.cmake.in > $(DESTDIR)$(CMAKEDIR)/dispatch-clientConfig.cmake
+	$(SUBST) client/dispatch-clientConfigVersion.cmake.in > $(DESTDIR)$(CMAKEDIR)/dispatch-clientConfigVersion.cmake
+	$(SUBST) docs/man/dispatch-server.1 > $(DESTDIR)$(MANDIR)/man1/dispatch-server.1
+	$(SUBST) docs/man/libdispatch-client.3 > $(DESTDIR)$(MANDIR)/man3/libdispatch-client.3
+
+uninstall:
+	rm -f $(DESTDIR)$(BINDIR)/dispatch-server \
+	  $(DESTDIR)$(LIBDIR)/libdispatch-client.a \
+	  $(DESTDIR)$(LIBDIR)/$(notdir $(CLIENT_SO)) \
+	  $(DESTDIR)$(LIBDIR)/$(CLIENT_SONAME) \
+	  $(DESTDIR)$(LIBDIR)/libdispatch-client.so \
+	  $(addprefix $(DESTDIR)$(INCDIR)/,$(notdir $(PUBLIC_H))) \
+	  $(DESTDIR)$(LIBDIR)/pkgconfig/dispatch-client.pc \
+	  $(DESTDIR)$(CMAKEDIR)/dispatch-clientConfig.cmake \
+	  $(DESTDIR)$(CMAKEDIR)/dispatch-clientConfigVersion.cmake \
+	  $(DESTDIR)$(MANDIR)/man1/dispatch-server.1 \
+	  $(DESTDIR)$(MANDIR)/man3/libdispatch-client.3
+	-rmdir $(DESTDIR)$(CMAKEDIR) 2>/dev/null
 
 # The server integration suites with dispatch-server under valgrind
 # (server_proc.c honours DISPATCH_SERVER_WRAP); a leak or memory error makes

@@ -7,6 +7,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "dispatch_backward.h"
 #include "dispatch_client.h"
 #include "dsp.h"
 

@@ -5,16 +5,15 @@
 
 #include "client_internal.h"
 
-const char *dispatch_version(void) {
-#ifdef DISPATCH_VERSION_STRING
-  return DISPATCH_VERSION_STRING;
-#else
-  return "0.1.0";
-#endif
-}
+/* The library's version, from dispatch_version.h as it was built (a
+ * program compiled against another header sees the difference between
+ * this and DISPATCH_VERSION). */
+const char *dispatch_version(void) { return DISPATCH_VERSION; }
 
 void dispatch_options_init(dispatch_options *opts) {
-  if (opts) memset(opts, 0, sizeof *opts);
+  if (!opts) return;
+  memset(opts, 0, sizeof *opts);
+  opts->size = sizeof *opts;
 }
 
 int dispatch__ret(dispatch_device *dev, int rc) {
@@ -114,9 +113,22 @@ int dispatch_device_open(const char *spec, const dispatch_options *opts,
   *out = NULL;
   if (!spec || !*spec) spec = getenv("DISPATCH_DEVICE");
   if (!spec || !*spec) spec = "local";
+  /* Only the fields within the caller's opts->size are read: a program
+   * built against an older, shorter struct gets the defaults for the
+   * fields it does not have, and never has bytes past its struct read. */
   dispatch_options o;
   dispatch_options_init(&o);
-  if (opts) o = *opts;
+  if (opts) {
+    if (opts->size < sizeof opts->size) {
+      copy_msg(errmsg, errmsg_len,
+               "dispatch_device_open: opts->size is 0; start the options "
+               "from dispatch_options_init or DISPATCH_OPTIONS_INIT");
+      return DISPATCH_EINVAL;
+    }
+    size_t n = opts->size < sizeof o ? opts->size : sizeof o;
+    memcpy(&o, opts, n);
+    o.size = sizeof o;
+  }
   if (!o.token) o.token = getenv("DISPATCH_TOKEN");
   if (!o.token) o.token = "";
   if (!o.client_name) o.client_name = "libdispatch-client";
@@ -297,24 +309,49 @@ int dispatch_device_open_peer(dispatch_device *dev, const char *device,
   return 0;
 }
 
+/* The caller's array may be of an older, shorter dispatch_device_info:
+ * out[0].size gives its element size, the array is walked with that
+ * stride, and each element gets only the fields within it. The devices
+ * are gathered into full-size structs first. */
 int dispatch_device_list(dispatch_device *dev, dispatch_device_info *out,
                          int max, int *n) {
   if (!dev) return DISPATCH_EINVAL;
   if (!n || max < 0 || (max > 0 && !out))
     return dispatch__ret(dev, dsp_seterr(dev->ctx, DISPATCH_EINVAL,
                                          "device_list: bad arguments"));
+  size_t size = max > 0 ? out->size : 0;
+  if (max > 0 && size < offsetof(dispatch_device_info, kind) + sizeof out->kind)
+    return dispatch__ret(
+        dev, dsp_seterr(dev->ctx, DISPATCH_EINVAL,
+                        "device_list: out[0].size is %zu; declare the array "
+                        "with DISPATCH_DEVICE_INFO_INIT as its first element",
+                        size));
+  dispatch_device_info *all = NULL;
+  if (max > 0 && !(all = dsp_calloc((size_t)max, sizeof *all)))
+    return dispatch__ret(dev, dsp_seterr(dev->ctx, DISPATCH_ENOMEM,
+                                         "device_list: out of memory"));
+  int rc = 0;
   if (dev->kind == DISPATCH_KIND_LOCAL) {
     *n = 1;
     if (max > 0) {
-      memset(out, 0, sizeof *out);
-      snprintf(out->kind, sizeof out->kind, "cpu");
-      snprintf(out->name, sizeof out->name, "local:cpu");
-      snprintf(out->description, sizeof out->description, "%s",
+      snprintf(all->kind, sizeof all->kind, "cpu");
+      snprintf(all->name, sizeof all->name, "local:cpu");
+      snprintf(all->description, sizeof all->description, "%s",
                dsp_cpu_backend()->device);
     }
-    return 0;
+  } else {
+    rc = dispatch__ret(dev, dispatch__remote_devices(dev, all, max, n));
   }
-  return dispatch__ret(dev, dispatch__remote_devices(dev, out, max, n));
+  if (rc == 0) {
+    int k = *n < max ? *n : max;
+    for (int i = 0; i < k; i++) {
+      all[i].size = size;
+      memcpy((char *)out + (size_t)i * size, &all[i],
+             size < sizeof *all ? size : sizeof *all);
+    }
+  }
+  dsp_free(all);
+  return rc;
 }
 
 dispatch_tensor_kind dispatch_device_kind(const dispatch_device *dev) {
@@ -339,14 +376,31 @@ int dispatch_device_sync(dispatch_device *dev) {
   return dispatch__ret(dev, dispatch__remote_sync(dev));
 }
 
+/* Gathers every counter this library knows into a full struct, then
+ * copies out only the part that lies within the caller's out->size: the
+ * caller's struct may be older and shorter than ours, and nothing past it
+ * is written. */
 int dispatch_device_stats(dispatch_device *dev, dispatch_stats *out) {
   if (!dev || !out) return DISPATCH_EINVAL;
+  size_t size = out->size;
+  if (size < offsetof(dispatch_stats, tensors) + sizeof out->tensors)
+    return dispatch__ret(
+        dev, dsp_seterr(dev->ctx, DISPATCH_EINVAL,
+                        "device_stats: out->size is %zu; declare the struct "
+                        "with DISPATCH_STATS_INIT",
+                        size));
+  dispatch_stats all;
+  int rc = 0;
   if (dev->kind == DISPATCH_KIND_LOCAL) {
-    *out = dev->local_stats;
-    return 0;
+    all = dev->local_stats;
+    all.devices = 1;
+  } else {
+    memset(&all, 0, sizeof all);
+    rc = dispatch__ret(dev, dispatch__remote_stats(dev, &all));
   }
-  memset(out, 0, sizeof *out);
-  return dispatch__ret(dev, dispatch__remote_stats(dev, out));
+  all.size = size;
+  memcpy(out, &all, size < sizeof all ? size : sizeof all);
+  return rc;
 }
 
 int dispatch_device_set_timeout(dispatch_device *dev, int timeout_ms) {

@@ -595,6 +595,18 @@ int dispatch__remote_stats(dispatch_device *dev, dispatch_stats *out) {
     out->ops = r->stats->ops;
     out->errors = r->stats->errors;
     out->grads = r->stats->grads;
+    out->held_bytes = r->stats->held_bytes;
+    out->session_limit = r->stats->session_limit;
+    out->queued_bytes = r->stats->queued_bytes;
+    out->batches = r->stats->batches;
+    out->sessions = r->stats->sessions;
+    out->server_tensors = r->stats->server_tensors;
+    out->server_bytes = r->stats->server_bytes;
+    out->server_held_bytes = r->stats->server_held_bytes;
+    out->server_limit = r->stats->server_limit;
+    out->protocol_errors = r->stats->protocol_errors;
+    out->limit_violations = r->stats->limit_violations;
+    out->devices = r->stats->n_devices;
   }
   if (r) dspwire__reply__free_unpacked(r, &g_pb_alloc);
   return rc;

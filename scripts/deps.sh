@@ -7,7 +7,8 @@ libssl-dev openssl libcriterion-dev libopenblas-dev zlib1g-dev libcjson-dev
 libmicrohttpd-dev prometheus
 systemd python3-yaml python3-jsonschema
 dataset-fashion-mnist clang libclang-rt-14-dev valgrind
-python3 python3-cffi python3-numpy python3-pytest"
+python3 python3-cffi python3-numpy python3-pytest
+binutils cmake g++ groff-base"
 missing=""
 for p in $pkgs; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"

@@ -64,7 +64,7 @@ static void path_in_dir(char *out, size_t len, const char *name) {
 }
 
 static uint64_t live_tensors(dispatch_device *dev) {
-  dispatch_stats st;
+  dispatch_stats st = DISPATCH_STATS_INIT;
   OK(dev, dispatch_device_stats(dev, &st));
   return st.tensors;
 }
@@ -522,7 +522,7 @@ Test(checkpoint, remote_quota_all_or_nothing, .fini = teardown) {
             dispatch_device_errmsg(dev));
   cr_assert_null(ck);
   cr_assert_eq(live_tensors(dev), base, "tensors left on the server");
-  dispatch_stats st;
+  dispatch_stats st = DISPATCH_STATS_INIT;
   OK(dev, dispatch_device_stats(dev, &st));
   cr_assert_lt(st.bytes, 1000000, "server still holds %llu bytes",
                (unsigned long long)st.bytes);

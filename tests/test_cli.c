@@ -134,7 +134,7 @@ static void client_works(const char *spec) {
   char msg[256] = "";
   int rc = dispatch_device_open(spec, NULL, &d, msg, sizeof msg);
   cr_assert_eq(rc, 0, "%s: %s: %s", spec, dispatch_err_name(rc), msg);
-  dispatch_stats st;
+  dispatch_stats st = DISPATCH_STATS_INIT;
   rc = dispatch_device_stats(d, &st);
   cr_assert_eq(rc, 0, "%s", dispatch_device_errmsg(d));
   dispatch_device_close(d);

@@ -36,8 +36,9 @@ static void read_f32(dispatch_tensor *t, float *out, size_t n) {
 
 
 Test(client_local, version) {
-  cr_assert_str_eq(dispatch_version(), "0.1.0");
-  cr_assert_eq(DISPATCH_VERSION_HEX, 0x000100);
+  /* the library built from this tree reports this tree's header version
+   * (dispatch_version.h is the one place it is defined) */
+  cr_assert_str_eq(dispatch_version(), DISPATCH_VERSION);
 }
 
 Test(client_local, device_specs) {
@@ -207,7 +208,7 @@ Test(client_local, scope_rule_allocations_back_to_baseline) {
   dispatch_tensor *w;
   OK(dev, dispatch_ones(dev, DISPATCH_F32, 2, sh, &w));
   long base = failalloc_live();
-  dispatch_stats st0;
+  dispatch_stats st0 = DISPATCH_STATS_INIT;
   OK(dev, dispatch_device_stats(dev, &st0));
   dispatch_tensor *kept = NULL;
   for (int step = 0; step < 20; step++) {
@@ -235,7 +236,7 @@ Test(client_local, scope_rule_allocations_back_to_baseline) {
   cr_assert_not_null(kept);
   float kv[16];
   read_f32(kept, kv, 16);
-  dispatch_stats st1;
+  dispatch_stats st1 = DISPATCH_STATS_INIT;
   OK(dev, dispatch_device_stats(dev, &st1));
   cr_assert_eq(st1.tensors, st0.tensors + 1);
   dispatch_tensor_free(kept);

@@ -303,7 +303,7 @@ Test(client_remote, failed_step_changes_no_parameter_on_both_kinds,
      .fini = stop_server) {
   start_server();
   const char *kinds[2] = {"local", "remote"};
-  dispatch_stats st[2];
+  dispatch_stats st[2] = {DISPATCH_STATS_INIT, DISPATCH_STATS_INIT};
   for (int k = 0; k < 2; k++) {
     dispatch_device *dev = open_dev(kinds[k]);
     int64_t sh[1] = {2};
@@ -318,7 +318,7 @@ Test(client_remote, failed_step_changes_no_parameter_on_both_kinds,
     dispatch_tensor *params[2] = {a1, a2};
     dispatch_optim *opt;
     OK(dev, dispatch_sgd_new(params, 2, 0.5, 0, 0, &opt));
-    dispatch_stats before;
+    dispatch_stats before = DISPATCH_STATS_INIT;
     OK(dev, dispatch_device_stats(dev, &before));
     int rc = dispatch_optim_step(opt, g);
     if (k == 1) {
@@ -435,7 +435,7 @@ Test(client_remote, killed_server_gives_econn_and_keeps_it,
   cr_assert_null(t);
   float v[40];
   cr_assert_eq(dispatch_tensor_read(ax, v, sizeof v), DISPATCH_ECONN);
-  dispatch_stats st;
+  dispatch_stats st = DISPATCH_STATS_INIT;
   cr_assert_eq(dispatch_device_stats(dev, &st), DISPATCH_ECONN);
   dispatch_optim_free(opt);
   dispatch_device_close(dev);
@@ -450,7 +450,7 @@ Test(client_remote, hundred_steps_in_scopes_leave_server_counts_flat,
   dispatch_optim *opt;
   OK(dev, dispatch_adam_new(&aw, 1, 0.01, 0.9, 0.999, 1e-8, &opt));
   OK(dev, remote_step(dev, ax, aw, lab, opt)); /* warm: states exist */
-  dispatch_stats st0, st1;
+  dispatch_stats st0 = DISPATCH_STATS_INIT, st1 = DISPATCH_STATS_INIT;
   OK(dev, dispatch_device_stats(dev, &st0));
   for (int i = 0; i < 100; i++) OK(dev, remote_step(dev, ax, aw, lab, opt));
   OK(dev, dispatch_device_stats(dev, &st1));

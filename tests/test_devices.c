@@ -106,7 +106,7 @@ Test(devices, hello_lists_two_cpu_devices, .fini = stop, .timeout = 120) {
 
   /* the client library lists them too */
   dispatch_device *dev = open_spec("/cpu:1");
-  dispatch_device_info info[4];
+  dispatch_device_info info[4] = {DISPATCH_DEVICE_INFO_INIT};
   int n = 0;
   cr_assert_eq(dispatch_device_list(dev, info, 4, &n), 0);
   cr_assert_eq(n, 2);

@@ -83,7 +83,7 @@ static void quiet_opts(tr_opts *o, int epochs) {
 }
 
 static uint64_t live_tensors(dispatch_device *dev) {
-  dispatch_stats st;
+  dispatch_stats st = DISPATCH_STATS_INIT;
   int rc = dispatch_device_stats(dev, &st);
   cr_assert_eq(rc, 0, "stats: %s", dispatch_device_errmsg(dev));
   return st.tensors;

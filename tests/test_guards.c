@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "dispatch_backward.h"
 #include "dispatch_client.h"
 #include "dsp.h"
 #include "helpers/server_proc.h"

@@ -149,7 +149,7 @@ Test(tls, round_trip_equals_plain_tcp, .fini = cleanup, .timeout = 120) {
   int nonzero = 0;
   for (int i = 0; i < N * N; i++) nonzero += g1[i] != 0.0f;
   cr_assert_gt(nonzero, N * N / 2);
-  dispatch_stats st;
+  dispatch_stats st = DISPATCH_STATS_INIT;
   OK(dt, dispatch_device_stats(dt, &st));
   cr_assert_eq(st.tensors, 0, "every tensor freed over TLS");
   dispatch_device_close(dt);
@@ -339,7 +339,7 @@ Test(tls, throttled_pipeline_resumes_from_tls_buffers, .fini = cleanup,
   OK(d, dispatch_tensor_read(x, out, sizeof out));
   for (int i = 0; i < 64; i++) cr_assert_eq(out[i], (float)i + 2000.0f);
   dispatch_tensor_free(x);
-  dispatch_stats st;
+  dispatch_stats st = DISPATCH_STATS_INIT;
   OK(d, dispatch_device_stats(d, &st));
   cr_assert_eq(st.tensors, 0);
   cr_assert_eq(st.ops, 2000);

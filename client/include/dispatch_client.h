@@ -36,6 +36,7 @@
 #include <stdint.h>
 
 #include "dispatch_errors.h"
+#include "dispatch_version.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -44,15 +45,11 @@ extern "C" {
 /* ------------------------------------------------------------------ */
 /* version                                                             */
 
-#define DISPATCH_VERSION_MAJOR 0
-#define DISPATCH_VERSION_MINOR 1
-#define DISPATCH_VERSION_PATCH 0
-/* 0xMMmmpp, for compile-time comparisons */
-#define DISPATCH_VERSION_HEX                                         \
-  ((DISPATCH_VERSION_MAJOR << 16) | (DISPATCH_VERSION_MINOR << 8) | \
-   DISPATCH_VERSION_PATCH)
+/* DISPATCH_VERSION, DISPATCH_VERSION_MAJOR/MINOR/PATCH/HEX (the header
+ * compiled against) come from dispatch_version.h. */
 
 /* The version of the linked library, e.g. "0.1.0" (static string). */
+DISPATCH_API
 const char *dispatch_version(void);
 
 /* ------------------------------------------------------------------ */
@@ -83,8 +80,17 @@ typedef struct dispatch_grads dispatch_grads;
 typedef struct dispatch_optim dispatch_optim;
 
 /* Options for dispatch_device_open; start from dispatch_options_init.
- * Strings are copied by dispatch_device_open; the caller keeps its own. */
+ * Strings are copied by dispatch_device_open; the caller keeps its own.
+ *
+ * size is the struct's size as the caller was compiled (set by
+ * dispatch_options_init / DISPATCH_OPTIONS_INIT). The library reads only
+ * the fields that lie within it, so a program built against an older
+ * header, whose struct ends earlier, runs on a newer library unchanged:
+ * the fields it does not have take their defaults. New fields are only
+ * ever appended. A size smaller than the size field itself (an options
+ * struct never initialised) is DISPATCH_EINVAL. */
 typedef struct dispatch_options {
+  size_t size;             /* sizeof(dispatch_options) of the caller */
   const char *token;       /* hello token; NULL: env DISPATCH_TOKEN or "" */
   const char *client_name; /* sent in hello; NULL: "libdispatch-client" */
   int timeout_ms;          /* connect, send and each wait for a reply;
@@ -92,7 +98,7 @@ typedef struct dispatch_options {
   /* (A wait for a reply first polls the socket for DISPATCH_SPIN_US
    * microseconds, default 50, 0 off, before it sleeps: a quick reply then
    * costs no wake-up of a sleeping thread.) */
-  /* tls:// only (appended: the fields above keep their places) */
+  /* tls:// only */
   const char *ca_file;     /* PEM CA(s) that signed the server's certificate;
                               NULL: env DISPATCH_TLS_CA, else the system
                               trust store */
@@ -105,21 +111,60 @@ typedef struct dispatch_options {
                               HOST of the spec. Always verified. */
 } dispatch_options;
 
-/* Counters of one device. REMOTE: what the server holds for this session
- * (tensors, their bytes, ops run, errors, live gradient containers).
- * LOCAL: the same counts kept by this library. */
+/* The defaults (everything NULL/0) with size set, for an initialiser:
+ *   dispatch_options o = DISPATCH_OPTIONS_INIT; */
+#define DISPATCH_OPTIONS_INIT {sizeof(dispatch_options), 0, 0, 0, 0, 0, 0, 0}
+
+/* Counters of one device, filled by dispatch_device_stats.
+ *
+ * size is the struct's size as the caller was compiled: declare it with
+ * DISPATCH_STATS_INIT (or set size = sizeof(dispatch_stats)). The library
+ * writes only the fields that lie within size and never past it, so a
+ * program built against an older, shorter struct runs on a newer library
+ * that knows more counters. New counters are only ever appended.
+ *
+ * Session counters (REMOTE: what the server holds for this session;
+ * LOCAL: the same counts kept by this library): */
 typedef struct dispatch_stats {
-  uint64_t tensors;
-  uint64_t bytes;
-  uint64_t ops;
-  uint64_t errors;
-  uint64_t grads;
+  size_t size;              /* sizeof(dispatch_stats) of the caller */
+  uint64_t tensors;         /* live tensors */
+  uint64_t bytes;           /* their bytes */
+  uint64_t ops;             /* ops run */
+  uint64_t errors;          /* failed requests */
+  uint64_t grads;           /* live gradient containers */
+  /* REMOTE only (0 on LOCAL): what the session makes the server hold,
+   * in all (tensors named or not, the tape, gradients, kernel scratch,
+   * ids, uploads being read), and the server's --max-session-bytes */
+  uint64_t held_bytes;
+  uint64_t session_limit;   /* 0: no limit */
+  uint64_t queued_bytes;    /* decoded requests not yet run
+                               (--max-queued-bytes) */
+  uint64_t batches;         /* worker turns the session has had; each
+                               runs every queued request up to a bound */
+  /* REMOTE only (0 on LOCAL): server-wide */
+  uint64_t sessions;        /* open sessions */
+  uint64_t server_tensors;  /* tensors of every session */
+  uint64_t server_bytes;    /* their bytes */
+  uint64_t server_held_bytes; /* everything all sessions and their
+                                 queues hold */
+  uint64_t server_limit;    /* --max-memory (0: none) */
+  uint64_t protocol_errors; /* malformed frames or requests refused */
+  uint64_t limit_violations; /* requests refused by a limit */
+  uint64_t devices;         /* devices of the server (LOCAL: 1); their
+                               memory: dispatch_device_list */
 } dispatch_stats;
+
+/* A dispatch_stats ready for dispatch_device_stats:
+ *   dispatch_stats st = DISPATCH_STATS_INIT; */
+#define DISPATCH_STATS_INIT {sizeof(dispatch_stats), 0, 0, 0, 0, 0, 0, 0, 0, \
+                             0, 0, 0, 0, 0, 0, 0, 0, 0}
 
 /* ------------------------------------------------------------------ */
 /* devices                                                             */
 
-/* Fills *opts with the defaults (all zero/NULL). */
+/* Fills *opts with the defaults (all zero/NULL) and sets opts->size to
+ * sizeof(dispatch_options) as this header declares it. NULL is a no-op. */
+DISPATCH_API
 void dispatch_options_init(dispatch_options *opts);
 
 /* Opens a device from a spec string:
@@ -138,7 +183,9 @@ void dispatch_options_init(dispatch_options *opts);
  *                      server's first device. A device the server does not
  *                      have: DISPATCH_EDEVICE naming the ones it has
  * spec NULL (or "") takes env DISPATCH_DEVICE, else "local", so an
- * unchanged program moves from local to remote. opts may be NULL.
+ * unchanged program moves from local to remote. opts may be NULL (every
+ * default); otherwise it is read up to opts->size (see dispatch_options)
+ * and borrowed only for the call.
  * Returns 0 and the device in *out (caller owns it: dispatch_device_close),
  * or an error: DISPATCH_EINVAL (bad spec), DISPATCH_ECONN (cannot connect
  * or no hello reply within the timeout), DISPATCH_EAUTH (token missing or
@@ -147,6 +194,7 @@ void dispatch_options_init(dispatch_options *opts);
  * DISPATCH_ENOMEM.
  * On failure *out is NULL; when errmsg is not NULL, a detail message is
  * copied into errmsg[0..errmsg_len-1] (there is no device to hold it). */
+DISPATCH_API
 int dispatch_device_open(const char *spec, const dispatch_options *opts,
                          dispatch_device **out, char *errmsg,
                          size_t errmsg_len);
@@ -154,34 +202,45 @@ int dispatch_device_open(const char *spec, const dispatch_options *opts,
 /* Closes a device: flushes queued frees, says bye to a server, and frees
  * every tensor, gradient container and optimizer still alive on it, so
  * every handle of this device becomes invalid. NULL is a no-op. */
+DISPATCH_API
 void dispatch_device_close(dispatch_device *dev);
 
 /* DISPATCH_KIND_LOCAL or DISPATCH_KIND_REMOTE. */
+DISPATCH_API
 dispatch_tensor_kind dispatch_device_kind(const dispatch_device *dev);
 
 /* The spec the device was opened with ("local", "tcp://..."); owned by
  * the device. */
+DISPATCH_API
 const char *dispatch_device_spec(const dispatch_device *dev);
 
 /* Detail message of the device's last error ("" if none); owned by the
  * device, valid until its next failing call. */
+DISPATCH_API
 const char *dispatch_device_errmsg(const dispatch_device *dev);
 
 /* Code of the device's last error (0 if none). */
+DISPATCH_API
 int dispatch_device_errcode(const dispatch_device *dev);
 
 /* Waits until the server ran everything queued so far (LOCAL: returns 0 at
  * once). Returns the first deferred error of the session, if any, with the
  * server's message in dispatch_device_errmsg. */
+DISPATCH_API
 int dispatch_device_sync(dispatch_device *dev);
 
-/* Fills *out with the device's counters (REMOTE: one Stats round trip,
- * which also surfaces a deferred error like sync). */
+/* Fills the fields of *out that lie within out->size (see dispatch_stats)
+ * with the device's counters; bytes past out->size are never touched.
+ * REMOTE: one Stats round trip, which also surfaces a deferred error like
+ * sync. DISPATCH_EINVAL when out->size does not cover the first counter
+ * (a struct not declared with DISPATCH_STATS_INIT). The caller owns *out. */
+DISPATCH_API
 int dispatch_device_stats(dispatch_device *dev, dispatch_stats *out);
 
 /* Changes the time bound of every later network wait (ms > 0). A lost
  * connection, or a server silent for that long, gives DISPATCH_ECONN
  * within it, and every later call on the device gives DISPATCH_ECONN. */
+DISPATCH_API
 int dispatch_device_set_timeout(dispatch_device *dev, int timeout_ms);
 
 /* ------------------------------------------------------------------ */
@@ -190,51 +249,67 @@ int dispatch_device_set_timeout(dispatch_device *dev, int timeout_ms);
 /* Opens a scope on dev. Every tensor handed out on dev while it is the
  * innermost scope is registered in it instead of being owned by the
  * caller. Scopes nest. Returns 0 or DISPATCH_ENOMEM. */
+DISPATCH_API
 int dispatch_scope_begin(dispatch_device *dev);
 
 /* Closes the innermost scope: drops the reference of every tensor
  * registered in it that was not kept; a tensor whose last reference goes
  * is freed (REMOTE: a Free is queued, batched with later traffic).
  * DISPATCH_EINVAL when no scope is open. */
+DISPATCH_API
 int dispatch_scope_end(dispatch_device *dev);
 
 /* Moves t out of its scope into the enclosing scope, or, from the
  * outermost scope, to the caller (who then frees it with
  * dispatch_tensor_free). A tensor in no scope is left as it is. Returns t
  * (NULL for NULL). */
+DISPATCH_API
 dispatch_tensor *dispatch_keep(dispatch_tensor *t);
 
 /* ------------------------------------------------------------------ */
 /* tensor handles                                                      */
 
 /* +1 reference (the new one is the caller's, never a scope's); returns t. */
+DISPATCH_API
 dispatch_tensor *dispatch_tensor_ref(dispatch_tensor *t);
 
 /* Drops one reference; at zero the tensor is freed (REMOTE: a Free for
  * its id is queued) and removed from its scope. NULL is a no-op. */
+DISPATCH_API
 void dispatch_tensor_free(dispatch_tensor *t);
 
 /* Type guards: the kind of t (DISPATCH_KIND_*). */
+DISPATCH_API
 dispatch_tensor_kind dispatch_kind(const dispatch_tensor *t);
 /* 1 if t is AUTODIFF, else 0. */
+DISPATCH_API
 int dispatch_is_autodiff(const dispatch_tensor *t);
 /* The LOCAL or REMOTE tensor an AUTODIFF tensor wraps (t itself for a
  * LOCAL or REMOTE tensor). No copy and no new reference: the result is
  * borrowed from t (dispatch_tensor_ref it to keep it longer). */
+DISPATCH_API
 dispatch_tensor *dispatch_inner(dispatch_tensor *t);
 /* The device t lives on (borrowed). */
+DISPATCH_API
 dispatch_device *dispatch_tensor_device(const dispatch_tensor *t);
 
+DISPATCH_API
 int dispatch_tensor_ndim(const dispatch_tensor *t);
 /* Pointer to the ndim sizes, owned by t. */
+DISPATCH_API
 const int64_t *dispatch_tensor_shape(const dispatch_tensor *t);
 /* Size of dim i (negative counts from the end); -1 when out of range. */
+DISPATCH_API
 int64_t dispatch_tensor_dim(const dispatch_tensor *t, int i);
+DISPATCH_API
 dispatch_dtype dispatch_tensor_dtype(const dispatch_tensor *t);
+DISPATCH_API
 int64_t dispatch_tensor_numel(const dispatch_tensor *t);
+DISPATCH_API
 size_t dispatch_tensor_nbytes(const dispatch_tensor *t);
 /* 0, or the error that poisoned t (a failed REMOTE op whose error the
  * client has learnt of at a wait). */
+DISPATCH_API
 int dispatch_tensor_status(const dispatch_tensor *t);
 
 /* ------------------------------------------------------------------ */
@@ -243,6 +318,7 @@ int dispatch_tensor_status(const dispatch_tensor *t);
 /* New tensor of dtype and shape[0..ndim-1] holding a copy of `data`;
  * nbytes must equal numel * element size (DISPATCH_EINVAL otherwise).
  * REMOTE: one Upload frame carrying the bytes, no wait. */
+DISPATCH_API
 int dispatch_tensor_from_data(dispatch_device *dev, dispatch_dtype dtype,
                               int ndim, const int64_t *shape,
                               const void *data, size_t nbytes,
@@ -252,6 +328,7 @@ int dispatch_tensor_from_data(dispatch_device *dev, dispatch_dtype dtype,
  * dispatch_tensor_nbytes(t). Works on every kind (AUTODIFF reads its
  * inner). REMOTE: one Read round trip; this is where deferred errors
  * surface. */
+DISPATCH_API
 int dispatch_tensor_read(dispatch_tensor *t, void *buf, size_t nbytes);
 
 /* Copies t to device dev as a new LOCAL or REMOTE tensor (never AUTODIFF;
@@ -260,26 +337,33 @@ int dispatch_tensor_read(dispatch_tensor *t, void *buf, size_t nbytes);
  * dispatch_device_open_peer) the server copies the bytes between its
  * devices itself, one request, nothing through this process; otherwise
  * the bytes are read here and uploaded. */
+DISPATCH_API
 int dispatch_to_device(dispatch_tensor *t, dispatch_device *dev,
                        dispatch_tensor **out);
 
 /* ------------------------------------------------------------------ */
 /* creation (every device; REMOTE: the server creates, no bytes travel)  */
 
+DISPATCH_API
 int dispatch_zeros(dispatch_device *dev, dispatch_dtype dtype, int ndim,
                    const int64_t *shape, dispatch_tensor **out);
+DISPATCH_API
 int dispatch_ones(dispatch_device *dev, dispatch_dtype dtype, int ndim,
                   const int64_t *shape, dispatch_tensor **out);
+DISPATCH_API
 int dispatch_full(dispatch_device *dev, dispatch_dtype dtype, int ndim,
                   const int64_t *shape, double value, dispatch_tensor **out);
 /* 1-D [start, end) by step (step != 0). */
+DISPATCH_API
 int dispatch_arange(dispatch_device *dev, dispatch_dtype dtype, double start,
                     double end, double step, dispatch_tensor **out);
 /* Uniform in [lo, hi) / normal(mean, std), float dtypes only. The same
  * seed gives the same bits on every device. */
+DISPATCH_API
 int dispatch_uniform(dispatch_device *dev, dispatch_dtype dtype, int ndim,
                      const int64_t *shape, double lo, double hi,
                      uint64_t seed, dispatch_tensor **out);
+DISPATCH_API
 int dispatch_normal(dispatch_device *dev, dispatch_dtype dtype, int ndim,
                     const int64_t *shape, double mean, double std,
                     uint64_t seed, dispatch_tensor **out);
@@ -288,63 +372,92 @@ int dispatch_normal(dispatch_device *dev, dispatch_dtype dtype, int ndim,
 /* elementwise                                                         */
 
 /* Binary ops with numpy broadcasting; a and b of the same dtype. */
+DISPATCH_API
 int dispatch_add(dispatch_tensor *a, dispatch_tensor *b, dispatch_tensor **out);
+DISPATCH_API
 int dispatch_sub(dispatch_tensor *a, dispatch_tensor *b, dispatch_tensor **out);
+DISPATCH_API
 int dispatch_mul(dispatch_tensor *a, dispatch_tensor *b, dispatch_tensor **out);
+DISPATCH_API
 int dispatch_div(dispatch_tensor *a, dispatch_tensor *b, dispatch_tensor **out);
+DISPATCH_API
 int dispatch_maximum(dispatch_tensor *a, dispatch_tensor *b,
                      dispatch_tensor **out);
+DISPATCH_API
 int dispatch_minimum(dispatch_tensor *a, dispatch_tensor *b,
                      dispatch_tensor **out);
 /* Comparisons: broadcasting, same dtype, bool result. */
+DISPATCH_API
 int dispatch_eq(dispatch_tensor *a, dispatch_tensor *b, dispatch_tensor **out);
+DISPATCH_API
 int dispatch_ne(dispatch_tensor *a, dispatch_tensor *b, dispatch_tensor **out);
+DISPATCH_API
 int dispatch_lt(dispatch_tensor *a, dispatch_tensor *b, dispatch_tensor **out);
+DISPATCH_API
 int dispatch_le(dispatch_tensor *a, dispatch_tensor *b, dispatch_tensor **out);
+DISPATCH_API
 int dispatch_gt(dispatch_tensor *a, dispatch_tensor *b, dispatch_tensor **out);
+DISPATCH_API
 int dispatch_ge(dispatch_tensor *a, dispatch_tensor *b, dispatch_tensor **out);
 /* mask (bool) ? a : b, three-way broadcast. */
+DISPATCH_API
 int dispatch_where(dispatch_tensor *mask, dispatch_tensor *a,
                    dispatch_tensor *b, dispatch_tensor **out);
 
 /* With a scalar s: x+s, x-s, x*s, x/s, x^s, s-x, s/x. */
+DISPATCH_API
 int dispatch_add_scalar(dispatch_tensor *x, double s, dispatch_tensor **out);
+DISPATCH_API
 int dispatch_sub_scalar(dispatch_tensor *x, double s, dispatch_tensor **out);
+DISPATCH_API
 int dispatch_mul_scalar(dispatch_tensor *x, double s, dispatch_tensor **out);
+DISPATCH_API
 int dispatch_div_scalar(dispatch_tensor *x, double s, dispatch_tensor **out);
+DISPATCH_API
 int dispatch_pow_scalar(dispatch_tensor *x, double s, dispatch_tensor **out);
+DISPATCH_API
 int dispatch_rsub_scalar(dispatch_tensor *x, double s, dispatch_tensor **out);
+DISPATCH_API
 int dispatch_rdiv_scalar(dispatch_tensor *x, double s, dispatch_tensor **out);
 
 /* Unary. gelu is the exact erf form. */
+DISPATCH_API
 int dispatch_neg(dispatch_tensor *x, dispatch_tensor **out);
+DISPATCH_API
 int dispatch_exp(dispatch_tensor *x, dispatch_tensor **out);
+DISPATCH_API
 int dispatch_log(dispatch_tensor *x, dispatch_tensor **out);
+DISPATCH_API
 int dispatch_sqrt(dispatch_tensor *x, dispatch_tensor **out);
+DISPATCH_API
 int dispatch_abs(dispatch_tensor *x, dispatch_tensor **out);
+DISPATCH_API
 int dispatch_sign(dispatch_tensor *x, dispatch_tensor **out);
+DISPATCH_API
 int dispatch_relu(dispatch_tensor *x, dispatch_tensor **out);
+DISPATCH_API
 int dispatch_sigmoid(dispatch_tensor *x, dispatch_tensor **out);
+DISPATCH_API
 int dispatch_tanh(dispatch_tensor *x, dispatch_tensor **out);
+DISPATCH_API
 int dispatch_gelu(dispatch_tensor *x, dispatch_tensor **out);
-/* grad * f'(x), same shape (what autodiff uses; exposed for completeness) */
-int dispatch_relu_backward(dispatch_tensor *grad, dispatch_tensor *x,
-                           dispatch_tensor **out);
-int dispatch_gelu_backward(dispatch_tensor *grad, dispatch_tensor *x,
-                           dispatch_tensor **out);
 
 /* ------------------------------------------------------------------ */
 /* reductions                                                          */
 
 /* Reduce over dims[0..ndims-1] (ndims 0: every dim); keepdim != 0 keeps
  * the reduced dims with size 1. */
+DISPATCH_API
 int dispatch_sum(dispatch_tensor *x, int ndims, const int64_t *dims,
                  int keepdim, dispatch_tensor **out);
+DISPATCH_API
 int dispatch_mean(dispatch_tensor *x, int ndims, const int64_t *dims,
                   int keepdim, dispatch_tensor **out);
+DISPATCH_API
 int dispatch_max(dispatch_tensor *x, int ndims, const int64_t *dims,
                  int keepdim, dispatch_tensor **out);
 /* ndims is 0 (flattened) or 1; i64 result; ties pick the first index. */
+DISPATCH_API
 int dispatch_argmax(dispatch_tensor *x, int ndims, const int64_t *dims,
                     int keepdim, dispatch_tensor **out);
 
@@ -352,100 +465,79 @@ int dispatch_argmax(dispatch_tensor *x, int ndims, const int64_t *dims,
 /* shape                                                               */
 
 /* New shape of the same numel; one size may be -1. */
+DISPATCH_API
 int dispatch_reshape(dispatch_tensor *x, int ndim, const int64_t *shape,
                      dispatch_tensor **out);
+DISPATCH_API
 int dispatch_permute(dispatch_tensor *x, int ndim, const int64_t *perm,
                      dispatch_tensor **out);
+DISPATCH_API
 int dispatch_transpose(dispatch_tensor *x, int64_t dim0, int64_t dim1,
                        dispatch_tensor **out);
 /* Python-style x[start:end:step] along dim (step > 0, start/end clamped). */
+DISPATCH_API
 int dispatch_slice(dispatch_tensor *x, int64_t dim, int64_t start,
                    int64_t end, int64_t step, dispatch_tensor **out);
 /* n tensors (1..DISPATCH_MAX_INPUTS) joined along an existing dim (cat)
  * or a new one (stack). */
+DISPATCH_API
 int dispatch_cat(dispatch_tensor *const *xs, int n, int64_t dim,
                  dispatch_tensor **out);
+DISPATCH_API
 int dispatch_stack(dispatch_tensor *const *xs, int n, int64_t dim,
                    dispatch_tensor **out);
+DISPATCH_API
 int dispatch_broadcast_to(dispatch_tensor *x, int ndim, const int64_t *shape,
                           dispatch_tensor **out);
 /* Rows of x along dim picked by index (i64, 1-D). */
+DISPATCH_API
 int dispatch_index_select(dispatch_tensor *x, int64_t dim,
                           dispatch_tensor *index, dispatch_tensor **out);
+DISPATCH_API
 int dispatch_cast(dispatch_tensor *x, dispatch_dtype dtype,
                   dispatch_tensor **out);
-/* Zeros of in_shape with grad placed at the slice (dim, start, end, step). */
-int dispatch_slice_backward(dispatch_tensor *grad, int64_t dim,
-                            int64_t start, int64_t end, int64_t step,
-                            int in_ndim, const int64_t *in_shape,
-                            dispatch_tensor **out);
-/* Scatter-adds grad rows into zeros whose dim has size dim_size. */
-int dispatch_index_select_backward(dispatch_tensor *grad,
-                                   dispatch_tensor *index, int64_t dim,
-                                   int64_t dim_size, dispatch_tensor **out);
 
 /* ------------------------------------------------------------------ */
 /* linear algebra                                                      */
 
 /* numpy.matmul semantics (1-D..N-D, batch dims broadcast). */
+DISPATCH_API
 int dispatch_matmul(dispatch_tensor *a, dispatch_tensor *b,
                     dispatch_tensor **out);
 
 /* ------------------------------------------------------------------ */
 /* neural network                                                      */
 
+DISPATCH_API
 int dispatch_softmax(dispatch_tensor *x, int64_t dim, dispatch_tensor **out);
+DISPATCH_API
 int dispatch_log_softmax(dispatch_tensor *x, int64_t dim,
                          dispatch_tensor **out);
-/* (grad, y = softmax output) -> grad of the input */
-int dispatch_softmax_backward(dispatch_tensor *grad, dispatch_tensor *y,
-                              int64_t dim, dispatch_tensor **out);
-int dispatch_log_softmax_backward(dispatch_tensor *grad, dispatch_tensor *y,
-                                  int64_t dim, dispatch_tensor **out);
 /* logits [N, C] float, labels [N] i64: mean loss over N (scalar). */
+DISPATCH_API
 int dispatch_cross_entropy(dispatch_tensor *logits, dispatch_tensor *labels,
                            dispatch_tensor **out);
-int dispatch_cross_entropy_backward(dispatch_tensor *grad,
-                                    dispatch_tensor *logits,
-                                    dispatch_tensor *labels,
-                                    dispatch_tensor **out);
 /* mean((a - b)^2), same shapes, scalar result. */
+DISPATCH_API
 int dispatch_mse(dispatch_tensor *a, dispatch_tensor *b,
                  dispatch_tensor **out);
 /* x [N, C, H, W], w [O, C, kh, kw], no bias. */
+DISPATCH_API
 int dispatch_conv2d(dispatch_tensor *x, dispatch_tensor *w, int64_t stride_h,
                     int64_t stride_w, int64_t pad_h, int64_t pad_w,
                     int64_t dil_h, int64_t dil_w, dispatch_tensor **out);
-/* x_shape / w_shape: the 4 dims of the forward input / weight. */
-int dispatch_conv2d_backward_input(dispatch_tensor *grad, dispatch_tensor *w,
-                                   int64_t stride_h, int64_t stride_w,
-                                   int64_t pad_h, int64_t pad_w,
-                                   int64_t dil_h, int64_t dil_w,
-                                   const int64_t x_shape[4],
-                                   dispatch_tensor **out);
-int dispatch_conv2d_backward_weight(dispatch_tensor *grad, dispatch_tensor *x,
-                                    int64_t stride_h, int64_t stride_w,
-                                    int64_t pad_h, int64_t pad_w,
-                                    int64_t dil_h, int64_t dil_w,
-                                    const int64_t w_shape[4],
-                                    dispatch_tensor **out);
 /* Pools on [N, C, H, W]; avg counts padding. */
+DISPATCH_API
 int dispatch_max_pool2d(dispatch_tensor *x, int64_t kh, int64_t kw,
                         int64_t stride_h, int64_t stride_w, int64_t pad_h,
                         int64_t pad_w, dispatch_tensor **out);
+DISPATCH_API
 int dispatch_avg_pool2d(dispatch_tensor *x, int64_t kh, int64_t kw,
                         int64_t stride_h, int64_t stride_w, int64_t pad_h,
                         int64_t pad_w, dispatch_tensor **out);
-int dispatch_max_pool2d_backward(dispatch_tensor *grad, dispatch_tensor *x,
-                                 int64_t kh, int64_t kw, int64_t stride_h,
-                                 int64_t stride_w, int64_t pad_h,
-                                 int64_t pad_w, dispatch_tensor **out);
-int dispatch_avg_pool2d_backward(dispatch_tensor *grad, dispatch_tensor *x,
-                                 int64_t kh, int64_t kw, int64_t stride_h,
-                                 int64_t stride_w, int64_t pad_h,
-                                 int64_t pad_w, dispatch_tensor **out);
 /* Keeps element i iff uniform(seed)[i] >= p (0 <= p < 1) and scales the
  * kept ones by 1/(1-p). */
+DISPATCH_API
 int dispatch_dropout(dispatch_tensor *x, double p, uint64_t seed,
                      dispatch_tensor **out);
 
@@ -458,6 +550,7 @@ int dispatch_dropout(dispatch_tensor *x, double p, uint64_t seed,
  * (wrapped before), gives DISPATCH_EDOUBLEWRAP with the message
  * "autodiff should not wrap an autodiff tensor"; a non-float t gives
  * DISPATCH_EDTYPE. */
+DISPATCH_API
 int dispatch_autodiff(dispatch_tensor *t, dispatch_tensor **out);
 
 /* Reverse pass from loss (AUTODIFF, one element) to every tracked leaf
@@ -465,8 +558,10 @@ int dispatch_autodiff(dispatch_tensor *t, dispatch_tensor **out);
  * Backward round trip; the gradients stay on the server. *out is the
  * caller's (dispatch_grads_free; not scoped). Errors:
  * DISPATCH_ENOTTRACKED, DISPATCH_ENOTSCALAR, DISPATCH_EGRAPHFREED. */
+DISPATCH_API
 int dispatch_backward(dispatch_tensor *loss, dispatch_grads **out);
 /* The same, keeping the graph for another backward when retain != 0. */
+DISPATCH_API
 int dispatch_backward_ex(dispatch_tensor *loss, int retain,
                          dispatch_grads **out);
 
@@ -475,10 +570,12 @@ int dispatch_backward_ex(dispatch_tensor *loss, int retain,
  * Grad request (no wait); reading the result is the only transfer of
  * gradient bytes. DISPATCH_ENOGRAD if the backward did not reach t (REMOTE:
  * deferred to the next wait). */
+DISPATCH_API
 int dispatch_grad(dispatch_grads *grads, dispatch_tensor *t,
                   dispatch_tensor **out);
 
 /* Frees a gradient container (REMOTE: a Free is queued). NULL ok. */
+DISPATCH_API
 void dispatch_grads_free(dispatch_grads *grads);
 
 /* ------------------------------------------------------------------ */
@@ -489,9 +586,11 @@ void dispatch_grads_free(dispatch_grads *grads);
  * takes its own reference to each parameter and creates its state
  * (velocity; Adam moments) on that device; the caller keeps its own
  * references. *out is the caller's (dispatch_optim_free; not scoped). */
+DISPATCH_API
 int dispatch_sgd_new(dispatch_tensor *const *params, int n, double lr,
                      double momentum, double weight_decay,
                      dispatch_optim **out);
+DISPATCH_API
 int dispatch_adam_new(dispatch_tensor *const *params, int n, double lr,
                       double beta1, double beta2, double eps,
                       dispatch_optim **out);
@@ -506,12 +605,15 @@ int dispatch_adam_new(dispatch_tensor *const *params, int n, double lr,
  * REMOTE step that the server refused, later updates use a t one higher
  * than a LOCAL run that failed the same step would (LOCAL does not
  * advance t on failure). */
+DISPATCH_API
 int dispatch_optim_step(dispatch_optim *opt, dispatch_grads *grads);
 
 /* Changes the learning rate of later steps. */
+DISPATCH_API
 int dispatch_optim_set_lr(dispatch_optim *opt, double lr);
 
 /* Frees the optimizer, its state and its parameter references. NULL ok. */
+DISPATCH_API
 void dispatch_optim_free(dispatch_optim *opt);
 
 /* ------------------------------------------------------------------ */
@@ -547,6 +649,7 @@ typedef struct dispatch_checkpoint dispatch_checkpoint;
  * as at any read. Returns 0, DISPATCH_EINVAL (NULL, empty or reserved
  * name, a name twice), DISPATCH_EDEVICE, DISPATCH_EIO (file system; the
  * temporary file is removed), or the error of a read. */
+DISPATCH_API
 int dispatch_save(dispatch_device *dev, const char *path,
                   const char *const *names, dispatch_tensor *const *tensors,
                   int n, const dispatch_optim *opt);
@@ -569,6 +672,7 @@ int dispatch_save(dispatch_device *dev, const char *path,
  * deferred error of earlier work surfaces here too, as at any wait). ck is
  * a handle of dev: free it before dispatch_device_close, which frees its
  * tensors. */
+DISPATCH_API
 int dispatch_load(dispatch_device *dev, const char *path,
                   dispatch_checkpoint **out);
 
@@ -576,18 +680,24 @@ int dispatch_load(dispatch_device *dev, const char *path,
  * out of range. Both are borrowed from ck: dispatch_tensor_ref a tensor to
  * keep it after dispatch_checkpoint_free. The tensors are plain (LOCAL or
  * REMOTE, never AUTODIFF) and in no scope. */
+DISPATCH_API
 int dispatch_checkpoint_count(const dispatch_checkpoint *ck);
+DISPATCH_API
 const char *dispatch_checkpoint_name(const dispatch_checkpoint *ck, int i);
+DISPATCH_API
 dispatch_tensor *dispatch_checkpoint_tensor(const dispatch_checkpoint *ck,
                                             int i);
 /* The tensor named name (borrowed), or NULL. */
+DISPATCH_API
 dispatch_tensor *dispatch_checkpoint_get(const dispatch_checkpoint *ck,
                                          const char *name);
 /* The __metadata__ value of key (borrowed), or NULL. */
+DISPATCH_API
 const char *dispatch_checkpoint_meta(const dispatch_checkpoint *ck,
                                      const char *key);
 
 /* Drops ck's reference to each of its tensors and frees it. NULL ok. */
+DISPATCH_API
 void dispatch_checkpoint_free(dispatch_checkpoint *ck);
 
 /* Replaces opt's state with the checkpoint's (see the names above; same
@@ -599,11 +709,9 @@ void dispatch_checkpoint_free(dispatch_checkpoint *ck);
  * later steps update in place. To resume: load, wrap the parameters from
  * the checkpoint with dispatch_autodiff, create the optimizer over them
  * with the same hyperparameters, then dispatch_optim_load. */
+DISPATCH_API
 int dispatch_optim_load(dispatch_optim *opt, const dispatch_checkpoint *ck);
 
-#ifdef __cplusplus
-}
-#endif
 
 /* ------------------------------------------------------------------ */
 /* several devices of one server (protocol 1.1)                        */
@@ -621,11 +729,15 @@ int dispatch_optim_load(dispatch_optim *opt, const dispatch_checkpoint *ck);
  * DISPATCH_EUNSUPPORTED (dev is not remote), DISPATCH_EINVAL (bad name),
  * DISPATCH_EDEVICE (the server has no such device: the message names the
  * ones it has), DISPATCH_ECONN, DISPATCH_ENOMEM. *out is the caller's. */
+DISPATCH_API
 int dispatch_device_open_peer(dispatch_device *dev, const char *device,
                               dispatch_device **out);
 
-/* One device of a server, as its hello and Stats list them. */
+/* One device of a server, as its hello and Stats list them. size: as in
+ * dispatch_stats, the struct's size as the caller was compiled (see
+ * dispatch_device_list); fields are only ever appended. */
 typedef struct dispatch_device_info {
+  size_t size;           /* sizeof(dispatch_device_info) of the caller */
   char kind[16];         /* "cpu", "cuda" */
   char name[32];         /* "cpu:1": what a device string or a peer names */
   char description[96];  /* the backend's */
@@ -634,12 +746,26 @@ typedef struct dispatch_device_info {
   uint64_t free_memory;  /* what is left of it now */
 } dispatch_device_info;
 
+/* The first element of an array for dispatch_device_list:
+ *   dispatch_device_info info[4] = {DISPATCH_DEVICE_INFO_INIT}; */
+#define DISPATCH_DEVICE_INFO_INIT \
+  {sizeof(dispatch_device_info), "", "", "", 0, 0}
+
 /* Fills out[0..max-1] with the devices of dev's server, in the server's
  * order, and sets *n to how many it has (may be more than max); one Stats
  * round trip. LOCAL: the one in-process CPU ("cpu", "local:cpu", memory
- * 0: unbounded). Strings are cut to their fields. 0, or DISPATCH_EINVAL /
- * DISPATCH_ECONN / a deferred error of the session. */
+ * 0: unbounded). Strings are cut to their fields. out[0].size (set by
+ * DISPATCH_DEVICE_INFO_INIT) is taken as the size of every element: the
+ * array is walked with that stride and each element gets only the fields
+ * within it, so an older, shorter struct is never overrun. 0, or
+ * DISPATCH_EINVAL (out[0].size too small to hold kind) / DISPATCH_ENOMEM /
+ * DISPATCH_ECONN / a deferred error of the session. The caller owns out. */
+DISPATCH_API
 int dispatch_device_list(dispatch_device *dev, dispatch_device_info *out,
                          int max, int *n);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

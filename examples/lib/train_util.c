@@ -506,7 +506,7 @@ int tr_main(int argc, char **argv, const char *prog, const tr_opts *defaults,
   if (tr_fit(&m, &train, n_train, &test, &o, res) < 0) goto out;
   double total = tr_now() - tf;
 
-  dispatch_stats st;
+  dispatch_stats st = DISPATCH_STATS_INIT;
   rc = tr_report(dev, dispatch_device_stats(dev, &st), "dispatch_device_stats");
   if (rc < 0) goto out;
   double acc = res[o.epochs - 1].accuracy;

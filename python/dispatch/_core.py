@@ -36,6 +36,9 @@ _C_TO_NP = {v: k for k, v in _NP_TO_C.items()}
 _KIND_NAMES = {lib.DISPATCH_KIND_LOCAL: "local",
                lib.DISPATCH_KIND_REMOTE: "remote",
                lib.DISPATCH_KIND_AUTODIFF: "autodiff"}
+# the counters of dispatch_stats after its size, in the header's order
+_STATS_FIELDS = tuple(name for name, _ in ffi.typeof("dispatch_stats").fields
+                      if name != "size")
 
 
 def _dtype(d):
@@ -255,16 +258,19 @@ class Device:
             self._raise(rc)
 
     def stats(self):
-        """The device's counters as a dict (remote: one round trip)."""
-        # Room beyond the five counters we read: a newer library that
-        # appends counters must not write past our buffer.
-        buf = ffi.new("uint64_t[64]")
-        s = ffi.cast("dispatch_stats *", buf)
+        """The device's counters as a dict (remote: one round trip): the
+        session's tensors, bytes, ops, errors, grads, held_bytes,
+        session_limit, queued_bytes, batches, and the server-wide
+        sessions, server_tensors, server_bytes, server_held_bytes,
+        server_limit, protocol_errors, limit_violations, devices (0 on a
+        local device, but devices, which is 1)."""
+        s = ffi.new("dispatch_stats *")
+        # the library writes only what lies within size: our struct
+        s.size = ffi.sizeof("dispatch_stats")
         rc = lib.dispatch_device_stats(self._handle(), s)
         if rc < 0:
             self._raise(rc)
-        return {"tensors": s.tensors, "bytes": s.bytes, "ops": s.ops,
-                "errors": s.errors, "grads": s.grads}
+        return {k: getattr(s, k) for k in _STATS_FIELDS}
 
     def set_timeout(self, timeout_ms):
         rc = lib.dispatch_device_set_timeout(self._handle(), int(timeout_ms))

@@ -4,7 +4,10 @@ The declarations below restate the parts of client/include/dispatch_client.h
 that the package calls; cffi checks nothing against the header, so a change
 of a signature there must be made here too (python/tests check every call
 they make against a real library and server). The *_backward helpers are
-left out on purpose: autodiff calls them inside the library.
+not part of the library's ABI (not exported): autodiff calls them inside.
+dispatch_options and dispatch_stats start with their size, set below from
+cffi's sizeof, so the library reads and writes only the fields declared
+here.
 """
 import os
 import pathlib
@@ -29,6 +32,7 @@ typedef struct dispatch_grads dispatch_grads;
 typedef struct dispatch_optim dispatch_optim;
 
 typedef struct dispatch_options {
+  size_t size;
   const char *token;
   const char *client_name;
   int timeout_ms;
@@ -39,11 +43,24 @@ typedef struct dispatch_options {
 } dispatch_options;
 
 typedef struct dispatch_stats {
+  size_t size;
   uint64_t tensors;
   uint64_t bytes;
   uint64_t ops;
   uint64_t errors;
   uint64_t grads;
+  uint64_t held_bytes;
+  uint64_t session_limit;
+  uint64_t queued_bytes;
+  uint64_t batches;
+  uint64_t sessions;
+  uint64_t server_tensors;
+  uint64_t server_bytes;
+  uint64_t server_held_bytes;
+  uint64_t server_limit;
+  uint64_t protocol_errors;
+  uint64_t limit_violations;
+  uint64_t devices;
 } dispatch_stats;
 
 void dispatch_options_init(dispatch_options *opts);

@@ -2,10 +2,17 @@
  * message functions. Codes are part of the wire protocol and of the public
  * API: never renumber one, only append.
  *
- * This header is self-contained and public: libdispatch-client installs it
- * inside its public header. */
+ * This header is public (installed beside dispatch_client.h, which
+ * includes it) and needs only dispatch_version.h; the server and common/
+ * include it from here too, so there is one copy of the table. */
 #ifndef DISPATCH_ERRORS_H
 #define DISPATCH_ERRORS_H
+
+#include "dispatch_version.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
 
 #define DISPATCH_ERRNO_MAP(X)                                                \
   X(OK, 0, "success")                                                        \
@@ -49,9 +56,15 @@ typedef enum dispatch_errno {
 
 /* Returns the constant name of an error code ("DISPATCH_ESHAPE"), or
  * "DISPATCH_EUNKNOWN". The string is static; the caller owns nothing. */
+DISPATCH_API
 const char *dispatch_err_name(int code);
 
 /* Returns the generic message of an error code. The string is static. */
+DISPATCH_API
 const char *dispatch_strerror(int code);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif
