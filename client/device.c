@@ -51,7 +51,7 @@ int dispatch__ret(dispatch_device *dev, int rc) {
  * errmsg always describe the code the latest failing call returned. */
 int dispatch__null_input(dispatch_device *dev, const char *fn, int i) {
   if (!dev) return t_last.code ? t_last.code : DISPATCH_EINVAL;
-  if (!dev->first_code)
+  if (dev->first_code == 0) /* nothing failed: a caller's mistake */
     return dispatch__ret(dev, dsp_seterr(dev->ctx, DISPATCH_EINVAL,
                                          "%s: input %d is NULL", fn, i));
   dev->errcode = dev->first_code;
@@ -77,8 +77,6 @@ void dispatch_device_clear_error(dispatch_device *dev) {
   if (!dev) return;
   dev->first_code = 0;
   dev->first_msg[0] = '\0';
-  dev->errcode = 0;
-  dsp_clearerr(dev->ctx);
   if (t_last.serial == dev->serial) t_last.code = 0;
 }
 

@@ -51,9 +51,9 @@ dispatch_tensor *dispatch_tensor_ref(dispatch_tensor *t) {
 }
 
 /* At the last reference: leave the scope and the device's list, release
- * the backing (REMOTE: queue a Free), then drop the wrapped tensor (whose
- * own scope, if the caller's, is not touched: the wrapper's reference was
- * never the scope's). */
+ * the backing (REMOTE: queue a Free), then drop the wrapper's reference to
+ * the wrapped tensor, which stays in its scope while others remain (the
+ * wrapper's reference was never the scope's). */
 void dispatch__tensor_unref(dispatch_tensor *t) {
   while (t && --t->refcount <= 0) {
     dispatch_device *dev = t->dev;
@@ -78,7 +78,7 @@ void dispatch__tensor_unref(dispatch_tensor *t) {
  * is never dropped by the scope's end. */
 void dispatch_tensor_free(dispatch_tensor *t) {
   if (!t) return;
-  dispatch__scope_forget(t);
+  dispatch__scope_forget(t); /* the scope's reference is the one dropped */
   dispatch__tensor_unref(t);
 }
 

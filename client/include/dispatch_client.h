@@ -187,16 +187,17 @@ int dispatch_device_errcode(const dispatch_device *dev);
  * dispatch_device_close. Later failures never replace it: a call given a
  * NULL input answers with it (a call with no argument naming a device, such
  * as dispatch_relu(NULL, &y), answers with the first error of the device
- * that last failed on this thread). REMOTE: an error the server finds
- * becomes known at the next wait (read, sync, backward, stats), which
- * records it here like any other; check after a wait. */
+ * that last failed on this thread, and changes no device's errcode or
+ * errmsg). REMOTE: an error the server finds becomes known at the next
+ * wait (read, sync, backward, stats), which records it here like any
+ * other: check after a wait. */
 int dispatch_device_error(const dispatch_device *dev, const char **msg);
 
-/* Forgets the first and the last error (dispatch_device_error and
- * dispatch_device_errcode give 0 again), so a NULL input is again
- * DISPATCH_EINVAL "input N is NULL". Poisoned tensors stay poisoned, and a
- * REMOTE error the server has not reported yet still surfaces at the next
- * wait. NULL is a no-op. */
+/* Forgets the first error (dispatch_device_error gives 0 again), so the
+ * next failure is the new first and a NULL input with none is again
+ * DISPATCH_EINVAL "input N is NULL". The last error (errcode, errmsg) is
+ * left as it is; poisoned tensors stay poisoned; a REMOTE error the server
+ * has not reported yet still surfaces at the next wait. NULL is a no-op. */
 void dispatch_device_clear_error(dispatch_device *dev);
 
 /* Waits until the server ran everything queued so far (LOCAL: returns 0 at
