@@ -113,6 +113,7 @@ int dispatch_grad(dispatch_grads *grads, dispatch_tensor *t,
                                          "the gradients on \"%s\"",
                                          t->dev->spec, dev->spec));
   dispatch_tensor *leaf = dispatch_inner(t);
+  if (leaf->status) return dispatch__poisoned_input(dev, t);
   if (!leaf->tracked)
     return dispatch__ret(dev, dsp_seterr(dev->ctx, DISPATCH_ENOTTRACKED,
                                          "grad: the tensor is not tracked "

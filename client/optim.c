@@ -145,6 +145,11 @@ int dispatch_optim_step(dispatch_optim *opt, dispatch_grads *grads) {
                                          "optim_step: gradients live on "
                                          "\"%s\", parameters on \"%s\"",
                                          grads->dev->spec, dev->spec));
+  /* a parameter known to be poisoned fails the step here, before any
+   * parameter changes and without a round trip */
+  for (int i = 0; i < opt->n; i++)
+    if (opt->params[i]->inner->status)
+      return dispatch__poisoned_input(dev, opt->params[i]);
   dsp_attrs a = dsp_attrs_none();
   for (int i = 0; i < opt->n_floats; i++) a.floats[i] = opt->floats[i];
   a.n_floats = opt->n_floats;

@@ -106,6 +106,14 @@ Test(straight, chain_keeps_first_error, .init = start_server,
     expect_first(dev, rc, h3, "mul(b, NULL)", k);
     rc = dispatch_relu(h3, &h4);                   /* no device named */
     expect_first(dev, rc, h4, "relu(NULL)", k);
+    /* the rest of a training step written straight on: the same answer */
+    dispatch_grads *g = (dispatch_grads *)1;
+    rc = dispatch_backward(h4, &g);
+    expect_first(dev, rc, NULL, "backward(NULL)", k);
+    cr_assert_null(g);
+    float v[2];
+    rc = dispatch_tensor_read(h4, v, sizeof v);
+    expect_first(dev, rc, NULL, "tensor_read(NULL)", k);
 
     /* an independent valid op still runs, and the first error stays */
     dispatch_tensor *s;
@@ -255,4 +263,45 @@ Test(straight, free_what_a_call_returned_with_or_without_scope,
     }
     dispatch_device_close(dev);
   }
+}
+
+/* REMOTE: a parameter whose creation failed on the server, known to the
+ * client after a wait, fails the optimizer step at once: no Step request,
+ * no parameter changes on the server. */
+Test(straight, step_with_poisoned_parameter_fails_here, .init = start_server,
+     .fini = stop_server) {
+  dispatch_device *dev = open_kind(1);
+  float xv[3] = {1, 2, 3};
+  int64_t n3 = 3, n1 = 1, idx_v[1] = {7};
+  dispatch_tensor *x, *idx, *bad, *p, *q, *qa, *loss;
+  OK(dev, dispatch_tensor_from_data(dev, DISPATCH_F32, 1, &n3, xv,
+                                    sizeof xv, &x));
+  OK(dev, dispatch_tensor_from_data(dev, DISPATCH_I64, 1, &n1, idx_v,
+                                    sizeof idx_v, &idx));
+  OK(dev, dispatch_index_select(x, 0, idx, &bad)); /* fails on the server */
+  OK(dev, dispatch_autodiff(bad, &p));              /* queued: not known */
+  dispatch_optim *opt;
+  OK(dev, dispatch_sgd_new(&p, 1, 0.1, 0, 0, &opt));
+  cr_assert_eq(dispatch_device_sync(dev), DISPATCH_EINDEX);
+  dispatch_device_clear_error(dev);
+  OK(dev, dispatch_tensor_from_data(dev, DISPATCH_F32, 1, &n3, xv,
+                                    sizeof xv, &q));
+  OK(dev, dispatch_autodiff(q, &qa));
+  OK(dev, dispatch_sum(qa, 0, NULL, 0, &loss));
+  dispatch_grads *g;
+  OK(dev, dispatch_backward(loss, &g));
+  dispatch_stats before, after;
+  OK(dev, dispatch_device_stats(dev, &before));
+  int rc = dispatch_optim_step(opt, g);
+  cr_assert_eq(rc, DISPATCH_EINDEX, "got %s: %s", dispatch_err_name(rc),
+               dispatch_device_errmsg(dev));
+  cr_assert(strstr(dispatch_device_errmsg(dev), "index_select"), "%s",
+            dispatch_device_errmsg(dev));
+  rc = dispatch_device_stats(dev, &after);
+  cr_assert_eq(rc, 0, "the step reached the server: %s: %s",
+               dispatch_err_name(rc), dispatch_device_errmsg(dev));
+  cr_assert_eq(after.errors, before.errors);
+  dispatch_grads_free(g);
+  dispatch_optim_free(opt);
+  dispatch_device_close(dev);
 }
