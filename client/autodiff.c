@@ -5,8 +5,10 @@
 
 int dispatch_autodiff(dispatch_tensor *t, dispatch_tensor **out) {
   if (out) *out = NULL;
-  if (!t || !out) return DISPATCH_EINVAL;
+  if (!out) return DISPATCH_EINVAL;
+  if (!t) return dispatch__null_input(NULL, "autodiff", 0);
   dispatch_device *dev = t->dev;
+  if (dispatch_tensor_status(t)) return dispatch__poisoned_input(dev, t);
   if (t->kind == DISPATCH_KIND_AUTODIFF)
     return dispatch__ret(dev, dsp_seterr(dev->ctx, DISPATCH_EDOUBLEWRAP,
                                          "autodiff should not wrap an "
@@ -29,7 +31,7 @@ int dispatch_autodiff(dispatch_tensor *t, dispatch_tensor **out) {
   else
     rc = dispatch__remote_track(dev, t->id);
   if (rc < 0) {
-    dispatch_tensor_free(w);
+    dispatch__tensor_unref(w);
     return dispatch__ret(dev, rc);
   }
   t->tracked = 1;
@@ -59,8 +61,12 @@ static void grads_link(dispatch_grads *g) {
 int dispatch_backward_ex(dispatch_tensor *loss, int retain,
                          dispatch_grads **out) {
   if (out) *out = NULL;
-  if (!loss || !out) return DISPATCH_EINVAL;
+  if (!out) return DISPATCH_EINVAL;
+  if (!loss) return dispatch__null_input(NULL, "backward", 0);
   dispatch_device *dev = loss->dev;
+  /* REMOTE: known failed, so no Backward round trip */
+  if (dispatch_tensor_status(loss))
+    return dispatch__poisoned_input(dev, loss);
   if (loss->kind != DISPATCH_KIND_AUTODIFF)
     return dispatch__ret(dev, dsp_seterr(dev->ctx, DISPATCH_ENOTTRACKED,
                                          "backward: the loss is not an "
@@ -96,7 +102,10 @@ int dispatch_backward(dispatch_tensor *loss, dispatch_grads **out) {
 int dispatch_grad(dispatch_grads *grads, dispatch_tensor *t,
                   dispatch_tensor **out) {
   if (out) *out = NULL;
-  if (!grads || !t || !out) return DISPATCH_EINVAL;
+  if (!out) return DISPATCH_EINVAL;
+  if (!grads || !t)
+    return dispatch__null_input(grads ? grads->dev : t ? t->dev : NULL,
+                                "grad", grads ? 1 : 0);
   dispatch_device *dev = grads->dev;
   if (t->dev != dev)
     return dispatch__ret(dev, dsp_seterr(dev->ctx, DISPATCH_EDEVICE,
@@ -104,6 +113,7 @@ int dispatch_grad(dispatch_grads *grads, dispatch_tensor *t,
                                          "the gradients on \"%s\"",
                                          t->dev->spec, dev->spec));
   dispatch_tensor *leaf = dispatch_inner(t);
+  if (leaf->status) return dispatch__poisoned_input(dev, t);
   if (!leaf->tracked)
     return dispatch__ret(dev, dsp_seterr(dev->ctx, DISPATCH_ENOTTRACKED,
                                          "grad: the tensor is not tracked "
@@ -127,7 +137,7 @@ int dispatch_grad(dispatch_grads *grads, dispatch_tensor *t,
     rc = dispatch__remote_grad(dev, grads->id, leaf->id, r->id);
     if (rc < 0) {
       r->id = 0;
-      dispatch_tensor_free(r);
+      dispatch__tensor_unref(r);
       return dispatch__ret(dev, rc);
     }
     dispatch__scope_adopt(r);

@@ -32,6 +32,7 @@ struct dispatch_tensor {
   dispatch_tensor *inner; /* AUTODIFF: one reference */
   int tracked;            /* LOCAL/REMOTE: wrapped by an AUTODIFF already */
   int status;             /* 0 or the error that poisoned it */
+  char *poison_msg;       /* that error's message (NULL: none kept) */
   struct dispatch__scope *scope; /* the scope holding one reference */
   dispatch_tensor *sprev, *snext; /* scope list */
   dispatch_tensor *aprev, *anext; /* device's list of live tensors */
@@ -88,6 +89,11 @@ struct dispatch_device {
   dsp_ctx *ctx; /* detail messages; LOCAL: runs the ops */
   int errcode;
   struct dispatch__scope *scope;
+  /* the first error since open or dispatch_device_clear_error: a call
+   * given a NULL input answers with it (dispatch_device_error) */
+  int first_code;
+  char first_msg[512];
+  uint64_t serial; /* names the device in a thread's record of it */
   dispatch_tensor *all;
   dispatch_grads *grads;
   dispatch_optim *optims;
@@ -99,8 +105,21 @@ struct dispatch_device {
   int closing;
 };
 
-/* Records rc as the device's last error (if negative); returns rc. */
+/* Records rc as the device's last error (if negative), and as its first
+ * when none is kept, with the message in dev->ctx; returns rc. */
 DISPATCH__HIDDEN int dispatch__ret(dispatch_device *dev, int rc);
+/* The answer to a call given a NULL input (index i of fn): the first error
+ * of dev, else (dev NULL) of the device that last failed on this thread,
+ * else DISPATCH_EINVAL "fn: input i is NULL". */
+DISPATCH__HIDDEN int dispatch__null_input(dispatch_device *dev,
+                                          const char *fn, int i);
+/* The answer to a call given t, which the client knows is poisoned: the
+ * error that poisoned it, with its message, recorded on dev. */
+DISPATCH__HIDDEN int dispatch__poisoned_input(dispatch_device *dev,
+                                              const dispatch_tensor *t);
+/* Drops one reference held by library code (never the one a scope holds
+ * for the caller); at zero the tensor is freed as by dispatch_tensor_free. */
+DISPATCH__HIDDEN void dispatch__tensor_unref(dispatch_tensor *t);
 
 /* A new handle of kind on dev with one reference; registered in the
  * device's list and, if scoped, in its innermost scope. */

@@ -16,9 +16,67 @@ void dispatch_options_init(dispatch_options *opts) {
   opts->size = sizeof *opts;
 }
 
+/* The first error of the device whose call failed last on this thread: a
+ * call whose inputs are all NULL names no device, yet must answer with the
+ * error that left it a NULL. A copy, not a pointer, so a device closed on
+ * another thread leaves nothing dangling here. */
+static _Thread_local struct {
+  int code;
+  uint64_t serial;
+  char msg[512];
+} t_last;
+static _Atomic uint64_t g_serial;
+
+static void note_thread(const dispatch_device *dev) {
+  t_last.code = dev->first_code;
+  t_last.serial = dev->serial;
+  memcpy(t_last.msg, dev->first_msg, sizeof t_last.msg);
+}
+
 int dispatch__ret(dispatch_device *dev, int rc) {
-  if (dev && rc < 0) dev->errcode = rc;
+  if (!dev || rc >= 0) return rc;
+  dev->errcode = rc;
+  if (!dev->first_code) {
+    const char *m = dsp_ctx_errmsg(dev->ctx);
+    dev->first_code = rc;
+    snprintf(dev->first_msg, sizeof dev->first_msg, "%s",
+             *m ? m : dispatch_strerror(rc));
+  }
+  note_thread(dev);
   return rc;
+}
+
+/* Answering with the first error makes it the last one too, so errcode and
+ * errmsg always describe the code the latest failing call returned. */
+int dispatch__null_input(dispatch_device *dev, const char *fn, int i) {
+  if (!dev) return t_last.code ? t_last.code : DISPATCH_EINVAL;
+  if (dev->first_code == 0) /* nothing failed: a caller's mistake */
+    return dispatch__ret(dev, dsp_seterr(dev->ctx, DISPATCH_EINVAL,
+                                         "%s: input %d is NULL", fn, i));
+  dev->errcode = dev->first_code;
+  dsp_seterr(dev->ctx, dev->first_code, "%s", dev->first_msg);
+  note_thread(dev);
+  return dev->first_code;
+}
+
+int dispatch__poisoned_input(dispatch_device *dev, const dispatch_tensor *t) {
+  int code = t->kind == DISPATCH_KIND_AUTODIFF ? t->inner->status : t->status;
+  const char *m = t->kind == DISPATCH_KIND_AUTODIFF ? t->inner->poison_msg
+                                                     : t->poison_msg;
+  return dispatch__ret(dev, dsp_seterr(dev->ctx, code, "%s",
+                                       m ? m : dispatch_strerror(code)));
+}
+
+int dispatch_device_error(const dispatch_device *dev, const char **msg) {
+  if (msg) *msg = dev ? dev->first_msg : "";
+  return dev ? dev->first_code : DISPATCH_EINVAL;
+}
+
+void dispatch_device_clear_error(dispatch_device *dev) {
+  if (!dev) return;
+  dev->first_code = 0;
+  dev->first_msg[0] = '\0';
+  if (t_last.serial == dev->serial) t_last.code = 0;
 }
 
 static void copy_msg(char *errmsg, size_t len, const char *msg) {
@@ -192,6 +250,7 @@ int dispatch_device_open(const char *spec, const dispatch_options *opts,
     copy_msg(errmsg, errmsg_len, "dispatch_device_open: out of memory");
     return DISPATCH_ENOMEM;
   }
+  dev->serial = ++g_serial;
   dev->conn->refs = 1;
   dev->conn->fd = -1;
   dev->conn->timeout_ms = o.timeout_ms;
@@ -227,6 +286,7 @@ void dispatch_device_close(dispatch_device *dev) {
       dispatch__remote_free(dev, g->id, 1);
   }
   dev->closing = 1;
+  if (t_last.serial == dev->serial) t_last.code = 0;
   if (dev->kind == DISPATCH_KIND_REMOTE) dispatch__remote_close(dev);
   while (dev->optims) {
     dispatch_optim *o = dev->optims;
@@ -263,7 +323,10 @@ void dispatch_device_close(dispatch_device *dev) {
  * new tensors land on differs. */
 int dispatch_device_open_peer(dispatch_device *dev, const char *device,
                               dispatch_device **out) {
-  if (!out) return dispatch__ret(dev, DISPATCH_EINVAL);
+  if (!out)
+    return dev ? dispatch__ret(dev, dsp_seterr(dev->ctx, DISPATCH_EINVAL,
+                                               "open_peer: out is NULL"))
+               : DISPATCH_EINVAL;
   *out = NULL;
   if (!dev) return DISPATCH_EINVAL;
   if (dev->kind != DISPATCH_KIND_REMOTE)
@@ -295,6 +358,7 @@ int dispatch_device_open_peer(dispatch_device *dev, const char *device,
   spec[n] = '/';
   strcpy(spec + n + 1, device);
   p->spec = spec;
+  p->serial = ++g_serial;
   p->kind = DISPATCH_KIND_REMOTE;
   p->conn = dev->conn;
   p->conn->refs++;
@@ -462,7 +526,7 @@ int dispatch_scope_end(dispatch_device *dev) {
   while (s->head) {
     dispatch_tensor *t = s->head;
     scope_unlink(t);
-    dispatch_tensor_free(t);
+    dispatch__tensor_unref(t);
   }
   dev->scope = s->parent;
   dsp_free(s);
@@ -477,5 +541,6 @@ dispatch_tensor *dispatch_keep(dispatch_tensor *t) {
   return t;
 }
 
-/* Used by dispatch_tensor_free when the last reference goes. */
+/* Used by dispatch_tensor_free (the caller drops the reference its scope
+ * held) and when the last reference goes. */
 void dispatch__scope_forget(dispatch_tensor *t) { scope_unlink(t); }

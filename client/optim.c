@@ -6,9 +6,9 @@
 
 static void optim_destroy(dispatch_optim *o) {
   for (int i = 0; i < o->n; i++)
-    if (o->params) dispatch_tensor_free(o->params[i]);
+    if (o->params) dispatch__tensor_unref(o->params[i]);
   for (int i = 0; i < o->n * o->k; i++)
-    if (o->states) dispatch_tensor_free(o->states[i]);
+    if (o->states) dispatch__tensor_unref(o->states[i]);
   dsp_free(o->params);
   dsp_free(o->states);
   dsp_free(o);
@@ -19,15 +19,15 @@ static void optim_destroy(dispatch_optim *o) {
 static int optim_new(dsp_opcode op, int k, dispatch_tensor *const *params,
                      int n, const double *f, int nf, dispatch_optim **out) {
   if (out) *out = NULL;
-  if (!params || n < 1 || !out || !params[0]) return DISPATCH_EINVAL;
-  dispatch_device *dev = params[0]->dev;
+  if (!params || n < 1 || !out) return DISPATCH_EINVAL;
   const char *name = op == DSP_OP_SGD_STEP ? "sgd" : "adam";
+  dispatch_device *dev = NULL;
+  for (int i = 0; i < n && !dev; i++)
+    if (params[i]) dev = params[i]->dev;
   for (int i = 0; i < n; i++) {
     dispatch_tensor *p = params[i];
-    if (!p)
-      return dispatch__ret(dev, dsp_seterr(dev->ctx, DISPATCH_EINVAL,
-                                           "%s: parameter %d is NULL", name,
-                                           i));
+    /* a NULL parameter is most often a failed creation: its error */
+    if (!p) return dispatch__null_input(dev, name, i);
     if (p->dev != dev)
       return dispatch__ret(dev, dsp_seterr(dev->ctx, DISPATCH_EDEVICE,
                                            "%s: parameter %d lives on \"%s\", "
@@ -136,13 +136,20 @@ static int local_step(dispatch_optim *opt, dispatch_grads *grads,
 }
 
 int dispatch_optim_step(dispatch_optim *opt, dispatch_grads *grads) {
-  if (!opt || !grads) return DISPATCH_EINVAL;
+  if (!opt || !grads)
+    return dispatch__null_input(opt ? opt->dev : grads ? grads->dev : NULL,
+                                "optim_step", opt ? 1 : 0);
   dispatch_device *dev = opt->dev;
   if (grads->dev != dev)
     return dispatch__ret(dev, dsp_seterr(dev->ctx, DISPATCH_EDEVICE,
                                          "optim_step: gradients live on "
                                          "\"%s\", parameters on \"%s\"",
                                          grads->dev->spec, dev->spec));
+  /* a parameter known to be poisoned fails the step here, before any
+   * parameter changes and without a round trip */
+  for (int i = 0; i < opt->n; i++)
+    if (opt->params[i]->inner->status)
+      return dispatch__poisoned_input(dev, opt->params[i]);
   dsp_attrs a = dsp_attrs_none();
   for (int i = 0; i < opt->n_floats; i++) a.floats[i] = opt->floats[i];
   a.n_floats = opt->n_floats;

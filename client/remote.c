@@ -340,7 +340,11 @@ static int take_error(dispatch_device *dev, const Dspwire__Error *e,
   if (victim == req_id) victim = target;
   for (dispatch_tensor *t = dev->all; victim && t; t = t->anext)
     if (t->kind == DISPATCH_KIND_REMOTE && t->id == victim) {
+      /* kept so a later op on t answers with this message, no round trip
+       * (without memory for it, the code's generic text does) */
       t->status = code;
+      dsp_free(t->poison_msg);
+      t->poison_msg = dsp_strdup(dsp_ctx_errmsg(dev->ctx));
       break;
     }
   return code;

@@ -11,7 +11,7 @@ static int wrap_autodiff(dispatch_tensor *inner, dispatch_tensor **out) {
   int rc = dispatch__tensor_new(inner->dev, DISPATCH_KIND_AUTODIFF,
                                 &inner->meta, 0, &w);
   if (rc < 0) {
-    dispatch_tensor_free(inner);
+    dispatch__tensor_unref(inner);
     return rc;
   }
   inner->tracked = 1;
@@ -30,23 +30,31 @@ static int wrap_autodiff(dispatch_tensor *inner, dispatch_tensor **out) {
 int dispatch__run(dispatch_device *dev, dsp_opcode op,
                   dispatch_tensor *const *in, int n_in, const dsp_attrs *a,
                   int scoped, dispatch_tensor **out) {
-  if (!out) return dispatch__ret(dev, DISPATCH_EINVAL);
-  *out = NULL;
   const dsp_op_info *info = dsp_op_lookup((int)op);
-  if (n_in > 0 && in && in[0]) dev = in[0]->dev;
-  if (!dev || !info) return DISPATCH_EINVAL;
+  /* the device is the first input's that exists: a NULL input is most
+   * often the output of a failed call, whose error that device keeps */
+  for (int i = 0; in && i < n_in && i < DSP_MAX_INPUTS; i++)
+    if (in[i]) {
+      dev = in[i]->dev;
+      break;
+    }
+  if (!out)
+    return dev ? dispatch__ret(dev, dsp_seterr(dev->ctx, DISPATCH_EINVAL,
+                                               "%s: out is NULL",
+                                               info ? info->name : "op"))
+               : DISPATCH_EINVAL;
+  *out = NULL;
+  if (!info || (!dev && n_in <= 0)) return DISPATCH_EINVAL;
   if (n_in < 0 || n_in > DSP_MAX_INPUTS || (n_in > 0 && !in))
-    return dispatch__ret(dev, dsp_seterr(dev->ctx, DISPATCH_EINVAL,
-                                         "%s: bad input count %d", info->name,
-                                         n_in));
+    return dev ? dispatch__ret(dev, dsp_seterr(dev->ctx, DISPATCH_EINVAL,
+                                               "%s: bad input count %d",
+                                               info->name, n_in))
+               : DISPATCH_EINVAL;
   dsp_meta metas[DSP_MAX_INPUTS];
   dispatch_tensor *cin[DSP_MAX_INPUTS];
-  int any_ad = 0, poisoned = 0;
+  int any_ad = 0;
   for (int i = 0; i < n_in; i++) {
-    if (!in[i])
-      return dispatch__ret(dev, dsp_seterr(dev->ctx, DISPATCH_EINVAL,
-                                           "%s: input %d is NULL", info->name,
-                                           i));
+    if (!in[i]) return dispatch__null_input(dev, info->name, i);
     if (in[i]->dev != dev)
       return dispatch__ret(
           dev, dsp_seterr(dev->ctx, DISPATCH_EDEVICE,
@@ -55,7 +63,9 @@ int dispatch__run(dispatch_device *dev, dsp_opcode op,
                           info->name, i, in[i]->dev->spec, dev->spec));
     any_ad |= in[i]->kind == DISPATCH_KIND_AUTODIFF;
     cin[i] = dispatch_inner(in[i]);
-    poisoned |= cin[i]->status != 0;
+    /* REMOTE: the client learnt at a wait that this input failed; the op
+     * fails here, so the server never runs work that cannot succeed */
+    if (cin[i]->status) return dispatch__poisoned_input(dev, in[i]);
     metas[i] = cin[i]->meta;
   }
   int rc;
@@ -93,10 +103,9 @@ int dispatch__run(dispatch_device *dev, dsp_opcode op,
                              !any_ad);
     if (rc < 0) {
       t->id = 0;
-      dispatch_tensor_free(t);
+      dispatch__tensor_unref(t);
       return dispatch__ret(dev, rc);
     }
-    if (poisoned) t->status = DISPATCH_EPOISONED;
     wrap = any_ad && dsp_dtype_is_float(om.dtype) &&
            info->family != DSP_FAM_CREATE && info->family != DSP_FAM_OPTIM;
   }
@@ -112,37 +121,24 @@ int dispatch__run(dispatch_device *dev, dsp_opcode op,
 /* ------------------------------------------------------------------ */
 /* public ops                                                          */
 
+/* NULL inputs go to dispatch__run too: it answers with the first error
+ * of the device of the other inputs, or of the thread's last failure. */
 static int run1(dsp_opcode op, dispatch_tensor *x, const dsp_attrs *a,
                 dispatch_tensor **out) {
-  if (!x) {
-    if (out) *out = NULL;
-    return DISPATCH_EINVAL;
-  }
-  return dispatch__run(x->dev, op, &x, 1, a, 1, out);
+  return dispatch__run(NULL, op, &x, 1, a, 1, out);
 }
 
 static int run2(dsp_opcode op, dispatch_tensor *x, dispatch_tensor *y,
                 const dsp_attrs *a, dispatch_tensor **out) {
   dispatch_tensor *in[2] = {x, y};
-  if (!x || !y) {
-    if (out) *out = NULL;
-    return x ? dispatch__ret(x->dev, dsp_seterr(x->dev->ctx, DISPATCH_EINVAL,
-                                                "%s: input 1 is NULL",
-                                                dsp_op_lookup((int)op)->name))
-             : DISPATCH_EINVAL;
-  }
-  return dispatch__run(x->dev, op, in, 2, a, 1, out);
+  return dispatch__run(NULL, op, in, 2, a, 1, out);
 }
 
 static int run3(dsp_opcode op, dispatch_tensor *x, dispatch_tensor *y,
                 dispatch_tensor *z, const dsp_attrs *a,
                 dispatch_tensor **out) {
   dispatch_tensor *in[3] = {x, y, z};
-  if (!x) {
-    if (out) *out = NULL;
-    return DISPATCH_EINVAL;
-  }
-  return dispatch__run(x->dev, op, in, 3, a, 1, out);
+  return dispatch__run(NULL, op, in, 3, a, 1, out);
 }
 
 #define BIN_(name, OP)                                                      \
@@ -267,9 +263,9 @@ int dispatch_slice(dispatch_tensor *x, int64_t dim, int64_t start,
 static int run_many(dsp_opcode op, dispatch_tensor *const *xs, int n,
                     int64_t dim, dispatch_tensor **out) {
   if (out) *out = NULL;
-  if (!xs || n < 1 || !xs[0]) return DISPATCH_EINVAL;
+  if (!xs || n < 1) return DISPATCH_EINVAL;
   dsp_attrs a = dsp_attrs_ints(1, &dim);
-  return dispatch__run(xs[0]->dev, op, xs, n, &a, 1, out);
+  return dispatch__run(NULL, op, xs, n, &a, 1, out);
 }
 
 int dispatch_cat(dispatch_tensor *const *xs, int n, int64_t dim,

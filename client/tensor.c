@@ -41,6 +41,7 @@ void dispatch__tensor_destroy(dispatch_tensor *t) {
     dev->local_stats.tensors--;
     dev->local_stats.bytes -= meta_nbytes(&t->meta, t->numel);
   }
+  dsp_free(t->poison_msg);
   dsp_free(t);
 }
 
@@ -50,8 +51,10 @@ dispatch_tensor *dispatch_tensor_ref(dispatch_tensor *t) {
 }
 
 /* At the last reference: leave the scope and the device's list, release
- * the backing (REMOTE: queue a Free), then drop the wrapped tensor. */
-void dispatch_tensor_free(dispatch_tensor *t) {
+ * the backing (REMOTE: queue a Free), then drop the wrapper's reference to
+ * the wrapped tensor, which stays in its scope while others remain (the
+ * wrapper's reference was never the scope's). */
+void dispatch__tensor_unref(dispatch_tensor *t) {
   while (t && --t->refcount <= 0) {
     dispatch_device *dev = t->dev;
     dispatch__scope_forget(t);
@@ -66,6 +69,17 @@ void dispatch_tensor_free(dispatch_tensor *t) {
     dispatch__tensor_destroy(t);
     t = inner; /* iterative: drop the wrapper's reference to its inner */
   }
+}
+
+/* The reference a call hands out is the one a scope holds while the
+ * tensor is registered there, so the caller's free takes the tensor out of
+ * its scope: freeing what a call returned is then right whether or not a
+ * scope was open, and a reference the caller added with dispatch_tensor_ref
+ * is never dropped by the scope's end. */
+void dispatch_tensor_free(dispatch_tensor *t) {
+  if (!t) return;
+  dispatch__scope_forget(t); /* the scope's reference is the one dropped */
+  dispatch__tensor_unref(t);
 }
 
 dispatch_tensor_kind dispatch_kind(const dispatch_tensor *t) { return t->kind; }
@@ -174,7 +188,7 @@ int dispatch_tensor_from_data(dispatch_device *dev, dispatch_dtype dtype,
   rc = dispatch__remote_upload(dev, t->id, &m, data, nbytes);
   if (rc < 0) {
     t->id = 0; /* never reached the server: nothing to Free */
-    dispatch_tensor_free(t);
+    dispatch__tensor_unref(t);
     return dispatch__ret(dev, rc);
   }
   dispatch__scope_adopt(t);
@@ -183,9 +197,11 @@ int dispatch_tensor_from_data(dispatch_device *dev, dispatch_dtype dtype,
 }
 
 int dispatch_tensor_read(dispatch_tensor *t, void *buf, size_t nbytes) {
-  if (!t) return DISPATCH_EINVAL;
+  if (!t) return dispatch__null_input(NULL, "tensor_read", 0);
   dispatch_device *dev = t->dev;
   dispatch_tensor *c = dispatch_inner(t);
+  /* known poisoned: the answer is here, no Read round trip */
+  if (c->status) return dispatch__poisoned_input(dev, t);
   size_t need = dispatch_tensor_nbytes(c);
   if (nbytes != need || (nbytes && !buf))
     return dispatch__ret(dev, dsp_seterr(dev->ctx, DISPATCH_EINVAL,
@@ -219,10 +235,9 @@ static int move_in_server(dispatch_tensor *c, dispatch_device *dev,
   rc = dispatch__remote_to_device(dev, c->id, t->id, target);
   if (rc < 0) {
     t->id = 0;
-    dispatch_tensor_free(t);
+    dispatch__tensor_unref(t);
     return rc;
   }
-  if (c->status) t->status = DISPATCH_EPOISONED;
   dispatch__scope_adopt(t);
   *out = t;
   return 0;
@@ -230,9 +245,11 @@ static int move_in_server(dispatch_tensor *c, dispatch_device *dev,
 
 int dispatch_to_device(dispatch_tensor *t, dispatch_device *dev,
                        dispatch_tensor **out) {
-  if (!t || !dev || !out) return DISPATCH_EINVAL;
+  if (!dev || !out) return DISPATCH_EINVAL;
   *out = NULL;
+  if (!t) return dispatch__null_input(dev, "to_device", 0);
   dispatch_tensor *c = dispatch_inner(t);
+  if (c->status) return dispatch__poisoned_input(dev, t);
   if (c->kind == DISPATCH_KIND_REMOTE && dev->kind == DISPATCH_KIND_REMOTE &&
       c->dev->conn == dev->conn)
     return dispatch__ret(dev, move_in_server(c, dev, out));

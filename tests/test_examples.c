@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "dispatch_client.h"
 #include "helpers/server_proc.h"
@@ -198,7 +199,11 @@ static void failing_fit(int remote) {
   uint64_t base = live_tensors(dev);
   int rc = tr_fit(&m, &g_train, N_TRAIN, &g_test, &o, res);
   cr_assert_eq(rc, DISPATCH_ESHAPE, "got %s", dispatch_err_name(rc));
-  cr_assert_neq(dispatch_device_errmsg(dev)[0], '\0');
+  /* the calls after the failed matmul answered with its error, so the
+   * last message is still the matmul's; the step reported and cleared it */
+  cr_assert_str_eq(dispatch_device_errmsg(dev),
+                   "matmul: inner dims 784 and 32 differ");
+  cr_assert_eq(dispatch_device_error(dev, NULL), 0);
   cr_assert_eq(live_tensors(dev), base, "failed step leaked tensors");
   /* the device is still usable afterwards */
   m.forward = tr_mlp_forward;
@@ -275,4 +280,81 @@ Test(examples, parse_args) {
   }
   char *missing[] = {"p", "--epochs"};
   cr_assert_eq(tr_parse_args(2, missing, "p", &o), -1);
+}
+
+/* ------------------------------------------------------------------ */
+/* the README's first program                                          */
+
+/* Compiled into this suite with its main renamed, so it runs here (under
+ * the sanitizers too) and its output can be checked. */
+#define main first_program_main
+#include "../examples/first_program.c"
+#undef main
+
+/* Runs the first program on device spec; returns its exit status and its
+ * stdout and stderr together in out. */
+static int run_first_program(const char *spec, char *out, size_t len) {
+  cr_assert_eq(setenv("DISPATCH_DEVICE", spec, 1), 0);
+  fflush(stdout);
+  fflush(stderr);
+  FILE *tmp = tmpfile();
+  cr_assert_not_null(tmp);
+  int o = dup(1), e = dup(2);
+  cr_assert(o >= 0 && e >= 0);
+  dup2(fileno(tmp), 1);
+  dup2(fileno(tmp), 2);
+  int status = first_program_main();
+  fflush(stdout);
+  fflush(stderr);
+  dup2(o, 1);
+  dup2(e, 2);
+  close(o);
+  close(e);
+  rewind(tmp);
+  size_t n = fread(out, 1, len - 1, tmp);
+  out[n] = '\0';
+  fclose(tmp);
+  return status;
+}
+
+/* x [[1,2,3],[4,5,6]], w1 and w2 ones: h = relu(x @ w1) has rows of 6 and
+ * 15, so d(sum(h @ w2))/dw2 = 6 + 15 for each of its 4 entries. */
+#define FIRST_PROGRAM_OUT "dloss/dw2 = 21 21 21 21\n"
+
+Test(examples, first_program_local) {
+  char out[1024];
+  int st = run_first_program("local", out, sizeof out);
+  cr_assert_eq(st, 0, "exit %d: %s", st, out);
+  cr_assert_str_eq(out, FIRST_PROGRAM_OUT);
+}
+
+Test(examples, first_program_remote, .init = setup_remote,
+     .fini = teardown_remote) {
+  char spec[64], out[1024];
+  snprintf(spec, sizeof spec, "tcp://127.0.0.1:%d", g_srv.port);
+  int st = run_first_program(spec, out, sizeof out);
+  cr_assert_eq(st, 0, "exit %d: %s", st, out);
+  cr_assert_str_eq(out, FIRST_PROGRAM_OUT);
+}
+
+/* A session limit that a few tensors pass: a call fails on the server,
+ * every later call answers with that error, and the one check at the end
+ * prints the server's message (not "input 0 is NULL"). */
+Test(examples, first_program_reports_the_servers_first_error,
+     .fini = teardown_remote) {
+  const char *args[] = {"--max-session-bytes", "600", "--log-level", "error",
+                        NULL};
+  if (!getenv("DISPATCH_SERVER_BIN") || !*getenv("DISPATCH_SERVER_BIN"))
+    cr_assert_fail("DISPATCH_SERVER_BIN is not set: this test needs "
+                   "dispatch-server (make test sets it)");
+  cr_assert_eq(sp_start(&g_srv, args), 0, "dispatch-server did not start");
+  char spec[64], out[1024];
+  snprintf(spec, sizeof spec, "tcp://127.0.0.1:%d", g_srv.port);
+  int st = run_first_program(spec, out, sizeof out);
+  cr_assert_eq(st, 1, "exit %d: %s", st, out);
+  cr_assert(strncmp(out, "error: server: request ", 23) == 0, "%s", out);
+  cr_assert(strstr(out, "DISPATCH_EQUOTA") && strstr(out,
+            "--max-session-bytes"), "%s", out);
+  cr_assert_null(strstr(out, "is NULL"), "%s", out);
+  cr_assert_null(strstr(out, "dloss"), "%s", out);
 }

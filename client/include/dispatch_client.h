@@ -7,11 +7,20 @@
  * Conventions (they hold for every function below unless it says otherwise)
  * - Functions that can fail return 0 or a negative DISPATCH_E* code
  *   (dispatch_errors.h, included below). The device keeps the detail of its
- *   last error: dispatch_device_errmsg(dev). Nothing aborts on a caller's
+ *   last error (dispatch_device_errmsg) and, until the caller clears it,
+ *   its FIRST error (dispatch_device_error). Nothing aborts on a caller's
  *   mistake.
+ * - Straight-line code: a call given a NULL input (the *out of a call that
+ *   failed) returns the device's first error, code and message, and a call
+ *   given an input known to be poisoned returns the error that poisoned it;
+ *   neither does any work. So a forward pass can be a run of calls with one
+ *   check at the end (dispatch_device_error), as examples/first_program.c
+ *   does. Calls whose inputs are all valid run as usual, error or not.
  * - A function that gives back a tensor through `dispatch_tensor **out`
- *   hands the caller ONE reference, or registers it in the innermost open
- *   scope of the tensor's device (see scopes). On failure *out is NULL and
+ *   hands the caller ONE reference, the same with or without a scope: the
+ *   caller may always drop it with dispatch_tensor_free; when a scope of
+ *   the tensor's device was open at the call, the scope drops it at its
+ *   end if the caller has not (see scopes). On failure *out is NULL and
  *   nothing leaks. Input tensors are borrowed: the call never consumes them.
  * - Handles are opaque. A device and everything on it is used from one
  *   thread at a time; distinct devices may be used from distinct threads.
@@ -214,14 +223,37 @@ dispatch_tensor_kind dispatch_device_kind(const dispatch_device *dev);
 DISPATCH_API
 const char *dispatch_device_spec(const dispatch_device *dev);
 
-/* Detail message of the device's last error ("" if none); owned by the
- * device, valid until its next failing call. */
+/* Detail message of the device's last error ("" if none): the error the
+ * latest failing call on it returned. Owned by the device, valid until its
+ * next failing call. */
 DISPATCH_API
 const char *dispatch_device_errmsg(const dispatch_device *dev);
 
 /* Code of the device's last error (0 if none). */
 DISPATCH_API
 int dispatch_device_errcode(const dispatch_device *dev);
+
+/* The device's first error since it was opened or last cleared: its code
+ * (0 if none; DISPATCH_EINVAL for a NULL dev), and in *msg (when msg is
+ * not NULL) its message, "" if none. The message is owned by the device,
+ * unchanged by later failures, valid until dispatch_device_clear_error or
+ * dispatch_device_close. Later failures never replace it: a call given a
+ * NULL input answers with it (a call with no argument naming a device, such
+ * as dispatch_relu(NULL, &y), answers with the first error of the device
+ * that last failed on this thread, and changes no device's errcode or
+ * errmsg). REMOTE: an error the server finds becomes known at the next
+ * wait (read, sync, backward, stats), which records it here like any
+ * other: check after a wait. */
+DISPATCH_API
+int dispatch_device_error(const dispatch_device *dev, const char **msg);
+
+/* Forgets the first error (dispatch_device_error gives 0 again), so the
+ * next failure is the new first and a NULL input with none is again
+ * DISPATCH_EINVAL "input N is NULL". The last error (errcode, errmsg) is
+ * left as it is; poisoned tensors stay poisoned; a REMOTE error the server
+ * has not reported yet still surfaces at the next wait. NULL is a no-op. */
+DISPATCH_API
+void dispatch_device_clear_error(dispatch_device *dev);
 
 /* Waits until the server ran everything queued so far (LOCAL: returns 0 at
  * once). Returns the first deferred error of the session, if any, with the
@@ -247,15 +279,20 @@ int dispatch_device_set_timeout(dispatch_device *dev, int timeout_ms);
 /* scopes: a training loop without a free per op                       */
 
 /* Opens a scope on dev. Every tensor handed out on dev while it is the
- * innermost scope is registered in it instead of being owned by the
- * caller. Scopes nest. Returns 0 or DISPATCH_ENOMEM. */
+ * innermost scope is registered in it: the scope drops the reference the
+ * call handed out at its end, unless the caller dropped it first
+ * (dispatch_tensor_free, which also takes the tensor out of the scope) or
+ * moved it out (dispatch_keep). So code that frees what it does not return
+ * is right with or without a scope, and code that frees nothing needs one.
+ * Scopes nest. Returns 0 or DISPATCH_ENOMEM. */
 DISPATCH_API
 int dispatch_scope_begin(dispatch_device *dev);
 
-/* Closes the innermost scope: drops the reference of every tensor
- * registered in it that was not kept; a tensor whose last reference goes
- * is freed (REMOTE: a Free is queued, batched with later traffic).
- * DISPATCH_EINVAL when no scope is open. */
+/* Closes the innermost scope: drops the handed-out reference of every
+ * tensor still registered in it; a tensor whose last reference goes is
+ * freed (REMOTE: a Free is queued, batched with later traffic). References
+ * taken with dispatch_tensor_ref are not touched. DISPATCH_EINVAL when no
+ * scope is open. */
 DISPATCH_API
 int dispatch_scope_end(dispatch_device *dev);
 
@@ -274,7 +311,11 @@ DISPATCH_API
 dispatch_tensor *dispatch_tensor_ref(dispatch_tensor *t);
 
 /* Drops one reference; at zero the tensor is freed (REMOTE: a Free for
- * its id is queued) and removed from its scope. NULL is a no-op. */
+ * its id is queued). A tensor still registered in a scope leaves it: the
+ * reference dropped is the one the call handed out, which the scope would
+ * otherwise drop at its end. So `y = f(x); k = dispatch_tensor_ref(y);
+ * dispatch_tensor_free(y);` leaves the caller k, scope or not. NULL is a
+ * no-op. */
 DISPATCH_API
 void dispatch_tensor_free(dispatch_tensor *t);
 
@@ -308,7 +349,9 @@ int64_t dispatch_tensor_numel(const dispatch_tensor *t);
 DISPATCH_API
 size_t dispatch_tensor_nbytes(const dispatch_tensor *t);
 /* 0, or the error that poisoned t (a failed REMOTE op whose error the
- * client has learnt of at a wait). */
+ * client has learnt of at a wait). An op, read, backward, autodiff or
+ * to_device given a poisoned tensor returns that error and its message at
+ * once, without a round trip. */
 DISPATCH_API
 int dispatch_tensor_status(const dispatch_tensor *t);
 

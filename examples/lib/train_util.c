@@ -22,12 +22,20 @@ static int tr_report(dispatch_device *dev, int rc, const char *what) {
   return rc;
 }
 
-/* Runs call; on failure reports it and jumps to `out` with rc set. */
-#define TR_TRY(dev, call)                          \
-  do {                                             \
-    rc = tr_report((dev), (call), #call);          \
-    if (rc < 0) goto out;                          \
-  } while (0)
+/* The one check after a run of calls written without checks: a failed
+ * call makes every later call given its NULL output fail with the same
+ * error, and the device keeps the first. Reports that first error and
+ * clears it, so the next run starts clean; returns it, or 0. */
+static int tr_check(dispatch_device *dev, const char *what) {
+  const char *msg;
+  int rc = dispatch_device_error(dev, &msg);
+  if (rc < 0) {
+    fprintf(stderr, "%s failed: %s (%s): %s\n", what, dispatch_err_name(rc),
+            dispatch_strerror(rc), msg);
+    dispatch_device_clear_error(dev);
+  }
+  return rc;
+}
 
 static double tr_now(void) {
   struct timespec ts;
@@ -214,19 +222,17 @@ static dispatch_tensor *tr_p(tr_model *m, int i, int train) {
   return train ? m->params[i] : dispatch_inner(m->params[i]);
 }
 
-/* Must run inside a scope: every intermediate is registered there. */
+/* Must run inside a scope: every intermediate is registered there. No
+ * check per call: after a failure the later calls return the same first
+ * error, so the last call's result is the whole forward's. */
 static int tr_mlp_forward(tr_model *m, dispatch_tensor *x, int train,
                           dispatch_tensor **logits) {
-  dispatch_device *dev = m->dev;
   dispatch_tensor *h, *o;
-  int rc;
-  TR_TRY(dev, dispatch_matmul(x, tr_p(m, 0, train), &h));
-  TR_TRY(dev, dispatch_add(h, tr_p(m, 1, train), &h));
-  TR_TRY(dev, dispatch_relu(h, &h));
-  TR_TRY(dev, dispatch_matmul(h, tr_p(m, 2, train), &o));
-  TR_TRY(dev, dispatch_add(o, tr_p(m, 3, train), logits));
-out:
-  return rc;
+  dispatch_matmul(x, tr_p(m, 0, train), &h);
+  dispatch_add(h, tr_p(m, 1, train), &h);
+  dispatch_relu(h, &h);
+  dispatch_matmul(h, tr_p(m, 2, train), &o);
+  return dispatch_add(o, tr_p(m, 3, train), logits);
 }
 
 int tr_mlp_init(dispatch_device *dev, int hidden, uint64_t seed,
@@ -250,32 +256,24 @@ int tr_mlp_init(dispatch_device *dev, int hidden, uint64_t seed,
  * (conv2d has no bias argument), then relu and a 2x2 max pool. */
 static int tr_conv_block(tr_model *m, dispatch_tensor *x, int wi, int train,
                          dispatch_tensor **out) {
-  dispatch_device *dev = m->dev;
   dispatch_tensor *c;
-  int rc;
-  TR_TRY(dev, dispatch_conv2d(x, tr_p(m, wi, train), 1, 1, 1, 1, 1, 1, &c));
-  TR_TRY(dev, dispatch_add(c, tr_p(m, wi + 1, train), &c));
-  TR_TRY(dev, dispatch_relu(c, &c));
-  TR_TRY(dev, dispatch_max_pool2d(c, 2, 2, 2, 2, 0, 0, out));
-out:
-  return rc;
+  dispatch_conv2d(x, tr_p(m, wi, train), 1, 1, 1, 1, 1, 1, &c);
+  dispatch_add(c, tr_p(m, wi + 1, train), &c);
+  dispatch_relu(c, &c);
+  return dispatch_max_pool2d(c, 2, 2, 2, 2, 0, 0, out);
 }
 
 static int tr_cnn_forward(tr_model *m, dispatch_tensor *x, int train,
                           dispatch_tensor **logits) {
-  dispatch_device *dev = m->dev;
   dispatch_tensor *h, *o;
-  int rc;
   const int64_t img[4] = {-1, 1, 28, 28};
   const int64_t flat[2] = {-1, dispatch_tensor_dim(m->params[4], 0)};
-  TR_TRY(dev, dispatch_reshape(x, 4, img, &h));
-  TR_TRY(dev, tr_conv_block(m, h, 0, train, &h));
-  TR_TRY(dev, tr_conv_block(m, h, 2, train, &h));
-  TR_TRY(dev, dispatch_reshape(h, 2, flat, &h));
-  TR_TRY(dev, dispatch_matmul(h, tr_p(m, 4, train), &o));
-  TR_TRY(dev, dispatch_add(o, tr_p(m, 5, train), logits));
-out:
-  return rc;
+  dispatch_reshape(x, 4, img, &h);
+  tr_conv_block(m, h, 0, train, &h);
+  tr_conv_block(m, h, 2, train, &h);
+  dispatch_reshape(h, 2, flat, &h);
+  dispatch_matmul(h, tr_p(m, 4, train), &o);
+  return dispatch_add(o, tr_p(m, 5, train), logits);
 }
 
 int tr_cnn_init(dispatch_device *dev, int c1, int c2, uint64_t seed,
@@ -303,9 +301,9 @@ int tr_cnn_init(dispatch_device *dev, int c1, int c2, uint64_t seed,
 /* ------------------------------------------------------------------ */
 /* training and evaluation                                             */
 
-/* One optimizer step on the batch in xb/yb (b rows); the step's tensors
- * live in one scope that is closed on every path. *loss is the batch's
- * mean cross-entropy as read back from the device. */
+/* One optimizer step on the batch in xb/yb (b rows), written straight
+ * through with one check at the end; the step's tensors live in one scope.
+ * *loss is the batch's mean cross-entropy as read back from the device. */
 static int tr_step(tr_model *m, dispatch_optim *opt, const float *xb,
                    const int64_t *yb, int64_t b, float *loss) {
   dispatch_device *dev = m->dev;
@@ -314,22 +312,20 @@ static int tr_step(tr_model *m, dispatch_optim *opt, const float *xb,
   const int64_t xs[2] = {b, TR_IMAGE_SIZE};
   int rc = tr_report(dev, dispatch_scope_begin(dev), "dispatch_scope_begin");
   if (rc < 0) return rc;
-  TR_TRY(dev, dispatch_tensor_from_data(dev, DISPATCH_F32, 2, xs, xb,
-                                        (size_t)b * TR_IMAGE_SIZE * sizeof *xb,
-                                        &x));
-  TR_TRY(dev, dispatch_tensor_from_data(dev, DISPATCH_I64, 1, &b, yb,
-                                        (size_t)b * sizeof *yb, &y));
-  TR_TRY(dev, m->forward(m, x, 1, &logits));
-  TR_TRY(dev, dispatch_cross_entropy(logits, y, &l));
-  TR_TRY(dev, dispatch_backward(l, &grads));
-  TR_TRY(dev, dispatch_optim_step(opt, grads));
+  dispatch_tensor_from_data(dev, DISPATCH_F32, 2, xs, xb,
+                            (size_t)b * TR_IMAGE_SIZE * sizeof *xb, &x);
+  dispatch_tensor_from_data(dev, DISPATCH_I64, 1, &b, yb,
+                            (size_t)b * sizeof *yb, &y);
+  m->forward(m, x, 1, &logits);
+  dispatch_cross_entropy(logits, y, &l);
+  dispatch_backward(l, &grads);
+  dispatch_optim_step(opt, grads);
   /* REMOTE: the read waits for the step too, so a deferred error of this
    * step surfaces here rather than steps later */
-  TR_TRY(dev, dispatch_tensor_read(l, loss, sizeof *loss));
-out:
+  dispatch_tensor_read(l, loss, sizeof *loss);
+  rc = tr_check(dev, "training step");
   dispatch_grads_free(grads);
-  if (dispatch_scope_end(dev) < 0 && rc == 0)
-    rc = tr_report(dev, DISPATCH_EINVAL, "dispatch_scope_end");
+  dispatch_scope_end(dev);
   return rc;
 }
 
@@ -353,14 +349,15 @@ int tr_evaluate(tr_model *m, const fmnist_split *test, int eval_batch,
     dispatch_tensor *x, *logits, *am;
     rc = tr_report(dev, dispatch_scope_begin(dev), "dispatch_scope_begin");
     if (rc < 0) break;
-    TR_TRY(dev, dispatch_tensor_from_data(
-                    dev, DISPATCH_F32, 2, xs, test->images + s * TR_IMAGE_SIZE,
-                    (size_t)b * TR_IMAGE_SIZE * sizeof(float), &x));
-    TR_TRY(dev, m->forward(m, x, 0, &logits));
-    TR_TRY(dev, dispatch_argmax(logits, 1, &dim1, 0, &am));
-    TR_TRY(dev, dispatch_tensor_read(am, pred, (size_t)b * sizeof *pred));
-    for (int64_t i = 0; i < b; i++) right += pred[i] == test->labels[s + i];
-  out:
+    dispatch_tensor_from_data(dev, DISPATCH_F32, 2, xs,
+                              test->images + s * TR_IMAGE_SIZE,
+                              (size_t)b * TR_IMAGE_SIZE * sizeof(float), &x);
+    m->forward(m, x, 0, &logits);
+    dispatch_argmax(logits, 1, &dim1, 0, &am);
+    dispatch_tensor_read(am, pred, (size_t)b * sizeof *pred);
+    rc = tr_check(dev, "evaluation");
+    for (int64_t i = 0; rc == 0 && i < b; i++)
+      right += pred[i] == test->labels[s + i];
     dispatch_scope_end(dev);
     if (rc < 0) break;
   }
@@ -389,8 +386,10 @@ int tr_fit(tr_model *m, const fmnist_split *train, size_t n_train,
     rc = DISPATCH_EINVAL;
     goto out;
   }
-  TR_TRY(dev, dispatch_adam_new(m->params, m->nparams, o->lr, 0.9, 0.999,
-                                1e-8, &opt));
+  rc = tr_report(dev, dispatch_adam_new(m->params, m->nparams, o->lr, 0.9,
+                                        0.999, 1e-8, &opt),
+                 "dispatch_adam_new");
+  if (rc < 0) goto out;
   size_t steps = (n_train + bs - 1) / bs;
   for (int e = 0; e < o->epochs; e++) {
     tr_shuffle(perm, n_train, o->seed * 1000003u + (uint64_t)e + 1);
