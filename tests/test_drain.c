@@ -13,6 +13,8 @@
  * too (a few KiB over loopback arrive in one piece). */
 #include <criterion/criterion.h>
 #include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -278,4 +280,93 @@ Test(drain, zero_timeout_no_wait, .fini = stop, .timeout = 240) {
   cr_assert_eq(sp_wait(&g_srv), 0);
   g_srv.pid = 0;
   free(p);
+}
+
+/* ---------------------------------------------------------------- */
+
+static char g_log[64];
+
+/* Starts the server with its stderr in a temporary file (g_log), so a
+ * test can wait for what it logs. */
+static void start_logged(const char *const *args) {
+  snprintf(g_log, sizeof g_log, "/tmp/dsp-drain-XXXXXX");
+  int fd = mkstemp(g_log);
+  cr_assert_geq(fd, 0);
+  int saved = dup(2);
+  dup2(fd, 2);
+  start(args);
+  dup2(saved, 2);
+  close(saved);
+  close(fd);
+}
+
+static void stop_logged(void) {
+  stop();
+  if (*g_log) unlink(g_log);
+}
+
+/* Waits (bounded) until the server's log contains needle. */
+static int wait_log(const char *needle) {
+  for (int i = 0; i < 1200; i++) {
+    FILE *f = fopen(g_log, "rb");
+    if (f) {
+      static char buf[1 << 20];
+      size_t n = fread(buf, 1, sizeof buf - 1, f);
+      fclose(f);
+      buf[n] = '\0';
+      if (strstr(buf, needle)) return 1;
+    }
+    usleep(50000);
+  }
+  return 0;
+}
+
+typedef struct reader {
+  dispatch_tensor *t;
+  float v;
+  int rc;
+} reader;
+
+static void *reader_main(void *p) {
+  reader *r = p;
+  r->rc = dispatch_tensor_read(r->t, &r->v, sizeof r->v);
+  return NULL;
+}
+
+/* Through the library: ops queued behind a Read that the server has read
+ * (its debug log names the read) when SIGTERM comes are run, the Read is
+ * answered with the right value, and the next call gives ESHUTDOWN. */
+Test(drain, library_queued_work_answered_then_eshutdown, .fini = stop_logged,
+     .timeout = 240) {
+  const char *args[] = {"--log-level", "debug", "--drain-timeout", "120",
+                        NULL};
+  start_logged(args);
+  dispatch_device *dev = open_remote();
+  int64_t shape[2] = {1024, 1024};
+  dispatch_tensor *a = NULL, *cur = NULL, *s = NULL;
+  cr_assert_eq(dispatch_scope_begin(dev), 0);
+  cr_assert_eq(dispatch_full(dev, DISPATCH_F32, 2, shape, 1.0 / 1024, &a), 0);
+  cur = a;
+  for (int i = 0; i < 8; i++) {
+    dispatch_tensor *next;
+    cr_assert_eq(dispatch_matmul(cur, a, &next), 0);
+    cur = next;
+  }
+  cr_assert_eq(dispatch_sum(cur, 0, NULL, 0, &s), 0);
+  reader r = {.t = s};
+  pthread_t th;
+  cr_assert_eq(pthread_create(&th, NULL, reader_main, &r), 0);
+  cr_assert(wait_log(": read "), "the server never read the Read");
+  cr_assert_eq(sp_signal(&g_srv, SIGTERM), 0);
+  pthread_join(th, NULL);
+  cr_assert_eq(r.rc, 0, "the queued Read: %s: %s", dispatch_err_name(r.rc),
+               dispatch_device_errmsg(dev));
+  cr_assert_eq(r.v, 1024.0f, "sum %g", (double)r.v);
+  int rc = dispatch_device_sync(dev);
+  cr_assert_eq(rc, DISPATCH_ESHUTDOWN, "after the drain: %s: %s",
+               dispatch_err_name(rc), dispatch_device_errmsg(dev));
+  cr_assert_eq(sp_wait(&g_srv), 0, "exit status");
+  g_srv.pid = 0;
+  dispatch_scope_end(dev);
+  dispatch_device_close(dev);
 }
