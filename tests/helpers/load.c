@@ -186,7 +186,7 @@ static void *client_main(void *arg) {
     pthread_mutex_lock(&w->sh->mu);
     if (!w->sh->first_error[0])
       snprintf(w->sh->first_error, sizeof w->sh->first_error,
-               "client %d: open %s: %s", w->index, cfg->spec, msg);
+               "client %d: open %.64s: %.160s", w->index, cfg->spec, msg);
     pthread_mutex_unlock(&w->sh->mu);
     return NULL;
   }
