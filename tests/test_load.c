@@ -91,11 +91,18 @@ Test(load, reduced_mixed_and_big_uploads, .init = start, .fini = stop,
                 "%lld MiB", r.rss_peak / MIB, bound / MIB);
 
   /* After: every session's tensors freed, RSS within 16 MiB of where it
-   * started (allocator arenas the workers touched stay mapped). */
+   * started (allocator arenas the workers touched stay mapped). Under
+   * AddressSanitizer (make sanitize builds the server and this suite
+   * alike) freed blocks wait in its quarantine, 256 MiB by default,
+   * before they are reused or returned: that much more is allowed. */
   cr_assert_eq(wait_server_empty(), 0, "tensors left on the server");
   long long after = load_rss(g_srv.pid);
+  long long slack = 16 * MIB;
+#ifdef __SANITIZE_ADDRESS__
+  slack += 256 * MIB;
+#endif
   cr_log_info("load: server RSS after %lld MiB", after / MIB);
-  cr_assert_leq(after, r.rss_before + 16 * MIB,
+  cr_assert_leq(after, r.rss_before + slack,
                 "server RSS %lld MiB after the run, %lld MiB before",
                 after / MIB, r.rss_before / MIB);
 }
