@@ -215,6 +215,12 @@ $(BUILD)/bench/%: bench/%.c $(CLIENT_A) $(SERVER_A)
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) -MMD -MP -o $@ $< $(SERVER_A) $(CLIENT_A) $(LDFLAGS) $(LIBS)
 
+# the load benchmark shares its driver with tests/test_load.c
+LOAD_HELPERS := $(call obj,tests/helpers/load.c tests/helpers/server_proc.c tests/helpers/wire.c)
+$(BUILD)/bench/load: bench/load.c $(LOAD_HELPERS) $(CLIENT_A) $(SERVER_A)
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_CFLAGS) -Itests -MMD -MP -o $@ $< $(LOAD_HELPERS) $(SERVER_A) $(CLIENT_A) $(LDFLAGS) $(LIBS)
+
 # ---------------------------------------------------------------- commands
 # Each suite prints Criterion's synthesis line; the run fails if any fails.
 test: deps

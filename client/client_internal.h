@@ -61,7 +61,9 @@ struct dispatch_optim {
 /* The wire side of a REMOTE device. */
 typedef struct dispatch__conn {
   int fd;
-  int dead;        /* connection lost: every later call gives ECONN */
+  int dead;        /* connection lost: every later call gives dead_code */
+  int dead_code;   /* DISPATCH_ECONN, or DISPATCH_ESHUTDOWN when the server
+                      said it was going away */
   char dead_why[192];
   int ready; /* hello answered: the server accepts other requests */
   int timeout_ms;

@@ -339,7 +339,7 @@ int dispatch_device_open_peer(dispatch_device *dev, const char *device,
                                          "device name (cpu, cpu:1, cuda:0)",
                                          device ? device : "(null)"));
   if (dev->conn->dead)
-    return dispatch__ret(dev, dsp_seterr(dev->ctx, DISPATCH_ECONN,
+    return dispatch__ret(dev, dsp_seterr(dev->ctx, dev->conn->dead_code,
                                          "open_peer: %s", dev->conn->dead_why));
   const char *slash = strchr(dev->spec + 6, '/');
   size_t n = slash ? (size_t)(slash - dev->spec) : strlen(dev->spec);

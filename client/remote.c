@@ -52,28 +52,79 @@ static int64_t now_ms(void) {
   return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-/* Marks the connection lost: the socket is closed, queued bytes dropped,
- * and every later call reports ECONN with the first reason. */
-static int conn_lost(dispatch_device *dev, const char *why) {
+/* The message of the server's going-away frame when one is waiting
+ * unread (plain TCP: the bytes left in rbuf and what the socket holds
+ * now), so a send that failed because the server had already closed
+ * still reports the shutdown rather than a lost connection. 1 with the
+ * message in why, else 0. TLS connections are not looked at: their
+ * records are OpenSSL's to read. */
+static int goodbye_waiting(dispatch__conn *c, char *why, size_t len) {
+  if (c->ssl || c->fd < 0 || !c->rbuf) return 0;
+  uint8_t buf[4096];
+  size_t n = c->rlen > c->rpos ? c->rlen - c->rpos : 0;
+  if (n > sizeof buf) n = sizeof buf;
+  memcpy(buf, c->rbuf + c->rpos, n);
+  while (n < sizeof buf) {
+    ssize_t r = recv(c->fd, buf + n, sizeof buf - n, MSG_DONTWAIT);
+    if (r <= 0) break;
+    n += (size_t)r;
+  }
+  size_t off = 0;
+  while (n - off >= DSP_FRAME_HEADER_SIZE) {
+    dsp_frame_header h;
+    if (dsp_frame_header_decode(buf + off, MAX_REPLY_MSG, UINT64_MAX, &h) < 0)
+      return 0;
+    size_t body = n - off - DSP_FRAME_HEADER_SIZE;
+    if (h.msg_len > body) return 0;
+    Dspwire__Reply *r = dspwire__reply__unpack(
+        &g_pb_alloc, h.msg_len, buf + off + DSP_FRAME_HEADER_SIZE);
+    if (!r) return 0;
+    int bye = r->error && r->error->code == DISPATCH_ESHUTDOWN;
+    if (bye)
+      snprintf(why, len, "%s", r->error->message ? r->error->message : "");
+    dspwire__reply__free_unpacked(r, &g_pb_alloc);
+    if (bye) return 1;
+    if (h.bulk_len > body - h.msg_len) return 0;
+    off += DSP_FRAME_HEADER_SIZE + h.msg_len + (size_t)h.bulk_len;
+  }
+  return 0;
+}
+
+/* Marks the connection gone for good: the socket is closed, queued bytes
+ * dropped, and every later call reports code with the first reason. */
+static int conn_down(dispatch_device *dev, int code, const char *why) {
   dispatch__conn *c = dev->conn;
   if (!c->dead) {
     c->dead = 1;
+    c->dead_code = code;
     if (c->fd >= 0) close(c->fd);
     c->fd = -1;
     c->len = 0;
     c->rpos = c->rlen = 0;
     c->n_free_ids = c->n_free_grads = 0;
-    dsp_seterr(dev->ctx, DISPATCH_ECONN, "connection to %s lost: %s",
-               dev->spec, why);
     snprintf(c->dead_why, sizeof c->dead_why, "%s", why);
   }
-  return DISPATCH_ECONN;
+  if (c->dead_code == DISPATCH_ESHUTDOWN)
+    return dsp_seterr(dev->ctx, DISPATCH_ESHUTDOWN,
+                      "%s: the server is shutting down: %s", dev->spec,
+                      c->dead_why);
+  return dsp_seterr(dev->ctx, DISPATCH_ECONN, "connection to %s lost: %s",
+                    dev->spec, c->dead_why);
+}
+
+/* The connection failed (a socket error, EOF, a timeout): a lost
+ * connection, unless the server's goodbye is waiting unread, which makes
+ * it a shutdown. */
+static int conn_lost(dispatch_device *dev, const char *why) {
+  char bye[192];
+  if (!dev->conn->dead && goodbye_waiting(dev->conn, bye, sizeof bye))
+    return conn_down(dev, DISPATCH_ESHUTDOWN, bye);
+  return conn_down(dev, DISPATCH_ECONN, why);
 }
 
 static int check_alive(dispatch_device *dev) {
   if (!dev->conn->dead) return 0;
-  return dsp_seterr(dev->ctx, DISPATCH_ECONN, "connection to %s lost: %s",
-                    dev->spec, dev->conn->dead_why);
+  return conn_down(dev, dev->conn->dead_code, dev->conn->dead_why);
 }
 
 /* Writes all n bytes or loses the connection; each poll waits at most
@@ -426,6 +477,9 @@ static int call(dispatch_device *dev, Dspwire__Request *req, void *dst,
       continue;
     }
     *reply = r;
+    if (r->error && r->error->code == DISPATCH_ESHUTDOWN)
+      return conn_down(dev, DISPATCH_ESHUTDOWN,
+                       r->error->message ? r->error->message : "");
     if (r->error && r->error->code != 0) return take_error(dev, r->error, req->req_id, target);
     if (!mine) return conn_lost(dev, "reply to an unknown request");
     return 0;

@@ -197,7 +197,7 @@ run_python_mlp() {
 
 # BENCH_ONLY="latency bulk": those programs alone (python and memory are
 # names too), for working on one benchmark; the CSV then holds their rows
-only=" ${BENCH_ONLY:-latency ops bulk devices matmul mlp python memory} "
+only=" ${BENCH_ONLY:-latency ops bulk devices matmul mlp python memory load} "
 want() { [[ $only == *" $1 "* ]]; }
 start=$(date +%s)
 start_server
@@ -210,6 +210,15 @@ if want memory; then
   start_server
   run memory
   stop_server
+fi
+# the load rows start their own server (72 sessions, and a fresh RSS
+# baseline); quick mode shrinks the run from 64 x 10,000 calls + 8 x 64 MiB
+if want load; then
+  if [ -n "$QUICK" ]; then
+    LOAD_CLIENTS=4 LOAD_OPS=100 LOAD_BIG=1 LOAD_BIG_MIB=4 run load
+  else
+    run load
+  fi
 fi
 
 mkdir -p "$(dirname "$CSV")"

@@ -43,6 +43,7 @@ void sv_config_defaults(sv_config *c) {
   c->threads = n < 1 ? 1 : n > 64 ? 64 : (int)n;
   c->log_level = SV_LOG_INFO;
   c->handshake_timeout_s = 10;
+  c->drain_timeout_s = 30;
 }
 
 void sv_config_release(sv_config *c) {
@@ -157,6 +158,9 @@ static const char *const g_usage =
     "                           512 MiB): fresh pages fault on first touch\n"
     "  --handshake-timeout SECONDS  TLS handshake + hello must finish in\n"
     "                           this time, 0 never (default 10)\n"
+    "  --drain-timeout SECONDS  on SIGTERM/SIGINT, run and answer the requests\n"
+    "                           already received for at most this long, then\n"
+    "                           cancel the rest; 0 no wait (default 30)\n"
     "  --tls-cert FILE          serve TLS with this certificate (PEM chain)\n"
     "  --tls-key FILE           private key of --tls-cert\n"
     "  --tls-client-ca FILE     mutual TLS: require a client certificate\n"
@@ -379,7 +383,7 @@ enum {
   O_FRAME_TIMEOUT, O_THREADS, O_MAX_OUTPUT_QUEUE, O_MAX_ELEMENTS,
   O_MAX_OP_COST, O_STORAGE_CACHE, O_MAX_QUEUED, O_HANDSHAKE_TIMEOUT,
   O_TLS_CERT, O_TLS_KEY, O_TLS_CLIENT_CA, O_TOKEN_FILE, O_INSECURE,
-  O_LOG_LEVEL, O_VERSION, O_METRICS_LISTEN, O_LOG_FORMAT
+  O_LOG_LEVEL, O_VERSION, O_METRICS_LISTEN, O_LOG_FORMAT, O_DRAIN_TIMEOUT
 };
 
 static const struct option g_opts[] = {
@@ -400,6 +404,7 @@ static const struct option g_opts[] = {
     {"storage-cache", required_argument, NULL, O_STORAGE_CACHE},
     {"max-queued", required_argument, NULL, O_MAX_QUEUED},
     {"handshake-timeout", required_argument, NULL, O_HANDSHAKE_TIMEOUT},
+    {"drain-timeout", required_argument, NULL, O_DRAIN_TIMEOUT},
     {"tls-cert", required_argument, NULL, O_TLS_CERT},
     {"tls-key", required_argument, NULL, O_TLS_KEY},
     {"tls-client-ca", required_argument, NULL, O_TLS_CLIENT_CA},
@@ -477,6 +482,8 @@ static int apply(sv_config *c, int val, const char *v) {
     if (parse_num(name, v, 0, 1, 1u << 24, &n) < 0) return -1;
     c->max_queued = (uint32_t)n;
     return 0;
+  case O_DRAIN_TIMEOUT:
+    return parse_int(name, v, 0, 86400, &c->drain_timeout_s);
   case O_HANDSHAKE_TIMEOUT:
     return parse_int(name, v, 0, 3600, &c->handshake_timeout_s);
   case O_TLS_CERT:

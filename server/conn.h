@@ -147,6 +147,7 @@ struct sv_server {
   uv_loop_t loop;
   uv_tcp_t listener;
   uv_signal_t sigint, sigterm;
+  uv_timer_t drain; /* --drain-timeout, from the first signal */
   const sv_config *cfg;
   sv_global g;
   sv_pool *pool;
@@ -154,7 +155,9 @@ struct sv_server {
   dsp_ctx *io_ctx; /* loop-thread ctx for upload allocation */
   unsigned long long next_id;
   int n_conns;
-  int shutting_down;
+  int shutting_down; /* a signal came: draining, then stopping */
+  int cut_off;       /* the drain ended (timeout or a second signal) */
+  int handles_closed; /* the server's own handles, at the very end */
   sv_conn *conns;
   sv_loop_stats ls;
   struct sv_metrics *metrics; /* --metrics-listen, NULL when off */
@@ -170,6 +173,9 @@ void sv_conn_touch(sv_conn *c);
 void sv_conn_dispatch(sv_conn *c, sv_job *j);
 void sv_conn_submit(sv_conn *c, sv_job *j);
 void sv_conn_on_done(sv_job *j, void *ud);
+/* While the server drains: the goodbye frame and a close, once the
+ * session has no request queued or running. */
+void sv_conn_goodbye(sv_conn *c);
 
 /* writer.c */
 /* Queues one frame, taking buf and the pin (NULL, or a Read's bytes that

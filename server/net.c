@@ -15,10 +15,20 @@
 
 /* ------------------------------------------------------------ lifecycle */
 
+/* The last connection is gone (or there was none): the workers stop and
+ * the server's own handles close, so the loop runs out and sv_run
+ * returns. */
 static void finish_shutdown(sv_server *srv) {
   if (!srv->pool) return;
   sv_pool_close(srv->pool);
   srv->pool = NULL;
+  if (!srv->handles_closed) {
+    srv->handles_closed = 1;
+    uv_close((uv_handle_t *)&srv->drain, NULL);
+    uv_close((uv_handle_t *)&srv->sigint, NULL);
+    uv_close((uv_handle_t *)&srv->sigterm, NULL);
+    sv_metrics_loop_close(srv); /* scrapes are answered until here */
+  }
 }
 
 static void maybe_free(sv_conn *c) {
@@ -237,6 +247,10 @@ void sv_conn_on_done(sv_job *j, void *ud) {
   }
   sv_job_free(j);
   if (c->closing) return;
+  if (c->srv->shutting_down) { /* nothing more is read: no resuming */
+    sv_conn_goodbye(c);
+    return;
+  }
   if (c->paused && c->inflight < c->srv->cfg->max_queued / 2 + 1) {
     c->paused = 0;
     sv_reader_frame_timer(c);
@@ -353,17 +367,82 @@ static void on_connection(uv_stream_t *l, int status) {
 
 /* ------------------------------------------------------------ run */
 
+/* Draining: once a session has nothing queued or running, it is told
+ * the server is going away (an Error frame with DISPATCH_ESHUTDOWN and
+ * req_id 0, behind every reply it is owed) and closed when that is
+ * written. */
+void sv_conn_goodbye(sv_conn *c) {
+  if (!c->srv->shutting_down || c->closing || c->close_after_flush ||
+      c->inflight > 0)
+    return;
+  sv_refuse(c, 0, DISPATCH_ESHUTDOWN,
+            "server is shutting down: every request it received was run");
+}
+
+/* The drain is over (--drain-timeout ran out, it is 0, or a second
+ * signal came): each session still open has its queued requests dropped
+ * and its running op cancelled, gets the goodbye frame if the socket takes
+ * it now, and is closed, so the exit waits at most for each running
+ * kernel's next cancellation point. */
+static void cut_off(sv_server *srv, const char *why) {
+  if (srv->cut_off) return;
+  srv->cut_off = 1;
+  uv_timer_stop(&srv->drain);
+  int n = 0;
+  for (sv_conn *c = srv->conns; c; c = c->next) {
+    if (c->closing) continue;
+    if (!c->close_after_flush) {
+      char msg[160];
+      snprintf(msg, sizeof msg,
+               "server is shutting down: %s cut off %u queued requests", why,
+               c->inflight);
+      n++;
+      sv_session_cancel(c->sess);
+      sv_refuse(c, 0, DISPATCH_ESHUTDOWN, msg);
+    }
+    if (!c->closing) sv_conn_close(c, why);
+  }
+  if (n > 0)
+    sv_log(SV_LOG_WARN, "%s: %d sessions still had work, cancelled", why, n);
+}
+
+static void on_drain_timeout(uv_timer_t *t) {
+  sv_server *srv = t->data;
+  cut_off(srv, "the drain timeout (--drain-timeout)");
+}
+
+/* SIGTERM or SIGINT: no new connection is accepted (the listener closes,
+ * so a connect is refused), nothing more is read from the sessions, and
+ * what they already sent runs and is answered, for at most
+ * --drain-timeout; a second signal ends the drain at once. The process
+ * exits 0 either way: stopping on a signal is the expected way to end. */
 static void on_signal(uv_signal_t *sig, int signum) {
   sv_server *srv = sig->data;
-  if (srv->shutting_down) return;
+  if (srv->shutting_down) {
+    sv_log(SV_LOG_INFO, "signal %d again: ending the drain now", signum);
+    cut_off(srv, "a second signal");
+    return;
+  }
   srv->shutting_down = 1;
-  sv_log(SV_LOG_INFO, "signal %d: shutting down (%d connections)", signum,
-         srv->n_conns);
+  sv_log(SV_LOG_INFO,
+         "signal %d: shutting down, draining %d connections (at most %d s)",
+         signum, srv->n_conns, srv->cfg->drain_timeout_s);
   uv_close((uv_handle_t *)&srv->listener, NULL);
-  uv_close((uv_handle_t *)&srv->sigint, NULL);
-  uv_close((uv_handle_t *)&srv->sigterm, NULL);
-  sv_metrics_loop_close(srv);
-  for (sv_conn *c = srv->conns; c; c = c->next) sv_conn_close(c, "shutdown");
+  for (sv_conn *c = srv->conns; c; c = c->next) {
+    if (c->closing || c->close_after_flush) continue;
+    if (!c->hello_done) { /* no session yet: nothing to drain */
+      sv_refuse(c, 0, DISPATCH_ESHUTDOWN, "server is shutting down");
+      continue;
+    }
+    sv_reader_stop(c);
+    uv_timer_stop(&c->frame);
+    sv_conn_goodbye(c);
+  }
+  if (srv->cfg->drain_timeout_s == 0)
+    cut_off(srv, "no drain (--drain-timeout 0)");
+  else
+    uv_timer_start(&srv->drain, on_drain_timeout,
+                   (uint64_t)srv->cfg->drain_timeout_s * 1000, 0);
   if (srv->n_conns == 0) finish_shutdown(srv);
 }
 
@@ -444,6 +523,8 @@ int sv_run(const sv_config *cfg) {
   }
   /* the handlers are in place before the port is announced: a signal
    * sent as soon as the port is known shuts down cleanly */
+  uv_timer_init(&srv->loop, &srv->drain);
+  srv->drain.data = srv;
   uv_signal_init(&srv->loop, &srv->sigint);
   uv_signal_init(&srv->loop, &srv->sigterm);
   srv->sigint.data = srv->sigterm.data = srv;

@@ -53,6 +53,8 @@ typedef struct sv_config {
   char *token;               /* from --token-file (dsp_malloc), NULL: none */
   size_t token_len;
   int handshake_timeout_s;   /* TLS handshake + hello, 0: never */
+  int drain_timeout_s;       /* SIGTERM: how long received work may still
+                                run before it is cancelled; 0: none */
   /* --device, repeatable (points into argv): "cpu", "cpu:1", "cuda:0",
    * "all"; none given: "cpu" */
   const char *devices[SV_MAX_DEVICES];

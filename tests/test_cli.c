@@ -22,7 +22,7 @@
 typedef struct run {
   pid_t pid;      /* > 0 while it still runs (it printed its line) */
   int status;     /* exit status when it ended, -1 while running */
-  char out[8192]; /* stdout (--help is past 4 KiB) */
+  char out[16384]; /* stdout (--help is over 4 KiB) */
   char err[8192]; /* stderr */
   int port;       /* from "dispatch-server listening on IP:PORT" */
   char ip[64];

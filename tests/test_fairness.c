@@ -302,9 +302,11 @@ Test(fairness, other_session_answered_within_a_bounded_op) {
 
 static void start_unlimited(void) {
   /* debug: the worker logs each request it starts; no cost limit, so the
-   * 2.8e11-operation pool below runs (for minutes) until cancelled */
+   * 2.8e11-operation pool below runs (for minutes) until cancelled; a
+   * SIGTERM drains for 1 s before it cancels (the default 30 s would only
+   * make the wait longer) */
   const char *args[] = {"--log-level", "debug",  "--threads", "1",
-                        "--max-op-cost", "0", NULL};
+                        "--max-op-cost", "0", "--drain-timeout", "1", NULL};
   start_logged(args);
 }
 
@@ -361,8 +363,8 @@ Test(cancel, disconnect_cancels_running_op) {
   wire_close(&b);
 }
 
-/* SIGTERM while a worker runs a long op: the server cancels it and exits
- * cleanly instead of finishing the op first. */
+/* SIGTERM while a worker runs a long op: once the drain timeout is over
+ * the server cancels it and exits cleanly instead of finishing the op. */
 Test(cancel, sigterm_during_long_op_exits_promptly) {
   wire_conn a;
   connect_hello(&a);

@@ -271,7 +271,9 @@ int dispatch_device_stats(dispatch_device *dev, dispatch_stats *out);
 
 /* Changes the time bound of every later network wait (ms > 0). A lost
  * connection, or a server silent for that long, gives DISPATCH_ECONN
- * within it, and every later call on the device gives DISPATCH_ECONN. */
+ * within it, and every later call on the device gives DISPATCH_ECONN.
+ * A server that stops on purpose (SIGTERM: it answers what it had read,
+ * then says goodbye) gives DISPATCH_ESHUTDOWN instead, the same way. */
 DISPATCH_API
 int dispatch_device_set_timeout(dispatch_device *dev, int timeout_ms);
 

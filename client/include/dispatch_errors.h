@@ -46,7 +46,8 @@ extern "C" {
   X(EINTERNAL, -28, "internal error")                                        \
   X(ENOTREMOTE, -29, "operation needs a remote tensor")                      \
   X(EKIND, -30, "wrong dispatch kind for this operation")                   \
-  X(ECANCELED, -31, "cancelled: the session closed or the server is stopping")
+  X(ECANCELED, -31, "cancelled: the session closed or the server is stopping") \
+  X(ESHUTDOWN, -32, "server is shutting down")
 
 typedef enum dispatch_errno {
 #define DISPATCH_ERRNO_ENUM_(name, code, msg) DISPATCH_##name = (code),

@@ -74,6 +74,7 @@ class DispatchError(Exception):
 _ALSO = {"ENOMEM": MemoryError, "EINVAL": ValueError, "ESHAPE": ValueError,
          "EDTYPE": TypeError, "EDIM": IndexError, "EINDEX": IndexError,
          "EOVERFLOW": OverflowError, "ECONN": ConnectionError,
+         "ESHUTDOWN": ConnectionError,
          "ETIMEDOUT": TimeoutError, "EUNSUPPORTED": NotImplementedError}
 
 _ERROR_CLASSES = {}
