@@ -215,6 +215,7 @@ void dispatch_device_close(dispatch_device *dev) {
       dispatch__remote_free(dev, g->id, 1);
   }
   dev->closing = 1;
+  dispatch__graph_close_all(dev); /* they hold tensor references */
   if (dev->kind == DISPATCH_KIND_REMOTE) dispatch__remote_close(dev);
   while (dev->optims) {
     dispatch_optim *o = dev->optims;
