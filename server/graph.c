@@ -113,8 +113,8 @@ int sv_graph_define(sv_session *s, sv_job *j, char *why, size_t len) {
       goto fail;
     }
   }
-  memcpy(sg->ext_ids, d->externals, d->n_externals * 8);
-  memcpy(g->outputs, d->outputs, d->n_outputs * 4);
+  if (d->n_externals) memcpy(sg->ext_ids, d->externals, d->n_externals * 8);
+  if (d->n_outputs) memcpy(g->outputs, d->outputs, d->n_outputs * 4);
   g->n_outputs = (uint32_t)d->n_outputs;
   for (size_t i = 0; i < d->n_nodes; i++) {
     const Dspwire__GraphNode *n = d->nodes[i];
@@ -254,7 +254,7 @@ int sv_graph_replay(sv_session *s, sv_job *j, char *why, size_t len) {
     if (rc < 0)
       why_f(why, len, rc, "graph %llu: input %u: %s", gid, i,
           dsp_ctx_errmsg(s->ctx));
-    p += nb;
+    if (p) p += nb;
   }
   /* the bytes are tensors now: the block goes back at once */
   dsp_stage_release(&j->upload_stage);
