@@ -54,6 +54,8 @@ typedef struct model {
   dispatch_optim *opt;
 } model;
 
+static int g_adam; /* the optimizer of the models made next */
+
 static void model_init(model *m, dispatch_device *dev) {
   m->dev = dev;
   const int64_t s[4][2] = {{IN, HID}, {HID, 0}, {HID, OUT}, {OUT, 0}};
@@ -66,7 +68,11 @@ static void model_init(model *m, dispatch_device *dev) {
     dispatch_keep(m->p[i]);
     dispatch_tensor_free(t);
   }
-  cr_assert_eq(dispatch_sgd_new(m->p, 4, 0.1, 0.9, 0.0, &m->opt), 0);
+  if (g_adam)
+    cr_assert_eq(dispatch_adam_new(m->p, 4, 0.01, 0.9, 0.999, 1e-8, &m->opt),
+                 0);
+  else
+    cr_assert_eq(dispatch_sgd_new(m->p, 4, 0.1, 0.9, 0.0, &m->opt), 0);
 }
 
 static void model_free(model *m) {
@@ -194,6 +200,23 @@ Test(graph, mlp_step_replayed_bit_identical_remote_and_local,
                first_diff(rops, rgr));
   cr_assert_eq(first_diff(rgr, lgr), -1,
                "REMOTE replay differs from LOCAL replay at byte %d",
+               first_diff(rgr, lgr));
+}
+
+/* Adam's step count is an attribute of the recorded step: the k-th
+ * replay must use the capture's count + k, as the (k+1)-th op-by-op step
+ * does, or the parameters drift from the op-by-op ones. */
+Test(graph, adam_step_replayed_bit_identical, .fini = stop_server) {
+  start_server(NULL);
+  g_adam = 1;
+  unsigned char lops[PBYTES], lgr[PBYTES], rops[PBYTES], rgr[PBYTES];
+  run_both(0, lops, lgr);
+  run_both(1, rops, rgr);
+  cr_assert_eq(first_diff(lops, lgr), -1, "LOCAL Adam: byte %d differs",
+               first_diff(lops, lgr));
+  cr_assert_eq(first_diff(rops, rgr), -1, "REMOTE Adam: byte %d differs",
+               first_diff(rops, rgr));
+  cr_assert_eq(first_diff(rgr, lgr), -1, "REMOTE/LOCAL Adam: byte %d differs",
                first_diff(rgr, lgr));
 }
 
@@ -440,6 +463,13 @@ Test(graph, hostile_define_and_replay, .fini = stop_server) {
   id = send_replay(&c, 5, 1, mp, x, 8);
   cr_assert_eq(expect_error(&c, id, "8 bulk bytes, its inputs need 16"),
                DISPATCH_EINVAL);
+  /* input bytes past the session's 8 MiB: refused before they are held */
+  size_t big = 9u << 20;
+  void *bb = calloc(1, big);
+  cr_assert_not_null(bb);
+  id = send_replay(&c, 5, 1, mp, bb, big);
+  free(bb);
+  cr_assert_eq(expect_error(&c, id, "input bytes"), DISPATCH_EQUOTA);
 
   /* definitions: an id in use, huge slot counts, slots out of range, a
    * slot read before it is made, an optimizer op outside a step, an input
