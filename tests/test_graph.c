@@ -446,6 +446,25 @@ Test(graph, hostile_define_and_replay, .fini = stop_server) {
   cr_assert_eq(blen, sizeof x);
   cr_assert_eq(((float *)bulk)[3], 8.0f);
   wire_reply_free(r, bulk);
+  /* slot numbers are not session ids: session tensors 0 and 1 (the
+   * numbers of the graph's input and result slots) are left alone */
+  float nines[4] = {9, 9, 9, 9};
+  wire_upload(&c, 0, 0, 1, shape4, nines, sizeof nines);
+  wire_upload(&c, 1, 0, 1, shape4, nines, sizeof nines);
+  id = send_replay(&c, 5, 1, mp, x, sizeof x);
+  r = recv_reply(&c, id, &bulk, &blen);
+  cr_assert_null(r->error, "%s", r->error ? r->error->message : "");
+  cr_assert_eq(((float *)bulk)[0], 2.0f);
+  wire_reply_free(r, bulk);
+  for (uint64_t t = 0; t < 2; t++) {
+    void *d = NULL;
+    size_t n = 0;
+    cr_assert_eq(wire_read_tensor(&c, t, &d, &n, NULL, NULL), 0);
+    cr_assert_eq(n, sizeof nines);
+    cr_assert_eq(memcmp(d, nines, n), 0, "session tensor %llu changed",
+                 (unsigned long long)t);
+    free(d);
+  }
 
   /* wrong input count, a shape other than the placeholder's, a huge
    * declared shape, bulk bytes that do not match */
