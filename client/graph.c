@@ -414,7 +414,8 @@ out:
 
 /* Queues a Free of graph id (a lost connection frees it anyway). */
 static void free_remote(dispatch_device *dev, uint64_t id) {
-  if (dev->closing || dev->conn->dead) return;
+  /* closing too: a peer going leaves its session serving the others */
+  if (dev->conn->dead || dev->conn->fd < 0) return;
   Dspwire__Free f = DSPWIRE__FREE__INIT;
   Dspwire__Request req = DSPWIRE__REQUEST__INIT;
   f.n_graphs = 1;
