@@ -36,6 +36,7 @@ int dispatch_autodiff(dispatch_tensor *t, dispatch_tensor **out) {
   }
   t->tracked = 1;
   w->inner = dispatch_tensor_ref(t);
+  if (dev->capture) dispatch__graph_track(t);
   dispatch__scope_adopt(w);
   *out = w;
   return 0;
@@ -91,6 +92,7 @@ int dispatch_backward_ex(dispatch_tensor *loss, int retain,
   }
   dev->local_stats.grads += dev->kind == DISPATCH_KIND_LOCAL;
   grads_link(g);
+  if (dev->capture) dispatch__graph_backward(loss->inner, retain, g);
   *out = g;
   return 0;
 }
@@ -142,6 +144,7 @@ int dispatch_grad(dispatch_grads *grads, dispatch_tensor *t,
     }
     dispatch__scope_adopt(r);
   }
+  if (dev->capture) dispatch__graph_grad(grads, leaf, r);
   *out = r;
   return 0;
 }
@@ -154,6 +157,7 @@ void dispatch_grads_free(dispatch_grads *g) {
   else
     dev->grads = g->next;
   if (g->next) g->next->prev = g->prev;
+  if (g->gslot && dev->capture) dispatch__graph_forget_grads(g);
   if (dev->kind == DISPATCH_KIND_LOCAL) {
     dsp_grads_free(g->local);
     dev->local_stats.grads--;

@@ -36,6 +36,8 @@ struct dispatch_tensor {
   struct dispatch__scope *scope; /* the scope holding one reference */
   dispatch_tensor *sprev, *snext; /* scope list */
   dispatch_tensor *aprev, *anext; /* device's list of live tensors */
+  uint32_t gslot; /* LOCAL/REMOTE: 1 + its slot in the device's open
+                     capture (graph.c), 0 when none */
 };
 
 struct dispatch_grads {
@@ -43,6 +45,7 @@ struct dispatch_grads {
   dsp_grads *local; /* LOCAL */
   uint64_t id;      /* REMOTE container id */
   dispatch_grads *prev, *next;
+  uint32_t gslot; /* as a tensor's: its slot in the open capture */
 };
 
 struct dispatch_optim {
@@ -105,6 +108,8 @@ struct dispatch_device {
   char *device; /* REMOTE: the server device its uploads and creation ops
                    land on, NULL: the session's (hello) device */
   int closing;
+  struct dispatch__capture *capture; /* graph being captured (graph.c) */
+  dispatch_graph *graphs;            /* live graphs of the device */
 };
 
 /* Records rc as the device's last error (if negative), and as its first
@@ -209,5 +214,46 @@ DISPATCH__HIDDEN int dispatch__remote_backward(dispatch_device *dev,
 DISPATCH__HIDDEN int dispatch__remote_sync(dispatch_device *dev);
 DISPATCH__HIDDEN int dispatch__remote_stats(dispatch_device *dev,
                                             dispatch_stats *out);
+
+/* graph.c: capture hooks. Each records what its caller just did on a
+ * device with an open capture (callers test dev->capture first); they
+ * cannot fail towards the caller: a failure marks the capture broken and
+ * dispatch_graph_end reports it. */
+DISPATCH__HIDDEN void dispatch__graph_op(dispatch_device *dev, dsp_opcode op,
+                                         dispatch_tensor *const *in, int n_in,
+                                         const dsp_attrs *a, int no_grad,
+                                         dispatch_tensor *out);
+DISPATCH__HIDDEN void dispatch__graph_input(dispatch_tensor *t);
+DISPATCH__HIDDEN void dispatch__graph_track(dispatch_tensor *t);
+DISPATCH__HIDDEN void dispatch__graph_backward(dispatch_tensor *loss,
+                                               int retain,
+                                               dispatch_grads *g);
+DISPATCH__HIDDEN void dispatch__graph_grad(dispatch_grads *g,
+                                           dispatch_tensor *leaf,
+                                           dispatch_tensor *out);
+DISPATCH__HIDDEN void dispatch__graph_step(dispatch_optim *opt,
+                                           dispatch_grads *g,
+                                           const dsp_attrs *a);
+/* t's (or g's) last reference is going: recorded as a release */
+DISPATCH__HIDDEN void dispatch__graph_forget(dispatch_tensor *t);
+DISPATCH__HIDDEN void dispatch__graph_forget_grads(dispatch_grads *g);
+/* Device close: the capture and every graph of dev go. */
+DISPATCH__HIDDEN void dispatch__graph_close_all(dispatch_device *dev);
+
+/* remote.c: sends req with bulk (queued requests and frees first), waits
+ * for its reply; a READ or GRAPH reply's bulk lands in dst when its size
+ * is dst_len. *reply as for the other waits: free it with
+ * dispatch__remote_reply_free. */
+struct Dspwire__Request;
+struct Dspwire__Reply;
+DISPATCH__HIDDEN int dispatch__remote_call(dispatch_device *dev,
+                                           struct Dspwire__Request *req,
+                                           const void *bulk, size_t bulk_len,
+                                           void *dst, size_t dst_len,
+                                           struct Dspwire__Reply **reply);
+DISPATCH__HIDDEN void dispatch__remote_reply_free(struct Dspwire__Reply *r);
+/* Queues a request that gets no reply (ECONN once the connection is lost). */
+DISPATCH__HIDDEN int dispatch__remote_queue(dispatch_device *dev,
+                                            struct Dspwire__Request *req);
 
 #endif

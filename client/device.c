@@ -287,6 +287,7 @@ void dispatch_device_close(dispatch_device *dev) {
   }
   dev->closing = 1;
   if (t_last.serial == dev->serial) t_last.code = 0;
+  dispatch__graph_close_all(dev); /* they hold tensor references */
   if (dev->kind == DISPATCH_KIND_REMOTE) dispatch__remote_close(dev);
   while (dev->optims) {
     dispatch_optim *o = dev->optims;

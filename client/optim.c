@@ -183,6 +183,7 @@ int dispatch_optim_step(dispatch_optim *opt, dispatch_grads *grads) {
     }
   }
   if (rc < 0) return dispatch__ret(dev, rc);
+  if (dev->capture) dispatch__graph_step(opt, grads, &a);
   opt->t++;
   return 0;
 }

@@ -417,15 +417,16 @@ static int drain(dispatch_device *dev, uint64_t n, int64_t deadline) {
  * waits for its reply. A READ reply's bulk lands in dst when its size is
  * dst_len. *reply is the caller's (free_unpacked) when it returns 0 or a
  * server error; on ECONN/EPROTO *reply is NULL. */
-static int call(dispatch_device *dev, Dspwire__Request *req, void *dst,
-                size_t dst_len, uint64_t target, Dspwire__Reply **reply) {
+static int call_bulk(dispatch_device *dev, Dspwire__Request *req,
+                     const void *bulk, size_t bulk_len, void *dst,
+                     size_t dst_len, uint64_t target, Dspwire__Reply **reply) {
   dispatch__conn *c = dev->conn;
   *reply = NULL;
   int rc = check_alive(dev);
   if (rc < 0) return rc;
   req->req_id = c->next_id++;
   rc = put_frees(dev);
-  if (rc == 0) rc = put_frame(dev, req, NULL, 0);
+  if (rc == 0) rc = put_frame(dev, req, bulk, bulk_len);
   if (rc == 0) rc = flush(dev);
   if (rc < 0) return rc;
   int64_t deadline = now_ms() + c->timeout_ms;
@@ -462,7 +463,9 @@ static int call(dispatch_device *dev, Dspwire__Request *req, void *dst,
     if (!r) return conn_lost(dev, "undecodable reply message");
     int mine = r->req_id == req->req_id;
     if (h.bulk_len) {
-      if (mine && dst && r->body_case == DSPWIRE__REPLY__BODY_READ &&
+      if (mine && dst &&
+          (r->body_case == DSPWIRE__REPLY__BODY_READ ||
+           r->body_case == DSPWIRE__REPLY__BODY_GRAPH) &&
           h.bulk_len == dst_len)
         rc = recv_all(dev, dst, dst_len, deadline, 0);
       else
@@ -486,12 +489,31 @@ static int call(dispatch_device *dev, Dspwire__Request *req, void *dst,
   }
 }
 
+static int call(dispatch_device *dev, Dspwire__Request *req, void *dst,
+                size_t dst_len, uint64_t target, Dspwire__Reply **reply) {
+  return call_bulk(dev, req, NULL, 0, dst, dst_len, target, reply);
+}
+
+int dispatch__remote_call(dispatch_device *dev, Dspwire__Request *req,
+                          const void *bulk, size_t bulk_len, void *dst,
+                          size_t dst_len, Dspwire__Reply **reply) {
+  return call_bulk(dev, req, bulk, bulk_len, dst, dst_len, 0, reply);
+}
+
+void dispatch__remote_reply_free(Dspwire__Reply *r) {
+  if (r) dspwire__reply__free_unpacked(r, &g_pb_alloc);
+}
+
 static int queue(dispatch_device *dev, Dspwire__Request *req, uint64_t rid,
                  const void *bulk, size_t bulk_len) {
   int rc = check_alive(dev);
   if (rc < 0) return rc;
   req->req_id = rid ? rid : dev->conn->next_id++;
   return put_frame(dev, req, bulk, bulk_len);
+}
+
+int dispatch__remote_queue(dispatch_device *dev, Dspwire__Request *req) {
+  return queue(dev, req, 0, NULL, 0);
 }
 
 int dispatch__remote_op(dispatch_device *dev, dsp_opcode op,

@@ -109,6 +109,7 @@ int dispatch__run(dispatch_device *dev, dsp_opcode op,
     wrap = any_ad && dsp_dtype_is_float(om.dtype) &&
            info->family != DSP_FAM_CREATE && info->family != DSP_FAM_OPTIM;
   }
+  if (dev->capture) dispatch__graph_op(dev, op, cin, n_in, a, !any_ad, t);
   if (wrap) {
     rc = wrap_autodiff(t, &t);
     if (rc < 0) return dispatch__ret(dev, rc);

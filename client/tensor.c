@@ -65,6 +65,7 @@ void dispatch__tensor_unref(dispatch_tensor *t) {
     if (t->anext) t->anext->aprev = t->aprev;
     if (t->kind == DISPATCH_KIND_REMOTE && t->id)
       dispatch__remote_free(dev, t->id, 0);
+    if (t->gslot && dev->capture) dispatch__graph_forget(t);
     dispatch_tensor *inner = t->inner;
     dispatch__tensor_destroy(t);
     t = inner; /* iterative: drop the wrapper's reference to its inner */
@@ -178,6 +179,7 @@ int dispatch_tensor_from_data(dispatch_device *dev, dispatch_dtype dtype,
       return dispatch__ret(dev, rc);
     }
     t->local = lt;
+    if (dev->capture) dispatch__graph_input(t);
     *out = t;
     return 0;
   }
@@ -192,6 +194,7 @@ int dispatch_tensor_from_data(dispatch_device *dev, dispatch_dtype dtype,
     return dispatch__ret(dev, rc);
   }
   dispatch__scope_adopt(t);
+  if (dev->capture) dispatch__graph_input(t);
   *out = t;
   return 0;
 }

@@ -429,6 +429,71 @@ static void streams(void) {
   fz_buf_free(&b);
 }
 
+/* 1.2 graphs: y = relu(x + x) on an f32 [2, 3] placeholder, with the
+ * sum released inside the graph; `n_slots` as given (a hostile seed asks
+ * for more than the bound). */
+static void graph_define(fz_buf *b, uint64_t graph, uint32_t n_slots) {
+  static uint32_t add_in[2] = {0, 0}, relu_in[1] = {1}, free_in[1] = {1},
+                  outs[1] = {2};
+  Dspwire__TensorMeta m = DSPWIRE__TENSOR_META__INIT, *mp[1] = {&m};
+  m.dtype = DSP_F32;
+  m.n_shape = 2;
+  m.shape = (int64_t *)S23;
+  Dspwire__GraphNode n[3], *np[3];
+  for (int i = 0; i < 3; i++) {
+    dspwire__graph_node__init(&n[i]);
+    np[i] = &n[i];
+  }
+  n[0].op = DSP_OP_ADD, n[0].n_inputs = 2, n[0].inputs = add_in;
+  n[0].output = 1;
+  n[1].op = DSP_OP_RELU, n[1].n_inputs = 1, n[1].inputs = relu_in;
+  n[1].output = 2;
+  n[2].kind = 5, n[2].n_inputs = 1, n[2].inputs = free_in;
+  Dspwire__GraphDefine d = DSPWIRE__GRAPH_DEFINE__INIT;
+  d.graph = graph;
+  d.n_inputs = 1, d.inputs = mp;
+  d.n_slots = n_slots;
+  d.n_nodes = 3, d.nodes = np;
+  d.n_outputs = 1, d.outputs = outs;
+  Dspwire__Request r = DSPWIRE__REQUEST__INIT;
+  r.body_case = DSPWIRE__REQUEST__BODY_GRAPH_DEFINE;
+  r.graph_define = &d;
+  put(b, &r);
+}
+
+static void graph_replay(fz_buf *b, uint64_t graph) {
+  Dspwire__TensorMeta m = DSPWIRE__TENSOR_META__INIT, *mp[1] = {&m};
+  m.dtype = DSP_F32;
+  m.n_shape = 2;
+  m.shape = (int64_t *)S23;
+  Dspwire__GraphReplay g = DSPWIRE__GRAPH_REPLAY__INIT;
+  g.graph = graph;
+  g.n_inputs = 1, g.inputs = mp;
+  Dspwire__Request r = DSPWIRE__REQUEST__INIT;
+  r.body_case = DSPWIRE__REQUEST__BODY_GRAPH_REPLAY;
+  r.graph_replay = &g;
+  r.req_id = g_rid++;
+  fz_frame(b, &r, F6, sizeof F6, sizeof F6);
+}
+
+static void graph_seeds(void) {
+  fz_buf b = {0};
+  g_rid = 1;
+  hello(&b, DSP_PROTO_MAJOR);
+  graph_define(&b, 1, 3);
+  graph_replay(&b, 1);
+  graph_replay(&b, 9);
+  save("stream", "graph_define_replay.err-ENOID", &b);
+  fz_buf_free(&b);
+  g_rid = 1;
+  graph_define(&b, 1, 0xFFFFFFFFu);
+  save("frame", "graph_define_huge.ok", &b);
+  fz_buf_free(&b);
+  graph_replay(&b, 1);
+  save("frame", "graph_replay_unknown.err-ENOID", &b);
+  fz_buf_free(&b);
+}
+
 /* Single frames: the frame target's seeds (run after a hello). */
 static void frames(void) {
   fz_buf b = {0};
@@ -550,6 +615,7 @@ int main(int argc, char **argv) {
   g_dir = argc > 1 ? argv[1] : "tests/fuzz_corpus";
   streams();
   frames();
+  graph_seeds();
   recipes();
   return 0;
 }

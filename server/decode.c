@@ -65,8 +65,8 @@ static int decode_with(ProtobufCAllocator *alloc, const uint8_t *msg,
     bad = "the first request must be a hello";
   } else if (hello_done && bc == DSPWIRE__REQUEST__BODY_HELLO) {
     bad = "a second hello";
-  } else if (bc != DSPWIRE__REQUEST__BODY_UPLOAD && bulk_len != 0) {
-    bad = "only an upload may carry a bulk part";
+  } else if (!sv_req_kind_of(bc)->bulk && bulk_len != 0) {
+    bad = "only an upload or a graph replay may carry a bulk part";
   } else if (bc == DSPWIRE__REQUEST__BODY_OP &&
              !dsp_op_lookup(req->op->op)) {
     snprintf(opwhy, sizeof opwhy, "unknown op code %d", req->op->op);
@@ -177,6 +177,8 @@ static void pre_err(sv_job *j, int code, const char *fmt, ...) {
  * with may_wait 0. */
 int sv_upload_prepare(const sv_config *cfg, dsp_ctx *io_ctx, sv_session *s,
                       sv_job *j, uint64_t bulk_len, int may_wait) {
+  if (j->req->body_case == DSPWIRE__REQUEST__BODY_GRAPH_REPLAY)
+    return sv_graph_replay_prepare(s, io_ctx, j, bulk_len, may_wait);
   Dspwire__Upload *u = j->req->upload;
   dsp_meta m;
   memset(&m, 0, sizeof m);
@@ -352,7 +354,7 @@ int sv_stream_exec(sv_session *s, dsp_ctx *io_ctx, int *hello_done,
     }
     j->req = req;
     j->sess = s;
-    if (req->body_case == DSPWIRE__REQUEST__BODY_UPLOAD)
+    if (sv_req_kind_of(req->body_case)->bulk)
       sv_upload_prepare(cfg, io_ctx, s, j, h.bulk_len, 0);
     if (n < h.bulk_len) {
       atomic_fetch_sub(&s->queued_bytes, (long long)j->upload_bytes);

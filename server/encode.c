@@ -229,6 +229,15 @@ void sv_describe(const Dspwire__Request *r, char *buf, size_t len) {
     case DSPWIRE__REQUEST__BODY_SYNC: snprintf(buf, len, "sync"); break;
     case DSPWIRE__REQUEST__BODY_STATS: snprintf(buf, len, "stats"); break;
     case DSPWIRE__REQUEST__BODY_BYE: snprintf(buf, len, "bye"); break;
+    case DSPWIRE__REQUEST__BODY_GRAPH_DEFINE:
+      snprintf(buf, len, "graph_define %llu (%zu nodes)",
+               (unsigned long long)r->graph_define->graph,
+               r->graph_define->n_nodes);
+      break;
+    case DSPWIRE__REQUEST__BODY_GRAPH_REPLAY:
+      snprintf(buf, len, "graph_replay %llu",
+               (unsigned long long)r->graph_replay->graph);
+      break;
     default: snprintf(buf, len, "empty request"); break;
   }
 }

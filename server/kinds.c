@@ -20,6 +20,8 @@ static const sv_req_kind g_kinds[] = {
     ROW(DSPWIRE__REQUEST__BODY_SYNC, "sync", 1, 1, 0),
     ROW(DSPWIRE__REQUEST__BODY_STATS, "stats", 1, 1, 0),
     ROW(DSPWIRE__REQUEST__BODY_BYE, "bye", 0, 0, 0),
+    ROW(DSPWIRE__REQUEST__BODY_GRAPH_DEFINE, "graph_define", 0, 0, 0),
+    ROW(DSPWIRE__REQUEST__BODY_GRAPH_REPLAY, "graph_replay", 1, 0, 1),
 };
 
 const sv_req_kind *sv_req_kind_of(Dspwire__Request__BodyCase bc) {

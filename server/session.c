@@ -548,6 +548,10 @@ static int do_free(sv_session *s, sv_job *j, char *why) {
                    "free: gradients id %llu does not exist",
                    (unsigned long long)f->grads[i]);
   }
+  for (size_t i = 0; i < f->n_graphs; i++)
+    if (sv_graph_free_id(s, f->graphs[i]) < 0 && rc == 0)
+      rc = why_set(why, DISPATCH_ENOID, "free: graph id %llu does not exist",
+                   (unsigned long long)f->graphs[i]);
   return rc;
 }
 
@@ -707,6 +711,12 @@ void sv_session_exec(sv_session *s, sv_job *j) {
     case DSPWIRE__REQUEST__BODY_SYNC: rc = empty_reply(j, why); break;
     case DSPWIRE__REQUEST__BODY_STATS: rc = do_stats(s, j, why); break;
     case DSPWIRE__REQUEST__BODY_BYE: j->is_bye = 1; break;
+    case DSPWIRE__REQUEST__BODY_GRAPH_DEFINE:
+      rc = sv_graph_define(s, j, why, WHY_LEN);
+      break;
+    case DSPWIRE__REQUEST__BODY_GRAPH_REPLAY:
+      rc = sv_graph_replay(s, j, why, WHY_LEN);
+      break;
     default:
       rc = why_set(why, DISPATCH_EPROTO, "request has no body");
       break;
@@ -761,6 +771,7 @@ void sv_session_defer(sv_session *s, uint64_t req_id, int body, int code,
 }
 
 void sv_session_teardown(sv_session *s) {
+  sv_graph_teardown(s);
   for (size_t i = 0; i < s->grads.cap; i++)
     if (s->grads.vals[i]) {
       dsp_grads_free(s->grads.vals[i]);

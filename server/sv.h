@@ -327,6 +327,7 @@ typedef struct sv_session {
   _Atomic(dsp_backend *) views[SV_MAX_DEVICES];
   sv_idmap tensors; /* id -> sv_entry* */
   sv_idmap grads;   /* id -> dsp_grads* */
+  sv_idmap graphs;  /* id -> captured graph (graph.c) */
   uint64_t n_live;  /* tensors that are not poisoned */
   uint64_t n_ops, n_errors;
   uint64_t n_batches; /* worker turns the session had (Stats "batches") */
@@ -379,6 +380,18 @@ int sv_check_meta(const sv_config *cfg, sv_global *g, dsp_ctx *ctx,
 void sv_session_cancel(sv_session *s);
 /* Runs one request job on a worker; fills job->out for waiting requests. */
 void sv_session_exec(sv_session *s, sv_job *j);
+
+/* Captured graphs (graph.c, protocol 1.2), on the worker: GraphDefine and
+ * GraphReplay (0 or a negative code with the reason in why[0..len-1]; a
+ * replay fills j->out), Free.graphs (0 or DISPATCH_ENOID) and teardown. */
+int sv_graph_define(sv_session *s, sv_job *j, char *why, size_t len);
+int sv_graph_replay(sv_session *s, sv_job *j, char *why, size_t len);
+int sv_graph_free_id(sv_session *s, uint64_t id);
+void sv_graph_teardown(sv_session *s);
+/* On the loop: the host block a GraphReplay's bulk lands in, charged to
+ * the session (see sv_upload_prepare, which calls it). */
+int sv_graph_replay_prepare(sv_session *s, dsp_ctx *io_ctx, sv_job *j,
+                            uint64_t bulk_len, int may_wait);
 
 /* Encodes a reply frame (header + message + bulk copy) into one buffer
  * from dsp_malloc. 0 or DISPATCH_ENOMEM / DISPATCH_ETOOLARGE. */

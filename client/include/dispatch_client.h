@@ -757,6 +757,103 @@ void dispatch_checkpoint_free(dispatch_checkpoint *ck);
 DISPATCH_API
 int dispatch_optim_load(dispatch_optim *opt, const dispatch_checkpoint *ck);
 
+/* ------------------------------------------------------------------ */
+/* captured graphs: one step recorded once, replayed with one message   */
+
+/* A graph records the ops of one step on a device (forward, loss,
+ * backward, gradients, the optimizer step) between dispatch_graph_begin
+ * and dispatch_graph_end. The captured step runs as it is recorded (its
+ * results are real). Then each dispatch_graph_replay runs the same step
+ * again on fresh input bytes: REMOTE as ONE GraphReplay message whose
+ * reply carries the requested outputs, LOCAL in process through the same
+ * executor, so both give the same bits as the step run op by op.
+ *
+ * What the graph sees:
+ * - inputs: every tensor made by dispatch_tensor_from_data (or
+ *   dispatch_graph_input) on the device during the capture, in that order;
+ *   a replay binds new bytes of the same dtype and shape to each.
+ * - parameters: tensors made before the capture that its ops use
+ *   (weights, optimizer state). They keep their identity: a replay's step
+ *   updates them in place, as the op-by-op step does. The graph holds a
+ *   reference to each until dispatch_graph_free.
+ * - outputs: tensors named with dispatch_graph_output; a replay copies
+ *   their bytes out.
+ * Everything else made inside the graph is private to one replay and
+ * released at its end (REMOTE: under no id of the session, so replays
+ * never collide with the session's tensors).
+ * Not recorded: reads, syncs, work on other devices. Creation ops with a
+ * seed (uniform, normal, dropout) repeat the same bits on every replay.
+ * Adam: the k-th replay updates with step count t+k, t the count the
+ * capture used; the optimizer handle's own count does not move.
+ * One capture at a time per device; a graph belongs to its device and is
+ * used from its thread. */
+typedef struct dispatch_graph dispatch_graph;
+
+/* One input's bytes for a replay (dtype and shape must be those of the
+ * placeholder), or one output's destination (only data and nbytes are
+ * read: nbytes must equal the output's byte size). */
+typedef struct dispatch_graph_io {
+  dispatch_dtype dtype;
+  int ndim;
+  const int64_t *shape;
+  void *data;    /* input: read only, borrowed for the call; output: filled */
+  size_t nbytes;
+} dispatch_graph_io;
+
+/* Starts recording on dev. DISPATCH_EINVAL when a capture is open there
+ * already; DISPATCH_ENOMEM. */
+DISPATCH_API
+int dispatch_graph_begin(dispatch_device *dev);
+
+/* dispatch_tensor_from_data that also says "this is a graph input":
+ * DISPATCH_EINVAL when dev has no open capture. Ownership as there. */
+DISPATCH_API
+int dispatch_graph_input(dispatch_device *dev, dispatch_dtype dtype, int ndim,
+                         const int64_t *shape, const void *data,
+                         size_t nbytes, dispatch_tensor **out);
+
+/* Asks every replay for t's bytes (AUTODIFF: its inner); t is borrowed
+ * and must live on a device with an open capture. Returns the output's
+ * index (0, 1, ... in call order) or DISPATCH_EINVAL. */
+DISPATCH_API
+int dispatch_graph_output(dispatch_tensor *t);
+
+/* Ends the capture of dev and makes the graph: *out is the caller's
+ * (dispatch_graph_free, or the device's close). REMOTE: the definition
+ * goes to the server and this waits for it (one round trip), so a refused
+ * definition, or an error of the captured step itself, surfaces here. On
+ * failure *out is NULL and the capture is gone all the same. Errors:
+ * DISPATCH_EINVAL (no capture open; the capture used gradients made
+ * before it), DISPATCH_ENOMEM, a deferred error, the server's refusal. */
+DISPATCH_API
+int dispatch_graph_end(dispatch_device *dev, dispatch_graph **out);
+
+/* Counts of the graph's inputs and outputs, and the byte size of output
+ * i (0 out of range). */
+DISPATCH_API
+int dispatch_graph_n_inputs(const dispatch_graph *g);
+DISPATCH_API
+int dispatch_graph_n_outputs(const dispatch_graph *g);
+DISPATCH_API
+size_t dispatch_graph_output_nbytes(const dispatch_graph *g, int i);
+
+/* Runs the graph once: in[0..n_in-1] bound to its inputs, the outputs'
+ * bytes written to out[0..n_out-1].data. Both arrays are borrowed. REMOTE:
+ * one message and its reply; a deferred error of earlier work surfaces
+ * here as at any wait. Errors: DISPATCH_EINVAL (counts, byte sizes),
+ * DISPATCH_ESHAPE (an input's dtype or shape differs from its
+ * placeholder; nothing runs), or the error of a node, whose message names
+ * it: "graph 3, op 7 (matmul): ...". Nodes before a failing one have run
+ * (a step before it has updated its parameters). The device goes on
+ * either way. */
+DISPATCH_API
+int dispatch_graph_replay(dispatch_graph *g, const dispatch_graph_io *in,
+                          int n_in, const dispatch_graph_io *out, int n_out);
+
+/* Frees the graph (REMOTE: a Free for it is queued) and drops its
+ * parameter references. NULL ok. */
+DISPATCH_API
+void dispatch_graph_free(dispatch_graph *g);
 
 /* ------------------------------------------------------------------ */
 /* several devices of one server (protocol 1.1)                        */

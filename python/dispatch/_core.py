@@ -370,6 +370,13 @@ class Device:
         freed when it ends, except those passed to keep()."""
         return Scope(self)
 
+    def capture(self):
+        """A context manager recording one step into a dispatch.Graph
+        (see dispatch/graph.py): `with dev.capture() as g: ...`, then
+        g.replay(*inputs)."""
+        from .graph import Graph
+        return Graph(self)
+
 
 def _shape_arg(shape):
     if isinstance(shape, numbers.Integral):

@@ -211,6 +211,21 @@ int dispatch_adam_new(dispatch_tensor *const *params, int n, double lr,
 int dispatch_optim_step(dispatch_optim *opt, dispatch_grads *grads);
 int dispatch_optim_set_lr(dispatch_optim *opt, double lr);
 void dispatch_optim_free(dispatch_optim *opt);
+
+typedef struct dispatch_graph dispatch_graph;
+typedef struct dispatch_graph_io {
+  dispatch_dtype dtype;
+  int ndim;
+  const int64_t *shape;
+  void *data;
+  size_t nbytes;
+} dispatch_graph_io;
+int dispatch_graph_begin(dispatch_device *dev);
+int dispatch_graph_output(dispatch_tensor *t);
+int dispatch_graph_end(dispatch_device *dev, dispatch_graph **out);
+int dispatch_graph_replay(dispatch_graph *g, const dispatch_graph_io *in,
+                          int n_in, const dispatch_graph_io *out, int n_out);
+void dispatch_graph_free(dispatch_graph *g);
 """
 
 

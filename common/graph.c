@@ -1,0 +1,361 @@
+/* Captured graphs: building, checking and running the node list (see
+ * graph.h). */
+#include <stdio.h>
+#include <string.h>
+
+#include "graph.h"
+
+dsp_graph *dsp_graph_new(void) { return dsp_calloc(1, sizeof(dsp_graph)); }
+
+void dsp_graph_free(dsp_graph *g) {
+  if (!g) return;
+  for (size_t i = 0; i < g->n_nodes; i++) dsp_free(g->nodes[i].in);
+  dsp_free(g->nodes);
+  dsp_free(g->input_meta);
+  dsp_free(g->outputs);
+  dsp_free(g->slot_grads);
+  dsp_free(g);
+}
+
+int dsp_graph_add(dsp_graph *g, int kind, int op, int flags,
+                  const uint32_t *in, uint32_t n_in, uint32_t out,
+                  const dsp_attrs *a) {
+  if (g->n_nodes == g->cap_nodes) {
+    size_t cap = g->cap_nodes ? g->cap_nodes * 2 : 64;
+    dsp_gnode *nn = dsp_realloc(g->nodes, cap * sizeof *nn);
+    if (!nn) return DISPATCH_ENOMEM;
+    g->nodes = nn;
+    g->cap_nodes = cap;
+  }
+  dsp_gnode *n = &g->nodes[g->n_nodes];
+  memset(n, 0, sizeof *n);
+  if (n_in) {
+    n->in = dsp_malloc(n_in * sizeof *n->in);
+    if (!n->in) return DISPATCH_ENOMEM;
+    memcpy(n->in, in, n_in * sizeof *n->in);
+  }
+  n->kind = kind;
+  n->op = op;
+  n->flags = flags;
+  n->n_in = n_in;
+  n->out = out;
+  n->a = a ? *a : dsp_attrs_none();
+  g->n_nodes++;
+  return 0;
+}
+
+uint64_t dsp_graph_bytes(const dsp_graph *g) {
+  uint64_t b = sizeof *g + g->cap_nodes * sizeof(dsp_gnode) +
+               (uint64_t)g->n_inputs * sizeof(dsp_meta) +
+               (uint64_t)g->n_outputs * 4 + g->n_slots;
+  for (size_t i = 0; i < g->n_nodes; i++) b += (uint64_t)g->nodes[i].n_in * 4;
+  return b;
+}
+
+static const char *node_name(const dsp_gnode *n) {
+  switch (n->kind) {
+    case DSP_G_OP:
+    case DSP_G_STEP: {
+      const dsp_op_info *info = dsp_op_lookup(n->op);
+      return info ? info->name : "unknown op";
+    }
+    case DSP_G_TRACK: return "track";
+    case DSP_G_BACKWARD: return "backward";
+    case DSP_G_GRAD: return "grad";
+    case DSP_G_FREE: return "free";
+    default: return "unknown node";
+  }
+}
+
+enum { S_NONE = 0, S_TENSOR, S_GRADS, S_FREED };
+
+/* Checks that slot `s` (operand `what` of node k) holds a live value of
+ * sort `want`. */
+static int want_live(dsp_ctx *ctx, const dsp_graph *g, const uint8_t *st,
+                     size_t k, const char *name, const char *what,
+                     uint32_t s, int want) {
+  if (s >= g->n_slots)
+    return dsp_seterr(ctx, DISPATCH_EINVAL,
+                      "op %zu (%s): %s is slot %u, the graph has %u", k, name,
+                      what, s, g->n_slots);
+  if (st[s] == want) return 0;
+  const char *is = st[s] == S_NONE    ? "which nothing made before"
+                   : st[s] == S_FREED ? "which was released before"
+                   : st[s] == S_GRADS ? "a gradient container"
+                                      : "a tensor";
+  return dsp_seterr(ctx, DISPATCH_EINVAL, "op %zu (%s): %s is slot %u, %s",
+                    k, name, what, s, is);
+}
+
+static int want_new(dsp_ctx *ctx, const dsp_graph *g, const uint8_t *st,
+                    size_t k, const char *name, uint32_t s) {
+  if (s >= g->n_slots || s < g->n_inputs + g->n_ext || st[s] != S_NONE)
+    return dsp_seterr(ctx, DISPATCH_EINVAL,
+                      "op %zu (%s): result slot %u is not a fresh internal "
+                      "slot", k, name, s);
+  return 0;
+}
+
+int dsp_graph_check(dsp_ctx *ctx, dsp_graph *g) {
+  if (g->n_slots > DSP_GRAPH_MAX_SLOTS || g->n_nodes > DSP_GRAPH_MAX_NODES ||
+      (uint64_t)g->n_inputs + g->n_ext > g->n_slots)
+    return dsp_seterr(ctx, DISPATCH_EINVAL,
+                      "graph: %u inputs and %u externals in %u slots, %zu "
+                      "nodes (at most %u slots and %u nodes)",
+                      g->n_inputs, g->n_ext, g->n_slots, g->n_nodes,
+                      DSP_GRAPH_MAX_SLOTS, DSP_GRAPH_MAX_NODES);
+  for (uint32_t i = 0; i < g->n_inputs; i++) {
+    int rc = dsp_meta_check(ctx, &g->input_meta[i]);
+    if (rc < 0)
+    {
+      char m[512];
+      snprintf(m, sizeof m, "%s", dsp_ctx_errmsg(ctx));
+      return dsp_seterr(ctx, rc, "graph: input %u: %s", i, m);
+    }
+  }
+  uint8_t *st = dsp_calloc(g->n_slots ? g->n_slots : 1, 1);
+  dsp_free(g->slot_grads);
+  g->slot_grads = dsp_calloc(g->n_slots ? g->n_slots : 1, 1);
+  if (!st || !g->slot_grads) {
+    dsp_free(st);
+    return dsp_seterr(ctx, DISPATCH_ENOMEM, "graph: out of memory");
+  }
+  for (uint32_t i = 0; i < g->n_inputs + g->n_ext; i++) st[i] = S_TENSOR;
+  int rc = 0;
+  size_t k = 0; /* counts nodes other than FREE, as errors name them */
+  for (size_t i = 0; i < g->n_nodes && rc == 0; i++) {
+    const dsp_gnode *n = &g->nodes[i];
+    const char *name = node_name(n);
+    switch (n->kind) {
+      case DSP_G_OP: {
+        const dsp_op_info *info = dsp_op_lookup(n->op);
+        if (!info) {
+          rc = dsp_seterr(ctx, DISPATCH_EUNSUPPORTED,
+                          "op %zu: unknown op code %d", k, n->op);
+          break;
+        }
+        if (info->family == DSP_FAM_OPTIM) {
+          rc = dsp_seterr(ctx, DISPATCH_EINVAL,
+                          "op %zu (%s): an in-place update goes in a step "
+                          "node", k, name);
+          break;
+        }
+        if (n->n_in > DSP_MAX_INPUTS) {
+          rc = dsp_seterr(ctx, DISPATCH_EINVAL,
+                          "op %zu (%s): %u inputs, at most %d", k, name,
+                          n->n_in, DSP_MAX_INPUTS);
+          break;
+        }
+        for (uint32_t q = 0; q < n->n_in && rc == 0; q++)
+          rc = want_live(ctx, g, st, k, name, "an input", n->in[q], S_TENSOR);
+        if (rc == 0) rc = want_new(ctx, g, st, k, name, n->out);
+        if (rc == 0) st[n->out] = S_TENSOR;
+        break;
+      }
+      case DSP_G_TRACK:
+        if (n->n_in != 1) {
+          rc = dsp_seterr(ctx, DISPATCH_EINVAL, "op %zu (track): %u inputs",
+                          k, n->n_in);
+          break;
+        }
+        rc = want_live(ctx, g, st, k, name, "the tensor", n->in[0], S_TENSOR);
+        break;
+      case DSP_G_BACKWARD:
+        if (n->n_in != 1) {
+          rc = dsp_seterr(ctx, DISPATCH_EINVAL,
+                          "op %zu (backward): %u inputs", k, n->n_in);
+          break;
+        }
+        rc = want_live(ctx, g, st, k, name, "the loss", n->in[0], S_TENSOR);
+        if (rc == 0) rc = want_new(ctx, g, st, k, name, n->out);
+        if (rc == 0) st[n->out] = S_GRADS;
+        break;
+      case DSP_G_GRAD:
+        if (n->n_in != 2) {
+          rc = dsp_seterr(ctx, DISPATCH_EINVAL, "op %zu (grad): %u inputs", k,
+                          n->n_in);
+          break;
+        }
+        rc = want_live(ctx, g, st, k, name, "the gradients", n->in[0],
+                       S_GRADS);
+        if (rc == 0)
+          rc = want_live(ctx, g, st, k, name, "the tensor", n->in[1],
+                         S_TENSOR);
+        if (rc == 0) rc = want_new(ctx, g, st, k, name, n->out);
+        if (rc == 0) st[n->out] = S_TENSOR;
+        break;
+      case DSP_G_STEP: {
+        uint32_t kk = n->op == DSP_OP_SGD_STEP    ? 1
+                      : n->op == DSP_OP_ADAM_STEP ? 2
+                                                  : 0;
+        if (!kk || n->n_in < 1 || n->n_in > DSP_GRAPH_MAX_STEP_IN ||
+            (n->n_in - 1) % (kk + 1) != 0) {
+          rc = dsp_seterr(ctx, DISPATCH_EINVAL,
+                          "op %zu (%s): not an sgd or adam step over whole "
+                          "parameters (%u operands)", k, name, n->n_in);
+          break;
+        }
+        rc = want_live(ctx, g, st, k, name, "the gradients", n->in[0],
+                       S_GRADS);
+        for (uint32_t q = 1; q < n->n_in && rc == 0; q++)
+          rc = want_live(ctx, g, st, k, name, "a parameter or state",
+                         n->in[q], S_TENSOR);
+        break;
+      }
+      case DSP_G_FREE:
+        for (uint32_t q = 0; q < n->n_in && rc == 0; q++) {
+          uint32_t s = n->in[q];
+          if (s < g->n_slots && s >= g->n_inputs && s < g->n_inputs + g->n_ext)
+            rc = dsp_seterr(ctx, DISPATCH_EINVAL,
+                            "graph: node %zu releases external slot %u", i,
+                            s);
+          else if (s >= g->n_slots || (st[s] != S_TENSOR && st[s] != S_GRADS))
+            rc = dsp_seterr(ctx, DISPATCH_EINVAL,
+                            "graph: node %zu releases slot %u, which holds "
+                            "nothing", i, s);
+          else
+            st[s] = S_FREED;
+        }
+        break;
+      default:
+        rc = dsp_seterr(ctx, DISPATCH_EINVAL, "graph: node %zu has kind %d",
+                        i, n->kind);
+    }
+    if (rc == 0 && n->kind != DSP_G_FREE &&
+        (n->a.n_ints < 0 || n->a.n_ints > DSP_MAX_ATTR_INTS ||
+         n->a.n_floats < 0 || n->a.n_floats > DSP_MAX_ATTR_FLOATS))
+      rc = dsp_seterr(ctx, DISPATCH_EINVAL, "op %zu (%s): bad attributes", k,
+                      name);
+    if (n->kind != DSP_G_FREE) k++;
+  }
+  for (uint32_t i = 0; i < g->n_outputs && rc == 0; i++)
+    if (g->outputs[i] >= g->n_slots || st[g->outputs[i]] != S_TENSOR)
+      rc = dsp_seterr(ctx, DISPATCH_EINVAL,
+                      "graph: output %u is slot %u, which holds no tensor at "
+                      "the end", i, g->outputs[i]);
+  /* slots are made once, so a slot's sort is that of its maker */
+  for (size_t i = 0; i < g->n_nodes && rc == 0; i++)
+    if (g->nodes[i].kind == DSP_G_BACKWARD) g->slot_grads[g->nodes[i].out] = 1;
+  dsp_free(st);
+  return rc;
+}
+
+static void release(const dsp_graph *g, void **vals, uint32_t s) {
+  if (!vals[s]) return;
+  if (g->slot_grads[s])
+    dsp_grads_free(vals[s]);
+  else
+    dsp_tensor_unref(vals[s]);
+  vals[s] = NULL;
+}
+
+/* One STEP node: every gradient is looked up and every update's shapes
+ * inferred before the first parameter changes, then each runs in place
+ * with grad mode off, as the server's Step and the LOCAL optimizer do. */
+static int run_step(dsp_ctx *ctx, const dsp_gnode *n, void **vals,
+                    int64_t adam_offset, uint64_t *n_ops) {
+  uint32_t k = n->op == DSP_OP_SGD_STEP ? 1 : 2;
+  uint32_t np = (n->n_in - 1) / (k + 1);
+  dsp_attrs a = n->a;
+  if (n->op == DSP_OP_ADAM_STEP && a.n_ints >= 1) a.ints[0] += adam_offset;
+  dsp_grads *g = vals[n->in[0]];
+  dsp_tensor **gs = dsp_calloc(np ? np : 1, sizeof *gs);
+  if (!gs) return dsp_seterr(ctx, DISPATCH_ENOMEM, "out of memory");
+  int rc = 0;
+  uint32_t got = 0;
+  for (uint32_t i = 0; i < np && rc == 0; i++) {
+    dsp_tensor *p = vals[n->in[1 + i]];
+    rc = dsp_grads_get(ctx, g, p, &gs[i]);
+    if (rc < 0) break;
+    got = i + 1;
+    dsp_meta metas[4], om;
+    metas[0] = p->meta;
+    metas[1] = gs[i]->meta;
+    for (uint32_t q = 0; q < k; q++)
+      metas[2 + q] = ((dsp_tensor *)vals[n->in[1 + np + i * k + q]])->meta;
+    rc = dsp_op_infer(ctx, (dsp_opcode)n->op, metas, (int)(k + 2), &a, &om);
+  }
+  if (rc == 0) {
+    int prev = dsp_set_grad_enabled(ctx, 0);
+    for (uint32_t i = 0; i < np && rc == 0; i++) {
+      dsp_tensor *in[4], *out;
+      in[0] = vals[n->in[1 + i]];
+      in[1] = gs[i];
+      for (uint32_t q = 0; q < k; q++) in[2 + q] = vals[n->in[1 + np + i * k + q]];
+      rc = dsp_op(ctx, (dsp_opcode)n->op, in, (int)(k + 2), &a, &out);
+      if (rc == 0) {
+        dsp_tensor_unref(out);
+        (*n_ops)++;
+      } else {
+        char m[512];
+        snprintf(m, sizeof m, "%s", dsp_ctx_errmsg(ctx));
+        rc = dsp_seterr(ctx, rc, "param %u: %s", i, m);
+      }
+    }
+    dsp_set_grad_enabled(ctx, prev);
+  }
+  for (uint32_t i = 0; i < got; i++) dsp_tensor_unref(gs[i]);
+  dsp_free(gs);
+  return rc;
+}
+
+int dsp_graph_run(dsp_ctx *ctx, const dsp_graph *g, dsp_tensor *const *inputs,
+                  dsp_tensor *const *ext, int64_t adam_offset,
+                  dsp_tensor **outputs, uint64_t *n_ops) {
+  void **vals = dsp_calloc(g->n_slots ? g->n_slots : 1, sizeof *vals);
+  if (!vals) return dsp_seterr(ctx, DISPATCH_ENOMEM, "graph: out of memory");
+  for (uint32_t i = 0; i < g->n_inputs; i++) vals[i] = dsp_tensor_ref(inputs[i]);
+  for (uint32_t i = 0; i < g->n_ext; i++)
+    vals[g->n_inputs + i] = dsp_tensor_ref(ext[i]);
+  int rc = 0;
+  size_t k = 0;
+  dsp_tensor *in[DSP_MAX_INPUTS];
+  for (size_t i = 0; i < g->n_nodes && rc == 0; i++) {
+    const dsp_gnode *n = &g->nodes[i];
+    switch (n->kind) {
+      case DSP_G_OP: {
+        for (uint32_t q = 0; q < n->n_in; q++) in[q] = vals[n->in[q]];
+        dsp_tensor *out;
+        int prev = dsp_set_grad_enabled(ctx, !(n->flags & DSP_G_NO_GRAD));
+        rc = dsp_op(ctx, (dsp_opcode)n->op, in, (int)n->n_in, &n->a, &out);
+        dsp_set_grad_enabled(ctx, prev);
+        if (rc == 0) {
+          vals[n->out] = out;
+          (*n_ops)++;
+        }
+        break;
+      }
+      case DSP_G_TRACK: rc = dsp_track(ctx, vals[n->in[0]]); break;
+      case DSP_G_BACKWARD: {
+        dsp_grads *gr;
+        rc = dsp_backward(ctx, vals[n->in[0]], n->flags & DSP_G_RETAIN, &gr);
+        if (rc == 0) vals[n->out] = gr;
+        break;
+      }
+      case DSP_G_GRAD: {
+        dsp_tensor *gt;
+        rc = dsp_grads_get(ctx, vals[n->in[0]], vals[n->in[1]], &gt);
+        if (rc == 0) vals[n->out] = gt;
+        break;
+      }
+      case DSP_G_STEP: rc = run_step(ctx, n, vals, adam_offset, n_ops); break;
+      case DSP_G_FREE:
+        for (uint32_t q = 0; q < n->n_in; q++) release(g, vals, n->in[q]);
+        break;
+      default: rc = dsp_seterr(ctx, DISPATCH_EINTERNAL, "unchecked graph");
+    }
+    if (rc < 0) {
+      /* the core's message is copied: dsp_seterr writes where it lives */
+      char m[512];
+      const char *cm = dsp_ctx_errmsg(ctx);
+      snprintf(m, sizeof m, "%s", cm && *cm ? cm : dispatch_strerror(rc));
+      rc = dsp_seterr(ctx, rc, "op %zu (%s): %s", k, node_name(n), m);
+    }
+    if (n->kind != DSP_G_FREE) k++;
+  }
+  for (uint32_t i = 0; i < g->n_outputs; i++)
+    outputs[i] = rc == 0 ? dsp_tensor_ref(vals[g->outputs[i]]) : NULL;
+  for (uint32_t s = 0; s < g->n_slots; s++) release(g, vals, s);
+  dsp_free(vals);
+  return rc;
+}
