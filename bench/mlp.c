@@ -10,15 +10,21 @@
  *   remote    REMOTE device, dispatch_optim_step (ONE Step message)
  *   perparam  REMOTE device, the same update as separate ops per parameter
  *             (grad, mul_scalar by lr, sub from dispatch_inner(p), which
- *             records nothing, then wrap the result as the new leaf).
+ *             records nothing, then wrap the result as the new leaf);
+ *   plain1/2  the same step as a plain C program calling OpenBLAS directly
+ *             (no dispatch at all; 1 or 2 BLAS threads), started from the
+ *             LOCAL model's initial parameters: the limit of the LOCAL
+ *             step, whose distance to it is dispatch's per-op overhead.
  * The reference of the remote step is the better LOCAL variant (by
  * median), so the limit is the best this process does without the wire.
  * scripts/bench.sh gives this process and the server the same allocator
  * settings (GLIBC_TUNABLES), so neither side pays page faults the other
  * is spared. Rows: remote vs best local (goal: within 1.15x, issue 11)
- * and remote optim_step vs per-parameter ops, each from the per-round
- * medians. The losses of remote and perparam must agree (same math),
- * which checks that both really trained.
+ * remote optim_step vs per-parameter ops, and the best LOCAL step vs the
+ * best plain C step (goal: within 1.2x, issue 11), each from the
+ * per-round medians. The losses of remote and perparam must agree (same
+ * math), and so must those of local1 and plain1, which checks that all
+ * really trained the same model.
  * `mlp --steps-on-stdin` serves python/bench/mlp_step.py instead: the same
  * step driven from C, in blocks the Python script asks for (see there).
  */
@@ -39,6 +45,7 @@
 #define BUDGET 25.0 /* seconds for all four models together */
 #define GAP_US 100000
 #define GOAL 1.15
+#define GOAL_PLAIN 1.2
 
 typedef struct model {
   const char *name;
@@ -46,6 +53,7 @@ typedef struct model {
   dispatch_tensor *x, *y;
   dispatch_tensor *p[4]; /* W1, b1, W2, b2 as AUTODIFF leaves */
   dispatch_optim *opt;   /* NULL: per-parameter ops */
+  struct plain *pl;      /* the plain C variant: no device at all */
   double t[MAX_STEPS];
   int steps;
   float loss;
@@ -111,8 +119,95 @@ static int perparam_update(model *m, dispatch_grads *g) {
   return 0;
 }
 
+/* The step as a C programmer would write it without dispatch: the same
+ * data, parameters and math (relu MLP, mean cross-entropy, SGD), every
+ * product one cblas_sgemm, everything else a plain loop over buffers
+ * allocated once. */
+typedef struct plain {
+  float x[BATCH * NIN], w1[NIN * NHID], b1[NHID], w2[NHID * NOUT], b2[NOUT];
+  int64_t y[BATCH];
+  float h[BATCH * NHID], lg[BATCH * NOUT], dl[BATCH * NOUT];
+  float dh[BATCH * NHID], dw1[NIN * NHID], dw2[NHID * NOUT];
+} plain;
+
+/* A plain model with the data and the current parameters of src (a model
+ * on the LOCAL device), read out through the library. */
+static int plain_init(model *m, model *src) {
+  m->pl = calloc(1, sizeof *m->pl);
+  if (!m->pl) {
+    snprintf(m->err, sizeof m->err, "%s: out of memory", m->name);
+    return DISPATCH_ENOMEM;
+  }
+  plain *p = m->pl;
+  struct {
+    dispatch_tensor *t;
+    void *dst;
+    size_t n;
+  } io[6] = {{src->x, p->x, sizeof p->x},
+             {src->y, p->y, sizeof p->y},
+             {dispatch_inner(src->p[0]), p->w1, sizeof p->w1},
+             {dispatch_inner(src->p[1]), p->b1, sizeof p->b1},
+             {dispatch_inner(src->p[2]), p->w2, sizeof p->w2},
+             {dispatch_inner(src->p[3]), p->b2, sizeof p->b2}};
+  for (int i = 0; i < 6; i++) {
+    int rc = dispatch_tensor_read(io[i].t, io[i].dst, io[i].n);
+    if (rc < 0) return fail(src, rc, "read for plain");
+  }
+  return 0;
+}
+
+static int plain_step(model *m, int record) {
+  plain *p = m->pl;
+  double t0 = bench_now();
+  /* forward: h = relu(x w1 + b1), lg = h w2 + b2 */
+  for (int i = 0; i < BATCH; i++) memcpy(p->h + i * NHID, p->b1, sizeof p->b1);
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, BATCH, NHID, NIN,
+              1.0f, p->x, NIN, p->w1, NHID, 1.0f, p->h, NHID);
+  for (int k = 0; k < BATCH * NHID; k++) p->h[k] = p->h[k] > 0 ? p->h[k] : 0;
+  for (int i = 0; i < BATCH; i++) memcpy(p->lg + i * NOUT, p->b2, sizeof p->b2);
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, BATCH, NOUT, NHID,
+              1.0f, p->h, NHID, p->w2, NOUT, 1.0f, p->lg, NOUT);
+  /* mean cross-entropy and its gradient (softmax - onehot) / BATCH */
+  double loss = 0;
+  for (int i = 0; i < BATCH; i++) {
+    float *l = p->lg + i * NOUT, *d = p->dl + i * NOUT, mx = l[0];
+    for (int j = 1; j < NOUT; j++) mx = l[j] > mx ? l[j] : mx;
+    float s = 0;
+    for (int j = 0; j < NOUT; j++) s += (d[j] = expf(l[j] - mx));
+    loss += logf(s) + mx - l[p->y[i]];
+    for (int j = 0; j < NOUT; j++)
+      d[j] = (d[j] / s - (j == p->y[i])) / BATCH;
+  }
+  /* backward: dw2 = h^T dl, dh = dl w2^T masked by relu, dw1 = x^T dh */
+  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, NHID, NOUT, BATCH,
+              1.0f, p->h, NHID, p->dl, NOUT, 0.0f, p->dw2, NOUT);
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, BATCH, NHID, NOUT,
+              1.0f, p->dl, NOUT, p->w2, NOUT, 0.0f, p->dh, NHID);
+  for (int k = 0; k < BATCH * NHID; k++)
+    if (p->h[k] <= 0) p->dh[k] = 0;
+  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, NIN, NHID, BATCH,
+              1.0f, p->x, NIN, p->dh, NHID, 0.0f, p->dw1, NHID);
+  /* SGD; the bias gradients are the column sums of dl and dh */
+  for (int j = 0; j < NOUT; j++) {
+    float g = 0;
+    for (int i = 0; i < BATCH; i++) g += p->dl[i * NOUT + j];
+    p->b2[j] -= (float)LR * g;
+  }
+  for (int j = 0; j < NHID; j++) {
+    float g = 0;
+    for (int i = 0; i < BATCH; i++) g += p->dh[i * NHID + j];
+    p->b1[j] -= (float)LR * g;
+  }
+  for (int k = 0; k < NHID * NOUT; k++) p->w2[k] -= (float)LR * p->dw2[k];
+  for (int k = 0; k < NIN * NHID; k++) p->w1[k] -= (float)LR * p->dw1[k];
+  m->loss = (float)(loss / BATCH);
+  if (record) m->t[m->steps++] = bench_now() - t0;
+  return 0;
+}
+
 /* One training step; stores its time in m->t when record != 0. */
 static int step(model *m, int record) {
+  if (m->pl) return plain_step(m, record);
   dispatch_tensor *h1 = NULL, *h1b = NULL, *h = NULL, *l = NULL, *lb = NULL,
                   *loss = NULL;
   dispatch_grads *g = NULL;
@@ -144,6 +239,7 @@ static int step(model *m, int record) {
 }
 
 static void model_free(model *m) {
+  free(m->pl);
   dispatch_optim_free(m->opt);
   for (int i = 0; i < 4; i++) dispatch_tensor_free(m->p[i]);
   dispatch_tensor_free(m->x);
@@ -192,12 +288,13 @@ static int steps_on_stdin(void) {
   return 0;
 }
 
-enum { LOCAL1, LOCAL2, REMOTE, PERPARAM, NMODEL };
+enum { LOCAL1, LOCAL2, REMOTE, PERPARAM, PLAIN1, PLAIN2, NMODEL };
 
 /* Runs n steps of model i (recorded unless warm-up), with the OpenBLAS
  * thread count its variant asks for. 0 or the failed step's code. */
 static int run_block(model *ms, int i, int n, int record) {
-  if (i == LOCAL1 || i == LOCAL2) openblas_set_num_threads(i == LOCAL1 ? 1 : 2);
+  if (i == LOCAL1 || i == LOCAL2 || i == PLAIN1 || i == PLAIN2)
+    openblas_set_num_threads(i == LOCAL1 || i == PLAIN1 ? 1 : 2);
   for (int k = 0; k < n; k++) {
     int rc = step(&ms[i], record);
     if (rc < 0) return rc;
@@ -214,14 +311,19 @@ int main(int argc, char **argv) {
   model ms[NMODEL] = {{.name = "local (1 BLAS thread)"},
                       {.name = "local (2 BLAS threads)"},
                       {.name = "remote"},
-                      {.name = "perparam"}};
+                      {.name = "perparam"},
+                      {.name = "plain C (1 BLAS thread)"},
+                      {.name = "plain C (2 BLAS threads)"}};
   const char *specs[NMODEL] = {"local", "local", bench_remote_spec(),
                                bench_remote_spec()};
   int live[NMODEL];
-  for (int i = 0; i < NMODEL; i++) {
+  for (int i = 0; i < PLAIN1; i++) {
     ms[i].dev = bench_open(specs[i], ms[i].err, sizeof ms[i].err);
     live[i] = ms[i].dev && model_init(&ms[i], i != PERPARAM) == 0;
   }
+  /* before any step: the plain models start where local1 starts */
+  for (int i = PLAIN1; i <= PLAIN2; i++)
+    live[i] = live[LOCAL1] && plain_init(&ms[i], &ms[LOCAL1]) == 0;
   for (int i = 0; i < NMODEL; i++)
     if (live[i] && run_block(ms, i, WARMUP, 0) < 0) live[i] = 0;
   /* med[i][round]: the median step of model i's block in that round */
@@ -229,15 +331,22 @@ int main(int argc, char **argv) {
   bench_def d_rem = {"mlp", "train step 784-256-10 b128 remote (optim_step)",
                      "ms", 1, "best LOCAL step (1 or 2 BLAS threads)", 1,
                      BENCH_GOAL_RATIO_LE, GOAL};
+  bench_def d_plain = {"mlp", "train step 784-256-10 b128 local vs plain C",
+                       "ms", 1,
+                       "plain C + OpenBLAS step (1 or 2 BLAS threads)", 1,
+                       BENCH_GOAL_RATIO_LE, GOAL_PLAIN};
   int rounds = 0;
   double start = bench_now();
   for (int r = 0;; r++) {
     if (rounds > 0) {
       double *lv[2] = {med[LOCAL1], med[LOCAL2]};
+      double *pv[2] = {med[PLAIN1], med[PLAIN2]};
       int b = bench_best_variant(lv, 2, rounds);
+      int pb = bench_best_variant(pv, 2, rounds);
       if (!bench_more(rounds, min_rounds, max_rounds, bench_now() - start,
                       BUDGET,
-                      bench_unsettled(&d_rem, med[REMOTE], lv[b], rounds)))
+                      bench_unsettled(&d_rem, med[REMOTE], lv[b], rounds) ||
+                          bench_unsettled(&d_plain, lv[b], pv[pb], rounds)))
         break;
     }
     for (int k = 0; k < NMODEL; k++) {
@@ -282,6 +391,20 @@ int main(int argc, char **argv) {
                     "per-parameter sub/mul ops", 0, BENCH_GOAL_NONE, 0};
   bench_emit(&d_pp, med[REMOTE], med[PERPARAM], rounds, n2[0] ? "%s" : NULL,
              n2);
+  /* local1 and plain1 ran the same steps from the same start */
+  double *pv[2] = {med[PLAIN1], med[PLAIN2]};
+  int pb = bench_best_variant(pv, 2, rounds);
+  char n3[300];
+  if (live[LOCAL1] && live[PLAIN1] &&
+      fabsf(ms[LOCAL1].loss - ms[PLAIN1].loss) >
+          1e-3f * (1 + fabsf(ms[LOCAL1].loss)))
+    snprintf(n3, sizeof n3, "losses differ: local %.6f plain %.6f; ",
+             (double)ms[LOCAL1].loss, (double)ms[PLAIN1].loss);
+  else
+    n3[0] = 0;
+  bench_emit(&d_plain, lv[b], pv[pb], rounds,
+             "%sLOCAL with %d, plain C with %d BLAS thread(s)", n3, b + 1,
+             pb + 1);
   for (int i = 0; i < NMODEL; i++) model_free(&ms[i]);
   return 0;
 }
