@@ -39,7 +39,8 @@
   X(EINTERNAL, -28, "internal error")                                        \
   X(ENOTREMOTE, -29, "operation needs a remote tensor")                      \
   X(EKIND, -30, "wrong dispatch kind for this operation")                   \
-  X(ECANCELED, -31, "cancelled: the session closed or the server is stopping")
+  X(ECANCELED, -31, "cancelled: the session closed or the server is stopping") \
+  X(ESESSION, -32, "session expired or unknown: it cannot be resumed")
 
 typedef enum dispatch_errno {
 #define DISPATCH_ERRNO_ENUM_(name, code, msg) DISPATCH_##name = (code),

@@ -43,6 +43,7 @@ void sv_config_defaults(sv_config *c) {
   c->threads = n < 1 ? 1 : n > 64 ? 64 : (int)n;
   c->log_level = SV_LOG_INFO;
   c->handshake_timeout_s = 10;
+  c->session_grace_s = 60;
 }
 
 void sv_config_release(sv_config *c) {
@@ -157,6 +158,9 @@ static const char *const g_usage =
     "                           512 MiB): fresh pages fault on first touch\n"
     "  --handshake-timeout SECONDS  TLS handshake + hello must finish in\n"
     "                           this time, 0 never (default 10)\n"
+    "  --session-grace SECONDS  keep a session whose connection dropped this\n"
+    "                           long for the client to resume it, 0 never\n"
+    "                           (default 60)\n"
     "  --tls-cert FILE          serve TLS with this certificate (PEM chain)\n"
     "  --tls-key FILE           private key of --tls-cert\n"
     "  --tls-client-ca FILE     mutual TLS: require a client certificate\n"
@@ -361,7 +365,7 @@ enum {
   O_FRAME_TIMEOUT, O_THREADS, O_MAX_OUTPUT_QUEUE, O_MAX_ELEMENTS,
   O_MAX_OP_COST, O_STORAGE_CACHE, O_MAX_QUEUED, O_HANDSHAKE_TIMEOUT,
   O_TLS_CERT, O_TLS_KEY, O_TLS_CLIENT_CA, O_TOKEN_FILE, O_INSECURE,
-  O_LOG_LEVEL, O_VERSION
+  O_LOG_LEVEL, O_VERSION, O_SESSION_GRACE
 };
 
 static const struct option g_opts[] = {
@@ -382,6 +386,7 @@ static const struct option g_opts[] = {
     {"storage-cache", required_argument, NULL, O_STORAGE_CACHE},
     {"max-queued", required_argument, NULL, O_MAX_QUEUED},
     {"handshake-timeout", required_argument, NULL, O_HANDSHAKE_TIMEOUT},
+    {"session-grace", required_argument, NULL, O_SESSION_GRACE},
     {"tls-cert", required_argument, NULL, O_TLS_CERT},
     {"tls-key", required_argument, NULL, O_TLS_KEY},
     {"tls-client-ca", required_argument, NULL, O_TLS_CLIENT_CA},
@@ -456,6 +461,8 @@ static int apply(sv_config *c, int val, const char *v) {
     return 0;
   case O_HANDSHAKE_TIMEOUT:
     return parse_int(name, v, 0, 3600, &c->handshake_timeout_s);
+  case O_SESSION_GRACE:
+    return parse_int(name, v, 0, 86400, &c->session_grace_s);
   case O_TLS_CERT:
     c->tls_cert = v;
     return 0;

@@ -16,7 +16,7 @@
 /* ------------------------------------------------------------ lifecycle */
 
 static void finish_shutdown(sv_server *srv) {
-  if (!srv->pool) return;
+  if (!srv->pool || srv->n_held > 0) return; /* detached sessions first */
   sv_pool_close(srv->pool);
   srv->pool = NULL;
 }
@@ -59,6 +59,10 @@ void sv_conn_close(sv_conn *c, const char *reason) {
   uv_close((uv_handle_t *)&c->idle, on_handle_closed);
   uv_close((uv_handle_t *)&c->hs, on_handle_closed);
   uv_close((uv_handle_t *)&c->frame, on_handle_closed);
+  /* a dropped connection: its session waits for a resume, its queued
+   * requests still run (the client counts them as received) */
+  if (sv_resume_detach(c)) return;
+  sv_resume_before_teardown(c->sess);
   sv_session_cancel(c->sess); /* stops a running op at its next block */
   sv_job *list = sv_pool_cancel(c->srv->pool, c->sess);
   while (list) {
@@ -204,7 +208,18 @@ static void log_reply(sv_conn *c, const sv_job *j) {
 void sv_conn_on_done(sv_job *j, void *ud) {
   (void)ud;
   sv_conn *c = j->sess->owner;
+  if (!c && !j->sess->rs) { /* the one a resuming connection opened with */
+    dsp_free(j->sess);
+    sv_job_free(j);
+    return;
+  }
+  if (!c) { /* a detached session's */
+    sv_server *srv = sv_resume_done(j);
+    if (srv->shutting_down && srv->n_conns == 0) finish_shutdown(srv);
+    return;
+  }
   if (j->kind == SV_JOB_TEARDOWN) {
+    sv_resume_forget(j->sess);
     c->teardown_done = 1;
     sv_job_free(j);
     maybe_free(c);
@@ -217,6 +232,9 @@ void sv_conn_on_done(sv_job *j, void *ud) {
   }
   if (j->out) {
     if (SV_LOG_ON(SV_LOG_DEBUG)) log_reply(c, j);
+    /* kept until acknowledged: the frame may be lost with the socket */
+    if (c->sess->rs && sv_req_kind_of(j->req->body_case)->waits)
+      sv_resume_keep(c->sess, j->req->seq, j->out, j->out_len);
     uint8_t *out = j->out;
     dsp_pin *bulk = j->out_pin;
     j->out = NULL;
@@ -353,6 +371,7 @@ static void on_signal(uv_signal_t *sig, int signum) {
   uv_close((uv_handle_t *)&srv->listener, NULL);
   uv_close((uv_handle_t *)&srv->sigint, NULL);
   uv_close((uv_handle_t *)&srv->sigterm, NULL);
+  sv_resume_shutdown(srv);
   for (sv_conn *c = srv->conns; c; c = c->next) sv_conn_close(c, "shutdown");
   if (srv->n_conns == 0) finish_shutdown(srv);
 }

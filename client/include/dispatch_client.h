@@ -103,6 +103,14 @@ typedef struct dispatch_options {
   const char *server_name; /* name the server's certificate must carry (and
                               SNI); NULL: env DISPATCH_TLS_SERVER_NAME, else
                               HOST of the spec. Always verified. */
+  /* session resume (appended): after a dropped connection the library
+   * reconnects with exponential backoff and resumes the same session
+   * (tensors, tape, gradients, optimizer state), each request run once */
+  int no_resume;           /* 1: a dropped connection ends the session;
+                              0: env DISPATCH_RESUME=0 also turns it off */
+  int resume_timeout_ms;   /* total time reconnecting may take; 0: env
+                              DISPATCH_RESUME_TIMEOUT_MS, else timeout_ms;
+                              never past the server's --session-grace */
 } dispatch_options;
 
 /* Counters of one device. REMOTE: what the server holds for this session
