@@ -5,6 +5,7 @@
 #include "fault_proxy.h"
 
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -103,6 +104,8 @@ static void pair_close(fp_pair *p, int rst) {
   uv_close((uv_handle_t *)&p->cli, on_pair_handle_closed);
   uv_close((uv_handle_t *)&p->srv, on_pair_handle_closed);
   uv_close((uv_handle_t *)&p->ttimer, on_pair_handle_closed);
+  /* the close callback finds the pair through data */
+  p->side[0].timer.data = p->side[1].timer.data = p;
   uv_close((uv_handle_t *)&p->side[0].timer, on_pair_handle_closed);
   uv_close((uv_handle_t *)&p->side[1].timer, on_pair_handle_closed);
 }
@@ -462,6 +465,9 @@ static void *run(void *arg) {
 
 fault_proxy *fp_start(int server_port, const fp_rule *rules, int n) {
   if (n < 0 || n > FP_MAX_RULES) return NULL;
+  /* a write to a socket the client already closed must not kill the
+   * test process */
+  signal(SIGPIPE, SIG_IGN);
   fault_proxy *fp = calloc(1, sizeof *fp);
   if (!fp) return NULL;
   fp->server_port = server_port;
