@@ -36,6 +36,8 @@ typedef struct dispatch_options {
   const char *cert_file;
   const char *key_file;
   const char *server_name;
+  int no_resume;
+  int resume_timeout_ms;
 } dispatch_options;
 
 typedef struct dispatch_stats {
