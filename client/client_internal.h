@@ -101,6 +101,15 @@ typedef struct dispatch__conn {
   size_t *log_off;
   size_t n_log, log_slots;
   unsigned resumes;     /* successful resumes on this connection */
+  /* a large upload's bytes are not copied into the log: the caller's
+   * buffer stands in for them until the Sync that queue() sends before
+   * returning shows the server has them */
+  const void *ext_bulk;
+  size_t ext_len;
+  size_t ext_at;        /* log offset where they belong */
+  uint64_t ext_seq;
+  int stash_code;       /* a deferred error that Sync brought back, */
+  char stash_msg[512];  /* reported at the next wait */
   char *host, *port, *auth, *name; /* what the reconnect needs again */
   dispatch_options *tls_o; /* tls://: copies of the TLS options */
 } dispatch__conn;

@@ -34,6 +34,9 @@
 /* The replay log is acknowledged by the next waiting reply; past this
  * many bytes a Sync is sent so it cannot grow without bound. */
 #define LOG_SYNC_AT (64u << 20)
+/* Upload bytes up to this are copied into the log; a larger upload keeps
+ * the caller's buffer and is acknowledged (a Sync) before it returns. */
+#define LOG_COPY_MAX (1u << 20)
 /* Internal: the socket is gone but the session may be resumed. Never
  * returned to a caller. */
 #define EBROKEN (-1000)
@@ -313,10 +316,18 @@ static int put_frame(dispatch_device *dev, Dspwire__Request *req,
   if (req->seq) { /* logged before it is sent: a reconnect sends it again */
     uint8_t *at = c->buf + c->len;
     dsp_req_frame_encode(req, bulk_len, at);
-    if (log_frame(c, req->seq, at, flen, bulk, bulk_len) < 0)
+    int ext = bulk_len > LOG_COPY_MAX;
+    if (log_frame(c, req->seq, at, flen, ext ? NULL : bulk,
+                  ext ? 0 : bulk_len) < 0)
       return dsp_seterr(dev->ctx, DISPATCH_ENOMEM,
                         "out of memory for the replay log (%zu bytes)",
                         c->log_len + flen + bulk_len);
+    if (ext) {
+      c->ext_bulk = bulk;
+      c->ext_len = bulk_len;
+      c->ext_at = c->log_len;
+      c->ext_seq = req->seq;
+    }
     c->seq = req->seq;
   }
   c->len += dsp_req_frame_encode(req, bulk_len, c->buf + c->len);
@@ -445,6 +456,10 @@ static void log_trim(dispatch__conn *c, uint64_t seq) {
     c->log_off[i - k] = c->log_off[i] - off;
   }
   c->n_log -= k;
+  if (c->ext_bulk) {
+    if (c->ext_seq <= seq) c->ext_bulk = NULL;
+    else c->ext_at -= off;
+  }
   if (c->log_cap > (1u << 20) && c->log_len < c->log_cap / 4) {
     uint8_t *nb = dsp_realloc(c->log, c->log_len > 4096 ? c->log_len : 4096);
     if (nb) {
@@ -551,6 +566,7 @@ static int resume_once(dispatch_device *dev) {
   w.body.hello.resume_token.data = c->token;
   w.body.hello.resume_token.len = c->token_len;
   w.body.hello.resume_ack = c->acked;
+  w.body.hello.resume = 1;
   hello->req_id = c->next_id++;
   rc = put_frame(dev, hello, NULL, 0);
   if (rc == 0) rc = flush(dev);
@@ -570,11 +586,12 @@ static int resume_once(dispatch_device *dev) {
                       "this client sent up to %llu",
                       (unsigned long long)last, (unsigned long long)c->seq);
   log_trim(c, last);
-  if (c->log_len) {
-    rc = send_all(dev, c->log, c->log_len);
-    if (rc < 0) return rc;
-  }
-  return 0;
+  size_t cut = c->ext_bulk ? c->ext_at : c->log_len;
+  if (cut) rc = send_all(dev, c->log, cut);
+  if (rc == 0 && c->ext_bulk) rc = send_all(dev, c->ext_bulk, c->ext_len);
+  if (rc == 0 && c->log_len > cut)
+    rc = send_all(dev, c->log + cut, c->log_len - cut);
+  return rc;
 }
 
 /* After the socket failed: reconnects with bounded exponential backoff
@@ -633,6 +650,11 @@ static int call(dispatch_device *dev, Dspwire__Request *req, void *dst,
   int rc = check_alive(dev);
   if (rc == EBROKEN) rc = reconnect(dev);
   if (rc < 0) return rc;
+  if (c->stash_code) { /* an earlier request's error, held for a wait */
+    rc = dsp_seterr(dev->ctx, c->stash_code, "%s", c->stash_msg);
+    c->stash_code = 0;
+    return rc;
+  }
   req->req_id = c->next_id++;
   req->ack = c->acked;
   rc = put_frees(dev);
@@ -668,7 +690,26 @@ static int queue(dispatch_device *dev, Dspwire__Request *req, uint64_t rid,
   req->req_id = rid ? rid : c->next_id++;
   rc = put_frame(dev, req, bulk, bulk_len);
   if (rc == EBROKEN) rc = reconnect(dev); /* it sends the frame again */
-  if (rc == 0 && c->log_len > LOG_SYNC_AT) rc = dispatch__remote_sync(dev);
+  if (rc == 0 && (c->ext_bulk || c->log_len > LOG_SYNC_AT)) {
+    /* the caller's buffer may go once this returns: the server must have
+     * the bytes first. A deferred error this brings back is the next
+     * wait's to report, as without the Sync. */
+    dsp_wreq w;
+    Dspwire__Reply *r;
+    int held = c->stash_code; /* the Sync must be sent even so */
+    c->stash_code = 0;
+    rc = call(dev, dsp_wreq_sync(&w), NULL, 0, 0, &r);
+    if (rc < 0 && r) {
+      if (!held)
+        snprintf(c->stash_msg, sizeof c->stash_msg, "%s",
+                 dsp_ctx_errmsg(dev->ctx));
+      if (!held) held = rc;
+      rc = 0;
+    }
+    c->stash_code = held;
+    if (r) dspwire__reply__free_unpacked(r, &g_pb_alloc);
+    c->ext_bulk = NULL;
+  }
   return rc;
 }
 
@@ -900,8 +941,6 @@ static int setup_resume(dispatch_device *dev, const Dspwire__HelloReply *h,
                         const char *token, const char *client_name,
                         const dispatch_options *tls) {
   dispatch__conn *c = dev->conn;
-  const char *e = getenv("DISPATCH_RESUME");
-  if (e && strcmp(e, "0") == 0) c->resume_off = 1;
   if (c->resume_ms <= 0) {
     const char *t = getenv("DISPATCH_RESUME_TIMEOUT_MS");
     long v = t ? strtol(t, NULL, 10) : 0;
@@ -955,6 +994,9 @@ int dispatch__remote_open(dispatch_device *dev, const char *host,
                                             DSP_PROTO_MINOR, token,
                                             client_name);
   if (device) w.body.hello.device = (char *)device;
+  const char *e = getenv("DISPATCH_RESUME");
+  if (e && strcmp(e, "0") == 0) dev->conn->resume_off = 1;
+  w.body.hello.resume = !dev->conn->resume_off;
   rc = call(dev, hello, NULL, 0, 0, &r);
   if (rc == 0 && r->body_case != DSPWIRE__REPLY__BODY_HELLO)
     rc = dsp_seterr(dev->ctx, DISPATCH_EPROTO,

@@ -175,7 +175,7 @@ typedef struct sv_resume {
   int n_cache;
 } sv_resume;
 
-/* A new session (after a successful hello) becomes resumable: a fresh
+/* A new session whose hello asked for it becomes resumable: a fresh
  * token from RAND_bytes and the digest of token + client certificate.
  * Nothing when --session-grace is 0. 0 or a negative code. */
 int sv_resume_open(sv_conn *c, const char *token);

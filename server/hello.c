@@ -83,7 +83,7 @@ void sv_hello(sv_conn *c, Dspwire__Request *req) {
     c->sess->device = dev->be;
     dsp_ctx_set_backend(c->sess->ctx, dev->be);
   }
-  if (!resumed && sv_resume_open(c, h->token) < 0) {
+  if (!resumed && h->resume && sv_resume_open(c, h->token) < 0) {
     sv_conn_close(c, "cannot make the session resumable");
     return;
   }

@@ -330,7 +330,16 @@ Test(fault, client_killed_mid_upload_frees_after_grace, .fini = teardown,
     /* hello, then an upload of 48 MiB of which 24 MiB are sent */
     close(pfd[0]);
     wire_conn c;
-    if (wire_connect(&c, g_srv.port) || wire_hello(&c, "doomed")) _exit(2);
+    if (wire_connect(&c, g_srv.port)) _exit(2);
+    dsp_wreq hw;
+    Dspwire__Request *h = dsp_wreq_hello(&hw, DSP_PROTO_MAJOR,
+                                         DSP_PROTO_MINOR, NULL, "doomed");
+    hw.body.hello.resume = 1; /* a session that waits for a resume */
+    Dspwire__Reply *hr;
+    if (wire_send(&c, h, NULL, 0) || wire_recv(&c, &hr, NULL, NULL) ||
+        hr->error)
+      _exit(2);
+    wire_reply_free(hr, NULL);
     uint8_t *data = calloc(1, big);
     if (!data) _exit(3);
     dsp_wreq w;
@@ -417,6 +426,7 @@ static int raw_hello(raw_sess *s, int port, const char *auth,
   dsp_wreq w;
   Dspwire__Request *r =
       dsp_wreq_hello(&w, DSP_PROTO_MAJOR, DSP_PROTO_MINOR, auth, "raw");
+  w.body.hello.resume = 1;
   if (token) {
     w.body.hello.resume_token.data = (uint8_t *)token;
     w.body.hello.resume_token.len = token_len;
