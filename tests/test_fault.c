@@ -8,10 +8,12 @@
  *   new server and trained on ends bit-identical to the uninterrupted run;
  * - a client SIGKILLed mid-upload: the server's held bytes and RSS go back
  *   to their baseline after --session-grace;
- * - a resume token with other credentials, or of an expired session, is
- *   refused with its code; an in-place optimizer step sent again after a
+ * - a resume token with other credentials (hello token, or over mutual
+ *   TLS another client certificate of the same CA), or of an expired
+ *   session, is refused with its code; an in-place optimizer step sent again after a
  *   cut mid-reply is applied once. */
 #include <criterion/criterion.h>
+#include <libgen.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -604,4 +606,82 @@ Test(fault, resume_with_other_credentials_refused, .fini = teardown,
   cr_assert(t.resumed);
   wire_bye(&t.c);
   wire_close(&t.c);
+}
+
+/* ------------------------------------------------------------ mutual TLS */
+
+Test(fault, tls_resume_needs_the_same_client_certificate, .fini = teardown,
+     .timeout = 180) {
+  const char *bin = getenv("DISPATCH_SERVER_BIN");
+  if (!bin || !*bin) cr_assert_fail("DISPATCH_SERVER_BIN is not set");
+  char b[1024];
+  snprintf(b, sizeof b, "%s", bin);
+  char *root = dirname(dirname(b));
+  snprintf(g_dir, sizeof g_dir, "/tmp/dsp_fault_XXXXXX");
+  cr_assert_not_null(mkdtemp(g_dir));
+  char cmd[4096];
+  /* a CA, the server, a client, and a second client of the same CA */
+  snprintf(cmd, sizeof cmd,
+           "'%s/deploy/make-certs.sh' '%s' localhost 30 >/dev/null && cd '%s' "
+           "&& openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 "
+           "-nodes -keyout other.key -out other.csr -subj '/CN=other client' "
+           "2>/dev/null && printf 'extendedKeyUsage=clientAuth\\n' > ext && "
+           "openssl x509 -req -in other.csr -CA ca.pem -CAkey ca.key "
+           "-CAcreateserial -out other.pem -days 30 -extfile ext 2>/dev/null "
+           "&& cp client.pem cur.pem && cp client.key cur.key",
+           root, g_dir, g_dir);
+  cr_assert_eq(system(cmd), 0, "making certificates failed: %s", cmd);
+  char cert[300], key[300], ca[300], srv_pem[300], srv_key[300];
+  snprintf(cert, sizeof cert, "%s/cur.pem", g_dir);
+  snprintf(key, sizeof key, "%s/cur.key", g_dir);
+  snprintf(ca, sizeof ca, "%s/ca.pem", g_dir);
+  snprintf(srv_pem, sizeof srv_pem, "%s/server.pem", g_dir);
+  snprintf(srv_key, sizeof srv_key, "%s/server.key", g_dir);
+  const char *args[] = {"--log-level", "warn", "--session-grace", "30",
+                        "--tls-cert", srv_pem, "--tls-key", srv_key,
+                        "--tls-client-ca", ca, NULL};
+  cr_assert_eq(sp_start(&g_srv, args), 0, "TLS server did not start");
+  /* TLS bytes are opaque to the proxy: each connection is cut 400 ms in */
+  const fp_rule rules[] = {
+      {.conn = 0, .dir = FP_C2S, .at_byte = -1, .at_ms = 400,
+       .action = FP_CUT},
+      {.conn = 1, .dir = FP_C2S, .at_byte = -1, .at_ms = 400,
+       .action = FP_CUT},
+  };
+  g_fp = fp_start(g_srv.port, rules, 2);
+  cr_assert_not_null(g_fp);
+  dispatch_options o;
+  dispatch_options_init(&o);
+  o.ca_file = ca;
+  o.cert_file = cert;
+  o.key_file = key;
+  o.server_name = "localhost";
+  o.timeout_ms = 20000;
+  char spec[64], msg[512] = "";
+  snprintf(spec, sizeof spec, "tls://127.0.0.1:%d", fp_port(g_fp));
+  dispatch_device *dev = NULL;
+  int rc = dispatch_device_open(spec, &o, &dev, msg, sizeof msg);
+  cr_assert_eq(rc, 0, "%s: %s", dispatch_err_name(rc), msg);
+  int64_t sh[1] = {4};
+  dispatch_tensor *x;
+  OK(dev, dispatch_ones(dev, DISPATCH_F32, 1, sh, &x));
+  OK(dev, dispatch_device_sync(dev));
+  sleep_ms(700); /* connection 0 is cut meanwhile */
+  float v[4];
+  OK(dev, dispatch_tensor_read(x, v, sizeof v)); /* resumed, same cert */
+  cr_assert_eq(v[3], 1.0f);
+  /* the files the client reconnects with now hold another certificate of
+   * the same CA: the TLS handshake passes, the resume must not */
+  snprintf(cmd, sizeof cmd, "cd '%s' && cp other.pem cur.pem && "
+           "cp other.key cur.key", g_dir);
+  cr_assert_eq(system(cmd), 0);
+  sleep_ms(700); /* connection 1 is cut */
+  rc = dispatch_tensor_read(x, v, sizeof v);
+  cr_assert_eq(rc, DISPATCH_EAUTH, "got %s: %s", dispatch_err_name(rc),
+               dispatch_device_errmsg(dev));
+  cr_assert(strstr(dispatch_device_errmsg(dev), "other credentials"), "%s",
+            dispatch_device_errmsg(dev));
+  dispatch_tensor_free(x);
+  dispatch_device_close(dev);
+  cr_assert_eq(fp_fired(g_fp), 2);
 }
