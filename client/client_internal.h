@@ -65,8 +65,9 @@ struct dispatch_optim {
 typedef struct dispatch__conn {
   int fd;
   int dead;        /* connection lost: every later call gives dead_code */
-  int dead_code;   /* DISPATCH_ECONN, or DISPATCH_ESHUTDOWN when the server
-                      said it was going away */
+  int dead_code;   /* DISPATCH_ECONN; DISPATCH_ESHUTDOWN when the server
+                      said it was going away; ESESSION or EAUTH when a
+                      resume was refused */
   char dead_why[192];
   int ready; /* hello answered: the server accepts other requests */
   int timeout_ms;
@@ -86,6 +87,38 @@ typedef struct dispatch__conn {
   size_t rpos, rlen;
   int refs; /* the device and its peers (dispatch_device_open_peer) */
   char *server_device; /* the hello's session device: "cpu:0" */
+  /* session resume (remote.c): every request gets a seq and stays in the
+   * replay log until a later waiting reply shows the server has it; after
+   * a dropped connection the library reconnects, presents the token and
+   * sends again what the server did not receive */
+  int resume_off;       /* option no_resume / env DISPATCH_RESUME=0 */
+  int resume_ms;        /* total bound on reconnecting; 0: the default */
+  int resumable;        /* the server gave a token and resume is on */
+  int broken;           /* the socket is gone, a reconnect is due */
+  int resuming;         /* inside the reconnect: no nesting */
+  int closing;          /* the device is closing: no reconnect */
+  uint8_t token[64];    /* the resume token: a secret, never printed */
+  size_t token_len;
+  unsigned grace_s;     /* the server's --session-grace */
+  uint64_t seq;         /* last seq handed out */
+  uint64_t acked;       /* seq of the last waiting reply received */
+  uint8_t *log;         /* frames sent or queued, not yet acknowledged */
+  size_t log_len, log_cap;
+  uint64_t *log_seq;    /* each logged frame's seq and offset */
+  size_t *log_off;
+  size_t n_log, log_slots;
+  unsigned resumes;     /* successful resumes on this connection */
+  /* a large upload's bytes are not copied into the log: the caller's
+   * buffer stands in for them until the Sync that queue() sends before
+   * returning shows the server has them */
+  const void *ext_bulk;
+  size_t ext_len;
+  size_t ext_at;        /* log offset where they belong */
+  uint64_t ext_seq;
+  int stash_code;       /* a deferred error that Sync brought back, */
+  char stash_msg[512];  /* reported at the next wait */
+  char *host, *port, *auth, *name; /* what the reconnect needs again */
+  dispatch_options *tls_o; /* tls://: copies of the TLS options */
 } dispatch__conn;
 
 struct dispatch_device {

@@ -254,6 +254,8 @@ int dispatch_device_open(const char *spec, const dispatch_options *opts,
   dev->conn->refs = 1;
   dev->conn->fd = -1;
   dev->conn->timeout_ms = o.timeout_ms;
+  dev->conn->resume_off = o.no_resume;
+  dev->conn->resume_ms = o.resume_timeout_ms;
   if (kind == DISPATCH_KIND_REMOTE) {
     int rc = dispatch__remote_open(dev, host, port, o.token, o.client_name,
                                    sdev,

@@ -20,6 +20,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <openssl/crypto.h>
+
 #include "client_internal.h"
 #include "dispatch.pb-c.h"
 #include "frame.h"
@@ -29,6 +31,15 @@
 #define FLUSH_AT (1u << 20)  /* send the buffer once this much is queued */
 #define BULK_INLINE (64u << 10) /* larger bulk skips the buffer */
 #define REMOTE_RBUF (16u << 10) /* receive buffer of a plain connection */
+/* The replay log is acknowledged by the next waiting reply; past this
+ * many bytes a Sync is sent so it cannot grow without bound. */
+#define LOG_SYNC_AT (64u << 20)
+/* Upload bytes up to this are copied into the log; a larger upload keeps
+ * the caller's buffer and is acknowledged (a Sync) before it returns. */
+#define LOG_COPY_MAX (1u << 20)
+/* Internal: the socket is gone but the session may be resumed. Never
+ * returned to a caller. */
+#define EBROKEN (-1000)
 
 /* Set when protobuf-c's unpack failed for memory rather than bad bytes
  * (unpack returns NULL for both). */
@@ -90,6 +101,28 @@ static int goodbye_waiting(dispatch__conn *c, char *why, size_t len) {
   return 0;
 }
 
+/* Closes the socket (and TLS session) and forgets bytes in flight. */
+static void drop_socket(dispatch__conn *c) {
+  if (c->fd >= 0) close(c->fd);
+  c->fd = -1;
+  if (c->ssl || c->ssl_ctx) dispatch__tls_close(c);
+  c->len = 0;
+  c->rpos = c->rlen = 0;
+}
+
+/* The error a dead connection reports: the server's goodbye
+ * (DISPATCH_ESHUTDOWN), a refused resume (its code), else a lost
+ * connection (DISPATCH_ECONN), each with the first reason. */
+static int dead_error(dispatch_device *dev) {
+  dispatch__conn *c = dev->conn;
+  if (c->dead_code == DISPATCH_ESHUTDOWN)
+    return dsp_seterr(dev->ctx, DISPATCH_ESHUTDOWN,
+                      "%s: the server is shutting down: %s", dev->spec,
+                      c->dead_why);
+  return dsp_seterr(dev->ctx, c->dead_code ? c->dead_code : DISPATCH_ECONN,
+                    "connection to %s lost: %s", dev->spec, c->dead_why);
+}
+
 /* Marks the connection gone for good: the socket is closed, queued bytes
  * dropped, and every later call reports code with the first reason. */
 static int conn_down(dispatch_device *dev, int code, const char *why) {
@@ -97,6 +130,7 @@ static int conn_down(dispatch_device *dev, int code, const char *why) {
   if (!c->dead) {
     c->dead = 1;
     c->dead_code = code;
+    c->broken = 0;
     if (c->fd >= 0) close(c->fd);
     c->fd = -1;
     c->len = 0;
@@ -104,27 +138,33 @@ static int conn_down(dispatch_device *dev, int code, const char *why) {
     c->n_free_ids = c->n_free_grads = 0;
     snprintf(c->dead_why, sizeof c->dead_why, "%s", why);
   }
-  if (c->dead_code == DISPATCH_ESHUTDOWN)
-    return dsp_seterr(dev->ctx, DISPATCH_ESHUTDOWN,
-                      "%s: the server is shutting down: %s", dev->spec,
-                      c->dead_why);
-  return dsp_seterr(dev->ctx, DISPATCH_ECONN, "connection to %s lost: %s",
-                    dev->spec, c->dead_why);
+  return dead_error(dev);
 }
 
-/* The connection failed (a socket error, EOF, a timeout): a lost
- * connection, unless the server's goodbye is waiting unread, which makes
- * it a shutdown. */
-static int conn_lost(dispatch_device *dev, const char *why) {
-  char bye[192];
-  if (!dev->conn->dead && goodbye_waiting(dev->conn, bye, sizeof bye))
-    return conn_down(dev, DISPATCH_ESHUTDOWN, bye);
+static int conn_dead(dispatch_device *dev, const char *why) {
   return conn_down(dev, DISPATCH_ECONN, why);
 }
 
+/* The socket failed (an error, EOF). The server's goodbye waiting unread
+ * makes it a shutdown, for good (a draining server takes no resume); a
+ * resumable session otherwise only loses the socket (EBROKEN: the caller
+ * reconnects); else the connection is dead. */
+static int conn_lost(dispatch_device *dev, const char *why) {
+  dispatch__conn *c = dev->conn;
+  char bye[192];
+  if (!c->dead && !c->broken && goodbye_waiting(c, bye, sizeof bye))
+    return conn_down(dev, DISPATCH_ESHUTDOWN, bye);
+  if (!c->resumable || c->dead || c->closing) return conn_dead(dev, why);
+  if (!c->broken) snprintf(c->dead_why, sizeof c->dead_why, "%s", why);
+  drop_socket(c);
+  c->broken = 1;
+  return EBROKEN;
+}
+
 static int check_alive(dispatch_device *dev) {
+  if (dev->conn->broken) return EBROKEN;
   if (!dev->conn->dead) return 0;
-  return conn_down(dev, dev->conn->dead_code, dev->conn->dead_why);
+  return dead_error(dev);
 }
 
 /* Writes all n bytes or loses the connection; each poll waits at most
@@ -200,7 +240,7 @@ static int wait_readable(dispatch_device *dev, int64_t deadline) {
     if (left <= 0) {
       char why[128];
       snprintf(why, sizeof why, "no reply within %d ms", c->timeout_ms);
-      return conn_lost(dev, why);
+      return conn_dead(dev, why); /* a slow server, not a lost socket */
     }
     struct pollfd pfd = {c->fd, POLLIN, 0};
     int pr = poll(&pfd, 1, (int)left);
@@ -305,9 +345,13 @@ static int reserve(dispatch_device *dev, size_t more) {
 
 /* Appends one frame (header, message, bulk). Either the whole frame is
  * queued or sent, or nothing is (ENOMEM) or the connection is lost. */
-static int put_frame(dispatch_device *dev, const Dspwire__Request *req,
+static int log_frame(dispatch__conn *c, uint64_t seq, const uint8_t *frame,
+                     size_t flen, const void *bulk, size_t bulk_len);
+
+static int put_frame(dispatch_device *dev, Dspwire__Request *req,
                      const void *bulk, size_t bulk_len) {
   dispatch__conn *c = dev->conn;
+  if (c->resumable && !c->resuming && !req->seq) req->seq = c->seq + 1;
   size_t flen = dsp_req_frame_size(req);
   size_t mlen = flen - DSP_FRAME_HEADER_SIZE;
   if (c->max_frame && mlen > c->max_frame)
@@ -325,6 +369,23 @@ static int put_frame(dispatch_device *dev, const Dspwire__Request *req,
   int inline_bulk = bulk_len <= BULK_INLINE;
   int rc = reserve(dev, flen + (inline_bulk ? bulk_len : 0));
   if (rc < 0) return rc;
+  if (req->seq) { /* logged before it is sent: a reconnect sends it again */
+    uint8_t *at = c->buf + c->len;
+    dsp_req_frame_encode(req, bulk_len, at);
+    int ext = bulk_len > LOG_COPY_MAX;
+    if (log_frame(c, req->seq, at, flen, ext ? NULL : bulk,
+                  ext ? 0 : bulk_len) < 0)
+      return dsp_seterr(dev->ctx, DISPATCH_ENOMEM,
+                        "out of memory for the replay log (%zu bytes)",
+                        c->log_len + flen + bulk_len);
+    if (ext) {
+      c->ext_bulk = bulk;
+      c->ext_len = bulk_len;
+      c->ext_at = c->log_len;
+      c->ext_seq = req->seq;
+    }
+    c->seq = req->seq;
+  }
   c->len += dsp_req_frame_encode(req, bulk_len, c->buf + c->len);
   if (inline_bulk) {
     if (bulk_len) memcpy(c->buf + c->len, bulk, bulk_len);
@@ -348,7 +409,7 @@ static int put_frees(dispatch_device *dev) {
                     (size_t)c->n_free_grads);
   req->req_id = c->next_id++;
   int rc = put_frame(dev, req, NULL, 0);
-  if (rc == DISPATCH_ENOMEM) {
+  if (rc == DISPATCH_ENOMEM && !c->resumable) {
     /* the caller cannot be told about a failed free: send it unbuffered */
     rc = flush(dev);
     if (rc == 0) {
@@ -357,14 +418,14 @@ static int put_frees(dispatch_device *dev) {
         rc = send_all(dev, tmp, dsp_req_frame_encode(req, 0, tmp));
     }
   }
-  if (rc < 0 && rc != DISPATCH_ECONN) return rc;
+  if (rc < 0 && rc != DISPATCH_ECONN && rc != EBROKEN) return rc;
   c->n_free_ids = c->n_free_grads = 0;
   return rc;
 }
 
 void dispatch__remote_free(dispatch_device *dev, uint64_t id, int is_grads) {
   dispatch__conn *c = dev->conn;
-  if (c->dead || dev->closing || c->fd < 0) return;
+  if (c->dead || dev->closing || (c->fd < 0 && !c->broken)) return;
   if (c->n_free_ids == DISPATCH__FREE_BATCH ||
       c->n_free_grads == DISPATCH__FREE_BATCH)
     put_frees(dev);
@@ -413,30 +474,77 @@ static int drain(dispatch_device *dev, uint64_t n, int64_t deadline) {
   return 0;
 }
 
-/* Sends req (and everything queued before it, then the batched frees) and
- * waits for its reply. A READ reply's bulk lands in dst when its size is
- * dst_len. *reply is the caller's (free_unpacked) when it returns 0 or a
- * server error; on ECONN/EPROTO *reply is NULL. */
-static int call_bulk(dispatch_device *dev, Dspwire__Request *req,
-                     const void *bulk, size_t bulk_len, void *dst,
-                     size_t dst_len, uint64_t target, Dspwire__Reply **reply) {
+/* Appends one frame to the replay log; 0 or -1 when out of memory. */
+static int log_frame(dispatch__conn *c, uint64_t seq, const uint8_t *frame,
+                     size_t flen, const void *bulk, size_t bulk_len) {
+  size_t need = c->log_len + flen + bulk_len;
+  if (need > c->log_cap) {
+    size_t cap = c->log_cap ? c->log_cap : 4096;
+    while (cap < need) cap *= 2;
+    uint8_t *nb = dsp_realloc(c->log, cap);
+    if (!nb) return -1;
+    c->log = nb;
+    c->log_cap = cap;
+  }
+  if (c->n_log == c->log_slots) {
+    size_t n = c->log_slots ? c->log_slots * 2 : 64;
+    uint64_t *ns = dsp_realloc(c->log_seq, n * sizeof *ns);
+    if (ns) c->log_seq = ns;
+    size_t *no = ns ? dsp_realloc(c->log_off, n * sizeof *no) : NULL;
+    if (!no) return -1;
+    c->log_off = no;
+    c->log_slots = n;
+  }
+  c->log_seq[c->n_log] = seq;
+  c->log_off[c->n_log++] = c->log_len;
+  memcpy(c->log + c->log_len, frame, flen);
+  if (bulk_len) memcpy(c->log + c->log_len + flen, bulk, bulk_len);
+  c->log_len = need;
+  return 0;
+}
+
+/* Forgets the logged frames up to seq: the server has received them. */
+static void log_trim(dispatch__conn *c, uint64_t seq) {
+  size_t k = 0;
+  while (k < c->n_log && c->log_seq[k] <= seq) k++;
+  if (k == 0) return;
+  size_t off = k < c->n_log ? c->log_off[k] : c->log_len;
+  memmove(c->log, c->log + off, c->log_len - off);
+  c->log_len -= off;
+  for (size_t i = k; i < c->n_log; i++) {
+    c->log_seq[i - k] = c->log_seq[i];
+    c->log_off[i - k] = c->log_off[i] - off;
+  }
+  c->n_log -= k;
+  if (c->ext_bulk) {
+    if (c->ext_seq <= seq) c->ext_bulk = NULL;
+    else c->ext_at -= off;
+  }
+  if (c->log_cap > (1u << 20) && c->log_len < c->log_cap / 4) {
+    uint8_t *nb = dsp_realloc(c->log, c->log_len > 4096 ? c->log_len : 4096);
+    if (nb) {
+      c->log = nb;
+      c->log_cap = c->log_len > 4096 ? c->log_len : 4096;
+    }
+  }
+}
+
+/* Reads frames until the reply to req_id. A READ reply's bulk lands in dst
+ * when its size is dst_len. EBROKEN when the socket failed on a resumable
+ * session (nothing kept; the caller reconnects and waits again). */
+static int await_reply(dispatch_device *dev, uint64_t req_id, void *dst,
+                       size_t dst_len, uint64_t target,
+                       Dspwire__Reply **reply) {
   dispatch__conn *c = dev->conn;
-  *reply = NULL;
-  int rc = check_alive(dev);
-  if (rc < 0) return rc;
-  req->req_id = c->next_id++;
-  rc = put_frees(dev);
-  if (rc == 0) rc = put_frame(dev, req, bulk, bulk_len);
-  if (rc == 0) rc = flush(dev);
-  if (rc < 0) return rc;
   int64_t deadline = now_ms() + c->timeout_ms;
+  int rc;
   for (;;) {
     uint8_t hb[DSP_FRAME_HEADER_SIZE];
     rc = recv_all(dev, hb, sizeof hb, deadline, 1);
     if (rc < 0) return rc;
     dsp_frame_header h;
     rc = dsp_frame_header_decode(hb, MAX_REPLY_MSG, UINT64_MAX, &h);
-    if (rc < 0) return conn_lost(dev, "malformed reply frame header");
+    if (rc < 0) return conn_dead(dev, "malformed reply frame header");
     uint8_t *mb = dsp_malloc(h.msg_len);
     if (!mb) {
       /* skip the frame so the stream stays in step; the reply is lost */
@@ -460,8 +568,8 @@ static int call_bulk(dispatch_device *dev, Dspwire__Request *req,
       return dsp_seterr(dev->ctx, DISPATCH_ENOMEM,
                         "out of memory decoding a reply");
     }
-    if (!r) return conn_lost(dev, "undecodable reply message");
-    int mine = r->req_id == req->req_id;
+    if (!r) return conn_dead(dev, "undecodable reply message");
+    int mine = r->req_id == req_id;
     if (h.bulk_len) {
       if (mine && dst &&
           (r->body_case == DSPWIRE__REPLY__BODY_READ ||
@@ -483,10 +591,160 @@ static int call_bulk(dispatch_device *dev, Dspwire__Request *req,
     if (r->error && r->error->code == DISPATCH_ESHUTDOWN)
       return conn_down(dev, DISPATCH_ESHUTDOWN,
                        r->error->message ? r->error->message : "");
-    if (r->error && r->error->code != 0) return take_error(dev, r->error, req->req_id, target);
-    if (!mine) return conn_lost(dev, "reply to an unknown request");
+    if (r->error && r->error->code != 0)
+      return take_error(dev, r->error, req_id, target);
+    if (!mine) return conn_dead(dev, "reply to an unknown request");
     return 0;
   }
+}
+
+static int connect_to(dispatch_device *dev, const char *host,
+                      const char *port);
+
+/* Total time a reconnect may take: the option or env, else the device's
+ * timeout, never past the server's grace. */
+static int resume_bound_ms(const dispatch__conn *c) {
+  int64_t ms = c->resume_ms > 0 ? c->resume_ms : c->timeout_ms;
+  if (c->grace_s && ms > (int64_t)c->grace_s * 1000)
+    ms = (int64_t)c->grace_s * 1000;
+  return (int)ms;
+}
+
+/* One reconnect attempt: connect (and TLS), hello with the resume token,
+ * then the logged frames the server did not receive. 0, EBROKEN (try
+ * again), or a code that ends the session (ESESSION, EAUTH, EVERSION,
+ * ENOMEM). */
+static int resume_once(dispatch_device *dev) {
+  dispatch__conn *c = dev->conn;
+  drop_socket(c);
+  int rc = connect_to(dev, c->host, c->port);
+  if (rc == 0 && c->tls_o) rc = dispatch__tls_open(dev, c->host, c->tls_o);
+  if (rc < 0) {
+    drop_socket(c);
+    return rc == DISPATCH_ENOMEM ? rc : EBROKEN;
+  }
+  c->broken = 0;
+  dsp_wreq w;
+  Dspwire__Request *hello = dsp_wreq_hello(&w, DSP_PROTO_MAJOR,
+                                            DSP_PROTO_MINOR, c->auth,
+                                            c->name);
+  w.body.hello.resume_token.data = c->token;
+  w.body.hello.resume_token.len = c->token_len;
+  w.body.hello.resume_ack = c->acked;
+  w.body.hello.resume = 1;
+  hello->req_id = c->next_id++;
+  rc = put_frame(dev, hello, NULL, 0);
+  if (rc == 0) rc = flush(dev);
+  Dspwire__Reply *r = NULL;
+  if (rc == 0) rc = await_reply(dev, hello->req_id, NULL, 0, 0, &r);
+  if (rc == 0 && (r->body_case != DSPWIRE__REPLY__BODY_HELLO ||
+                  !r->hello->resumed))
+    rc = dsp_seterr(dev->ctx, DISPATCH_ESESSION,
+                    "the server did not resume the session");
+  uint64_t last = rc == 0 ? r->hello->last_seq : 0;
+  if (r) dspwire__reply__free_unpacked(r, &g_pb_alloc);
+  if (rc < 0) return rc == DISPATCH_ECONN && !c->dead ? EBROKEN : rc;
+  if (last < c->acked || (c->n_log && last + 1 < c->log_seq[0]) ||
+      last > c->seq)
+    return dsp_seterr(dev->ctx, DISPATCH_ESESSION,
+                      "the resumed session has received requests up to %llu, "
+                      "this client sent up to %llu",
+                      (unsigned long long)last, (unsigned long long)c->seq);
+  log_trim(c, last);
+  size_t cut = c->ext_bulk ? c->ext_at : c->log_len;
+  if (cut) rc = send_all(dev, c->log, cut);
+  if (rc == 0 && c->ext_bulk) rc = send_all(dev, c->ext_bulk, c->ext_len);
+  if (rc == 0 && c->log_len > cut)
+    rc = send_all(dev, c->log + cut, c->log_len - cut);
+  return rc;
+}
+
+/* After the socket failed: reconnects with bounded exponential backoff
+ * (20 ms doubling to 1 s) within resume_bound_ms and resumes the session.
+ * 0, or the code the connection is now dead with (every later call gets
+ * it too). */
+static int reconnect(dispatch_device *dev) {
+  dispatch__conn *c = dev->conn;
+  if (c->dead) return check_alive(dev);
+  if (c->resuming) return EBROKEN;
+  c->resuming = 1;
+  char first[192];
+  snprintf(first, sizeof first, "%s", c->dead_why);
+  int64_t end = now_ms() + resume_bound_ms(c);
+  int backoff = 20, attempts = 0, rc;
+  for (;;) {
+    attempts++;
+    rc = resume_once(dev);
+    if (rc == 0 || (rc != EBROKEN && rc != DISPATCH_ECONN) || c->dead) break;
+    if (now_ms() + backoff >= end) break;
+    struct timespec ts = {backoff / 1000, (long)(backoff % 1000) * 1000000};
+    while (nanosleep(&ts, &ts) < 0 && errno == EINTR) {}
+    backoff = backoff * 2 > 1000 ? 1000 : backoff * 2;
+  }
+  c->resuming = 0;
+  if (rc == 0) {
+    c->broken = 0;
+    c->resumes++;
+    return 0;
+  }
+  int code = rc == EBROKEN || rc == DISPATCH_ECONN ? DISPATCH_ECONN : rc;
+  char why[192];
+  if (code == DISPATCH_ECONN)
+    snprintf(why, sizeof why, "%.80s; no resume within %d ms (%d attempts)",
+             first, resume_bound_ms(c), attempts);
+  else
+    snprintf(why, sizeof why, "%.60s; resume refused: %.100s", first,
+             dsp_ctx_errmsg(dev->ctx));
+  c->resumable = 0;
+  c->broken = 0;
+  drop_socket(c);
+  conn_dead(dev, why);
+  c->dead_code = code;
+  return check_alive(dev);
+}
+
+/* Sends req (and everything queued before it, then the batched frees) and
+ * waits for its reply, across reconnects of a resumable session. A READ
+ * reply's bulk lands in dst when its size is dst_len. *reply is the
+ * caller's (free_unpacked) when it returns 0 or a server error; on
+ * ECONN/EPROTO *reply is NULL. */
+static int call_bulk(dispatch_device *dev, Dspwire__Request *req,
+                     const void *bulk, size_t bulk_len, void *dst,
+                     size_t dst_len, uint64_t target, Dspwire__Reply **reply) {
+  dispatch__conn *c = dev->conn;
+  *reply = NULL;
+  int rc = check_alive(dev);
+  if (rc == EBROKEN) rc = reconnect(dev);
+  if (rc < 0) return rc;
+  if (c->stash_code) { /* an earlier request's error, held for a wait */
+    rc = dsp_seterr(dev->ctx, c->stash_code, "%s", c->stash_msg);
+    c->stash_code = 0;
+    return rc;
+  }
+  req->req_id = c->next_id++;
+  req->ack = c->acked;
+  rc = put_frees(dev);
+  if (rc == EBROKEN) rc = reconnect(dev); /* the frees were logged */
+  if (rc == 0) rc = put_frame(dev, req, bulk, bulk_len);
+  if (rc == 0) rc = flush(dev);
+  while (rc == EBROKEN) {
+    rc = reconnect(dev);
+    if (rc == 0) rc = await_reply(dev, req->req_id, dst, dst_len, target,
+                                  reply);
+  }
+  if (rc == 0 && !*reply)
+    rc = await_reply(dev, req->req_id, dst, dst_len, target, reply);
+  while (rc == EBROKEN) {
+    rc = reconnect(dev);
+    if (rc == 0) rc = await_reply(dev, req->req_id, dst, dst_len, target,
+                                  reply);
+  }
+  if (*reply && req->seq && (*reply)->req_id == req->req_id) {
+    /* the server ran everything up to req: nothing to send again */
+    c->acked = req->seq;
+    log_trim(c, req->seq);
+  }
+  return rc;
 }
 
 static int call(dispatch_device *dev, Dspwire__Request *req, void *dst,
@@ -506,10 +764,34 @@ void dispatch__remote_reply_free(Dspwire__Reply *r) {
 
 static int queue(dispatch_device *dev, Dspwire__Request *req, uint64_t rid,
                  const void *bulk, size_t bulk_len) {
+  dispatch__conn *c = dev->conn;
   int rc = check_alive(dev);
+  if (rc == EBROKEN) rc = reconnect(dev);
   if (rc < 0) return rc;
-  req->req_id = rid ? rid : dev->conn->next_id++;
-  return put_frame(dev, req, bulk, bulk_len);
+  req->req_id = rid ? rid : c->next_id++;
+  rc = put_frame(dev, req, bulk, bulk_len);
+  if (rc == EBROKEN) rc = reconnect(dev); /* it sends the frame again */
+  if (rc == 0 && (c->ext_bulk || c->log_len > LOG_SYNC_AT)) {
+    /* the caller's buffer may go once this returns: the server must have
+     * the bytes first. A deferred error this brings back is the next
+     * wait's to report, as without the Sync. */
+    dsp_wreq w;
+    Dspwire__Reply *r;
+    int held = c->stash_code; /* the Sync must be sent even so */
+    c->stash_code = 0;
+    rc = call(dev, dsp_wreq_sync(&w), NULL, 0, 0, &r);
+    if (rc < 0 && r) {
+      if (!held)
+        snprintf(c->stash_msg, sizeof c->stash_msg, "%s",
+                 dsp_ctx_errmsg(dev->ctx));
+      if (!held) held = rc;
+      rc = 0;
+    }
+    c->stash_code = held;
+    if (r) dspwire__reply__free_unpacked(r, &g_pb_alloc);
+    c->ext_bulk = NULL;
+  }
+  return rc;
 }
 
 int dispatch__remote_queue(dispatch_device *dev, Dspwire__Request *req) {
@@ -687,6 +969,9 @@ int dispatch__remote_stats(dispatch_device *dev, dispatch_stats *out) {
     out->protocol_errors = r->stats->protocol_errors;
     out->limit_violations = r->stats->limit_violations;
     out->devices = r->stats->n_devices;
+    out->sessions_detached = r->stats->sessions_detached;
+    out->sessions_resumed = r->stats->sessions_resumed;
+    out->sessions_expired = r->stats->sessions_expired;
   }
   if (r) dspwire__reply__free_unpacked(r, &g_pb_alloc);
   return rc;
@@ -742,6 +1027,53 @@ static int connect_to(dispatch_device *dev, const char *host,
                     dev->spec, strerror(err ? err : ECONNREFUSED));
 }
 
+static char *dup_or_null(const char *s, int *failed) {
+  if (!s) return NULL;
+  char *d = dsp_strdup(s);
+  if (!d) *failed = 1;
+  return d;
+}
+
+/* Keeps what a reconnect needs when the server offers resume and the
+ * caller did not turn it off (option no_resume, env DISPATCH_RESUME=0). */
+static int setup_resume(dispatch_device *dev, const Dspwire__HelloReply *h,
+                        const char *host, const char *port,
+                        const char *token, const char *client_name,
+                        const dispatch_options *tls) {
+  dispatch__conn *c = dev->conn;
+  if (c->resume_ms <= 0) {
+    const char *t = getenv("DISPATCH_RESUME_TIMEOUT_MS");
+    long v = t ? strtol(t, NULL, 10) : 0;
+    if (v > 0 && v < 86400000) c->resume_ms = (int)v;
+  }
+  if (c->resume_off || h->resume_token.len == 0 ||
+      h->resume_token.len > sizeof c->token)
+    return 0;
+  int failed = 0;
+  c->host = dup_or_null(host, &failed);
+  c->port = dup_or_null(port, &failed);
+  c->auth = dup_or_null(token, &failed);
+  c->name = dup_or_null(client_name, &failed);
+  if (tls) {
+    c->tls_o = dsp_calloc(1, sizeof *c->tls_o);
+    if (!c->tls_o) failed = 1;
+    else {
+      c->tls_o->ca_file = dup_or_null(tls->ca_file, &failed);
+      c->tls_o->cert_file = dup_or_null(tls->cert_file, &failed);
+      c->tls_o->key_file = dup_or_null(tls->key_file, &failed);
+      c->tls_o->server_name = dup_or_null(tls->server_name, &failed);
+    }
+  }
+  if (failed)
+    return dsp_seterr(dev->ctx, DISPATCH_ENOMEM, "%s: out of memory",
+                      dev->spec);
+  memcpy(c->token, h->resume_token.data, h->resume_token.len);
+  c->token_len = h->resume_token.len;
+  c->grace_s = h->session_grace;
+  c->resumable = 1;
+  return 0;
+}
+
 int dispatch__remote_open(dispatch_device *dev, const char *host,
                           const char *port, const char *token,
                           const char *client_name, const char *device,
@@ -762,6 +1094,9 @@ int dispatch__remote_open(dispatch_device *dev, const char *host,
                                             DSP_PROTO_MINOR, token,
                                             client_name);
   if (device) w.body.hello.device = (char *)device;
+  const char *e = getenv("DISPATCH_RESUME");
+  if (e && strcmp(e, "0") == 0) dev->conn->resume_off = 1;
+  w.body.hello.resume = !dev->conn->resume_off;
   rc = call(dev, hello, NULL, 0, 0, &r);
   if (rc == 0 && r->body_case != DSPWIRE__REPLY__BODY_HELLO)
     rc = dsp_seterr(dev->ctx, DISPATCH_EPROTO,
@@ -774,6 +1109,7 @@ int dispatch__remote_open(dispatch_device *dev, const char *host,
   if (rc == 0) {
     dev->conn->max_frame = r->hello->max_frame;
     dev->conn->ready = 1;
+    rc = setup_resume(dev, r->hello, host, port, token, client_name, tls);
     if (r->hello->session_device && *r->hello->session_device &&
         !(dev->conn->server_device = dsp_strdup(r->hello->session_device)))
       rc = dsp_seterr(dev->ctx, DISPATCH_ENOMEM, "%s: out of memory",
@@ -793,6 +1129,7 @@ int dispatch__remote_open(dispatch_device *dev, const char *host,
 void dispatch__remote_close(dispatch_device *dev) {
   dispatch__conn *c = dev->conn;
   if (!c || --c->refs > 0) return; /* a peer still uses the session */
+  c->closing = 1; /* a failure now only ends it: no reconnect */
   if (c->fd >= 0 && !c->dead && c->ready) {
     dsp_wreq w;
     c->n_free_ids = c->n_free_grads = 0;
@@ -808,6 +1145,21 @@ void dispatch__remote_close(dispatch_device *dev) {
   c->rbuf = NULL;
   c->rpos = c->rlen = 0;
   dsp_free(c->server_device);
+  dsp_free(c->log);
+  dsp_free(c->log_seq);
+  dsp_free(c->log_off);
+  dsp_free(c->host);
+  dsp_free(c->port);
+  dsp_free(c->auth);
+  dsp_free(c->name);
+  if (c->tls_o) {
+    dsp_free((char *)c->tls_o->ca_file);
+    dsp_free((char *)c->tls_o->cert_file);
+    dsp_free((char *)c->tls_o->key_file);
+    dsp_free((char *)c->tls_o->server_name);
+    dsp_free(c->tls_o);
+  }
+  OPENSSL_cleanse(c->token, sizeof c->token);
   dsp_free(c);
   dev->conn = NULL;
 }

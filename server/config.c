@@ -44,6 +44,7 @@ void sv_config_defaults(sv_config *c) {
   c->log_level = SV_LOG_INFO;
   c->handshake_timeout_s = 10;
   c->drain_timeout_s = 30;
+  c->session_grace_s = 60;
 }
 
 void sv_config_release(sv_config *c) {
@@ -161,6 +162,7 @@ static const char *const g_usage =
     "  --drain-timeout SECONDS  on SIGTERM/SIGINT, run and answer the requests\n"
     "                           already received for at most this long, then\n"
     "                           cancel the rest; 0 no wait (default 30)\n"
+    "  --session-grace SECONDS  keep a dropped session for a resume (60)\n"
     "  --tls-cert FILE          serve TLS with this certificate (PEM chain)\n"
     "  --tls-key FILE           private key of --tls-cert\n"
     "  --tls-client-ca FILE     mutual TLS: require a client certificate\n"
@@ -383,7 +385,8 @@ enum {
   O_FRAME_TIMEOUT, O_THREADS, O_MAX_OUTPUT_QUEUE, O_MAX_ELEMENTS,
   O_MAX_OP_COST, O_STORAGE_CACHE, O_MAX_QUEUED, O_HANDSHAKE_TIMEOUT,
   O_TLS_CERT, O_TLS_KEY, O_TLS_CLIENT_CA, O_TOKEN_FILE, O_INSECURE,
-  O_LOG_LEVEL, O_VERSION, O_METRICS_LISTEN, O_LOG_FORMAT, O_DRAIN_TIMEOUT
+  O_LOG_LEVEL, O_VERSION, O_METRICS_LISTEN, O_LOG_FORMAT, O_DRAIN_TIMEOUT,
+  O_SESSION_GRACE
 };
 
 static const struct option g_opts[] = {
@@ -405,6 +408,7 @@ static const struct option g_opts[] = {
     {"max-queued", required_argument, NULL, O_MAX_QUEUED},
     {"handshake-timeout", required_argument, NULL, O_HANDSHAKE_TIMEOUT},
     {"drain-timeout", required_argument, NULL, O_DRAIN_TIMEOUT},
+    {"session-grace", required_argument, NULL, O_SESSION_GRACE},
     {"tls-cert", required_argument, NULL, O_TLS_CERT},
     {"tls-key", required_argument, NULL, O_TLS_KEY},
     {"tls-client-ca", required_argument, NULL, O_TLS_CLIENT_CA},
@@ -486,6 +490,8 @@ static int apply(sv_config *c, int val, const char *v) {
     return parse_int(name, v, 0, 86400, &c->drain_timeout_s);
   case O_HANDSHAKE_TIMEOUT:
     return parse_int(name, v, 0, 3600, &c->handshake_timeout_s);
+  case O_SESSION_GRACE:
+    return parse_int(name, v, 0, 86400, &c->session_grace_s);
   case O_TLS_CERT:
     c->tls_cert = v;
     return 0;

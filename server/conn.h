@@ -161,7 +161,78 @@ struct sv_server {
   sv_conn *conns;
   sv_loop_stats ls;
   struct sv_metrics *metrics; /* --metrics-listen, NULL when off */
+  /* resume.c: every session that may be resumed (attached or not) */
+  struct sv_resume *resumable;
+  int n_held;       /* detached sessions, and expired ones not yet freed */
+  uv_timer_t sweep; /* frees detached sessions past their grace */
+  int sweep_open;
 };
+
+/* ------------------------------------------------------------ resume.c */
+
+#define SV_RESUME_TOKEN 32 /* bytes of the resume token (256 bits) */
+#define SV_RESUME_CRED 32
+#define SV_RESUME_CACHE 8  /* replies kept per session until acknowledged */
+
+typedef struct sv_rreply {
+  uint64_t seq;
+  uint8_t *buf; /* the whole reply frame (charged to the session queue) */
+  size_t len;
+} sv_rreply;
+
+/* What lets a session outlive its connection (loop thread only). */
+typedef struct sv_resume {
+  struct sv_resume *prev, *next; /* sv_server.resumable */
+  sv_server *srv;
+  sv_session *sess;
+  sv_conn *conn;           /* attached to; NULL while detached */
+  uint8_t token[SV_RESUME_TOKEN];
+  uint8_t cred[SV_RESUME_CRED]; /* digest of the opening credentials */
+  uint64_t last_seq;       /* highest seq received in full */
+  uint64_t deadline;       /* detached: uv_now() when it is freed */
+  sv_job *teardown;        /* detached: the session's teardown job */
+  uint32_t inflight;       /* detached: its jobs still queued or running */
+  int expired;
+  sv_rreply cache[SV_RESUME_CACHE]; /* oldest first */
+  int n_cache;
+} sv_resume;
+
+/* A new session whose hello asked for it becomes resumable: a fresh
+ * token from RAND_bytes and the digest of token + client certificate.
+ * Nothing when --session-grace is 0. 0 or a negative code. */
+int sv_resume_open(sv_conn *c, const char *token);
+/* The connection of a resumable session dropped: the session is kept
+ * (its queued requests still run) and c lets go of it. 1 when detached;
+ * 0 when it is not resumable (bye, refusal, shutdown): close as usual. */
+int sv_resume_detach(sv_conn *c);
+/* Attaches the session h->resume_token names to c in place of the one c
+ * opened with (*fresh, whose teardown is submitted). 0, or
+ * DISPATCH_ESESSION / DISPATCH_EAUTH with the reason in msg. */
+int sv_resume_attach(sv_conn *c, const Dspwire__Hello *h, sv_session **fresh,
+                     char *msg, size_t len);
+/* Queues every kept reply after the hello reply of a resume. */
+void sv_resume_push(sv_conn *c);
+/* Keeps a copy of a waiting request's reply frame until acknowledged. */
+void sv_resume_keep(sv_session *s, uint64_t seq, const uint8_t *buf,
+                    size_t len);
+/* Forgets the kept replies up to seq ack. */
+void sv_resume_ack(sv_session *s, uint64_t ack);
+/* Queues the kept reply of seq again: 1, 0 when none is kept, or
+ * DISPATCH_ENOMEM. */
+int sv_resume_resend(sv_conn *c, uint64_t seq);
+/* Drops the kept replies before a session's teardown job is submitted. */
+void sv_resume_before_teardown(sv_session *s);
+/* A job of a detached session came back (owner NULL): a waiting reply is
+ * kept, a teardown frees the session. Returns the server. */
+sv_server *sv_resume_done(sv_job *j);
+/* An attached session was torn down: its resume state goes. */
+void sv_resume_forget(sv_session *s);
+/* Shutdown: every detached session is freed now. */
+void sv_resume_shutdown(sv_server *srv);
+
+/* transport.c: SHA-256 of the client certificate (DER), zeros when the
+ * connection has none. */
+void sv_transport_peer_digest(sv_conn *c, uint8_t out[32]);
 
 /* net.c */
 void sv_conn_close(sv_conn *c, const char *reason);

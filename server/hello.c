@@ -46,11 +46,27 @@ void sv_hello(sv_conn *c, Dspwire__Request *req) {
                    : "authentication failed: wrong token");
     return;
   }
-  /* the session's device; the session has run nothing yet, so the loop
-   * may still set its ctx */
   sv_global *g = &c->srv->g;
   const sv_device *dev = NULL;
-  if (g->devices) {
+  int resumed = 0;
+  if (h->resume_token.len) {
+    /* the session keeps its device; the token itself is never logged */
+    char msg[256];
+    sv_session *fresh;
+    int rc = sv_resume_attach(c, h, &fresh, msg, sizeof msg);
+    (void)fresh;
+    if (rc < 0) {
+      atomic_fetch_add(&g->protocol_errors, 1);
+      sv_log(SV_LOG_WARN, "conn %llu (%s): refused: %s", c->id, c->peer, msg);
+      sv_refuse(c, req->req_id, rc, msg);
+      return;
+    }
+    resumed = 1;
+    for (int i = 0; i < g->n_devices; i++)
+      if (g->devices[i].be == c->sess->device) dev = &g->devices[i];
+  } else if (g->devices) {
+    /* the session's device; the session has run nothing yet, so the loop
+     * may still set its ctx */
     dev = h->device && *h->device ? sv_device_find(g, h->device)
                                   : &g->devices[0];
     if (!dev) {
@@ -70,6 +86,10 @@ void sv_hello(sv_conn *c, Dspwire__Request *req) {
       sv_refuse(c, req->req_id, rc, why);
       return;
     }
+  }
+  if (!resumed && h->resume && sv_resume_open(c, h->token) < 0) {
+    sv_conn_close(c, "cannot make the session resumable");
+    return;
   }
   const dsp_backend *be = dev ? dev->be : dsp_cpu_backend();
   Dspwire__DeviceInfo infos[SV_MAX_DEVICES], *ip[SV_MAX_DEVICES];
@@ -93,6 +113,13 @@ void sv_hello(sv_conn *c, Dspwire__Request *req) {
   hr.n_devices = sv_device_infos(g, infos, ip);
   hr.devices = ip;
   hr.session_device = dev ? (char *)dev->name : (char *)be->name;
+  if (c->sess->rs) {
+    hr.resume_token.data = c->sess->rs->token;
+    hr.resume_token.len = SV_RESUME_TOKEN;
+    hr.resumed = resumed;
+    hr.last_seq = c->sess->rs->last_seq;
+    hr.session_grace = (uint32_t)cfg->session_grace_s;
+  }
   r.req_id = req->req_id;
   r.body_case = DSPWIRE__REPLY__BODY_HELLO;
   r.hello = &hr;
@@ -105,8 +132,9 @@ void sv_hello(sv_conn *c, Dspwire__Request *req) {
   c->hello_done = 1;
   uv_timer_stop(&c->hs);
   char name[4 * SV_LOG_STR_MAX + 8];
-  sv_log_conn(SV_LOG_INFO, c->id, c->peer, "hello from '%s', protocol %u.%u",
+  sv_log_conn(SV_LOG_INFO, c->id, c->peer, "hello from '%s', protocol %u.%u%s",
               sv_log_str(name, sizeof name, h->client_name, SV_LOG_STR_MAX),
-              h->major, h->minor);
+              h->major, h->minor, resumed ? ", session resumed" : "");
   sv_writer_queue(c, buf, len, NULL);
+  if (resumed && !c->closing) sv_resume_push(c);
 }

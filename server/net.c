@@ -19,7 +19,7 @@
  * the server's own handles close, so the loop runs out and sv_run
  * returns. */
 static void finish_shutdown(sv_server *srv) {
-  if (!srv->pool) return;
+  if (!srv->pool || srv->n_held > 0) return; /* detached sessions first */
   sv_pool_close(srv->pool);
   srv->pool = NULL;
   if (!srv->handles_closed) {
@@ -71,6 +71,10 @@ void sv_conn_close(sv_conn *c, const char *reason) {
   uv_close((uv_handle_t *)&c->idle, on_handle_closed);
   uv_close((uv_handle_t *)&c->hs, on_handle_closed);
   uv_close((uv_handle_t *)&c->frame, on_handle_closed);
+  /* a dropped connection: its session waits for a resume, its queued
+   * requests still run (the client counts them as received) */
+  if (sv_resume_detach(c)) return;
+  sv_resume_before_teardown(c->sess);
   sv_session_cancel(c->sess); /* stops a running op at its next block */
   sv_job *list = sv_pool_cancel(c->srv->pool, c->sess);
   while (list) {
@@ -218,7 +222,18 @@ static void log_reply(sv_conn *c, const sv_job *j) {
 void sv_conn_on_done(sv_job *j, void *ud) {
   (void)ud;
   sv_conn *c = j->sess->owner;
+  if (!c && !j->sess->rs) { /* the one a resuming connection opened with */
+    dsp_free(j->sess);
+    sv_job_free(j);
+    return;
+  }
+  if (!c) { /* a detached session's */
+    sv_server *srv = sv_resume_done(j);
+    if (srv->shutting_down && srv->n_conns == 0) finish_shutdown(srv);
+    return;
+  }
   if (j->kind == SV_JOB_TEARDOWN) {
+    sv_resume_forget(j->sess);
     c->teardown_done = 1;
     sv_job_free(j);
     maybe_free(c);
@@ -233,6 +248,9 @@ void sv_conn_on_done(sv_job *j, void *ud) {
     sv_metrics_observe(c->srv, (int)j->req->body_case, uv_hrtime() - j->t0);
   if (j->out) {
     if (SV_LOG_ON(SV_LOG_DEBUG)) log_reply(c, j);
+    /* kept until acknowledged: the frame may be lost with the socket */
+    if (c->sess->rs && sv_req_kind_of(j->req->body_case)->waits)
+      sv_resume_keep(c->sess, j->req->seq, j->out, j->out_len);
     uint8_t *out = j->out;
     dsp_pin *bulk = j->out_pin;
     j->out = NULL;
@@ -428,6 +446,7 @@ static void on_signal(uv_signal_t *sig, int signum) {
          "signal %d: shutting down, draining %d connections (at most %d s)",
          signum, srv->n_conns, srv->cfg->drain_timeout_s);
   uv_close((uv_handle_t *)&srv->listener, NULL);
+  sv_resume_shutdown(srv); /* detached sessions: nothing to drain */
   for (sv_conn *c = srv->conns; c; c = c->next) {
     if (c->closing || c->close_after_flush) continue;
     if (!c->hello_done) { /* no session yet: nothing to drain */

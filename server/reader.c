@@ -77,6 +77,8 @@ static void finish_bulk(sv_conn *c) {
   c->state = ST_HEADER;
   c->hdr_got = 0;
   frame_end(c);
+  if (j && c->sess->rs && j->req->seq > c->sess->rs->last_seq)
+    c->sess->rs->last_seq = j->req->seq; /* received in full */
   if (j) sv_conn_submit(c, j); /* NULL: the bulk of a request refused */
 }
 
@@ -173,6 +175,26 @@ static void over_budget(sv_conn *c, uint64_t rid, int body, const char *why) {
   if (c->bulk_len == 0) finish_bulk(c);
 }
 
+/* A request the session received before (sent again after a resume): it
+ * does not run again; a waiting one gets its kept reply, and an upload's
+ * bulk is read and dropped so the stream stays in step. */
+static void duplicate(sv_conn *c, Dspwire__Request *req) {
+  int waits = sv_req_kind_of(req->body_case)->waits;
+  sv_log(SV_LOG_DEBUG, "conn %llu: seq %llu received before: not run again",
+         c->id, (unsigned long long)req->seq);
+  if (waits && sv_resume_resend(c, req->seq) < 0) {
+    dspwire__request__free_unpacked(req, &sv_pb_allocator);
+    sv_conn_close(c, "out of memory resending a reply");
+    return;
+  }
+  dspwire__request__free_unpacked(req, &sv_pb_allocator);
+  c->bulk_job = NULL;
+  c->bulk_dst = NULL;
+  c->bulk_got = 0;
+  c->state = ST_BULK;
+  if (c->bulk_len == 0) finish_bulk(c);
+}
+
 /* Decodes one complete message, charging its decoded form to the
  * session's queue budget; anything structurally wrong is a protocol error
  * that closes this connection only. */
@@ -210,6 +232,12 @@ static void handle_msg(sv_conn *c) {
     c->hdr_got = 0;
     return;
   }
+  sv_resume *rs = c->sess->rs;
+  if (rs) sv_resume_ack(c->sess, req->ack);
+  if (rs && req->seq && req->seq <= rs->last_seq) {
+    duplicate(c, req);
+    return;
+  }
   sv_job *j = dsp_calloc(1, sizeof *j);
   if (!j) {
     dspwire__request__free_unpacked(req, &sv_pb_allocator);
@@ -218,7 +246,8 @@ static void handle_msg(sv_conn *c) {
   }
   j->req = req;
   j->t0 = t0;
-  j->bulk_by_ref = 1;
+  /* a resumable session keeps a copy of each waiting reply: whole */
+  j->bulk_by_ref = !rs;
   if (sv_req_kind_of(req->body_case)->bulk) {
     prepare_upload(c, j, 0);
     if (c->state == ST_BULK && c->bulk_len == 0) finish_bulk(c);
@@ -228,6 +257,7 @@ static void handle_msg(sv_conn *c) {
   c->hdr_got = 0;
   if (req->body_case == DSPWIRE__REQUEST__BODY_BYE)
     sv_reader_stop(c); /* nothing after a bye is read */
+  if (rs && req->seq > rs->last_seq) rs->last_seq = req->seq;
   sv_conn_dispatch(c, j);
 }
 

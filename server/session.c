@@ -594,6 +594,9 @@ static int do_stats(sv_session *s, sv_job *j, char *why) {
   st.server_bytes = (uint64_t)atomic_load(&g->bytes);
   st.protocol_errors = (uint64_t)atomic_load(&g->protocol_errors);
   st.limit_violations = (uint64_t)atomic_load(&g->limit_violations);
+  st.sessions_detached = (uint64_t)atomic_load(&g->sessions_detached);
+  st.sessions_resumed = (uint64_t)atomic_load(&g->sessions_resumed);
+  st.sessions_expired = (uint64_t)atomic_load(&g->sessions_expired);
   Dspwire__DeviceInfo infos[SV_MAX_DEVICES], *ip[SV_MAX_DEVICES];
   st.n_devices = sv_device_infos(g, infos, ip);
   st.devices = ip;

@@ -55,6 +55,8 @@ typedef struct sv_config {
   int handshake_timeout_s;   /* TLS handshake + hello, 0: never */
   int drain_timeout_s;       /* SIGTERM: how long received work may still
                                 run before it is cancelled; 0: none */
+  int session_grace_s;       /* a dropped session waits this long for a
+                                resume; 0: freed at once, no token */
   /* --device, repeatable (points into argv): "cpu", "cpu:1", "cuda:0",
    * "all"; none given: "cpu" */
   const char *devices[SV_MAX_DEVICES];
@@ -175,6 +177,9 @@ typedef struct sv_global {
   atomic_llong limit_violations; /* every refused limit, timeouts included */
   dsp_budget *mem; /* --max-memory: parent of every session's budget (owned;
                       NULL: no server-wide cap, as in fuzzers and tests) */
+  atomic_llong sessions_detached; /* waiting for a resume now */
+  atomic_llong sessions_resumed;
+  atomic_llong sessions_expired;  /* freed: not resumed within the grace */
   struct sv_device *devices; /* the server's devices (devices.c); NULL in
                                 fuzzers and tests: the CPU backend */
   int n_devices;
@@ -353,8 +358,9 @@ typedef struct sv_session {
   int scheduled; /* on the run queue or running */
   int running;
   struct sv_session *runq_next;
-  void *owner; /* the connection (loop side) */
+  void *owner; /* the connection (loop side); NULL while detached */
   unsigned long long log_id; /* the connection's id, for log lines */
+  struct sv_resume *rs; /* resume state (loop side); NULL: not resumable */
 } sv_session;
 
 /* Creates the worker-side state; NULL when out of memory. */
@@ -530,5 +536,8 @@ int sv_tls_write(sv_tls *s, const void *p, size_t n);
 int sv_tls_take(sv_tls *s, uint8_t **out, size_t *len);
 /* Subject of the verified client certificate, "" when none. */
 void sv_tls_peer_name(sv_tls *s, char *buf, size_t len);
+/* SHA-256 of the verified client certificate (DER) into out: 1, 0 with
+ * zeros when there is none, -1 (0xff bytes) when it cannot be hashed. */
+int sv_tls_peer_digest(sv_tls *s, uint8_t out[32]);
 
 #endif

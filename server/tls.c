@@ -201,3 +201,13 @@ void sv_tls_peer_name(sv_tls *s, char *buf, size_t len) {
   X509_NAME_oneline(X509_get_subject_name(x), buf, (int)len);
   X509_free(x);
 }
+
+int sv_tls_peer_digest(sv_tls *s, uint8_t out[32]) {
+  memset(out, 0, 32);
+  X509 *x = SSL_get1_peer_certificate(s->ssl);
+  if (!x) return 0;
+  unsigned n = 32;
+  int ok = X509_digest(x, EVP_sha256(), out, &n) == 1;
+  X509_free(x);
+  return ok ? 1 : -1;
+}

@@ -256,3 +256,10 @@ const sv_transport sv_transport_tls = {
     "tls",    tls_open, tls_free,  tls_alloc, tls_on_bytes,
     tls_pump, tls_send, tls_ready,
 };
+
+void sv_transport_peer_digest(sv_conn *c, uint8_t out[32]) {
+  memset(out, 0, 32);
+  if (c->tp != &sv_transport_tls) return;
+  const tls_conn *t = c->tpd;
+  if (t && sv_tls_peer_digest(t->tls, out) < 0) memset(out, 0xff, 32);
+}

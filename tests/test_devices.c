@@ -90,7 +90,7 @@ Test(devices, hello_lists_two_cpu_devices, .fini = stop, .timeout = 120) {
   cr_assert_null(r->error, "%s", r->error ? r->error->message : "");
   cr_assert_eq(r->body_case, DSPWIRE__REPLY__BODY_HELLO);
   Dspwire__HelloReply *h = r->hello;
-  cr_assert_geq(h->minor, 1);
+  cr_assert_eq(h->minor, DSP_PROTO_MINOR); /* 1.1 gave the device list */
   cr_assert_eq(h->n_devices, 2);
   cr_assert_str_eq(h->devices[0]->name, "cpu:0");
   cr_assert_str_eq(h->devices[1]->name, "cpu:1");

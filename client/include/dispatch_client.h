@@ -118,11 +118,20 @@ typedef struct dispatch_options {
   const char *server_name; /* name the server's certificate must carry (and
                               SNI); NULL: env DISPATCH_TLS_SERVER_NAME, else
                               HOST of the spec. Always verified. */
+  /* session resume (appended): after a dropped connection the library
+   * reconnects with exponential backoff and resumes the same session
+   * (tensors, tape, gradients, optimizer state), each request run once */
+  int no_resume;           /* 1: a dropped connection ends the session;
+                              0: env DISPATCH_RESUME=0 also turns it off */
+  int resume_timeout_ms;   /* total time reconnecting may take; 0: env
+                              DISPATCH_RESUME_TIMEOUT_MS, else timeout_ms;
+                              never past the server's --session-grace */
 } dispatch_options;
 
 /* The defaults (everything NULL/0) with size set, for an initialiser:
  *   dispatch_options o = DISPATCH_OPTIONS_INIT; */
-#define DISPATCH_OPTIONS_INIT {sizeof(dispatch_options), 0, 0, 0, 0, 0, 0, 0}
+#define DISPATCH_OPTIONS_INIT \
+  {sizeof(dispatch_options), 0, 0, 0, 0, 0, 0, 0, 0, 0}
 
 /* Counters of one device, filled by dispatch_device_stats.
  *
@@ -161,12 +170,18 @@ typedef struct dispatch_stats {
   uint64_t limit_violations; /* requests refused by a limit */
   uint64_t devices;         /* devices of the server (LOCAL: 1); their
                                memory: dispatch_device_list */
+  /* session resume (appended; LOCAL: 0): sessions of the server waiting
+   * for a resume now, resumed so far, and freed because none came within
+   * --session-grace */
+  uint64_t sessions_detached;
+  uint64_t sessions_resumed;
+  uint64_t sessions_expired;
 } dispatch_stats;
 
 /* A dispatch_stats ready for dispatch_device_stats:
  *   dispatch_stats st = DISPATCH_STATS_INIT; */
 #define DISPATCH_STATS_INIT {sizeof(dispatch_stats), 0, 0, 0, 0, 0, 0, 0, 0, \
-                             0, 0, 0, 0, 0, 0, 0, 0, 0}
+                             0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}
 
 /* ------------------------------------------------------------------ */
 /* devices                                                             */

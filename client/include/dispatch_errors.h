@@ -47,7 +47,8 @@ extern "C" {
   X(ENOTREMOTE, -29, "operation needs a remote tensor")                      \
   X(EKIND, -30, "wrong dispatch kind for this operation")                   \
   X(ECANCELED, -31, "cancelled: the session closed or the server is stopping") \
-  X(ESHUTDOWN, -32, "server is shutting down")
+  X(ESHUTDOWN, -32, "server is shutting down")                              \
+  X(ESESSION, -33, "session expired or unknown: it cannot be resumed")
 
 typedef enum dispatch_errno {
 #define DISPATCH_ERRNO_ENUM_(name, code, msg) DISPATCH_##name = (code),

@@ -40,6 +40,8 @@ typedef struct dispatch_options {
   const char *cert_file;
   const char *key_file;
   const char *server_name;
+  int no_resume;
+  int resume_timeout_ms;
 } dispatch_options;
 
 typedef struct dispatch_stats {
@@ -61,6 +63,9 @@ typedef struct dispatch_stats {
   uint64_t protocol_errors;
   uint64_t limit_violations;
   uint64_t devices;
+  uint64_t sessions_detached;
+  uint64_t sessions_resumed;
+  uint64_t sessions_expired;
 } dispatch_stats;
 
 void dispatch_options_init(dispatch_options *opts);
