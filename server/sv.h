@@ -38,6 +38,7 @@ typedef struct sv_config {
   uint64_t max_output_queue;   /* unsent reply bytes before a client drops */
   uint32_t max_queued;         /* decoded requests waiting per session */
   uint64_t storage_cache;      /* freed tensor storage kept for reuse */
+  uint64_t session_cache;      /* each session's free lists (charged) */
   uint64_t max_op_cost;        /* dsp_op_cost of one op, 0: no limit */
   int max_sessions;
   int idle_timeout_s;          /* 0: never; counts from the last complete

@@ -1,0 +1,224 @@
+/* A budget's free lists (dsp_budget_set_cache): freed storages (struct
+ * and data block together) in one list per size class, and freed tensor
+ * headers in a stack, so a step that frees and makes tensors of the same
+ * sizes again (a chain of ops, a training loop, repeated uploads) calls
+ * neither malloc nor the kernel's page faults.
+ *
+ * Everything kept stays charged to the budget it was charged to, so a
+ * session's lists count toward its quota; the budget gets them back when
+ * a charge needs room (dsp__budget_relieve). The lists are bounded in
+ * bytes of charge; storages also sit in one age order across classes,
+ * and the oldest make room for a newer one. One mutex: frees come from
+ * any thread (a server's loop drops a read's reference after a worker
+ * ran the op), and it is uncontended otherwise.
+ *
+ * Under AddressSanitizer a kept data block and all of a kept header but
+ * its link are poisoned, so a use after free still reports. */
+#include <pthread.h>
+#include <string.h>
+
+#include "dsp_internal.h"
+
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/asan_interface.h>
+#define POISON(p, n) ASAN_POISON_MEMORY_REGION((p), (n))
+#define UNPOISON(p, n) ASAN_UNPOISON_MEMORY_REGION((p), (n))
+#else
+#define POISON(p, n) ((void)(p), (void)(n))
+#define UNPOISON(p, n) ((void)(p), (void)(n))
+#endif
+
+/* Headers kept at most: one step's worth for a large graph. */
+#define MAX_HEADERS 4096
+#define HEADER_COST DSP_BUDGET_COST(sizeof(dsp_tensor))
+
+struct dsp__cache {
+  pthread_mutex_t mu;
+  uint64_t max_bytes;
+  uint64_t bytes;             /* charge of everything kept */
+  dsp_storage *cls[DSP__NCLASS]; /* newest first */
+  dsp_storage *oldest, *newest;  /* age order over all classes */
+  dsp_tensor *headers;           /* stack, linked through their first bytes */
+  int n_headers;
+  uint64_t hits, misses, evicted, released;
+};
+
+dsp__cache *dsp__cache_new(void) {
+  dsp__cache *c = dsp_calloc(1, sizeof *c);
+  if (c) pthread_mutex_init(&c->mu, NULL);
+  return c;
+}
+
+static dsp_tensor *hdr_next(dsp_tensor *t) {
+  dsp_tensor *n;
+  memcpy(&n, (void *)t, sizeof n);
+  return n;
+}
+
+static void unlink_storage(dsp__cache *c, dsp_storage *s) {
+  int k = dsp__size_class(s->cap);
+  if (s->cprev) s->cprev->cnext = s->cnext;
+  else c->cls[k] = s->cnext;
+  if (s->cnext) s->cnext->cprev = s->cprev;
+  if (s->lprev) s->lprev->lnext = s->lnext;
+  else c->oldest = s->lnext;
+  if (s->lnext) s->lnext->lprev = s->lprev;
+  else c->newest = s->lprev;
+  s->cprev = s->cnext = s->lprev = s->lnext = NULL;
+  c->bytes -= s->charged;
+  UNPOISON(s->data, s->cap);
+}
+
+/* Unlinks the oldest storages until `want` bytes of charge are out (or
+ * none is left), onto *out (linked through lnext); returns the bytes. */
+static uint64_t take_oldest(dsp__cache *c, uint64_t want, dsp_storage **out) {
+  uint64_t got = 0;
+  while (got < want && c->oldest) {
+    dsp_storage *s = c->oldest;
+    got += s->charged;
+    unlink_storage(c, s);
+    s->lnext = *out;
+    *out = s;
+  }
+  return got;
+}
+
+static void destroy_list(dsp_storage *s) {
+  while (s) {
+    dsp_storage *n = s->lnext;
+    s->lnext = NULL;
+    dsp__storage_destroy(s);
+    s = n;
+  }
+}
+
+dsp_storage *dsp__cache_take_storage(dsp__cache *c, const dsp_backend *be,
+                                     size_t nbytes) {
+  int k = dsp__size_class(nbytes);
+  pthread_mutex_lock(&c->mu);
+  dsp_storage *s = c->cls[k];
+  while (s && (s->backend != be || s->cap < nbytes)) s = s->cnext;
+  if (s) {
+    unlink_storage(c, s);
+    c->hits++;
+  } else {
+    c->misses++;
+  }
+  pthread_mutex_unlock(&c->mu);
+  return s;
+}
+
+int dsp__cache_put_storage(dsp__cache *c, dsp_storage *s) {
+  dsp_storage *drop = NULL;
+  int kept = 0;
+  pthread_mutex_lock(&c->mu);
+  if (s->charged <= c->max_bytes) {
+    if (c->bytes + s->charged > c->max_bytes)
+      c->evicted += take_oldest(c, c->bytes + s->charged - c->max_bytes,
+                                &drop);
+    if (c->bytes + s->charged <= c->max_bytes) {
+      int k = dsp__size_class(s->cap);
+      s->cprev = NULL;
+      s->cnext = c->cls[k];
+      if (s->cnext) s->cnext->cprev = s;
+      c->cls[k] = s;
+      s->lnext = NULL;
+      s->lprev = c->newest;
+      if (c->newest) c->newest->lnext = s;
+      else c->oldest = s;
+      c->newest = s;
+      c->bytes += s->charged;
+      POISON(s->data, s->cap);
+      kept = 1;
+    }
+  }
+  pthread_mutex_unlock(&c->mu);
+  destroy_list(drop);
+  return kept;
+}
+
+dsp_tensor *dsp__cache_take_header(dsp__cache *c) {
+  pthread_mutex_lock(&c->mu);
+  dsp_tensor *t = c->headers;
+  if (t) {
+    UNPOISON(t, sizeof *t);
+    c->headers = hdr_next(t);
+    c->n_headers--;
+    c->bytes -= HEADER_COST;
+  }
+  pthread_mutex_unlock(&c->mu);
+  return t;
+}
+
+int dsp__cache_put_header(dsp__cache *c, dsp_tensor *t) {
+  int kept = 0;
+  pthread_mutex_lock(&c->mu);
+  if (c->n_headers < MAX_HEADERS && c->bytes + HEADER_COST <= c->max_bytes) {
+    memcpy((void *)t, &c->headers, sizeof c->headers);
+    POISON((char *)t + sizeof(dsp_tensor *),
+           sizeof *t - sizeof(dsp_tensor *));
+    c->headers = t;
+    c->n_headers++;
+    c->bytes += HEADER_COST;
+    kept = 1;
+  }
+  pthread_mutex_unlock(&c->mu);
+  return kept;
+}
+
+/* Storages first (the bytes), then headers. */
+uint64_t dsp__cache_release(dsp__cache *c, uint64_t want) {
+  dsp_storage *drop = NULL;
+  dsp_tensor *hdrs = NULL;
+  pthread_mutex_lock(&c->mu);
+  uint64_t got = take_oldest(c, want, &drop);
+  while (got < want && c->headers) {
+    dsp_tensor *t = c->headers;
+    UNPOISON(t, sizeof *t);
+    c->headers = hdr_next(t);
+    c->n_headers--;
+    c->bytes -= HEADER_COST;
+    got += HEADER_COST;
+    memcpy((void *)t, &hdrs, sizeof hdrs);
+    hdrs = t;
+  }
+  c->released += got;
+  pthread_mutex_unlock(&c->mu);
+  destroy_list(drop);
+  while (hdrs) {
+    dsp_tensor *n = hdr_next(hdrs);
+    dsp__header_destroy(hdrs);
+    hdrs = n;
+  }
+  return got;
+}
+
+void dsp__cache_set_max(dsp__cache *c, uint64_t max_bytes) {
+  pthread_mutex_lock(&c->mu);
+  c->max_bytes = max_bytes;
+  uint64_t over = c->bytes > max_bytes ? c->bytes - max_bytes : 0;
+  pthread_mutex_unlock(&c->mu);
+  /* what no longer fits goes now; a release is not pressure, so undo
+   * its count */
+  if (over) {
+    uint64_t got = dsp__cache_release(c, max_bytes ? over : UINT64_MAX);
+    pthread_mutex_lock(&c->mu);
+    c->released -= got;
+    c->evicted += got;
+    pthread_mutex_unlock(&c->mu);
+  }
+}
+
+void dsp__cache_stats(dsp__cache *c, dsp_cache_stats *out) {
+  pthread_mutex_lock(&c->mu);
+  *out = (dsp_cache_stats){c->hits,      c->misses,  c->bytes,
+                           c->max_bytes, c->evicted, c->released};
+  pthread_mutex_unlock(&c->mu);
+}
+
+void dsp__cache_free(dsp__cache *c) {
+  if (!c) return;
+  dsp__cache_release(c, UINT64_MAX);
+  pthread_mutex_destroy(&c->mu);
+  dsp_free(c);
+}
