@@ -142,10 +142,11 @@ dsp_budget *dsp_ctx_budget(const dsp_ctx *ctx);
  * tensor headers are kept in lists by size class for the next allocation
  * charged to b, up to max_bytes of their charge in all; the oldest go
  * first when a new one does not fit. What sits there stays charged to b
- * (and its parents, and the storage's device budget), so it counts
- * toward b's quota, but a charge that would be refused anywhere first
- * gets cached bytes back: b's own, then, when a parent is the one that
- * would refuse, those of every budget under that parent. 0 turns the
+ * and its parents (not to a device budget, which counts live tensors
+ * only), so it counts toward b's quota, but a charge that b or a parent
+ * would refuse first gets cached bytes back: b's own, then, when a parent
+ * is the one that would refuse, those of every budget under that parent
+ * (a server's other sessions). 0 turns the
  * lists off and frees what they hold (the owner calls that before its
  * last unref: a cached object holds a reference on b). 0, or
  * DISPATCH_ENOMEM when the lists cannot be made (b has none then).

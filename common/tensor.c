@@ -13,37 +13,36 @@ static uint64_t storage_cost(size_t nbytes) {
 
 /* Storage on backend be, charged first to be's device budget and then to
  * the ctx's (session) budget, both or neither. A storage of be from the
- * ctx budget's free lists is already charged to both (for the block it
- * holds, which may be up to a size class larger than nbytes); only host
- * memory is kept there, as only host memory can be zeroed here. A device
- * budget that refuses gets the cached bytes under the ctx's budget first
- * (the device is shared by every session under the same server budget). */
+ * ctx budget's free lists is still charged to that budget (for the block
+ * it holds, which may be up to a size class larger than nbytes) but not
+ * to the device, which counts live tensors only: it is charged there
+ * again, and freed if the device refuses, so the refusal below names the
+ * device as without the lists. Only host memory is kept in the lists, as
+ * only host memory can be zeroed here. */
 static int storage_new(dsp_ctx *ctx, const dsp_backend *be, size_t nbytes,
                        int zero, dsp_storage **out) {
   dsp__cache *c = be->host_shared ? dsp__budget_cache(ctx->budget) : NULL;
-  if (c) {
-    dsp_storage *s = dsp__cache_take_storage(c, be, nbytes);
-    if (s) {
+  dsp_storage *s = c ? dsp__cache_take_storage(c, be, nbytes) : NULL;
+  if (s) {
+    if (dsp_budget_charge_why(be->mem, s->charged, NULL, NULL, 0) == 0) {
+      s->dev_budget = be->mem;
       s->refcount = 1;
       s->nbytes = nbytes;
       if (zero && nbytes) memset(s->data, 0, nbytes);
       *out = s;
       return 0;
     }
+    dsp__storage_destroy(s);
   }
   uint64_t cost = storage_cost(nbytes);
-  int rc = dsp_budget_charge_why(be->mem, cost, "tensor storage", NULL, 0);
-  if (rc < 0) {
-    if (ctx->budget) dsp__budget_relieve(ctx->budget, NULL, cost);
-    rc = dsp_budget_charge(be->mem, ctx, cost, "tensor storage");
-  }
+  int rc = dsp_budget_charge(be->mem, ctx, cost, "tensor storage");
   if (rc < 0) return rc;
   rc = dsp_budget_charge(ctx->budget, ctx, cost, "tensor storage");
   if (rc < 0) {
     dsp_budget_uncharge(be->mem, cost);
     return rc;
   }
-  dsp_storage *s = dsp_malloc(sizeof *s);
+  s = dsp_malloc(sizeof *s);
   if (!s) {
     dsp_budget_uncharge(ctx->budget, cost);
     dsp_budget_uncharge(be->mem, cost);
@@ -86,7 +85,11 @@ static void storage_unref(dsp_storage *s) {
   if (!s || __atomic_sub_fetch(&s->refcount, 1, __ATOMIC_ACQ_REL) > 0) return;
   dsp__cache *c =
       s->backend->host_shared ? dsp__budget_cache(s->budget) : NULL;
-  if (c && dsp__cache_put_storage(c, s)) return;
+  if (c) { /* the device counts live tensors only (storage_new) */
+    dsp_budget_uncharge(s->dev_budget, s->charged);
+    s->dev_budget = NULL;
+    if (dsp__cache_put_storage(c, s)) return;
+  }
   dsp__storage_destroy(s);
 }
 
