@@ -80,9 +80,15 @@ uint64_t dsp_budget_limit(const dsp_budget *b) {
   return b ? b->limit : UINT64_MAX;
 }
 
+/* b's own free lists count as room (a charge would get them back); other
+ * budgets' lists are not summed here, so a hint may say no where the
+ * charge itself, which gets those back too, would succeed. */
 int dsp_budget_fits(const dsp_budget *b, uint64_t n) {
+  dsp_cache_stats cs;
+  dsp_budget_cache_stats(b, &cs);
   for (; b; b = b->parent) {
     uint64_t u = atomic_load(&((dsp_budget *)b)->used);
+    u = u > cs.bytes ? u - cs.bytes : 0;
     if (n > b->limit || u > b->limit - n) return 0;
   }
   return 1;
