@@ -199,7 +199,6 @@ int sv_upload_prepare(const sv_config *cfg, dsp_ctx *io_ctx, sv_session *s,
   m.ndim = (int)u->meta->n_shape;
   for (int i = 0; i < m.ndim; i++) m.shape[i] = u->meta->shape[i];
   char shape[160], msg[512];
-  dsp_shape_str(&m, shape, sizeof shape);
   int rc = sv_check_meta(cfg, s->global, io_ctx, &m, "upload", &numel, msg,
                          sizeof msg);
   if (rc < 0) {
@@ -208,6 +207,7 @@ int sv_upload_prepare(const sv_config *cfg, dsp_ctx *io_ctx, sv_session *s,
   }
   uint64_t nbytes = (uint64_t)numel * dsp_dtype_size(m.dtype);
   if (nbytes != bulk_len) {
+    dsp_shape_str(&m, shape, sizeof shape); /* formatted only to refuse */
     pre_err(j, DISPATCH_EINVAL,
             "upload: %llu bulk bytes, but %s %s needs %llu",
             (unsigned long long)bulk_len, dsp_dtype_name(m.dtype), shape,

@@ -431,3 +431,33 @@ Test(alloc, cache_on_off_and_remote_train_bit_identical,
   cr_assert_eq(memcmp(res[0], res[2], sizeof res[0]), 0,
                "LOCAL and REMOTE differ");
 }
+
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/asan_interface.h>
+/* Under AddressSanitizer (make sanitize) a kept block is poisoned, so a
+ * use after free of a tensor whose storage waits in the lists still
+ * reports; reuse unpoisons it. */
+Test(alloc, asan_sees_kept_blocks_as_freed) {
+  dsp_budget *b;
+  dsp_ctx *ctx = ctx_with(1ull << 30, 1 * MiB, NULL, &b);
+  dsp_tensor *t = f32_new(ctx, 1000);
+  float *p = dsp_tensor_data(t);
+  cr_assert_eq(__asan_address_is_poisoned(p), 0);
+  dsp_tensor_unref(t);
+  cr_assert_eq(__asan_address_is_poisoned(p), 1);
+  cr_assert_eq(__asan_address_is_poisoned(p + 999), 1);
+  t = f32_new(ctx, 1000);
+  cr_assert_eq(dsp_tensor_data(t), p, "the kept block came back");
+  cr_assert_eq(__asan_address_is_poisoned(p + 999), 0);
+  dsp_tensor_unref(t);
+  /* the CPU backend's own cache too */
+  const dsp_backend *be = dsp_cpu_backend();
+  dsp_cpu_cache_set_limit(8 * MiB);
+  void *blk;
+  cr_assert_eq(be->alloc(be->bctx, 2 * MiB, 0, &blk), 0);
+  be->free(be->bctx, blk);
+  cr_assert_eq(__asan_address_is_poisoned((char *)blk + MiB), 1);
+  dsp_cpu_cache_set_limit(0);
+  ctx_done(ctx, b);
+}
+#endif
