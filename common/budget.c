@@ -135,17 +135,19 @@ uint64_t dsp_budget_release_cached(dsp_budget *b, uint64_t want) {
   return c ? dsp__cache_release(c, want) : 0;
 }
 
-/* The children's lists are released while reg_mu is held (so none of
- * them can unregister and be freed meanwhile); what they free only
- * uncharges, which takes no lock, and may drop a child's last reference
- * only after its own list was emptied, which cannot happen here: the
- * owner of registered lists still holds its reference. */
+/* The children's entries are taken out while reg_mu is held (so none of
+ * them can unregister and be freed meanwhile) and freed after it is
+ * dropped: freeing one uncharges its budget, which may drop that budget's
+ * last reference (its owner left meanwhile), and freeing a budget takes
+ * its parent's reg_mu. */
 static uint64_t relieve_children(dsp_budget *p, uint64_t want) {
   uint64_t got = 0;
+  dsp__cache_out out = {NULL, NULL};
   pthread_mutex_lock(&p->reg_mu);
   for (dsp_budget *k = p->reg_head; k && got < want; k = k->reg_next)
-    got += dsp__cache_release(atomic_load(&k->cache), want - got);
+    got += dsp__cache_detach(atomic_load(&k->cache), want - got, &out);
   pthread_mutex_unlock(&p->reg_mu);
+  dsp__cache_out_free(&out);
   return got;
 }
 

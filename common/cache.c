@@ -185,11 +185,9 @@ int dsp__cache_put_header(dsp__cache *c, dsp_tensor *t) {
 }
 
 /* Storages first (the bytes), then headers. */
-uint64_t dsp__cache_release(dsp__cache *c, uint64_t want) {
-  dsp_storage *drop = NULL;
-  dsp_tensor *hdrs = NULL;
+uint64_t dsp__cache_detach(dsp__cache *c, uint64_t want, dsp__cache_out *out) {
   lock(c);
-  uint64_t got = take_oldest(c, want, &drop);
+  uint64_t got = take_oldest(c, want, &out->storages);
   while (got < want && c->headers) {
     dsp_tensor *t = c->headers;
     UNPOISON(t, sizeof *t);
@@ -197,17 +195,28 @@ uint64_t dsp__cache_release(dsp__cache *c, uint64_t want) {
     c->n_headers--;
     c->bytes -= HEADER_COST;
     got += HEADER_COST;
-    memcpy((void *)t, &hdrs, sizeof hdrs);
-    hdrs = t;
+    memcpy((void *)t, &out->headers, sizeof out->headers);
+    out->headers = t;
   }
   c->released += got;
   unlock(c);
-  destroy_list(drop);
-  while (hdrs) {
-    dsp_tensor *n = hdr_next(hdrs);
-    dsp__header_destroy(hdrs);
-    hdrs = n;
+  return got;
+}
+
+void dsp__cache_out_free(dsp__cache_out *out) {
+  destroy_list(out->storages);
+  while (out->headers) {
+    dsp_tensor *n = hdr_next(out->headers);
+    dsp__header_destroy(out->headers);
+    out->headers = n;
   }
+  out->storages = NULL;
+}
+
+uint64_t dsp__cache_release(dsp__cache *c, uint64_t want) {
+  dsp__cache_out out = {NULL, NULL};
+  uint64_t got = dsp__cache_detach(c, want, &out);
+  dsp__cache_out_free(&out);
   return got;
 }
 

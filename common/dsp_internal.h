@@ -54,6 +54,14 @@ dsp_tensor *dsp__cache_take_header(dsp__cache *c); /* NULL: none kept */
 int dsp__cache_put_header(dsp__cache *c, dsp_tensor *t);
 /* Frees up to want bytes of charge, oldest first; returns what it freed. */
 uint64_t dsp__cache_release(dsp__cache *c, uint64_t want);
+/* The same in two steps: takes them out of the lists onto *out (a caller
+ * holding a lock that freeing may need), then frees them. */
+typedef struct dsp__cache_out {
+  dsp_storage *storages;
+  dsp_tensor *headers;
+} dsp__cache_out;
+uint64_t dsp__cache_detach(dsp__cache *c, uint64_t want, dsp__cache_out *out);
+void dsp__cache_out_free(dsp__cache_out *out);
 void dsp__cache_stats(dsp__cache *c, dsp_cache_stats *out);
 /* The frees the lists do (common/tensor.c): data to its backend, the
  * struct to the allocator, the charge back to its budgets. */

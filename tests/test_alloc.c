@@ -209,6 +209,68 @@ Test(alloc, server_budget_gets_other_sessions_cached_bytes_back) {
   dsp_budget_unref(server);
 }
 
+/* Sessions that come and go while others, squeezed by the server
+ * budget, take their cached bytes: four threads, each making sessions
+ * (budgets with lists) that allocate and free under a budget too small
+ * for all, and end. No deadlock (a budget whose last reference goes
+ * while another thread releases its lists), and nothing is left charged
+ * at the end. */
+typedef struct churn_arg {
+  dsp_budget *server;
+  int seed;
+  int ok, quota;
+} churn_arg;
+
+#include <pthread.h>
+static void *churn(void *p) {
+  churn_arg *a = p;
+  unsigned r = (unsigned)a->seed;
+  for (int s = 0; s < 40; s++) {
+    dsp_budget *b = dsp_budget_new(6 * MiB, a->server, "session",
+                                   "--max-session-bytes");
+    dsp_ctx *ctx = dsp_ctx_new();
+    if (!b || !ctx || dsp_budget_set_cache(b, 4 * MiB) < 0) return NULL;
+    dsp_ctx_set_budget(ctx, b);
+    dsp_tensor *live[4] = {NULL};
+    for (int i = 0; i < 60; i++) {
+      r = r * 1103515245u + 12345u;
+      int k = (int)((r >> 8) % 4);
+      dsp_tensor_unref(live[k]);
+      live[k] = NULL;
+      dsp_meta m = {DSP_F32, 1, {(int64_t)(1 + (r >> 12) % (512 * 1024))}};
+      if (dsp_tensor_new(ctx, &m, &live[k]) == 0) a->ok++;
+      else a->quota++;
+    }
+    for (int k = 0; k < 4; k++) dsp_tensor_unref(live[k]);
+    dsp_budget_set_cache(b, 0);
+    dsp_ctx_free(ctx);
+    dsp_budget_unref(b);
+  }
+  return NULL;
+}
+
+Test(alloc, sessions_churn_under_server_pressure, .timeout = 120) {
+  dsp_budget *server = dsp_budget_new(12 * MiB, NULL, "server",
+                                      "--max-memory");
+  pthread_t th[4];
+  churn_arg args[4];
+  for (int i = 0; i < 4; i++) {
+    args[i] = (churn_arg){server, i + 1, 0, 0};
+    cr_assert_eq(pthread_create(&th[i], NULL, churn, &args[i]), 0);
+  }
+  int ok = 0, quota = 0;
+  for (int i = 0; i < 4; i++) {
+    pthread_join(th[i], NULL);
+    ok += args[i].ok;
+    quota += args[i].quota;
+  }
+  fprintf(stderr, "alloc churn: %d allocations, %d refused\n", ok, quota);
+  cr_assert_gt(ok, 4 * 40 * 60 / 2);
+  cr_assert_eq(dsp_budget_used(server), 0, "left charged: %llu",
+               (unsigned long long)dsp_budget_used(server));
+  dsp_budget_unref(server);
+}
+
 /* The CPU backend's own cache: more than the eight blocks it used to keep,
  * bounded by bytes, oldest out first. */
 Test(alloc, cpu_block_cache_by_class_and_bytes) {
