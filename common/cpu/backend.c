@@ -25,7 +25,15 @@
 #define HDR 16 /* keeps malloc's 16-byte alignment */
 #define CACHE_MIN (1u << 20)
 
+/* gcc says __SANITIZE_ADDRESS__; clang (the fuzzers) has the feature */
 #if defined(__SANITIZE_ADDRESS__)
+#define DSP_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define DSP_ASAN 1
+#endif
+#endif
+#if defined(DSP_ASAN)
 #include <sanitizer/asan_interface.h>
 #define POISON(p, n) ASAN_POISON_MEMORY_REGION((p), (n))
 #define UNPOISON(p, n) ASAN_UNPOISON_MEMORY_REGION((p), (n))
