@@ -203,6 +203,10 @@ int dsp_budget_charge(dsp_budget *b, dsp_ctx *ctx, uint64_t n,
                                ctx ? sizeof ctx->err : 0);
 }
 
+void dsp_budget_uncharge_part(dsp_budget *b, uint64_t n) {
+  for (dsp_budget *p = b; p; p = p->parent) atomic_fetch_sub(&p->used, n);
+}
+
 void dsp_budget_uncharge(dsp_budget *b, uint64_t n) {
   if (!b) return;
   for (dsp_budget *p = b; p; p = p->parent) atomic_fetch_sub(&p->used, n);

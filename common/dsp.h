@@ -130,6 +130,9 @@ int dsp_budget_charge(dsp_budget *b, dsp_ctx *ctx, uint64_t n,
 int dsp_budget_charge_why(dsp_budget *b, uint64_t n, const char *what,
                           char *why, size_t why_len);
 void dsp_budget_uncharge(dsp_budget *b, uint64_t n);
+/* Gives back n bytes of a larger charge of b, whose rest (and reference)
+ * stays until its own dsp_budget_uncharge. */
+void dsp_budget_uncharge_part(dsp_budget *b, uint64_t n);
 /* 1 when n more bytes would fit b and every parent now (a hint only: other
  * threads may charge in between). */
 int dsp_budget_fits(const dsp_budget *b, uint64_t n);

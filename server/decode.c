@@ -146,8 +146,10 @@ int sv_decode_request_charged(sv_session *s, const uint8_t *msg, size_t len,
     return decode_with(&sv_pb_allocator, msg, len, bulk_len, hello_done, out,
                        req_id, why, why_len);
   s->pb.refused = 0;
+  s->pb.hint = len;
   int rc = decode_with(&s->pb.pb, msg, len, bulk_len, hello_done, out,
                        req_id, why, why_len);
+  sv_pb_charge_done(&s->pb);
   if (rc < 0 && s->pb.refused) {
     scan_request(msg, len, req_id, body);
     return why_fmt(why, why_len, DISPATCH_EQUOTA,

@@ -288,6 +288,8 @@ typedef struct sv_entry {
 typedef struct sv_pb_charge {
   ProtobufCAllocator pb; /* first: protobuf-c hands &pb back as ud */
   dsp_budget *budget;
+  struct pb_arena *arena; /* the request being decoded (encode.c) */
+  size_t hint;            /* its message's length, before its first block */
   int refused;   /* the last decode failed on the budget */
   char why[256]; /* its message */
 } sv_pb_charge;
@@ -375,6 +377,10 @@ int sv_encode_error(uint64_t req_id, int code, const char *msg,
 extern ProtobufCAllocator sv_pb_allocator;
 /* Sets up pc to charge b (the caller keeps b alive while pc is used). */
 void sv_pb_charge_init(sv_pb_charge *pc, dsp_budget *b);
+/* Ends the decode of one request through pc (set pc->hint to the
+ * message's length before it): its arena's charge is cut to what it
+ * used. */
+void sv_pb_charge_done(sv_pb_charge *pc);
 
 /* Short description of a request for messages and debug logs:
  * "op matmul [3, 4] -> 5", "upload 7 f32 [2, 3]". */
