@@ -159,6 +159,38 @@ static int valid_server_device(const char *d) {
   return 1;
 }
 
+/* The LOCAL storage cache's bound: env DISPATCH_LOCAL_CACHE (bytes, with
+ * an optional K, M or G suffix; 0 turns it off), else 256 MiB. A value
+ * that does not parse keeps the default rather than failing the open. */
+#define LOCAL_CACHE_DEFAULT (256ull << 20)
+static uint64_t local_cache_bytes(void) {
+  const char *e = getenv("DISPATCH_LOCAL_CACHE");
+  if (!e || !*e) return LOCAL_CACHE_DEFAULT;
+  char *end;
+  unsigned long long v = strtoull(e, &end, 10);
+  if (end == e) return LOCAL_CACHE_DEFAULT;
+  int shift = *end == 'K' || *end == 'k'   ? 10
+              : *end == 'M' || *end == 'm' ? 20
+              : *end == 'G' || *end == 'g' ? 30
+                                           : 0;
+  if (shift) end++;
+  if (*end || v > (UINT64_MAX >> shift)) return LOCAL_CACHE_DEFAULT;
+  return (uint64_t)v << shift;
+}
+
+/* A LOCAL device's ctx charges an unlimited budget that holds its free
+ * lists (common/cache.c), so freed storage and headers are reused by the
+ * next op of the same size instead of going back to malloc. */
+static int local_cache_init(dispatch_device *dev) {
+  dsp_budget *b = dsp_budget_new(UINT64_MAX, NULL, "local device",
+                                 "DISPATCH_LOCAL_CACHE");
+  if (!b) return DISPATCH_ENOMEM;
+  int rc = dsp_budget_set_cache(b, local_cache_bytes());
+  if (rc == 0) dsp_ctx_set_budget(dev->ctx, b);
+  dsp_budget_unref(b); /* the ctx holds it */
+  return rc;
+}
+
 /* Opens a device; on failure nothing is left allocated and the detail is
  * copied to errmsg, since no device survives to hold it. */
 int dispatch_device_open(const char *spec, const dispatch_options *opts,
@@ -256,6 +288,14 @@ int dispatch_device_open(const char *spec, const dispatch_options *opts,
   dev->conn->timeout_ms = o.timeout_ms;
   dev->conn->resume_off = o.no_resume;
   dev->conn->resume_ms = o.resume_timeout_ms;
+  if (kind == DISPATCH_KIND_LOCAL && local_cache_init(dev) < 0) {
+    dsp_free(dev->conn);
+    dsp_free(dev->spec);
+    dsp_ctx_free(dev->ctx);
+    dsp_free(dev);
+    copy_msg(errmsg, errmsg_len, "dispatch_device_open: out of memory");
+    return DISPATCH_ENOMEM;
+  }
   if (kind == DISPATCH_KIND_REMOTE) {
     int rc = dispatch__remote_open(dev, host, port, o.token, o.client_name,
                                    sdev,
@@ -317,6 +357,9 @@ void dispatch_device_close(dispatch_device *dev) {
   if (dev->kind == DISPATCH_KIND_LOCAL) dsp_free(dev->conn);
   dsp_free(dev->device);
   dsp_free(dev->spec);
+  /* every tensor is gone: the free lists give their blocks back (each
+   * holds a reference on the budget the ctx drops) */
+  dsp_budget_set_cache(dsp_ctx_budget(dev->ctx), 0);
   dsp_ctx_free(dev->ctx);
   dsp_free(dev);
 }
@@ -477,6 +520,20 @@ int dispatch_device_set_timeout(dispatch_device *dev, int timeout_ms) {
                                          "set_timeout: %d ms is not positive",
                                          timeout_ms));
   dev->conn->timeout_ms = timeout_ms;
+  return 0;
+}
+
+int dispatch_device_set_cache(dispatch_device *dev, uint64_t bytes) {
+  if (!dev) return DISPATCH_EINVAL;
+  if (dev->kind != DISPATCH_KIND_LOCAL)
+    return dispatch__ret(
+        dev, dsp_seterr(dev->ctx, DISPATCH_EUNSUPPORTED,
+                        "set_cache: \"%s\" is a remote device (its "
+                        "server's cache is dispatch-server --session-cache)",
+                        dev->spec));
+  if (dsp_budget_set_cache(dsp_ctx_budget(dev->ctx), bytes) < 0)
+    return dispatch__ret(dev, dsp_seterr(dev->ctx, DISPATCH_ENOMEM,
+                                         "set_cache: out of memory"));
   return 0;
 }
 

@@ -130,6 +130,9 @@ int dsp_budget_charge(dsp_budget *b, dsp_ctx *ctx, uint64_t n,
 int dsp_budget_charge_why(dsp_budget *b, uint64_t n, const char *what,
                           char *why, size_t why_len);
 void dsp_budget_uncharge(dsp_budget *b, uint64_t n);
+/* Gives back n bytes of a larger charge of b, whose rest (and reference)
+ * stays until its own dsp_budget_uncharge. */
+void dsp_budget_uncharge_part(dsp_budget *b, uint64_t n);
 /* 1 when n more bytes would fit b and every parent now (a hint only: other
  * threads may charge in between). */
 int dsp_budget_fits(const dsp_budget *b, uint64_t n);
@@ -138,6 +141,33 @@ uint64_t dsp_budget_limit(const dsp_budget *b); /* UINT64_MAX for NULL */
 /* The budget ctx charges (the ctx keeps a reference); NULL: unlimited. */
 void dsp_ctx_set_budget(dsp_ctx *ctx, dsp_budget *b);
 dsp_budget *dsp_ctx_budget(const dsp_ctx *ctx);
+/* Free lists of a budget: freed tensor storage (host memory only) and
+ * tensor headers are kept in lists by size class for the next allocation
+ * charged to b, up to max_bytes of their charge in all; the oldest go
+ * first when a new one does not fit. What sits there stays charged to b
+ * and its parents (not to a device budget, which counts live tensors
+ * only), so it counts toward b's quota, but a charge that b or a parent
+ * would refuse first gets cached bytes back: b's own, then, when a parent
+ * is the one that would refuse, those of every budget under that parent
+ * (a server's other sessions). 0 turns the
+ * lists off and frees what they hold (the owner calls that before its
+ * last unref: a cached object holds a reference on b). 0, or
+ * DISPATCH_ENOMEM when the lists cannot be made (b has none then).
+ * Thread-safe. */
+int dsp_budget_set_cache(dsp_budget *b, uint64_t max_bytes);
+typedef struct dsp_cache_stats {
+  uint64_t hits;      /* allocations served from the lists */
+  uint64_t misses;    /* allocations the lists could not serve */
+  uint64_t bytes;     /* charge of what the lists hold now */
+  uint64_t max_bytes; /* their bound */
+  uint64_t evicted;   /* bytes freed to make room for newer blocks */
+  uint64_t released;  /* bytes given back to a charge that needed them */
+} dsp_cache_stats;
+/* b's counters (all zero without lists). */
+void dsp_budget_cache_stats(const dsp_budget *b, dsp_cache_stats *out);
+/* Frees up to want bytes (charge) of b's lists, oldest first; returns
+ * what it freed. */
+uint64_t dsp_budget_release_cached(dsp_budget *b, uint64_t want);
 /* What one heap object of n bytes is charged: n plus the allocator's own
  * bookkeeping, so many small objects cannot hide under the limit. */
 #define DSP_BUDGET_COST(n) ((uint64_t)(n) + 32u)
@@ -204,6 +234,10 @@ typedef struct dsp_storage {
   uint64_t charged;
   dsp_budget *dev_budget; /* the backend's device budget (backend->mem) it
                              charged `charged` bytes too; NULL: none */
+  size_t cap; /* bytes data can hold (>= nbytes: a reused block) */
+  /* while in its budget's free lists (common/cache.c): its size class's
+   * list and the lists' age order */
+  struct dsp_storage *cprev, *cnext, *lprev, *lnext;
 } dsp_storage;
 
 struct dsp_node;
@@ -579,10 +613,13 @@ void dsp_cpu_backend_free(dsp_backend *be); /* NULL ok */
 /* The device name of a backend in messages: id, else name. */
 const char *dsp_backend_id(const dsp_backend *be);
 /* The CPU backend keeps freed storage blocks of 1 MiB and more for reuse,
- * up to `bytes` in all (0, the default, keeps none and frees what it
- * kept); dsp_cpu_cache_bytes says how much it holds now. Thread-safe. */
+ * in lists by size class, up to `bytes` in all, the oldest going first
+ * when a new one does not fit (0, the default, keeps none and frees what
+ * it kept); dsp_cpu_cache_bytes says how much it holds now. These blocks
+ * are charged to no budget. Thread-safe. */
 void dsp_cpu_cache_set_limit(size_t bytes);
 size_t dsp_cpu_cache_bytes(void);
+void dsp_cpu_cache_stats(dsp_cache_stats *out); /* hits, misses: >= 1 MiB */
 const dsp_backend *dsp_ctx_backend(const dsp_ctx *ctx);
 /* The backend creation ops and new tensors of ctx use (the ctx's device);
  * an op on inputs runs on their device, which must be the same for all of

@@ -23,6 +23,56 @@ struct dsp_ctx {
 int dsp__tensor_new_on(dsp_ctx *ctx, const dsp_backend *be, const dsp_meta *m,
                        int zero, dsp_tensor **out);
 
+/* Size classes of the free lists (common/cache.c and the CPU backend's
+ * block cache): 0 for up to 64 bytes, then four classes per power of two,
+ * so two blocks of one class differ by less than a quarter of the
+ * smaller. */
+#define DSP__NCLASS 236
+static inline int dsp__size_class(size_t n) {
+  if (n <= 64) return 0;
+  unsigned long long m = (unsigned long long)n - 1;
+  int p = 63 - __builtin_clzll(m); /* 2^p <= m < 2^(p+1), p >= 6 */
+  return 1 + (p - 6) * 4 + (int)((m >> (p - 2)) & 3);
+}
+
+/* A budget's free lists (dsp_budget_set_cache); NULL: none. The lists
+ * hold storages with their data and tensor headers, each still charged
+ * to that budget. */
+typedef struct dsp__cache dsp__cache;
+dsp__cache *dsp__budget_cache(const dsp_budget *b);
+dsp__cache *dsp__cache_new(void);
+/* Frees what c holds and c itself (the budget's last reference went). */
+void dsp__cache_free(dsp__cache *c);
+void dsp__cache_set_max(dsp__cache *c, uint64_t max_bytes);
+/* A storage of backend be whose block holds nbytes, taken out of the
+ * lists (refcount, nbytes and the rest as it was freed), or NULL. */
+dsp_storage *dsp__cache_take_storage(dsp__cache *c, const dsp_backend *be,
+                                     size_t nbytes);
+/* Keeps s (1) or leaves it to the caller to free (0). */
+int dsp__cache_put_storage(dsp__cache *c, dsp_storage *s);
+dsp_tensor *dsp__cache_take_header(dsp__cache *c); /* NULL: none kept */
+int dsp__cache_put_header(dsp__cache *c, dsp_tensor *t);
+/* Frees up to want bytes of charge, oldest first; returns what it freed. */
+uint64_t dsp__cache_release(dsp__cache *c, uint64_t want);
+/* The same in two steps: takes them out of the lists onto *out (a caller
+ * holding a lock that freeing may need), then frees them. */
+typedef struct dsp__cache_out {
+  dsp_storage *storages;
+  dsp_tensor *headers;
+} dsp__cache_out;
+uint64_t dsp__cache_detach(dsp__cache *c, uint64_t want, dsp__cache_out *out);
+void dsp__cache_out_free(dsp__cache_out *out);
+void dsp__cache_stats(dsp__cache *c, dsp_cache_stats *out);
+/* The frees the lists do (common/tensor.c): data to its backend, the
+ * struct to the allocator, the charge back to its budgets. */
+void dsp__storage_destroy(dsp_storage *s);
+void dsp__header_destroy(dsp_tensor *t);
+/* Gets cached bytes back for a charge of b that a budget refused: b's
+ * own lists and those of every budget under each of b's ancestors up to
+ * stop (NULL: the root), until want bytes came back; returns what did. */
+uint64_t dsp__budget_relieve(dsp_budget *b, const dsp_budget *stop,
+                             uint64_t want);
+
 /* Kernel scratch of n bytes charged to ctx's budget: 0, or
  * DISPATCH_EQUOTA / DISPATCH_ENOMEM with the detail in ctx and *out NULL.
  * Free with the same n on the same ctx. */

@@ -189,6 +189,7 @@ int dsp__storage_prepare_write(dsp_ctx *ctx, dsp_tensor *t) {
   pthread_mutex_lock(&g_mu);
   if (b->owner == s) {
     s->data = nd;
+    s->cap = s->nbytes; /* the block may have been a larger reused one */
     unlink_locked(b);
     b->owner = NULL;
     b->budget = ctx->budget; /* the charge holds a reference on it */

@@ -12,9 +12,28 @@ static uint64_t storage_cost(size_t nbytes) {
 }
 
 /* Storage on backend be, charged first to be's device budget and then to
- * the ctx's (session) budget, both or neither. */
+ * the ctx's (session) budget, both or neither. A storage of be from the
+ * ctx budget's free lists is still charged to that budget (for the block
+ * it holds, which may be up to a size class larger than nbytes) but not
+ * to the device, which counts live tensors only: it is charged there
+ * again, and freed if the device refuses, so the refusal below names the
+ * device as without the lists. Only host memory is kept in the lists, as
+ * only host memory can be zeroed here. */
 static int storage_new(dsp_ctx *ctx, const dsp_backend *be, size_t nbytes,
                        int zero, dsp_storage **out) {
+  dsp__cache *c = be->host_shared ? dsp__budget_cache(ctx->budget) : NULL;
+  dsp_storage *s = c ? dsp__cache_take_storage(c, be, nbytes) : NULL;
+  if (s) {
+    if (dsp_budget_charge_why(be->mem, s->charged, NULL, NULL, 0) == 0) {
+      s->dev_budget = be->mem;
+      s->refcount = 1;
+      s->nbytes = nbytes;
+      if (zero && nbytes) memset(s->data, 0, nbytes);
+      *out = s;
+      return 0;
+    }
+    dsp__storage_destroy(s);
+  }
   uint64_t cost = storage_cost(nbytes);
   int rc = dsp_budget_charge(be->mem, ctx, cost, "tensor storage");
   if (rc < 0) return rc;
@@ -23,7 +42,7 @@ static int storage_new(dsp_ctx *ctx, const dsp_backend *be, size_t nbytes,
     dsp_budget_uncharge(be->mem, cost);
     return rc;
   }
-  dsp_storage *s = dsp_malloc(sizeof *s);
+  s = dsp_malloc(sizeof *s);
   if (!s) {
     dsp_budget_uncharge(ctx->budget, cost);
     dsp_budget_uncharge(be->mem, cost);
@@ -36,6 +55,8 @@ static int storage_new(dsp_ctx *ctx, const dsp_backend *be, size_t nbytes,
   s->budget = ctx->budget;
   s->charged = cost;
   s->dev_budget = be->mem;
+  s->cap = nbytes;
+  s->cprev = s->cnext = s->lprev = s->lnext = NULL;
   rc = be->alloc(be->bctx, nbytes, zero, &s->data);
   if (rc < 0) {
     dsp_free(s);
@@ -47,10 +68,7 @@ static int storage_new(dsp_ctx *ctx, const dsp_backend *be, size_t nbytes,
   return 0;
 }
 
-static void storage_unref(dsp_storage *s) {
-  /* atomic: a server's loop thread drops its reference to a storage it
-   * writes to the socket while a worker may alias the same storage */
-  if (!s || __atomic_sub_fetch(&s->refcount, 1, __ATOMIC_ACQ_REL) > 0) return;
+void dsp__storage_destroy(dsp_storage *s) {
   s->backend->free(s->backend->bctx, s->data);
   dsp_budget *b = s->budget, *db = s->dev_budget;
   uint64_t cost = s->charged;
@@ -59,20 +77,49 @@ static void storage_unref(dsp_storage *s) {
   dsp_budget_uncharge(db, cost);
 }
 
-static void tensor_free_shell(dsp_tensor *t) {
+/* The last reference hands the storage to its budget's free lists when
+ * they keep it (still charged), else frees it. */
+static void storage_unref(dsp_storage *s) {
+  /* atomic: a server's loop thread drops its reference to a storage it
+   * writes to the socket while a worker may alias the same storage */
+  if (!s || __atomic_sub_fetch(&s->refcount, 1, __ATOMIC_ACQ_REL) > 0) return;
+  dsp__cache *c =
+      s->backend->host_shared ? dsp__budget_cache(s->budget) : NULL;
+  if (c) { /* the device counts live tensors only (storage_new) */
+    dsp_budget_uncharge(s->dev_budget, s->charged);
+    s->dev_budget = NULL;
+    if (dsp__cache_put_storage(c, s)) return;
+  }
+  dsp__storage_destroy(s);
+}
+
+void dsp__header_destroy(dsp_tensor *t) {
   dsp_budget *b = t->budget;
   dsp_free(t);
   dsp_budget_uncharge(b, DSP_BUDGET_COST(sizeof *t));
 }
 
+static void tensor_free_shell(dsp_tensor *t) {
+  dsp__cache *c = dsp__budget_cache(t->budget);
+  if (c && dsp__cache_put_header(c, t)) return;
+  dsp__header_destroy(t);
+}
+
+/* A header from the ctx budget's free lists is charged already. */
 static int tensor_shell(dsp_ctx *ctx, const dsp_meta *m, dsp_tensor **out) {
   int64_t numel;
   int rc = dsp_meta_numel(ctx, m, &numel);
   if (rc < 0) return rc;
-  rc = dsp_budget_charge(ctx->budget, ctx, DSP_BUDGET_COST(sizeof(dsp_tensor)),
-                         "tensor");
-  if (rc < 0) return rc;
-  dsp_tensor *t = dsp_calloc(1, sizeof *t);
+  dsp__cache *c = dsp__budget_cache(ctx->budget);
+  dsp_tensor *t = c ? dsp__cache_take_header(c) : NULL;
+  if (t) {
+    memset(t, 0, sizeof *t);
+  } else {
+    rc = dsp_budget_charge(ctx->budget, ctx,
+                           DSP_BUDGET_COST(sizeof(dsp_tensor)), "tensor");
+    if (rc < 0) return rc;
+    t = dsp_calloc(1, sizeof *t);
+  }
   if (!t) {
     dsp_budget_uncharge(ctx->budget, DSP_BUDGET_COST(sizeof(dsp_tensor)));
     return dsp_seterr(ctx, DISPATCH_ENOMEM, "out of memory (tensor)");

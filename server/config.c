@@ -30,6 +30,7 @@ void sv_config_defaults(sv_config *c) {
   c->max_elements = 1ULL << 31;
   c->max_output_queue = 64ULL << 20;  /* 64 MiB */
   c->storage_cache = 512ULL << 20;    /* 512 MiB */
+  c->session_cache = 64ULL << 20;     /* 64 MiB */
   /* 2^34: admits a 2048^3 matmul (8.6e9) twice over and every op the
    * examples, tests and make bench run (the largest, bench's 2048 matmul,
    * is half of it), refuses a 512x512-window pool at stride 1 on a
@@ -157,6 +158,10 @@ static const char *const g_usage =
     "                           more) the server keeps for reuse instead of\n"
     "                           returning it to the OS, 0 none (default\n"
     "                           512 MiB): fresh pages fault on first touch\n"
+    "  --session-cache BYTES    each session's free lists of freed tensor\n"
+    "                           storage and headers (by size class), charged\n"
+    "                           to the session and given back when a quota\n"
+    "                           needs the room, 0 none (default 64 MiB)\n"
     "  --handshake-timeout SECONDS  TLS handshake + hello must finish in\n"
     "                           this time, 0 never (default 10)\n"
     "  --drain-timeout SECONDS  on SIGTERM/SIGINT, run and answer the requests\n"
@@ -383,7 +388,7 @@ enum {
   O_LISTEN = 256, O_MAX_FRAME, O_MAX_SESSION_BYTES, O_MAX_MEMORY, O_DEVICE,
   O_DEVICE_MEMORY, O_MAX_QUEUED_BYTES, O_MAX_SESSIONS, O_IDLE_TIMEOUT,
   O_FRAME_TIMEOUT, O_THREADS, O_MAX_OUTPUT_QUEUE, O_MAX_ELEMENTS,
-  O_MAX_OP_COST, O_STORAGE_CACHE, O_MAX_QUEUED, O_HANDSHAKE_TIMEOUT,
+  O_MAX_OP_COST, O_STORAGE_CACHE, O_SESSION_CACHE, O_MAX_QUEUED, O_HANDSHAKE_TIMEOUT,
   O_TLS_CERT, O_TLS_KEY, O_TLS_CLIENT_CA, O_TOKEN_FILE, O_INSECURE,
   O_LOG_LEVEL, O_VERSION, O_METRICS_LISTEN, O_LOG_FORMAT, O_DRAIN_TIMEOUT,
   O_SESSION_GRACE
@@ -405,6 +410,7 @@ static const struct option g_opts[] = {
     {"max-elements", required_argument, NULL, O_MAX_ELEMENTS},
     {"max-op-cost", required_argument, NULL, O_MAX_OP_COST},
     {"storage-cache", required_argument, NULL, O_STORAGE_CACHE},
+    {"session-cache", required_argument, NULL, O_SESSION_CACHE},
     {"max-queued", required_argument, NULL, O_MAX_QUEUED},
     {"handshake-timeout", required_argument, NULL, O_HANDSHAKE_TIMEOUT},
     {"drain-timeout", required_argument, NULL, O_DRAIN_TIMEOUT},
@@ -482,6 +488,8 @@ static int apply(sv_config *c, int val, const char *v) {
     return parse_num(name, v, 1000, 0, UINT64_MAX, &c->max_op_cost);
   case O_STORAGE_CACHE:
     return parse_size(name, v, 0, 1ULL << 50, &c->storage_cache);
+  case O_SESSION_CACHE:
+    return parse_size(name, v, 0, 1ULL << 50, &c->session_cache);
   case O_MAX_QUEUED:
     if (parse_num(name, v, 0, 1, 1u << 24, &n) < 0) return -1;
     c->max_queued = (uint32_t)n;

@@ -146,8 +146,10 @@ int sv_decode_request_charged(sv_session *s, const uint8_t *msg, size_t len,
     return decode_with(&sv_pb_allocator, msg, len, bulk_len, hello_done, out,
                        req_id, why, why_len);
   s->pb.refused = 0;
+  s->pb.hint = len;
   int rc = decode_with(&s->pb.pb, msg, len, bulk_len, hello_done, out,
                        req_id, why, why_len);
+  sv_pb_charge_done(&s->pb);
   if (rc < 0 && s->pb.refused) {
     scan_request(msg, len, req_id, body);
     return why_fmt(why, why_len, DISPATCH_EQUOTA,
@@ -201,7 +203,6 @@ int sv_upload_prepare(const sv_config *cfg, dsp_ctx *io_ctx, sv_session *s,
   m.ndim = (int)u->meta->n_shape;
   for (int i = 0; i < m.ndim; i++) m.shape[i] = u->meta->shape[i];
   char shape[160], msg[512];
-  dsp_shape_str(&m, shape, sizeof shape);
   int rc = sv_check_meta(cfg, s->global, io_ctx, &m, "upload", &numel, msg,
                          sizeof msg);
   if (rc < 0) {
@@ -210,6 +211,7 @@ int sv_upload_prepare(const sv_config *cfg, dsp_ctx *io_ctx, sv_session *s,
   }
   uint64_t nbytes = (uint64_t)numel * dsp_dtype_size(m.dtype);
   if (nbytes != bulk_len) {
+    dsp_shape_str(&m, shape, sizeof shape); /* formatted only to refuse */
     pre_err(j, DISPATCH_EINVAL,
             "upload: %llu bulk bytes, but %s %s needs %llu",
             (unsigned long long)bulk_len, dsp_dtype_name(m.dtype), shape,

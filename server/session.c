@@ -49,6 +49,15 @@ sv_session *sv_session_new(const sv_config *cfg, sv_global *g, void *owner) {
     dsp_free(s);
     return NULL;
   }
+  /* the session's free lists: charged to it, so they count toward its
+   * quota and the server's, which get them back before refusing */
+  if (dsp_budget_set_cache(s->budget, cfg->session_cache) < 0) {
+    dsp_ctx_free(s->ctx);
+    dsp_budget_unref(s->budget);
+    dsp_budget_unref(s->queue);
+    dsp_free(s);
+    return NULL;
+  }
   dsp_ctx_set_budget(s->ctx, s->budget);
   s->cfg = cfg;
   s->global = g;
@@ -580,7 +589,12 @@ static int do_stats(sv_session *s, sv_job *j, char *why) {
   sv_global *g = s->global;
   st.tensors = s->n_live;
   st.bytes = (uint64_t)atomic_load(&s->bytes);
-  st.held_bytes = dsp_budget_used(s->budget);
+  /* what the session's free lists keep is charged to it but not held
+   * for it: any charge that needs the room gets it back */
+  dsp_cache_stats cs;
+  dsp_budget_cache_stats(s->budget, &cs);
+  uint64_t used = dsp_budget_used(s->budget);
+  st.held_bytes = used > cs.bytes ? used - cs.bytes : 0;
   st.queued_bytes = dsp_budget_used(s->queue);
   st.session_limit = dsp_budget_limit(s->budget);
   st.server_held_bytes = dsp_budget_used(g->mem);
@@ -786,6 +800,9 @@ void sv_session_teardown(sv_session *s) {
   sv_idmap_clear(&s->tensors);
   dsp_ctx_free(s->ctx);
   s->ctx = NULL;
+  /* the free lists go now (each kept block holds a reference on the
+   * budget); what is freed later is freed at once */
+  dsp_budget_set_cache(s->budget, 0);
   sv_session_backends_close(s);
   /* what the loop still holds for the session (a request being read, a
    * reply being written) keeps the budget alive until it is freed */

@@ -38,6 +38,7 @@ typedef struct sv_config {
   uint64_t max_output_queue;   /* unsent reply bytes before a client drops */
   uint32_t max_queued;         /* decoded requests waiting per session */
   uint64_t storage_cache;      /* freed tensor storage kept for reuse */
+  uint64_t session_cache;      /* each session's free lists (charged) */
   uint64_t max_op_cost;        /* dsp_op_cost of one op, 0: no limit */
   int max_sessions;
   int idle_timeout_s;          /* 0: never; counts from the last complete
@@ -316,6 +317,8 @@ typedef struct sv_entry {
 typedef struct sv_pb_charge {
   ProtobufCAllocator pb; /* first: protobuf-c hands &pb back as ud */
   dsp_budget *budget;
+  struct pb_arena *arena; /* the request being decoded (encode.c) */
+  size_t hint;            /* its message's length, before its first block */
   int refused;   /* the last decode failed on the budget */
   char why[256]; /* its message */
 } sv_pb_charge;
@@ -420,6 +423,10 @@ int sv_encode_error(uint64_t req_id, int code, const char *msg,
 extern ProtobufCAllocator sv_pb_allocator;
 /* Sets up pc to charge b (the caller keeps b alive while pc is used). */
 void sv_pb_charge_init(sv_pb_charge *pc, dsp_budget *b);
+/* Ends the decode of one request through pc (set pc->hint to the
+ * message's length before it): its arena's charge is cut to what it
+ * used. */
+void sv_pb_charge_done(sv_pb_charge *pc);
 
 /* Short description of a request for messages and debug logs:
  * "op matmul [3, 4] -> 5", "upload 7 f32 [2, 3]". */

@@ -292,6 +292,18 @@ int dispatch_device_stats(dispatch_device *dev, dispatch_stats *out);
 DISPATCH_API
 int dispatch_device_set_timeout(dispatch_device *dev, int timeout_ms);
 
+/* LOCAL: bounds the device's storage cache at `bytes`. Freed tensor
+ * storage and headers are kept in lists by size class for the next tensor
+ * of that size, so a loop that frees and makes the same shapes again
+ * neither calls malloc nor faults in fresh pages; the oldest kept blocks
+ * make room for newer ones. 0 turns the cache off and frees what it
+ * holds. The default is env DISPATCH_LOCAL_CACHE at open (bytes, suffix
+ * K, M or G allowed; 0: off), else 256 MiB. REMOTE: DISPATCH_EUNSUPPORTED
+ * (a server sets its sessions' with dispatch-server --session-cache).
+ * 0, DISPATCH_EINVAL (dev NULL) or DISPATCH_ENOMEM. */
+DISPATCH_API
+int dispatch_device_set_cache(dispatch_device *dev, uint64_t bytes);
+
 /* ------------------------------------------------------------------ */
 /* scopes: a training loop without a free per op                       */
 

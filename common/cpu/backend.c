@@ -12,33 +12,93 @@
  * one of about the same size (uploads, step-by-step training) would
  * otherwise get fresh pages from the kernel each time (glibc mmaps large
  * blocks and unmaps them on free), and the page faults cost more than the
- * copy itself. Freed blocks of at least CACHE_MIN bytes are kept, up to
- * g_cache_limit bytes in all (0, the library default, keeps none: only
- * dispatch-server turns it on). Each block carries a HDR-byte header with
- * its size, as the backend's free is not told the size. */
+ * copy itself. Freed blocks of at least CACHE_MIN bytes are kept in one
+ * list per size class (dsp__size_class), up to g_cache_limit bytes in all
+ * (0, the library default, keeps none: only dispatch-server turns it on);
+ * a block that does not fit makes room by freeing the oldest kept ones,
+ * whatever their class, so the bound is in bytes, not blocks. Each block
+ * carries a HDR-byte header with its size, as the backend's free is not
+ * told the size; while kept, its first bytes hold its list links (the
+ * rest is poisoned under AddressSanitizer). These blocks are charged to
+ * no budget: a session's own free lists (common/cache.c) are, and what
+ * they let go of lands here. */
 #define HDR 16 /* keeps malloc's 16-byte alignment */
 #define CACHE_MIN (1u << 20)
-#define CACHE_SLOTS 8
+
+/* gcc says __SANITIZE_ADDRESS__; clang (the fuzzers) has the feature */
+#if defined(__SANITIZE_ADDRESS__)
+#define DSP_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define DSP_ASAN 1
+#endif
+#endif
+#if defined(DSP_ASAN)
+#include <sanitizer/asan_interface.h>
+#define POISON(p, n) ASAN_POISON_MEMORY_REGION((p), (n))
+#define UNPOISON(p, n) ASAN_UNPOISON_MEMORY_REGION((p), (n))
+#else
+#define POISON(p, n) ((void)(p), (void)(n))
+#define UNPOISON(p, n) ((void)(p), (void)(n))
+#endif
+
+typedef struct blk_links {
+  uint8_t *cprev, *cnext; /* its size class's list, newest first */
+  uint8_t *lprev, *lnext; /* all kept blocks, oldest first */
+} blk_links;
 
 static pthread_mutex_t g_cache_mu = PTHREAD_MUTEX_INITIALIZER;
 static size_t g_cache_limit;
 static size_t g_cache_bytes;
-static int g_cache_n;
-static void *g_cache[CACHE_SLOTS]; /* oldest first */
+static uint8_t *g_cls[DSP__NCLASS];
+static uint8_t *g_oldest, *g_newest;
+static uint64_t g_hits, g_misses, g_evicted;
+
+static size_t blk_size(const uint8_t *b) { return *(const size_t *)b; }
+static blk_links *blk_l(uint8_t *b) { return (blk_links *)(b + HDR); }
+
+static void blk_unlink(uint8_t *b) {
+  blk_links *l = blk_l(b);
+  if (l->cprev) blk_l(l->cprev)->cnext = l->cnext;
+  else g_cls[dsp__size_class(blk_size(b))] = l->cnext;
+  if (l->cnext) blk_l(l->cnext)->cprev = l->cprev;
+  if (l->lprev) blk_l(l->lprev)->lnext = l->lnext;
+  else g_oldest = l->lnext;
+  if (l->lnext) blk_l(l->lnext)->lprev = l->lprev;
+  else g_newest = l->lprev;
+  g_cache_bytes -= blk_size(b);
+  UNPOISON(b + HDR, blk_size(b));
+}
+
+/* Unlinks the oldest blocks until the kept bytes are at most `keep`;
+ * returns them linked through their first pointer. */
+static uint8_t *evict_to(size_t keep) {
+  uint8_t *drop = NULL;
+  while (g_oldest && g_cache_bytes > keep) {
+    uint8_t *b = g_oldest;
+    blk_unlink(b);
+    g_evicted += blk_size(b);
+    memcpy(b + HDR, &drop, sizeof drop);
+    drop = b;
+  }
+  return drop;
+}
+
+static void free_evicted(uint8_t *b) {
+  while (b) {
+    uint8_t *n;
+    memcpy(&n, b + HDR, sizeof n);
+    dsp_free(b);
+    b = n;
+  }
+}
 
 void dsp_cpu_cache_set_limit(size_t bytes) {
-  void *drop[CACHE_SLOTS];
-  int n = 0;
   pthread_mutex_lock(&g_cache_mu);
   g_cache_limit = bytes;
-  while (g_cache_n > 0 && g_cache_bytes > bytes) {
-    void *b = g_cache[0];
-    g_cache_bytes -= *(size_t *)b;
-    memmove(g_cache, g_cache + 1, (size_t)--g_cache_n * sizeof *g_cache);
-    drop[n++] = b;
-  }
+  uint8_t *drop = evict_to(bytes);
   pthread_mutex_unlock(&g_cache_mu);
-  for (int i = 0; i < n; i++) dsp_free(drop[i]);
+  free_evicted(drop);
 }
 
 size_t dsp_cpu_cache_bytes(void) {
@@ -48,22 +108,26 @@ size_t dsp_cpu_cache_bytes(void) {
   return b;
 }
 
-/* A cached block of nbytes..nbytes*9/8 (the smallest), or NULL. */
-static void *cache_take(size_t nbytes) {
-  void *b = NULL;
+void dsp_cpu_cache_stats(dsp_cache_stats *out) {
   pthread_mutex_lock(&g_cache_mu);
-  int best = -1;
-  for (int i = 0; i < g_cache_n; i++) {
-    size_t sz = *(size_t *)g_cache[i];
-    if (sz >= nbytes && sz - nbytes <= nbytes / 8 &&
-        (best < 0 || sz < *(size_t *)g_cache[best]))
-      best = i;
+  *out = (dsp_cache_stats){g_hits,    g_misses, g_cache_bytes,
+                           g_cache_limit, g_evicted, 0};
+  pthread_mutex_unlock(&g_cache_mu);
+}
+
+/* A kept block of nbytes' size class that holds nbytes (the newest such),
+ * or NULL. */
+static void *cache_take(size_t nbytes) {
+  uint8_t *b;
+  pthread_mutex_lock(&g_cache_mu);
+  for (b = g_cls[dsp__size_class(nbytes)]; b && blk_size(b) < nbytes;
+       b = blk_l(b)->cnext) {
   }
-  if (best >= 0) {
-    b = g_cache[best];
-    g_cache_bytes -= *(size_t *)b;
-    memmove(g_cache + best, g_cache + best + 1,
-            (size_t)(--g_cache_n - best) * sizeof *g_cache);
+  if (b) {
+    blk_unlink(b);
+    g_hits++;
+  } else if (g_cache_limit) {
+    g_misses++;
   }
   pthread_mutex_unlock(&g_cache_mu);
   return b;
@@ -71,24 +135,30 @@ static void *cache_take(size_t nbytes) {
 
 /* Keeps block b (returns 1) or leaves it to the caller (0); the oldest
  * blocks make room. */
-static int cache_put(void *b) {
-  size_t sz = *(size_t *)b;
-  void *drop[CACHE_SLOTS];
-  int n = 0, kept = 0;
+static int cache_put(uint8_t *b) {
+  size_t sz = blk_size(b);
+  uint8_t *drop = NULL;
+  int kept = 0;
   pthread_mutex_lock(&g_cache_mu);
   if (sz >= CACHE_MIN && sz <= g_cache_limit) {
-    while (g_cache_n > 0 && (g_cache_n == CACHE_SLOTS ||
-                             g_cache_bytes + sz > g_cache_limit)) {
-      drop[n++] = g_cache[0];
-      g_cache_bytes -= *(size_t *)g_cache[0];
-      memmove(g_cache, g_cache + 1, (size_t)--g_cache_n * sizeof *g_cache);
-    }
-    g_cache[g_cache_n++] = b;
+    drop = evict_to(g_cache_limit - sz);
+    blk_links *l = blk_l(b);
+    int k = dsp__size_class(sz);
+    l->cprev = NULL;
+    l->cnext = g_cls[k];
+    if (l->cnext) blk_l(l->cnext)->cprev = b;
+    g_cls[k] = b;
+    l->lnext = NULL;
+    l->lprev = g_newest;
+    if (g_newest) blk_l(g_newest)->lnext = b;
+    else g_oldest = b;
+    g_newest = b;
     g_cache_bytes += sz;
+    POISON(b + HDR + sizeof *l, sz - sizeof *l);
     kept = 1;
   }
   pthread_mutex_unlock(&g_cache_mu);
-  for (int i = 0; i < n; i++) dsp_free(drop[i]);
+  free_evicted(drop);
   return kept;
 }
 
