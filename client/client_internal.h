@@ -59,7 +59,7 @@ struct dispatch_optim {
 /* The wire side of a REMOTE device. */
 /* The spin policy of a connection's waits (wait.c): where the server is,
  * fixed at connect, and what recent replies took. */
-#define DISPATCH__SPIN_MIN_CPUS 4          /* loopback needs this many */
+#define DISPATCH__SPIN_MIN_CPUS 3          /* loopback needs this many */
 #define DISPATCH__SPIN_MIN_NS 5000         /* 5 us */
 #define DISPATCH__SPIN_MAX_NS 100000       /* 100 us */
 #define DISPATCH__SPIN_SLACK_NS 5000       /* on top of twice the estimate */

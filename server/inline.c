@@ -6,7 +6,8 @@
  * more than an add of a few thousand floats. So when a session is idle
  * (nothing queued, nothing running: the loop may touch its state, as it
  * does for Sync and Read) and an op's estimated work (dsp_op_cost) is at
- * most --inline-cost, the loop runs it through the same sv_session_exec a
+ * most --inline-cost, the loop runs it (and likewise a Free of a few
+ * small tensors, which a client sends batched before its next wait) through the same sv_session_exec a
  * worker would call: same checks, same deferred errors, same order (there
  * is nothing before it to overtake). This file only judges; net.c runs.
  *
@@ -26,7 +27,25 @@ static int on_cpu(const dsp_backend *be) {
   return be && be->run_op == dsp_cpu_backend()->run_op;
 }
 
+/* A Free of tensor ids: the work is dropping each entry and, for a last
+ * reference, its storage, counted as one per element like a kernel that
+ * writes it (large blocks go back to the system page by page). Gradient
+ * containers are left to the workers: what they hold is not in the
+ * table. */
+static int free_cost(sv_session *s, const Dspwire__Free *f, uint64_t *cost) {
+  if (f->n_grads > 0) return 0;
+  uint64_t c = 0;
+  for (size_t i = 0; i < f->n_tensors; i++) {
+    const sv_entry *e = sv_idmap_get(&s->tensors, f->tensors[i]);
+    c += 1 + (e && e->t ? (uint64_t)e->t->numel : 0);
+  }
+  *cost = c;
+  return 1;
+}
+
 int sv_inline_cost(sv_session *s, const Dspwire__Request *r, uint64_t *cost) {
+  if (r->body_case == DSPWIRE__REQUEST__BODY_FREE)
+    return free_cost(s, r->free, cost);
   if (r->body_case != DSPWIRE__REQUEST__BODY_OP) return 0;
   const Dspwire__Op *o = r->op;
   const dsp_op_info *info = dsp_op_lookup(o->op);

@@ -169,8 +169,9 @@ void sv_conn_submit(sv_conn *c, sv_job *j) {
 
 /* 1 when j may run on the loop thread now: a waiting request that only
  * reads session state (the on_loop kinds: Sync, Stats, a Read whose reply
- * references the tensor's storage), or an op whose estimated work is at
- * most --inline-cost (inline.c) while this read's inline allowance lasts;
+ * references the tensor's storage), or an op or Free whose estimated work
+ * is at most --inline-cost (inline.c) while this read's inline allowance
+ * lasts;
  * and in both cases only while the session has nothing queued or running.
  * Then no worker can touch the session until the loop submits again, and
  * the pool mutex taken in the check orders the last worker's writes
@@ -178,7 +179,8 @@ void sv_conn_submit(sv_conn *c, sv_job *j) {
  * runs here sees what it would see on a worker, in the same order. */
 static int runs_on_loop(sv_conn *c, const sv_job *j) {
   int on_loop = sv_req_kind_of(j->req->body_case)->on_loop;
-  int op = j->req->body_case == DSPWIRE__REQUEST__BODY_OP &&
+  int op = (j->req->body_case == DSPWIRE__REQUEST__BODY_OP ||
+            j->req->body_case == DSPWIRE__REQUEST__BODY_FREE) &&
            c->srv->cfg->inline_cost > 0 &&
            c->inline_left > 0;
   if ((!on_loop && !op) || c->inflight > 0 ||
@@ -200,8 +202,9 @@ void sv_conn_dispatch(sv_conn *c, sv_job *j) {
   if (runs_on_loop(c, j)) {
     j->sess = c->sess;
     c->inflight++;
-    if (j->req->body_case == DSPWIRE__REQUEST__BODY_OP) c->sess->n_inline++;
+    uint64_t ops = c->sess->n_ops;
     sv_session_exec(c->sess, j);
+    c->sess->n_inline += c->sess->n_ops - ops; /* ops that ran, as n_ops */
     sv_conn_on_done(j, NULL);
     return;
   }

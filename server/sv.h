@@ -455,7 +455,9 @@ int sv_stream_exec(sv_session *s, dsp_ctx *io_ctx, int *hello_done,
 #define SV_INLINE_READ_COST (1ULL << 16)
 
 /* 1 with *cost set when r is an op the loop could run for s (inline.c):
- * its inputs live on a CPU device and its shapes infer; 0 otherwise.
+ * its inputs live on a CPU device and its shapes infer; or a Free of
+ * tensor ids only (cost: one per id and per element it holds); 0
+ * otherwise.
  * Reads s's tensor table: call only while s is idle
  * (sv_pool_session_idle). */
 int sv_inline_cost(sv_session *s, const Dspwire__Request *r, uint64_t *cost);
