@@ -171,7 +171,8 @@ void sv_conn_submit(sv_conn *c, sv_job *j) {
  * reads session state (the on_loop kinds: Sync, Stats, a Read whose reply
  * references the tensor's storage), or an op or Free whose estimated work
  * is at most --inline-cost (inline.c) while this read's inline allowance
- * lasts;
+ * lasts and at most SV_INLINE_TAIL bytes of it follow (more is a pipeline
+ * whose decoding overlaps its execution on a worker);
  * and in both cases only while the session has nothing queued or running.
  * Then no worker can touch the session until the loop submits again, and
  * the pool mutex taken in the check orders the last worker's writes
@@ -181,8 +182,8 @@ static int runs_on_loop(sv_conn *c, const sv_job *j) {
   int on_loop = sv_req_kind_of(j->req->body_case)->on_loop;
   int op = (j->req->body_case == DSPWIRE__REQUEST__BODY_OP ||
             j->req->body_case == DSPWIRE__REQUEST__BODY_FREE) &&
-           c->srv->cfg->inline_cost > 0 &&
-           c->inline_left > 0;
+           c->srv->cfg->inline_cost > 0 && c->inline_left > 0 &&
+           c->read_left <= SV_INLINE_TAIL;
   if ((!on_loop && !op) || c->inflight > 0 ||
       !sv_pool_session_idle(c->srv->pool, c->sess))
     return 0;

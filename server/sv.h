@@ -453,6 +453,11 @@ int sv_stream_exec(sv_session *s, dsp_ctx *io_ctx, int *hello_done,
  * connections wait at most about this long behind one. */
 #define SV_INLINE_OP_BASE 1024
 #define SV_INLINE_READ_COST (1ULL << 16)
+/* An op runs inline only when at most this many bytes of the same socket
+ * read follow its frame: room for the Read or Sync (and a Free) a client
+ * sends behind a few ops before it waits. More is a pipeline, which runs
+ * faster on a worker while the loop decodes the rest. */
+#define SV_INLINE_TAIL 256
 
 /* 1 with *cost set when r is an op the loop could run for s (inline.c):
  * its inputs live on a CPU device and its shapes infer; or a Free of

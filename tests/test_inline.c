@@ -34,6 +34,19 @@ static void stop_both(void) {
 
 TestSuite(inline_ops, .init = start_both, .fini = stop_both);
 
+/* A third server with a test's own --inline-cost, stopped by the test's
+ * teardown even when an assertion fails. */
+static sp_server g_own;
+static void start_own(const char *cost) {
+  const char *args[] = {"--log-level", "error", "--inline-cost", cost, NULL};
+  cr_assert_eq(sp_start(&g_own, args), 0, "server (--inline-cost %s)", cost);
+}
+static void start_cost_100(void) { start_own("100"); }
+static void start_cost_max(void) { start_own("1048576"); }
+static void stop_own(void) {
+  if (g_own.pid > 0) cr_assert_eq(sp_stop(&g_own), 0, "exit status (own)");
+}
+
 /* Appends one line to the transcript. */
 static void note(char *t, size_t len, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
@@ -204,12 +217,10 @@ Test(inline_ops, idle_session_inline_while_another_is_busy) {
 /* The bound is dsp_op_cost <= --inline-cost: an add of n floats costs 2n
  * (n elements of work, n written), so with --inline-cost 100 an add of 50
  * runs inline and one of 51 goes to a worker. */
-Test(inline_ops, cost_bound_is_exact) {
-  sp_server srv;
-  const char *args[] = {"--log-level", "error", "--inline-cost", "100", NULL};
-  cr_assert_eq(sp_start(&srv, args), 0);
+Test(inline_ops, cost_bound_is_exact, .init = start_cost_100,
+     .fini = stop_own) {
   wire_conn c;
-  cr_assert_eq(wire_connect(&c, srv.port), 0);
+  cr_assert_eq(wire_connect(&c, g_own.port), 0);
   cr_assert_eq(wire_hello(&c, "bound"), 0);
   float z[51] = {0};
   int64_t s50[1] = {50}, s51[1] = {51};
@@ -229,13 +240,12 @@ Test(inline_ops, cost_bound_is_exact) {
   cr_assert_eq(st.inline_ops, 1, "add of 51 (cost 102) ran inline");
   cr_assert_eq(st.ops, 2);
   wire_close(&c);
-  cr_assert_eq(sp_stop(&srv), 0);
 }
 
-/* A pipeline of N tiny dependent adds arriving in one write: the loop
- * runs the first ones itself, then hands the rest to the pool rather than
- * spend the whole read on one session (SV_INLINE_READ_COST); the chain's
- * value is right either way. */
+/* A pipeline of N tiny dependent adds arriving in one write: it goes to
+ * the workers (the loop decodes the rest while they run) rather than run
+ * on the loop as a whole, since more than SV_INLINE_TAIL bytes follow its
+ * first op; the chain's value is right either way. */
 Test(inline_ops, long_pipeline_is_not_all_inline) {
   enum { N = 1000 };
   wire_conn c;
@@ -273,5 +283,51 @@ Test(inline_ops, long_pipeline_is_not_all_inline) {
   cr_log_info("%llu of %d pipelined ops ran inline, %llu worker turns",
               (unsigned long long)st.inline_ops, N,
               (unsigned long long)st.batches);
+  wire_close(&c);
+}
+
+/* Encodes ops into one buffer and sends it with one write. */
+static void send_ops_at_once(wire_conn *c, const uint64_t (*in)[2], int n,
+                             uint64_t first_out) {
+  uint8_t buf[1024];
+  size_t len = 0;
+  for (int i = 0; i < n; i++) {
+    dsp_wreq w;
+    Dspwire__Request *r = dsp_wreq_op(&w, DSP_OP_ADD, in[i], 2,
+                                      first_out + (uint64_t)i, NULL, 0, NULL,
+                                      0, 0);
+    r->req_id = first_out + (uint64_t)i;
+    cr_assert_leq(len + dsp_req_frame_size(r), sizeof buf);
+    len += dsp_req_frame_encode(r, 0, buf + len);
+  }
+  cr_assert_eq(wire_send_raw(c, buf, len), 0);
+}
+
+/* What the loop runs inline per socket read is bounded: with
+ * --inline-cost at its maximum, three adds of 2^19 floats (cost 2^20
+ * each, past SV_INLINE_READ_COST = 2^16 alone) sent in one write: the
+ * first runs inline (the op that crosses the allowance still runs), the
+ * other two go to a worker. */
+Test(inline_ops, read_allowance_bounds_inline_work, .init = start_cost_max,
+     .fini = stop_own) {
+  wire_conn c;
+  cr_assert_eq(wire_connect(&c, g_own.port), 0);
+  cr_assert_eq(wire_hello(&c, "allowance"), 0);
+  enum { N = 1 << 19 };
+  float *v = malloc(N * sizeof *v);
+  cr_assert_not_null(v);
+  for (int i = 0; i < N; i++) v[i] = 1.0f;
+  int64_t sh[1] = {N};
+  wire_upload(&c, 1, DSP_F32, 1, sh, v, N * sizeof *v);
+  free(v);
+  cr_assert_eq(wire_sync_check(&c, NULL, 0, NULL), 0);
+  const uint64_t in[3][2] = {{1, 1}, {1, 1}, {1, 1}};
+  send_ops_at_once(&c, in, 3, 10);
+  cr_assert_eq(wire_sync_check(&c, NULL, 0, NULL), 0);
+  Dspwire__StatsReply st;
+  cr_assert_eq(wire_get_stats(&c, &st), 0);
+  cr_assert_eq(st.ops, 3);
+  cr_assert_eq(st.inline_ops, 1, "%llu of 3 ops of cost 2^20 in one read "
+               "ran inline", (unsigned long long)st.inline_ops);
   wire_close(&c);
 }
