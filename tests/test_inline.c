@@ -331,3 +331,31 @@ Test(inline_ops, read_allowance_bounds_inline_work, .init = start_cost_max,
                "ran inline", (unsigned long long)st.inline_ops);
   wire_close(&c);
 }
+
+/* The reply to the last request of a worker's turn reaches the loop only
+ * once the session is marked idle, so an op the client sends on that
+ * reply runs inline every time, not only when the worker happened to
+ * finish its turn first. Each round: an upload (always a worker's), a
+ * sync queued behind it, then an add sent on the sync's reply. */
+Test(inline_ops, op_sent_on_a_worker_reply_runs_inline) {
+  enum { ROUNDS = 300 };
+  wire_conn c;
+  cr_assert_eq(wire_connect(&c, g_on.port), 0);
+  cr_assert_eq(wire_hello(&c, "race"), 0);
+  float one[16];
+  for (int i = 0; i < 16; i++) one[i] = 1.0f;
+  int64_t s16[1] = {16};
+  for (uint64_t r = 0; r < ROUNDS; r++) {
+    uint64_t x = 10 * r + 1, y = 10 * r + 2;
+    wire_upload(&c, x, DSP_F32, 1, s16, one, sizeof one);
+    cr_assert_eq(wire_sync_check(&c, NULL, 0, NULL), 0);
+    uint64_t in[2] = {x, x};
+    wire_op(&c, DSP_OP_ADD, in, 2, y, NULL, 0, NULL, 0);
+  }
+  Dspwire__StatsReply st;
+  cr_assert_eq(wire_get_stats(&c, &st), 0);
+  cr_assert_eq(st.ops, ROUNDS);
+  cr_assert_eq(st.inline_ops, ROUNDS, "%llu of %d adds sent on a reply ran "
+               "inline", (unsigned long long)st.inline_ops, ROUNDS);
+  wire_close(&c);
+}
