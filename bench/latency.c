@@ -1,7 +1,11 @@
 /* bench latency: the time of one waiting request (dispatch_device_sync,
  * and dispatch_tensor_read of a 1-element tensor) on a REMOTE device,
  * against a raw TCP ping-pong of 16-byte messages (the frame header size)
- * on loopback with TCP_NODELAY, measured in the same run.
+ * on loopback with TCP_NODELAY, measured in the same run. Also an add of
+ * two 16-float tensors followed by a read of its result, against an empty
+ * sync, each with the client's default wait (the environment as given)
+ * and on a second session opened with DISPATCH_SPIN_US=0 (issue 11: at
+ * most 1.3x in both).
  *
  * The raw echo server is bench/raw_server, exec'd and placed by
  * scripts/bench.sh like dispatch-server. The raw client runs twice: with
@@ -25,8 +29,62 @@
 #define WARMUP 200
 #define BUDGET 20.0
 #define GOAL 1.3
+#define GOAL_ADD_READ 1.3
 
-enum { V_RAW_BLOCK, V_RAW_CLIENT, V_SYNC, V_READ, NVAR };
+enum {
+  V_RAW_BLOCK, V_RAW_CLIENT, V_SYNC, V_READ, /* default wait */
+  V_ADD_READ, V_SYNC0, V_ADD_READ0,          /* ...0: DISPATCH_SPIN_US=0 */
+  NVAR
+};
+
+/* The second session: DISPATCH_SPIN_US is read when a device connects,
+ * so it is set around this open only. */
+static dispatch_device *open_spin_off(const char *spec, char *why,
+                                      size_t len) {
+  const char *old = getenv("DISPATCH_SPIN_US");
+  char *keep = old ? strdup(old) : NULL;
+  setenv("DISPATCH_SPIN_US", "0", 1);
+  dispatch_device *d = bench_open(spec, why, len);
+  if (keep) setenv("DISPATCH_SPIN_US", keep, 1);
+  else unsetenv("DISPATCH_SPIN_US");
+  free(keep);
+  return d;
+}
+
+/* Two 16-float operands on dev, uploaded and synced; 0 or the error. */
+static int operands(dispatch_device *dev, dispatch_tensor **a,
+                    dispatch_tensor **b) {
+  float av[16], bv[16];
+  for (int i = 0; i < 16; i++) {
+    av[i] = (float)i;
+    bv[i] = 1.0f;
+  }
+  int64_t shape[1] = {16};
+  *a = *b = NULL;
+  int rc = dispatch_tensor_from_data(dev, DISPATCH_F32, 1, shape, av,
+                                     sizeof av, a);
+  if (rc == 0)
+    rc = dispatch_tensor_from_data(dev, DISPATCH_F32, 1, shape, bv,
+                                   sizeof bv, b);
+  if (rc == 0) rc = dispatch_device_sync(dev);
+  return rc;
+}
+
+/* c = a + b, read back and checked, c freed (its Free goes out with the
+ * next request, as in a training loop). */
+static int add_read(dispatch_tensor *a, dispatch_tensor *b, char *why,
+                    size_t len) {
+  dispatch_tensor *c = NULL;
+  float out[16];
+  int rc = dispatch_add(a, b, &c);
+  if (rc == 0) rc = dispatch_tensor_read(c, out, sizeof out);
+  if (rc == 0 && out[15] != 16.0f) {
+    snprintf(why, len, "add + read gave %g, not 16", (double)out[15]);
+    rc = -1;
+  }
+  dispatch_tensor_free(c);
+  return rc;
+}
 
 static double block[PER_BLOCK];
 
@@ -56,9 +114,23 @@ int main(void) {
     }
   }
 
+  dispatch_tensor *a = NULL, *b = NULL, *a0 = NULL, *b0 = NULL;
+  char why0[512] = "";
+  dispatch_device *dev0 = dev ? open_spin_off(bench_remote_spec(), why0,
+                                              sizeof why0)
+                              : NULL;
+  if (dev && operands(dev, &a, &b) < 0)
+    snprintf(why0, sizeof why0, "add operands: %s",
+             dispatch_device_errmsg(dev));
+  if (dev0 && !why0[0] && operands(dev0, &a0, &b0) < 0)
+    snprintf(why0, sizeof why0, "add operands (spin off): %s",
+             dispatch_device_errmsg(dev0));
+
   /* med[v][round], p99[v][round] in us; NAN where v could not run */
   static double med[NVAR][MAX_ROUNDS], p99[NVAR][MAX_ROUNDS];
-  int rounds = 0, bad[NVAR] = {fd < 0, fd < 0, !dev, !dev};
+  int no_add = !dev || !dev0 || why0[0];
+  int rounds = 0, bad[NVAR] = {fd < 0, fd < 0, !dev, !dev, no_add, no_add,
+                               no_add};
   for (int i = 0; i < warmup; i++) {
     if (!bad[V_RAW_BLOCK] &&
         bench_raw_call(fd, BENCH_RAW_ECHO, NULL, 0, BENCH_WAIT_BLOCK) < 0)
@@ -67,7 +139,16 @@ int main(void) {
       dispatch_device_sync(dev);
       dispatch_tensor_read(one, &got, sizeof got);
     }
+    if (!no_add) {
+      add_read(a, b, why0, sizeof why0);
+      add_read(a0, b0, why0, sizeof why0);
+      dispatch_device_sync(dev0);
+    }
   }
+  bench_def d_add = {"latency", "add + read vs sync (default wait)", "us", 1,
+                     "empty sync", 1, BENCH_GOAL_RATIO_LE, GOAL_ADD_READ};
+  bench_def d_add0 = d_add;
+  d_add0.metric = "add + read vs sync (DISPATCH_SPIN_US=0)";
   bench_def d_sync = {"latency", "sync median", "us", 1,
                       "raw TCP ping-pong 16 B", 1, BENCH_GOAL_RATIO_LE, GOAL};
   bench_def d_read = d_sync;
@@ -84,7 +165,11 @@ int main(void) {
       int unsettled = bench_unsettled(&d_sync, med[V_SYNC], rv[b], rounds) ||
                       bench_unsettled(&d_read, med[V_READ], rv[b], rounds) ||
                       bench_unsettled(&d_p99, p99[V_SYNC], rp[bp], rounds) ||
-                      bench_unsettled(&d_p99, p99[V_READ], rp[bp], rounds);
+                      bench_unsettled(&d_p99, p99[V_READ], rp[bp], rounds) ||
+                      bench_unsettled(&d_add, med[V_ADD_READ], med[V_SYNC],
+                                      rounds) ||
+                      bench_unsettled(&d_add0, med[V_ADD_READ0],
+                                      med[V_SYNC0], rounds);
       if (!bench_more(rounds, min_rounds, max_rounds, bench_now() - start,
                       BUDGET, unsettled))
         break;
@@ -102,6 +187,11 @@ int main(void) {
           if (rc < 0) snprintf(rwhy, sizeof rwhy, "raw ping-pong failed");
         } else if (v == V_SYNC) {
           rc = dispatch_device_sync(dev);
+        } else if (v == V_SYNC0) {
+          rc = dispatch_device_sync(dev0);
+        } else if (v == V_ADD_READ || v == V_ADD_READ0) {
+          rc = v == V_ADD_READ ? add_read(a, b, why0, sizeof why0)
+                               : add_read(a0, b0, why0, sizeof why0);
         } else {
           rc = dispatch_tensor_read(one, &got, sizeof got);
           if (rc == 0 && got != val) {
@@ -111,6 +201,13 @@ int main(void) {
           }
         }
         double dt = (bench_now() - t0) * 1e6;
+        if (rc < 0 && v >= V_ADD_READ) {
+          if (!why0[0])
+            snprintf(why0, sizeof why0, "%s: %s", dispatch_err_name(rc),
+                     dispatch_device_errmsg(v == V_ADD_READ ? dev : dev0));
+          bad[v] = 1;
+          break;
+        }
         if (rc < 0) {
           if (v >= V_SYNC && !why[0])
             snprintf(why, sizeof why, "%s: %s: %s",
@@ -149,6 +246,24 @@ int main(void) {
            why[0] ? "; " : "", bench_wait_name[bp]);
   bench_emit(&d_p99, p99[V_READ], rp[bp], rounds, "%s", note);
 
+  snprintf(note, sizeof note,
+           "%s%sround medians, the same session's sync as reference; "
+           "default wait: DISPATCH_SPIN_US %s",
+           why0, why0[0] ? "; " : "",
+           getenv("DISPATCH_SPIN_US") ? getenv("DISPATCH_SPIN_US")
+                                       : "unset (adaptive, client/wait.c)");
+  bench_emit(&d_add, med[V_ADD_READ], med[V_SYNC], rounds, "%s", note);
+  snprintf(note, sizeof note,
+           "%s%sround medians; a second session opened with "
+           "DISPATCH_SPIN_US=0",
+           why0, why0[0] ? "; " : "");
+  bench_emit(&d_add0, med[V_ADD_READ0], med[V_SYNC0], rounds, "%s", note);
+
+  dispatch_tensor_free(a);
+  dispatch_tensor_free(b);
+  dispatch_tensor_free(a0);
+  dispatch_tensor_free(b0);
+  dispatch_device_close(dev0);
   dispatch_tensor_free(one);
   dispatch_device_close(dev);
   if (fd >= 0) close(fd);

@@ -62,6 +62,34 @@ struct dispatch_optim {
 };
 
 /* The wire side of a REMOTE device. */
+/* The spin policy of a connection's waits (wait.c): where the server is,
+ * fixed at connect, and what recent replies took. */
+#define DISPATCH__SPIN_MIN_CPUS 3          /* loopback needs this many */
+#define DISPATCH__SPIN_MIN_NS 5000         /* 5 us */
+#define DISPATCH__SPIN_MAX_NS 100000       /* 100 us */
+#define DISPATCH__SPIN_SLACK_NS 5000       /* on top of twice the estimate */
+#define DISPATCH__SPIN_SKIP_MAX 63         /* waits that sleep at once */
+typedef struct dispatch__spin {
+  int64_t override_ns; /* DISPATCH_SPIN_US in ns, -1: not set */
+  int ncpu;            /* cores this process may run on */
+  int loopback;        /* the server's address is loopback */
+  int64_t est_ns;      /* running estimate of a reply's latency, 0: none */
+  uint32_t fails;      /* spins in a row that ended without the reply */
+  uint32_t skip;       /* waits left that sleep without spinning */
+} dispatch__spin;
+
+/* Fills s for a connected socket fd: DISPATCH_SPIN_US, the cores this
+ * process may use, whether fd's peer is loopback; no history. */
+DISPATCH__HIDDEN void dispatch__spin_init(dispatch__spin *s, int fd);
+/* How long the next wait polls before it sleeps, in ns (0: sleep at
+ * once). A pure function of s. */
+DISPATCH__HIDDEN int64_t dispatch__spin_budget(const dispatch__spin *s);
+/* Records one wait for a reply that was given budget_ns of spin and saw
+ * the socket readable after waited_ns. */
+DISPATCH__HIDDEN void dispatch__spin_record(dispatch__spin *s,
+                                            int64_t budget_ns,
+                                            int64_t waited_ns);
+
 typedef struct dispatch__conn {
   int fd;
   int dead;        /* connection lost: every later call gives dead_code */
@@ -119,6 +147,7 @@ typedef struct dispatch__conn {
   char stash_msg[512];  /* reported at the next wait */
   char *host, *port, *auth, *name; /* what the reconnect needs again */
   dispatch_options *tls_o; /* tls://: copies of the TLS options */
+  dispatch__spin spin;  /* plain TCP waits (wait.c) */
 } dispatch__conn;
 
 struct dispatch_device {

@@ -12,7 +12,6 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
-#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -201,38 +200,28 @@ static int send_all(dispatch_device *dev, const void *p, size_t n) {
   return 0;
 }
 
-/* How long a wait polls the socket before sleeping in poll(): a reply
- * that comes within it costs no wake-up of a sleeping thread, which on a
- * virtual machine can cost more than the whole round trip. Env
- * DISPATCH_SPIN_US (0 turns it off); read once per process. */
-static int64_t spin_ns(void) {
-  static _Atomic int64_t cached = -1;
-  int64_t v = atomic_load(&cached);
-  if (v >= 0) return v;
-  const char *e = getenv("DISPATCH_SPIN_US");
-  long us = e && *e ? strtol(e, NULL, 10) : 50;
-  if (us < 0) us = 0;
-  if (us > 10000) us = 10000;
-  v = (int64_t)us * 1000;
-  atomic_store(&cached, v);
-  return v;
-}
-
 static int64_t now_ns(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 
-/* Waits until the socket is readable or the deadline passes. */
-static int wait_readable(dispatch_device *dev, int64_t deadline) {
+/* Waits until the socket is readable or the deadline passes, polling it
+ * for the spin budget of the connection's policy (wait.c) before sleeping.
+ * record: this is the wait for a reply's first bytes, whose latency feeds
+ * the policy (waits mid-frame only follow it). */
+static int wait_readable(dispatch_device *dev, int64_t deadline, int record) {
   dispatch__conn *c = dev->conn;
-  int64_t spin = spin_ns();
+  int64_t spin = dispatch__spin_budget(&c->spin);
+  int64_t t0 = now_ns();
   if (spin > 0) {
     struct pollfd pfd = {c->fd, POLLIN, 0};
-    int64_t end = now_ns() + spin;
+    int64_t end = t0 + spin;
     do {
-      if (poll(&pfd, 1, 0) > 0) return 0;
+      if (poll(&pfd, 1, 0) > 0) {
+        if (record) dispatch__spin_record(&c->spin, spin, now_ns() - t0);
+        return 0;
+      }
     } while (now_ns() < end);
   }
   for (;;) {
@@ -244,7 +233,10 @@ static int wait_readable(dispatch_device *dev, int64_t deadline) {
     }
     struct pollfd pfd = {c->fd, POLLIN, 0};
     int pr = poll(&pfd, 1, (int)left);
-    if (pr > 0) return 0;
+    if (pr > 0) {
+      if (record) dispatch__spin_record(&c->spin, spin, now_ns() - t0);
+      return 0;
+    }
     if (pr < 0 && errno != EINTR) return conn_lost(dev, "poll failed");
   }
 }
@@ -286,12 +278,13 @@ static int recv_all(dispatch_device *dev, void *p, size_t n,
     n -= k;
     wait_first = 0;
   }
+  int first = wait_first; /* the wait for a reply's first bytes */
   while (n > 0) {
     if (c->fd < 0) return check_alive(dev);
     if (wait_first) {
-      int rc = wait_readable(dev, deadline);
+      int rc = wait_readable(dev, deadline, first);
       if (rc < 0) return rc;
-      wait_first = 0;
+      wait_first = first = 0;
     }
     long r;
     if (c->rbuf && n < REMOTE_RBUF) {
@@ -972,6 +965,7 @@ int dispatch__remote_stats(dispatch_device *dev, dispatch_stats *out) {
     out->sessions_detached = r->stats->sessions_detached;
     out->sessions_resumed = r->stats->sessions_resumed;
     out->sessions_expired = r->stats->sessions_expired;
+    out->inline_ops = r->stats->inline_ops;
   }
   if (r) dspwire__reply__free_unpacked(r, &g_pb_alloc);
   return rc;
@@ -1017,6 +1011,7 @@ static int connect_to(dispatch_device *dev, const char *host,
       int one = 1;
       setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
       dev->conn->fd = fd;
+      dispatch__spin_init(&dev->conn->spin, fd);
       freeaddrinfo(res);
       return 0;
     }

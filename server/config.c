@@ -36,6 +36,7 @@ void sv_config_defaults(sv_config *c) {
    * is half of it), refuses a 512x512-window pool at stride 1 on a
    * 1024x1024 input (6.9e10), which would hold a worker for minutes */
   c->max_op_cost = 1ULL << 34;
+  c->inline_cost = SV_INLINE_COST_DEFAULT;
   c->max_queued = 4096;
   c->max_sessions = 64;
   c->idle_timeout_s = 600;
@@ -152,6 +153,11 @@ static const char *const g_usage =
     "                           out*kh*kw, ...), backward ops included; over\n"
     "                           it the op fails with DISPATCH_ELIMIT; 0 no\n"
     "                           limit (default 2^34, about 1.7e10)\n"
+    "  --inline-cost N          an op of an idle session whose estimated\n"
+    "                           work (as --max-op-cost counts it) is at\n"
+    "                           most N runs on the network thread, saving\n"
+    "                           two thread wake-ups; 0 never, at most\n"
+    "                           2^20 = 1048576 (default 2^14 = 16384)\n"
     "  --max-queued N           requests buffered per session before the\n"
     "                           server stops reading it (default 4096)\n"
     "  --storage-cache BYTES    freed tensor storage (blocks of 1 MiB and\n"
@@ -391,7 +397,7 @@ enum {
   O_MAX_OP_COST, O_STORAGE_CACHE, O_SESSION_CACHE, O_MAX_QUEUED, O_HANDSHAKE_TIMEOUT,
   O_TLS_CERT, O_TLS_KEY, O_TLS_CLIENT_CA, O_TOKEN_FILE, O_INSECURE,
   O_LOG_LEVEL, O_VERSION, O_METRICS_LISTEN, O_LOG_FORMAT, O_DRAIN_TIMEOUT,
-  O_SESSION_GRACE
+  O_SESSION_GRACE, O_INLINE_COST
 };
 
 static const struct option g_opts[] = {
@@ -409,6 +415,7 @@ static const struct option g_opts[] = {
     {"max-output-queue", required_argument, NULL, O_MAX_OUTPUT_QUEUE},
     {"max-elements", required_argument, NULL, O_MAX_ELEMENTS},
     {"max-op-cost", required_argument, NULL, O_MAX_OP_COST},
+    {"inline-cost", required_argument, NULL, O_INLINE_COST},
     {"storage-cache", required_argument, NULL, O_STORAGE_CACHE},
     {"session-cache", required_argument, NULL, O_SESSION_CACHE},
     {"max-queued", required_argument, NULL, O_MAX_QUEUED},
@@ -486,6 +493,8 @@ static int apply(sv_config *c, int val, const char *v) {
     return parse_num(name, v, 1000, 1, 1ULL << 50, &c->max_elements);
   case O_MAX_OP_COST:
     return parse_num(name, v, 1000, 0, UINT64_MAX, &c->max_op_cost);
+  case O_INLINE_COST:
+    return parse_num(name, v, 1000, 0, SV_INLINE_COST_MAX, &c->inline_cost);
   case O_STORAGE_CACHE:
     return parse_size(name, v, 0, 1ULL << 50, &c->storage_cache);
   case O_SESSION_CACHE:

@@ -139,6 +139,10 @@ struct sv_conn {
   /* lifecycle */
   int closing, close_after_flush, paused, handles_open, teardown_done;
   uint32_t inflight;
+  uint64_t inline_left; /* inline op cost left until the next socket read
+                           (SV_INLINE_READ_COST a read) */
+  size_t read_left;     /* bytes of the current read after the message
+                           being handled */
   unsigned long long n_requests;
   uint8_t rbuf[RBUF_SIZE];
 };

@@ -160,6 +160,7 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
   }
   if (nread == 0) return;
   c->received += (uint64_t)nread;
+  c->inline_left = SV_INLINE_READ_COST;
   c->tp->on_bytes(c, buf, (size_t)nread);
 }
 
@@ -180,19 +181,45 @@ void sv_conn_submit(sv_conn *c, sv_job *j) {
   }
 }
 
-/* A waiting request that only reads session state (the on_loop kinds:
- * Sync, Stats, a Read whose reply references the tensor's storage) is
- * answered on the loop thread when the session has nothing queued or
- * running: no worker can touch the session until the loop submits again,
- * and the pool mutex taken in the check orders the last worker's writes
- * (tensor table, first deferred error) before these reads. The reply is
- * the one a worker would produce, minus two thread hops. */
+/* 1 when j may run on the loop thread now: a waiting request that only
+ * reads session state (the on_loop kinds: Sync, Stats, a Read whose reply
+ * references the tensor's storage), or an op or Free whose estimated work
+ * is at most --inline-cost (inline.c) while this read's inline allowance
+ * lasts and at most SV_INLINE_TAIL bytes of it follow (more is a pipeline
+ * whose decoding overlaps its execution on a worker);
+ * and in both cases only while the session has nothing queued or running.
+ * Then no worker can touch the session until the loop submits again, and
+ * the pool mutex taken in the check orders the last worker's writes
+ * (tensor table, first deferred error) before the loop's reads, so what
+ * runs here sees what it would see on a worker, in the same order. */
+static int runs_on_loop(sv_conn *c, const sv_job *j) {
+  int on_loop = sv_req_kind_of(j->req->body_case)->on_loop;
+  int op = (j->req->body_case == DSPWIRE__REQUEST__BODY_OP ||
+            j->req->body_case == DSPWIRE__REQUEST__BODY_FREE) &&
+           c->srv->cfg->inline_cost > 0 && c->inline_left > 0 &&
+           c->read_left <= SV_INLINE_TAIL;
+  if ((!on_loop && !op) || c->inflight > 0 ||
+      !sv_pool_session_idle(c->srv->pool, c->sess))
+    return 0;
+  if (on_loop) return 1;
+  uint64_t cost;
+  if (!sv_inline_cost(c->sess, j->req, &cost) ||
+      cost > c->srv->cfg->inline_cost)
+    return 0;
+  cost += SV_INLINE_OP_BASE;
+  c->inline_left = cost < c->inline_left ? c->inline_left - cost : 0;
+  return 1;
+}
+
+/* Runs a request on the loop when runs_on_loop allows (the reply is the
+ * one a worker would produce, minus two thread hops), else on the pool. */
 void sv_conn_dispatch(sv_conn *c, sv_job *j) {
-  if (sv_req_kind_of(j->req->body_case)->on_loop && c->inflight == 0 &&
-      sv_pool_session_idle(c->srv->pool, c->sess)) {
+  if (runs_on_loop(c, j)) {
     j->sess = c->sess;
     c->inflight++;
+    uint64_t ops = c->sess->n_ops;
     sv_session_exec(c->sess, j);
+    c->sess->n_inline += c->sess->n_ops - ops; /* ops that ran, as n_ops */
     sv_conn_on_done(j, NULL);
     return;
   }

@@ -14,7 +14,8 @@
  * teardown, which runs. Finished jobs go back to the loop through a
  * uv_async in completion order, published together at the end of a turn,
  * or at once after a job that has a reply so no reply waits behind later
- * work. */
+ * work (the turn's last job excepted: it goes with the end of the turn,
+ * which marks the session not running in the same lock hold). */
 #include <stdlib.h>
 #include <uv.h>
 
@@ -102,7 +103,11 @@ static sv_job *run_turn(sv_pool *p, sv_session *s, sv_job *batch, int *torn,
     dt = j;
     if (*torn) break;
     if (dropping) continue;
-    if (j->out) { /* a reply: do not hold it behind the rest of the turn */
+    /* a reply is not held behind the rest of the turn; the last job's
+     * goes out with the turn's end, under the lock that marks the session
+     * not running, so a client that sends its next request on that reply
+     * finds the session idle (and its tiny ops may run inline) */
+    if (j->out && batch) {
       done_publish(p, dh, dt);
       dh = dt = NULL;
     }

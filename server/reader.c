@@ -133,6 +133,7 @@ void sv_reader_resume_wait(sv_conn *c) {
     prepare_upload(c, j, 1);
     if (c->bulk_len == 0) finish_bulk(c);
   } else { /* a message that did not fit the budget: decode it again */
+    c->read_left = c->pend_n;
     handle_msg(c);
     if (c->state == ST_HEADER && c->hdr_got == 0) frame_end(c);
   }
@@ -306,6 +307,7 @@ void sv_reader_parse(sv_conn *c, const uint8_t *p, size_t n) {
       p += take;
       n -= take;
       if (c->msg_got == c->msg_len) {
+        c->read_left = n; /* what follows it in this read (inline.c) */
         handle_msg(c);
         if (c->state == ST_HEADER && c->hdr_got == 0) frame_end(c);
       }

@@ -602,6 +602,7 @@ static int do_stats(sv_session *s, sv_job *j, char *why) {
   st.ops = s->n_ops;
   st.errors = s->n_errors;
   st.batches = s->n_batches;
+  st.inline_ops = s->n_inline;
   st.grads = s->grads.count;
   st.sessions = (uint64_t)atomic_load(&g->sessions);
   st.server_tensors = (uint64_t)atomic_load(&g->tensors);

@@ -40,6 +40,9 @@ typedef struct sv_config {
   uint64_t storage_cache;      /* freed tensor storage kept for reuse */
   uint64_t session_cache;      /* each session's free lists (charged) */
   uint64_t max_op_cost;        /* dsp_op_cost of one op, 0: no limit */
+  uint64_t inline_cost;        /* --inline-cost: an idle session's op of at
+                                  most this dsp_op_cost runs on the loop
+                                  thread (inline.c); 0: never */
   int max_sessions;
   int idle_timeout_s;          /* 0: never; counts from the last complete
                                   request */
@@ -339,6 +342,7 @@ typedef struct sv_session {
   uint64_t n_live;  /* tensors that are not poisoned */
   uint64_t n_ops, n_errors;
   uint64_t n_batches; /* worker turns the session had (Stats "batches") */
+  uint64_t n_inline;  /* ops the loop ran itself (Stats "inline_ops") */
   uint64_t turn_cost; /* work run in this turn (pool.c): dsp_op_cost of
                          its ops, upload bytes, 1 for any other request;
                          a Backward or Step sets it to SV_TURN_COST */
@@ -484,6 +488,37 @@ typedef struct sv_stream_stats {
  * says whether the hello was seen and is updated. */
 int sv_stream_exec(sv_session *s, dsp_ctx *io_ctx, int *hello_done,
                    const uint8_t *p, size_t n, sv_stream_stats *st);
+
+/* ------------------------------------------------------------ inline */
+
+/* --inline-cost: the default admits an add of about 8000 floats, a few
+ * microseconds of kernel work, well under the two thread wake-ups a
+ * worker costs (tens of microseconds each on a virtual machine); the
+ * option refuses values over SV_INLINE_COST_MAX (2^20, about a
+ * millisecond), so the loop never runs anything long. */
+#define SV_INLINE_COST_DEFAULT (1ULL << 14)
+#define SV_INLINE_COST_MAX (1ULL << 20)
+/* What one connection's inline ops may cost together per socket read
+ * (each op counts its dsp_op_cost plus SV_INLINE_OP_BASE for decoding,
+ * tables and allocation; the op that crosses the line still runs, so the
+ * bound is this plus one op): past it the rest of what was read goes to
+ * the pool, where the loop decodes while a worker runs, and other
+ * connections wait at most about this long behind one. */
+#define SV_INLINE_OP_BASE 1024
+#define SV_INLINE_READ_COST (1ULL << 16)
+/* An op runs inline only when at most this many bytes of the same socket
+ * read follow its frame: room for the Read or Sync (and a Free) a client
+ * sends behind a few ops before it waits. More is a pipeline, which runs
+ * faster on a worker while the loop decodes the rest. */
+#define SV_INLINE_TAIL 256
+
+/* 1 with *cost set when r is an op the loop could run for s (inline.c):
+ * its inputs live on a CPU device and its shapes infer; or a Free of
+ * tensor ids only (cost: one per id and per element it holds); 0
+ * otherwise.
+ * Reads s's tensor table: call only while s is idle
+ * (sv_pool_session_idle). */
+int sv_inline_cost(sv_session *s, const Dspwire__Request *r, uint64_t *cost);
 
 /* ------------------------------------------------------------ pool */
 

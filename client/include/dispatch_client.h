@@ -176,12 +176,15 @@ typedef struct dispatch_stats {
   uint64_t sessions_detached;
   uint64_t sessions_resumed;
   uint64_t sessions_expired;
+  uint64_t inline_ops;      /* (appended) of this session's ops, those the
+                               server ran on its network thread
+                               (--inline-cost); LOCAL: 0 */
 } dispatch_stats;
 
 /* A dispatch_stats ready for dispatch_device_stats:
  *   dispatch_stats st = DISPATCH_STATS_INIT; */
 #define DISPATCH_STATS_INIT {sizeof(dispatch_stats), 0, 0, 0, 0, 0, 0, 0, 0, \
-                             0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}
+                             0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}
 
 /* ------------------------------------------------------------------ */
 /* devices                                                             */

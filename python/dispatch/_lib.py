@@ -66,6 +66,7 @@ typedef struct dispatch_stats {
   uint64_t sessions_detached;
   uint64_t sessions_resumed;
   uint64_t sessions_expired;
+  uint64_t inline_ops;
 } dispatch_stats;
 
 void dispatch_options_init(dispatch_options *opts);

@@ -1,0 +1,78 @@
+/* Which ops the loop thread may run itself (issue 11 item 4).
+ *
+ * Handing an op to a worker costs two thread wake-ups: the loop signals a
+ * sleeping worker, and the worker's uv_async wakes the loop with the
+ * result. On a virtual machine each is worth tens of microseconds, far
+ * more than an add of a few thousand floats. So when a session is idle
+ * (nothing queued, nothing running: the loop may touch its state, as it
+ * does for Sync and Read) and an op's estimated work (dsp_op_cost) is at
+ * most --inline-cost, the loop runs it (and likewise a Free of a few
+ * small tensors, which a client sends batched before its next wait) through the same sv_session_exec a
+ * worker would call: same checks, same deferred errors, same order (there
+ * is nothing before it to overtake). This file only judges; net.c runs.
+ *
+ * The judgement reads the session's tensor table, so it too runs only
+ * while the session is idle. It refuses rather than guesses: an op whose
+ * inputs are missing or poisoned, whose shapes do not infer, or which
+ * names a device or has an input off the CPU goes to the pool, where it
+ * fails or runs exactly as before. */
+#include <string.h>
+
+#include "sv.h"
+
+/* The kernels of every CPU device instance (dsp_cpu_backend_new copies
+ * the table): run synchronously on host memory, so the work is what
+ * dsp_op_cost counts. A GPU backend is left to the workers. */
+static int on_cpu(const dsp_backend *be) {
+  return be && be->run_op == dsp_cpu_backend()->run_op;
+}
+
+/* A Free of tensor ids: the work is dropping each entry and, for a last
+ * reference, its storage, counted as one per element like a kernel that
+ * writes it (large blocks go back to the system page by page). Gradient
+ * containers are left to the workers: what they hold is not in the
+ * table. */
+static int free_cost(sv_session *s, const Dspwire__Free *f, uint64_t *cost) {
+  if (f->n_grads > 0) return 0;
+  uint64_t c = 0;
+  for (size_t i = 0; i < f->n_tensors; i++) {
+    const sv_entry *e = sv_idmap_get(&s->tensors, f->tensors[i]);
+    c += 1 + (e && e->t ? (uint64_t)e->t->numel : 0);
+  }
+  *cost = c;
+  return 1;
+}
+
+int sv_inline_cost(sv_session *s, const Dspwire__Request *r, uint64_t *cost) {
+  if (r->body_case == DSPWIRE__REQUEST__BODY_FREE)
+    return free_cost(s, r->free, cost);
+  if (r->body_case != DSPWIRE__REQUEST__BODY_OP) return 0;
+  const Dspwire__Op *o = r->op;
+  const dsp_op_info *info = dsp_op_lookup(o->op);
+  if (!info || info->family == DSP_FAM_OPTIM) return 0;
+  if (o->n_inputs > DSP_MAX_INPUTS || o->n_ints > DSP_MAX_ATTR_INTS ||
+      o->n_floats > DSP_MAX_ATTR_FLOATS)
+    return 0;
+  if (o->device && *o->device) return 0;
+  if (o->n_inputs == 0 && !on_cpu(s->device)) return 0;
+  dsp_meta metas[DSP_MAX_INPUTS];
+  for (size_t i = 0; i < o->n_inputs; i++) {
+    const sv_entry *e = sv_idmap_get(&s->tensors, o->inputs[i]);
+    if (!e || !e->t) return 0;
+    if (e->t->storage && !on_cpu(e->t->storage->backend)) return 0;
+    metas[i] = e->t->meta;
+  }
+  dsp_attrs a = dsp_attrs_none();
+  a.n_ints = (int)o->n_ints;
+  for (size_t i = 0; i < o->n_ints; i++) a.ints[i] = o->ints[i];
+  a.n_floats = (int)o->n_floats;
+  for (size_t i = 0; i < o->n_floats; i++) a.floats[i] = o->floats[i];
+  dsp_meta om;
+  /* infer may leave a message in the ctx: sv_session_exec clears it
+   * before it runs anything */
+  if (dsp_op_infer(s->ctx, (dsp_opcode)o->op, metas, (int)o->n_inputs, &a,
+                   &om) < 0)
+    return 0;
+  *cost = dsp_op_cost((dsp_opcode)o->op, metas, (int)o->n_inputs, &a, &om);
+  return 1;
+}
