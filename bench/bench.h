@@ -416,8 +416,13 @@ static inline void bench_nodelay(int fd) {
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
 }
 
-/* DISPATCH_SPIN_US as the client reads it (default 50, 0 = off, at most
- * 10000), read once so no getenv lands inside a timing. */
+/* The spin of the client-like raw variant: DISPATCH_SPIN_US (default 50,
+ * 0 = off, at most 10000), read once so no getenv lands inside a timing.
+ * The client itself now picks its spin per connection (client/wait.c: none
+ * on a loopback server with fewer than 3 usable cores, else about twice
+ * the recent reply latency); the blocking variant stands for "no spin",
+ * and each row takes the better of the two, so the reference is at least
+ * as good as the client's own policy on either side of that rule. */
 static inline long bench_spin_us(void) {
   static long us = -1;
   if (us < 0) {
