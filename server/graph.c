@@ -199,8 +199,6 @@ int sv_graph_replay_prepare(sv_session *s, dsp_ctx *io_ctx, sv_job *j,
  * a GraphReply. */
 int sv_graph_replay(sv_session *s, sv_job *j, char *why, size_t len) {
   Dspwire__GraphReplay *r = j->req->graph_replay;
-  atomic_fetch_sub(&s->queued_bytes, (long long)j->upload_bytes);
-  j->upload_bytes = 0;
   s->turn_cost = SV_TURN_COST; /* a whole step: its own turn */
   unsigned long long gid = (unsigned long long)r->graph;
   if (j->pre_err < 0)

@@ -283,7 +283,6 @@ static int attrs_from(const char *name, size_t n_ints, const int64_t *ints,
 
 static int do_upload(sv_session *s, sv_job *j, char *why) {
   Dspwire__Upload *u = j->req->upload;
-  atomic_fetch_sub(&s->queued_bytes, (long long)j->upload_bytes);
   if (j->pre_err < 0)
     return why_set(why, j->pre_err, "%s",
                    j->pre_msg ? j->pre_msg : dispatch_strerror(j->pre_err));
@@ -678,6 +677,13 @@ void sv_session_exec(sv_session *s, sv_job *j) {
   char why[WHY_LEN];
   why[0] = '\0';
   dsp_clearerr(s->ctx);
+  /* The request's bulk stops being queued here, whatever follows: run,
+   * refused, or answered with an earlier deferred error without running
+   * (a handler that took it off only when it ran left a GraphReplay's
+   * bytes counted forever; the stream fuzzer found that). */
+  uint64_t upload_bytes = j->upload_bytes;
+  atomic_fetch_sub(&s->queued_bytes, (long long)upload_bytes);
+  j->upload_bytes = 0;
   if (SV_LOG_ON(SV_LOG_DEBUG)) {
     char d[256];
     sv_describe(r, d, sizeof d);
@@ -693,7 +699,7 @@ void sv_session_exec(sv_session *s, sv_job *j) {
   int rc = 0;
   uint64_t out_id = 0;
   int has_out = 0;
-  s->turn_cost += 1 + j->upload_bytes;
+  s->turn_cost += 1 + upload_bytes;
   if (r->body_case == DSPWIRE__REQUEST__BODY_BACKWARD ||
       r->body_case == DSPWIRE__REQUEST__BODY_STEP)
     s->turn_cost = SV_TURN_COST; /* many ops in one request: its own turn */

@@ -286,7 +286,8 @@ typedef struct sv_job {
   dsp_tensor *upload;     /* owned upload tensor, filled from the bulk */
   dsp_stage upload_stage; /* where the bulk lands: the backend's staging of
                              upload, committed when the upload runs */
-  uint64_t upload_bytes;  /* counted in sess->queued_bytes until run */
+  uint64_t upload_bytes;  /* counted in sess->queued_bytes until
+                             sv_session_exec takes the job */
   int pre_err;            /* an error found while reading (deferred) */
   char *pre_msg;          /* its detail (owned, may be NULL) */
   uint64_t t0;            /* uv_hrtime() when its message was decoded: the
