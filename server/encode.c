@@ -11,10 +11,11 @@
  * sv_pb_charge (a session's) or NULL (sv_pb_allocator: uncharged).
  *
  * A session's request is decoded into one arena when it can be: the
- * blocks of a decoded request are all freed together, the message itself
- * last (protobuf-c allocates it first and frees it after its fields), so
- * the first block owns the arena and its charge and the others free
- * nothing. One malloc and one charge per request instead of one per
+ * arena counts the blocks it has handed out and goes, with its charge,
+ * when the last of them is freed. (Not when the message itself is freed:
+ * a failed unpack frees the message and then its scratch arrays, so a
+ * block can outlive the message; the session fuzzer found that.) One
+ * malloc and one charge per request instead of one per
  * block (a chain of small ops spent ~15% of the server's time in malloc
  * and in the budgets' atomics, most of it here). The arena is sized from
  * the message's length (pc->hint, set by the decoder); what does not fit
@@ -23,13 +24,13 @@
  * blocks used. */
 #define PB_HDR 16
 #define PB_SUB (1ull << 63) /* header size word: a block inside an arena */
-#define PB_TOP (1ull << 62) /* the arena's first block: frees the arena */
 #define PB_ARENA_MAX 65536
 
 typedef struct pb_arena {
   dsp_budget *b;
   uint64_t charged;
   size_t cap, used;
+  size_t live; /* blocks handed out and not yet freed */
   _Alignas(16) uint8_t mem[];
 } pb_arena;
 
@@ -48,7 +49,7 @@ static pb_arena *arena_for(sv_pb_charge *pc) {
     dsp_budget_uncharge(pc->budget, cost);
     return NULL;
   }
-  *a = (pb_arena){pc->budget, cost, cap, 0};
+  *a = (pb_arena){pc->budget, cost, cap, 0, 0};
   pc->arena = a;
   return a;
 }
@@ -57,8 +58,9 @@ static void *arena_alloc(pb_arena *a, size_t size) {
   size_t need = PB_HDR + round16(size);
   if (size > a->cap || need > a->cap - a->used) return NULL;
   uint8_t *p = a->mem + a->used;
-  uint64_t w0 = a->used == 0 ? PB_TOP : PB_SUB;
+  uint64_t w0 = PB_SUB;
   a->used += need;
+  a->live++;
   memcpy(p, &w0, sizeof w0);
   memcpy(p + 8, &a, sizeof a);
   return p + PB_HDR;
@@ -84,7 +86,8 @@ static void *pb_alloc(void *ud, size_t size) {
   if (a) {
     void *q = arena_alloc(a, size);
     if (q) return q;
-    if (a->used == 0) { /* the message itself must own the arena: drop it */
+    if (a->used == 0) { /* nothing handed out and the first block does not
+                           fit: give the arena back */
       uint64_t charged = a->charged;
       pc->arena = NULL;
       dsp_free(a);
@@ -115,10 +118,10 @@ static void pb_free(void *ud, void *q) {
   uint64_t sz;
   dsp_budget *b;
   memcpy(&sz, p, sizeof sz);
-  if (sz & PB_SUB) return; /* its arena goes with the first block */
-  if (sz & PB_TOP) {
+  if (sz & PB_SUB) { /* the arena goes with its last block */
     pb_arena *a;
     memcpy(&a, p + 8, sizeof a);
+    if (--a->live > 0) return;
     if (pc && pc->arena == a) pc->arena = NULL;
     b = a->b;
     uint64_t charged = a->charged;
