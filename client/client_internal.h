@@ -67,6 +67,10 @@ struct dispatch_optim {
 #define DISPATCH__SPIN_MIN_CPUS 3          /* loopback needs this many */
 #define DISPATCH__SPIN_MIN_NS 5000         /* 5 us */
 #define DISPATCH__SPIN_MAX_NS 100000       /* 100 us */
+/* loopback with fewer than DISPATCH__SPIN_MIN_CPUS cores: long enough for a
+ * reply the server's network thread makes alone (a Sync, a Read, an inline
+ * op: ~6 us here), short against a worker's wake-up */
+#define DISPATCH__SPIN_SHARED_MAX_NS 50000 /* 50 us */
 #define DISPATCH__SPIN_SLACK_NS 5000       /* on top of twice the estimate */
 #define DISPATCH__SPIN_SKIP_MAX 63         /* waits that sleep at once */
 typedef struct dispatch__spin {
