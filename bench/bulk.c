@@ -24,8 +24,9 @@
  * kept     = the largest size uploaded as 16 tensors of a 16th each, all
  *            kept live until the last one's sync, then freed (a step with
  *            many large tensors live: the storage cache must hold them
- *            all), against the same raw PUT of the whole size. Goal: at
- *            least 0.7 of it (issue 11).
+ *            all), against the best of the raw PUTs of the whole size and
+ *            16 raw PUTs of the same parts (the same transfer pattern).
+ *            Goal: at least 0.7 of it (issue 11).
  *
  * Every repetition runs all variants once, in an order that rotates by
  * one per repetition; rows are medians over repetitions with their spread
@@ -123,7 +124,7 @@ static void to_mbps(double *t, int n, size_t bytes) {
 /* the variants of one repetition, in bench_turn's rotating order */
 enum {
   V_PUT_BLOCK, V_PUT_CLIENT, V_GET_BLOCK, V_GET_CLIENT, V_FRESH, V_MEMCPY,
-  V_UP, V_DOWN, V_KEPT, NVAR
+  V_UP, V_DOWN, V_KEPT, V_PUT_PARTS, NVAR
 };
 #define KEPT_PARTS 16
 #define KEPT_GOAL 0.7
@@ -142,7 +143,18 @@ typedef struct bulk_ctx {
 static double run_variant(bulk_ctx *c, int v, size_t n, int inner) {
   int64_t shape[1] = {(int64_t)(n / 4)};
   double t0 = bench_now();
-  if (v <= V_FRESH) {
+  if (v == V_PUT_PARTS) { /* the kept row's pattern over the raw socket */
+    if (c->fd < 0 || c->rfail[0]) return NAN;
+    size_t pn = n / KEPT_PARTS;
+    for (int i = 0; i < inner; i++)
+      for (int k = 0; k < KEPT_PARTS; k++)
+        if (bench_raw_call(c->fd, BENCH_RAW_PUT, c->src + (size_t)k * pn, pn,
+                           BENCH_WAIT_BLOCK) < 0) {
+          snprintf(c->rfail, sizeof c->rfail, "raw transfer failed: %s",
+                   strerror(errno));
+          return NAN;
+        }
+  } else if (v <= V_FRESH) {
     if (c->fd < 0 || c->rfail[0]) return NAN;
     uint32_t cmd = v <= V_PUT_CLIENT ? BENCH_RAW_PUT
                    : v == V_FRESH    ? BENCH_RAW_PUT_FRESH
@@ -263,7 +275,8 @@ int main(void) {
       for (int k = 0; k < NVAR; k++) {
         int v = bench_turn(r, k, NVAR);
         tv[v] = (v == V_FRESH && s < NSIZES - 2) ||
-                        (v == V_KEPT && s < NSIZES - 1)
+                        ((v == V_KEPT || v == V_PUT_PARTS) &&
+                         s < NSIZES - 1)
                     ? NAN
                     : run_variant(&c, v, n, inner);
       }
@@ -280,10 +293,14 @@ int main(void) {
     double *gv[2] = {t[V_GET_BLOCK], t[V_GET_CLIENT]};
     int bp = bench_best_variant(pv, 2, reps);
     int bg = bench_best_variant(gv, 2, reps);
-    double put[MAX_REPS], get[MAX_REPS];
+    /* the kept row's limit: the better of the whole PUT and the parts */
+    double *kv[2] = {pv[bp], t[V_PUT_PARTS]};
+    int bk = s == NSIZES - 1 ? bench_best_variant(kv, 2, reps) : 0;
+    double put[MAX_REPS], get[MAX_REPS], kput[MAX_REPS];
     for (int v = 0; v < NVAR; v++) to_mbps(t[v], reps, n);
     memcpy(put, pv[bp], sizeof(double) * (size_t)reps);
     memcpy(get, gv[bg], sizeof(double) * (size_t)reps);
+    memcpy(kput, kv[bk], sizeof(double) * (size_t)reps);
     char m[96], note[1200];
     snprintf(note, sizeof note, "%s%s%s%sraw reference: %s wait", c.fail,
              c.fail[0] ? "; " : "", c.rfail, c.rfail[0] ? "; " : "",
@@ -309,10 +326,11 @@ int main(void) {
                         BENCH_GOAL_RATIO_GE, KEPT_GOAL};
       snprintf(m, sizeof m, "upload %s as %d tensors kept live", sc->name,
                KEPT_PARTS);
-      snprintf(note, sizeof note, "%s%s%s%sraw reference: %s wait", c.fail,
+      snprintf(note, sizeof note, "%s%s%s%sraw reference: %s", c.fail,
                c.fail[0] ? "; " : "", c.rfail, c.rfail[0] ? "; " : "",
-               bench_wait_name[bp]);
-      bench_emit(&kept, t[V_KEPT], put, reps, "%s", note);
+               bk ? "16 PUTs of the parts, blocking wait"
+                  : bp ? "one PUT, client-like wait" : "one PUT, blocking wait");
+      bench_emit(&kept, t[V_KEPT], kput, reps, "%s", note);
     }
     snprintf(note, sizeof note, "%s%s%s%sraw reference: %s wait", c.fail,
              c.fail[0] ? "; " : "", c.rfail, c.rfail[0] ? "; " : "",
