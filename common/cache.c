@@ -24,23 +24,6 @@
 
 #include "dsp_internal.h"
 
-/* gcc says __SANITIZE_ADDRESS__; clang (the fuzzers) has the feature */
-#if defined(__SANITIZE_ADDRESS__)
-#define DSP_ASAN 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define DSP_ASAN 1
-#endif
-#endif
-#if defined(DSP_ASAN)
-#include <sanitizer/asan_interface.h>
-#define POISON(p, n) ASAN_POISON_MEMORY_REGION((p), (n))
-#define UNPOISON(p, n) ASAN_UNPOISON_MEMORY_REGION((p), (n))
-#else
-#define POISON(p, n) ((void)(p), (void)(n))
-#define UNPOISON(p, n) ((void)(p), (void)(n))
-#endif
-
 /* Headers kept at most: one step's worth for a large graph. */
 #define MAX_HEADERS 4096
 #define HEADER_COST DSP_BUDGET_COST(sizeof(dsp_tensor))
@@ -92,7 +75,7 @@ static void unlink_storage(dsp__cache *c, dsp_storage *s) {
   else c->newest = s->lprev;
   s->cprev = s->cnext = s->lprev = s->lnext = NULL;
   c->bytes -= s->charged;
-  UNPOISON(s->data, s->cap);
+  DSP_UNPOISON(s->data, s->cap);
 }
 
 /* Unlinks the oldest storages until `want` bytes of charge are out (or
@@ -154,7 +137,7 @@ int dsp__cache_put_storage(dsp__cache *c, dsp_storage *s) {
       else c->oldest = s;
       c->newest = s;
       c->bytes += s->charged;
-      POISON(s->data, s->cap);
+      DSP_POISON(s->data, s->cap);
       kept = 1;
     }
   }
@@ -167,7 +150,7 @@ dsp_tensor *dsp__cache_take_header(dsp__cache *c) {
   lock(c);
   dsp_tensor *t = c->headers;
   if (t) {
-    UNPOISON(t, sizeof *t);
+    DSP_UNPOISON(t, sizeof *t);
     c->headers = hdr_next(t);
     c->n_headers--;
     c->bytes -= HEADER_COST;
@@ -181,7 +164,7 @@ int dsp__cache_put_header(dsp__cache *c, dsp_tensor *t) {
   lock(c);
   if (c->n_headers < MAX_HEADERS && c->bytes + HEADER_COST <= c->max_bytes) {
     memcpy((void *)t, &c->headers, sizeof c->headers);
-    POISON((char *)t + sizeof(dsp_tensor *),
+    DSP_POISON((char *)t + sizeof(dsp_tensor *),
            sizeof *t - sizeof(dsp_tensor *));
     c->headers = t;
     c->n_headers++;
@@ -198,7 +181,7 @@ uint64_t dsp__cache_detach(dsp__cache *c, uint64_t want, dsp__cache_out *out) {
   uint64_t got = take_oldest(c, want, &out->storages);
   while (got < want && c->headers) {
     dsp_tensor *t = c->headers;
-    UNPOISON(t, sizeof *t);
+    DSP_UNPOISON(t, sizeof *t);
     c->headers = hdr_next(t);
     c->n_headers--;
     c->bytes -= HEADER_COST;

@@ -129,4 +129,24 @@ static inline void dsp__st(void *p, int f64, int64_t i, double v) {
     ((float *)p)[i] = (float)v;
 }
 
+/* Memory kept for reuse (free lists, the CPU block cache) is poisoned
+ * under AddressSanitizer while it waits, so a use after free still
+ * reports. gcc says __SANITIZE_ADDRESS__; clang (the fuzzers) has the
+ * feature. */
+#if defined(__SANITIZE_ADDRESS__)
+#define DSP_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define DSP_ASAN 1
+#endif
+#endif
+#if defined(DSP_ASAN)
+#include <sanitizer/asan_interface.h>
+#define DSP_POISON(p, n) ASAN_POISON_MEMORY_REGION((p), (n))
+#define DSP_UNPOISON(p, n) ASAN_UNPOISON_MEMORY_REGION((p), (n))
+#else
+#define DSP_POISON(p, n) ((void)(p), (void)(n))
+#define DSP_UNPOISON(p, n) ((void)(p), (void)(n))
+#endif
+
 #endif

@@ -25,23 +25,6 @@
 #define HDR 16 /* keeps malloc's 16-byte alignment */
 #define CACHE_MIN (1u << 20)
 
-/* gcc says __SANITIZE_ADDRESS__; clang (the fuzzers) has the feature */
-#if defined(__SANITIZE_ADDRESS__)
-#define DSP_ASAN 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define DSP_ASAN 1
-#endif
-#endif
-#if defined(DSP_ASAN)
-#include <sanitizer/asan_interface.h>
-#define POISON(p, n) ASAN_POISON_MEMORY_REGION((p), (n))
-#define UNPOISON(p, n) ASAN_UNPOISON_MEMORY_REGION((p), (n))
-#else
-#define POISON(p, n) ((void)(p), (void)(n))
-#define UNPOISON(p, n) ((void)(p), (void)(n))
-#endif
-
 typedef struct blk_links {
   uint8_t *cprev, *cnext; /* its size class's list, newest first */
   uint8_t *lprev, *lnext; /* all kept blocks, oldest first */
@@ -67,7 +50,7 @@ static void blk_unlink(uint8_t *b) {
   if (l->lnext) blk_l(l->lnext)->lprev = l->lprev;
   else g_newest = l->lprev;
   g_cache_bytes -= blk_size(b);
-  UNPOISON(b + HDR, blk_size(b));
+  DSP_UNPOISON(b + HDR, blk_size(b));
 }
 
 /* Unlinks the oldest blocks until the kept bytes are at most `keep`;
@@ -154,7 +137,7 @@ static int cache_put(uint8_t *b) {
     else g_oldest = b;
     g_newest = b;
     g_cache_bytes += sz;
-    POISON(b + HDR + sizeof *l, sz - sizeof *l);
+    DSP_POISON(b + HDR + sizeof *l, sz - sizeof *l);
     kept = 1;
   }
   pthread_mutex_unlock(&g_cache_mu);
