@@ -326,7 +326,10 @@ const void *dsp_pin_data(const dsp_pin *p);
  * the bus. `want` itself everywhere else. */
 size_t dsp_pin_avail(const dsp_pin *p, size_t off, size_t want);
 size_t dsp_pin_nbytes(const dsp_pin *p);
-void dsp_pin_release(dsp_pin *p); /* NULL ok */
+/* One more holder of p (the same snapshot, no copy): p itself, which
+ * each holder gives back with dsp_pin_release. NULL ok. */
+dsp_pin *dsp_pin_retain(dsp_pin *p);
+void dsp_pin_release(dsp_pin *p); /* NULL ok; the last release frees */
 /* Called before a kernel writes t's storage in place; 0 or
  * DISPATCH_ENOMEM (t unchanged). */
 int dsp__storage_prepare_write(dsp_ctx *ctx, dsp_tensor *t);

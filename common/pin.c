@@ -34,6 +34,7 @@ typedef struct pin_block {
 struct dsp_pin {
   pin_block *b;
   dsp_tensor *keep; /* an alias: keeps the owner storage alive */
+  atomic_long refs; /* holders of this pin (dsp_pin_retain) */
 };
 
 #define N_BUCKETS 4096u
@@ -89,6 +90,7 @@ static void unpin(pin_block *b) {
 int dsp_tensor_pin(dsp_ctx *ctx, dsp_tensor *t, dsp_pin **out) {
   *out = NULL;
   dsp_pin *p = dsp_calloc(1, sizeof *p);
+  if (p) atomic_init(&p->refs, 1);
   pin_block *fresh = dsp_calloc(1, sizeof *fresh);
   if (!p || !fresh || dsp_tensor_alias(ctx, t, &t->meta, &p->keep) < 0) {
     dsp_free(p);
@@ -147,8 +149,13 @@ size_t dsp_pin_avail(const dsp_pin *p, size_t off, size_t want) {
 }
 size_t dsp_pin_nbytes(const dsp_pin *p) { return p->b->nbytes; }
 
+dsp_pin *dsp_pin_retain(dsp_pin *p) {
+  if (p) atomic_fetch_add(&p->refs, 1);
+  return p;
+}
+
 void dsp_pin_release(dsp_pin *p) {
-  if (!p) return;
+  if (!p || atomic_fetch_sub(&p->refs, 1) != 1) return;
   unpin(p->b);
   dsp_tensor_unref(p->keep);
   dsp_free(p);

@@ -180,8 +180,10 @@ struct sv_server {
 
 typedef struct sv_rreply {
   uint64_t seq;
-  uint8_t *buf; /* the whole reply frame (charged to the session queue) */
+  uint8_t *buf; /* the reply frame */
   size_t len;
+  dsp_pin *bulk;  /* a Read's bytes by reference, sent after buf; or NULL */
+  size_t charged; /* to the session queue: len, or 0 for an error stub */
 } sv_rreply;
 
 /* What lets a session outlive its connection (loop thread only). */
@@ -216,9 +218,16 @@ int sv_resume_attach(sv_conn *c, const Dspwire__Hello *h, sv_session **fresh,
                      char *msg, size_t len);
 /* Queues every kept reply after the hello reply of a resume. */
 void sv_resume_push(sv_conn *c);
-/* Keeps a copy of a waiting request's reply frame until acknowledged. */
-void sv_resume_keep(sv_session *s, uint64_t seq, const uint8_t *buf,
-                    size_t len);
+/* Keeps a waiting request's reply until acknowledged: a copy of the
+ * frame buf (header and message; a small Read's bytes too) and one more
+ * holder of bulk, the snapshot a large Read sends by reference (no copy
+ * of its bytes; an in-place write after it copies the tensor instead,
+ * charged to the writer). A reply that cannot be kept (over the session's
+ * queue budget, out of memory) leaves an error reply for req_id in its
+ * place, so a client that lost it with the socket hears why instead of
+ * waiting for it. */
+void sv_resume_keep(sv_session *s, uint64_t seq, uint64_t req_id,
+                    const uint8_t *buf, size_t len, dsp_pin *bulk);
 /* Forgets the kept replies up to seq ack. */
 void sv_resume_ack(sv_session *s, uint64_t ack);
 /* Queues the kept reply of seq again: 1, 0 when none is kept, or

@@ -277,7 +277,8 @@ void sv_conn_on_done(sv_job *j, void *ud) {
     if (SV_LOG_ON(SV_LOG_DEBUG)) log_reply(c, j);
     /* kept until acknowledged: the frame may be lost with the socket */
     if (c->sess->rs && sv_req_kind_of(j->req->body_case)->waits)
-      sv_resume_keep(c->sess, j->req->seq, j->out, j->out_len);
+      sv_resume_keep(c->sess, j->req->seq, j->req->req_id, j->out,
+                     j->out_len, j->out_pin);
     uint8_t *out = j->out;
     dsp_pin *bulk = j->out_pin;
     j->out = NULL;

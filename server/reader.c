@@ -247,8 +247,7 @@ static void handle_msg(sv_conn *c) {
   }
   j->req = req;
   j->t0 = t0;
-  /* a resumable session keeps a copy of each waiting reply: whole */
-  j->bulk_by_ref = !rs;
+  j->bulk_by_ref = 1;
   if (sv_req_kind_of(req->body_case)->bulk) {
     prepare_upload(c, j, 0);
     if (c->state == ST_BULK && c->bulk_len == 0) finish_bulk(c);

@@ -61,8 +61,9 @@ static void cache_drop(sv_resume *rs, uint64_t upto) {
   for (int i = 0; i < rs->n_cache; i++) {
     sv_rreply *e = &rs->cache[i];
     if (e->seq <= upto) {
-      dsp_budget_uncharge(rs->sess->queue, e->len);
+      dsp_budget_uncharge(rs->sess->queue, e->charged);
       dsp_free(e->buf);
+      dsp_pin_release(e->bulk);
     } else {
       rs->cache[k++] = *e;
     }
@@ -74,35 +75,58 @@ void sv_resume_ack(sv_session *s, uint64_t ack) {
   if (s->rs && ack) cache_drop(s->rs, ack);
 }
 
-void sv_resume_keep(sv_session *s, uint64_t seq, const uint8_t *buf,
-                    size_t len) {
+/* What stands for a reply that could not be kept: an error reply to the
+ * same request, small enough to need no charge. */
+static void keep_stub(sv_resume *rs, uint64_t seq, uint64_t req_id,
+                      size_t len, const char *why) {
+  char msg[384];
+  snprintf(msg, sizeof msg,
+           "the reply to this request (%zu bytes) was lost with the "
+           "connection: it was not kept for a resume (%s)", len, why);
+  uint8_t *buf;
+  size_t n;
+  if (sv_encode_error(req_id, DISPATCH_EQUOTA, msg, 0, &buf, &n) < 0) return;
+  rs->cache[rs->n_cache++] = (sv_rreply){seq, buf, n, NULL, 0};
+}
+
+void sv_resume_keep(sv_session *s, uint64_t seq, uint64_t req_id,
+                    const uint8_t *buf, size_t len, dsp_pin *bulk) {
   sv_resume *rs = s->rs;
   if (!rs || !seq) return;
   char why[256];
+  size_t total = len + (bulk ? dsp_pin_nbytes(bulk) : 0);
   if (rs->n_cache == SV_RESUME_CACHE) cache_drop(rs, rs->cache[0].seq);
   if (dsp_budget_charge_why(s->queue, len, "kept reply", why, sizeof why) < 0) {
     sv_log(SV_LOG_WARN, "session: reply to seq %llu not kept for a resume: %s",
            (unsigned long long)seq, why);
+    keep_stub(rs, seq, req_id, total, why);
     return;
   }
   uint8_t *copy = dsp_malloc(len);
   if (!copy) {
     dsp_budget_uncharge(s->queue, len);
+    keep_stub(rs, seq, req_id, total, "out of memory");
     return;
   }
   memcpy(copy, buf, len);
-  rs->cache[rs->n_cache++] = (sv_rreply){seq, copy, len};
+  rs->cache[rs->n_cache++] =
+      (sv_rreply){seq, copy, len, dsp_pin_retain(bulk), len};
+}
+
+/* Queues kept reply e on c again: 0, or DISPATCH_ENOMEM. */
+static int requeue(sv_conn *c, const sv_rreply *e) {
+  uint8_t *copy = dsp_malloc(e->len);
+  if (!copy) return DISPATCH_ENOMEM;
+  memcpy(copy, e->buf, e->len);
+  sv_writer_queue(c, copy, e->len, dsp_pin_retain(e->bulk));
+  return 0;
 }
 
 int sv_resume_resend(sv_conn *c, uint64_t seq) {
   sv_resume *rs = c->sess->rs;
   for (int i = 0; rs && i < rs->n_cache; i++) {
     if (rs->cache[i].seq != seq) continue;
-    uint8_t *copy = dsp_malloc(rs->cache[i].len);
-    if (!copy) return DISPATCH_ENOMEM;
-    memcpy(copy, rs->cache[i].buf, rs->cache[i].len);
-    sv_writer_queue(c, copy, rs->cache[i].len, NULL);
-    return 1;
+    return requeue(c, &rs->cache[i]) < 0 ? DISPATCH_ENOMEM : 1;
   }
   return 0;
 }
@@ -230,15 +254,11 @@ int sv_resume_attach(sv_conn *c, const Dspwire__Hello *h, sv_session **out,
 
 void sv_resume_push(sv_conn *c) {
   sv_resume *rs = c->sess->rs;
-  for (int i = 0; rs && i < rs->n_cache; i++) {
-    uint8_t *copy = dsp_malloc(rs->cache[i].len);
-    if (!copy) {
+  for (int i = 0; rs && i < rs->n_cache && !c->closing; i++)
+    if (requeue(c, &rs->cache[i]) < 0) {
       sv_conn_close(c, "out of memory resending a reply");
       return;
     }
-    memcpy(copy, rs->cache[i].buf, rs->cache[i].len);
-    sv_writer_queue(c, copy, rs->cache[i].len, NULL);
-  }
 }
 
 void sv_resume_before_teardown(sv_session *s) {
@@ -259,7 +279,8 @@ sv_server *sv_resume_done(sv_job *j) {
     rs->inflight--;
     /* the client waits for this reply: kept until it resumes */
     if (j->out && sv_req_kind_of(j->req->body_case)->waits)
-      sv_resume_keep(s, j->req->seq, j->out, j->out_len);
+      sv_resume_keep(s, j->req->seq, j->req->req_id, j->out, j->out_len,
+                     j->out_pin);
   }
   sv_job_free(j);
   return srv;

@@ -46,16 +46,21 @@ static void teardown(void) {
   }
 }
 
-static void start_server(const char *grace) {
+/* Starts the server with --session-grace grace and, when queue is set,
+ * --max-queued-bytes queue. */
+static void start_server_q(const char *grace, const char *queue) {
   const char *b = getenv("DISPATCH_SERVER_BIN");
   if (!b || !*b)
     cr_assert_fail("DISPATCH_SERVER_BIN is not set: this suite needs "
                    "dispatch-server (make test sets it)");
   /* no storage cache: freed tensor pages go back, so RSS can be judged */
   const char *args[] = {"--log-level", "warn", "--session-grace", grace,
-                        "--storage-cache", "0", NULL};
+                        "--storage-cache", "0",
+                        queue ? "--max-queued-bytes" : NULL, queue, NULL};
   cr_assert_eq(sp_start(&g_srv, args), 0, "dispatch-server did not start");
 }
+
+static void start_server(const char *grace) { start_server_q(grace, NULL); }
 
 static dispatch_device *open_port(int port) {
   char spec[64], msg[256] = "";
@@ -549,6 +554,131 @@ Test(fault, step_sent_again_after_a_cut_mid_reply_runs_once,
                (unsigned long long)rep->stats->ops);
   cr_assert_eq(rep->stats->sessions_resumed, 1);
   wire_reply_free(rep, NULL);
+  wire_bye(&t.c);
+  wire_close(&t.c);
+}
+
+/* A Read larger than the session's whole queue budget (--max-queued-bytes
+ * 1 MiB, a 16 MiB tensor) is still kept for a resume: by reference to its
+ * snapshot, not as a copy charged to the queue. The in-place step queued
+ * behind it must not change what the kept reply sends, and the next Read
+ * sees the step. */
+Test(fault, large_read_over_the_queue_budget_is_kept_by_reference,
+     .fini = teardown, .timeout = 120) {
+  start_server_q("30", "1048576");
+  raw_sess s;
+  cr_assert_eq(raw_hello(&s, g_srv.port, NULL, NULL, 0, 0), 0);
+  enum { N = 4 << 20 };
+  int64_t sh[1] = {N};
+  float *x = malloc((size_t)N * sizeof *x);
+  cr_assert_not_null(x);
+  for (int i = 0; i < N; i++) x[i] = (float)(i % 1000);
+  dsp_wreq w;
+  /* the upload and grads container are whole-tensor uploads of their own */
+  send_seq(&s.c, dsp_wreq_upload(&w, 1, DSP_F32, 1, sh), 1, x,
+           (size_t)N * sizeof *x);
+  uint64_t rr = send_seq(&s.c, dsp_wreq_read(&w, 1), 2, NULL, 0);
+  /* p += 1 in place after the Read: p - lr * g with lr -1, g = ones */
+  send_seq(&s.c, dsp_wreq_track(&w, 1), 3, NULL, 0);
+  uint64_t in1[1] = {1};
+  send_seq(&s.c, dsp_wreq_op(&w, DSP_OP_SUM, in1, 1, 2, NULL, 0, NULL, 0, 0),
+           4, NULL, 0);
+  uint64_t rb = send_seq(&s.c, dsp_wreq_backward(&w, 2, 10, 0), 5, NULL, 0);
+  float *z = calloc((size_t)N, sizeof *z);
+  cr_assert_not_null(z);
+  send_seq(&s.c, dsp_wreq_upload(&w, 3, DSP_F32, 1, sh), 6, z,
+           (size_t)N * sizeof *z);
+  free(z);
+  uint64_t params[1] = {1}, states[1] = {3};
+  double fl[3] = {-1.0, 0.0, 0.0};
+  send_seq(&s.c, dsp_wreq_step(&w, DSP_OP_SGD_STEP, 10, params, 1, states, 1,
+                               NULL, 0, fl, 3), 7, NULL, 0);
+  uint64_t rs = send_seq(&s.c, dsp_wreq_sync(&w), 8, NULL, 0);
+  /* let everything run, then drop the connection with the Read's reply
+   * (and the Sync's) unread */
+  sleep_ms(300);
+  wire_close(&s.c);
+
+  raw_sess t;
+  cr_assert_eq(raw_hello(&t, g_srv.port, NULL, s.token, s.token_len, 1), 0);
+  cr_assert(t.resumed);
+  cr_assert_eq(t.last_seq, 8);
+  Dspwire__Reply *rep;
+  void *bulk;
+  size_t n;
+  cr_assert_eq(wire_recv(&t.c, &rep, &bulk, &n), 0,
+               "no reply to the Read after the resume");
+  cr_assert_eq(rep->req_id, rr);
+  cr_assert_null(rep->error, "%s", rep->error ? rep->error->message : "");
+  cr_assert_eq(n, (size_t)N * sizeof *x);
+  cr_assert_eq(memcmp(bulk, x, n), 0, "the kept Read is not the snapshot "
+               "taken before the step (first %g)", (double)((float *)bulk)[0]);
+  wire_reply_free(rep, bulk);
+  /* then the Backward's and the Sync's replies, kept too */
+  uint64_t want[2] = {rb, rs};
+  for (int k = 0; k < 2; k++) {
+    cr_assert_eq(wire_recv(&t.c, &rep, NULL, NULL), 0);
+    cr_assert_null(rep->error, "%s", rep->error ? rep->error->message : "");
+    cr_assert_eq(rep->req_id, want[k]);
+    wire_reply_free(rep, NULL);
+  }
+  uint64_t r9 = send_seq(&t.c, dsp_wreq_read(&w, 1), 9, NULL, 0);
+  cr_assert_eq(wire_recv(&t.c, &rep, &bulk, &n), 0);
+  cr_assert_eq(rep->req_id, r9);
+  cr_assert_eq(n, (size_t)N * sizeof *x);
+  for (int i = 0; i < N; i += 4099)
+    cr_assert_eq(((float *)bulk)[i], x[i] + 1.0f, "element %d after the step",
+                 i);
+  wire_reply_free(rep, bulk);
+  free(x);
+  wire_bye(&t.c);
+  wire_close(&t.c);
+}
+
+/* A waiting reply the session could not keep (a 60 KB Read, copied whole,
+ * over a 32 KiB queue budget) is not silently lost: after the resume the
+ * client gets an error reply for that request, naming why. */
+Test(fault, reply_not_kept_is_answered_with_an_error_after_resume,
+     .fini = teardown, .timeout = 120) {
+  start_server_q("30", "32768");
+  raw_sess s;
+  cr_assert_eq(raw_hello(&s, g_srv.port, NULL, NULL, 0, 0), 0);
+  enum { N = 15000 };
+  int64_t sh[1] = {N};
+  static float x[N];
+  dsp_wreq w;
+  send_seq(&s.c, dsp_wreq_upload(&w, 1, DSP_F32, 1, sh), 1, x, sizeof x);
+  uint64_t rr = send_seq(&s.c, dsp_wreq_read(&w, 1), 2, NULL, 0);
+  sleep_ms(300);
+  wire_close(&s.c);
+
+  raw_sess t;
+  cr_assert_eq(raw_hello(&t, g_srv.port, NULL, s.token, s.token_len, 1), 0);
+  cr_assert(t.resumed);
+  cr_assert_eq(t.last_seq, 2);
+  /* a lost reply shows as a receive that times out, not a hung suite */
+  t.c.wait_ms = 20000;
+  Dspwire__Reply *rep;
+  void *bulk;
+  size_t n;
+  cr_assert_eq(wire_recv(&t.c, &rep, &bulk, &n), 0,
+               "no answer to the Read after the resume");
+  cr_assert_eq(rep->req_id, rr);
+  cr_assert_not_null(rep->error, "a reply over the budget was kept");
+  cr_assert_eq(rep->error->code, DISPATCH_EQUOTA, "%s",
+               dispatch_err_name(rep->error->code));
+  cr_assert_eq(rep->error->failed_req_id, 0,
+               "the tensor itself is fine: nothing to mark");
+  cr_assert(strstr(rep->error->message, "not kept"), "%s",
+            rep->error->message);
+  wire_reply_free(rep, bulk);
+  /* the session itself is intact: the tensor reads back */
+  uint64_t r3 = send_seq(&t.c, dsp_wreq_read(&w, 1), 3, NULL, 0);
+  cr_assert_eq(wire_recv(&t.c, &rep, &bulk, &n), 0);
+  cr_assert_eq(rep->req_id, r3);
+  cr_assert_null(rep->error, "%s", rep->error ? rep->error->message : "");
+  cr_assert_eq(n, sizeof x);
+  wire_reply_free(rep, bulk);
   wire_bye(&t.c);
   wire_close(&t.c);
 }

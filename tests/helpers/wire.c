@@ -20,6 +20,7 @@
 int wire_connect(wire_conn *c, int port) {
   c->fd = -1;
   c->next_req_id = 1;
+  c->wait_ms = WIRE_WAIT_MS;
   int fd = socket(AF_INET, SOCK_STREAM, 0);
   if (fd < 0) return -1;
   struct sockaddr_in sa;
@@ -68,7 +69,7 @@ static int recv_all(wire_conn *c, void *buf, size_t n) {
   char *p = buf;
   while (n > 0) {
     struct pollfd pf = {.fd = c->fd, .events = POLLIN};
-    int r = poll(&pf, 1, WIRE_WAIT_MS);
+    int r = poll(&pf, 1, c->wait_ms);
     if (r < 0 && errno == EINTR) continue;
     if (r <= 0) return -1;
     ssize_t got = recv(c->fd, p, n, 0);
@@ -123,7 +124,7 @@ int wire_wait_closed(wire_conn *c) {
   char buf[4096];
   for (;;) {
     struct pollfd pf = {.fd = c->fd, .events = POLLIN};
-    int r = poll(&pf, 1, WIRE_WAIT_MS);
+    int r = poll(&pf, 1, c->wait_ms);
     if (r < 0 && errno == EINTR) continue;
     if (r <= 0) return 0;
     ssize_t got = recv(c->fd, buf, sizeof buf, 0);

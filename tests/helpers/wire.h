@@ -19,6 +19,7 @@
 typedef struct wire_conn {
   int fd;
   uint64_t next_req_id; /* used by the helpers that build requests */
+  int wait_ms; /* how long a receive waits for data (wire_connect: minutes) */
 } wire_conn;
 
 int wire_connect(wire_conn *c, int port);
