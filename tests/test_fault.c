@@ -477,6 +477,18 @@ static int raw_hello(raw_sess *s, int port, const char *auth,
   return code;
 }
 
+/* Receives one reply that must answer rid without an error; the caller
+ * frees it (wire_reply_free with *bulk; bulk may be NULL when none). */
+static Dspwire__Reply *recv_ok(wire_conn *c, uint64_t rid, void **bulk,
+                               size_t *n) {
+  Dspwire__Reply *rep;
+  cr_assert_eq(wire_recv(c, &rep, bulk, n), 0, "no reply to request %llu",
+               (unsigned long long)rid);
+  cr_assert_null(rep->error, "%s", rep->error ? rep->error->message : "");
+  cr_assert_eq(rep->req_id, rid);
+  return rep;
+}
+
 /* Receives one Read reply and checks its four floats. */
 static void expect_read(wire_conn *c, uint64_t rid, const float want[4]) {
   Dspwire__Reply *rep;
@@ -603,28 +615,19 @@ Test(fault, large_read_over_the_queue_budget_is_kept_by_reference,
   cr_assert_eq(raw_hello(&t, g_srv.port, NULL, s.token, s.token_len, 1), 0);
   cr_assert(t.resumed);
   cr_assert_eq(t.last_seq, 8);
-  Dspwire__Reply *rep;
   void *bulk;
   size_t n;
-  cr_assert_eq(wire_recv(&t.c, &rep, &bulk, &n), 0,
-               "no reply to the Read after the resume");
-  cr_assert_eq(rep->req_id, rr);
-  cr_assert_null(rep->error, "%s", rep->error ? rep->error->message : "");
+  Dspwire__Reply *rep = recv_ok(&t.c, rr, &bulk, &n); /* the kept Read */
   cr_assert_eq(n, (size_t)N * sizeof *x);
   cr_assert_eq(memcmp(bulk, x, n), 0, "the kept Read is not the snapshot "
                "taken before the step (first %g)", (double)((float *)bulk)[0]);
   wire_reply_free(rep, bulk);
   /* then the Backward's and the Sync's replies, kept too */
   uint64_t want[2] = {rb, rs};
-  for (int k = 0; k < 2; k++) {
-    cr_assert_eq(wire_recv(&t.c, &rep, NULL, NULL), 0);
-    cr_assert_null(rep->error, "%s", rep->error ? rep->error->message : "");
-    cr_assert_eq(rep->req_id, want[k]);
-    wire_reply_free(rep, NULL);
-  }
+  for (int k = 0; k < 2; k++)
+    wire_reply_free(recv_ok(&t.c, want[k], NULL, NULL), NULL);
   uint64_t r9 = send_seq(&t.c, dsp_wreq_read(&w, 1), 9, NULL, 0);
-  cr_assert_eq(wire_recv(&t.c, &rep, &bulk, &n), 0);
-  cr_assert_eq(rep->req_id, r9);
+  rep = recv_ok(&t.c, r9, &bulk, &n);
   cr_assert_eq(n, (size_t)N * sizeof *x);
   for (int i = 0; i < N; i += 4099)
     cr_assert_eq(((float *)bulk)[i], x[i] + 1.0f, "element %d after the step",
@@ -674,9 +677,7 @@ Test(fault, reply_not_kept_is_answered_with_an_error_after_resume,
   wire_reply_free(rep, bulk);
   /* the session itself is intact: the tensor reads back */
   uint64_t r3 = send_seq(&t.c, dsp_wreq_read(&w, 1), 3, NULL, 0);
-  cr_assert_eq(wire_recv(&t.c, &rep, &bulk, &n), 0);
-  cr_assert_eq(rep->req_id, r3);
-  cr_assert_null(rep->error, "%s", rep->error ? rep->error->message : "");
+  rep = recv_ok(&t.c, r3, &bulk, &n);
   cr_assert_eq(n, sizeof x);
   wire_reply_free(rep, bulk);
   wire_bye(&t.c);

@@ -16,6 +16,36 @@ _Static_assert(DSP__OPS_IN_FAMILY(OPTIM) == 2,
                "a new optimizer op needs a case in dsp__cpu_optim and a row "
                "in the CPU support table (common/cpu/backend.c)");
 
+/* One loop per element type, with no per-element type test, so the
+ * compiler can keep the double arithmetic in vector registers. The
+ * arithmetic is the same expression, in the same order, for both types:
+ * the results do not depend on how the loop is compiled (no contraction
+ * into fused multiply-adds under -std=c11). sqrt of a sum of squares is
+ * never negative, so __builtin_sqrt needs no errno path. */
+#define DEFINE_OPTIM_KERNELS(T, SFX)                                         \
+  static void sgd_##SFX(T *p, const T *g, T *v,   \
+                        int64_t n, double lr, double mom, double wd) {       \
+    for (int64_t i = 0; i < n; i++) {                                        \
+      double pi = p[i], vi = mom * (double)v[i] + (double)g[i] + wd * pi;    \
+      v[i] = (T)vi;                                                          \
+      p[i] = (T)(pi - lr * vi);                                              \
+    }                                                                        \
+  }                                                                          \
+  static void adam_##SFX(T *p, const T *g, T *m,  \
+                         T *v, int64_t n, double lr, double b1,     \
+                         double b2, double eps, double bc1, double bc2) {    \
+    for (int64_t i = 0; i < n; i++) {                                        \
+      double pi = p[i], gi = g[i];                                           \
+      double mi = b1 * (double)m[i] + (1.0 - b1) * gi;                       \
+      double vi = b2 * (double)v[i] + (1.0 - b2) * gi * gi;                  \
+      m[i] = (T)mi;                                                          \
+      v[i] = (T)vi;                                                          \
+      p[i] = (T)(pi - lr * (mi / bc1) / (__builtin_sqrt(vi / bc2) + eps));   \
+    }                                                                        \
+  }
+DEFINE_OPTIM_KERNELS(float, f32)
+DEFINE_OPTIM_KERNELS(double, f64)
+
 /* Updates param (and, when a caller passes a distinct `out`, writes the new
  * param there too) plus the optimizer state in place. */
 int dsp__cpu_optim(dsp_ctx *ctx, dsp_opcode op, dsp_tensor *const *in,
@@ -36,26 +66,16 @@ int dsp__cpu_optim(dsp_ctx *ctx, dsp_opcode op, dsp_tensor *const *in,
   if (op == DSP_OP_SGD_STEP) {
     double lr = a->floats[0], mom = a->floats[1], wd = a->floats[2];
     void *v = dsp_tensor_data(in[2]);
-    for (int64_t i = 0; i < n; i++) {
-      double pi = dsp__ld(p, f, i), gi = dsp__ld(g, f, i), vi = dsp__ld(v, f, i);
-      vi = mom * vi + gi + wd * pi;
-      dsp__st(v, f, i, vi);
-      dsp__st(p, f, i, pi - lr * vi);
-    }
+    if (f) sgd_f64(p, g, v, n, lr, mom, wd);
+    else sgd_f32(p, g, v, n, lr, mom, wd);
   } else if (op == DSP_OP_ADAM_STEP) {
     double lr = a->floats[0], b1 = a->floats[1], b2 = a->floats[2],
            eps = a->floats[3];
     double t = (double)a->ints[0];
     double bc1 = 1.0 - pow(b1, t), bc2 = 1.0 - pow(b2, t);
     void *m = dsp_tensor_data(in[2]), *v = dsp_tensor_data(in[3]);
-    for (int64_t i = 0; i < n; i++) {
-      double pi = dsp__ld(p, f, i), gi = dsp__ld(g, f, i);
-      double mi = b1 * dsp__ld(m, f, i) + (1.0 - b1) * gi;
-      double vi = b2 * dsp__ld(v, f, i) + (1.0 - b2) * gi * gi;
-      dsp__st(m, f, i, mi);
-      dsp__st(v, f, i, vi);
-      dsp__st(p, f, i, pi - lr * (mi / bc1) / (sqrt(vi / bc2) + eps));
-    }
+    if (f) adam_f64(p, g, m, v, n, lr, b1, b2, eps, bc1, bc2);
+    else adam_f32(p, g, m, v, n, lr, b1, b2, eps, bc1, bc2);
   } else {
     return dsp__no_kernel(ctx, op, in, n_in, out);
   }
