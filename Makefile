@@ -131,12 +131,15 @@ $(BUILD)/gen/%.pb-c.c $(BUILD)/gen/%.pb-c.h: proto/%.proto
 $(BUILD)/gen/%.pb-c.o: $(BUILD)/gen/%.pb-c.c
 	$(CC) $(filter-out -Werror,$(ALL_CFLAGS)) -c $< -o $@
 
-# The CPU kernels are plain loops: -O2 alone vectorizes only loops that
-# need no alias check or remainder. These flags let GCC vectorize the rest;
-# nothing is reassociated (no -ffast-math), so results are the same bits,
-# and -fno-math-errno only drops errno, which no kernel reads.
-$(BUILD)/obj/common/cpu/%.o: ALL_CFLAGS += -ftree-vectorize \
-  -fvect-cost-model=dynamic -fno-math-errno
+# The CPU kernels are plain loops: GCC's -O2 alone vectorizes only loops
+# that need no alias check or remainder. These flags let it vectorize the
+# rest (clang, which builds the fuzzers, has no -fvect-cost-model and
+# vectorizes on its own); nothing is reassociated (no -ffast-math), so
+# results are the same bits, and -fno-math-errno only drops errno, which
+# no kernel reads.
+KERNEL_CFLAGS = -fno-math-errno $(if $(findstring clang,$(CC)),,\
+  -ftree-vectorize -fvect-cost-model=dynamic)
+$(BUILD)/obj/common/cpu/%.o: ALL_CFLAGS += $(KERNEL_CFLAGS)
 
 $(BUILD)/obj/%.o: %.c $(GEN_H)
 	@mkdir -p $(dir $@)
