@@ -7,7 +7,12 @@
  * without moving the n x n result. LOCAL: the call itself (it computes
  * before returning). The reference is cblas_sgemm on 1 and on 2 OpenBLAS
  * threads, whichever has the better median (LOCAL runs with 2, as the
- * server does on this 2-core machine). Variants run once per repetition
+ * server does on this 2-core machine); each of its samples is the faster
+ * of two calls back to back, so the second finds OpenBLAS's threads awake
+ * and the cores out of their sleep states after the pause: a product that
+ * runs once after GAP_US (REMOTE's, whose request wakes the server's
+ * threads on the way in) beat a cold single call by up to 1.2x at n = 512
+ * (REF SUSPECT), which made that reference no limit. Variants run once per repetition
  * in an order that rotates every repetition, with a pause between them
  * (GAP_US); rows are medians with their spread, and repetitions go on
  * while a goal is neither met nor missed (bench.h). Goal: REMOTE within
@@ -133,11 +138,11 @@ int main(void) {
     snprintf(m, sizeof m, "matmul %d local", n);
     snprintf(m2, sizeof m2, "matmul %d remote (op+sync)", n);
     bench_def d_loc = {"matmul", m, "GFLOP/s", 0,
-                       "cblas_sgemm (best of 1 and 2 threads)", 1,
+                       "cblas_sgemm (1 or 2 threads, warm)", 1,
                        BENCH_GOAL_NONE, 0};
     /* within 1.1x in time = at least 1/1.1 of the rate */
     bench_def d_rem = {"matmul", m2, "GFLOP/s", 0,
-                       "cblas_sgemm (best of 1 and 2 threads)", 1,
+                       "cblas_sgemm (1 or 2 threads, warm)", 1,
                        n >= 1024 ? BENCH_GOAL_RATIO_GE : BENCH_GOAL_NONE,
                        1 / 1.1};
     int reps = 0, min_reps = quick ? 2 : MIN_REPS,
@@ -159,10 +164,14 @@ int main(void) {
         usleep(quick ? 1000 : GAP_US);
         if (v == V_BLAS1 || v == V_BLAS2) {
           openblas_set_num_threads(v == V_BLAS1 ? 1 : 2);
-          double t0 = bench_now();
-          cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f,
-                      a, n, b, n, 0.0f, c, n);
-          tv[v] = bench_now() - t0;
+          tv[v] = INFINITY;
+          for (int w = 0; w < 2; w++) { /* the faster of two, back to back */
+            double t0 = bench_now();
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n,
+                        1.0f, a, n, b, n, 0.0f, c, n);
+            double dt = bench_now() - t0;
+            if (dt < tv[v]) tv[v] = dt;
+          }
         } else if (v == V_LOCAL) {
           openblas_set_num_threads(2);
           tv[v] = lerr[0] ? NAN : one_product(local, la, lb, lerr, sizeof lerr);
