@@ -279,6 +279,19 @@ class Device:
         if rc < 0:
             self._raise(rc)
 
+    def set_cache(self, nbytes):
+        """Local: bounds the device's storage cache (freed blocks kept by
+        size class for the next tensor of that size) at nbytes; 0 turns it
+        off and frees what it holds. Remote: raises the library's
+        DISPATCH_EUNSUPPORTED (a server sets its sessions' cache with
+        dispatch-server --session-cache)."""
+        n = int(nbytes)
+        if n < 0:
+            raise ValueError(f"set_cache: {n} bytes is negative")
+        rc = lib.dispatch_device_set_cache(self._handle(), n)
+        if rc < 0:
+            self._raise(rc)
+
     # -- making tensors
 
     def _adopt(self, p):

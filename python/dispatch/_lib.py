@@ -81,6 +81,7 @@ int dispatch_device_errcode(const dispatch_device *dev);
 int dispatch_device_sync(dispatch_device *dev);
 int dispatch_device_stats(dispatch_device *dev, dispatch_stats *out);
 int dispatch_device_set_timeout(dispatch_device *dev, int timeout_ms);
+int dispatch_device_set_cache(dispatch_device *dev, uint64_t bytes);
 
 dispatch_tensor *dispatch_tensor_ref(dispatch_tensor *t);
 void dispatch_tensor_free(dispatch_tensor *t);

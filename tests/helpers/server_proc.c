@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -71,6 +72,7 @@ int sp_start(sp_server *s, const char *const *extra_args) {
 
   int pfd[2];
   if (pipe(pfd) < 0) return -1;
+  pid_t parent = getpid();
   pid_t pid = fork();
   if (pid < 0) {
     close(pfd[0]);
@@ -78,6 +80,12 @@ int sp_start(sp_server *s, const char *const *extra_args) {
     return -1;
   }
   if (pid == 0) {
+    /* a test process that dies without stopping its server (Criterion
+     * kills a test past its .timeout) takes the server with it: a server
+     * left running would keep the suite's output pipe open and hang
+     * whatever waits for it (make, CI) instead of failing */
+    if (prctl(PR_SET_PDEATHSIG, SIGKILL) < 0 || getppid() != parent)
+      _exit(127);
     dup2(pfd[1], 1);
     close(pfd[0]);
     close(pfd[1]);
