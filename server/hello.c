@@ -64,7 +64,21 @@ void sv_hello(sv_conn *c, Dspwire__Request *req) {
     resumed = 1;
     for (int i = 0; i < g->n_devices; i++)
       if (g->devices[i].be == c->sess->device) dev = &g->devices[i];
-  } else if (g->devices) {
+  } else if (c->srv->n_conns + c->srv->n_held > cfg->max_sessions) {
+    /* detached sessions (kept for a resume) count towards the limit too,
+     * or connecting and dropping would hold sessions past it; a resume
+     * (above) trades a detached session for a connection and passes */
+    char msg[192];
+    sv_count_limit(g, SV_LIM_MAX_SESSIONS);
+    snprintf(msg, sizeof msg,
+             "server already holds %d sessions (limit), %d of them detached "
+             "and kept for a resume",
+             c->srv->n_conns - 1 + c->srv->n_held, c->srv->n_held);
+    sv_log_conn(SV_LOG_WARN, c->id, c->peer, "refused: %s", msg);
+    sv_refuse(c, req->req_id, DISPATCH_ELIMIT, msg);
+    return;
+  }
+  if (!resumed && g->devices) {
     /* the session's device; the session has run nothing yet, so the loop
      * may still set its ctx */
     dev = h->device && *h->device ? sv_device_find(g, h->device)

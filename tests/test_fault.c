@@ -684,6 +684,38 @@ Test(fault, reply_not_kept_is_answered_with_an_error_after_resume,
   wire_close(&t.c);
 }
 
+/* Detached sessions count towards --max-sessions: with a limit of 2 and
+ * one session detached, one new session is admitted and the next is
+ * refused with ELIMIT, while the detached one's own resume still passes. */
+Test(fault, detached_sessions_count_towards_max_sessions, .fini = teardown,
+     .timeout = 60) {
+  const char *b = getenv("DISPATCH_SERVER_BIN");
+  cr_assert(b && *b, "DISPATCH_SERVER_BIN is not set: this suite needs "
+                     "dispatch-server (make test sets it)");
+  const char *args[] = {"--log-level", "error", "--session-grace", "30",
+                        "--max-sessions", "2", NULL};
+  cr_assert_eq(sp_start(&g_srv, args), 0, "dispatch-server did not start");
+  raw_sess a, bs, c, d;
+  cr_assert_eq(raw_hello(&a, g_srv.port, NULL, NULL, 0, 0), 0);
+  wire_close(&a.c);
+  sleep_ms(300); /* the server sees the drop: a is detached */
+  cr_assert_eq(raw_hello(&bs, g_srv.port, NULL, NULL, 0, 0), 0,
+               "1 connected + 1 detached is within a limit of 2");
+  int rc = raw_hello(&c, g_srv.port, NULL, NULL, 0, 0);
+  cr_assert_eq(rc, DISPATCH_ELIMIT,
+               "a third session (2 connected + 1 detached) was admitted "
+               "(code %d)", rc);
+  wire_close(&c.c);
+  sleep_ms(100);
+  cr_assert_eq(raw_hello(&d, g_srv.port, NULL, a.token, a.token_len, 0), 0,
+               "the detached session's own resume was refused");
+  cr_assert(d.resumed);
+  wire_bye(&d.c);
+  wire_close(&d.c);
+  wire_bye(&bs.c);
+  wire_close(&bs.c);
+}
+
 Test(fault, expired_session_token_refused, .fini = teardown) {
   start_server("1");
   raw_sess s;
