@@ -61,7 +61,8 @@ static void cache_drop(sv_resume *rs, uint64_t upto) {
   for (int i = 0; i < rs->n_cache; i++) {
     sv_rreply *e = &rs->cache[i];
     if (e->seq <= upto) {
-      dsp_budget_uncharge(rs->sess->queue, e->charged);
+      /* a stub was never charged: uncharging also drops a reference */
+      if (e->charged) dsp_budget_uncharge(rs->sess->queue, e->charged);
       dsp_free(e->buf);
       dsp_pin_release(e->bulk);
     } else {
