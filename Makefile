@@ -240,11 +240,19 @@ test: deps
 # Beside the suites: the exported symbols against tests/abi/exported.txt,
 # and an install into a temporary DESTDIR that programs are built against
 # (README's compile lines and CMake; with the sanitizers under SAN=1).
+# Under SAN=1 every sanitizer report (the suites' and the servers' they
+# start, which exit after the test's last check) goes to a file, and any
+# file fails the run: a server that crashed at shutdown passed before.
+SAN_LOG_ENV = $(if $(filter 1,$(SAN)),ASAN_OPTIONS=log_path=$$sanlog/asan \
+  UBSAN_OPTIONS=log_path=$$sanlog/ubsan:print_stacktrace=1)
 test-run: $(TEST_BIN) $(CLIENT_A) $(CLIENT_SO) $(if $(wildcard server/main.c),$(SERVER_BIN))
-	@fail=0; for t in $(TEST_BIN); do \
+	@fail=0; sanlog=$$(mktemp -d); for t in $(TEST_BIN); do \
 	  echo "== $$t"; \
-	  DISPATCH_SERVER_BIN=$(abspath $(SERVER_BIN)) $$t --jobs 2 || fail=1; \
-	done; \
+	  $(SAN_LOG_ENV) DISPATCH_SERVER_BIN=$(abspath $(SERVER_BIN)) $$t --jobs 2 || fail=1; \
+	  if ls $$sanlog/* >/dev/null 2>&1; then \
+	    echo "sanitizer reports during $$t:"; cat $$sanlog/*; \
+	    rm -f $$sanlog/*; fail=1; fi; \
+	done; rmdir $$sanlog; \
 	scripts/check-readme.sh || fail=1; \
 	$(MAKE) --no-print-directory deploy-test || fail=1; \
 	echo "== tests/abi/check-exports.sh"; \
