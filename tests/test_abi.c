@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "dispatch_client.h"
+#include "helpers/client_check.h"
 #include "helpers/server_proc.h"
 
 static sp_server g_srv;
@@ -22,11 +23,7 @@ static char g_dir[64];
 static char g_token_path[128];
 
 static void need_server(const char *const *args) {
-  const char *bin = getenv("DISPATCH_SERVER_BIN");
-  if (!bin || !*bin)
-    cr_assert_fail("DISPATCH_SERVER_BIN is not set: this suite needs "
-                   "dispatch-server (make test sets it)");
-  cr_assert_eq(sp_start(&g_srv, args), 0, "dispatch-server did not start");
+  check_server_start(&g_srv, args);
 }
 
 static void stop_server(void) {

@@ -19,9 +19,7 @@
 static sp_server g_srv;
 
 static void start_server(void) {
-  if (!getenv("DISPATCH_SERVER_BIN") || !*getenv("DISPATCH_SERVER_BIN"))
-    cr_assert_fail("DISPATCH_SERVER_BIN is not set: this suite needs dispatch-server (make test sets it); failing rather than skipping");
-  cr_assert_eq(sp_start(&g_srv, NULL), 0, "dispatch-server did not start");
+  check_server_start(&g_srv, NULL);
 }
 
 static void stop_server(void) {

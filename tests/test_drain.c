@@ -25,6 +25,7 @@
 
 #include "dispatch_client.h"
 #include "dsp.h"
+#include "helpers/client_check.h"
 #include "helpers/server_proc.h"
 #include "helpers/wire.h"
 #include "wire_req.h"
@@ -32,10 +33,7 @@
 static sp_server g_srv;
 
 static void start(const char *const *args) {
-  if (!getenv("DISPATCH_SERVER_BIN") || !*getenv("DISPATCH_SERVER_BIN"))
-    cr_assert_fail("DISPATCH_SERVER_BIN is not set: this suite needs "
-                   "dispatch-server (make test sets it)");
-  cr_assert_eq(sp_start(&g_srv, args), 0, "dispatch-server did not start");
+  check_server_start(&g_srv, args);
 }
 
 static void stop(void) {

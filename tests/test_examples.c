@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "dispatch_client.h"
+#include "helpers/client_check.h"
 #include "helpers/server_proc.h"
 
 /* The examples' library is not part of the test link: compile it here. */
@@ -53,10 +54,8 @@ static void make_data(void) {
 static void setup_local(void) { make_data(); }
 
 static void setup_remote(void) {
-  if (!getenv("DISPATCH_SERVER_BIN") || !*getenv("DISPATCH_SERVER_BIN"))
-    cr_assert_fail("DISPATCH_SERVER_BIN is not set: this suite needs dispatch-server (make test sets it); failing rather than skipping");
   make_data();
-  cr_assert_eq(sp_start(&g_srv, NULL), 0, "dispatch-server did not start");
+  check_server_start(&g_srv, NULL);
 }
 
 static void teardown_remote(void) {
@@ -64,15 +63,7 @@ static void teardown_remote(void) {
 }
 
 static dispatch_device *open_dev(int remote) {
-  char spec[64], msg[256] = "";
-  if (remote)
-    snprintf(spec, sizeof spec, "tcp://127.0.0.1:%d", g_srv.port);
-  else
-    snprintf(spec, sizeof spec, "local");
-  dispatch_device *dev = NULL;
-  int rc = dispatch_device_open(spec, NULL, &dev, msg, sizeof msg);
-  cr_assert_eq(rc, 0, "open %s: %s (%s)", spec, msg, dispatch_err_name(rc));
-  return dev;
+  return check_open(&g_srv, remote);
 }
 
 static void quiet_opts(tr_opts *o, int epochs) {
@@ -344,10 +335,7 @@ Test(examples, first_program_reports_the_servers_first_error,
      .fini = teardown_remote) {
   const char *args[] = {"--max-session-bytes", "600", "--log-level", "error",
                         NULL};
-  if (!getenv("DISPATCH_SERVER_BIN") || !*getenv("DISPATCH_SERVER_BIN"))
-    cr_assert_fail("DISPATCH_SERVER_BIN is not set: this test needs "
-                   "dispatch-server (make test sets it)");
-  cr_assert_eq(sp_start(&g_srv, args), 0, "dispatch-server did not start");
+  check_server_start(&g_srv, args);
   char spec[64], out[1024];
   snprintf(spec, sizeof spec, "tcp://127.0.0.1:%d", g_srv.port);
   int st = run_first_program(spec, out, sizeof out);

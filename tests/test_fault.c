@@ -57,15 +57,11 @@ static void stop_server_clean(void) {
 /* Starts the server with --session-grace grace and, when queue is set,
  * --max-queued-bytes queue. */
 static void start_server_q(const char *grace, const char *queue) {
-  const char *b = getenv("DISPATCH_SERVER_BIN");
-  if (!b || !*b)
-    cr_assert_fail("DISPATCH_SERVER_BIN is not set: this suite needs "
-                   "dispatch-server (make test sets it)");
   /* no storage cache: freed tensor pages go back, so RSS can be judged */
   const char *args[] = {"--log-level", "warn", "--session-grace", grace,
                         "--storage-cache", "0",
                         queue ? "--max-queued-bytes" : NULL, queue, NULL};
-  cr_assert_eq(sp_start(&g_srv, args), 0, "dispatch-server did not start");
+  check_server_start(&g_srv, args);
 }
 
 static void start_server(const char *grace) { start_server_q(grace, NULL); }
@@ -699,12 +695,9 @@ Test(fault, reply_not_kept_is_answered_with_an_error_after_resume,
  * refused with ELIMIT, while the detached one's own resume still passes. */
 Test(fault, detached_sessions_count_towards_max_sessions, .fini = teardown,
      .timeout = 60) {
-  const char *b = getenv("DISPATCH_SERVER_BIN");
-  cr_assert(b && *b, "DISPATCH_SERVER_BIN is not set: this suite needs "
-                     "dispatch-server (make test sets it)");
   const char *args[] = {"--log-level", "error", "--session-grace", "30",
                         "--max-sessions", "2", NULL};
-  cr_assert_eq(sp_start(&g_srv, args), 0, "dispatch-server did not start");
+  check_server_start(&g_srv, args);
   raw_sess a, bs, c, d;
   cr_assert_eq(raw_hello(&a, g_srv.port, NULL, NULL, 0, 0), 0);
   wire_close(&a.c);
@@ -809,8 +802,7 @@ Test(fault, resume_with_other_credentials_refused, .fini = teardown,
 
 Test(fault, tls_resume_needs_the_same_client_certificate, .fini = teardown,
      .timeout = 180) {
-  const char *bin = getenv("DISPATCH_SERVER_BIN");
-  if (!bin || !*bin) cr_assert_fail("DISPATCH_SERVER_BIN is not set");
+  const char *bin = check_server_bin();
   char b[1024];
   snprintf(b, sizeof b, "%s", bin);
   char *root = dirname(dirname(b));

@@ -11,16 +11,14 @@
 #include <string.h>
 
 #include "dispatch_client.h"
+#include "helpers/client_check.h"
 #include "helpers/server_proc.h"
 #include "helpers/wire.h"
 
 static sp_server g_srv;
 
 static void start_server(const char *const *args) {
-  if (!getenv("DISPATCH_SERVER_BIN") || !*getenv("DISPATCH_SERVER_BIN"))
-    cr_assert_fail("DISPATCH_SERVER_BIN is not set: this suite needs "
-                   "dispatch-server (make test sets it)");
-  cr_assert_eq(sp_start(&g_srv, args), 0, "dispatch-server did not start");
+  check_server_start(&g_srv, args);
 }
 
 static void stop_server(void) {
@@ -28,15 +26,7 @@ static void stop_server(void) {
 }
 
 static dispatch_device *open_dev(int remote) {
-  char spec[64], msg[256] = "";
-  if (remote)
-    snprintf(spec, sizeof spec, "tcp://127.0.0.1:%d", g_srv.port);
-  else
-    snprintf(spec, sizeof spec, "local");
-  dispatch_device *dev = NULL;
-  int rc = dispatch_device_open(spec, NULL, &dev, msg, sizeof msg);
-  cr_assert_eq(rc, 0, "open %s: %s", spec, msg);
-  return dev;
+  return check_open(&g_srv, remote);
 }
 
 /* ------------------------------------------------------------------ */

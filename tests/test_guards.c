@@ -23,27 +23,14 @@ static sp_server g_srv;
 #include "helpers/client_check.h"
 
 static void start_server_args(const char *const *args) {
-  if (!getenv("DISPATCH_SERVER_BIN") || !*getenv("DISPATCH_SERVER_BIN"))
-    cr_assert_fail("DISPATCH_SERVER_BIN is not set: this suite needs "
-                   "dispatch-server (make test sets it)");
-  cr_assert_eq(sp_start(&g_srv, args), 0, "dispatch-server did not start");
+  check_server_start(&g_srv, args);
 }
 static void start_server(void) { start_server_args(NULL); }
 static void stop_server(void) {
   if (g_srv.pid) sp_stop(&g_srv);
 }
 
-static dispatch_device *open_kind(int k) {
-  char spec[64], msg[256] = "";
-  if (k == 0)
-    snprintf(spec, sizeof spec, "local");
-  else
-    snprintf(spec, sizeof spec, "tcp://127.0.0.1:%d", g_srv.port);
-  dispatch_device *dev = NULL;
-  int rc = dispatch_device_open(spec, NULL, &dev, msg, sizeof msg);
-  cr_assert_eq(rc, 0, "open %s: %s", spec, msg);
-  return dev;
-}
+static dispatch_device *open_kind(int k) { return check_open(&g_srv, k); }
 static const char *kname(int k) { return k ? "remote" : "local"; }
 
 static dispatch_tensor *vec(dispatch_device *dev, const float *v, int64_t n) {

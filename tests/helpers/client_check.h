@@ -1,11 +1,17 @@
 /* Asserting a libdispatch-client call in a Criterion test: on failure the
- * message names the call, the code and the device's detail message. */
+ * message names the call, the code and the device's detail message. Also
+ * the suites' shared steps for their dispatch-server: find it (a suite
+ * that cannot fails, never skips), start it, open a device on it. */
 #ifndef TESTS_CLIENT_CHECK_H
 #define TESTS_CLIENT_CHECK_H
 
 #include <criterion/criterion.h>
 
+#include <stdio.h>
+#include <stdlib.h>
+
 #include "dispatch_client.h"
+#include "helpers/server_proc.h"
 
 #define OK(dev, call)                                                  \
   do {                                                                 \
@@ -13,5 +19,34 @@
     cr_assert_eq(rc_, 0, "%s: %s: %s", #call, dispatch_err_name(rc_),  \
                  dispatch_device_errmsg(dev));                         \
   } while (0)
+
+/* DISPATCH_SERVER_BIN; fails the test when it is not set. */
+static inline const char *check_server_bin(void) {
+  const char *bin = getenv("DISPATCH_SERVER_BIN");
+  if (!bin || !*bin)
+    cr_assert_fail("DISPATCH_SERVER_BIN is not set: this suite needs "
+                   "dispatch-server (make test sets it); failing rather "
+                   "than skipping");
+  return bin;
+}
+
+/* Starts dispatch-server into s with args (sp_start), or fails. */
+static inline void check_server_start(sp_server *s, const char *const *args) {
+  check_server_bin();
+  cr_assert_eq(sp_start(s, args), 0, "dispatch-server did not start");
+}
+
+/* Opens "local" (remote 0) or s's server on 127.0.0.1, or fails. */
+static inline dispatch_device *check_open(const sp_server *s, int remote) {
+  char spec[64], msg[256] = "";
+  if (remote)
+    snprintf(spec, sizeof spec, "tcp://127.0.0.1:%d", s->port);
+  else
+    snprintf(spec, sizeof spec, "local");
+  dispatch_device *dev = NULL;
+  int rc = dispatch_device_open(spec, NULL, &dev, msg, sizeof msg);
+  cr_assert_eq(rc, 0, "open %s: %s (%s)", spec, msg, dispatch_err_name(rc));
+  return dev;
+}
 
 #endif
