@@ -15,6 +15,11 @@
 
 /* ids queued for one batched Free message */
 #define DISPATCH__FREE_BATCH 256
+/* An Ops request holds at most this many records and bytes of them: it is
+ * sent once full, so a long pipeline of small ops reaches the server in
+ * pieces it starts on while the rest is being queued */
+#define DISPATCH__OPS_MAX 256
+#define DISPATCH__OPS_BYTES 16384
 
 struct dispatch__scope {
   struct dispatch__scope *parent;
@@ -152,6 +157,13 @@ typedef struct dispatch__conn {
   char *host, *port, *auth, *name; /* what the reconnect needs again */
   dispatch_options *tls_o; /* tls://: copies of the TLS options */
   dispatch__spin spin;  /* plain TCP waits (wait.c) */
+  /* 1.3: ops queued as packed records (common/op_record.h), sent as one
+   * Ops request when the batch is full or anything else is sent */
+  int batch_ops;        /* the server speaks 1.3 and DISPATCH_OPS_BATCH is
+                           not 0 */
+  uint8_t *ops;         /* the open batch's records (DISPATCH__OPS_BYTES) */
+  size_t ops_len;
+  int ops_n;
 } dispatch__conn;
 
 struct dispatch_device {

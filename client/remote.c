@@ -24,6 +24,7 @@
 #include "client_internal.h"
 #include "dispatch.pb-c.h"
 #include "frame.h"
+#include "op_record.h"
 #include "wire_req.h"
 
 #define MAX_REPLY_MSG (64u << 20)
@@ -310,8 +311,14 @@ static int recv_all(dispatch_device *dev, void *p, size_t n,
   return 0;
 }
 
+static int close_ops(dispatch_device *dev);
+
 static int flush(dispatch_device *dev) {
   dispatch__conn *c = dev->conn;
+  if (c->ops_n && !c->resuming) {
+    int rc = close_ops(dev); /* puts the frame; sent below */
+    if (rc < 0) return rc;
+  }
   if (c->len == 0) return 0;
   int rc = send_all(dev, c->buf, c->len);
   c->len = 0;
@@ -344,6 +351,10 @@ static int log_frame(dispatch__conn *c, uint64_t seq, const uint8_t *frame,
 static int put_frame(dispatch_device *dev, Dspwire__Request *req,
                      const void *bulk, size_t bulk_len) {
   dispatch__conn *c = dev->conn;
+  if (c->ops_n && !c->resuming) { /* queued ops go first, in order */
+    int rc = close_ops(dev);
+    if (rc < 0) return rc;
+  }
   if (c->resumable && !c->resuming && !req->seq) req->seq = c->seq + 1;
   size_t flen = dsp_req_frame_size(req);
   size_t mlen = flen - DSP_FRAME_HEADER_SIZE;
@@ -362,9 +373,9 @@ static int put_frame(dispatch_device *dev, Dspwire__Request *req,
   int inline_bulk = bulk_len <= BULK_INLINE;
   int rc = reserve(dev, flen + (inline_bulk ? bulk_len : 0));
   if (rc < 0) return rc;
+  uint8_t *at = c->buf + c->len;
+  dsp_req_frame_encode(req, bulk_len, at);
   if (req->seq) { /* logged before it is sent: a reconnect sends it again */
-    uint8_t *at = c->buf + c->len;
-    dsp_req_frame_encode(req, bulk_len, at);
     int ext = bulk_len > LOG_COPY_MAX;
     if (log_frame(c, req->seq, at, flen, ext ? NULL : bulk,
                   ext ? 0 : bulk_len) < 0)
@@ -379,7 +390,7 @@ static int put_frame(dispatch_device *dev, Dspwire__Request *req,
     }
     c->seq = req->seq;
   }
-  c->len += dsp_req_frame_encode(req, bulk_len, c->buf + c->len);
+  c->len += flen;
   if (inline_bulk) {
     if (bulk_len) memcpy(c->buf + c->len, bulk, bulk_len);
     c->len += bulk_len;
@@ -709,6 +720,7 @@ static int call_bulk(dispatch_device *dev, Dspwire__Request *req,
   int rc = check_alive(dev);
   if (rc == EBROKEN) rc = reconnect(dev);
   if (rc < 0) return rc;
+  close_ops(dev); /* before req's id is taken; a failure is stashed */
   if (c->stash_code) { /* an earlier request's error, held for a wait */
     rc = dsp_seterr(dev->ctx, c->stash_code, "%s", c->stash_msg);
     c->stash_code = 0;
@@ -755,12 +767,63 @@ void dispatch__remote_reply_free(Dspwire__Reply *r) {
   if (r) dspwire__reply__free_unpacked(r, &g_pb_alloc);
 }
 
+/* Puts the open batch of op records as one Ops frame (sent with the next
+ * flush). Its ops were each accepted when queued, so a failure here loses
+ * them after the fact: the code is returned to the caller at hand and
+ * also held for the next wait, which reports it as it would the deferred
+ * error of one of those ops. */
+static int close_ops(dispatch_device *dev) {
+  dispatch__conn *c = dev->conn;
+  if (!c->ops_n) return 0;
+  dsp_wreq w;
+  Dspwire__Request *req = dsp_wreq_ops(&w, c->ops, c->ops_len);
+  int n = c->ops_n;
+  req->req_id = c->next_id++;
+  c->ops_n = 0; /* put_frame must not close it again */
+  c->ops_len = 0;
+  int rc = put_frame(dev, req, NULL, 0);
+  if (rc == EBROKEN) rc = reconnect(dev); /* it was logged: sent again */
+  if (rc < 0 && !c->stash_code && !c->dead) {
+    c->stash_code = rc;
+    snprintf(c->stash_msg, sizeof c->stash_msg, "%d queued ops were lost: %s",
+             n, dsp_ctx_errmsg(dev->ctx));
+  }
+  return rc;
+}
+
+/* Queues one op as a record of the open batch; a full batch is put and
+ * sent, so the server works on it while the caller queues the next. */
+static int put_record(dispatch_device *dev, dsp_opcode op, const uint64_t *in,
+                      int n_in, const dsp_attrs *a, uint64_t out,
+                      int no_grad) {
+  dispatch__conn *c = dev->conn;
+  int rc = check_alive(dev);
+  if (rc == EBROKEN) rc = reconnect(dev);
+  if (rc < 0) return rc;
+  size_t size = dsp_oprec_size(n_in, a->n_ints, a->n_floats);
+  if (c->ops_len + size > DISPATCH__OPS_BYTES && (rc = close_ops(dev)) < 0)
+    return rc;
+  if (!c->ops && !(c->ops = dsp_malloc(DISPATCH__OPS_BYTES)))
+    return dsp_seterr(dev->ctx, DISPATCH_ENOMEM,
+                      "out of memory for the op batch (%d bytes)",
+                      DISPATCH__OPS_BYTES);
+  c->ops_len += dsp_oprec_put(c->ops + c->ops_len, (int)op, no_grad, in, n_in,
+                              out, a->ints, a->n_ints, a->floats,
+                              a->n_floats);
+  if (++c->ops_n < DISPATCH__OPS_MAX) return 0;
+  rc = close_ops(dev);
+  if (rc == 0) rc = flush(dev);
+  if (rc == EBROKEN) rc = reconnect(dev); /* the batch was logged */
+  return rc;
+}
+
 static int queue(dispatch_device *dev, Dspwire__Request *req, uint64_t rid,
                  const void *bulk, size_t bulk_len) {
   dispatch__conn *c = dev->conn;
   int rc = check_alive(dev);
   if (rc == EBROKEN) rc = reconnect(dev);
   if (rc < 0) return rc;
+  if ((rc = close_ops(dev)) < 0) return rc; /* before req's id is taken */
   req->req_id = rid ? rid : c->next_id++;
   rc = put_frame(dev, req, bulk, bulk_len);
   if (rc == EBROKEN) rc = reconnect(dev); /* it sends the frame again */
@@ -794,6 +857,10 @@ int dispatch__remote_queue(dispatch_device *dev, Dspwire__Request *req) {
 int dispatch__remote_op(dispatch_device *dev, dsp_opcode op,
                         const uint64_t *in, int n_in, const dsp_attrs *a,
                         uint64_t out, int no_grad) {
+  /* a peer's creation op names its device: only an Op carries that */
+  if (dev->conn->batch_ops && !(n_in == 0 && dev->device) &&
+      dsp_oprec_fits(n_in, a->n_ints, a->n_floats))
+    return put_record(dev, op, in, n_in, a, out, no_grad);
   dsp_wreq w;
   Dspwire__Request *r =
       dsp_wreq_op(&w, (int32_t)op, in, (size_t)n_in, out, a->ints,
@@ -1104,6 +1171,12 @@ int dispatch__remote_open(dispatch_device *dev, const char *host,
   if (rc == 0) {
     dev->conn->max_frame = r->hello->max_frame;
     dev->conn->ready = 1;
+    /* 1.3 servers take Ops; a frame limit below a full batch (and room
+     * for its message) turns batching off rather than refuse the batch */
+    const char *b = getenv("DISPATCH_OPS_BATCH");
+    dev->conn->batch_ops = r->hello->minor >= 3 &&
+                           r->hello->max_frame >= 4 * DISPATCH__OPS_BYTES &&
+                           !(b && strcmp(b, "0") == 0);
     rc = setup_resume(dev, r->hello, host, port, token, client_name, tls);
     if (r->hello->session_device && *r->hello->session_device &&
         !(dev->conn->server_device = dsp_strdup(r->hello->session_device)))
@@ -1128,6 +1201,8 @@ void dispatch__remote_close(dispatch_device *dev) {
   if (c->fd >= 0 && !c->dead && c->ready) {
     dsp_wreq w;
     c->n_free_ids = c->n_free_grads = 0;
+    c->ops_n = 0; /* nothing can read their results any more */
+    c->ops_len = 0;
     if (queue(dev, dsp_wreq_bye(&w), 0, NULL, 0) == 0) flush(dev);
   }
   if (c->ssl || c->ssl_ctx) dispatch__tls_close(c);
@@ -1136,6 +1211,8 @@ void dispatch__remote_close(dispatch_device *dev) {
   dsp_free(c->buf);
   c->buf = NULL;
   c->len = c->cap = 0;
+  dsp_free(c->ops);
+  c->ops = NULL;
   dsp_free(c->rbuf);
   c->rbuf = NULL;
   c->rpos = c->rlen = 0;

@@ -169,6 +169,13 @@ uint64_t dsp__budget_relieve(dsp_budget *b, const dsp_budget *stop,
  * itself in the error. */
 int dsp_budget_charge_why(dsp_budget *b, uint64_t n, const char *what,
                           char *why, size_t why_len) {
+  int rc = dsp_budget_charge_held(b, n, what, why, why_len);
+  if (rc == 0) dsp_budget_ref(b);
+  return rc;
+}
+
+int dsp_budget_charge_held(dsp_budget *b, uint64_t n, const char *what,
+                           char *why, size_t why_len) {
   if (!b) return 0;
   int retried = 0;
 retry:
@@ -193,7 +200,6 @@ retry:
       return DISPATCH_EQUOTA;
     }
   }
-  dsp_budget_ref(b);
   return 0;
 }
 

@@ -129,9 +129,16 @@ int dsp_budget_charge(dsp_budget *b, dsp_ctx *ctx, uint64_t n,
 /* The same, with the message written to why (may be NULL). */
 int dsp_budget_charge_why(dsp_budget *b, uint64_t n, const char *what,
                           char *why, size_t why_len);
+/* dsp_budget_charge_why without the reference, for an owner that holds
+ * one of its own for longer than the charge (a server session's table
+ * entries): undone with dsp_budget_uncharge_part. Saves two atomic
+ * operations a charge on the path of every small op. */
+int dsp_budget_charge_held(dsp_budget *b, uint64_t n, const char *what,
+                           char *why, size_t why_len);
 void dsp_budget_uncharge(dsp_budget *b, uint64_t n);
 /* Gives back n bytes of a larger charge of b, whose rest (and reference)
- * stays until its own dsp_budget_uncharge. */
+ * stays until its own dsp_budget_uncharge; or the whole of a
+ * dsp_budget_charge_held. */
 void dsp_budget_uncharge_part(dsp_budget *b, uint64_t n);
 /* 1 when n more bytes would fit b and every parent now (a hint only: other
  * threads may charge in between). */
@@ -521,6 +528,13 @@ uint64_t dsp_op_cost(dsp_opcode op, const dsp_meta *in, int n_in,
  * failure *out is NULL and nothing leaks. */
 int dsp_op(dsp_ctx *ctx, dsp_opcode op, dsp_tensor *const *in, int n_in,
            const dsp_attrs *a, dsp_tensor **out);
+/* dsp_op after its caller's own dsp_op_infer: *om is what that inference
+ * gave for these inputs and attributes (a not NULL, in[0..n_in-1] not
+ * NULL), cost its dsp_op_cost or UINT64_MAX to have it computed when a
+ * limit needs it. Same checks after inference, same result. */
+int dsp_op_inferred(dsp_ctx *ctx, dsp_opcode op, dsp_tensor *const *in,
+                    int n_in, const dsp_attrs *a, const dsp_meta *om,
+                    uint64_t cost, dsp_tensor **out);
 
 /* Attribute builders (no allocation). dsp_attrs_ints keeps a count n
  * outside 0..DSP_MAX_ATTR_INTS as it is, so the op refuses it. */

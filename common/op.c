@@ -5,16 +5,20 @@
 
 #include "dsp_internal.h"
 
-static const dsp_op_info g_ops[] = {
-#define ROW_(NAME, code, str, nin, fam) \
-  {DSP_OP_##NAME, str, nin, DSP_FAM_##fam},
-    DSP_OP_MAP(ROW_)
-#undef ROW_
+/* The op table, indexed by code (codes are small and dense; holes have no
+ * name): every op looks itself up several times, and a scan of a table in
+ * code order was a visible share of a chain of small ops. */
+static const dsp_op_info g_by_code[] = {
+#define BYCODE_(NAME, code, str, nin, fam) \
+  [code] = {DSP_OP_##NAME, str, nin, DSP_FAM_##fam},
+    DSP_OP_MAP(BYCODE_)
+#undef BYCODE_
 };
 
 const dsp_op_info *dsp_op_lookup(int code) {
-  for (size_t i = 0; i < sizeof g_ops / sizeof g_ops[0]; i++)
-    if ((int)g_ops[i].code == code) return &g_ops[i];
+  if (code >= 0 && (size_t)code < sizeof g_by_code / sizeof g_by_code[0] &&
+      g_by_code[code].name)
+    return &g_by_code[code];
   return NULL;
 }
 
@@ -107,15 +111,27 @@ int dsp_op(dsp_ctx *ctx, dsp_opcode op, dsp_tensor *const *in, int n_in,
   if (n_in < 0 || n_in > DSP_MAX_INPUTS || (n_in > 0 && !in))
     return dsp_seterr(ctx, DISPATCH_EINVAL, "op: bad input count %d", n_in);
   dsp_meta metas[DSP_MAX_INPUTS];
-  int tracked = 0;
   for (int i = 0; i < n_in; i++) {
     if (!in[i]) return dsp_seterr(ctx, DISPATCH_EINVAL, "op: input %d is NULL", i);
     metas[i] = in[i]->meta;
-    tracked |= in[i]->node != NULL;
   }
   dsp_meta om;
   int rc = dsp_op_infer(ctx, op, metas, n_in, a, &om);
   if (rc < 0) return rc;
+  return dsp_op_inferred(ctx, op, in, n_in, a, &om, UINT64_MAX, out);
+}
+
+int dsp_op_inferred(dsp_ctx *ctx, dsp_opcode op, dsp_tensor *const *in,
+                    int n_in, const dsp_attrs *a, const dsp_meta *omp,
+                    uint64_t cost, dsp_tensor **out) {
+  *out = NULL;
+  dsp_meta metas[DSP_MAX_INPUTS];
+  int tracked = 0, rc = 0;
+  for (int i = 0; i < n_in; i++) {
+    metas[i] = in[i]->meta;
+    tracked |= in[i]->node != NULL;
+  }
+  dsp_meta om = *omp;
   int64_t span;
   if (ctx->max_span > 0 && dsp_meta_span(ctx, &om, NULL, &span) == 0 &&
       span > ctx->max_span) {
@@ -130,7 +146,7 @@ int dsp_op(dsp_ctx *ctx, dsp_opcode op, dsp_tensor *const *in, int n_in,
   /* both checks come before the output is allocated: a refused or
    * cancelled op costs nothing */
   if (ctx->max_op_cost) {
-    uint64_t cost = dsp_op_cost(op, metas, n_in, a, &om);
+    if (cost == UINT64_MAX) cost = dsp_op_cost(op, metas, n_in, a, &om);
     if (cost > ctx->max_op_cost)
       return dsp_seterr(ctx, DISPATCH_ELIMIT,
                         "%s: estimated %llu elementary operations, over the "

@@ -157,6 +157,16 @@ Dspwire__Request *dsp_wreq_to_device(dsp_wreq *w, uint64_t id, uint64_t out,
   return &w->req;
 }
 
+Dspwire__Request *dsp_wreq_ops(dsp_wreq *w, const uint8_t *records,
+                                size_t len) {
+  Dspwire__Ops *m = &w->body.ops;
+  *m = (Dspwire__Ops)DSPWIRE__OPS__INIT;
+  m->records.data = (uint8_t *)records;
+  m->records.len = len;
+  begin(w, DSPWIRE__REQUEST__BODY_OPS)->ops = m;
+  return &w->req;
+}
+
 size_t dsp_req_frame_size(const Dspwire__Request *req) {
   return DSP_FRAME_HEADER_SIZE + dspwire__request__get_packed_size(req);
 }

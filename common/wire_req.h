@@ -40,6 +40,7 @@ typedef struct dsp_wreq {
     Dspwire__Stats stats;
     Dspwire__Bye bye;
     Dspwire__ToDevice to_device;
+    Dspwire__Ops ops;
   } body;
 } dsp_wreq;
 
@@ -72,6 +73,9 @@ Dspwire__Request *dsp_wreq_sync(dsp_wreq *w);
 Dspwire__Request *dsp_wreq_stats(dsp_wreq *w);
 Dspwire__Request *dsp_wreq_bye(dsp_wreq *w);
 /* 1.1: a copy of tensor id as tensor out on server device `device`. */
+/* 1.3: len bytes of packed op records (op_record.h), borrowed. */
+Dspwire__Request *dsp_wreq_ops(dsp_wreq *w, const uint8_t *records,
+                                size_t len);
 Dspwire__Request *dsp_wreq_to_device(dsp_wreq *w, uint64_t id, uint64_t out,
                                       const char *device);
 

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "frame.h"
+#include "op_record.h"
 #include "sv.h"
 
 static int why_fmt(char *why, size_t len, int code, const char *fmt, ...)
@@ -41,6 +42,33 @@ int sv_decode_header(const sv_config *cfg,
   return 0;
 }
 
+/* The layout of an Ops request's records (op_record.h): at least one, at
+ * most DSP_OPREC_MAX, each whole and of a known op code. NULL when they
+ * are fine, else the reason (in buf). */
+static const char *check_records(const ProtobufCBinaryData *recs, char *buf,
+                                 size_t len) {
+  const uint8_t *p = recs->data, *end = recs->data + recs->len;
+  int n = 0;
+  if (recs->len == 0) return "ops request without records";
+  while (p < end) {
+    dsp_oprec r;
+    char why[128];
+    if (++n > DSP_OPREC_MAX) {
+      snprintf(buf, len, "ops request of more than %d records", DSP_OPREC_MAX);
+      return buf;
+    }
+    if (dsp_oprec_next(&p, end, &r, why, sizeof why) < 0) {
+      snprintf(buf, len, "ops record %d: %s", n, why);
+      return buf;
+    }
+    if (!dsp_op_lookup(r.op)) {
+      snprintf(buf, len, "ops record %d: unknown op code %d", n, r.op);
+      return buf;
+    }
+  }
+  return NULL;
+}
+
 /* Decodes one message and applies the rules that do not need a session:
  * a body, hello first and only once, bulk only on an upload, a known op
  * code. On failure nothing is kept and *req_id is the request's id when
@@ -57,7 +85,7 @@ static int decode_with(ProtobufCAllocator *alloc, const uint8_t *msg,
                    "undecodable request message (%zu bytes)", len);
   *req_id = req->req_id;
   const char *bad = NULL;
-  char opwhy[64];
+  char opwhy[192];
   Dspwire__Request__BodyCase bc = req->body_case;
   if (bc == DSPWIRE__REQUEST__BODY__NOT_SET) {
     bad = "request has no body";
@@ -72,6 +100,8 @@ static int decode_with(ProtobufCAllocator *alloc, const uint8_t *msg,
     snprintf(opwhy, sizeof opwhy, "unknown op code %d", req->op->op);
     bad = opwhy;
   }
+  if (!bad && bc == DSPWIRE__REQUEST__BODY_OPS)
+    bad = check_records(&req->ops->records, opwhy, sizeof opwhy);
   if (bad) {
     dspwire__request__free_unpacked(req, alloc);
     return why_fmt(why, why_len, DISPATCH_EPROTO, "request %llu: %s",

@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "frame.h"
+#include "op_record.h"
 #include "sv.h"
 
 /* Every block protobuf-c takes carries a PB_HDR-byte header with its size
@@ -250,6 +251,15 @@ static const char *op_name(int code) {
   return i ? i->name : "unknown-op";
 }
 
+void sv_describe_record(const dsp_oprec *r, char *buf, size_t len) {
+  uint64_t in[DSP_MAX_INPUTS];
+  char ids[160];
+  for (int i = 0; i < r->n_in; i++) in[i] = dsp_oprec_in(r, i);
+  ids_str(ids, sizeof ids, in, (size_t)r->n_in);
+  snprintf(buf, len, "op %s [%s] -> %llu", op_name(r->op), ids,
+           (unsigned long long)r->out);
+}
+
 void sv_describe(const Dspwire__Request *r, char *buf, size_t len) {
   char ids[160], ids2[160];
   switch (r->body_case) {
@@ -318,6 +328,9 @@ void sv_describe(const Dspwire__Request *r, char *buf, size_t len) {
                sv_log_str(dev, sizeof dev, r->to_device->device, 32));
       break;
     }
+    case DSPWIRE__REQUEST__BODY_OPS:
+      snprintf(buf, len, "ops (%zu bytes of records)", r->ops->records.len);
+      break;
     case DSPWIRE__REQUEST__BODY_SYNC: snprintf(buf, len, "sync"); break;
     case DSPWIRE__REQUEST__BODY_STATS: snprintf(buf, len, "stats"); break;
     case DSPWIRE__REQUEST__BODY_BYE: snprintf(buf, len, "bye"); break;

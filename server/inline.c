@@ -7,9 +7,14 @@
  * (nothing queued, nothing running: the loop may touch its state, as it
  * does for Sync and Read) and an op's estimated work (dsp_op_cost) is at
  * most --inline-cost, the loop runs it (and likewise a Free of a few
- * small tensors, which a client sends batched before its next wait) through the same sv_session_exec a
+ * small tensors, which a client sends batched before its next wait, or
+ * an upload of a few thousand bytes, whose bytes the loop has already put
+ * in place) through the same sv_session_exec a
  * worker would call: same checks, same deferred errors, same order (there
- * is nothing before it to overtake). This file only judges; net.c runs.
+ * is nothing before it to overtake). The records of an Ops request (1.3)
+ * are judged one by one as they come: the loop runs them while each one
+ * passes, and hands the rest of the request to a worker at the first that
+ * does not. This file only judges; net.c runs.
  *
  * The judgement reads the session's tensor table, so it too runs only
  * while the session is idle. It refuses rather than guesses: an op whose
@@ -18,6 +23,7 @@
  * fails or runs exactly as before. */
 #include <string.h>
 
+#include "op_record.h"
 #include "sv.h"
 
 /* The kernels of every CPU device instance (dsp_cpu_backend_new copies
@@ -43,36 +49,60 @@ static int free_cost(sv_session *s, const Dspwire__Free *f, uint64_t *cost) {
   return 1;
 }
 
-int sv_inline_cost(sv_session *s, const Dspwire__Request *r, uint64_t *cost) {
-  if (r->body_case == DSPWIRE__REQUEST__BODY_FREE)
-    return free_cost(s, r->free, cost);
-  if (r->body_case != DSPWIRE__REQUEST__BODY_OP) return 0;
-  const Dspwire__Op *o = r->op;
-  const dsp_op_info *info = dsp_op_lookup(o->op);
+/* An op on inputs of ids in[0..n_in-1] that the loop could run: known,
+ * not an optimizer op, its inputs alive on a CPU device (or, without
+ * inputs, the session's device a CPU) and its shapes inferred; 1 with its
+ * dsp_op_cost in *cost. */
+static int op_cost(sv_session *s, int op, const uint64_t *in, int n_in,
+                   const dsp_attrs *a, uint64_t *cost) {
+  const dsp_op_info *info = dsp_op_lookup(op);
   if (!info || info->family == DSP_FAM_OPTIM) return 0;
-  if (o->n_inputs > DSP_MAX_INPUTS || o->n_ints > DSP_MAX_ATTR_INTS ||
-      o->n_floats > DSP_MAX_ATTR_FLOATS)
-    return 0;
-  if (o->device && *o->device) return 0;
-  if (o->n_inputs == 0 && !on_cpu(s->device)) return 0;
+  if (n_in == 0 && !on_cpu(s->device)) return 0;
   dsp_meta metas[DSP_MAX_INPUTS];
-  for (size_t i = 0; i < o->n_inputs; i++) {
-    const sv_entry *e = sv_idmap_get(&s->tensors, o->inputs[i]);
+  for (int i = 0; i < n_in; i++) {
+    const sv_entry *e = sv_idmap_get(&s->tensors, in[i]);
     if (!e || !e->t) return 0;
     if (e->t->storage && !on_cpu(e->t->storage->backend)) return 0;
     metas[i] = e->t->meta;
   }
+  dsp_meta om;
+  /* infer may leave a message in the ctx: sv_session_exec clears it
+   * before it runs anything */
+  if (dsp_op_infer(s->ctx, (dsp_opcode)op, metas, n_in, a, &om) < 0) return 0;
+  *cost = dsp_op_cost((dsp_opcode)op, metas, n_in, a, &om);
+  return 1;
+}
+
+int sv_inline_cost(sv_session *s, const sv_job *j, uint64_t *cost) {
+  const Dspwire__Request *r = j->req;
+  if (r->body_case == DSPWIRE__REQUEST__BODY_FREE)
+    return free_cost(s, r->free, cost);
+  if (r->body_case == DSPWIRE__REQUEST__BODY_UPLOAD) {
+    /* its bytes are in place: what is left is a check of bool bytes and
+     * the table; a refused one (no tensor) fails the same anywhere */
+    if (j->upload && !on_cpu(j->upload->storage ? j->upload->storage->backend
+                                                 : NULL))
+      return 0;
+    *cost = j->upload_bytes;
+    return 1;
+  }
+  if (r->body_case != DSPWIRE__REQUEST__BODY_OP) return 0;
+  const Dspwire__Op *o = r->op;
+  if (o->n_inputs > DSP_MAX_INPUTS || o->n_ints > DSP_MAX_ATTR_INTS ||
+      o->n_floats > DSP_MAX_ATTR_FLOATS)
+    return 0;
+  if (o->device && *o->device) return 0;
   dsp_attrs a = dsp_attrs_none();
   a.n_ints = (int)o->n_ints;
   for (size_t i = 0; i < o->n_ints; i++) a.ints[i] = o->ints[i];
   a.n_floats = (int)o->n_floats;
   for (size_t i = 0; i < o->n_floats; i++) a.floats[i] = o->floats[i];
-  dsp_meta om;
-  /* infer may leave a message in the ctx: sv_session_exec clears it
-   * before it runs anything */
-  if (dsp_op_infer(s->ctx, (dsp_opcode)o->op, metas, (int)o->n_inputs, &a,
-                   &om) < 0)
-    return 0;
-  *cost = dsp_op_cost((dsp_opcode)o->op, metas, (int)o->n_inputs, &a, &om);
+  return op_cost(s, o->op, o->inputs, (int)o->n_inputs, &a, cost);
+}
+
+int sv_inline_placed(const sv_session *s, dsp_tensor *const *in, int n_in) {
+  if (n_in == 0) return on_cpu(s->device);
+  for (int i = 0; i < n_in; i++)
+    if (in[i]->storage && !on_cpu(in[i]->storage->backend)) return 0;
   return 1;
 }

@@ -22,6 +22,7 @@ static const sv_req_kind g_kinds[] = {
     ROW(DSPWIRE__REQUEST__BODY_BYE, "bye", 0, 0, 0),
     ROW(DSPWIRE__REQUEST__BODY_GRAPH_DEFINE, "graph_define", 0, 0, 0),
     ROW(DSPWIRE__REQUEST__BODY_GRAPH_REPLAY, "graph_replay", 1, 0, 1),
+    ROW(DSPWIRE__REQUEST__BODY_OPS, "ops", 0, 0, 0),
 };
 
 const sv_req_kind *sv_req_kind_of(Dspwire__Request__BodyCase bc) {

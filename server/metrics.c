@@ -58,6 +58,57 @@ void sv_count_tensor(sv_global *g, const dsp_tensor *t, long long nbytes,
     }
 }
 
+void sv_tally_tensor(sv_tally *t, const sv_global *g, const dsp_tensor *x,
+                     long long nbytes, int sign) {
+  t->dirty = 1;
+  t->bytes += sign * nbytes;
+  t->tensors += sign;
+  const dsp_backend *be = x->storage ? x->storage->backend : NULL;
+  for (int i = 0; i < g->n_devices && g->devices; i++)
+    if (g->devices[i].be == be) {
+      t->dev_tensors[i] += sign;
+      t->dev_bytes[i] += sign * nbytes;
+      t->devs |= 1u << i;
+      return;
+    }
+}
+
+void sv_tally_op(sv_tally *t, int op) {
+  if (op < 0 || op >= SV_METRIC_OPS) return;
+  t->dirty = 1;
+  t->ops[op]++;
+  t->op_mask[op / 64] |= 1ull << (op % 64);
+}
+
+void sv_tally_flush(sv_tally *t, sv_global *g, atomic_llong *session_bytes) {
+  if (!t->dirty) return;
+  if (t->bytes) {
+    atomic_fetch_add_explicit(&g->bytes, t->bytes, memory_order_relaxed);
+    atomic_fetch_add_explicit(session_bytes, t->bytes, memory_order_relaxed);
+  }
+  if (t->tensors)
+    atomic_fetch_add_explicit(&g->tensors, t->tensors, memory_order_relaxed);
+  for (int i = 0; t->devs; i++)
+    if (t->devs & (1u << i)) {
+      t->devs &= ~(1u << i);
+      atomic_fetch_add_explicit(&g->m.dev_tensors[i], t->dev_tensors[i],
+                                memory_order_relaxed);
+      atomic_fetch_add_explicit(&g->m.dev_bytes[i], t->dev_bytes[i],
+                                memory_order_relaxed);
+      t->dev_tensors[i] = t->dev_bytes[i] = 0;
+    }
+  for (int w = 0; w < SV_METRIC_OPS / 64; w++)
+    while (t->op_mask[w]) {
+      int op = w * 64 + __builtin_ctzll(t->op_mask[w]);
+      t->op_mask[w] &= t->op_mask[w] - 1;
+      atomic_fetch_add_explicit(&g->m.ops[op], t->ops[op],
+                                memory_order_relaxed);
+      t->ops[op] = 0;
+    }
+  t->tensors = t->bytes = 0;
+  t->dirty = 0;
+}
+
 static const char *const g_limit_names[SV_LIM_COUNT] = {
     [SV_LIM_QUOTA] = "quota",
     [SV_LIM_MAX_ELEMENTS] = "max_elements",

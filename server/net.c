@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "conn.h"
+#include "op_record.h"
 
 #define N_HANDLES 4 /* tcp, idle, hs, frame */
 
@@ -183,37 +184,84 @@ void sv_conn_submit(sv_conn *c, sv_job *j) {
 
 /* 1 when j may run on the loop thread now: a waiting request that only
  * reads session state (the on_loop kinds: Sync, Stats, a Read whose reply
- * references the tensor's storage), or an op or Free whose estimated work
- * is at most --inline-cost (inline.c) while this read's inline allowance
- * lasts and at most SV_INLINE_TAIL bytes of it follow (more is a pipeline
- * whose decoding overlaps its execution on a worker);
+ * references the tensor's storage), or an op, Free or upload whose
+ * estimated work is at most --inline-cost (inline.c) while this read's
+ * inline allowance lasts, and for an Op only while at most SV_INLINE_TAIL
+ * bytes of the read follow it (more is a pipeline of Op messages, whose
+ * decoding overlaps its execution on a worker; a 1.3 client sends such a
+ * pipeline as Ops, ops_on_loop);
  * and in both cases only while the session has nothing queued or running.
  * Then no worker can touch the session until the loop submits again, and
  * the pool mutex taken in the check orders the last worker's writes
  * (tensor table, first deferred error) before the loop's reads, so what
  * runs here sees what it would see on a worker, in the same order. */
 static int runs_on_loop(sv_conn *c, const sv_job *j) {
-  int on_loop = sv_req_kind_of(j->req->body_case)->on_loop;
-  int op = (j->req->body_case == DSPWIRE__REQUEST__BODY_OP ||
-            j->req->body_case == DSPWIRE__REQUEST__BODY_FREE) &&
-           c->srv->cfg->inline_cost > 0 && c->inline_left > 0 &&
-           c->read_left <= SV_INLINE_TAIL;
+  Dspwire__Request__BodyCase bc = j->req->body_case;
+  int on_loop = sv_req_kind_of(bc)->on_loop;
+  int op = ((bc == DSPWIRE__REQUEST__BODY_OP &&
+             c->read_left <= SV_INLINE_TAIL) ||
+            bc == DSPWIRE__REQUEST__BODY_FREE ||
+            bc == DSPWIRE__REQUEST__BODY_UPLOAD) &&
+           c->srv->cfg->inline_cost > 0 && c->inline_left > 0;
   if ((!on_loop && !op) || c->inflight > 0 ||
       !sv_pool_session_idle(c->srv->pool, c->sess))
     return 0;
   if (on_loop) return 1;
   uint64_t cost;
-  if (!sv_inline_cost(c->sess, j->req, &cost) ||
-      cost > c->srv->cfg->inline_cost)
+  if (!sv_inline_cost(c->sess, j, &cost) || cost > c->srv->cfg->inline_cost)
     return 0;
   cost += SV_INLINE_OP_BASE;
   c->inline_left = cost < c->inline_left ? c->inline_left - cost : 0;
   return 1;
 }
 
+/* The gate of an Ops request's records run on the loop: a record runs
+ * there while it is placed on a CPU, its estimated work is at most
+ * --inline-cost and this read's inline allowance lasts (inline.c); the
+ * first that fails goes, with the rest of the request, to a worker. */
+static int inline_gate(void *ud, sv_session *s, dsp_tensor *const *in,
+                       int n_in, uint64_t cost) {
+  sv_conn *c = ud;
+  if (c->inline_left == 0 || cost > c->srv->cfg->inline_cost ||
+      !sv_inline_placed(s, in, n_in))
+    return 0;
+  cost += SV_INLINE_REC_BASE;
+  c->inline_left = cost < c->inline_left ? c->inline_left - cost : 0;
+  return 1;
+}
+
+/* An Ops request of an idle session: its leading records that pass
+ * inline_gate run here, one by one, and the rest (if any) go to a worker
+ * in the same job. Unlike an Op, no bytes-behind rule: its records cost
+ * the loop no decoding, so there is nothing to overlap with a worker. 1
+ * when it ran here (in full or in part), 0 when it is the pool's. */
+static int ops_on_loop(sv_conn *c, sv_job *j) {
+  if (j->req->body_case != DSPWIRE__REQUEST__BODY_OPS ||
+      c->srv->cfg->inline_cost == 0 || c->inline_left == 0 ||
+      c->inflight > 0 || !sv_pool_session_idle(c->srv->pool, c->sess))
+    return 0;
+  j->sess = c->sess;
+  j->gate = inline_gate;
+  j->gate_ud = c;
+  uint64_t ops = c->sess->n_ops;
+  c->inflight++;
+  sv_session_exec(c->sess, j);
+  c->sess->n_inline += c->sess->n_ops - ops;
+  j->gate = NULL;
+  j->gate_ud = NULL;
+  if (j->ops_at < j->req->ops->records.len) {
+    c->inflight--; /* counted again by the submit */
+    sv_conn_submit(c, j);
+  } else {
+    sv_conn_on_done(j, NULL);
+  }
+  return 1;
+}
+
 /* Runs a request on the loop when runs_on_loop allows (the reply is the
  * one a worker would produce, minus two thread hops), else on the pool. */
 void sv_conn_dispatch(sv_conn *c, sv_job *j) {
+  if (ops_on_loop(c, j)) return;
   if (runs_on_loop(c, j)) {
     j->sess = c->sess;
     c->inflight++;

@@ -79,7 +79,7 @@ static void finish_bulk(sv_conn *c) {
   frame_end(c);
   if (j && c->sess->rs && j->req->seq > c->sess->rs->last_seq)
     c->sess->rs->last_seq = j->req->seq; /* received in full */
-  if (j) sv_conn_submit(c, j); /* NULL: the bulk of a request refused */
+  if (j) sv_conn_dispatch(c, j); /* NULL: the bulk of a request refused */
 }
 
 /* Hands the parts of an upload's bulk that have arrived to the backend

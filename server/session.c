@@ -21,6 +21,7 @@
 #define SV_MALLOC_TRIM 1
 #endif
 
+#include "op_record.h"
 #include "sv.h"
 
 #define WHY_LEN 512
@@ -111,12 +112,13 @@ static int why_run(sv_session *s, char *why, int code) {
   return why_ctx(s, why, code);
 }
 
+/* Entries are charged without a budget reference of their own
+ * (dsp_budget_charge_held): the session's reference outlives them all. */
 static void entry_free(sv_session *s, sv_entry *e) {
-  dsp_budget_uncharge(s->budget, e->charged);
+  dsp_budget_uncharge_part(s->budget, e->charged);
   if (e->t) {
     long long nb = (long long)dsp_tensor_nbytes(e->t);
-    atomic_fetch_sub(&s->bytes, nb);
-    sv_count_tensor(s->global, e->t, nb, -1);
+    sv_tally_tensor(&s->tally, s->global, e->t, nb, -1);
     s->n_live--;
     dsp_tensor_unref(e->t);
   }
@@ -131,8 +133,8 @@ static int insert(sv_session *s, uint64_t id, dsp_tensor *t, char *why) {
    * holds ..." with an empty label), so the id is put in front then, not
    * formatted into a label for every insert */
   char refused[WHY_LEN];
-  int rc = dsp_budget_charge_why(s->budget, ID_COST, "", refused,
-                                 sizeof refused);
+  int rc = dsp_budget_charge_held(s->budget, ID_COST, "", refused,
+                                  sizeof refused);
   if (rc < 0) {
     dsp_tensor_unref(t);
     return why_set(why, rc, "id %llu%s", (unsigned long long)id, refused);
@@ -141,15 +143,14 @@ static int insert(sv_session *s, uint64_t id, dsp_tensor *t, char *why) {
   if (!e || sv_idmap_put(&s->tensors, id, e) < 0) {
     dsp_free(e);
     dsp_tensor_unref(t);
-    dsp_budget_uncharge(s->budget, ID_COST);
+    dsp_budget_uncharge_part(s->budget, ID_COST);
     return why_set(why, DISPATCH_ENOMEM, "out of memory adding id %llu",
                    (unsigned long long)id);
   }
   e->charged = ID_COST;
   e->t = t;
   long long nb = (long long)dsp_tensor_nbytes(t);
-  atomic_fetch_add(&s->bytes, nb);
-  sv_count_tensor(s->global, t, nb, 1);
+  sv_tally_tensor(&s->tally, s->global, t, nb, 1);
   s->n_live++;
   return 0;
 }
@@ -161,7 +162,7 @@ static int insert(sv_session *s, uint64_t id, dsp_tensor *t, char *why) {
 static void poison(sv_session *s, uint64_t id, int code, const char *msg) {
   if (sv_idmap_get(&s->tensors, id)) return;
   uint64_t cost = ID_COST + DSP_BUDGET_COST(strlen(msg) + 1);
-  if (dsp_budget_charge(s->budget, NULL, cost, NULL) < 0) return;
+  if (dsp_budget_charge_held(s->budget, cost, NULL, NULL, 0) < 0) return;
   sv_entry *e = dsp_calloc(1, sizeof *e);
   if (e) {
     e->poison_code = code;
@@ -171,7 +172,7 @@ static void poison(sv_session *s, uint64_t id, int code, const char *msg) {
   if (!e || !e->poison || sv_idmap_put(&s->tensors, id, e) < 0) {
     if (e) dsp_free(e->poison);
     dsp_free(e);
-    dsp_budget_uncharge(s->budget, cost);
+    dsp_budget_uncharge_part(s->budget, cost);
   }
 }
 
@@ -308,46 +309,58 @@ static int do_upload(sv_session *s, sv_job *j, char *why) {
   return insert(s, u->id, t, why);
 }
 
-static int do_op(sv_session *s, sv_job *j, char *why) {
-  Dspwire__Op *o = j->req->op;
+/* One op as an Op request or an Ops record carries it. */
+typedef struct op_args {
+  int op;
+  const uint64_t *in;
+  int n_in;
+  uint64_t out;
+  const dsp_attrs *a;
+  int no_grad;
+  const char *device; /* NULL or "": the inputs' (or the session's) */
+  /* asked once the op is checked and its cost known, before it runs
+   * (sv_job.gate); NULL: it runs */
+  int (*gate)(void *ud, sv_session *s, dsp_tensor *const *in, int n_in,
+              uint64_t cost);
+  void *gate_ud;
+} op_args;
+
+/* run_op's answer when the gate kept the op from running here */
+#define OP_LATER 1
+
+static int run_op(sv_session *s, const op_args *o, char *why) {
   const dsp_op_info *info = dsp_op_lookup(o->op);
   if (!info) /* the loop refuses these; kept for direct callers */
     return why_set(why, DISPATCH_EUNSUPPORTED, "unknown op code %d", o->op);
-  if (o->n_inputs > DSP_MAX_INPUTS)
-    return why_set(why, DISPATCH_EINVAL, "%s: %zu inputs, at most %d",
-                   info->name, o->n_inputs, DSP_MAX_INPUTS);
   if (info->family == DSP_FAM_OPTIM) /* an output id would alias the param */
     return why_set(why, DISPATCH_EINVAL,
                    "%s updates its parameter in place: send it as a Step",
                    info->name);
-  dsp_attrs a;
-  int rc = attrs_from(info->name, o->n_ints, o->ints, o->n_floats, o->floats,
-                      &a, why);
-  if (rc < 0) return rc;
   dsp_tensor *in[DSP_MAX_INPUTS];
   dsp_meta metas[DSP_MAX_INPUTS];
-  for (size_t i = 0; i < o->n_inputs; i++) {
-    rc = get_tensor(s, o->inputs[i], (label){LBL_INPUT, info->name, i, 0},
+  int rc;
+  for (int i = 0; i < o->n_in; i++) {
+    rc = get_tensor(s, o->in[i], (label){LBL_INPUT, info->name, (size_t)i, 0},
                     why, &in[i]);
     if (rc < 0) return rc;
     metas[i] = in[i]->meta;
   }
-  rc = check_free_id(s, o->output, why);
+  rc = check_free_id(s, o->out, why);
   if (rc < 0) return rc;
   dsp_meta om;
-  rc = dsp_op_infer(s->ctx, (dsp_opcode)o->op, metas, (int)o->n_inputs, &a,
-                    &om);
+  rc = dsp_op_infer(s->ctx, (dsp_opcode)o->op, metas, o->n_in, o->a, &om);
   if (rc < 0) return why_ctx(s, why, rc);
   rc = check_new_meta(s, &om, why);
   if (rc < 0) return rc;
-  s->turn_cost += dsp_op_cost((dsp_opcode)o->op, metas, (int)o->n_inputs, &a,
-                              &om);
+  uint64_t cost = dsp_op_cost((dsp_opcode)o->op, metas, o->n_in, o->a, &om);
+  if (o->gate && !o->gate(o->gate_ud, s, in, o->n_in, cost)) return OP_LATER;
+  s->turn_cost += cost;
   /* a creation op may name its device; an op on inputs runs on theirs */
   if (o->device && *o->device) {
     const sv_device *d = sv_device_find(s->global, o->device);
     char names[256], w[4 * SV_LOG_STR_MAX + 8];
     sv_log_str(w, sizeof w, o->device, SV_LOG_STR_MAX);
-    if (o->n_inputs > 0)
+    if (o->n_in > 0)
       return why_set(why, DISPATCH_EINVAL,
                      "%s: device \"%s\" given for an op with inputs (it runs "
                      "on its inputs' device)", info->name, w);
@@ -363,13 +376,31 @@ static int do_op(sv_session *s, sv_job *j, char *why) {
   }
   dsp_tensor *out;
   int grad = dsp_set_grad_enabled(s->ctx, !o->no_grad);
-  rc = dsp_op(s->ctx, (dsp_opcode)o->op, in, (int)o->n_inputs, &a, &out);
+  rc = dsp_op_inferred(s->ctx, (dsp_opcode)o->op, in, o->n_in, o->a, &om,
+                       cost, &out);
   dsp_set_grad_enabled(s->ctx, grad);
   dsp_ctx_set_backend(s->ctx, s->device);
   if (rc < 0) return why_run(s, why, rc);
   s->n_ops++;
-  sv_count_op(s->global, o->op);
-  return insert(s, o->output, out, why);
+  sv_tally_op(&s->tally, o->op);
+  return insert(s, o->out, out, why);
+}
+
+static int do_op(sv_session *s, sv_job *j, char *why) {
+  Dspwire__Op *o = j->req->op;
+  const dsp_op_info *info = dsp_op_lookup(o->op);
+  const char *name = info ? info->name : "op";
+  if (o->n_inputs > DSP_MAX_INPUTS)
+    return why_set(why, DISPATCH_EINVAL, "%s: %zu inputs, at most %d", name,
+                   o->n_inputs, DSP_MAX_INPUTS);
+  dsp_attrs a;
+  int rc = attrs_from(name, o->n_ints, o->ints, o->n_floats, o->floats, &a,
+                      why);
+  if (rc < 0) return rc;
+  op_args args = {o->op, o->inputs,  (int)o->n_inputs, o->output,
+                  &a,    o->no_grad, o->device,         NULL,
+                  NULL};
+  return run_op(s, &args, why);
 }
 
 /* A copy of a tensor on another device of this server (or the same one),
@@ -672,7 +703,77 @@ static void defer_error(sv_session *s, int code, uint64_t req_id,
   snprintf(s->err_msg, sizeof s->err_msg, "%s", msg);
 }
 
+/* The counters and log line of a failed request. */
+static void count_failure(sv_session *s, int rc, int pre_err, uint64_t req_id,
+                          const char *desc, const char *why) {
+  s->n_errors++;
+  sv_count_error(s->global, rc);
+  /* budget refusals are counted here, where they surface; an upload's
+   * was counted when it was read */
+  if (rc == DISPATCH_EQUOTA && pre_err != DISPATCH_EQUOTA)
+    sv_count_limit(s->global, SV_LIM_QUOTA);
+  if (rc == DISPATCH_ECANCELED) /* nobody is left to read an error reply */
+    sv_log_conn(SV_LOG_INFO, s->log_id, NULL,
+                "request %llu (%s) cancelled: %s", (unsigned long long)req_id,
+                desc, why);
+}
+
+/* A failed request without a reply (an Op, or one record of an Ops): its
+ * output, if it has one, is poisoned and the failure becomes the
+ * session's deferred error unless one is pending. */
+static void fail_deferred(sv_session *s, int rc, int pre_err, uint64_t req_id,
+                          const char *desc, const char *why, int has_out,
+                          uint64_t out_id) {
+  char msg[sizeof s->err_msg];
+  count_failure(s, rc, pre_err, req_id, desc, why);
+  label_failure(msg, sizeof msg, req_id, desc, rc, why);
+  if (has_out) poison(s, out_id, rc, msg);
+  defer_error(s, rc, req_id, msg);
+}
+
+/* The records of an Ops request from j->ops_at on, each as the Op whose
+ * req_id is its output id (decode.c checked their layout and op codes). A
+ * record's failure is its own, as an Op's would be: the rest still run.
+ * With j->gate set (the loop running them inline) the run stops at the
+ * first record the gate refuses, j->ops_at marking it: that record has
+ * changed nothing and runs again in full where the rest runs. */
+static void do_ops(sv_session *s, sv_job *j) {
+  const ProtobufCBinaryData *recs = &j->req->ops->records;
+  const uint8_t *p = recs->data + j->ops_at, *end = recs->data + recs->len;
+  char why[WHY_LEN];
+  while (p < end) {
+    const uint8_t *at = p;
+    dsp_oprec r;
+    if (dsp_oprec_next(&p, end, &r, why, sizeof why) < 0) break; /* checked */
+    uint64_t in[DSP_MAX_INPUTS];
+    for (int i = 0; i < r.n_in; i++) in[i] = dsp_oprec_in(&r, i);
+    dsp_attrs a;
+    op_args args = {r.op,      in,   r.n_in,  r.out,     dsp_oprec_attrs(&r, &a),
+                    r.no_grad, NULL, j->gate, j->gate_ud};
+    why[0] = '\0';
+    dsp_clearerr(s->ctx);
+    int rc = run_op(s, &args, why);
+    if (rc == OP_LATER) {
+      p = at;
+      break;
+    }
+    if (rc < 0) {
+      char desc[256];
+      sv_describe_record(&r, desc, sizeof desc);
+      fail_deferred(s, rc, 0, r.out, desc, why, 1, r.out);
+    }
+  }
+  j->ops_at = (size_t)(p - recs->data);
+}
+
+static void exec_job(sv_session *s, sv_job *j);
+
 void sv_session_exec(sv_session *s, sv_job *j) {
+  exec_job(s, j);
+  sv_tally_flush(&s->tally, s->global, &s->bytes);
+}
+
+static void exec_job(sv_session *s, sv_job *j) {
   Dspwire__Request *r = j->req;
   char why[WHY_LEN];
   why[0] = '\0';
@@ -714,6 +815,7 @@ void sv_session_exec(sv_session *s, sv_job *j) {
       out_id = r->op->output;
       has_out = 1;
       break;
+    case DSPWIRE__REQUEST__BODY_OPS: do_ops(s, j); break;
     case DSPWIRE__REQUEST__BODY_TO_DEVICE:
       rc = do_to_device(s, j, why);
       out_id = r->to_device->output;
@@ -746,25 +848,16 @@ void sv_session_exec(sv_session *s, sv_job *j) {
       break;
   }
   if (rc >= 0) return;
-  s->n_errors++;
-  sv_count_error(s->global, rc);
-  /* budget refusals are counted here, where they surface; an upload's
-   * was counted when it was read */
-  if (rc == DISPATCH_EQUOTA && j->pre_err != DISPATCH_EQUOTA)
-    sv_count_limit(s->global, SV_LIM_QUOTA);
-  char desc[256], msg[sizeof s->err_msg];
+  char desc[256];
   sv_describe(r, desc, sizeof desc);
-  if (rc == DISPATCH_ECANCELED) /* nobody is left to read an error reply */
-    sv_log_conn(SV_LOG_INFO, s->log_id, NULL,
-                "request %llu (%s) cancelled: %s",
-                (unsigned long long)r->req_id, desc, why);
-  label_failure(msg, sizeof msg, r->req_id, desc, rc, why);
   if (wait) {
+    char msg[sizeof s->err_msg];
+    count_failure(s, rc, j->pre_err, r->req_id, desc, why);
+    label_failure(msg, sizeof msg, r->req_id, desc, rc, why);
     error_reply(j, rc, msg, r->req_id);
     return;
   }
-  if (has_out) poison(s, out_id, rc, msg);
-  defer_error(s, rc, r->req_id, msg);
+  fail_deferred(s, rc, j->pre_err, r->req_id, desc, why, has_out, out_id);
 }
 
 /* The same outcome sv_session_exec gives a failed request, for one that
@@ -805,6 +898,7 @@ void sv_session_teardown(sv_session *s) {
   for (size_t i = 0; i < s->tensors.cap; i++)
     if (s->tensors.vals[i]) entry_free(s, s->tensors.vals[i]);
   sv_idmap_clear(&s->tensors);
+  sv_tally_flush(&s->tally, s->global, &s->bytes);
   dsp_ctx_free(s->ctx);
   s->ctx = NULL;
   /* the free lists go now (each kept block holds a reference on the

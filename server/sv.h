@@ -190,6 +190,25 @@ typedef struct sv_global {
   sv_counters m; /* by label, for /metrics */
 } sv_global;
 
+/* What one session's running thread has counted and not yet added to
+ * sv_global's counters: a chain of small ops paid several atomic adds per
+ * op on counters no one reads that often. sv_tally_flush adds it (at the
+ * end of every job, so a Stats or a scrape is at most one job behind). */
+typedef struct sv_tally {
+  long long tensors, bytes;
+  long long dev_tensors[SV_MAX_DEVICES], dev_bytes[SV_MAX_DEVICES];
+  uint32_t devs;           /* bit i: dev_*[i] may be non-zero */
+  uint32_t ops[SV_METRIC_OPS];
+  uint64_t op_mask[SV_METRIC_OPS / 64];
+  int dirty;
+} sv_tally;
+void sv_tally_tensor(sv_tally *t, const sv_global *g, const dsp_tensor *x,
+                     long long nbytes, int sign);
+void sv_tally_op(sv_tally *t, int op);
+/* Adds t to g (and to *session_bytes, the session's own figure) and
+ * clears it. */
+void sv_tally_flush(sv_tally *t, sv_global *g, atomic_llong *session_bytes);
+
 /* The counting helpers (metrics.c); any thread. */
 /* A refusal by limit `which`: also counted in g->limit_violations. */
 void sv_count_limit(sv_global *g, sv_limit which);
@@ -240,6 +259,7 @@ size_t sv_device_infos(const sv_global *g, Dspwire__DeviceInfo *infos,
 /* "cpu:0, cpu:1": the names, for messages. */
 void sv_device_names(const sv_global *g, char *buf, size_t len);
 struct sv_session;
+struct dsp_oprec;
 /* The backend session s runs device d's work on: d->be, or for a kind
  * with session views s's own view of it, opened on first use (from the
  * loop or the worker: whichever comes first installs it). 0 with *out,
@@ -277,6 +297,7 @@ typedef enum sv_job_kind {
 } sv_job_kind;
 
 struct sv_session;
+struct dsp_oprec;
 
 typedef struct sv_job {
   struct sv_job *next;
@@ -301,6 +322,15 @@ typedef struct sv_job {
   dsp_pin *out_pin;  /* the Read's snapshot whose bytes follow out on the
                         wire (out's header counts them); NULL: none */
   int is_bye;
+  /* an Ops request: the offset in its records where the next run starts
+   * (the loop may run the first records inline and hand the rest to a
+   * worker); gate, when set, is asked for each record once it is checked
+   * and its cost known (dsp_op_cost), before it runs, and a refusal stops
+   * the run there (inline, net.c) */
+  size_t ops_at;
+  int (*gate)(void *ud, struct sv_session *s, dsp_tensor *const *in,
+              int n_in, uint64_t cost);
+  void *gate_ud;
 } sv_job;
 
 void sv_job_free(sv_job *j);
@@ -357,7 +387,9 @@ typedef struct sv_session {
                                 session that holds all it may can still
                                 send the Free that gets it out */
   sv_pb_charge pb;           /* decodes this session's requests (loop) */
-  atomic_llong bytes;        /* bytes of the tensors in the table */
+  atomic_llong bytes;        /* bytes of the tensors in the table (as of
+                                the end of the last job: see tally) */
+  sv_tally tally;            /* worker side: counts not yet in global */
   atomic_llong queued_bytes; /* upload bytes read but not yet run */
   const sv_config *cfg;
   sv_global *global;
@@ -436,6 +468,9 @@ void sv_pb_charge_done(sv_pb_charge *pc);
 /* Short description of a request for messages and debug logs:
  * "op matmul [3, 4] -> 5", "upload 7 f32 [2, 3]". */
 void sv_describe(const Dspwire__Request *r, char *buf, size_t len);
+/* One record of an Ops request, as sv_describe writes the Op it stands
+ * for ("op add [3, 4] -> 5"). */
+void sv_describe_record(const struct dsp_oprec *r, char *buf, size_t len);
 
 /* ------------------------------------------------------------ decode
  * The socket-free steps of reading a request (decode.c), shared by reader.c,
@@ -506,20 +541,33 @@ int sv_stream_exec(sv_session *s, dsp_ctx *io_ctx, int *hello_done,
  * the pool, where the loop decodes while a worker runs, and other
  * connections wait at most about this long behind one. */
 #define SV_INLINE_OP_BASE 1024
-#define SV_INLINE_READ_COST (1ULL << 16)
+/* The same for one record of an Ops request: no protobuf message of its
+ * own to decode and free, so a quarter */
+#define SV_INLINE_REC_BASE 256
+/* 2^20: a read of 64 KiB packed with tiny Ops records (about 2000 of
+ * them, a few hundred microseconds) runs whole on the loop; handing its
+ * tail to a worker would send the session's next reads there too, until
+ * it is idle again, at two wake-ups a turn. About a millisecond of
+ * kernel work at most. */
+#define SV_INLINE_READ_COST (1ULL << 20)
 /* An op runs inline only when at most this many bytes of the same socket
  * read follow its frame: room for the Read or Sync (and a Free) a client
  * sends behind a few ops before it waits. More is a pipeline, which runs
  * faster on a worker while the loop decodes the rest. */
 #define SV_INLINE_TAIL 256
 
-/* 1 with *cost set when r is an op the loop could run for s (inline.c):
- * its inputs live on a CPU device and its shapes infer; or a Free of
- * tensor ids only (cost: one per id and per element it holds); 0
- * otherwise.
+/* 1 with *cost set when job j is an op the loop could run for s
+ * (inline.c): its inputs live on a CPU device and its shapes infer; a Free
+ * of tensor ids only (cost: one per id and per element it holds); or an
+ * upload to a CPU device (cost: its bytes); 0 otherwise.
  * Reads s's tensor table: call only while s is idle
  * (sv_pool_session_idle). */
-int sv_inline_cost(sv_session *s, const Dspwire__Request *r, uint64_t *cost);
+int sv_inline_cost(sv_session *s, const sv_job *j, uint64_t *cost);
+/* 1 when an op on inputs in[0..n_in-1] (checked, alive) runs on a CPU
+ * device, as does a creation op (n_in 0) on s's device: the loop may run
+ * it. For an Ops record, whose inputs earlier records of the same request
+ * may make, this is asked when it is about to run. */
+int sv_inline_placed(const sv_session *s, dsp_tensor *const *in, int n_in);
 
 /* ------------------------------------------------------------ pool */
 

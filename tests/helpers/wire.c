@@ -174,6 +174,11 @@ uint64_t wire_op(wire_conn *c, int op, const uint64_t *inputs, int n_in,
                   NULL, 0);
 }
 
+uint64_t wire_ops(wire_conn *c, const uint8_t *records, size_t len) {
+  dsp_wreq w;
+  return send_req(c, dsp_wreq_ops(&w, records, len), NULL, 0);
+}
+
 uint64_t wire_track(wire_conn *c, uint64_t id) {
   dsp_wreq w;
   return send_req(c, dsp_wreq_track(&w, id), NULL, 0);

@@ -51,6 +51,8 @@ uint64_t wire_upload(wire_conn *c, uint64_t id, int dtype, int ndim,
 uint64_t wire_op(wire_conn *c, int op, const uint64_t *inputs, int n_in,
                  uint64_t output, const int64_t *ints, int n_ints,
                  const double *floats, int n_floats);
+/* 1.3: one Ops request of len bytes of packed records (op_record.h). */
+uint64_t wire_ops(wire_conn *c, const uint8_t *records, size_t len);
 uint64_t wire_track(wire_conn *c, uint64_t id);
 uint64_t wire_backward(wire_conn *c, uint64_t loss, uint64_t grads,
                        int retain);
