@@ -5,6 +5,22 @@
 
 #include "dsp_internal.h"
 
+/* On x86-64 with GCC, a hot kernel loop marked DSP_CPU_CLONES is compiled
+ * once per vector width (AVX-512, AVX2, baseline SSE2) and the widest the
+ * CPU runs is picked when the library loads. The arithmetic is the same
+ * expressions in the same order, never contracted into fused multiply-adds
+ * (-std=c11 turns contraction off), so every clone gives the same bits. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && \
+    defined(__has_attribute)
+#if __has_attribute(target_clones)
+#define DSP_CPU_CLONES \
+  __attribute__((target_clones("avx512f", "avx2", "default")))
+#endif
+#endif
+#ifndef DSP_CPU_CLONES
+#define DSP_CPU_CLONES
+#endif
+
 #define DSP_CPU_FAMILY_DECL_(fam)                                            \
   int dsp__cpu_##fam(dsp_ctx *ctx, dsp_opcode op, dsp_tensor *const *in,     \
                      int n_in, const dsp_attrs *a, dsp_tensor *out);
