@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "autodiff.h"
+#include "cpu/cpu.h"
 
 /* A rule's scratch: every intermediate tensor lands in tmp and is dropped
  * when the rule ends; the first error sticks in rc and makes every later
@@ -121,6 +122,24 @@ static dsp_tensor *transpose_last2(rb *r, dsp_tensor *x) {
   int64_t v[2] = {-2, -1};
   dsp_attrs a = dsp_attrs_ints(2, v);
   return rb_op(r, DSP_OP_TRANSPOSE, &a, 1, x, NULL, NULL);
+}
+
+/* op(a) @ op(b), op(x) = x^T (last two dims) where the flag is set. On a
+ * CPU backend two 2-D operands go to one gemm with BLAS's transpose flags
+ * (dsp__cpu_matmul_t); anything else copies the transpose and multiplies
+ * through dsp_op. */
+static dsp_tensor *matmul_t(rb *r, dsp_tensor *a, int ta, dsp_tensor *b,
+                            int tb) {
+  if (r->rc < 0) return NULL;
+  dsp_tensor *out;
+  int rc = dsp__cpu_matmul_t(r->ctx, a, ta, b, tb, &out);
+  if (rc == 0) return rb_keep(r, out);
+  if (rc < 0) {
+    r->rc = rc;
+    return NULL;
+  }
+  return bin(r, DSP_OP_MATMUL, ta ? transpose_last2(r, a) : a,
+             tb ? transpose_last2(r, b) : b);
 }
 
 /* Where mask holds, v; elsewhere 0. */
@@ -400,11 +419,9 @@ int dsp__autodiff_rule(dsp_ctx *ctx, const dsp_node *n, dsp_tensor *g,
       gm.shape[gm.ndim++] = bm.shape[bm.ndim - 1];
       dsp_tensor *g1 = reshape(R, g, &gm);
       dsp_tensor *a1 = reshape(R, in[0], &am), *b1 = reshape(R, in[1], &bm);
-      GRAD(0, reshape(R, sum_to(R, bin(R, DSP_OP_MATMUL, g1,
-                                       transpose_last2(R, b1)), &am),
+      GRAD(0, reshape(R, sum_to(R, matmul_t(R, g1, 0, b1, 1), &am),
                       &in[0]->meta));
-      GRAD(1, reshape(R, sum_to(R, bin(R, DSP_OP_MATMUL,
-                                       transpose_last2(R, a1), g1), &bm),
+      GRAD(1, reshape(R, sum_to(R, matmul_t(R, a1, 1, g1, 0), &bm),
                       &in[1]->meta));
       break;
     }

@@ -70,6 +70,44 @@ Test(sgd, momentum_and_weight_decay_by_hand) {
   dsp_ctx_free(ctx);
 }
 
+/* momentum 0 and weight decay 0 (the plain step, which has its own loop):
+ * p - lr * g computed in double and rounded once, the velocity left equal
+ * to the gradient, on a length that is no multiple of any vector width */
+Test(sgd, plain_step_is_p_minus_lr_g_rounded_once) {
+  dsp_ctx *ctx = dsp_ctx_new();
+  enum { N = 1037 };
+  static double pv[N], gv[N], vv[N];
+  for (int i = 0; i < N; i++) {
+    pv[i] = sin(0.37 * i) * 3.0;
+    gv[i] = cos(1.3 * i) / (1.0 + i % 7);
+    vv[i] = 0.25 * i;
+  }
+  const double lr = 0.05;
+  for (int d = 0; d < 2; d++) {
+    dsp_dtype dt = d ? DSP_F64 : DSP_F32;
+    dsp_tensor *p = mk(ctx, dt, N, pv), *g = mk(ctx, dt, N, gv),
+               *v = mk(ctx, dt, N, vv), *out = NULL;
+    double f[3] = {lr, 0.0, 0.0};
+    dsp_attrs a = floats(3, f, 0, 0);
+    for (int s = 0; s < 2; s++) {
+      double want[N];
+      for (int i = 0; i < N; i++)
+        want[i] = d ? at(p, i) - lr * at(g, i)
+                    : (double)(float)(at(p, i) - lr * at(g, i));
+      cr_assert_eq(step(ctx, DSP_OP_SGD_STEP, &a, 3, p, g, v, NULL, &out), 0,
+                   "%s", dsp_ctx_errmsg(ctx));
+      for (int i = 0; i < N; i++) {
+        cr_assert(at(p, i) == want[i], "%s step %d p[%d] = %.17g, want %.17g",
+                  d ? "f64" : "f32", s, i, at(p, i), want[i]);
+        cr_assert(at(v, i) == at(g, i), "velocity[%d] is the gradient", i);
+      }
+      dsp_tensor_unref(out);
+    }
+    dsp_tensor_unref(p), dsp_tensor_unref(g), dsp_tensor_unref(v);
+  }
+  dsp_ctx_free(ctx);
+}
+
 /* reference adam step, written out as in the paper */
 static void adam_ref(double *p, double g, double *m, double *v, double lr,
                      double b1, double b2, double eps, int t) {

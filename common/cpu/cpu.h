@@ -5,6 +5,22 @@
 
 #include "dsp_internal.h"
 
+/* On x86-64 with GCC, a hot kernel loop marked DSP_CPU_CLONES is compiled
+ * once per vector width (AVX-512, AVX2, baseline SSE2) and the widest the
+ * CPU runs is picked when the library loads. The arithmetic is the same
+ * expressions in the same order, never contracted into fused multiply-adds
+ * (-std=c11 turns contraction off), so every clone gives the same bits. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && \
+    defined(__has_attribute)
+#if __has_attribute(target_clones)
+#define DSP_CPU_CLONES \
+  __attribute__((target_clones("avx512f", "avx2", "default")))
+#endif
+#endif
+#ifndef DSP_CPU_CLONES
+#define DSP_CPU_CLONES
+#endif
+
 #define DSP_CPU_FAMILY_DECL_(fam)                                            \
   int dsp__cpu_##fam(dsp_ctx *ctx, dsp_opcode op, dsp_tensor *const *in,     \
                      int n_in, const dsp_attrs *a, dsp_tensor *out);
@@ -21,6 +37,16 @@ DSP_CPU_FAMILY_DECL_(optim)
  * (dsp__op_key_dtype): the CPU backend's supports_op table, which the
  * CUDA backend claims as its own. */
 int dsp__cpu_has_kernel(dsp_opcode op, dsp_dtype key);
+
+/* 1 when be is a CPU backend (dsp_cpu_backend or one from
+ * dsp_cpu_backend_new). */
+int dsp__cpu_backend_is(const dsp_backend *be);
+
+/* op(a) @ op(b) on a CPU backend with BLAS's transpose flags (see
+ * common/cpu/linalg.c); 1 when it declines, so the caller falls back to
+ * transpose + matmul through dsp_op. */
+int dsp__cpu_matmul_t(dsp_ctx *ctx, dsp_tensor *a, int ta, dsp_tensor *b,
+                      int tb, dsp_tensor **out);
 
 /* The end of every kernel dispatch: an op x dtype the CPU kernels have no
  * loop for is DISPATCH_EUNSUPPORTED naming the op, the dtypes and "cpu",

@@ -22,26 +22,34 @@ _Static_assert(DSP__OPS_IN_FAMILY(LINALG) == 1,
  * block is a fraction of a second at BLAS speed. 1 when ctx was cancelled
  * (C partly written), else 0. */
 #define MM_BLOCK_WORK ((int64_t)1 << 33)
-static int mm_gemm(dsp_ctx *ctx, dsp_dtype dt, int m, int n, int k,
-                   const char *a, const char *b, char *c) {
+static int mm_gemm_t(dsp_ctx *ctx, dsp_dtype dt, int ta, int tb, int m, int n,
+                     int k, const char *a, const char *b, char *c) {
   size_t es = dsp_dtype_size(dt);
   int64_t bm = MM_BLOCK_WORK / ((int64_t)n * k);
   if (bm < 1) bm = 1;
+  /* op(A) = A [m,k] (lda k) or A^T with A stored [k,m] (lda m); op(B) = B
+   * [k,n] (ldb n) or B^T with B stored [n,k] (ldb k) */
+  const int lda = ta ? m : k, ldb = tb ? k : n;
+  const CBLAS_TRANSPOSE oa = ta ? CblasTrans : CblasNoTrans,
+                        ob = tb ? CblasTrans : CblasNoTrans;
   for (int64_t r = 0; r < m; r += bm) {
     if (dsp_ctx_cancelled(ctx)) return 1;
     int mb = (int)(m - r < bm ? m - r : bm);
-    const char *ar = a + (size_t)(r * k) * es;
+    const char *ar = a + (size_t)(ta ? r : r * k) * es;
     char *cr = c + (size_t)(r * n) * es;
     if (dt == DSP_F32)
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, mb, n, k, 1.0f,
-                  (const float *)ar, k, (const float *)b, n, 0.0f,
-                  (float *)cr, n);
+      cblas_sgemm(CblasRowMajor, oa, ob, mb, n, k, 1.0f, (const float *)ar,
+                  lda, (const float *)b, ldb, 0.0f, (float *)cr, n);
     else
-      cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, mb, n, k, 1.0,
-                  (const double *)ar, k, (const double *)b, n, 0.0,
-                  (double *)cr, n);
+      cblas_dgemm(CblasRowMajor, oa, ob, mb, n, k, 1.0, (const double *)ar,
+                  lda, (const double *)b, ldb, 0.0, (double *)cr, n);
   }
   return 0;
+}
+
+static int mm_gemm(dsp_ctx *ctx, dsp_dtype dt, int m, int n, int k,
+                   const char *a, const char *b, char *c) {
+  return mm_gemm_t(ctx, dt, 0, 0, m, n, k, a, b, c);
 }
 
 /* Runs the product: results only depend on the operands (each output
@@ -102,5 +110,66 @@ int dsp__cpu_linalg(dsp_ctx *ctx, dsp_opcode op, dsp_tensor *const *in,
       idx[i] = 0;
     }
   }
+  return 0;
+}
+
+/* op(a) @ op(b) for 2-D a, b on a CPU backend, op(x) = x^T where the flag
+ * is set: the matmul of the transposed operands, run as one gemm with
+ * BLAS's transpose flags instead of copying a transpose first (backward of
+ * matmul: g b^T and a^T g). It passes the checks dsp_op makes for that
+ * matmul (inference on the transposed shapes, the span and cost limits,
+ * cancellation) and allocates the result the same way; it records
+ * nothing, so it declines (returns 1, *out NULL) while grad mode could
+ * record, as it does for anything but two untracked-or-unrecorded 2-D
+ * f32/f64 operands on one CPU backend. 0 with *out, or an error. */
+int dsp__cpu_matmul_t(dsp_ctx *ctx, dsp_tensor *a, int ta, dsp_tensor *b,
+                      int tb, dsp_tensor **out) {
+  *out = NULL;
+  const dsp_backend *be = a->storage->backend;
+  if (ctx->grad_enabled || a->meta.ndim != 2 || b->meta.ndim != 2 ||
+      a->meta.dtype != b->meta.dtype ||
+      (a->meta.dtype != DSP_F32 && a->meta.dtype != DSP_F64) ||
+      b->storage->backend != be || !dsp__cpu_backend_is(be))
+    return 1;
+  dsp_meta m[2] = {a->meta, b->meta}, om;
+  if (ta) m[0].shape[0] = a->meta.shape[1], m[0].shape[1] = a->meta.shape[0];
+  if (tb) m[1].shape[0] = b->meta.shape[1], m[1].shape[1] = b->meta.shape[0];
+  dsp_attrs none = dsp_attrs_none();
+  int rc = dsp_op_infer(ctx, DSP_OP_MATMUL, m, 2, &none, &om);
+  if (rc < 0) return rc;
+  int64_t span;
+  if (ctx->max_span > 0 && dsp_meta_span(ctx, &om, NULL, &span) == 0 &&
+      span > ctx->max_span) {
+    char sh[160];
+    return dsp_seterr(ctx, DISPATCH_ELIMIT,
+                      "matmul: result %s spans %lld elements (zero sizes "
+                      "counted as 1), over the limit of %lld",
+                      dsp_shape_str(&om, sh, sizeof sh), (long long)span,
+                      (long long)ctx->max_span);
+  }
+  if (ctx->max_op_cost) {
+    uint64_t cost = dsp_op_cost(DSP_OP_MATMUL, m, 2, &none, &om);
+    if (cost > ctx->max_op_cost)
+      return dsp_seterr(ctx, DISPATCH_ELIMIT,
+                        "matmul: estimated %llu elementary operations, over "
+                        "the per-op limit of %llu (dispatch-server "
+                        "--max-op-cost)",
+                        (unsigned long long)cost,
+                        (unsigned long long)ctx->max_op_cost);
+  }
+  if (dsp_ctx_cancelled(ctx)) return dsp__cancelled_err(ctx, DSP_OP_MATMUL);
+  const int64_t M = m[0].shape[0], K = m[0].shape[1], N = m[1].shape[1];
+  /* gemm with beta 0 writes every element; an empty K writes none, and
+   * the zeroed storage is then the answer */
+  dsp_tensor *t;
+  rc = dsp__tensor_new_on(ctx, be, &om, K == 0, &t);
+  if (rc < 0) return rc;
+  if (t->numel > 0 && K > 0 &&
+      mm_gemm_t(ctx, om.dtype, ta, tb, (int)M, (int)N, (int)K,
+                dsp_tensor_data(a), dsp_tensor_data(b), dsp_tensor_data(t))) {
+    dsp_tensor_unref(t);
+    return dsp__cancelled_err(ctx, DSP_OP_MATMUL);
+  }
+  *out = t;
   return 0;
 }

@@ -23,14 +23,24 @@ _Static_assert(DSP__OPS_IN_FAMILY(OPTIM) == 2,
  * into fused multiply-adds under -std=c11). sqrt of a sum of squares is
  * never negative, so __builtin_sqrt needs no errno path. */
 #define DEFINE_OPTIM_KERNELS(T, SFX)                                         \
+  DSP_CPU_CLONES                                                             \
   static void sgd_##SFX(T *p, const T *g, T *v, int64_t n, double lr,        \
                         double mom, double wd) {                             \
+    if (mom == 0.0 && wd == 0.0) {                                           \
+      for (int64_t i = 0; i < n; i++) {                                      \
+        T gi = g[i];                                                         \
+        v[i] = gi;                                                           \
+        p[i] = (T)((double)p[i] - lr * (double)gi);                          \
+      }                                                                      \
+      return;                                                                \
+    }                                                                        \
     for (int64_t i = 0; i < n; i++) {                                        \
       double pi = p[i], vi = mom * (double)v[i] + (double)g[i] + wd * pi;    \
       v[i] = (T)vi;                                                          \
       p[i] = (T)(pi - lr * vi);                                              \
     }                                                                        \
   }                                                                          \
+  DSP_CPU_CLONES                                                             \
   static void adam_##SFX(T *p, const T *g, T *m, T *v, int64_t n, double lr, \
                          double b1, double b2, double eps, double bc1,       \
                          double bc2) {                                       \
