@@ -19,6 +19,8 @@
  * sent once full, so a long pipeline of small ops reaches the server in
  * pieces it starts on while the rest is being queued */
 #define DISPATCH__OPS_MAX 256
+/* the first batch after a wait, doubling up to DISPATCH__OPS_MAX */
+#define DISPATCH__OPS_FIRST 16
 #define DISPATCH__OPS_BYTES 16384
 
 struct dispatch__scope {
@@ -164,6 +166,7 @@ typedef struct dispatch__conn {
   uint8_t *ops;         /* the open batch's records (DISPATCH__OPS_BYTES) */
   size_t ops_len;
   int ops_n;
+  int ops_limit;        /* records that close the open batch */
 } dispatch__conn;
 
 struct dispatch_device {

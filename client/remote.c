@@ -744,6 +744,7 @@ static int call_bulk(dispatch_device *dev, Dspwire__Request *req,
     if (rc == 0) rc = await_reply(dev, req->req_id, dst, dst_len, target,
                                   reply);
   }
+  c->ops_limit = DISPATCH__OPS_FIRST; /* the server has caught up */
   if (*reply && req->seq && (*reply)->req_id == req->req_id) {
     /* the server ran everything up to req: nothing to send again */
     c->acked = req->seq;
@@ -810,7 +811,10 @@ static int put_record(dispatch_device *dev, dsp_opcode op, const uint64_t *in,
   c->ops_len += dsp_oprec_put(c->ops + c->ops_len, (int)op, no_grad, in, n_in,
                               out, a->ints, a->n_ints, a->floats,
                               a->n_floats);
-  if (++c->ops_n < DISPATCH__OPS_MAX) return 0;
+  if (++c->ops_n < c->ops_limit) return 0;
+  /* after a wait the server has nothing to do: the first batches are
+   * small so it starts while the rest is queued, then they double */
+  if (c->ops_limit < DISPATCH__OPS_MAX) c->ops_limit *= 2;
   rc = close_ops(dev);
   if (rc == 0) rc = flush(dev);
   if (rc == EBROKEN) rc = reconnect(dev); /* the batch was logged */
@@ -1174,6 +1178,7 @@ int dispatch__remote_open(dispatch_device *dev, const char *host,
     /* 1.3 servers take Ops; a frame limit below a full batch (and room
      * for its message) turns batching off rather than refuse the batch */
     const char *b = getenv("DISPATCH_OPS_BATCH");
+    dev->conn->ops_limit = DISPATCH__OPS_FIRST;
     dev->conn->batch_ops = r->hello->minor >= 3 &&
                            r->hello->max_frame >= 4 * DISPATCH__OPS_BYTES &&
                            !(b && strcmp(b, "0") == 0);

@@ -113,9 +113,13 @@ static int why_run(sv_session *s, char *why, int code) {
 }
 
 /* Entries are charged without a budget reference of their own
- * (dsp_budget_charge_held): the session's reference outlives them all. */
+ * (dsp_budget_charge_held): the session's reference outlives them all. A
+ * freed entry is kept as a spare (up to SV_SPARE_ENTRIES, as many as the
+ * client frees in one message), still charged its ID_COST, for the next
+ * insert: a chain of small ops makes and frees one entry per op, and two
+ * budget updates and a malloc/free pair each time were a visible share of
+ * the server's time. */
 static void entry_free(sv_session *s, sv_entry *e) {
-  dsp_budget_uncharge_part(s->budget, e->charged);
   if (e->t) {
     long long nb = (long long)dsp_tensor_nbytes(e->t);
     sv_tally_tensor(&s->tally, s->global, e->t, nb, -1);
@@ -123,23 +127,42 @@ static void entry_free(sv_session *s, sv_entry *e) {
     dsp_tensor_unref(e->t);
   }
   dsp_free(e->poison);
+  if (s->n_spare < SV_SPARE_ENTRIES) {
+    if (e->charged > ID_COST)
+      dsp_budget_uncharge_part(s->budget, e->charged - ID_COST);
+    memset(e, 0, sizeof *e);
+    s->spare[s->n_spare++] = e;
+    return;
+  }
+  dsp_budget_uncharge_part(s->budget, e->charged);
   dsp_free(e);
+}
+
+/* The spares go (teardown). */
+static void spares_free(sv_session *s) {
+  while (s->n_spare > 0) {
+    dsp_free(s->spare[--s->n_spare]);
+    dsp_budget_uncharge_part(s->budget, ID_COST);
+  }
 }
 
 /* Inserts t under a free id, taking the caller's reference (dropped on
  * failure). */
 static int insert(sv_session *s, uint64_t id, dsp_tensor *t, char *why) {
-  /* the budget formats its refusal only when it refuses (": session
-   * holds ..." with an empty label), so the id is put in front then, not
-   * formatted into a label for every insert */
-  char refused[WHY_LEN];
-  int rc = dsp_budget_charge_held(s->budget, ID_COST, "", refused,
-                                  sizeof refused);
-  if (rc < 0) {
-    dsp_tensor_unref(t);
-    return why_set(why, rc, "id %llu%s", (unsigned long long)id, refused);
+  sv_entry *e = s->n_spare > 0 ? s->spare[--s->n_spare] : NULL;
+  if (!e) {
+    /* the budget formats its refusal only when it refuses (": session
+     * holds ..." with an empty label), so the id is put in front then,
+     * not formatted into a label for every insert */
+    char refused[WHY_LEN];
+    int rc = dsp_budget_charge_held(s->budget, ID_COST, "", refused,
+                                    sizeof refused);
+    if (rc < 0) {
+      dsp_tensor_unref(t);
+      return why_set(why, rc, "id %llu%s", (unsigned long long)id, refused);
+    }
+    e = dsp_calloc(1, sizeof *e);
   }
-  sv_entry *e = dsp_calloc(1, sizeof *e);
   if (!e || sv_idmap_put(&s->tensors, id, e) < 0) {
     dsp_free(e);
     dsp_tensor_unref(t);
@@ -898,6 +921,7 @@ void sv_session_teardown(sv_session *s) {
   for (size_t i = 0; i < s->tensors.cap; i++)
     if (s->tensors.vals[i]) entry_free(s, s->tensors.vals[i]);
   sv_idmap_clear(&s->tensors);
+  spares_free(s);
   sv_tally_flush(&s->tally, s->global, &s->bytes);
   dsp_ctx_free(s->ctx);
   s->ctx = NULL;

@@ -337,6 +337,7 @@ void sv_job_free(sv_job *j);
 
 /* ------------------------------------------------------------ sessions */
 
+#define SV_SPARE_ENTRIES 256
 typedef struct sv_entry {
   dsp_tensor *t;   /* NULL when poisoned */
   int poison_code; /* the original failure's code */
@@ -368,6 +369,10 @@ typedef struct sv_session {
    * first used; sv_session_backend) */
   _Atomic(dsp_backend *) views[SV_MAX_DEVICES];
   sv_idmap tensors; /* id -> sv_entry* */
+  /* freed entries kept for the next insert, each still charged its id's
+   * cost to budget (session.c) */
+  struct sv_entry *spare[SV_SPARE_ENTRIES];
+  int n_spare;
   sv_idmap grads;   /* id -> dsp_grads* */
   sv_idmap graphs;  /* id -> captured graph (graph.c) */
   uint64_t n_live;  /* tensors that are not poisoned */
