@@ -101,10 +101,10 @@ static void destroy_list(dsp_storage *s) {
   }
 }
 
-dsp_storage *dsp__cache_take_storage(dsp__cache *c, const dsp_backend *be,
-                                     size_t nbytes) {
+/* The four operations below with the lock held by the caller. */
+static dsp_storage *take_storage(dsp__cache *c, const dsp_backend *be,
+                                 size_t nbytes) {
   int k = dsp__size_class(nbytes);
-  lock(c);
   dsp_storage *s = c->cls[k];
   while (s && (s->backend != be || s->cap < nbytes)) s = s->cnext;
   if (s) {
@@ -113,41 +113,31 @@ dsp_storage *dsp__cache_take_storage(dsp__cache *c, const dsp_backend *be,
   } else {
     c->misses++;
   }
-  unlock(c);
   return s;
 }
 
-int dsp__cache_put_storage(dsp__cache *c, dsp_storage *s) {
-  dsp_storage *drop = NULL;
-  int kept = 0;
-  lock(c);
-  if (s->charged <= c->max_bytes) {
-    if (c->bytes + s->charged > c->max_bytes)
-      c->evicted += take_oldest(c, c->bytes + s->charged - c->max_bytes,
-                                &drop);
-    if (c->bytes + s->charged <= c->max_bytes) {
-      int k = dsp__size_class(s->cap);
-      s->cprev = NULL;
-      s->cnext = c->cls[k];
-      if (s->cnext) s->cnext->cprev = s;
-      c->cls[k] = s;
-      s->lnext = NULL;
-      s->lprev = c->newest;
-      if (c->newest) c->newest->lnext = s;
-      else c->oldest = s;
-      c->newest = s;
-      c->bytes += s->charged;
-      DSP_POISON(s->data, s->cap);
-      kept = 1;
-    }
-  }
-  unlock(c);
-  destroy_list(drop);
-  return kept;
+/* 1 when kept; what had to go to make room is added to *drop */
+static int put_storage(dsp__cache *c, dsp_storage *s, dsp_storage **drop) {
+  if (s->charged > c->max_bytes) return 0;
+  if (c->bytes + s->charged > c->max_bytes)
+    c->evicted += take_oldest(c, c->bytes + s->charged - c->max_bytes, drop);
+  if (c->bytes + s->charged > c->max_bytes) return 0;
+  int k = dsp__size_class(s->cap);
+  s->cprev = NULL;
+  s->cnext = c->cls[k];
+  if (s->cnext) s->cnext->cprev = s;
+  c->cls[k] = s;
+  s->lnext = NULL;
+  s->lprev = c->newest;
+  if (c->newest) c->newest->lnext = s;
+  else c->oldest = s;
+  c->newest = s;
+  c->bytes += s->charged;
+  DSP_POISON(s->data, s->cap);
+  return 1;
 }
 
-dsp_tensor *dsp__cache_take_header(dsp__cache *c) {
-  lock(c);
+static dsp_tensor *take_header(dsp__cache *c) {
   dsp_tensor *t = c->headers;
   if (t) {
     DSP_UNPOISON(t, sizeof *t);
@@ -155,27 +145,70 @@ dsp_tensor *dsp__cache_take_header(dsp__cache *c) {
     c->n_headers--;
     c->bytes -= HEADER_COST;
   }
+  return t;
+}
+
+static int put_header(dsp__cache *c, dsp_tensor *t) {
+  if (c->n_headers >= MAX_HEADERS || c->bytes + HEADER_COST > c->max_bytes)
+    return 0;
+  memcpy((void *)t, &c->headers, sizeof c->headers);
+  DSP_POISON((char *)t + sizeof(dsp_tensor *),
+             sizeof *t - sizeof(dsp_tensor *));
+  c->headers = t;
+  c->n_headers++;
+  c->bytes += HEADER_COST;
+  return 1;
+}
+
+dsp_storage *dsp__cache_take_storage(dsp__cache *c, const dsp_backend *be,
+                                     size_t nbytes) {
+  lock(c);
+  dsp_storage *s = take_storage(c, be, nbytes);
+  unlock(c);
+  return s;
+}
+
+int dsp__cache_put_storage(dsp__cache *c, dsp_storage *s) {
+  dsp_storage *drop = NULL;
+  lock(c);
+  int kept = put_storage(c, s, &drop);
+  unlock(c);
+  destroy_list(drop);
+  return kept;
+}
+
+dsp_tensor *dsp__cache_take_header(dsp__cache *c) {
+  lock(c);
+  dsp_tensor *t = take_header(c);
   unlock(c);
   return t;
 }
 
 int dsp__cache_put_header(dsp__cache *c, dsp_tensor *t) {
-  int kept = 0;
   lock(c);
-  if (c->n_headers < MAX_HEADERS && c->bytes + HEADER_COST <= c->max_bytes) {
-    memcpy((void *)t, &c->headers, sizeof c->headers);
-    DSP_POISON((char *)t + sizeof(dsp_tensor *),
-           sizeof *t - sizeof(dsp_tensor *));
-    c->headers = t;
-    c->n_headers++;
-    c->bytes += HEADER_COST;
-    kept = 1;
-  }
+  int kept = put_header(c, t);
   unlock(c);
   return kept;
 }
 
-/* Storages first (the bytes), then headers. */
+void dsp__cache_take_both(dsp__cache *c, const dsp_backend *be,
+                          size_t nbytes, dsp_tensor **t, dsp_storage **s) {
+  lock(c);
+  *t = take_header(c);
+  *s = be ? take_storage(c, be, nbytes) : NULL;
+  unlock(c);
+}
+
+void dsp__cache_put_both(dsp__cache *c, dsp_tensor *t, dsp_storage *s,
+                         int *t_kept, int *s_kept) {
+  dsp_storage *drop = NULL;
+  lock(c);
+  *s_kept = put_storage(c, s, &drop);
+  *t_kept = put_header(c, t);
+  unlock(c);
+  destroy_list(drop);
+}
+
 uint64_t dsp__cache_detach(dsp__cache *c, uint64_t want, dsp__cache_out *out) {
   lock(c);
   uint64_t got = take_oldest(c, want, &out->storages);

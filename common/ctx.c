@@ -76,3 +76,5 @@ int dsp__cancelled_err(dsp_ctx *ctx, dsp_opcode op) {
 void dsp_ctx_set_max_op_cost(dsp_ctx *ctx, uint64_t max_cost) {
   ctx->max_op_cost = max_cost;
 }
+
+uint64_t dsp_ctx_work(const dsp_ctx *ctx) { return ctx->work; }

@@ -190,6 +190,10 @@ int dsp_ctx_cancelled(const dsp_ctx *ctx);
  * DISPATCH_ELIMIT before anything is allocated, the backward helper ops
  * of dsp_backward included; 0 (the default) admits any cost. */
 void dsp_ctx_set_max_op_cost(dsp_ctx *ctx, uint64_t max_cost);
+/* The dsp_op_cost of every op ctx has run (or begun: a refused or failed
+ * op counts too), summed and saturating; differences measure a stretch of
+ * work, such as one graph replay with its backward and optimizer ops. */
+uint64_t dsp_ctx_work(const dsp_ctx *ctx);
 
 /* ------------------------------------------------------------------ */
 /* shapes                                                              */
@@ -554,7 +558,8 @@ typedef struct dsp_backend {
   /* One device of a server: its name ("cpu:1", "cuda:0"; NULL: name) in
    * messages, and its own memory budget (NULL: none), charged for every
    * storage made on it beside the creating ctx's budget, so each device
-   * is accounted apart from the others. */
+   * is accounted apart from the others. Storages charge it without a
+   * reference: it must live as long as the backend. */
   const char *id;
   dsp_budget *mem;
   /* storage; data pointers are opaque to callers other than the backend */

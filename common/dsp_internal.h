@@ -16,6 +16,7 @@ struct dsp_ctx {
   /* set from any thread by dsp_ctx_cancel; kernels poll it between blocks */
   atomic_int cancel;
   uint64_t max_op_cost; /* 0: no limit (dsp_ctx_set_max_op_cost) */
+  uint64_t work;        /* dsp_ctx_work */
 };
 
 /* A new tensor on backend be (zeroed when zero != 0), charged like
@@ -52,6 +53,14 @@ dsp_storage *dsp__cache_take_storage(dsp__cache *c, const dsp_backend *be,
 int dsp__cache_put_storage(dsp__cache *c, dsp_storage *s);
 dsp_tensor *dsp__cache_take_header(dsp__cache *c); /* NULL: none kept */
 int dsp__cache_put_header(dsp__cache *c, dsp_tensor *t);
+/* A header and (be not NULL) a storage at once, under one lock: what a new
+ * tensor takes. Either may come back NULL. */
+void dsp__cache_take_both(dsp__cache *c, const dsp_backend *be,
+                          size_t nbytes, dsp_tensor **t, dsp_storage **s);
+/* A dead tensor's header and its storage (its last reference) at once;
+ * what is not kept is the caller's to free. */
+void dsp__cache_put_both(dsp__cache *c, dsp_tensor *t, dsp_storage *s,
+                         int *t_kept, int *s_kept);
 /* Frees up to want bytes of charge, oldest first; returns what it freed. */
 uint64_t dsp__cache_release(dsp__cache *c, uint64_t want);
 /* The same in two steps: takes them out of the lists onto *out (a caller

@@ -145,8 +145,9 @@ int dsp_op_inferred(dsp_ctx *ctx, dsp_opcode op, dsp_tensor *const *in,
   }
   /* both checks come before the output is allocated: a refused or
    * cancelled op costs nothing */
+  if (cost == UINT64_MAX) cost = dsp_op_cost(op, metas, n_in, a, &om);
+  ctx->work = cost > UINT64_MAX - ctx->work ? UINT64_MAX : ctx->work + cost;
   if (ctx->max_op_cost) {
-    if (cost == UINT64_MAX) cost = dsp_op_cost(op, metas, n_in, a, &om);
     if (cost > ctx->max_op_cost)
       return dsp_seterr(ctx, DISPATCH_ELIMIT,
                         "%s: estimated %llu elementary operations, over the "
@@ -181,7 +182,11 @@ int dsp_op_inferred(dsp_ctx *ctx, dsp_opcode op, dsp_tensor *const *in,
     }
     t = dsp_tensor_ref(in[0]);
   } else {
-    rc = dsp__tensor_new_on(ctx, be, &om, 1, &t);
+    /* an elementwise kernel of the CPU writes every element of its
+     * result (or fails, and the result goes): no zeroing first */
+    int zero =
+        !(be->host_shared && dsp_op_lookup((int)op)->family == DSP_FAM_EW);
+    rc = dsp__tensor_new_on(ctx, be, &om, zero, &t);
     if (rc < 0) return rc;
   }
   /* An empty result needs no kernel: the zeroed storage already is the

@@ -12,7 +12,10 @@ static uint64_t storage_cost(size_t nbytes) {
 }
 
 /* Storage on backend be, charged first to be's device budget and then to
- * the ctx's (session) budget, both or neither. A storage of be from the
+ * the ctx's (session) budget, both or neither. The device's charge takes
+ * no budget reference (dsp_budget_charge_held): a storage cannot outlive
+ * its backend, whose free function it calls, and the device budget lives
+ * as long as the backend (dsp_backend.mem). A storage of be from the
  * ctx budget's free lists is still charged to that budget (for the block
  * it holds, which may be up to a size class larger than nbytes) but not
  * to the device, which counts live tensors only: it is charged there
@@ -20,11 +23,10 @@ static uint64_t storage_cost(size_t nbytes) {
  * device as without the lists. Only host memory is kept in the lists, as
  * only host memory can be zeroed here. */
 static int storage_new(dsp_ctx *ctx, const dsp_backend *be, size_t nbytes,
-                       int zero, dsp_storage **out) {
-  dsp__cache *c = be->host_shared ? dsp__budget_cache(ctx->budget) : NULL;
-  dsp_storage *s = c ? dsp__cache_take_storage(c, be, nbytes) : NULL;
+                       int zero, dsp_storage *s, dsp_storage **out) {
+  /* s: the caller's candidate from the lists (dsp__cache_take_both) */
   if (s) {
-    if (dsp_budget_charge_why(be->mem, s->charged, NULL, NULL, 0) == 0) {
+    if (dsp_budget_charge_held(be->mem, s->charged, NULL, NULL, 0) == 0) {
       s->dev_budget = be->mem;
       s->refcount = 1;
       s->nbytes = nbytes;
@@ -35,17 +37,18 @@ static int storage_new(dsp_ctx *ctx, const dsp_backend *be, size_t nbytes,
     dsp__storage_destroy(s);
   }
   uint64_t cost = storage_cost(nbytes);
-  int rc = dsp_budget_charge(be->mem, ctx, cost, "tensor storage");
+  int rc = dsp_budget_charge_held(be->mem, cost, "tensor storage", ctx->err,
+                                  sizeof ctx->err);
   if (rc < 0) return rc;
   rc = dsp_budget_charge(ctx->budget, ctx, cost, "tensor storage");
   if (rc < 0) {
-    dsp_budget_uncharge(be->mem, cost);
+    dsp_budget_uncharge_part(be->mem, cost);
     return rc;
   }
   s = dsp_malloc(sizeof *s);
   if (!s) {
     dsp_budget_uncharge(ctx->budget, cost);
-    dsp_budget_uncharge(be->mem, cost);
+    dsp_budget_uncharge_part(be->mem, cost);
     return dsp_seterr(ctx, DISPATCH_ENOMEM, "out of memory (storage)");
   }
   s->refcount = 1;
@@ -61,7 +64,7 @@ static int storage_new(dsp_ctx *ctx, const dsp_backend *be, size_t nbytes,
   if (rc < 0) {
     dsp_free(s);
     dsp_budget_uncharge(ctx->budget, cost);
-    dsp_budget_uncharge(be->mem, cost);
+    dsp_budget_uncharge_part(be->mem, cost);
     return dsp_seterr(ctx, rc, "out of memory allocating %zu bytes", nbytes);
   }
   *out = s;
@@ -74,19 +77,28 @@ void dsp__storage_destroy(dsp_storage *s) {
   uint64_t cost = s->charged;
   dsp_free(s);
   dsp_budget_uncharge(b, cost);
-  dsp_budget_uncharge(db, cost);
+  dsp_budget_uncharge_part(db, cost);
 }
 
 /* The last reference hands the storage to its budget's free lists when
  * they keep it (still charged), else frees it. */
+/* The lists a storage whose last reference went may go to (NULL: none). */
+static dsp__cache *storage_cache(const dsp_storage *s) {
+  return s->backend->host_shared ? dsp__budget_cache(s->budget) : NULL;
+}
+
+/* Drops one reference; 1 when it was the last. atomic: a server's loop
+ * thread drops its reference to a storage it writes to the socket while a
+ * worker may alias the same storage */
+static int storage_release(dsp_storage *s) {
+  return s && __atomic_sub_fetch(&s->refcount, 1, __ATOMIC_ACQ_REL) == 0;
+}
+
 static void storage_unref(dsp_storage *s) {
-  /* atomic: a server's loop thread drops its reference to a storage it
-   * writes to the socket while a worker may alias the same storage */
-  if (!s || __atomic_sub_fetch(&s->refcount, 1, __ATOMIC_ACQ_REL) > 0) return;
-  dsp__cache *c =
-      s->backend->host_shared ? dsp__budget_cache(s->budget) : NULL;
+  if (!storage_release(s)) return;
+  dsp__cache *c = storage_cache(s);
   if (c) { /* the device counts live tensors only (storage_new) */
-    dsp_budget_uncharge(s->dev_budget, s->charged);
+    dsp_budget_uncharge_part(s->dev_budget, s->charged);
     s->dev_budget = NULL;
     if (dsp__cache_put_storage(c, s)) return;
   }
@@ -105,13 +117,11 @@ static void tensor_free_shell(dsp_tensor *t) {
   dsp__header_destroy(t);
 }
 
-/* A header from the ctx budget's free lists is charged already. */
-static int tensor_shell(dsp_ctx *ctx, const dsp_meta *m, dsp_tensor **out) {
-  int64_t numel;
-  int rc = dsp_meta_numel(ctx, m, &numel);
-  if (rc < 0) return rc;
-  dsp__cache *c = dsp__budget_cache(ctx->budget);
-  dsp_tensor *t = c ? dsp__cache_take_header(c) : NULL;
+/* A header of numel elements of meta m: t, one the caller took from the
+ * ctx budget's free lists (charged already), or NULL for a new one. */
+static int tensor_shell(dsp_ctx *ctx, const dsp_meta *m, int64_t numel,
+                        dsp_tensor *t, dsp_tensor **out) {
+  int rc;
   if (t) {
     memset(t, 0, sizeof *t);
   } else {
@@ -136,11 +146,22 @@ static int tensor_shell(dsp_ctx *ctx, const dsp_meta *m, dsp_tensor **out) {
 int dsp__tensor_new_on(dsp_ctx *ctx, const dsp_backend *be, const dsp_meta *m,
                        int zero, dsp_tensor **out) {
   *out = NULL;
-  dsp_tensor *t;
-  int rc = tensor_shell(ctx, m, &t);
+  int64_t numel;
+  int rc = dsp_meta_numel(ctx, m, &numel);
   if (rc < 0) return rc;
-  rc = storage_new(ctx, be, (size_t)t->numel * dsp_dtype_size(m->dtype), zero,
-                   &t->storage);
+  size_t nbytes = (size_t)numel * dsp_dtype_size(m->dtype);
+  /* header and storage from the lists under one lock (a small op's
+   * tensor took it twice, and gave it back twice) */
+  dsp__cache *c = dsp__budget_cache(ctx->budget);
+  dsp_tensor *ct = NULL, *t;
+  dsp_storage *cs = NULL;
+  if (c) dsp__cache_take_both(c, be->host_shared ? be : NULL, nbytes, &ct, &cs);
+  rc = tensor_shell(ctx, m, numel, ct, &t);
+  if (rc < 0) {
+    if (cs && !dsp__cache_put_storage(c, cs)) dsp__storage_destroy(cs);
+    return rc;
+  }
+  rc = storage_new(ctx, be, nbytes, zero, cs, &t->storage);
   if (rc < 0) {
     tensor_free_shell(t);
     return rc;
@@ -242,7 +263,11 @@ int dsp_tensor_alias(dsp_ctx *ctx, const dsp_tensor *src, const dsp_meta *m,
                      dsp_tensor **out) {
   *out = NULL;
   dsp_tensor *t;
-  int rc = tensor_shell(ctx, m, &t);
+  int64_t numel;
+  int rc = dsp_meta_numel(ctx, m, &numel);
+  if (rc < 0) return rc;
+  dsp__cache *c = dsp__budget_cache(ctx->budget);
+  rc = tensor_shell(ctx, m, numel, c ? dsp__cache_take_header(c) : NULL, &t);
   if (rc < 0) return rc;
   if (t->numel != src->numel || m->dtype != src->meta.dtype) {
     tensor_free_shell(t);
@@ -265,7 +290,24 @@ dsp_tensor *dsp_tensor_ref(dsp_tensor *t) {
 void dsp_tensor_unref(dsp_tensor *t) {
   if (!t || --t->refcount > 0) return;
   if (t->node) dsp__node_unref(t->node);
-  storage_unref(t->storage);
+  dsp_storage *s = t->storage;
+  dsp__cache *c = dsp__budget_cache(t->budget);
+  /* the common end of a small op's result: its storage's last reference,
+   * both to the same lists, under one lock */
+  if (c && s && storage_cache(s) == c) {
+    if (!storage_release(s)) { /* another tensor still views it */
+      tensor_free_shell(t);
+      return;
+    }
+    dsp_budget_uncharge_part(s->dev_budget, s->charged); /* storage_unref */
+    s->dev_budget = NULL;
+    int t_kept, s_kept;
+    dsp__cache_put_both(c, t, s, &t_kept, &s_kept);
+    if (!s_kept) dsp__storage_destroy(s);
+    if (!t_kept) dsp__header_destroy(t);
+    return;
+  }
+  storage_unref(s);
   tensor_free_shell(t);
 }
 

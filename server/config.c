@@ -37,6 +37,7 @@ void sv_config_defaults(sv_config *c) {
    * 1024x1024 input (6.9e10), which would hold a worker for minutes */
   c->max_op_cost = 1ULL << 34;
   c->inline_cost = SV_INLINE_COST_DEFAULT;
+  c->loop_spin_us = SV_LOOP_SPIN_US_DEFAULT;
   c->max_queued = 4096;
   c->max_sessions = 64;
   c->idle_timeout_s = 600;
@@ -159,6 +160,11 @@ static const char *const g_usage =
     "                           most N runs on the network thread, saving\n"
     "                           two thread wake-ups; 0 never, at most\n"
     "                           2^20 = 1048576 (default 2^14 = 16384)\n"
+    "  --loop-spin-us N         after answering a request itself, the\n"
+    "                           network thread polls the sockets without\n"
+    "                           sleeping for N microseconds, so a client's\n"
+    "                           next request costs it no wake-up; 0 never,\n"
+    "                           at most 10000 (default 50)\n"
     "  --max-queued N           requests buffered per session before the\n"
     "                           server stops reading it (default 4096)\n"
     "  --storage-cache BYTES    freed tensor storage (blocks of 1 MiB and\n"
@@ -398,7 +404,7 @@ enum {
   O_MAX_OP_COST, O_STORAGE_CACHE, O_SESSION_CACHE, O_MAX_QUEUED, O_HANDSHAKE_TIMEOUT,
   O_TLS_CERT, O_TLS_KEY, O_TLS_CLIENT_CA, O_TOKEN_FILE, O_INSECURE,
   O_LOG_LEVEL, O_VERSION, O_METRICS_LISTEN, O_LOG_FORMAT, O_DRAIN_TIMEOUT,
-  O_SESSION_GRACE, O_INLINE_COST
+  O_SESSION_GRACE, O_INLINE_COST, O_LOOP_SPIN_US
 };
 
 static const struct option g_opts[] = {
@@ -417,6 +423,7 @@ static const struct option g_opts[] = {
     {"max-elements", required_argument, NULL, O_MAX_ELEMENTS},
     {"max-op-cost", required_argument, NULL, O_MAX_OP_COST},
     {"inline-cost", required_argument, NULL, O_INLINE_COST},
+    {"loop-spin-us", required_argument, NULL, O_LOOP_SPIN_US},
     {"storage-cache", required_argument, NULL, O_STORAGE_CACHE},
     {"session-cache", required_argument, NULL, O_SESSION_CACHE},
     {"max-queued", required_argument, NULL, O_MAX_QUEUED},
@@ -496,6 +503,12 @@ static int apply(sv_config *c, int val, const char *v) {
     return parse_num(name, v, 1000, 0, UINT64_MAX, &c->max_op_cost);
   case O_INLINE_COST:
     return parse_num(name, v, 1000, 0, SV_INLINE_COST_MAX, &c->inline_cost);
+  case O_LOOP_SPIN_US: {
+    int us;
+    int rc = parse_int(name, v, 0, SV_LOOP_SPIN_US_MAX, &us);
+    if (rc == 0) c->loop_spin_us = (uint32_t)us;
+    return rc;
+  }
   case O_STORAGE_CACHE:
     return parse_size(name, v, 0, 1ULL << 50, &c->storage_cache);
   case O_SESSION_CACHE:

@@ -152,6 +152,10 @@ struct sv_server {
   uv_tcp_t listener;
   uv_signal_t sigint, sigterm;
   uv_timer_t drain; /* --drain-timeout, from the first signal */
+  /* --loop-spin-us: while active, the loop polls without sleeping (net.c
+   * sv_loop_spin), until spin_until (uv_hrtime) */
+  uv_idle_t spin;
+  uint64_t spin_until;
   const sv_config *cfg;
   sv_global g;
   sv_pool *pool;

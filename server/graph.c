@@ -17,6 +17,11 @@ typedef struct sv_graph {
   uint64_t *ext_ids; /* n_ext session ids */
   uint64_t charged;  /* to the session budget */
   uint64_t replays;  /* runs so far: Adam's step count advances with them */
+  /* the last replay that succeeded: its work (dsp_ctx_work, 0 before the
+   * first) and its externals' metas, so the loop can tell that the next
+   * replay will do the same work (sv_graph_inline_cost) */
+  uint64_t last_work;
+  dsp_meta *last_ext; /* n_ext */
 } sv_graph;
 
 static int why_f(char *why, size_t len, int code, const char *fmt, ...)
@@ -34,6 +39,7 @@ static void graph_free(sv_session *s, sv_graph *sg) {
   dsp_budget_uncharge(s->budget, sg->charged);
   dsp_graph_free(sg->g);
   dsp_free(sg->ext_ids);
+  dsp_free(sg->last_ext);
   dsp_free(sg);
 }
 
@@ -66,7 +72,7 @@ int sv_graph_define(sv_session *s, sv_job *j, char *why, size_t len) {
                DSP_GRAPH_MAX_NODES);
   uint64_t cost = sizeof(sv_graph) + sizeof(dsp_graph) +
                   (uint64_t)d->n_slots * (1 + sizeof(void *)) +
-                  (uint64_t)d->n_externals * 16 +
+                  (uint64_t)d->n_externals * (16 + sizeof(dsp_meta)) +
                   (uint64_t)d->n_inputs * sizeof(dsp_meta) +
                   (uint64_t)d->n_outputs * 4 +
                   (uint64_t)d->n_nodes * (sizeof(dsp_gnode) + 16);
@@ -92,8 +98,10 @@ int sv_graph_define(sv_session *s, sv_job *j, char *why, size_t len) {
   g->n_slots = d->n_slots;
   g->input_meta = dsp_calloc(d->n_inputs ? d->n_inputs : 1, sizeof(dsp_meta));
   sg->ext_ids = dsp_calloc(d->n_externals ? d->n_externals : 1, 8);
+  sg->last_ext = dsp_calloc(d->n_externals ? d->n_externals : 1,
+                            sizeof(dsp_meta));
   g->outputs = dsp_calloc(d->n_outputs ? d->n_outputs : 1, 4);
-  if (!g->input_meta || !sg->ext_ids || !g->outputs) {
+  if (!g->input_meta || !sg->ext_ids || !sg->last_ext || !g->outputs) {
     rc = why_f(why, len, DISPATCH_ENOMEM, "graph: out of memory");
     goto fail;
   }
@@ -274,8 +282,15 @@ int sv_graph_replay(sv_session *s, sv_job *j, char *why, size_t len) {
   }
   if (rc == 0) {
     sg->replays++;
+    uint64_t work = dsp_ctx_work(s->ctx);
+    sg->last_work = 0; /* known again only once this one succeeds */
     rc = dsp_graph_run(s->ctx, g, in, ext, (int64_t)sg->replays, out,
                        &s->n_ops);
+    if (rc == 0) {
+      work = dsp_ctx_work(s->ctx) - work;
+      sg->last_work = work ? work : 1;
+      for (uint32_t i = 0; i < g->n_ext; i++) sg->last_ext[i] = ext[i]->meta;
+    }
     if (rc < 0) {
       if (rc == DISPATCH_ELIMIT)
         atomic_fetch_add(&s->global->limit_violations, 1);
@@ -327,6 +342,20 @@ int sv_graph_replay(sv_session *s, sv_job *j, char *why, size_t len) {
   for (size_t i = 0; i < g->n_outputs; i++) dsp_tensor_unref(out[i]);
   dsp_free(ts);
   return rc;
+}
+
+int sv_graph_inline_cost(sv_session *s, const Dspwire__GraphReplay *r,
+                         uint64_t bulk, uint64_t *cost) {
+  const sv_graph *sg = sv_idmap_get(&s->graphs, r->graph);
+  if (!sg || !sg->last_work || !sv_inline_placed(s, NULL, 0)) return 0;
+  for (uint32_t i = 0; i < sg->g->n_ext; i++) {
+    const sv_entry *e = sv_idmap_get(&s->tensors, sg->ext_ids[i]);
+    if (!e || !e->t || !dsp_meta_equal(&e->t->meta, &sg->last_ext[i]) ||
+        !sv_inline_placed(s, &e->t, 1))
+      return 0;
+  }
+  *cost = sg->last_work + bulk;
+  return 1;
 }
 
 int sv_graph_free_id(sv_session *s, uint64_t id) {

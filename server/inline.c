@@ -77,6 +77,9 @@ int sv_inline_cost(sv_session *s, const sv_job *j, uint64_t *cost) {
   const Dspwire__Request *r = j->req;
   if (r->body_case == DSPWIRE__REQUEST__BODY_FREE)
     return free_cost(s, r->free, cost);
+  if (r->body_case == DSPWIRE__REQUEST__BODY_GRAPH_REPLAY)
+    return j->pre_err == 0 &&
+           sv_graph_inline_cost(s, r->graph_replay, j->upload_bytes, cost);
   if (r->body_case == DSPWIRE__REQUEST__BODY_UPLOAD) {
     /* its bytes are in place: what is left is a check of bool bytes and
      * the table; a refused one (no tensor) fails the same anywhere */

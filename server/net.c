@@ -6,6 +6,7 @@
  * Ownership: a connection struct embeds its uv handles and is freed only
  * when every handle is closed and its session's teardown job (the last
  * job of the session, run on a worker after any running job) came back. */
+#include <sched.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -26,6 +27,7 @@ static void finish_shutdown(sv_server *srv) {
   if (!srv->handles_closed) {
     srv->handles_closed = 1;
     uv_close((uv_handle_t *)&srv->drain, NULL);
+    uv_close((uv_handle_t *)&srv->spin, NULL);
     uv_close((uv_handle_t *)&srv->sigint, NULL);
     uv_close((uv_handle_t *)&srv->sigterm, NULL);
     sv_metrics_loop_close(srv); /* scrapes are answered until here */
@@ -198,17 +200,22 @@ void sv_conn_submit(sv_conn *c, sv_job *j) {
 static int runs_on_loop(sv_conn *c, const sv_job *j) {
   Dspwire__Request__BodyCase bc = j->req->body_case;
   int on_loop = sv_req_kind_of(bc)->on_loop;
+  int replay = bc == DSPWIRE__REQUEST__BODY_GRAPH_REPLAY;
   int op = ((bc == DSPWIRE__REQUEST__BODY_OP &&
              c->read_left <= SV_INLINE_TAIL) ||
             bc == DSPWIRE__REQUEST__BODY_FREE ||
-            bc == DSPWIRE__REQUEST__BODY_UPLOAD) &&
+            bc == DSPWIRE__REQUEST__BODY_UPLOAD || replay) &&
            c->srv->cfg->inline_cost > 0 && c->inline_left > 0;
   if ((!on_loop && !op) || c->inflight > 0 ||
       !sv_pool_session_idle(c->srv->pool, c->sess))
     return 0;
   if (on_loop) return 1;
   uint64_t cost;
-  if (!sv_inline_cost(c->sess, j, &cost) || cost > c->srv->cfg->inline_cost)
+  /* a replay is many ops: held to what is left of this read's allowance
+   * as a whole (its ops together, as the records of an Ops request), not
+   * to the cost of one op */
+  if (!sv_inline_cost(c->sess, j, &cost) ||
+      cost > (replay ? c->inline_left : c->srv->cfg->inline_cost))
     return 0;
   cost += SV_INLINE_OP_BASE;
   c->inline_left = cost < c->inline_left ? c->inline_left - cost : 0;
@@ -256,6 +263,27 @@ static int ops_on_loop(sv_conn *c, sv_job *j) {
     sv_conn_on_done(j, NULL);
   }
   return 1;
+}
+
+static void on_spin(uv_idle_t *h) {
+  sv_server *srv = h->data;
+  if (uv_hrtime() >= srv->spin_until) uv_idle_stop(h);
+  /* a client woken on this core (the reply woke it here) runs at once */
+  else sched_yield();
+}
+
+/* A reply went out and no worker has anything to do: for the next
+ * --loop-spin-us the loop polls the sockets without sleeping (an active
+ * idle handle makes libuv poll with a zero timeout), yielding its core
+ * between polls. A client that waits on each reply sends its next request
+ * within microseconds of reading it, and a loop asleep in epoll pays a
+ * wake-up for it, tens of microseconds on a virtual machine. With a
+ * worker busy, the core is better left to it. */
+static void loop_spin(sv_server *srv) {
+  if (srv->cfg->loop_spin_us == 0 || srv->handles_closed) return;
+  srv->spin_until = uv_hrtime() + (uint64_t)srv->cfg->loop_spin_us * 1000;
+  if (!uv_is_active((uv_handle_t *)&srv->spin))
+    uv_idle_start(&srv->spin, on_spin);
 }
 
 /* Runs a request on the loop when runs_on_loop allows (the reply is the
@@ -332,6 +360,8 @@ void sv_conn_on_done(sv_job *j, void *ud) {
     j->out = NULL;
     j->out_pin = NULL;
     sv_writer_queue(c, out, j->out_len, bulk);
+    /* the client may answer this reply with its next request at once */
+    if (c->inflight == 0 && sv_pool_idle(c->srv->pool)) loop_spin(c->srv);
   } else if (sv_req_kind_of(j->req->body_case)->waits) {
     sv_conn_close(c, "out of memory for a reply");
   }
@@ -620,6 +650,8 @@ int sv_run(const sv_config *cfg) {
    * sent as soon as the port is known shuts down cleanly */
   uv_timer_init(&srv->loop, &srv->drain);
   srv->drain.data = srv;
+  uv_idle_init(&srv->loop, &srv->spin);
+  srv->spin.data = srv;
   uv_signal_init(&srv->loop, &srv->sigint);
   uv_signal_init(&srv->loop, &srv->sigterm);
   srv->sigint.data = srv->sigterm.data = srv;

@@ -27,6 +27,7 @@ struct sv_pool {
   pthread_cond_t cv;
   sv_session *runq_head, *runq_tail;
   int stop;
+  int running; /* sessions a worker is running now */
   sv_job *done_head, *done_tail;
   pthread_t *threads;
   int n_threads;
@@ -133,6 +134,7 @@ static void *worker_main(void *arg) {
       continue;
     }
     s->running = 1;
+    p->running++;
     pthread_mutex_unlock(&p->mu);
 
     int torn = 0;
@@ -141,6 +143,7 @@ static void *worker_main(void *arg) {
 
     pthread_mutex_lock(&p->mu);
     s->running = 0;
+    p->running--;
     if (rest) { /* back in front of whatever arrived meanwhile */
       sv_job *last = rest;
       while (last->next) last = last->next;
@@ -230,6 +233,13 @@ void sv_pool_submit(sv_pool *p, sv_job *j) {
 int sv_pool_session_idle(sv_pool *p, sv_session *s) {
   pthread_mutex_lock(&p->mu);
   int idle = !s->scheduled && !s->running && !s->fifo_head;
+  pthread_mutex_unlock(&p->mu);
+  return idle;
+}
+
+int sv_pool_idle(sv_pool *p) {
+  pthread_mutex_lock(&p->mu);
+  int idle = !p->runq_head && p->running == 0;
   pthread_mutex_unlock(&p->mu);
   return idle;
 }

@@ -43,6 +43,7 @@ typedef struct sv_config {
   uint64_t inline_cost;        /* --inline-cost: an idle session's op of at
                                   most this dsp_op_cost runs on the loop
                                   thread (inline.c); 0: never */
+  uint32_t loop_spin_us;       /* --loop-spin-us (net.c loop_spin) */
   int max_sessions;
   int idle_timeout_s;          /* 0: never; counts from the last complete
                                   request */
@@ -438,6 +439,13 @@ void sv_session_exec(sv_session *s, sv_job *j);
 int sv_graph_define(sv_session *s, sv_job *j, char *why, size_t len);
 int sv_graph_replay(sv_session *s, sv_job *j, char *why, size_t len);
 int sv_graph_free_id(sv_session *s, uint64_t id);
+/* 1 with *cost (the work of its last replay plus bulk, its input bytes)
+ * when replay r will do what the last successful replay of its graph did:
+ * its externals have the metas they had then and live, as the session's
+ * device, on a CPU device. The loop's judgement (inline.c); only while s
+ * is idle. */
+int sv_graph_inline_cost(sv_session *s, const Dspwire__GraphReplay *r,
+                         uint64_t bulk, uint64_t *cost);
 void sv_graph_teardown(sv_session *s);
 /* On the loop: the host block a GraphReplay's bulk lands in, charged to
  * the session (see sv_upload_prepare, which calls it). */
@@ -538,6 +546,11 @@ int sv_stream_exec(sv_session *s, dsp_ctx *io_ctx, int *hello_done,
  * option refuses values over SV_INLINE_COST_MAX (2^20, about a
  * millisecond), so the loop never runs anything long. */
 #define SV_INLINE_COST_DEFAULT (1ULL << 14)
+/* --loop-spin-us: after answering a request itself, the network thread
+ * polls without sleeping this long (net.c), about one loopback round trip
+ * of a client that sends its next request on the reply */
+#define SV_LOOP_SPIN_US_DEFAULT 50
+#define SV_LOOP_SPIN_US_MAX 10000
 #define SV_INLINE_COST_MAX (1ULL << 20)
 /* What one connection's inline ops may cost together per socket read
  * (each op counts its dsp_op_cost plus SV_INLINE_OP_BASE for decoding,
@@ -596,6 +609,9 @@ void sv_pool_submit(sv_pool *p, sv_job *j);
  * submits again: the pool mutex orders the last worker's writes before
  * this check. */
 int sv_pool_session_idle(sv_pool *p, sv_session *s);
+/* 1 when no worker runs a job and none is queued (a hint: the loop, the
+ * only thread that submits, may submit right after). */
+int sv_pool_idle(sv_pool *p);
 /* Removes the jobs of s that have not started and returns them (a list). */
 sv_job *sv_pool_cancel(sv_pool *p, sv_session *s);
 /* Stops and joins the workers (call when no session has jobs left) and

@@ -237,6 +237,83 @@ Test(graph, replays_hold_nothing_on_the_server, .fini = stop_server) {
   dispatch_device_close(dev);
 }
 
+/* A chain x + one + one + ... (len adds) on n floats, captured with one
+ * as an external. */
+static dispatch_graph *chain_graph(dispatch_device *dev, int64_t n, int len,
+                                   dispatch_tensor **one) {
+  int64_t shape[1] = {n};
+  cr_assert_eq(dispatch_ones(dev, DISPATCH_F32, 1, shape, one), 0);
+  float *x0 = calloc((size_t)n, sizeof *x0);
+  cr_assert_not_null(x0);
+  dispatch_tensor *cur;
+  cr_assert_eq(dispatch_graph_begin(dev), 0);
+  cr_assert_eq(dispatch_tensor_from_data(dev, DISPATCH_F32, 1, shape, x0,
+                                         (size_t)n * sizeof *x0, &cur),
+               0);
+  for (int i = 0; i < len; i++) {
+    dispatch_tensor *nx;
+    cr_assert_eq(dispatch_add(cur, *one, &nx), 0);
+    dispatch_tensor_free(cur);
+    cur = nx;
+  }
+  cr_assert_geq(dispatch_graph_output(cur), 0);
+  dispatch_tensor_free(cur);
+  dispatch_graph *g;
+  cr_assert_eq(dispatch_graph_end(dev, &g), 0, "%s",
+               dispatch_device_errmsg(dev));
+  free(x0);
+  return g;
+}
+
+static void chain_replay(dispatch_graph *g, int64_t n, int len) {
+  int64_t shape[1] = {n};
+  float *x = calloc((size_t)n, sizeof *x), *y = malloc((size_t)n * 4);
+  cr_assert(x && y);
+  x[n - 1] = 2.0f;
+  dispatch_graph_io in = {DISPATCH_F32, 1, shape, x, (size_t)n * 4};
+  dispatch_graph_io out = {DISPATCH_F32, 1, shape, y, (size_t)n * 4};
+  cr_assert_eq(dispatch_graph_replay(g, &in, 1, &out, 1), 0);
+  cr_assert_eq(y[n - 1], 2.0f + (float)len);
+  cr_assert_eq(y[0], (float)len);
+  free(x);
+  free(y);
+}
+
+/* From its second replay on, a graph whose last replay did little work
+ * runs on the server's network thread (Stats counts its ops in
+ * inline_ops, and no worker turn): the first replay measures it on a
+ * worker. A graph whose work is over what the loop runs per read stays on
+ * the workers. */
+Test(graph, small_replays_run_on_the_network_thread, .fini = stop_server) {
+  start_server(NULL);
+  dispatch_device *dev = open_dev(1);
+  dispatch_tensor *one;
+  dispatch_graph *g = chain_graph(dev, 16, 100, &one);
+  dispatch_stats s1 = DISPATCH_STATS_INIT, s2 = DISPATCH_STATS_INIT;
+  chain_replay(g, 16, 100);
+  cr_assert_eq(dispatch_device_stats(dev, &s1), 0);
+  chain_replay(g, 16, 100);
+  cr_assert_eq(dispatch_device_stats(dev, &s2), 0);
+  cr_assert_eq(s2.inline_ops - s1.inline_ops, 100,
+               "%llu of the second replay's 100 ops ran inline",
+               (unsigned long long)(s2.inline_ops - s1.inline_ops));
+  cr_assert_eq(s2.batches, s1.batches, "the second replay took a worker");
+  dispatch_graph_free(g);
+  dispatch_tensor_free(one);
+
+  /* 2^21 floats an add: past the loop's allowance of 2^20 per read */
+  g = chain_graph(dev, 1 << 21, 2, &one);
+  chain_replay(g, 1 << 21, 2);
+  cr_assert_eq(dispatch_device_stats(dev, &s1), 0);
+  chain_replay(g, 1 << 21, 2);
+  cr_assert_eq(dispatch_device_stats(dev, &s2), 0);
+  cr_assert_eq(s2.inline_ops, s1.inline_ops, "a large replay ran inline");
+  cr_assert_gt(s2.batches, s1.batches);
+  dispatch_graph_free(g);
+  dispatch_tensor_free(one);
+  dispatch_device_close(dev);
+}
+
 /* ------------------------------------------------------------------ */
 /* errors                                                              */
 

@@ -147,8 +147,9 @@ int dsp__cpu_matmul_t(dsp_ctx *ctx, dsp_tensor *a, int ta, dsp_tensor *b,
                       dsp_shape_str(&om, sh, sizeof sh), (long long)span,
                       (long long)ctx->max_span);
   }
+  uint64_t cost = dsp_op_cost(DSP_OP_MATMUL, m, 2, &none, &om);
+  ctx->work = cost > UINT64_MAX - ctx->work ? UINT64_MAX : ctx->work + cost;
   if (ctx->max_op_cost) {
-    uint64_t cost = dsp_op_cost(DSP_OP_MATMUL, m, 2, &none, &om);
     if (cost > ctx->max_op_cost)
       return dsp_seterr(ctx, DISPATCH_ELIMIT,
                         "matmul: estimated %llu elementary operations, over "
