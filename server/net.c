@@ -176,6 +176,8 @@ void sv_conn_read_start(sv_conn *c) {
 void sv_conn_submit(sv_conn *c, sv_job *j) {
   j->sess = c->sess;
   c->inflight++;
+  /* a worker has work now: the core the loop was polling on is its */
+  if (uv_is_active((uv_handle_t *)&c->srv->spin)) uv_idle_stop(&c->srv->spin);
   sv_pool_submit(c->srv->pool, j);
   if (c->inflight >= c->srv->cfg->max_queued && !c->paused) {
     c->paused = 1; /* input backpressure until the workers catch up */
@@ -272,13 +274,16 @@ static void on_spin(uv_idle_t *h) {
   else sched_yield();
 }
 
-/* A reply went out and no worker has anything to do: for the next
- * --loop-spin-us the loop polls the sockets without sleeping (an active
- * idle handle makes libuv poll with a zero timeout), yielding its core
- * between polls. A client that waits on each reply sends its next request
- * within microseconds of reading it, and a loop asleep in epoll pays a
- * wake-up for it, tens of microseconds on a virtual machine. With a
- * worker busy, the core is better left to it. */
+/* The loop answered a request itself and no worker has anything to do:
+ * for the next --loop-spin-us it polls the sockets without sleeping (an
+ * active idle handle makes libuv poll with a zero timeout), yielding its
+ * core between polls, until then or until it hands work to a worker. A
+ * client that waits on each reply sends its next request within
+ * microseconds of reading it, and a loop asleep in epoll pays a wake-up
+ * for it, tens of microseconds on a virtual machine. Not after a worker's
+ * reply: a session whose work needs workers (a training step of large
+ * products) keeps both cores busy with its BLAS threads, and a polling
+ * loop slowed its step down (about 3% here). */
 static void loop_spin(sv_server *srv) {
   if (srv->cfg->loop_spin_us == 0 || srv->handles_closed) return;
   srv->spin_until = uv_hrtime() + (uint64_t)srv->cfg->loop_spin_us * 1000;
@@ -294,9 +299,12 @@ void sv_conn_dispatch(sv_conn *c, sv_job *j) {
     j->sess = c->sess;
     c->inflight++;
     uint64_t ops = c->sess->n_ops;
+    int waits = sv_req_kind_of(j->req->body_case)->waits;
     sv_session_exec(c->sess, j);
     c->sess->n_inline += c->sess->n_ops - ops; /* ops that ran, as n_ops */
     sv_conn_on_done(j, NULL);
+    /* the client may answer this reply with its next request at once */
+    if (waits && sv_pool_idle(c->srv->pool)) loop_spin(c->srv);
     return;
   }
   sv_conn_submit(c, j);
@@ -360,8 +368,6 @@ void sv_conn_on_done(sv_job *j, void *ud) {
     j->out = NULL;
     j->out_pin = NULL;
     sv_writer_queue(c, out, j->out_len, bulk);
-    /* the client may answer this reply with its next request at once */
-    if (c->inflight == 0 && sv_pool_idle(c->srv->pool)) loop_spin(c->srv);
   } else if (sv_req_kind_of(j->req->body_case)->waits) {
     sv_conn_close(c, "out of memory for a reply");
   }
