@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "frame.h"
+#include "op_record.h"
 #include "wire_req.h"
 
 void fz_config(sv_config *c) {
@@ -133,6 +134,12 @@ static void put_sync(fz_buf *b) {
 static void put_stats(fz_buf *b) {
   dsp_wreq w;
   put(b, dsp_wreq_stats(&w));
+}
+
+/* 1.3: one Ops request carrying len bytes of packed records */
+static void put_ops(fz_buf *b, const uint8_t *records, size_t len) {
+  dsp_wreq w;
+  put(b, dsp_wreq_ops(&w, records, len));
 }
 
 void fz_seed_frames(fz_buf *b) {
@@ -386,8 +393,52 @@ static void recipe_retained_backward(rd *r, fz_buf *out) {
   }
 }
 
+/* kind 0xf4..0xf7: one 1.3 Ops request of 1..8 packed records over small
+ * ids (op_record.h). A record's mode byte below 0xf0 sets only no_grad;
+ * from 0xf0 up it breaks the record (unknown flag, non-zero padding, a
+ * count over its limit, op code 0), and a last byte from 0xf8 up cuts
+ * 1..8 bytes off the end: all of those are protocol errors. */
+static void recipe_ops(rd *r, fz_buf *out) {
+  enum { REC_MAX = DSP_OPREC_FIXED + 8 * (4 + 4 + 2) };
+  uint8_t recs[8 * REC_MAX];
+  size_t len = 0;
+  int n = u8(r) % 8 + 1;
+  for (int k = 0; k < n; k++) {
+    uint64_t in[4];
+    int64_t ints[4];
+    double fl[2];
+    uint8_t b = u8(r);
+    int op = b < 0xf0 ? k_ops[b % N_OPS] : u8(r);
+    int n_in = u8(r) % 5;
+    for (int i = 0; i < n_in; i++) in[i] = rid_of(r);
+    uint64_t o = rid_of(r);
+    int n_ints = u8(r) % 5;
+    for (int i = 0; i < n_ints; i++) ints[i] = small_int(r);
+    int n_fl = u8(r) % 3;
+    for (int i = 0; i < n_fl; i++) fl[i] = small_float(r);
+    uint8_t m = u8(r);
+    uint8_t *q = recs + len;
+    len += dsp_oprec_put(q, op, m & 1, in, n_in, o, ints, n_ints, fl, n_fl);
+    if (m >= 0xf0) {
+      switch (m & 3) {
+        case 0: q[1] |= 2; break;
+        case 1: q[5 + (m >> 2) % 3] = 1; break;
+        case 2: q[2] = DSP_MAX_INPUTS + 1; break;
+        default: q[0] = 0; break;
+      }
+    }
+  }
+  uint8_t cut = u8(r);
+  if (cut >= 0xf8) len -= (size_t)(cut - 0xf7);
+  put_ops(out, recs, len);
+}
+
 static void recipe_one(rd *r, fz_buf *out) {
   uint8_t kb = u8(r);
+  if (kb >= 0xf4 && kb < 0xf8) { /* 1.3 Ops */
+    recipe_ops(r, out);
+    return;
+  }
   if (kb >= 0xf0) { /* the structured shapes of issue 9 */
     switch (kb & 3) {
       case 0: recipe_zero_upload(r, out); return;

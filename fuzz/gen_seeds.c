@@ -429,6 +429,139 @@ static void streams(void) {
   fz_buf_free(&b);
 }
 
+/* 1.3 Ops requests (packed records, op_record.h): valid runs, a failing
+ * record (deferred, its output poisoned), and each malformation the loop
+ * refuses as a protocol error. */
+static size_t rec(uint8_t *buf, size_t len, int op, int no_grad,
+                  const uint64_t *in, int n_in, uint64_t out,
+                  const int64_t *ints, int n_ints, const double *fl,
+                  int n_fl) {
+  return len + dsp_oprec_put(buf + len, op, no_grad, in, n_in, out, ints,
+                             n_ints, fl, n_fl);
+}
+
+static void ops_seeds(void) {
+  fz_buf b = {0};
+  uint8_t r[256];
+  size_t n;
+  uint64_t i11[2] = {1, 1}, i1[1] = {1};
+  double two = 2;
+
+  NEW(); /* a chain of records, attributes, no_grad and a creation op */
+  u23(&b, 1);
+  n = rec(r, 0, DSP_OP_ADD, 0, i11, 2, 2, NULL, 0, NULL, 0);
+  uint64_t i2[1] = {2}, i3[1] = {3}, i4[1] = {4};
+  n = rec(r, n, DSP_OP_MUL_SCALAR, 1, i2, 1, 3, NULL, 0, &two, 1);
+  n = rec(r, n, DSP_OP_RELU, 0, i3, 1, 4, NULL, 0, NULL, 0);
+  int64_t rs[2] = {3, -1};
+  n = rec(r, n, DSP_OP_RESHAPE, 0, i4, 1, 5, rs, 2, NULL, 0);
+  n = rec(r, n, DSP_OP_SUM, 0, i4, 1, 6, NULL, 0, NULL, 0);
+  int64_t zs[3] = {DSP_F32, 2, 3};
+  double v = 3.5;
+  n = rec(r, n, DSP_OP_FULL, 0, NULL, 0, 7, zs, 3, &v, 1);
+  put_ops(&b, r, n);
+  uint64_t i57[2] = {5, 7};
+  put_op(&b, DSP_OP_MATMUL, i57, 2, 8, NULL, 0, NULL, 0); /* an Op after */
+  uint64_t i8[1] = {8};
+  n = rec(r, 0, DSP_OP_SUM, 0, i8, 1, 9, NULL, 0, NULL, 0);
+  put_ops(&b, r, n);
+  read_(&b, 9);
+  read_(&b, 6);
+  stats_(&b);
+  save("stream", "ops_chain.ok", &b);
+
+  NEW(); /* the second record fails alone: the rest run, the sync says so */
+  u23(&b, 1);
+  uint64_t bad[2] = {1, 99}, i31[2] = {3, 1}, i21[2] = {2, 1};
+  n = rec(r, 0, DSP_OP_ADD, 0, i11, 2, 2, NULL, 0, NULL, 0);
+  n = rec(r, n, DSP_OP_ADD, 0, bad, 2, 3, NULL, 0, NULL, 0);
+  n = rec(r, n, DSP_OP_ADD, 0, i31, 2, 4, NULL, 0, NULL, 0);
+  n = rec(r, n, DSP_OP_ADD, 0, i21, 2, 5, NULL, 0, NULL, 0);
+  put_ops(&b, r, n);
+  sync_(&b);
+  read_(&b, 5);
+  read_(&b, 4);
+  save("stream", "ops_failing_record.err-ENOID", &b);
+
+  NEW(); /* a record whose output id is taken */
+  u23(&b, 1);
+  n = rec(r, 0, DSP_OP_ADD, 0, i11, 2, 1, NULL, 0, NULL, 0);
+  put_ops(&b, r, n);
+  sync_(&b);
+  save("stream", "ops_output_reuse.err-EIDINUSE", &b);
+
+  NEW(); /* an optimizer op as a record: it must be a Step */
+  u23(&b, 1);
+  double sgd[3] = {0.1, 0, 0};
+  n = rec(r, 0, DSP_OP_SGD_STEP, 0, i1, 1, 2, NULL, 0, sgd, 3);
+  put_ops(&b, r, n);
+  sync_(&b);
+  save("stream", "ops_optim_record.err-EINVAL", &b);
+
+  NEW(); /* a failed shape check inside the records, then a poisoned read */
+  u23(&b, 1);
+  n = rec(r, 0, DSP_OP_MATMUL, 0, i11, 2, 2, NULL, 0, NULL, 0);
+  n = rec(r, n, DSP_OP_RELU, 0, i2, 1, 3, NULL, 0, NULL, 0);
+  put_ops(&b, r, n);
+  read_(&b, 3);
+  save("stream", "ops_poisoned_chain.err-ESHAPE", &b);
+
+  /* (DSP_OPREC_MAX records do not fit the fuzzers' 16 KiB message
+   * limit: tests/test_op_records.c checks that bound on a server) */
+
+  /* malformed: the stream is refused at the Ops request */
+  NEW();
+  put_ops(&b, r, 0);
+  save("stream", "ops_empty.EPROTO", &b);
+
+  size_t one = rec(r, 0, DSP_OP_ADD, 0, i11, 2, 2, NULL, 0, NULL, 0);
+  uint8_t t[64];
+  static const struct {
+    const char *name;
+    int at, val, cut;
+  } mal[] = {
+      {"ops_cut_header.EPROTO", 0, 0, 20},
+      {"ops_cut_value.EPROTO", 0, 0, 3},
+      {"ops_flag.EPROTO", 1, 2, 0},
+      {"ops_padding5.EPROTO", 5, 1, 0},
+      {"ops_padding7.EPROTO", 7, 0x80, 0},
+      {"ops_unknown_code.EPROTO", 0, 0, 0},
+      {"ops_code_255.EPROTO", 0, 255, 0},
+      {"ops_input_count.EPROTO", 2, DSP_MAX_INPUTS + 1, 0},
+      {"ops_ints_count.EPROTO", 3, DSP_MAX_ATTR_INTS + 1, 0},
+      {"ops_floats_count.EPROTO", 4, DSP_MAX_ATTR_FLOATS + 1, 0},
+  };
+  for (size_t k = 0; k < sizeof mal / sizeof mal[0]; k++) {
+    NEW();
+    u23(&b, 1);
+    /* a good record first: the whole message is refused, not a part */
+    memcpy(t, r, one);
+    memcpy(t + one, r, one);
+    t[one + mal[k].at] = (uint8_t)mal[k].val;
+    put_ops(&b, t, 2 * one - (size_t)mal[k].cut);
+    sync_(&b);
+    save("stream", mal[k].name, &b);
+  }
+
+  /* single frames (the frame target runs them after a hello) */
+  fz_buf_free(&b);
+  g_rid = 1;
+  n = rec(r, 0, DSP_OP_ADD, 0, i11, 2, 2, NULL, 0, NULL, 0);
+  n = rec(r, n, DSP_OP_MUL_SCALAR, 1, i2, 1, 3, NULL, 0, &two, 1);
+  put_ops(&b, r, n);
+  save("frame", "ops.ok", &b);
+  fz_buf_free(&b);
+  memcpy(t, r, n);
+  t[6] = 1;
+  put_ops(&b, t, n);
+  save("frame", "ops_padding.EPROTO", &b);
+  fz_buf_free(&b);
+  put_ops(&b, r, n - 1);
+  save("frame", "ops_cut.EPROTO", &b);
+  fz_buf_free(&b);
+}
+#undef NEW
+
 /* 1.2 graphs: y = relu(x + x) on an f32 [2, 3] placeholder, with the
  * sum released inside the graph; `n_slots` as given (a hostile seed asks
  * for more than the bound). */
@@ -591,6 +724,22 @@ static void recipes(void) {
        {0xf0, 0x02, 0x00, 0x0d, 0x37, 0x01, 0x07, 0x06, 0x01, 0x7a, 0x02,
         0xf0, 0x15, 0x34, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00},
        20},
+      /* 1.3 Ops (kind 0xf4..0xf7, fz_common.c): add(1,1)->13,
+       * matmul(1,2)->14 no_grad, add(13,13)->15; read 15 */
+      {"ops_records.any",
+       {0xf4, 2, 0, 2, 1, 1, 13, 0, 0, 0, 47, 2, 1, 2, 14, 0, 0, 1, 0, 2,
+        13, 13, 15, 0, 0, 0, 0, 7, 15},
+       29},
+      /* a good record, then one with a padding byte set */
+      {"ops_malformed.any",
+       {0xf5, 1, 0, 2, 1, 1, 13, 0, 0, 0, 0, 2, 1, 1, 14, 0, 0, 0xf1, 0},
+       19},
+      /* one record cut 4 bytes short */
+      {"ops_cut.any", {0xf6, 0, 0, 2, 1, 1, 13, 0, 0, 0, 0xfb}, 11},
+      /* add(1,15): no 15, 13 poisoned; add(13,1)->14 poisoned; sync */
+      {"ops_failing.any",
+       {0xf7, 1, 0, 2, 1, 15, 13, 0, 0, 0, 0, 2, 13, 1, 14, 0, 0, 0, 0, 8},
+       20},
   };
   for (size_t i = 0; i < sizeof r / sizeof r[0]; i++) {
     fz_buf b = {0};
@@ -616,6 +765,7 @@ int main(int argc, char **argv) {
   streams();
   frames();
   graph_seeds();
+  ops_seeds();
   recipes();
   return 0;
 }

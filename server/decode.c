@@ -47,9 +47,11 @@ int sv_decode_header(const sv_config *cfg,
  * are fine, else the reason (in buf). */
 static const char *check_records(const ProtobufCBinaryData *recs, char *buf,
                                  size_t len) {
+  /* absent records are data NULL, len 0: no pointer arithmetic on that
+   * (NULL + 0 is undefined in C; clang's UBSan aborts on it) */
+  if (recs->len == 0) return "ops request without records";
   const uint8_t *p = recs->data, *end = recs->data + recs->len;
   int n = 0;
-  if (recs->len == 0) return "ops request without records";
   while (p < end) {
     dsp_oprec r;
     char why[128];

@@ -340,3 +340,46 @@ Test(fuzz_regress, recipe_retained_backward_passes) {
   decoded_free(&d);
   run_recipe_clean(rec, sizeof rec, 7); /* the passes and the reads */
 }
+
+/* ------------------------------------------------ 1.3 Ops records
+ * Kind 0xf4..0xf7 builds one Ops request: well-formed records run on the
+ * seeded session, and each mode byte from 0xf0 and a cut byte from 0xf8
+ * make the malformation the loop refuses. */
+Test(fuzz_regress, recipe_ops_records) {
+  /* add(1,1)->13, matmul(1,2)->14 with no_grad, add(13,13)->15; read 15 */
+  static const uint8_t ok[] = {0xf4, 2, 0,  2, 1, 1, 13, 0, 0, 0,  47, 2,
+                               1,    2, 14, 0, 0, 1, 0,  2, 13, 13, 15, 0,
+                               0,    0, 0,  7, 15};
+  decoded d;
+  decode_recipe(ok, sizeof ok, &d);
+  cr_assert_eq(d.n, 2);
+  cr_assert_eq(d.req[0]->body_case, DSPWIRE__REQUEST__BODY_OPS);
+  const ProtobufCBinaryData *rb = &d.req[0]->ops->records;
+  const uint8_t *p = rb->data, *end = rb->data + rb->len;
+  dsp_oprec r;
+  char why[128];
+  int n = 0, no_grad = 0;
+  while (p < end) {
+    cr_assert_eq(dsp_oprec_next(&p, end, &r, why, sizeof why), 0, "%s", why);
+    no_grad += r.no_grad;
+    n++;
+  }
+  cr_assert_eq(n, 3);
+  cr_assert_eq(no_grad, 1);
+  decoded_free(&d);
+  run_recipe_clean(ok, sizeof ok, 1);
+  /* each malformation: the stream ends with a protocol error */
+  for (int m = 0; m < 5; m++) {
+    uint8_t bad[] = {0xf5, 0, 0, 2, 1, 1, 13, 0, 0, 0, 0};
+    if (m < 4) bad[9] = (uint8_t)(0xf0 | m); /* flag, pad, count, code */
+    else bad[10] = 0xfb;                      /* 4 bytes cut */
+    fz_buf b = {0};
+    fz_recipe_frames(bad, sizeof bad, &b);
+    fz_outcome o;
+    cr_assert_eq(fz_run(b.p, b.n, 1, 1, &o), 0);
+    fz_buf_free(&b);
+    cr_assert_eq(o.rc, DISPATCH_EPROTO, "malformation %d: %s", m,
+                 dispatch_err_name(o.rc));
+    cr_assert(!o.leak);
+  }
+}

@@ -7,12 +7,19 @@
  * and still reports a server-side failure inside a batch on the right
  * tensor. */
 #include <criterion/criterion.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include "dispatch_client.h"
+#include "dispatch.pb-c.h"
 #include "dsp.h"
+#include "frame.h"
 #include "helpers/server_proc.h"
 #include "helpers/wire.h"
 #include "op_record.h"
@@ -180,6 +187,62 @@ Test(op_records, malformed_records_are_protocol_errors) {
   wire_close(&c);
 }
 
+/* The record limit is inclusive: DSP_OPREC_MAX records are one job, one
+ * more is a protocol error (malformed_records_are_protocol_errors). */
+Test(op_records, exactly_the_record_limit_is_accepted) {
+  wire_conn c;
+  open_session(&c, "limit");
+  enum { REC = DSP_OPREC_FIXED + 8 };
+  static uint8_t buf[DSP_OPREC_MAX * REC];
+  size_t len = 0;
+  for (uint64_t i = 0; i < DSP_OPREC_MAX; i++) {
+    uint64_t in[1] = {1};
+    len += dsp_oprec_put(buf + len, DSP_OP_RELU, 0, in, 1, 2 + i, NULL, 0,
+                         NULL, 0);
+  }
+  cr_assert_eq(len, sizeof buf);
+  cr_assert_neq(wire_ops(&c, buf, len), 0);
+  char msg[512];
+  cr_assert_eq(wire_sync_check(&c, msg, sizeof msg, NULL), 0,
+               "%d records refused: %s", DSP_OPREC_MAX, msg);
+  Dspwire__StatsReply st;
+  cr_assert_eq(wire_get_stats(&c, &st), 0);
+  cr_assert_eq(st.ops, DSP_OPREC_MAX, "%llu ops ran",
+               (unsigned long long)st.ops);
+  wire_close(&c);
+}
+
+/* Sends a Backward and returns its reply's error code (0: it ran). */
+static int backward_code(wire_conn *c, uint64_t loss, uint64_t grads) {
+  uint64_t id = wire_backward(c, loss, grads, 0);
+  cr_assert_neq(id, 0);
+  Dspwire__Reply *r = NULL;
+  cr_assert_eq(wire_recv(c, &r, NULL, NULL), 0, "no backward reply");
+  cr_assert_eq(r->req_id, id);
+  int code = r->error ? r->error->code : 0;
+  wire_reply_free(r, NULL);
+  return code;
+}
+
+/* A record's no_grad flag is the Op's: the op on a tracked input records
+ * no graph with it set, and does without it. */
+Test(op_records, no_grad_flag_keeps_the_graph_out) {
+  wire_conn c;
+  open_session(&c, "nograd");
+  cr_assert_neq(wire_track(&c, 1), 0);
+  uint8_t buf[64];
+  size_t len = 0;
+  uint64_t in[1] = {1};
+  len += dsp_oprec_put(buf + len, DSP_OP_SUM, 1, in, 1, 2, NULL, 0, NULL, 0);
+  len += dsp_oprec_put(buf + len, DSP_OP_SUM, 0, in, 1, 3, NULL, 0, NULL, 0);
+  cr_assert_neq(wire_ops(&c, buf, len), 0);
+  cr_assert_eq(wire_sync_check(&c, NULL, 0, NULL), 0);
+  cr_assert_eq(backward_code(&c, 3, 10), 0, "sum without no_grad untracked");
+  cr_assert_eq(backward_code(&c, 2, 11), DISPATCH_ENOTTRACKED,
+               "sum with no_grad recorded a graph");
+  wire_close(&c);
+}
+
 /* Records the loop may not run (over --inline-cost) go, with the rest of
  * their message, to a worker, where later records still see what the
  * inline ones made. */
@@ -289,4 +352,205 @@ Test(op_records, client_marks_the_tensor_whose_record_failed,
   for (int i = 0; i < 8; i++) dispatch_tensor_free(t[i]);
   dispatch_tensor_free(x);
   dispatch_device_close(dev);
+}
+
+/* ------------------------------------------------- client, on the wire */
+
+/* A scripted 1.3 server (a thread here): it answers the hello as 1.3 with
+ * room for a full batch, logs each request's kind and (for an Ops) its
+ * record count, and answers a Sync; nothing else is answered. */
+#define FK_LOG 64
+typedef struct fk {
+  int lfd, cfd, port;
+  pthread_t th;
+  pthread_mutex_t mu;
+  int n;
+  int kind[FK_LOG];
+  int recs[FK_LOG];
+} fk;
+
+static int fk_recv(int fd, void *p, size_t n) {
+  uint8_t *b = p;
+  while (n) {
+    ssize_t r = recv(fd, b, n, 0);
+    if (r <= 0) return -1;
+    b += r;
+    n -= (size_t)r;
+  }
+  return 0;
+}
+
+static void fk_reply(int fd, Dspwire__Reply *r) {
+  size_t n = dspwire__reply__get_packed_size(r);
+  uint8_t *buf = malloc(DSP_FRAME_HEADER_SIZE + n);
+  dsp_frame_header h = {(uint32_t)n, 0, 0};
+  dsp_frame_header_encode(buf, &h);
+  dspwire__reply__pack(r, buf + DSP_FRAME_HEADER_SIZE);
+  ssize_t w = send(fd, buf, DSP_FRAME_HEADER_SIZE + n, MSG_NOSIGNAL);
+  (void)w;
+  free(buf);
+}
+
+static int count_records(const ProtobufCBinaryData *b) {
+  const uint8_t *p = b->data, *end = b->data + b->len;
+  int n = 0;
+  char why[128];
+  while (p < end) {
+    dsp_oprec r;
+    if (dsp_oprec_next(&p, end, &r, why, sizeof why) < 0) return -1;
+    n++;
+  }
+  return n;
+}
+
+static void *fk_main(void *arg) {
+  fk *f = arg;
+  f->cfd = accept(f->lfd, NULL, NULL);
+  if (f->cfd < 0) return NULL;
+  for (;;) {
+    uint8_t hb[DSP_FRAME_HEADER_SIZE];
+    dsp_frame_header h;
+    if (fk_recv(f->cfd, hb, sizeof hb) < 0) break;
+    if (dsp_frame_header_decode(hb, 1 << 24, 1 << 24, &h) < 0) break;
+    uint8_t *m = malloc(h.msg_len + h.bulk_len + 1);
+    if (fk_recv(f->cfd, m, h.msg_len + h.bulk_len) < 0) {
+      free(m);
+      break;
+    }
+    Dspwire__Request *q = dspwire__request__unpack(NULL, h.msg_len, m);
+    free(m);
+    if (!q) break;
+    pthread_mutex_lock(&f->mu);
+    if (f->n < FK_LOG) {
+      f->kind[f->n] = q->body_case;
+      f->recs[f->n] = q->body_case == DSPWIRE__REQUEST__BODY_OPS
+                          ? count_records(&q->ops->records)
+                          : 0;
+      f->n++;
+    }
+    pthread_mutex_unlock(&f->mu);
+    Dspwire__Reply r = DSPWIRE__REPLY__INIT;
+    r.req_id = q->req_id;
+    Dspwire__HelloReply hr = DSPWIRE__HELLO_REPLY__INIT;
+    if (q->body_case == DSPWIRE__REQUEST__BODY_HELLO) {
+      hr.major = DSP_PROTO_MAJOR;
+      hr.minor = 3;
+      hr.max_frame = 1 << 24;
+      r.body_case = DSPWIRE__REPLY__BODY_HELLO;
+      r.hello = &hr;
+      fk_reply(f->cfd, &r);
+    } else if (q->body_case == DSPWIRE__REQUEST__BODY_SYNC) {
+      fk_reply(f->cfd, &r);
+    }
+    dspwire__request__free_unpacked(q, NULL);
+  }
+  return NULL;
+}
+
+static fk *fk_start(void) {
+  fk *f = calloc(1, sizeof *f);
+  f->cfd = -1;
+  pthread_mutex_init(&f->mu, NULL);
+  f->lfd = socket(AF_INET, SOCK_STREAM, 0);
+  struct sockaddr_in a;
+  memset(&a, 0, sizeof a);
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  cr_assert_eq(bind(f->lfd, (struct sockaddr *)&a, sizeof a), 0);
+  cr_assert_eq(listen(f->lfd, 4), 0);
+  socklen_t sl = sizeof a;
+  getsockname(f->lfd, (struct sockaddr *)&a, &sl);
+  f->port = ntohs(a.sin_port);
+  cr_assert_eq(pthread_create(&f->th, NULL, fk_main, f), 0);
+  return f;
+}
+
+static void fk_stop(fk *f) { /* after the client closed: the thread sees EOF */
+  pthread_join(f->th, NULL);
+  if (f->cfd >= 0) close(f->cfd);
+  close(f->lfd);
+  free(f);
+}
+
+/* Waits up to 5 s for at least n requests; returns how many came. */
+static int fk_wait(fk *f, int n) {
+  for (int i = 0; i < 500; i++) {
+    pthread_mutex_lock(&f->mu);
+    int have = f->n;
+    pthread_mutex_unlock(&f->mu);
+    if (have >= n) return have;
+    poll(NULL, 0, 10);
+  }
+  pthread_mutex_lock(&f->mu);
+  int have = f->n;
+  pthread_mutex_unlock(&f->mu);
+  return have;
+}
+
+static void no_server(void) {}
+
+/* Records of Ops requests the fake has seen, and whether all of them came
+ * before request index `before`. */
+static int fk_records(fk *f, int before, int *ops_frames, int *max_recs) {
+  int total = 0;
+  *ops_frames = *max_recs = 0;
+  pthread_mutex_lock(&f->mu);
+  for (int i = 0; i < f->n; i++) {
+    if (f->kind[i] != DSPWIRE__REQUEST__BODY_OPS) continue;
+    cr_assert_lt(i, before, "an Ops (request %d) after request %d", i,
+                 before);
+    cr_assert_geq(f->recs[i], 1, "Ops %d: malformed or empty", i);
+    total += f->recs[i];
+    (*ops_frames)++;
+    if (f->recs[i] > *max_recs) *max_recs = f->recs[i];
+  }
+  pthread_mutex_unlock(&f->mu);
+  return total;
+}
+
+/* A long run of small ops reaches the server in full batches while it is
+ * still being queued, before any wait (whatever the batch sizes, at most
+ * DISPATCH__OPS_MAX = 256 records each); what is left of the open batch
+ * goes out, in order, ahead of the next other request. */
+Test(op_records, client_sends_full_batches_before_any_wait, .init = no_server,
+     .fini = no_server) {
+  fk *f = fk_start();
+  char spec[64], err[256];
+  snprintf(spec, sizeof spec, "tcp://127.0.0.1:%d", f->port);
+  dispatch_device *dev = NULL;
+  cr_assert_eq(dispatch_device_open(spec, NULL, &dev, err, sizeof err), 0,
+               "%s", err);
+  int64_t shape[1] = {16};
+  static dispatch_tensor *t[300];
+  int nt = 0;
+  cr_assert_eq(dispatch_ones(dev, DISPATCH_F32, 1, shape, &t[nt++]), 0);
+  for (; nt < 256; nt++) /* 1 + 255 ops */
+    cr_assert_eq(dispatch_add(t[0], t[nt - 1], &t[nt]), 0);
+  int n = fk_wait(f, 2);
+  int frames, max_recs;
+  int sent = fk_records(f, 1000, &frames, &max_recs);
+  cr_assert_geq(n, 2, "nothing but the hello before any wait: 256 queued "
+                "ops not sent in batches");
+  cr_assert_gt(sent, 0);
+  cr_assert_leq(max_recs, 256, "an Ops of %d records", max_recs);
+  for (int i = 0; i < 3; i++, nt++)
+    cr_assert_eq(dispatch_add(t[0], t[nt - 1], &t[nt]), 0);
+  float v[16] = {0};
+  cr_assert_eq(dispatch_tensor_from_data(dev, DISPATCH_F32, 1, shape, v,
+                                         sizeof v, &t[nt++]),
+               0);
+  cr_assert_eq(dispatch_device_sync(dev), 0, "%s",
+               dispatch_device_errmsg(dev));
+  pthread_mutex_lock(&f->mu);
+  n = f->n;
+  cr_assert_geq(n, 4, "%d requests", n);
+  cr_assert_eq(f->kind[n - 2], DSPWIRE__REQUEST__BODY_UPLOAD);
+  cr_assert_eq(f->kind[n - 1], DSPWIRE__REQUEST__BODY_SYNC);
+  pthread_mutex_unlock(&f->mu);
+  /* every record sent, all of them ahead of the upload */
+  cr_assert_eq(fk_records(f, n - 2, &frames, &max_recs), 259,
+               "records sent in %d Ops", frames);
+  for (int i = 0; i < nt; i++) dispatch_tensor_free(t[i]);
+  dispatch_device_close(dev);
+  fk_stop(f);
 }
