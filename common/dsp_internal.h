@@ -24,6 +24,13 @@ struct dsp_ctx {
 int dsp__tensor_new_on(dsp_ctx *ctx, const dsp_backend *be, const dsp_meta *m,
                        int zero, dsp_tensor **out);
 
+/* What every op passes after inference and before its output is
+ * allocated: the result's span within the ctx's element limit, its cost
+ * (UINT64_MAX: computed here) within the per-op limit and added to
+ * dsp_ctx_work, and no cancellation. 0 or the refusal's code. */
+int dsp__op_admit(dsp_ctx *ctx, dsp_opcode op, const dsp_meta *in, int n_in,
+                  const dsp_attrs *a, const dsp_meta *om, uint64_t cost);
+
 /* Size classes of the free lists (common/cache.c and the CPU backend's
  * block cache): 0 for up to 64 bytes, then four classes per power of two,
  * so two blocks of one class differ by less than a quarter of the

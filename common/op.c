@@ -103,6 +103,33 @@ int dsp_op_infer(dsp_ctx *ctx, dsp_opcode op, const dsp_meta *in, int n_in,
   return dsp_meta_check(ctx, out);
 }
 
+int dsp__op_admit(dsp_ctx *ctx, dsp_opcode op, const dsp_meta *in, int n_in,
+                  const dsp_attrs *a, const dsp_meta *om, uint64_t cost) {
+  const char *name = dsp_op_lookup((int)op)->name;
+  int64_t span;
+  if (ctx->max_span > 0 && dsp_meta_span(ctx, om, NULL, &span) == 0 &&
+      span > ctx->max_span) {
+    char s[160];
+    return dsp_seterr(ctx, DISPATCH_ELIMIT,
+                      "%s: result %s spans %lld elements (zero sizes counted "
+                      "as 1), over the limit of %lld",
+                      name, dsp_shape_str(om, s, sizeof s), (long long)span,
+                      (long long)ctx->max_span);
+  }
+  /* both checks come before the output is allocated: a refused or
+   * cancelled op costs nothing */
+  if (cost == UINT64_MAX) cost = dsp_op_cost(op, in, n_in, a, om);
+  ctx->work = cost > UINT64_MAX - ctx->work ? UINT64_MAX : ctx->work + cost;
+  if (ctx->max_op_cost && cost > ctx->max_op_cost)
+    return dsp_seterr(ctx, DISPATCH_ELIMIT,
+                      "%s: estimated %llu elementary operations, over the "
+                      "per-op limit of %llu (dispatch-server --max-op-cost)",
+                      name, (unsigned long long)cost,
+                      (unsigned long long)ctx->max_op_cost);
+  if (dsp_ctx_cancelled(ctx)) return dsp__cancelled_err(ctx, op);
+  return 0;
+}
+
 int dsp_op(dsp_ctx *ctx, dsp_opcode op, dsp_tensor *const *in, int n_in,
            const dsp_attrs *a, dsp_tensor **out) {
   *out = NULL;
@@ -127,35 +154,14 @@ int dsp_op_inferred(dsp_ctx *ctx, dsp_opcode op, dsp_tensor *const *in,
   *out = NULL;
   dsp_meta metas[DSP_MAX_INPUTS];
   int tracked = 0, rc = 0;
+  if (n_in == 0) memset(&metas[0], 0, sizeof metas[0]); /* read by none */
   for (int i = 0; i < n_in; i++) {
     metas[i] = in[i]->meta;
     tracked |= in[i]->node != NULL;
   }
   dsp_meta om = *omp;
-  int64_t span;
-  if (ctx->max_span > 0 && dsp_meta_span(ctx, &om, NULL, &span) == 0 &&
-      span > ctx->max_span) {
-    char s[160];
-    return dsp_seterr(ctx, DISPATCH_ELIMIT,
-                      "%s: result %s spans %lld elements (zero sizes counted "
-                      "as 1), over the limit of %lld",
-                      dsp_op_lookup((int)op)->name,
-                      dsp_shape_str(&om, s, sizeof s), (long long)span,
-                      (long long)ctx->max_span);
-  }
-  /* both checks come before the output is allocated: a refused or
-   * cancelled op costs nothing */
-  if (cost == UINT64_MAX) cost = dsp_op_cost(op, metas, n_in, a, &om);
-  ctx->work = cost > UINT64_MAX - ctx->work ? UINT64_MAX : ctx->work + cost;
-  if (ctx->max_op_cost) {
-    if (cost > ctx->max_op_cost)
-      return dsp_seterr(ctx, DISPATCH_ELIMIT,
-                        "%s: estimated %llu elementary operations, over the "
-                        "per-op limit of %llu (dispatch-server --max-op-cost)",
-                        dsp_op_lookup((int)op)->name, (unsigned long long)cost,
-                        (unsigned long long)ctx->max_op_cost);
-  }
-  if (dsp_ctx_cancelled(ctx)) return dsp__cancelled_err(ctx, op);
+  rc = dsp__op_admit(ctx, op, metas, n_in, a, &om, cost);
+  if (rc < 0) return rc;
   /* An op runs on its inputs' device (the ctx's device only for creation
    * ops); inputs on two devices are refused, never copied behind the
    * caller's back. */

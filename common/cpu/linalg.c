@@ -137,28 +137,8 @@ int dsp__cpu_matmul_t(dsp_ctx *ctx, dsp_tensor *a, int ta, dsp_tensor *b,
   dsp_attrs none = dsp_attrs_none();
   int rc = dsp_op_infer(ctx, DSP_OP_MATMUL, m, 2, &none, &om);
   if (rc < 0) return rc;
-  int64_t span;
-  if (ctx->max_span > 0 && dsp_meta_span(ctx, &om, NULL, &span) == 0 &&
-      span > ctx->max_span) {
-    char sh[160];
-    return dsp_seterr(ctx, DISPATCH_ELIMIT,
-                      "matmul: result %s spans %lld elements (zero sizes "
-                      "counted as 1), over the limit of %lld",
-                      dsp_shape_str(&om, sh, sizeof sh), (long long)span,
-                      (long long)ctx->max_span);
-  }
-  uint64_t cost = dsp_op_cost(DSP_OP_MATMUL, m, 2, &none, &om);
-  ctx->work = cost > UINT64_MAX - ctx->work ? UINT64_MAX : ctx->work + cost;
-  if (ctx->max_op_cost) {
-    if (cost > ctx->max_op_cost)
-      return dsp_seterr(ctx, DISPATCH_ELIMIT,
-                        "matmul: estimated %llu elementary operations, over "
-                        "the per-op limit of %llu (dispatch-server "
-                        "--max-op-cost)",
-                        (unsigned long long)cost,
-                        (unsigned long long)ctx->max_op_cost);
-  }
-  if (dsp_ctx_cancelled(ctx)) return dsp__cancelled_err(ctx, DSP_OP_MATMUL);
+  rc = dsp__op_admit(ctx, DSP_OP_MATMUL, m, 2, &none, &om, UINT64_MAX);
+  if (rc < 0) return rc;
   const int64_t M = m[0].shape[0], K = m[0].shape[1], N = m[1].shape[1];
   /* gemm with beta 0 writes every element; an empty K writes none, and
    * the zeroed storage is then the answer */
