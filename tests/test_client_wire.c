@@ -14,6 +14,7 @@
 
 #include "dispatch.pb-c.h"
 #include "dispatch_client.h"
+#include "helpers/fake_peer.h"
 #include "helpers/client_check.h"
 #include "frame.h"
 
@@ -33,31 +34,6 @@ typedef struct fake {
   size_t last_upload_len;
 } fake;
 
-static int recv_n(int fd, void *p, size_t n) {
-  uint8_t *b = p;
-  while (n) {
-    ssize_t r = recv(fd, b, n, 0);
-    if (r <= 0) return -1;
-    b += r;
-    n -= (size_t)r;
-  }
-  return 0;
-}
-
-static void send_reply(int fd, Dspwire__Reply *r, const void *bulk,
-                       size_t bulk_len) {
-  size_t n = dspwire__reply__get_packed_size(r);
-  uint8_t *buf = malloc(DSP_FRAME_HEADER_SIZE + n + bulk_len);
-  dsp_frame_header h = {(uint32_t)n, 0, bulk_len};
-  dsp_frame_header_encode(buf, &h);
-  dspwire__reply__pack(r, buf + DSP_FRAME_HEADER_SIZE);
-  if (bulk_len) memcpy(buf + DSP_FRAME_HEADER_SIZE + n, bulk, bulk_len);
-  ssize_t w = send(fd, buf, DSP_FRAME_HEADER_SIZE + n + bulk_len,
-                   MSG_NOSIGNAL);
-  (void)w;
-  free(buf);
-}
-
 /* Records every request; answers the waiting ones like a server whose
  * every request succeeded (Read returns the last upload's bytes). */
 static void *fake_main(void *arg) {
@@ -67,11 +43,11 @@ static void *fake_main(void *arg) {
   for (;;) {
     uint8_t hb[DSP_FRAME_HEADER_SIZE];
     dsp_frame_header h;
-    if (recv_n(f->cfd, hb, sizeof hb) < 0) break;
+    if (fake_recv_n(f->cfd, hb, sizeof hb) < 0) break;
     if (dsp_frame_header_decode(hb, 1 << 24, 1 << 24, &h) < 0) break;
     uint8_t *m = malloc(h.msg_len + 1), *bulk = malloc(h.bulk_len + 1);
-    if (recv_n(f->cfd, m, h.msg_len) < 0 ||
-        recv_n(f->cfd, bulk, h.bulk_len) < 0) {
+    if (fake_recv_n(f->cfd, m, h.msg_len) < 0 ||
+        fake_recv_n(f->cfd, bulk, h.bulk_len) < 0) {
       free(m);
       free(bulk);
       break;
@@ -124,19 +100,19 @@ static void *fake_main(void *arg) {
           r.body_case = DSPWIRE__REPLY__BODY_HELLO;
           r.hello = &hr;
         }
-        send_reply(f->cfd, &r, NULL, 0);
+        fake_send_reply(f->cfd, &r, NULL, 0);
         break;
       case DSPWIRE__REQUEST__BODY_READ:
         if (f->silent) break;
         r.body_case = DSPWIRE__REPLY__BODY_READ;
         r.read = &rr;
         rr.meta = &tm;
-        send_reply(f->cfd, &r, f->last_upload, f->last_upload_len);
+        fake_send_reply(f->cfd, &r, f->last_upload, f->last_upload_len);
         break;
       case DSPWIRE__REQUEST__BODY_SYNC:
       case DSPWIRE__REQUEST__BODY_BACKWARD:
       case DSPWIRE__REQUEST__BODY_STATS:
-        if (!f->silent) send_reply(f->cfd, &r, NULL, 0);
+        if (!f->silent) fake_send_reply(f->cfd, &r, NULL, 0);
         break;
       default: break;
     }
@@ -150,16 +126,8 @@ static fake *fake_start(int silent) {
   f->silent = silent;
   f->cfd = -1;
   pthread_mutex_init(&f->mu, NULL);
-  f->lfd = socket(AF_INET, SOCK_STREAM, 0);
-  struct sockaddr_in a;
-  memset(&a, 0, sizeof a);
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  cr_assert_eq(bind(f->lfd, (struct sockaddr *)&a, sizeof a), 0);
-  cr_assert_eq(listen(f->lfd, 4), 0);
-  socklen_t sl = sizeof a;
-  getsockname(f->lfd, (struct sockaddr *)&a, &sl);
-  f->port = ntohs(a.sin_port);
+  f->lfd = fake_listen(&f->port);
+  cr_assert_geq(f->lfd, 0, "cannot listen on 127.0.0.1");
   cr_assert_eq(pthread_create(&f->th, NULL, fake_main, f), 0);
   return f;
 }

@@ -20,6 +20,7 @@
 #include "dispatch.pb-c.h"
 #include "dsp.h"
 #include "frame.h"
+#include "helpers/fake_peer.h"
 #include "helpers/server_proc.h"
 #include "helpers/wire.h"
 #include "op_record.h"
@@ -369,28 +370,6 @@ typedef struct fk {
   int recs[FK_LOG];
 } fk;
 
-static int fk_recv(int fd, void *p, size_t n) {
-  uint8_t *b = p;
-  while (n) {
-    ssize_t r = recv(fd, b, n, 0);
-    if (r <= 0) return -1;
-    b += r;
-    n -= (size_t)r;
-  }
-  return 0;
-}
-
-static void fk_reply(int fd, Dspwire__Reply *r) {
-  size_t n = dspwire__reply__get_packed_size(r);
-  uint8_t *buf = malloc(DSP_FRAME_HEADER_SIZE + n);
-  dsp_frame_header h = {(uint32_t)n, 0, 0};
-  dsp_frame_header_encode(buf, &h);
-  dspwire__reply__pack(r, buf + DSP_FRAME_HEADER_SIZE);
-  ssize_t w = send(fd, buf, DSP_FRAME_HEADER_SIZE + n, MSG_NOSIGNAL);
-  (void)w;
-  free(buf);
-}
-
 static int count_records(const ProtobufCBinaryData *b) {
   const uint8_t *p = b->data, *end = b->data + b->len;
   int n = 0;
@@ -410,10 +389,10 @@ static void *fk_main(void *arg) {
   for (;;) {
     uint8_t hb[DSP_FRAME_HEADER_SIZE];
     dsp_frame_header h;
-    if (fk_recv(f->cfd, hb, sizeof hb) < 0) break;
+    if (fake_recv_n(f->cfd, hb, sizeof hb) < 0) break;
     if (dsp_frame_header_decode(hb, 1 << 24, 1 << 24, &h) < 0) break;
     uint8_t *m = malloc(h.msg_len + h.bulk_len + 1);
-    if (fk_recv(f->cfd, m, h.msg_len + h.bulk_len) < 0) {
+    if (fake_recv_n(f->cfd, m, h.msg_len + h.bulk_len) < 0) {
       free(m);
       break;
     }
@@ -438,9 +417,9 @@ static void *fk_main(void *arg) {
       hr.max_frame = 1 << 24;
       r.body_case = DSPWIRE__REPLY__BODY_HELLO;
       r.hello = &hr;
-      fk_reply(f->cfd, &r);
+      fake_send_reply(f->cfd, &r, NULL, 0);
     } else if (q->body_case == DSPWIRE__REQUEST__BODY_SYNC) {
-      fk_reply(f->cfd, &r);
+      fake_send_reply(f->cfd, &r, NULL, 0);
     }
     dspwire__request__free_unpacked(q, NULL);
   }
@@ -451,16 +430,8 @@ static fk *fk_start(void) {
   fk *f = calloc(1, sizeof *f);
   f->cfd = -1;
   pthread_mutex_init(&f->mu, NULL);
-  f->lfd = socket(AF_INET, SOCK_STREAM, 0);
-  struct sockaddr_in a;
-  memset(&a, 0, sizeof a);
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  cr_assert_eq(bind(f->lfd, (struct sockaddr *)&a, sizeof a), 0);
-  cr_assert_eq(listen(f->lfd, 4), 0);
-  socklen_t sl = sizeof a;
-  getsockname(f->lfd, (struct sockaddr *)&a, &sl);
-  f->port = ntohs(a.sin_port);
+  f->lfd = fake_listen(&f->port);
+  cr_assert_geq(f->lfd, 0, "cannot listen on 127.0.0.1");
   cr_assert_eq(pthread_create(&f->th, NULL, fk_main, f), 0);
   return f;
 }

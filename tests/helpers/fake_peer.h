@@ -1,0 +1,22 @@
+/* Test helper: the socket side of a scripted fake server, for suites that
+ * check what libdispatch-client puts on the wire (test_client_wire,
+ * test_op_records). The script itself (which requests it answers, what it
+ * logs) stays in each suite. */
+#ifndef FAKE_PEER_H
+#define FAKE_PEER_H
+
+#include <stddef.h>
+
+#include "dispatch.pb-c.h"
+
+/* A listening socket on 127.0.0.1 with an ephemeral port (*port); -1 when
+ * it cannot bind or listen. */
+int fake_listen(int *port);
+/* Reads exactly n bytes: 0, or -1 when the peer closed or failed. */
+int fake_recv_n(int fd, void *p, size_t n);
+/* Sends one reply frame (header, packed r, bulk_len bytes of bulk); a
+ * failed send is ignored (the client under test notices). */
+void fake_send_reply(int fd, const Dspwire__Reply *r, const void *bulk,
+                     size_t bulk_len);
+
+#endif
