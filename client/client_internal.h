@@ -167,6 +167,7 @@ typedef struct dispatch__conn {
   size_t ops_len;
   int ops_n;
   int ops_limit;        /* records that close the open batch */
+  uint32_t server_minor; /* the hello's: what the server understands */
 } dispatch__conn;
 
 struct dispatch_device {

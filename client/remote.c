@@ -993,9 +993,15 @@ int dispatch__remote_read(dispatch_device *dev, uint64_t id, void *buf,
 int dispatch__remote_backward(dispatch_device *dev, uint64_t loss,
                               uint64_t grads, int retain) {
   dsp_wreq w;
+  Dspwire__Request *req = dsp_wreq_backward(&w, loss, grads, retain);
+  if (dev->conn->server_minor >= 3) {
+    /* 1.3: pipelined like an op; a failure is the next wait's error and
+     * leaves grads a failed container (proto/README.md) */
+    w.body.backward.no_reply = 1;
+    return queue(dev, req, grads, NULL, 0);
+  }
   Dspwire__Reply *r;
-  int rc = call(dev, dsp_wreq_backward(&w, loss, grads, retain), NULL, 0, 0,
-                &r);
+  int rc = call(dev, req, NULL, 0, 0, &r);
   if (r) dspwire__reply__free_unpacked(r, &g_pb_alloc);
   return rc;
 }
@@ -1178,6 +1184,7 @@ int dispatch__remote_open(dispatch_device *dev, const char *host,
     /* 1.3 servers take Ops; a frame limit below a full batch (and room
      * for its message) turns batching off rather than refuse the batch */
     const char *b = getenv("DISPATCH_OPS_BATCH");
+    dev->conn->server_minor = r->hello->minor;
     dev->conn->ops_limit = DISPATCH__OPS_FIRST;
     dev->conn->batch_ops = r->hello->minor >= 3 &&
                            r->hello->max_frame >= 4 * DISPATCH__OPS_BYTES &&

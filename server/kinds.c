@@ -32,3 +32,10 @@ const sv_req_kind *sv_req_kind_of(Dspwire__Request__BodyCase bc) {
     return &none;
   return &g_kinds[i];
 }
+
+int sv_req_waits(const Dspwire__Request *r) {
+  if (r->body_case == DSPWIRE__REQUEST__BODY_BACKWARD && r->backward &&
+      r->backward->no_reply)
+    return 0;
+  return sv_req_kind_of(r->body_case)->waits;
+}

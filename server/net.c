@@ -299,7 +299,7 @@ void sv_conn_dispatch(sv_conn *c, sv_job *j) {
     j->sess = c->sess;
     c->inflight++;
     uint64_t ops = c->sess->n_ops;
-    int waits = sv_req_kind_of(j->req->body_case)->waits;
+    int waits = sv_req_waits(j->req);
     sv_session_exec(c->sess, j);
     c->sess->n_inline += c->sess->n_ops - ops; /* ops that ran, as n_ops */
     sv_conn_on_done(j, NULL);
@@ -360,7 +360,7 @@ void sv_conn_on_done(sv_job *j, void *ud) {
   if (j->out) {
     if (SV_LOG_ON(SV_LOG_DEBUG)) log_reply(c, j);
     /* kept until acknowledged: the frame may be lost with the socket */
-    if (c->sess->rs && sv_req_kind_of(j->req->body_case)->waits)
+    if (c->sess->rs && sv_req_waits(j->req))
       sv_resume_keep(c->sess, j->req->seq, j->req->req_id, j->out,
                      j->out_len, j->out_pin);
     uint8_t *out = j->out;
@@ -368,7 +368,7 @@ void sv_conn_on_done(sv_job *j, void *ud) {
     j->out = NULL;
     j->out_pin = NULL;
     sv_writer_queue(c, out, j->out_len, bulk);
-  } else if (sv_req_kind_of(j->req->body_case)->waits) {
+  } else if (sv_req_waits(j->req)) {
     sv_conn_close(c, "out of memory for a reply");
   }
   if (j->is_bye && !c->closing) {

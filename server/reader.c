@@ -180,7 +180,7 @@ static void over_budget(sv_conn *c, uint64_t rid, int body, const char *why) {
  * does not run again; a waiting one gets its kept reply, and an upload's
  * bulk is read and dropped so the stream stays in step. */
 static void duplicate(sv_conn *c, Dspwire__Request *req) {
-  int waits = sv_req_kind_of(req->body_case)->waits;
+  int waits = sv_req_waits(req);
   sv_log(SV_LOG_DEBUG, "conn %llu: seq %llu received before: not run again",
          c->id, (unsigned long long)req->seq);
   if (waits && sv_resume_resend(c, req->seq) < 0) {

@@ -279,7 +279,7 @@ sv_server *sv_resume_done(sv_job *j) {
   } else {
     rs->inflight--;
     /* the client waits for this reply: kept until it resumes */
-    if (j->out && sv_req_kind_of(j->req->body_case)->waits)
+    if (j->out && sv_req_waits(j->req))
       sv_resume_keep(s, j->req->seq, j->req->req_id, j->out, j->out_len,
                      j->out_pin);
   }

@@ -485,10 +485,36 @@ static int do_backward(sv_session *s, sv_job *j, char *why) {
   return 0;
 }
 
+/* The value of a gradients id whose no-reply Backward failed (1.3): the
+ * id is taken, as the client believes, but holds nothing. Never freed. */
+static char g_failed_grads;
+#define FAILED_GRADS ((dsp_grads *)(void *)&g_failed_grads)
+
+/* A no-reply Backward failed: its id becomes a failed container, charged
+ * like a real one, so a later Grad or Step on it fails with
+ * DISPATCH_EPOISONED and the client's Free of it succeeds. Out of quota
+ * or memory the id stays unknown (those fail with DISPATCH_ENOID). */
+static void grads_failed(sv_session *s, uint64_t id) {
+  if (sv_idmap_get(&s->grads, id) ||
+      dsp_budget_charge(s->budget, NULL, ID_COST, NULL) < 0)
+    return;
+  if (sv_idmap_put(&s->grads, id, FAILED_GRADS) < 0)
+    dsp_budget_uncharge(s->budget, ID_COST);
+}
+
+static void grads_free(dsp_grads *g) {
+  if (g != FAILED_GRADS) dsp_grads_free(g);
+}
+
 static int get_grads(sv_session *s, uint64_t id, char *why, dsp_grads **g) {
   *g = sv_idmap_get(&s->grads, id);
   if (!*g)
     return why_set(why, DISPATCH_ENOID, "gradients id %llu does not exist",
+                   (unsigned long long)id);
+  if (*g == FAILED_GRADS)
+    return why_set(why, DISPATCH_EPOISONED,
+                   "gradients id %llu holds nothing: the backward that was "
+                   "to make it failed",
                    (unsigned long long)id);
   return 0;
 }
@@ -603,7 +629,7 @@ static int do_free(sv_session *s, sv_job *j, char *why) {
   for (size_t i = 0; i < f->n_grads; i++) {
     dsp_grads *g = sv_idmap_del(&s->grads, f->grads[i]);
     if (g) {
-      dsp_grads_free(g);
+      grads_free(g);
       dsp_budget_uncharge(s->budget, ID_COST);
     } else if (rc == 0)
       rc = why_set(why, DISPATCH_ENOID,
@@ -814,7 +840,7 @@ static void exec_job(sv_session *s, sv_job *j) {
     sv_log_conn(SV_LOG_DEBUG, s->log_id, NULL, "running request %llu (%s)",
                 (unsigned long long)r->req_id, d);
   }
-  int wait = sv_req_kind_of(r->body_case)->waits;
+  int wait = sv_req_waits(r);
   if (wait && s->err_code) {
     error_reply(j, s->err_code, s->err_msg, s->err_req);
     clear_deferred(s);
@@ -847,7 +873,8 @@ static void exec_job(sv_session *s, sv_job *j) {
     case DSPWIRE__REQUEST__BODY_TRACK: rc = do_track(s, j, why); break;
     case DSPWIRE__REQUEST__BODY_BACKWARD:
       rc = do_backward(s, j, why);
-      if (rc == 0) rc = empty_reply(j, why);
+      if (rc == 0 && wait) rc = empty_reply(j, why);
+      if (rc < 0 && !wait) grads_failed(s, r->backward->grads);
       break;
     case DSPWIRE__REQUEST__BODY_GRAD:
       rc = do_grad(s, j, why);
@@ -914,7 +941,7 @@ void sv_session_teardown(sv_session *s) {
   sv_graph_teardown(s);
   for (size_t i = 0; i < s->grads.cap; i++)
     if (s->grads.vals[i]) {
-      dsp_grads_free(s->grads.vals[i]);
+      grads_free(s->grads.vals[i]);
       dsp_budget_uncharge(s->budget, ID_COST);
     }
   sv_idmap_clear(&s->grads);

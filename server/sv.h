@@ -289,6 +289,9 @@ typedef struct sv_req_kind {
 } sv_req_kind;
 /* The kind of a body case; an unknown case gets a kind with no flags. */
 const sv_req_kind *sv_req_kind_of(Dspwire__Request__BodyCase bc);
+/* Whether this request gets a reply: its kind's, except a 1.3 Backward
+ * sent with no_reply. */
+int sv_req_waits(const Dspwire__Request *r);
 
 /* ------------------------------------------------------------ jobs */
 

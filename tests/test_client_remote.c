@@ -376,6 +376,49 @@ Test(client_remote, deferred_error_surfaces_at_next_wait, .fini = stop_server) {
   dispatch_device_close(dev);
 }
 
+/* A 1.3 server's backward is pipelined: a second backward through a
+ * released graph returns at once, the next wait reports
+ * DISPATCH_EGRAPHFREED, a gradient taken from it fails (poisoned), and
+ * freeing its container leaves no error behind; a good backward's
+ * gradients are right. */
+Test(client_remote, backward_failure_surfaces_at_next_wait,
+     .fini = stop_server) {
+  start_server();
+  dispatch_device *dev = open_dev("remote");
+  int64_t sh[1] = {3};
+  dispatch_tensor *x, *w, *sq, *loss;
+  OK(dev, dispatch_ones(dev, DISPATCH_F32, 1, sh, &x));
+  OK(dev, dispatch_autodiff(x, &w));
+  OK(dev, dispatch_mul(w, w, &sq));
+  OK(dev, dispatch_sum(sq, 0, NULL, 0, &loss));
+  dispatch_grads *g1, *g2;
+  OK(dev, dispatch_backward(loss, &g1));
+  int rc = dispatch_backward(loss, &g2); /* the graph is gone */
+  cr_assert_eq(rc, 0, "pipelined, yet %s: %s", dispatch_err_name(rc),
+               dispatch_device_errmsg(dev));
+  dispatch_tensor *bad;
+  OK(dev, dispatch_grad(g2, w, &bad));
+  rc = dispatch_device_sync(dev);
+  cr_assert_eq(rc, DISPATCH_EGRAPHFREED, "got %s: %s", dispatch_err_name(rc),
+               dispatch_device_errmsg(dev));
+  float v[3];
+  cr_assert_lt(dispatch_tensor_read(bad, v, sizeof v), 0);
+  dispatch_tensor *good;
+  OK(dev, dispatch_grad(g1, w, &good));
+  OK(dev, dispatch_tensor_read(good, v, sizeof v));
+  cr_assert_eq(v[2], 2.0f);
+  dispatch_tensor_free(bad);
+  dispatch_grads_free(g2);
+  dispatch_grads_free(g1);
+  OK(dev, dispatch_device_sync(dev)); /* freeing g2 left no error */
+  dispatch_tensor_free(good);
+  dispatch_tensor_free(loss);
+  dispatch_tensor_free(sq);
+  dispatch_tensor_free(w);
+  dispatch_tensor_free(x);
+  dispatch_device_close(dev);
+}
+
 /* One small training step; returns the first error. */
 static int remote_step(dispatch_device *dev, dispatch_tensor *ax,
                        dispatch_tensor *aw, dispatch_tensor *lab,
@@ -421,7 +464,12 @@ Test(client_remote, killed_server_gives_econn_and_keeps_it,
   sp_wait(&g_srv);
   g_srv.pid = 0;
   int rc = 0;
-  for (int i = 0; i < 5 && rc == 0; i++) rc = remote_step(dev, ax, aw, lab, opt);
+  /* a step queues everything (the backward too, since protocol 1.3): the
+   * wait that ends it is where the lost server shows */
+  for (int i = 0; i < 5 && rc == 0; i++) {
+    rc = remote_step(dev, ax, aw, lab, opt);
+    if (rc == 0) rc = dispatch_device_sync(dev);
+  }
   cr_assert_eq(rc, DISPATCH_ECONN, "got %s: %s", dispatch_err_name(rc),
                dispatch_device_errmsg(dev));
   cr_assert(strstr(dispatch_device_errmsg(dev), "lost") != NULL);

@@ -163,6 +163,60 @@ Test(server_autodiff, backward_over_wire_equals_in_process) {
   local_free(&m);
 }
 
+/* 1.3: a Backward sent with no_reply gets no reply; when it fails, the
+ * failure is the next wait's error (as an op's), its gradients id holds a
+ * failed container (a Grad from it fails with DISPATCH_EPOISONED), and a
+ * Free of that id succeeds. */
+Test(server_autodiff, backward_without_reply_defers_its_failure) {
+  local_model m;
+  local_forward_backward(&m);
+  wire_conn c;
+  connect_hello(&c);
+  remote_forward_backward(&c);
+  dsp_wreq w;
+  Dspwire__Request *req = dsp_wreq_backward(&w, ID_LOSS, ID_G + 1, 0);
+  w.body.backward.no_reply = 1;
+  req->req_id = 900;
+  cr_assert_eq(wire_send(&c, req, NULL, 0), 0); /* the graph was released */
+  char msg[700];
+  uint64_t failed = 0;
+  cr_assert_eq(wire_sync_check(&c, msg, sizeof msg, &failed),
+               DISPATCH_EGRAPHFREED, "%s", msg);
+  cr_assert_eq(failed, 900);
+  wire_grad(&c, ID_G + 1, ID_X, 901);
+  cr_assert_eq(wire_sync_check(&c, msg, sizeof msg, NULL), DISPATCH_EPOISONED,
+               "%s", msg);
+  cr_assert(strstr(msg, "backward that was to make it failed"), "%s", msg);
+  uint64_t gs[2] = {ID_G, ID_G + 1};
+  wire_free(&c, NULL, 0, gs, 2);
+  cr_assert_eq(wire_sync_check(&c, msg, sizeof msg, NULL), 0, "%s", msg);
+  Dspwire__StatsReply st;
+  cr_assert_eq(wire_get_stats(&c, &st), 0);
+  cr_assert_eq(st.grads, 0);
+  /* one that succeeds answers nothing either (the next reply is the
+   * sync's) and its gradients are there */
+  int64_t s4[1] = {4};
+  static const float v4[4] = {1, 2, 3, 4};
+  wire_upload(&c, 200, DSP_F32, 1, s4, v4, sizeof v4);
+  wire_track(&c, 200);
+  uint64_t in[1] = {200};
+  wire_op(&c, DSP_OP_SUM, in, 1, 201, NULL, 0, NULL, 0);
+  req = dsp_wreq_backward(&w, 201, 202, 0);
+  w.body.backward.no_reply = 1;
+  req->req_id = 902;
+  cr_assert_eq(wire_send(&c, req, NULL, 0), 0);
+  cr_assert_eq(wire_sync_check(&c, msg, sizeof msg, NULL), 0, "%s", msg);
+  wire_grad(&c, 202, 200, 203);
+  void *got;
+  size_t n;
+  cr_assert_eq(wire_read_tensor(&c, 203, &got, &n, NULL, NULL), 0);
+  cr_assert_eq(n, sizeof v4);
+  cr_assert_eq(((float *)got)[3], 1.0f);
+  free(got);
+  wire_close(&c);
+  local_free(&m);
+}
+
 Test(server_autodiff, track_refuses_a_second_wrap) {
   wire_conn c;
   connect_hello(&c);

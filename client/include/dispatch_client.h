@@ -630,8 +630,12 @@ int dispatch_autodiff(dispatch_tensor *t, dispatch_tensor **out);
 
 /* Reverse pass from loss (AUTODIFF, one element) to every tracked leaf
  * reachable from it; the graph is released afterwards. REMOTE: one
- * Backward round trip; the gradients stay on the server. *out is the
- * caller's (dispatch_grads_free; not scoped). Errors:
+ * Backward request, the gradients staying on the server; with a server of
+ * protocol 1.3 or later it is pipelined like an op (no round trip), so a
+ * failure the server finds (DISPATCH_EGRAPHFREED, DISPATCH_EQUOTA, ...)
+ * is reported by the next call that waits, and the gradients made from
+ * *out then fail with DISPATCH_EPOISONED; older servers answer it at once.
+ * *out is the caller's (dispatch_grads_free; not scoped). Errors:
  * DISPATCH_ENOTTRACKED, DISPATCH_ENOTSCALAR, DISPATCH_EGRAPHFREED. */
 DISPATCH_API
 int dispatch_backward(dispatch_tensor *loss, dispatch_grads **out);

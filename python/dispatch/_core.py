@@ -950,9 +950,10 @@ class Tensor:
     def backward(self, retain_graph=False):
         """Reverse pass from this one-element autodiff tensor to every
         tracked leaf reachable from it. Returns the Grads (remote: one
-        round trip; the gradients stay on the server until read). The
-        device also remembers them for Tensor.grad, until its next
-        backward."""
+        request, pipelined like an op by a server of protocol 1.3, whose
+        failure the next wait raises; the gradients stay on the server
+        until read). The device also remembers them for Tensor.grad, until
+        its next backward."""
         h = _hd(self)
         # Let go of the previous gradients before this pass makes new ones:
         # unless the caller still holds them, they are freed first (the
