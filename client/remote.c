@@ -996,8 +996,15 @@ int dispatch__remote_backward(dispatch_device *dev, uint64_t loss,
   Dspwire__Request *req = dsp_wreq_backward(&w, loss, grads, retain);
   if (dev->conn->server_minor >= 3) {
     /* 1.3: pipelined like an op; a failure is the next wait's error and
-     * leaves grads a failed container (proto/README.md) */
+     * leaves grads a failed container (proto/README.md). The frees queued
+     * so far go first: the gradients a loop let go of last step must be
+     * gone before this pass makes new ones (one set within the quota) */
     w.body.backward.no_reply = 1;
+    int rc = check_alive(dev);
+    if (rc == EBROKEN) rc = reconnect(dev);
+    if (rc == 0) rc = put_frees(dev);
+    if (rc == EBROKEN) rc = reconnect(dev); /* the frees were logged */
+    if (rc < 0) return rc;
     return queue(dev, req, grads, NULL, 0);
   }
   Dspwire__Reply *r;
