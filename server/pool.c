@@ -152,8 +152,12 @@ static void *worker_main(void *arg) {
       if (!s->fifo_tail) s->fifo_tail = last;
     }
     if (!torn && s->fifo_head) {
+      /* this worker takes the front of the run queue next: a session
+       * alone there is its own again, and waking another worker for it
+       * only cost a wake-up and a core's worth of contention */
+      int alone = !p->runq_head;
       runq_push(p, s);
-      pthread_cond_signal(&p->cv);
+      if (!alone) pthread_cond_signal(&p->cv);
     } else {
       s->scheduled = 0;
     }
