@@ -41,23 +41,10 @@ static void *fake_main(void *arg) {
   f->cfd = accept(f->lfd, NULL, NULL);
   if (f->cfd < 0) return NULL;
   for (;;) {
-    uint8_t hb[DSP_FRAME_HEADER_SIZE];
-    dsp_frame_header h;
-    if (fake_recv_n(f->cfd, hb, sizeof hb) < 0) break;
-    if (dsp_frame_header_decode(hb, 1 << 24, 1 << 24, &h) < 0) break;
-    uint8_t *m = malloc(h.msg_len + 1), *bulk = malloc(h.bulk_len + 1);
-    if (fake_recv_n(f->cfd, m, h.msg_len) < 0 ||
-        fake_recv_n(f->cfd, bulk, h.bulk_len) < 0) {
-      free(m);
-      free(bulk);
-      break;
-    }
-    Dspwire__Request *q = dspwire__request__unpack(NULL, h.msg_len, m);
-    free(m);
-    if (!q) {
-      free(bulk);
-      break;
-    }
+    Dspwire__Request *q;
+    void *bulk;
+    size_t bulk_len;
+    if (fake_recv_request(f->cfd, &q, &bulk, &bulk_len) < 0) break;
     pthread_mutex_lock(&f->mu);
     int i = f->n < MAX_LOG ? f->n++ : MAX_LOG - 1;
     f->kind[i] = q->body_case;
@@ -74,7 +61,7 @@ static void *fake_main(void *arg) {
     if (q->body_case == DSPWIRE__REQUEST__BODY_UPLOAD) {
       free(f->last_upload);
       f->last_upload = bulk;
-      f->last_upload_len = h.bulk_len;
+      f->last_upload_len = bulk_len;
       bulk = NULL;
     }
     if (q->body_case == DSPWIRE__REQUEST__BODY_HELLO)

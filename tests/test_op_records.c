@@ -390,18 +390,11 @@ static void *fk_main(void *arg) {
   f->cfd = accept(f->lfd, NULL, NULL);
   if (f->cfd < 0) return NULL;
   for (;;) {
-    uint8_t hb[DSP_FRAME_HEADER_SIZE];
-    dsp_frame_header h;
-    if (fake_recv_n(f->cfd, hb, sizeof hb) < 0) break;
-    if (dsp_frame_header_decode(hb, 1 << 24, 1 << 24, &h) < 0) break;
-    uint8_t *m = malloc(h.msg_len + h.bulk_len + 1);
-    if (fake_recv_n(f->cfd, m, h.msg_len + h.bulk_len) < 0) {
-      free(m);
-      break;
-    }
-    Dspwire__Request *q = dspwire__request__unpack(NULL, h.msg_len, m);
-    free(m);
-    if (!q) break;
+    Dspwire__Request *q;
+    void *bulk;
+    size_t bulk_len;
+    if (fake_recv_request(f->cfd, &q, &bulk, &bulk_len) < 0) break;
+    free(bulk);
     pthread_mutex_lock(&f->mu);
     if (f->n < FK_LOG) {
       f->kind[f->n] = q->body_case;

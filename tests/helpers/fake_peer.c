@@ -39,6 +39,33 @@ int fake_recv_n(int fd, void *p, size_t n) {
   return 0;
 }
 
+int fake_recv_request(int fd, Dspwire__Request **req, void **bulk,
+                      size_t *bulk_len) {
+  uint8_t hb[DSP_FRAME_HEADER_SIZE];
+  dsp_frame_header h;
+  *req = NULL;
+  *bulk = NULL;
+  if (fake_recv_n(fd, hb, sizeof hb) < 0 ||
+      dsp_frame_header_decode(hb, 1 << 24, 1 << 24, &h) < 0)
+    return -1;
+  uint8_t *m = malloc(h.msg_len + 1), *b = malloc(h.bulk_len + 1);
+  if (!m || !b || fake_recv_n(fd, m, h.msg_len) < 0 ||
+      fake_recv_n(fd, b, h.bulk_len) < 0) {
+    free(m);
+    free(b);
+    return -1;
+  }
+  *req = dspwire__request__unpack(NULL, h.msg_len, m);
+  free(m);
+  if (!*req) {
+    free(b);
+    return -1;
+  }
+  *bulk = b;
+  *bulk_len = (size_t)h.bulk_len;
+  return 0;
+}
+
 void fake_send_reply(int fd, const Dspwire__Reply *r, const void *bulk,
                      size_t bulk_len) {
   size_t n = dspwire__reply__get_packed_size(r);

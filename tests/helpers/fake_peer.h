@@ -14,6 +14,12 @@
 int fake_listen(int *port);
 /* Reads exactly n bytes: 0, or -1 when the peer closed or failed. */
 int fake_recv_n(int fd, void *p, size_t n);
+/* Reads one request frame: 0 with *req (dspwire__request__free_unpacked
+ * with a NULL allocator) and its bulk in *bulk (malloc'd, the caller
+ * frees it; never NULL) of *bulk_len bytes; -1 when the peer closed or
+ * sent something that is not a frame of a Request. */
+int fake_recv_request(int fd, Dspwire__Request **req, void **bulk,
+                      size_t *bulk_len);
 /* Sends one reply frame (header, packed r, bulk_len bytes of bulk); a
  * failed send is ignored (the client under test notices). */
 void fake_send_reply(int fd, const Dspwire__Reply *r, const void *bulk,
