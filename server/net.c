@@ -296,15 +296,16 @@ static void loop_spin(sv_server *srv) {
 void sv_conn_dispatch(sv_conn *c, sv_job *j) {
   if (ops_on_loop(c, j)) return;
   if (runs_on_loop(c, j)) {
+    sv_server *srv = c->srv;
     j->sess = c->sess;
     c->inflight++;
     uint64_t ops = c->sess->n_ops;
     int waits = sv_req_waits(j->req);
     sv_session_exec(c->sess, j);
     c->sess->n_inline += c->sess->n_ops - ops; /* ops that ran, as n_ops */
-    sv_conn_on_done(j, NULL);
+    sv_conn_on_done(j, NULL); /* may close c, even end the server's pool */
     /* the client may answer this reply with its next request at once */
-    if (waits && sv_pool_idle(c->srv->pool)) loop_spin(c->srv);
+    if (waits && srv->pool && sv_pool_idle(srv->pool)) loop_spin(srv);
     return;
   }
   sv_conn_submit(c, j);
