@@ -801,6 +801,14 @@ static int put_record(dispatch_device *dev, dsp_opcode op, const uint64_t *in,
   int rc = check_alive(dev);
   if (rc == EBROKEN) rc = reconnect(dev);
   if (rc < 0) return rc;
+  /* a new batch goes behind the frees queued so far: what the caller let
+   * go of before these ops (last step's intermediates) is freed first, so
+   * the server reuses those blocks, still in cache, for their results */
+  if (c->ops_n == 0 && (c->n_free_ids || c->n_free_grads)) {
+    rc = put_frees(dev);
+    if (rc == EBROKEN) rc = reconnect(dev); /* the frees were logged */
+    if (rc < 0) return rc;
+  }
   size_t size = dsp_oprec_size(n_in, a->n_ints, a->n_floats);
   if (c->ops_len + size > DISPATCH__OPS_BYTES && (rc = close_ops(dev)) < 0)
     return rc;
