@@ -160,14 +160,6 @@ static int put_header(dsp__cache *c, dsp_tensor *t) {
   return 1;
 }
 
-dsp_storage *dsp__cache_take_storage(dsp__cache *c, const dsp_backend *be,
-                                     size_t nbytes) {
-  lock(c);
-  dsp_storage *s = take_storage(c, be, nbytes);
-  unlock(c);
-  return s;
-}
-
 int dsp__cache_put_storage(dsp__cache *c, dsp_storage *s) {
   dsp_storage *drop = NULL;
   lock(c);

@@ -52,16 +52,13 @@ dsp__cache *dsp__cache_new(void);
 /* Frees what c holds and c itself (the budget's last reference went). */
 void dsp__cache_free(dsp__cache *c);
 void dsp__cache_set_max(dsp__cache *c, uint64_t max_bytes);
-/* A storage of backend be whose block holds nbytes, taken out of the
- * lists (refcount, nbytes and the rest as it was freed), or NULL. */
-dsp_storage *dsp__cache_take_storage(dsp__cache *c, const dsp_backend *be,
-                                     size_t nbytes);
 /* Keeps s (1) or leaves it to the caller to free (0). */
 int dsp__cache_put_storage(dsp__cache *c, dsp_storage *s);
 dsp_tensor *dsp__cache_take_header(dsp__cache *c); /* NULL: none kept */
 int dsp__cache_put_header(dsp__cache *c, dsp_tensor *t);
-/* A header and (be not NULL) a storage at once, under one lock: what a new
- * tensor takes. Either may come back NULL. */
+/* A header and (be not NULL) a storage of backend be whose block holds
+ * nbytes (refcount, nbytes and the rest as it was freed) at once, under
+ * one lock: what a new tensor takes. Either may come back NULL. */
 void dsp__cache_take_both(dsp__cache *c, const dsp_backend *be,
                           size_t nbytes, dsp_tensor **t, dsp_storage **s);
 /* A dead tensor's header and its storage (its last reference) at once;

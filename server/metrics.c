@@ -38,26 +38,6 @@ void sv_count_error(sv_global *g, int code) {
   atomic_fetch_add_explicit(&g->m.errors[i], 1, memory_order_relaxed);
 }
 
-void sv_count_op(sv_global *g, int op) {
-  if (op >= 0 && op < SV_METRIC_OPS)
-    atomic_fetch_add_explicit(&g->m.ops[op], 1, memory_order_relaxed);
-}
-
-void sv_count_tensor(sv_global *g, const dsp_tensor *t, long long nbytes,
-                     int sign) {
-  atomic_fetch_add_explicit(&g->bytes, sign * nbytes, memory_order_relaxed);
-  atomic_fetch_add_explicit(&g->tensors, sign, memory_order_relaxed);
-  const dsp_backend *be = t->storage ? t->storage->backend : NULL;
-  for (int i = 0; i < g->n_devices && g->devices; i++)
-    if (g->devices[i].be == be) {
-      atomic_fetch_add_explicit(&g->m.dev_tensors[i], sign,
-                                memory_order_relaxed);
-      atomic_fetch_add_explicit(&g->m.dev_bytes[i], sign * nbytes,
-                                memory_order_relaxed);
-      return;
-    }
-}
-
 void sv_tally_tensor(sv_tally *t, const sv_global *g, const dsp_tensor *x,
                      long long nbytes, int sign) {
   t->dirty = 1;

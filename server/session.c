@@ -604,7 +604,7 @@ static int do_step(sv_session *s, sv_job *j, char *why) {
       } else {
         dsp_tensor_unref(out);
         s->n_ops++; /* one per parameter, as the local device counts */
-        sv_count_op(s->global, st->op);
+        sv_tally_op(&s->tally, st->op);
       }
     }
     dsp_set_grad_enabled(s->ctx, prev);

@@ -203,8 +203,11 @@ typedef struct sv_tally {
   uint64_t op_mask[SV_METRIC_OPS / 64];
   int dirty;
 } sv_tally;
+/* A tensor of nbytes entering (sign 1) or leaving (-1) a session's table:
+ * the server-wide tensors/bytes and its device's. */
 void sv_tally_tensor(sv_tally *t, const sv_global *g, const dsp_tensor *x,
                      long long nbytes, int sign);
+/* One op run (forward op, or one parameter of an optimizer step). */
 void sv_tally_op(sv_tally *t, int op);
 /* Adds t to g (and to *session_bytes, the session's own figure) and
  * clears it. */
@@ -216,12 +219,6 @@ void sv_count_limit(sv_global *g, sv_limit which);
 /* An error reported to a client (an Error reply, a deferred error, a
  * refusal that closes the connection), by code. */
 void sv_count_error(sv_global *g, int code);
-/* One op run (forward op, or one parameter of an optimizer step). */
-void sv_count_op(sv_global *g, int op);
-/* A tensor of nbytes entering (sign 1) or leaving (-1) a session's table:
- * the server-wide tensors/bytes and its device's. */
-void sv_count_tensor(sv_global *g, const dsp_tensor *t, long long nbytes,
-                     int sign);
 
 /* ------------------------------------------------------------ devices */
 

@@ -483,6 +483,19 @@ static int raw_hello(raw_sess *s, int port, const char *auth,
   return code;
 }
 
+/* Drops s's connection and resumes its session on t (resume_ack ack):
+ * the resume must succeed and the server must have received every
+ * request up to seq last. */
+static void drop_and_resume(raw_sess *s, raw_sess *t, uint64_t ack,
+                            uint64_t last) {
+  wire_close(&s->c);
+  cr_assert_eq(raw_hello(t, g_srv.port, NULL, s->token, s->token_len, ack),
+               0);
+  cr_assert(t->resumed);
+  cr_assert_eq(t->last_seq, last, "the server received up to seq %llu",
+               (unsigned long long)t->last_seq);
+}
+
 /* Receives one reply that must answer rid without an error; the caller
  * frees it (wire_reply_free with *bulk; bulk may be NULL when none). */
 static Dspwire__Reply *recv_ok(wire_conn *c, uint64_t rid, void **bulk,
@@ -540,13 +553,8 @@ Test(fault, step_sent_again_after_a_cut_mid_reply_runs_once,
   send_seq(&s.c, step, 6, NULL, 0);
   uint64_t rr = send_seq(&s.c, dsp_wreq_read(&w, 1), 7, NULL, 0);
   /* the connection drops before the Read's reply is taken */
-  wire_close(&s.c);
-
   raw_sess t;
-  cr_assert_eq(raw_hello(&t, g_srv.port, NULL, s.token, s.token_len, 4), 0);
-  cr_assert(t.resumed);
-  cr_assert_eq(t.last_seq, 7, "the server received up to seq %llu",
-               (unsigned long long)t.last_seq);
+  drop_and_resume(&s, &t, 4, 7);
   const float once[4] = {0, 1, 2, 3};
   expect_read(&t.c, rr, once); /* the kept reply, sent on resume */
   /* a client that sends the step and the read again: neither runs again,
@@ -615,12 +623,8 @@ Test(fault, large_read_over_the_queue_budget_is_kept_by_reference,
   /* let everything run, then drop the connection with the Read's reply
    * (and the Sync's) unread */
   sleep_ms(300);
-  wire_close(&s.c);
-
   raw_sess t;
-  cr_assert_eq(raw_hello(&t, g_srv.port, NULL, s.token, s.token_len, 1), 0);
-  cr_assert(t.resumed);
-  cr_assert_eq(t.last_seq, 8);
+  drop_and_resume(&s, &t, 1, 8);
   void *bulk;
   size_t n;
   Dspwire__Reply *rep = recv_ok(&t.c, rr, &bulk, &n); /* the kept Read */
@@ -660,12 +664,8 @@ Test(fault, reply_not_kept_is_answered_with_an_error_after_resume,
   send_seq(&s.c, dsp_wreq_upload(&w, 1, DSP_F32, 1, sh), 1, x, sizeof x);
   uint64_t rr = send_seq(&s.c, dsp_wreq_read(&w, 1), 2, NULL, 0);
   sleep_ms(300);
-  wire_close(&s.c);
-
   raw_sess t;
-  cr_assert_eq(raw_hello(&t, g_srv.port, NULL, s.token, s.token_len, 1), 0);
-  cr_assert(t.resumed);
-  cr_assert_eq(t.last_seq, 2);
+  drop_and_resume(&s, &t, 1, 2);
   /* a lost reply shows as a receive that times out, not a hung suite */
   t.c.wait_ms = 20000;
   Dspwire__Reply *rep;
