@@ -707,6 +707,13 @@ static int reconnect(dispatch_device *dev) {
   return check_alive(dev);
 }
 
+/* put_frees across a reconnect of a resumable session (the frees were
+ * logged, so the reconnect sends them again). */
+static int put_frees_now(dispatch_device *dev) {
+  int rc = put_frees(dev);
+  return rc == EBROKEN ? reconnect(dev) : rc;
+}
+
 /* Sends req (and everything queued before it, then the batched frees) and
  * waits for its reply, across reconnects of a resumable session. A READ
  * reply's bulk lands in dst when its size is dst_len. *reply is the
@@ -728,8 +735,7 @@ static int call_bulk(dispatch_device *dev, Dspwire__Request *req,
   }
   req->req_id = c->next_id++;
   req->ack = c->acked;
-  rc = put_frees(dev);
-  if (rc == EBROKEN) rc = reconnect(dev); /* the frees were logged */
+  rc = put_frees_now(dev);
   if (rc == 0) rc = put_frame(dev, req, bulk, bulk_len);
   if (rc == 0) rc = flush(dev);
   while (rc == EBROKEN) {
@@ -804,11 +810,9 @@ static int put_record(dispatch_device *dev, dsp_opcode op, const uint64_t *in,
   /* a new batch goes behind the frees queued so far: what the caller let
    * go of before these ops (last step's intermediates) is freed first, so
    * the server reuses those blocks, still in cache, for their results */
-  if (c->ops_n == 0 && (c->n_free_ids || c->n_free_grads)) {
-    rc = put_frees(dev);
-    if (rc == EBROKEN) rc = reconnect(dev); /* the frees were logged */
-    if (rc < 0) return rc;
-  }
+  if (c->ops_n == 0 && (c->n_free_ids || c->n_free_grads) &&
+      (rc = put_frees_now(dev)) < 0)
+    return rc;
   size_t size = dsp_oprec_size(n_in, a->n_ints, a->n_floats);
   if (c->ops_len + size > DISPATCH__OPS_BYTES && (rc = close_ops(dev)) < 0)
     return rc;
@@ -1010,10 +1014,8 @@ int dispatch__remote_backward(dispatch_device *dev, uint64_t loss,
     w.body.backward.no_reply = 1;
     int rc = check_alive(dev);
     if (rc == EBROKEN) rc = reconnect(dev);
-    if (rc == 0) rc = put_frees(dev);
-    if (rc == EBROKEN) rc = reconnect(dev); /* the frees were logged */
-    if (rc < 0) return rc;
-    return queue(dev, req, grads, NULL, 0);
+    if (rc == 0) rc = put_frees_now(dev);
+    return rc < 0 ? rc : queue(dev, req, grads, NULL, 0);
   }
   Dspwire__Reply *r;
   int rc = call(dev, req, NULL, 0, 0, &r);

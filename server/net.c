@@ -244,18 +244,24 @@ static int inline_gate(void *ud, sv_session *s, dsp_tensor *const *in,
  * in the same job. Unlike an Op, no bytes-behind rule: its records cost
  * the loop no decoding, so there is nothing to overlap with a worker. 1
  * when it ran here (in full or in part), 0 when it is the pool's. */
+/* Runs j on the loop thread for c's idle session, counting the ops it ran
+ * as inline; j is then c's in flight, for sv_conn_on_done or a submit. */
+static void exec_inline(sv_conn *c, sv_job *j) {
+  j->sess = c->sess;
+  c->inflight++;
+  uint64_t ops = c->sess->n_ops;
+  sv_session_exec(c->sess, j);
+  c->sess->n_inline += c->sess->n_ops - ops; /* ops that ran, as n_ops */
+}
+
 static int ops_on_loop(sv_conn *c, sv_job *j) {
   if (j->req->body_case != DSPWIRE__REQUEST__BODY_OPS ||
       c->srv->cfg->inline_cost == 0 || c->inline_left == 0 ||
       c->inflight > 0 || !sv_pool_session_idle(c->srv->pool, c->sess))
     return 0;
-  j->sess = c->sess;
   j->gate = inline_gate;
   j->gate_ud = c;
-  uint64_t ops = c->sess->n_ops;
-  c->inflight++;
-  sv_session_exec(c->sess, j);
-  c->sess->n_inline += c->sess->n_ops - ops;
+  exec_inline(c, j);
   j->gate = NULL;
   j->gate_ud = NULL;
   if (j->ops_at < j->req->ops->records.len) {
@@ -297,12 +303,8 @@ void sv_conn_dispatch(sv_conn *c, sv_job *j) {
   if (ops_on_loop(c, j)) return;
   if (runs_on_loop(c, j)) {
     sv_server *srv = c->srv;
-    j->sess = c->sess;
-    c->inflight++;
-    uint64_t ops = c->sess->n_ops;
     int waits = sv_req_waits(j->req);
-    sv_session_exec(c->sess, j);
-    c->sess->n_inline += c->sess->n_ops - ops; /* ops that ran, as n_ops */
+    exec_inline(c, j);
     sv_conn_on_done(j, NULL); /* may close c, even end the server's pool */
     /* the client may answer this reply with its next request at once */
     if (waits && srv->pool && sv_pool_idle(srv->pool)) loop_spin(srv);
