@@ -1060,6 +1060,8 @@ int dispatch__remote_stats(dispatch_device *dev, dispatch_stats *out) {
     out->sessions_resumed = r->stats->sessions_resumed;
     out->sessions_expired = r->stats->sessions_expired;
     out->inline_ops = r->stats->inline_ops;
+    out->handoffs = r->stats->handoffs;
+    out->returns = r->stats->returns;
   }
   if (r) dspwire__reply__free_unpacked(r, &g_pb_alloc);
   return rc;

@@ -139,6 +139,12 @@ struct sv_conn {
   /* lifecycle */
   int closing, close_after_flush, paused, handles_open, teardown_done;
   uint32_t inflight;
+  /* jobs of the socket read being handled, not yet handed to the pool:
+   * they go as one batch at its end (or every SV_SUBMIT_BATCH jobs), so a
+   * read of several requests wakes one worker once (net.c) */
+  sv_job *sub_head, *sub_tail;
+  uint32_t sub_n;
+  int sub_batching; /* in on_read: submits are collected */
   uint64_t inline_left; /* inline op cost left until the next socket read
                            (SV_INLINE_READ_COST a read) */
   size_t read_left;     /* bytes of the current read after the message

@@ -62,8 +62,14 @@ static void on_handle_closed(uv_handle_t *h) {
 /* Stops reading, drops unsent replies, cancels the session's queued
  * requests and queues its teardown behind any request a worker is running
  * now. Idempotent. */
+static void submit_flush(sv_conn *c);
+
 void sv_conn_close(sv_conn *c, const char *reason) {
   if (c->closing) return;
+  /* what this read decoded before the close was received: it is queued
+   * like any request before it (a detached session still runs it) */
+  c->sub_batching = 0;
+  submit_flush(c);
   c->closing = 1;
   c->state = ST_DEAD;
   sv_log_conn(SV_LOG_INFO, c->id, c->peer, "closed (%s) after %llu requests",
@@ -147,6 +153,15 @@ void sv_conn_touch(sv_conn *c) {
 
 /* ------------------------------------------------------------ reading */
 
+/* Hands the jobs collected during a socket read to the pool, in order,
+ * with one lock round and at most one worker wake-up. */
+static void submit_flush(sv_conn *c) {
+  if (!c->sub_head) return;
+  sv_pool_submit_list(c->srv->pool, c->sub_head, c->sub_tail);
+  c->sub_head = c->sub_tail = NULL;
+  c->sub_n = 0;
+}
+
 static void on_alloc(uv_handle_t *h, size_t hint, uv_buf_t *buf) {
   (void)hint;
   sv_conn *c = h->data;
@@ -164,7 +179,10 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
   if (nread == 0) return;
   c->received += (uint64_t)nread;
   c->inline_left = SV_INLINE_READ_COST;
+  c->sub_batching = 1;
   c->tp->on_bytes(c, buf, (size_t)nread);
+  c->sub_batching = 0;
+  submit_flush(c);
 }
 
 void sv_conn_read_start(sv_conn *c) {
@@ -178,7 +196,15 @@ void sv_conn_submit(sv_conn *c, sv_job *j) {
   c->inflight++;
   /* a worker has work now: the core the loop was polling on is its */
   if (uv_is_active((uv_handle_t *)&c->srv->spin)) uv_idle_stop(&c->srv->spin);
-  sv_pool_submit(c->srv->pool, j);
+  if (c->sub_batching) {
+    j->next = NULL;
+    if (c->sub_tail) c->sub_tail->next = j;
+    else c->sub_head = j;
+    c->sub_tail = j;
+    if (++c->sub_n >= SV_SUBMIT_BATCH) submit_flush(c);
+  } else {
+    sv_pool_submit(c->srv->pool, j);
+  }
   if (c->inflight >= c->srv->cfg->max_queued && !c->paused) {
     c->paused = 1; /* input backpressure until the workers catch up */
     uv_read_stop((uv_stream_t *)&c->tcp);

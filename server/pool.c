@@ -15,7 +15,12 @@
  * uv_async in completion order, published together at the end of a turn,
  * or at once after a job that has a reply so no reply waits behind later
  * work (the turn's last job excepted: it goes with the end of the turn,
- * which marks the session not running in the same lock hold). */
+ * which marks the session not running in the same lock hold). A worker
+ * that takes the same session again at once (it is alone in the run
+ * queue) carries a turn's finished jobs without a reply into the next
+ * turn instead, so the loop is not woken for a turn that merely ended.
+ * The loop submits what one socket read decoded as one list, and signals
+ * a worker after unlocking. */
 #include <stdlib.h>
 #include <uv.h>
 
@@ -51,10 +56,13 @@ static void done_append(sv_pool *p, sv_job *head, sv_job *tail) {
   p->done_tail = tail;
 }
 
-/* Hands head..tail to the loop: one lock round and one uv_async_send. */
-static void done_publish(sv_pool *p, sv_job *head, sv_job *tail) {
+/* Hands head..tail, finished jobs of s, to the loop: one lock round and
+ * one uv_async_send. */
+static void done_publish(sv_pool *p, sv_session *s, sv_job *head,
+                         sv_job *tail) {
   if (!head) return;
   pthread_mutex_lock(&p->mu);
+  s->n_returns++;
   done_append(p, head, tail);
   pthread_mutex_unlock(&p->mu);
   uv_async_send(&p->async);
@@ -109,7 +117,7 @@ static sv_job *run_turn(sv_pool *p, sv_session *s, sv_job *batch, int *torn,
      * not running, so a client that sends its next request on that reply
      * finds the session idle (and its tiny ops may run inline) */
     if (j->out && batch) {
-      done_publish(p, dh, dt);
+      done_publish(p, s, dh, dt);
       dh = dt = NULL;
     }
     if (s->turn_cost >= SV_TURN_COST) break;
@@ -121,16 +129,28 @@ static sv_job *run_turn(sv_pool *p, sv_session *s, sv_job *batch, int *torn,
 
 static void *worker_main(void *arg) {
   sv_pool *p = arg;
+  sv_job *carry_h = NULL, *carry_t = NULL; /* finished, held for a turn */
   pthread_mutex_lock(&p->mu);
   for (;;) {
     while (!p->stop && !p->runq_head) pthread_cond_wait(&p->cv, &p->mu);
-    if (p->stop) break;
+    if (p->stop) {
+      done_append(p, carry_h, carry_t); /* as any job finished at the end */
+      break;
+    }
     sv_session *s = p->runq_head;
     p->runq_head = s->runq_next;
     if (!p->runq_head) p->runq_tail = NULL;
     sv_job *batch = take_batch(s);
     if (!batch) { /* every job was cancelled */
       s->scheduled = 0;
+      if (carry_h) { /* what s's last turn finished goes to the loop now */
+        s->n_returns++;
+        done_append(p, carry_h, carry_t);
+        carry_h = carry_t = NULL;
+        pthread_mutex_unlock(&p->mu);
+        uv_async_send(&p->async);
+        pthread_mutex_lock(&p->mu);
+      }
       continue;
     }
     s->running = 1;
@@ -140,6 +160,14 @@ static void *worker_main(void *arg) {
     int torn = 0;
     sv_job *dh, *dt;
     sv_job *rest = run_turn(p, s, batch, &torn, &dh, &dt);
+    if (carry_h && dh) { /* the jobs carried from s's last turn go first */
+      carry_t->next = dh;
+      dh = carry_h;
+    } else if (carry_h) {
+      dh = carry_h;
+      dt = carry_t;
+    }
+    carry_h = carry_t = NULL;
 
     pthread_mutex_lock(&p->mu);
     s->running = 0;
@@ -158,10 +186,23 @@ static void *worker_main(void *arg) {
       int alone = !p->runq_head;
       runq_push(p, s);
       if (!alone) pthread_cond_signal(&p->cv);
+      /* ... and then the finished jobs need not go to the loop yet when
+       * none has a reply (only the last may): this worker holds the lock
+       * until it takes s again, so they go with s's next turn, in order,
+       * and the loop is not woken for a turn that only ended (a Backward
+       * and a Step each end one) */
+      int n = 0;
+      for (sv_job *j = dh; j && n <= SV_CARRY_JOBS; j = j->next) n++;
+      if (alone && dh && !dt->out && n <= SV_CARRY_JOBS) {
+        carry_h = dh;
+        carry_t = dt;
+        continue;
+      }
     } else {
       s->scheduled = 0;
     }
     /* last: from here the loop may free s (after its teardown) */
+    if (dh) s->n_returns++;
     done_append(p, dh, dt);
     if (dh) {
       pthread_mutex_unlock(&p->mu);
@@ -219,20 +260,26 @@ sv_pool *sv_pool_new(void *loop, int n, sv_done_fn done, void *ud) {
   return p;
 }
 
-void sv_pool_submit(sv_pool *p, sv_job *j) {
-  sv_session *s = j->sess;
-  j->next = NULL;
+void sv_pool_submit_list(sv_pool *p, sv_job *head, sv_job *tail) {
+  sv_session *s = head->sess;
+  tail->next = NULL;
   pthread_mutex_lock(&p->mu);
-  if (s->fifo_tail) s->fifo_tail->next = j;
-  else s->fifo_head = j;
-  s->fifo_tail = j;
-  if (!s->scheduled) {
+  s->n_handoffs++;
+  if (s->fifo_tail) s->fifo_tail->next = head;
+  else s->fifo_head = head;
+  s->fifo_tail = tail;
+  int wake = !s->scheduled;
+  if (wake) {
     s->scheduled = 1;
     runq_push(p, s);
-    pthread_cond_signal(&p->cv);
   }
   pthread_mutex_unlock(&p->mu);
+  /* after the unlock: a worker woken under the lock would only block on
+   * it, a second wake-up */
+  if (wake) pthread_cond_signal(&p->cv);
 }
+
+void sv_pool_submit(sv_pool *p, sv_job *j) { sv_pool_submit_list(p, j, j); }
 
 int sv_pool_session_idle(sv_pool *p, sv_session *s) {
   pthread_mutex_lock(&p->mu);

@@ -682,6 +682,8 @@ static int do_stats(sv_session *s, sv_job *j, char *why) {
   st.errors = s->n_errors;
   st.batches = s->n_batches;
   st.inline_ops = s->n_inline;
+  st.handoffs = s->n_handoffs;
+  st.returns = s->n_returns;
   st.grads = s->grads.count;
   st.sessions = (uint64_t)atomic_load(&g->sessions);
   st.server_tensors = (uint64_t)atomic_load(&g->tensors);

@@ -380,6 +380,8 @@ typedef struct sv_session {
   uint64_t n_ops, n_errors;
   uint64_t n_batches; /* worker turns the session had (Stats "batches") */
   uint64_t n_inline;  /* ops the loop ran itself (Stats "inline_ops") */
+  uint64_t n_handoffs; /* loop -> pool submissions (Stats "handoffs") */
+  uint64_t n_returns;  /* pool -> loop deliveries (Stats "returns") */
   uint64_t turn_cost; /* work run in this turn (pool.c): dsp_op_cost of
                          its ops, upload bytes, 1 for any other request;
                          a Backward or Step sets it to SV_TURN_COST */
@@ -596,6 +598,15 @@ int sv_inline_placed(const sv_session *s, dsp_tensor *const *in, int n_in);
  * worker from other sessions. */
 #define SV_TURN_JOBS 256
 #define SV_TURN_COST (1ULL << 24)
+/* A worker that goes on with the same session holds the finished jobs of
+ * a turn without a reply for the next turn, at most this many (pool.c):
+ * the loop learns of them a little later, and sees them in its in-flight
+ * count and queue budget until then */
+#define SV_CARRY_JOBS 64
+/* The jobs one socket read decodes go to the pool together, and in
+ * batches of this many when there are more, so a worker starts on a long
+ * pipeline while the loop decodes the rest of it (net.c) */
+#define SV_SUBMIT_BATCH 16
 
 typedef struct sv_pool sv_pool;
 /* Starts n workers. done_cb runs on the loop thread (via uv_async) for
@@ -604,6 +615,9 @@ typedef void (*sv_done_fn)(sv_job *j, void *ud);
 sv_pool *sv_pool_new(void *uv_loop, int n, sv_done_fn done, void *ud);
 /* Appends a job to its session's FIFO and schedules the session. */
 void sv_pool_submit(sv_pool *p, sv_job *j);
+/* The same for the jobs head..tail (linked by next, all of one session),
+ * in order, with one lock round and at most one wake-up. */
+void sv_pool_submit_list(sv_pool *p, sv_job *head, sv_job *tail);
 /* 1 when no job of s is queued or running, so the caller (the loop, the
  * only thread that submits) may touch the worker-side state of s until it
  * submits again: the pool mutex orders the last worker's writes before

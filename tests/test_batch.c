@@ -4,11 +4,13 @@
  * rules: the first failure in a long pipelined chain is the one reported,
  * exactly the ops that depend on it are poisoned, and the rest run. */
 #include <criterion/criterion.h>
+#include <math.h>
 #include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "dispatch_client.h"
 #include "dsp.h"
 #include "helpers/server_proc.h"
 #include "helpers/wire.h"
@@ -234,4 +236,74 @@ Test(batch, disconnect_mid_batch_releases_everything) {
             (unsigned long long)st.server_tensors,
             (unsigned long long)st.server_held_bytes);
   wire_close(&watch);
+}
+
+/* One training step through the library (two products, relu,
+ * cross-entropy, a backward and an SGD step, then reading the loss) goes
+ * out as one socket write, and must cost the server one hand-off each
+ * way: the network thread hands all its requests to the workers at once,
+ * and the worker hands them back once, with the reply, although the step
+ * took several turns (each product and the backward and the step end
+ * one). Handing each request over as it was decoded woke a worker for a
+ * Free alone and again for the rest; handing back at every turn's end
+ * woke the network thread three times for nothing. */
+Test(batch, a_training_step_costs_one_handoff_each_way) {
+  char spec[64], err[256];
+  snprintf(spec, sizeof spec, "tcp://127.0.0.1:%d", g_srv.port);
+  dispatch_device *dev = NULL;
+  cr_assert_eq(dispatch_device_open(spec, NULL, &dev, err, sizeof err), 0,
+               "open %s: %s", spec, err);
+  int64_t xs[2] = {64, 256}, w1s[2] = {256, 256}, w2s[2] = {256, 16},
+          ys[1] = {64};
+  int64_t labels[64];
+  for (int i = 0; i < 64; i++) labels[i] = (i * 7) % 16;
+  dispatch_tensor *x = NULL, *y = NULL, *p[2] = {NULL, NULL};
+  cr_assert_eq(dispatch_normal(dev, DISPATCH_F32, 2, xs, 0, 1, 1, &x), 0);
+  cr_assert_eq(dispatch_tensor_from_data(dev, DISPATCH_I64, 1, ys, labels,
+                                         sizeof labels, &y), 0);
+  const int64_t *ws[2] = {w1s, w2s};
+  for (int i = 0; i < 2; i++) {
+    dispatch_tensor *t = NULL;
+    cr_assert_eq(dispatch_normal(dev, DISPATCH_F32, 2, ws[i], 0, 0.05,
+                                 2 + (uint64_t)i, &t), 0);
+    cr_assert_eq(dispatch_autodiff(t, &p[i]), 0);
+    dispatch_tensor_free(t);
+  }
+  dispatch_optim *opt = NULL;
+  cr_assert_eq(dispatch_sgd_new(p, 2, 0.1, 0, 0, &opt), 0);
+  for (int step = 0; step < 3; step++) {
+    cr_assert_eq(dispatch_device_sync(dev), 0);
+    dispatch_stats s1 = DISPATCH_STATS_INIT, s2 = DISPATCH_STATS_INIT;
+    cr_assert_eq(dispatch_device_stats(dev, &s1), 0);
+    cr_assert_eq(dispatch_scope_begin(dev), 0);
+    dispatch_tensor *h = NULL, *r = NULL, *l = NULL, *loss = NULL;
+    dispatch_grads *g = NULL;
+    cr_assert_eq(dispatch_matmul(x, p[0], &h), 0);
+    cr_assert_eq(dispatch_relu(h, &r), 0);
+    cr_assert_eq(dispatch_matmul(r, p[1], &l), 0);
+    cr_assert_eq(dispatch_cross_entropy(l, y, &loss), 0);
+    cr_assert_eq(dispatch_backward(loss, &g), 0);
+    cr_assert_eq(dispatch_optim_step(opt, g), 0);
+    float lv = 0;
+    cr_assert_eq(dispatch_tensor_read(loss, &lv, sizeof lv), 0);
+    cr_assert(isfinite(lv) && lv > 0, "loss %g", (double)lv);
+    /* before the scope's frees: nothing else is queued */
+    cr_assert_eq(dispatch_device_stats(dev, &s2), 0);
+    dispatch_grads_free(g);
+    cr_assert_eq(dispatch_scope_end(dev), 0);
+    cr_assert_geq(s2.batches - s1.batches, 3,
+                  "step %d: %llu worker turns; the step should take several",
+                  step, (unsigned long long)(s2.batches - s1.batches));
+    cr_assert_eq(s2.handoffs - s1.handoffs, 1,
+                 "step %d: %llu hand-offs to the workers for one write",
+                 step, (unsigned long long)(s2.handoffs - s1.handoffs));
+    cr_assert_eq(s2.returns - s1.returns, 1,
+                 "step %d: %llu hand-offs back for one reply", step,
+                 (unsigned long long)(s2.returns - s1.returns));
+  }
+  dispatch_optim_free(opt);
+  for (int i = 0; i < 2; i++) dispatch_tensor_free(p[i]);
+  dispatch_tensor_free(x);
+  dispatch_tensor_free(y);
+  dispatch_device_close(dev);
 }

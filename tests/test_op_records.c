@@ -314,7 +314,7 @@ Test(op_records, client_sends_a_pipeline_as_records) {
   float out[16];
   cr_assert_eq(dispatch_tensor_read(cur, out, sizeof out), 0);
   cr_assert_eq(out[3], 1001.0f);
-  dispatch_stats st;
+  dispatch_stats st = DISPATCH_STATS_INIT;
   cr_assert_eq(dispatch_device_stats(dev, &st), 0);
   cr_assert_eq(st.ops, 1002);
   cr_assert_eq(st.inline_ops, st.ops,

@@ -179,12 +179,19 @@ typedef struct dispatch_stats {
   uint64_t inline_ops;      /* (appended) of this session's ops, those the
                                server ran on its network thread
                                (--inline-cost); LOCAL: 0 */
+  /* (appended) thread hand-offs inside the server for this session, each
+   * at most one wake-up (LOCAL: 0): times the network thread handed its
+   * requests to a worker (what one socket read decoded goes together),
+   * and times a worker handed finished requests back (at a reply, or at
+   * the end of its run of the session) */
+  uint64_t handoffs;
+  uint64_t returns;
 } dispatch_stats;
 
 /* A dispatch_stats ready for dispatch_device_stats:
  *   dispatch_stats st = DISPATCH_STATS_INIT; */
 #define DISPATCH_STATS_INIT {sizeof(dispatch_stats), 0, 0, 0, 0, 0, 0, 0, 0, \
-                             0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}
+                             0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}
 
 /* ------------------------------------------------------------------ */
 /* devices                                                             */

@@ -264,8 +264,8 @@ class Device:
         session_limit, queued_bytes, batches, and the server-wide
         sessions, server_tensors, server_bytes, server_held_bytes,
         server_limit, protocol_errors, limit_violations, devices,
-        sessions_detached, sessions_resumed, sessions_expired, inline_ops (0 on a local
-        device, but devices, which is 1)."""
+        sessions_detached, sessions_resumed, sessions_expired, inline_ops,
+        handoffs, returns (0 on a local device, but devices, which is 1)."""
         s = ffi.new("dispatch_stats *")
         # the library writes only what lies within size: our struct
         s.size = ffi.sizeof("dispatch_stats")

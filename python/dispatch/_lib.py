@@ -67,6 +67,8 @@ typedef struct dispatch_stats {
   uint64_t sessions_resumed;
   uint64_t sessions_expired;
   uint64_t inline_ops;
+  uint64_t handoffs;
+  uint64_t returns;
 } dispatch_stats;
 
 void dispatch_options_init(dispatch_options *opts);
