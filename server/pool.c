@@ -11,23 +11,33 @@
  * by at most one turn per worker. The ctx's cancel flag is read before
  * each job: once a session is cancelled its jobs not yet run go back to
  * the loop unrun (they were dropped with their connection), all but its
- * teardown, which runs. Finished jobs go back to the loop through a
- * uv_async in completion order, published together at the end of a turn,
- * or at once after a job that has a reply so no reply waits behind later
- * work (the turn's last job excepted: it goes with the end of the turn,
- * which marks the session not running in the same lock hold). A worker
+ * teardown, which runs. Finished jobs go back to the loop (woken through
+ * an eventfd) in completion order, published together at the end of a
+ * turn, or at once after a job that has a reply so no reply waits behind
+ * later work (the turn's last job excepted: it goes with the end of the
+ * turn, which marks the session not running in the same lock hold). A
+ * worker
  * that takes the same session again at once (it is alone in the run
  * queue) carries a turn's finished jobs without a reply into the next
  * turn instead, so the loop is not woken for a turn that merely ended.
  * The loop submits what one socket read decoded as one list, and signals
  * a worker after unlocking. */
 #include <stdlib.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
 #include <uv.h>
 
 #include "sv.h"
 
 struct sv_pool {
-  uv_async_t async; /* first: the loop sees &async as the handle */
+  /* the loop's wake-up: an eventfd it polls (uv_poll), written when
+   * finished jobs land in an empty done list. Not a uv_async: its sender
+   * marks the handle busy around the write, and the loop, woken by that
+   * write and run at once on the sender's core, spins and yields until
+   * the sender is back to clear the mark (24 us a reply here, measured
+   * from the worker's send to the loop's callback) */
+  uv_poll_t poll;
+  int efd;
   pthread_mutex_t mu;
   pthread_cond_t cv;
   sv_session *runq_head, *runq_tail;
@@ -56,16 +66,26 @@ static void done_append(sv_pool *p, sv_job *head, sv_job *tail) {
   p->done_tail = tail;
 }
 
+/* Wakes the loop for the done list (no lock held). */
+static void done_notify(sv_pool *p) {
+  uint64_t one = 1;
+  /* fails only with EAGAIN, when the counter is full: already readable */
+  ssize_t n = write(p->efd, &one, sizeof one);
+  (void)n;
+}
+
 /* Hands head..tail, finished jobs of s, to the loop: one lock round and
- * one uv_async_send. */
+ * one eventfd write (none when the list was not empty: the loop is woken
+ * for it already, and takes the whole list). */
 static void done_publish(sv_pool *p, sv_session *s, sv_job *head,
                          sv_job *tail) {
   if (!head) return;
   pthread_mutex_lock(&p->mu);
   s->n_returns++;
+  int wake = !p->done_head;
   done_append(p, head, tail);
   pthread_mutex_unlock(&p->mu);
-  uv_async_send(&p->async);
+  if (wake) done_notify(p);
 }
 
 /* Takes up to SV_TURN_JOBS jobs off the front of s's FIFO (lock held);
@@ -145,11 +165,14 @@ static void *worker_main(void *arg) {
       s->scheduled = 0;
       if (carry_h) { /* what s's last turn finished goes to the loop now */
         s->n_returns++;
+        int wake = !p->done_head;
         done_append(p, carry_h, carry_t);
         carry_h = carry_t = NULL;
-        pthread_mutex_unlock(&p->mu);
-        uv_async_send(&p->async);
-        pthread_mutex_lock(&p->mu);
+        if (wake) {
+          pthread_mutex_unlock(&p->mu);
+          done_notify(p);
+          pthread_mutex_lock(&p->mu);
+        }
       }
       continue;
     }
@@ -203,10 +226,11 @@ static void *worker_main(void *arg) {
     }
     /* last: from here the loop may free s (after its teardown) */
     if (dh) s->n_returns++;
+    int wake = dh && !p->done_head;
     done_append(p, dh, dt);
-    if (dh) {
+    if (wake) {
       pthread_mutex_unlock(&p->mu);
-      uv_async_send(&p->async);
+      done_notify(p);
       pthread_mutex_lock(&p->mu);
     }
   }
@@ -215,8 +239,15 @@ static void *worker_main(void *arg) {
 }
 
 /* Delivers finished jobs on the loop thread. */
-static void on_async(uv_async_t *a) {
-  sv_pool *p = (sv_pool *)a;
+static void on_done_ready(uv_poll_t *h, int status, int events) {
+  (void)status;
+  (void)events;
+  sv_pool *p = h->data;
+  uint64_t v;
+  /* reset before taking the list: a job published after the take writes
+   * again, so none waits for a wake-up that was read already */
+  ssize_t n = read(p->efd, &v, sizeof v);
+  (void)n;
   pthread_mutex_lock(&p->mu);
   sv_job *list = p->done_head;
   p->done_head = p->done_tail = NULL;
@@ -242,19 +273,23 @@ sv_pool *sv_pool_new(void *loop, int n, sv_done_fn done, void *ud) {
   p->ud = ud;
   pthread_mutex_init(&p->mu, NULL);
   pthread_cond_init(&p->cv, NULL);
-  if (uv_async_init(loop, &p->async, on_async) != 0) {
+  p->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  if (p->efd < 0 || uv_poll_init(loop, &p->poll, p->efd) != 0) {
+    if (p->efd >= 0) close(p->efd);
     pthread_mutex_destroy(&p->mu);
     pthread_cond_destroy(&p->cv);
     dsp_free(p->threads);
     dsp_free(p);
     return NULL;
   }
+  p->poll.data = p;
+  uv_poll_start(&p->poll, UV_READABLE, on_done_ready);
   for (int i = 0; i < n; i++) {
     if (pthread_create(&p->threads[i], NULL, worker_main, p) != 0) break;
     p->n_threads++;
   }
   if (p->n_threads == 0) {
-    sv_pool_close(p); /* caller runs the loop once to close the async */
+    sv_pool_close(p); /* caller runs the loop once to close the poll */
     return NULL;
   }
   return p;
@@ -303,8 +338,9 @@ sv_job *sv_pool_cancel(sv_pool *p, sv_session *s) {
   return list;
 }
 
-static void free_async_owner(uv_handle_t *h) {
-  sv_pool *p = (sv_pool *)h;
+static void free_poll_owner(uv_handle_t *h) {
+  sv_pool *p = h->data;
+  close(p->efd);
   pthread_mutex_destroy(&p->mu);
   pthread_cond_destroy(&p->cv);
   dsp_free(p->threads);
@@ -318,7 +354,7 @@ void sv_pool_close(sv_pool *p) {
   pthread_mutex_unlock(&p->mu);
   for (int i = 0; i < p->n_threads; i++) pthread_join(p->threads[i], NULL);
   p->n_threads = 0;
-  /* jobs finished after the last async callback are dropped with their
+  /* jobs finished after the last delivery are dropped with their
    * sessions by the caller, which only closes the pool when none remain */
-  uv_close((uv_handle_t *)&p->async, free_async_owner);
+  uv_close((uv_handle_t *)&p->poll, free_poll_owner);
 }

@@ -609,8 +609,8 @@ int sv_inline_placed(const sv_session *s, dsp_tensor *const *in, int n_in);
 #define SV_SUBMIT_BATCH 16
 
 typedef struct sv_pool sv_pool;
-/* Starts n workers. done_cb runs on the loop thread (via uv_async) for
- * each finished job, in completion order. NULL on failure. */
+/* Starts n workers. done_cb runs on the loop thread (woken through an
+ * eventfd) for each finished job, in completion order. NULL on failure. */
 typedef void (*sv_done_fn)(sv_job *j, void *ud);
 sv_pool *sv_pool_new(void *uv_loop, int n, sv_done_fn done, void *ud);
 /* Appends a job to its session's FIFO and schedules the session. */
@@ -629,8 +629,8 @@ int sv_pool_idle(sv_pool *p);
 /* Removes the jobs of s that have not started and returns them (a list). */
 sv_job *sv_pool_cancel(sv_pool *p, sv_session *s);
 /* Stops and joins the workers (call when no session has jobs left) and
- * closes the uv_async; the pool is freed in its close callback, so the
- * loop must run once more. */
+ * closes its eventfd watch; the pool is freed in its close callback, so
+ * the loop must run once more. */
 void sv_pool_close(sv_pool *p);
 
 /* ------------------------------------------------------------ tls */
