@@ -81,12 +81,17 @@ int sv_inline_cost(sv_session *s, const sv_job *j, uint64_t *cost) {
     return j->pre_err == 0 &&
            sv_graph_inline_cost(s, r->graph_replay, j->upload_bytes, cost);
   if (r->body_case == DSPWIRE__REQUEST__BODY_UPLOAD) {
-    /* its bytes are in place: what is left is a check of bool bytes and
-     * the table; a refused one (no tensor) fails the same anywhere */
+    /* its bytes are in place: what is left is the table, a check of the
+     * bytes of a bool tensor, and a copy only when the staging is not the
+     * storage itself (a CPU backend reads the socket straight into it);
+     * a refused one (no tensor) fails the same anywhere */
     if (j->upload && !on_cpu(j->upload->storage ? j->upload->storage->backend
                                                  : NULL))
       return 0;
-    *cost = j->upload_bytes;
+    const dsp_stage *st = &j->upload_stage;
+    int in_place = !st->t || st->host == st->t->storage->data;
+    int is_bool = j->upload && j->upload->meta.dtype == DSP_BOOL;
+    *cost = (in_place ? 0 : j->upload_bytes) + (is_bool ? j->upload_bytes : 0);
     return 1;
   }
   if (r->body_case != DSPWIRE__REQUEST__BODY_OP) return 0;

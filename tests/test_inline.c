@@ -359,3 +359,37 @@ Test(inline_ops, op_sent_on_a_worker_reply_runs_inline) {
                "inline", (unsigned long long)st.inline_ops, ROUNDS);
   wire_close(&c);
 }
+
+/* An upload to a CPU device lands straight in its tensor's storage, so
+ * what is left to run is the table (and, for bool, a scan of the bytes
+ * for 0 and 1): a 1 MiB f32 upload of an idle session runs on the
+ * network thread, with its sync, and hands nothing to the workers; a 1
+ * MiB bool upload, whose bytes are scanned, still goes to a worker. When
+ * an upload counted its bytes as work whatever its dtype, the f32 one
+ * took a hand-off (two thread wake-ups) for nothing. */
+Test(inline_ops, an_in_place_cpu_upload_runs_inline) {
+  enum { N = 1 << 20 };
+  wire_conn c;
+  cr_assert_eq(wire_connect(&c, g_on.port), 0);
+  cr_assert_eq(wire_hello(&c, "upload"), 0);
+  uint8_t *bytes = calloc(N, 1);
+  cr_assert_not_null(bytes);
+  Dspwire__StatsReply s0, s1, s2;
+  cr_assert_eq(wire_get_stats(&c, &s0), 0);
+  int64_t sf[1] = {N / 4}, sb[1] = {N};
+  wire_upload(&c, 1, DSP_F32, 1, sf, bytes, N);
+  cr_assert_eq(wire_sync_check(&c, NULL, 0, NULL), 0);
+  cr_assert_eq(wire_get_stats(&c, &s1), 0);
+  cr_assert_eq(s1.handoffs, s0.handoffs,
+               "a 1 MiB f32 upload and its sync took %llu hand-offs to the "
+               "workers", (unsigned long long)(s1.handoffs - s0.handoffs));
+  cr_assert_eq(s1.tensors, s0.tensors + 1);
+  wire_upload(&c, 2, DSP_BOOL, 1, sb, bytes, N);
+  cr_assert_eq(wire_sync_check(&c, NULL, 0, NULL), 0);
+  cr_assert_eq(wire_get_stats(&c, &s2), 0);
+  cr_assert_gt(s2.handoffs, s1.handoffs,
+               "a 1 MiB bool upload (its bytes scanned) ran inline");
+  cr_assert_eq(s2.tensors, s1.tensors + 1);
+  free(bytes);
+  wire_close(&c);
+}
