@@ -16,12 +16,11 @@
  * turn, or at once after a job that has a reply so no reply waits behind
  * later work (the turn's last job excepted: it goes with the end of the
  * turn, which marks the session not running in the same lock hold). A
- * worker
- * that takes the same session again at once (it is alone in the run
- * queue) carries a turn's finished jobs without a reply into the next
- * turn instead, so the loop is not woken for a turn that merely ended.
- * The loop submits what one socket read decoded as one list, and signals
- * a worker after unlocking. */
+ * worker that takes the same session again at once (it is alone in the
+ * run queue) carries a turn's finished jobs without a reply into the
+ * next turn instead, so the loop is not woken for a turn that merely
+ * ended. The loop submits what one socket read decoded as one list, and
+ * signals a worker after unlocking. */
 #include <stdlib.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
