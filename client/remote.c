@@ -30,6 +30,7 @@
 #define MAX_REPLY_MSG (64u << 20)
 #define FLUSH_AT (1u << 20)  /* send the buffer once this much is queued */
 #define BULK_INLINE (64u << 10) /* larger bulk skips the buffer */
+#define SEND_PIECE ((size_t)1 << 20)
 #define REMOTE_RBUF (16u << 10) /* receive buffer of a plain connection */
 /* The replay log is acknowledged by the next waiting reply; past this
  * many bytes a Sync is sent so it cannot grow without bound. */
@@ -180,7 +181,10 @@ static int send_all(dispatch_device *dev, const void *p, size_t n) {
     return 0;
   }
   while (n > 0) {
-    ssize_t w = send(c->fd, b, n, MSG_NOSIGNAL | MSG_DONTWAIT);
+    /* in pieces of at most SEND_PIECE, as the server writes a Read's
+     * bytes (server/conn.h SV_WRITE_PIECE) */
+    ssize_t w = send(c->fd, b, n < SEND_PIECE ? n : SEND_PIECE,
+                     MSG_NOSIGNAL | MSG_DONTWAIT);
     if (w > 0) {
       b += w;
       n -= (size_t)w;
