@@ -464,7 +464,8 @@ static inline int bench_wait_readable_(int fd) {
 static inline int bench_send_client_(int fd, const void *p, size_t n) {
   const unsigned char *c = p;
   while (n) {
-    ssize_t w = send(fd, c, n, MSG_NOSIGNAL | MSG_DONTWAIT);
+    ssize_t w = send(fd, c, n < BENCH_RAW_PIECE ? n : BENCH_RAW_PIECE,
+                     MSG_NOSIGNAL | MSG_DONTWAIT);
     if (w > 0) {
       c += w;
       n -= (size_t)w;
