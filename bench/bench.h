@@ -381,11 +381,17 @@ typedef enum bench_wait {
    * that polls for POLLOUT when the buffer is full; before reading, and
    * again after every recv that finds nothing mid-payload, poll(0) in a
    * loop for DISPATCH_SPIN_US (default 50) and then sleep in poll() */
-  BENCH_WAIT_CLIENT = 1
+  BENCH_WAIT_CLIENT = 1,
+  /* the same without the spin, as the client waits when its policy
+   * spins for nothing (client/wait.c: a loopback server on fewer than 3
+   * cores, or replies slower than any spin): blocking reads stood for
+   * that, and were much the slower way (a 64 MiB GET at 2.7 GB/s against
+   * 3.8-4.2 GB/s polling, and dispatch's read at 4.3 GB/s) */
+  BENCH_WAIT_POLL = 2
 } bench_wait;
-#define BENCH_NWAIT 2
-static const char *const bench_wait_name[BENCH_NWAIT] = {"blocking",
-                                                         "client-like"};
+#define BENCH_NWAIT 3
+static const char *const bench_wait_name[BENCH_NWAIT] = {
+    "blocking", "client-like", "client-like without spin"};
 
 /* Blocking sends of at most BENCH_RAW_PIECE bytes each, the pieces
  * dispatch's server and client send in (SV_WRITE_PIECE, SEND_PIECE). One
@@ -443,10 +449,10 @@ static inline long bench_spin_us(void) {
   return us;
 }
 
-/* The client's wait_readable: spin on poll(0), then sleep in poll(). */
-static inline int bench_wait_readable_(int fd) {
+/* The client's wait_readable: spin on poll(0) for us microseconds, then
+ * sleep in poll(). */
+static inline int bench_wait_readable_(int fd, long us) {
   struct pollfd pfd = {fd, POLLIN, 0};
-  long us = bench_spin_us();
   if (us > 0) {
     double end = bench_now() + (double)us * 1e-6;
     do {
@@ -482,11 +488,12 @@ static inline int bench_send_client_(int fd, const void *p, size_t n) {
 /* The client's recv_all for a reply that cannot have arrived yet: wait
  * first, then non-blocking recvs, waiting (spin included) again whenever
  * one finds nothing. */
-static inline int bench_recv_client_(int fd, void *p, size_t n) {
+static inline int bench_recv_client_(int fd, void *p, size_t n,
+                                     long spin_us) {
   unsigned char *c = p;
   int wait_first = 1;
   while (n) {
-    if (wait_first && bench_wait_readable_(fd) < 0) return -1;
+    if (wait_first && bench_wait_readable_(fd, spin_us) < 0) return -1;
     ssize_t r = recv(fd, c, n, MSG_DONTWAIT);
     if (r > 0) {
       c += r;
@@ -569,10 +576,11 @@ static inline int bench_raw_call(int fd, uint32_t cmd, void *data,
     if (cmd == BENCH_RAW_GET) return bench_read_all(fd, data, len);
     return bench_read_all(fd, h, sizeof h);
   }
+  long spin = how == BENCH_WAIT_CLIENT ? bench_spin_us() : 0;
   if (bench_send_client_(fd, first, first_len) < 0) return -1;
   if (put && bench_send_client_(fd, data, len) < 0) return -1;
-  if (cmd == BENCH_RAW_GET) return bench_recv_client_(fd, data, len);
-  return bench_recv_client_(fd, h, sizeof h);
+  if (cmd == BENCH_RAW_GET) return bench_recv_client_(fd, data, len, spin);
+  return bench_recv_client_(fd, h, sizeof h, spin);
 }
 
 /* Of nvar variants' samples t[v][0..n-1] (times: smaller is better),

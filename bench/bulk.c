@@ -12,12 +12,14 @@
  *            receiver is bench/raw_server, exec'd and placed by
  *            scripts/bench.sh exactly like dispatch-server, with the same
  *            allocator settings; its buffer is warm, as the server's
- *            storage cache is. The client side runs twice, once with
- *            blocking reads and writes and once waiting the way
+ *            storage cache is. The client side runs three times: with
+ *            blocking reads and writes, waiting the way
  *            libdispatch-client does (non-blocking I/O, spinning
- *            DISPATCH_SPIN_US before every sleep, mid-payload too); each
- *            row's reference is whichever of the two has the better
- *            median, so the limit is the best a plain socket does here.
+ *            DISPATCH_SPIN_US before every sleep, mid-payload too), and
+ *            the same without the spin (as the client waits when its
+ *            policy spins for nothing, client/wait.c); each row's
+ *            reference is whichever of the three has the best median, so
+ *            the limit is the best a plain socket does here.
  *            A diagnostic row for the two large sizes has the receiver
  *            malloc a fresh buffer per PUT, to show what page faults on
  *            fresh memory cost by themselves.
@@ -123,8 +125,8 @@ static void to_mbps(double *t, int n, size_t bytes) {
 
 /* the variants of one repetition, in bench_turn's rotating order */
 enum {
-  V_PUT_BLOCK, V_PUT_CLIENT, V_GET_BLOCK, V_GET_CLIENT, V_FRESH, V_MEMCPY,
-  V_UP, V_DOWN, V_KEPT, V_PUT_PARTS, NVAR
+  V_PUT_BLOCK, V_PUT_CLIENT, V_PUT_POLL, V_GET_BLOCK, V_GET_CLIENT,
+  V_GET_POLL, V_FRESH, V_MEMCPY, V_UP, V_DOWN, V_KEPT, V_PUT_PARTS, NVAR
 };
 #define KEPT_PARTS 16
 #define KEPT_GOAL 0.7
@@ -156,12 +158,12 @@ static double run_variant(bulk_ctx *c, int v, size_t n, int inner) {
         }
   } else if (v <= V_FRESH) {
     if (c->fd < 0 || c->rfail[0]) return NAN;
-    uint32_t cmd = v <= V_PUT_CLIENT ? BENCH_RAW_PUT
-                   : v == V_FRESH    ? BENCH_RAW_PUT_FRESH
-                                     : BENCH_RAW_GET;
-    bench_wait how = (v == V_PUT_CLIENT || v == V_GET_CLIENT)
-                         ? BENCH_WAIT_CLIENT
-                         : BENCH_WAIT_BLOCK;
+    uint32_t cmd = v <= V_PUT_POLL ? BENCH_RAW_PUT
+                   : v == V_FRESH  ? BENCH_RAW_PUT_FRESH
+                                   : BENCH_RAW_GET;
+    bench_wait how = (v == V_PUT_CLIENT || v == V_GET_CLIENT) ? BENCH_WAIT_CLIENT
+                     : (v == V_PUT_POLL || v == V_GET_POLL)   ? BENCH_WAIT_POLL
+                                                              : BENCH_WAIT_BLOCK;
     void *buf = cmd == BENCH_RAW_GET ? (void *)c->dst : (void *)c->src;
     for (int i = 0; i < inner; i++)
       if (bench_raw_call(c->fd, cmd, buf, n, how) < 0) {
@@ -255,10 +257,10 @@ int main(void) {
     for (int r = -1; r < sc->reps; r++) {
       if (r >= 0) {
         int best_put, best_get;
-        double *pv[2] = {t[V_PUT_BLOCK], t[V_PUT_CLIENT]};
-        double *gv[2] = {t[V_GET_BLOCK], t[V_GET_CLIENT]};
-        best_put = bench_best_variant(pv, 2, reps);
-        best_get = bench_best_variant(gv, 2, reps);
+        double *pv[3] = {t[V_PUT_BLOCK], t[V_PUT_CLIENT], t[V_PUT_POLL]};
+        double *gv[3] = {t[V_GET_BLOCK], t[V_GET_CLIENT], t[V_GET_POLL]};
+        best_put = bench_best_variant(pv, 3, reps);
+        best_get = bench_best_variant(gv, 3, reps);
         int unsettled = 0;
         if (reps > 0) {
           double ru[MAX_REPS], rd[MAX_REPS], rp[MAX_REPS], rg[MAX_REPS];
@@ -293,10 +295,10 @@ int main(void) {
     if (c.fail[0]) fprintf(stderr, "bulk: %s\n", c.fail);
     if (c.rfail[0]) fprintf(stderr, "bulk: %s\n", c.rfail);
 
-    double *pv[2] = {t[V_PUT_BLOCK], t[V_PUT_CLIENT]};
-    double *gv[2] = {t[V_GET_BLOCK], t[V_GET_CLIENT]};
-    int bp = bench_best_variant(pv, 2, reps);
-    int bg = bench_best_variant(gv, 2, reps);
+    double *pv[3] = {t[V_PUT_BLOCK], t[V_PUT_CLIENT], t[V_PUT_POLL]};
+    double *gv[3] = {t[V_GET_BLOCK], t[V_GET_CLIENT], t[V_GET_POLL]};
+    int bp = bench_best_variant(pv, 3, reps);
+    int bg = bench_best_variant(gv, 3, reps);
     /* the kept row's limit: the better of the whole PUT and the parts */
     double *kv[2] = {pv[bp], t[V_PUT_PARTS]};
     int bk = s == NSIZES - 1 ? bench_best_variant(kv, 2, reps) : 0;
@@ -305,7 +307,7 @@ int main(void) {
     memcpy(put, pv[bp], sizeof(double) * (size_t)reps);
     memcpy(get, gv[bg], sizeof(double) * (size_t)reps);
     memcpy(kput, kv[bk], sizeof(double) * (size_t)reps);
-    char m[96], note[1200];
+    char m[96], note[1200], kwhy[96];
     snprintf(note, sizeof note, "%s%s%s%sraw reference: %s wait", c.fail,
              c.fail[0] ? "; " : "", c.rfail, c.rfail[0] ? "; " : "",
              bench_wait_name[bp]);
@@ -330,10 +332,11 @@ int main(void) {
                         BENCH_GOAL_RATIO_GE, KEPT_GOAL};
       snprintf(m, sizeof m, "upload %s as %d tensors kept live", sc->name,
                KEPT_PARTS);
+      if (bk) snprintf(kwhy, sizeof kwhy, "16 PUTs of the parts, blocking wait");
+      else snprintf(kwhy, sizeof kwhy, "one PUT, %s wait", bench_wait_name[bp]);
       snprintf(note, sizeof note, "%s%s%s%sraw reference: %s", c.fail,
                c.fail[0] ? "; " : "", c.rfail, c.rfail[0] ? "; " : "",
-               bk ? "16 PUTs of the parts, blocking wait"
-                  : bp ? "one PUT, client-like wait" : "one PUT, blocking wait");
+               kwhy);
       bench_emit(&kept, t[V_KEPT], kput, reps, "%s", note);
     }
     snprintf(note, sizeof note, "%s%s%s%sraw reference: %s wait", c.fail,
