@@ -393,3 +393,38 @@ Test(inline_ops, an_in_place_cpu_upload_runs_inline) {
   free(bytes);
   wire_close(&c);
 }
+
+/* Freeing a 1 MiB tensor puts its storage on the session's free lists
+ * (64 MiB by default), a few pointer moves, and the next upload of its
+ * size takes it back: the Free runs on the network thread, and so does
+ * that upload behind it. Counted one per element, as if its pages went
+ * back to the system, the Free went to a worker and took the upload with
+ * it: what a training loop that uploads a fresh batch each step and
+ * frees the last one paid at every step. */
+Test(inline_ops, a_free_the_free_lists_take_runs_inline) {
+  enum { N = 1 << 20 };
+  wire_conn c;
+  cr_assert_eq(wire_connect(&c, g_on.port), 0);
+  cr_assert_eq(wire_hello(&c, "free"), 0);
+  float *v = calloc(N / 4, sizeof *v);
+  cr_assert_not_null(v);
+  int64_t sf[1] = {N / 4};
+  wire_upload(&c, 1, DSP_F32, 1, sf, v, N);
+  cr_assert_eq(wire_sync_check(&c, NULL, 0, NULL), 0);
+  Dspwire__StatsReply s0, s1;
+  cr_assert_eq(wire_get_stats(&c, &s0), 0);
+  for (uint64_t k = 1; k <= 4; k++) {
+    uint64_t ids[1] = {k};
+    wire_free(&c, ids, 1, NULL, 0);
+    wire_upload(&c, k + 1, DSP_F32, 1, sf, v, N);
+    cr_assert_eq(wire_sync_check(&c, NULL, 0, NULL), 0);
+  }
+  cr_assert_eq(wire_get_stats(&c, &s1), 0);
+  cr_assert_eq(s1.tensors, 1);
+  cr_assert_eq(s1.handoffs, s0.handoffs,
+               "4 rounds of free 1 MiB + upload 1 MiB + sync took %llu "
+               "hand-offs to the workers",
+               (unsigned long long)(s1.handoffs - s0.handoffs));
+  free(v);
+  wire_close(&c);
+}
