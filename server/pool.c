@@ -73,16 +73,37 @@ static void done_notify(sv_pool *p) {
   (void)n;
 }
 
+/* Appends head..tail (may be empty), finished jobs of s, to the done
+ * list (lock held) and counts the return; 1 when the loop must be woken
+ * for them (done_notify, after the unlock), 0 when there is nothing or the
+ * list was not empty (the loop is woken for it already, and takes it
+ * whole). The loop may free s once its teardown is on the list. */
+static int done_hand(sv_pool *p, sv_session *s, sv_job *head, sv_job *tail) {
+  if (!head) return 0;
+  s->n_returns++;
+  int wake = !p->done_head;
+  done_append(p, head, tail);
+  return wake;
+}
+
+/* done_hand from a worker holding the lock: the wake-up, when one is due,
+ * goes out with the lock released for it. */
+static void done_hand_wake(sv_pool *p, sv_session *s, sv_job *head,
+                           sv_job *tail) {
+  if (done_hand(p, s, head, tail)) {
+    pthread_mutex_unlock(&p->mu);
+    done_notify(p);
+    pthread_mutex_lock(&p->mu);
+  }
+}
+
 /* Hands head..tail, finished jobs of s, to the loop: one lock round and
- * one eventfd write (none when the list was not empty: the loop is woken
- * for it already, and takes the whole list). */
+ * at most one eventfd write. */
 static void done_publish(sv_pool *p, sv_session *s, sv_job *head,
                          sv_job *tail) {
   if (!head) return;
   pthread_mutex_lock(&p->mu);
-  s->n_returns++;
-  int wake = !p->done_head;
-  done_append(p, head, tail);
+  int wake = done_hand(p, s, head, tail);
   pthread_mutex_unlock(&p->mu);
   if (wake) done_notify(p);
 }
@@ -162,17 +183,9 @@ static void *worker_main(void *arg) {
     sv_job *batch = take_batch(s);
     if (!batch) { /* every job was cancelled */
       s->scheduled = 0;
-      if (carry_h) { /* what s's last turn finished goes to the loop now */
-        s->n_returns++;
-        int wake = !p->done_head;
-        done_append(p, carry_h, carry_t);
-        carry_h = carry_t = NULL;
-        if (wake) {
-          pthread_mutex_unlock(&p->mu);
-          done_notify(p);
-          pthread_mutex_lock(&p->mu);
-        }
-      }
+      /* what s's last turn finished goes to the loop now */
+      done_hand_wake(p, s, carry_h, carry_t);
+      carry_h = carry_t = NULL;
       continue;
     }
     s->running = 1;
@@ -213,25 +226,20 @@ static void *worker_main(void *arg) {
        * until it takes s again, so they go with s's next turn, in order,
        * and the loop is not woken for a turn that only ended (a Backward
        * and a Step each end one) */
-      int n = 0;
-      for (sv_job *j = dh; j && n <= SV_CARRY_JOBS; j = j->next) n++;
-      if (alone && dh && !dt->out && n <= SV_CARRY_JOBS) {
-        carry_h = dh;
-        carry_t = dt;
-        continue;
+      if (alone && dh && !dt->out) {
+        int n = 0;
+        for (sv_job *j = dh; j && n <= SV_CARRY_JOBS; j = j->next) n++;
+        if (n <= SV_CARRY_JOBS) {
+          carry_h = dh;
+          carry_t = dt;
+          continue;
+        }
       }
     } else {
       s->scheduled = 0;
     }
     /* last: from here the loop may free s (after its teardown) */
-    if (dh) s->n_returns++;
-    int wake = dh && !p->done_head;
-    done_append(p, dh, dt);
-    if (wake) {
-      pthread_mutex_unlock(&p->mu);
-      done_notify(p);
-      pthread_mutex_lock(&p->mu);
-    }
+    done_hand_wake(p, s, dh, dt);
   }
   pthread_mutex_unlock(&p->mu);
   return NULL;
