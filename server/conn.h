@@ -110,6 +110,7 @@ struct sv_conn {
   uv_timer_t idle;
   uv_timer_t hs;    /* handshake timeout: TLS handshake + hello */
   uv_timer_t frame; /* one frame must arrive within --frame-timeout */
+  uv_timer_t ka;    /* keepalive ticks (keepalive.c), when asked for */
   const sv_transport *tp;
   void *tpd; /* the transport's per-connection state */
   sv_server *srv;
@@ -140,6 +141,8 @@ struct sv_conn {
   uint64_t received;         /* bytes read from the socket, ever */
   uint64_t sent_at_idle;     /* sent at the last idle tick */
   uint64_t outq_bytes; /* unsent reply bytes + SV_OUT_COST a frame */
+  uint32_t ka_ms;      /* keepalive interval (ms), 0: none */
+  uint64_t ka_sent;    /* sent at the last keepalive tick */
   /* lifecycle */
   int closing, close_after_flush, paused, handles_open, teardown_done;
   uint32_t inflight;
@@ -326,6 +329,15 @@ void sv_reader_frame_timer(sv_conn *c);
 
 /* hello.c */
 void sv_hello(sv_conn *c, Dspwire__Request *req);
+
+/* keepalive.c (1.4) */
+/* The keepalive timer handle of a new connection (not started). */
+void sv_keepalive_init(sv_conn *c);
+/* Sets the keepalive interval the client asked for (ms; 0 stops it),
+ * raised to the server's floor; returns the interval used. */
+uint32_t sv_keepalive_set(sv_conn *c, uint32_t ms);
+/* Closes the timer handle with the connection's other handles. */
+void sv_keepalive_close(sv_conn *c, uv_close_cb cb);
 
 /* metrics.c */
 /* Starts the --metrics-listen endpoint (its own thread); 0, or a negative
