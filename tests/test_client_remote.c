@@ -659,6 +659,12 @@ Test(client_remote, wait_that_times_out_leaves_the_session_usable,
                  dispatch_err_name(rc), dispatch_device_errmsg(dev));
     dispatch_tensor_free(keep);
     keep = NULL;
+    /* a wait that outlived its timeout by reconnecting instead lost the
+     * connection on the way */
+    dispatch_stats st = DISPATCH_STATS_INIT;
+    OK(dev, dispatch_device_stats(dev, &st));
+    cr_assert_eq(st.sessions_resumed, 0, "sync after %d matmuls resumed",
+                 k);
   }
   cr_assert_eq(rc, DISPATCH_ETIMEDOUT, "no sync timed out (%d matmuls)", k);
   cr_assert_eq(dispatch_device_error(dev, NULL), 0,
