@@ -876,3 +876,78 @@ Test(fault, tls_resume_needs_the_same_client_certificate, .fini = teardown,
   dispatch_device_close(dev);
   cr_assert_eq(fp_fired(g_fp), 2);
 }
+
+/* ------------------------------------------- waits on a busy TLS server */
+
+/* Issue 21 item 5 over TLS: keepalives arrive as TLS records, so a sync
+ * behind more work than its timeout gives DISPATCH_ETIMEDOUT, the session
+ * is never lost (no resume), and waiting again gets the work's end. The
+ * work doubles until a sync gives up on it. */
+Test(fault, tls_wait_that_times_out_keeps_the_session, .fini = teardown,
+     .timeout = 300) {
+  const char *bin = check_server_bin();
+  char b[1024];
+  snprintf(b, sizeof b, "%s", bin);
+  char *root = dirname(dirname(b));
+  snprintf(g_dir, sizeof g_dir, "/tmp/dsp_fault_XXXXXX");
+  cr_assert_not_null(mkdtemp(g_dir));
+  char cmd[1024];
+  snprintf(cmd, sizeof cmd,
+           "'%s/deploy/make-certs.sh' '%s' localhost 30 >/dev/null", root,
+           g_dir);
+  cr_assert_eq(system(cmd), 0, "making certificates failed: %s", cmd);
+  char ca[300], srv_pem[300], srv_key[300];
+  snprintf(ca, sizeof ca, "%s/ca.pem", g_dir);
+  snprintf(srv_pem, sizeof srv_pem, "%s/server.pem", g_dir);
+  snprintf(srv_key, sizeof srv_key, "%s/server.key", g_dir);
+  const char *args[] = {"--log-level", "warn", "--tls-cert", srv_pem,
+                        "--tls-key", srv_key, NULL};
+  cr_assert_eq(sp_start(&g_srv, args), 0, "TLS server did not start");
+  dispatch_options o;
+  dispatch_options_init(&o);
+  o.ca_file = ca;
+  o.server_name = "localhost";
+  o.timeout_ms = 600;
+  char spec[64], msg[512] = "";
+  snprintf(spec, sizeof spec, "tls://127.0.0.1:%d", g_srv.port);
+  dispatch_device *dev = NULL;
+  int rc = dispatch_device_open(spec, &o, &dev, msg, sizeof msg);
+  cr_assert_eq(rc, 0, "%s: %s", dispatch_err_name(rc), msg);
+  int64_t sh[2] = {1024, 1024};
+  dispatch_tensor *x, *y;
+  OK(dev, dispatch_full(dev, DISPATCH_F32, 2, sh, 1.0 / 1024, &x));
+  OK(dev, dispatch_device_sync(dev));
+  int k;
+  for (k = 8; k <= 8192; k *= 2) {
+    for (int i = 0; i < k; i++) {
+      OK(dev, dispatch_matmul(x, x, &y));
+      dispatch_tensor_free(y);
+    }
+    rc = dispatch_device_sync(dev);
+    if (rc == DISPATCH_ETIMEDOUT) break;
+    cr_assert_eq(rc, 0, "sync after %d matmuls: %s: %s", k,
+                 dispatch_err_name(rc), dispatch_device_errmsg(dev));
+    dispatch_stats st = DISPATCH_STATS_INIT; /* no reconnect on the way */
+    OK(dev, dispatch_device_stats(dev, &st));
+    cr_assert_eq(st.sessions_resumed, 0, "sync after %d matmuls resumed",
+                 k);
+  }
+  cr_assert_eq(rc, DISPATCH_ETIMEDOUT, "no sync timed out (%d matmuls)", k);
+  int again = 0;
+  while ((rc = dispatch_device_sync(dev)) == DISPATCH_ETIMEDOUT)
+    cr_assert_lt(++again, 1000);
+  OK(dev, rc);
+  float v[4];
+  dispatch_tensor *row;
+  int64_t one[1] = {4};
+  OK(dev, dispatch_full(dev, DISPATCH_F32, 1, one, 0.5, &row));
+  OK(dev, dispatch_tensor_read(row, v, sizeof v));
+  cr_assert_eq(v[3], 0.5f);
+  dispatch_stats st = DISPATCH_STATS_INIT;
+  OK(dev, dispatch_device_stats(dev, &st));
+  cr_assert_eq(st.sessions_resumed, 0);
+  cr_assert_eq(st.errors, 0);
+  dispatch_tensor_free(row);
+  dispatch_tensor_free(x);
+  dispatch_device_close(dev);
+}
