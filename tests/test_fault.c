@@ -951,3 +951,89 @@ Test(fault, tls_wait_that_times_out_keeps_the_session, .fini = teardown,
   dispatch_tensor_free(x);
   dispatch_device_close(dev);
 }
+
+/* ------------------------------------------------ keepalive frames (1.4) */
+
+/* Connects and says hello asking for keepalives every ka_ms (0: none, as
+ * a 1.3 client); uploads tensor 1 (1024 x 1024). Returns the interval
+ * the hello's reply says the server uses. */
+static uint32_t ka_open(wire_conn *c, uint32_t ka_ms) {
+  cr_assert_eq(wire_connect(c, g_srv.port), 0);
+  dsp_wreq w;
+  Dspwire__Request *req =
+      dsp_wreq_hello(&w, DSP_PROTO_MAJOR, DSP_PROTO_MINOR, NULL, "ka");
+  w.body.hello.keepalive_ms = ka_ms;
+  req->req_id = c->next_req_id++;
+  cr_assert_eq(wire_send(c, req, NULL, 0), 0);
+  Dspwire__Reply *r;
+  cr_assert_eq(wire_recv(c, &r, NULL, NULL), 0);
+  cr_assert_eq(r->body_case, DSPWIRE__REPLY__BODY_HELLO);
+  uint32_t got = r->hello->keepalive_ms;
+  wire_reply_free(r, NULL);
+  size_t n = (size_t)1 << 20;
+  float *x = malloc(n * sizeof *x);
+  cr_assert(x);
+  for (size_t i = 0; i < n; i++) x[i] = 1.0f / 1024;
+  int64_t sh[2] = {1024, 1024};
+  cr_assert(wire_upload(c, 1, DSP_F32, 2, sh, x, n * sizeof *x));
+  free(x);
+  return got;
+}
+
+/* Queues k products of tensor 1 by itself (each freed) and a sync that
+ * carries keepalive_ms ka (0: none); returns the keepalive frames that
+ * came before the sync's reply. Any other frame fails the test. */
+static int ka_busy_sync(wire_conn *c, int k, uint32_t ka) {
+  uint64_t in[2] = {1, 1};
+  for (int i = 0; i < k; i++) {
+    uint64_t out = 100 + (uint64_t)i;
+    cr_assert(wire_op(c, DSP_OP_MATMUL, in, 2, out, NULL, 0, NULL, 0));
+    cr_assert(wire_free(c, &out, 1, NULL, 0));
+  }
+  dsp_wreq w;
+  Dspwire__Request *req = dsp_wreq_sync(&w);
+  req->keepalive_ms = ka;
+  uint64_t sid = req->req_id = c->next_req_id++;
+  cr_assert_eq(wire_send(c, req, NULL, 0), 0);
+  for (int n = 0;; n++) {
+    Dspwire__Reply *r;
+    cr_assert_eq(wire_recv(c, &r, NULL, NULL), 0);
+    if (r->req_id == sid) {
+      cr_assert_null(r->error, "sync failed: %s",
+                     r->error ? r->error->message : "");
+      wire_reply_free(r, NULL);
+      return n;
+    }
+    cr_assert(r->keepalive && r->req_id == 0 && !r->error &&
+                  r->body_case == DSPWIRE__REPLY__BODY__NOT_SET,
+              "an unexpected frame before the sync's reply (req_id %llu)",
+              (unsigned long long)r->req_id);
+    wire_reply_free(r, NULL);
+  }
+}
+
+/* The server sends keepalives to a client that asked for them (raised
+ * to its 20 ms floor), while the session has work in flight and nothing
+ * else to say, and nothing to a client that did not ask (a 1.3 client)
+ * until a request asks for them. The work doubles until keepalives come,
+ * so no duration is assumed. */
+Test(fault, keepalives_go_only_to_a_client_that_asked, .fini = teardown) {
+  start_server("60");
+  wire_conn a, b;
+  cr_assert_eq(ka_open(&a, 5), 20);
+  cr_assert_eq(ka_open(&b, 0), 0);
+  int k, n = 0;
+  for (k = 4; k <= 8192 && n == 0; k *= 2) n = ka_busy_sync(&a, k, 0);
+  cr_assert_gt(n, 0, "no keepalive during %d matmuls", k / 2);
+  cr_assert_eq(ka_busy_sync(&b, k / 2, 0), 0,
+               "keepalives to a client that did not ask");
+  /* any request may ask (Request.keepalive_ms): this sync does, and the
+   * work after it hears keepalives */
+  (void)ka_busy_sync(&b, 0, 20);
+  for (k = 4, n = 0; k <= 8192 && n == 0; k *= 2) n = ka_busy_sync(&b, k, 0);
+  cr_assert_gt(n, 0, "no keepalive after Request.keepalive_ms");
+  wire_bye(&a);
+  wire_bye(&b);
+  wire_close(&a);
+  wire_close(&b);
+}
