@@ -822,8 +822,9 @@ static void log_take_ext(dispatch__conn *c) {
     memmove(c->log + c->ext_at + c->ext_len, c->log + c->ext_at,
             c->log_len - c->ext_at);
     memcpy(c->log + c->ext_at, c->ext_bulk, c->ext_len);
+    /* the frames logged after the upload's start where its bytes go */
     for (size_t i = 0; i < c->n_log; i++)
-      if (c->log_off[i] > c->ext_at) c->log_off[i] += c->ext_len;
+      if (c->log_off[i] >= c->ext_at) c->log_off[i] += c->ext_len;
     c->log_len = need;
   }
   c->ext_bulk = NULL;
@@ -903,6 +904,7 @@ static int wait_pending(dispatch_device *dev, void *dst, size_t dst_len,
   int rc = wait_reply(dev, c->pend_id, c->pend_seq, dst, dst_len, target,
                       reply);
   if (rc != DISPATCH_ETIMEDOUT) c->pend_id = 0;
+  else log_take_ext(c); /* an upload queued since: the caller's buffer */
   return rc;
 }
 

@@ -669,6 +669,18 @@ Test(client_remote, wait_that_times_out_leaves_the_session_usable,
   cr_assert_eq(rc, DISPATCH_ETIMEDOUT, "no sync timed out (%d matmuls)", k);
   cr_assert_eq(dispatch_device_error(dev, NULL), 0,
                "a timeout became the device's first error");
+  /* an upload too large to copy into the replay log is acknowledged by a
+   * Sync before it returns: on the busy server that Sync times out too,
+   * yet the upload is handed over and the caller's buffer may go */
+  queue_matmuls(dev, x, k);
+  size_t nb = (size_t)MM_N * MM_N * sizeof(float);
+  float *up = malloc(nb);
+  cr_assert(up);
+  for (size_t i = 0; i < nb / sizeof *up; i++) up[i] = 0.25f;
+  dispatch_tensor *u;
+  OK(dev, dispatch_tensor_from_data(dev, DISPATCH_F32, 2, shape, up, nb, &u));
+  memset(up, 0xff, nb);
+  free(up);
   /* waiting again: the same sync, as often as it takes */
   int again = 0;
   while ((rc = dispatch_device_sync(dev)) == DISPATCH_ETIMEDOUT)
@@ -676,6 +688,8 @@ Test(client_remote, wait_that_times_out_leaves_the_session_usable,
   OK(dev, rc);
   expect_all(dev, keep, one_n);
   expect_all(dev, x, one_n);
+  expect_all(dev, u, 0.25f);
+  dispatch_tensor_free(u);
   /* another backlog: a read (another request) waits for the pending
    * sync first, then for itself */
   queue_matmuls(dev, x, k);
