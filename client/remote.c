@@ -190,12 +190,41 @@ static int check_alive(dispatch_device *dev) {
   return dead_error(dev);
 }
 
+/* While a send waits on a server that reads nothing (busy with the
+ * session's queue, its reading paused), the server's keepalives say it is
+ * alive: they are read into rbuf, after what it holds, for the next wait
+ * to parse. 1 when bytes came, 0 when none (or rbuf is full), -1 at EOF
+ * or an error (the caller loses the connection). */
+static int take_early_bytes(dispatch__conn *c) {
+  if (c->rpos > 0) {
+    memmove(c->rbuf, c->rbuf + c->rpos, c->rlen - c->rpos);
+    c->rlen -= c->rpos;
+    c->rpos = 0;
+  }
+  if (c->rlen == REMOTE_RBUF) return 0;
+  ssize_t r = recv(c->fd, c->rbuf + c->rlen, REMOTE_RBUF - c->rlen,
+                   MSG_DONTWAIT);
+  if (r > 0) {
+    c->rlen += (size_t)r;
+    c->heard_ms = now_ms();
+    return 1;
+  }
+  if (r < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK))
+    return 0;
+  return -1;
+}
+
 /* Writes all n bytes or loses the connection; each poll waits at most
- * the remaining time to the deadline. */
+ * the remaining time to the deadline. With keepalives (plain TCP) the
+ * timeout bounds silence, not the send: bytes the socket takes or the
+ * server sends (its keepalives while it is too busy to read) start it
+ * again. */
 static int send_all(dispatch_device *dev, const void *p, size_t n) {
   dispatch__conn *c = dev->conn;
   const uint8_t *b = p;
   int64_t deadline = deadline_in(c);
+  int ka = c->ka_ms && c->rbuf && c->timeout_ms > 0;
+  if (ka) c->heard_ms = now_ms(); /* silence counts from here */
   if (c->ssl) {
     char why[384];
     if (dispatch__tls_write(c, p, n, deadline, why, sizeof why) < 0)
@@ -210,6 +239,7 @@ static int send_all(dispatch_device *dev, const void *p, size_t n) {
     if (w > 0) {
       b += w;
       n -= (size_t)w;
+      if (ka) deadline = deadline_in(c); /* the server takes bytes */
       continue;
     }
     if (w < 0 && errno == EINTR) continue;
@@ -218,11 +248,17 @@ static int send_all(dispatch_device *dev, const void *p, size_t n) {
       snprintf(why, sizeof why, "send: %s", strerror(errno));
       return conn_lost(dev, why);
     }
-    int64_t left = deadline - now_ms();
-    if (left <= 0) return conn_lost(dev, "send timed out");
-    struct pollfd pfd = {c->fd, POLLOUT, 0};
-    int pr = poll(&pfd, 1, poll_ms(left));
+    int64_t now = now_ms(), end = deadline;
+    if (ka && c->heard_ms + c->timeout_ms > end)
+      end = c->heard_ms + c->timeout_ms;
+    if (end - now <= 0) return conn_lost(dev, "send timed out");
+    short ev = ka && c->rlen - c->rpos < REMOTE_RBUF ? POLLOUT | POLLIN
+                                                      : POLLOUT;
+    struct pollfd pfd = {c->fd, ev, 0};
+    int pr = poll(&pfd, 1, poll_ms(end - now));
     if (pr < 0 && errno != EINTR) return conn_lost(dev, "poll failed");
+    if (pr > 0 && (pfd.revents & POLLIN) && take_early_bytes(c) < 0)
+      return conn_lost(dev, "the server closed the connection");
   }
   return 0;
 }

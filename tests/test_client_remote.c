@@ -739,3 +739,57 @@ Test(client_remote, silent_server_is_a_lost_connection,
   cr_assert_eq(later, DISPATCH_ECONN, "%s", dispatch_err_name(later));
   dispatch_device_close(dev);
 }
+
+/* Retries a stats wait that timed out; the server-wide resume count. */
+static uint64_t resumed_so_far(dispatch_device *dev) {
+  dispatch_stats st = DISPATCH_STATS_INIT;
+  int rc, again = 0;
+  while ((rc = dispatch_device_stats(dev, &st)) == DISPATCH_ETIMEDOUT)
+    cr_assert_lt(++again, 1000);
+  OK(dev, rc);
+  return st.sessions_resumed;
+}
+
+/* A send the busy server does not read (it stops reading a session with
+ * --max-queued requests waiting until they ran) waits as long
+ * as the server says it is alive: the uploads behind the matmuls block
+ * in the socket for longer than the timeout, and the session is never
+ * taken for lost (no resume). The work doubles until a sync behind it
+ * times out, so the block outlasted the timeout at least once. */
+Test(client_remote, send_held_up_by_a_busy_server_keeps_the_session,
+     .fini = stop_server) {
+  const char *args[] = {"--max-queued", "4", NULL};
+  check_server_start(&g_srv, args);
+  dispatch_device *dev = open_with_timeout(600);
+  int64_t shape[2] = {MM_N, MM_N}, ushape[2] = {512, 512};
+  const float one_n = 1.0f / MM_N;
+  dispatch_tensor *x, *u = NULL;
+  OK(dev, dispatch_full(dev, DISPATCH_F32, 2, shape, one_n, &x));
+  OK(dev, dispatch_device_sync(dev));
+  size_t nb = 512 * 512 * sizeof(float); /* 1 MiB: copied into the log */
+  float *up = malloc(nb);
+  cr_assert(up);
+  for (size_t i = 0; i < nb / sizeof *up; i++) up[i] = 0.25f;
+  int rc = 0, k;
+  for (k = 8; k <= 8192; k *= 2) {
+    queue_matmuls(dev, x, k);
+    for (int i = 0; i < 32; i++) {
+      if (u) dispatch_tensor_free(u);
+      OK(dev, dispatch_tensor_from_data(dev, DISPATCH_F32, 2, ushape, up, nb,
+                                        &u));
+    }
+    cr_assert_eq(resumed_so_far(dev), 0, "uploads after %d matmuls resumed",
+                 k);
+    queue_matmuls(dev, x, k);
+    rc = dispatch_device_sync(dev);
+    if (rc == DISPATCH_ETIMEDOUT) break;
+    OK(dev, rc);
+  }
+  cr_assert_eq(rc, DISPATCH_ETIMEDOUT, "no sync timed out (%d matmuls)", k);
+  free(up);
+  expect_all(dev, u, 0.25f);
+  cr_assert_eq(resumed_so_far(dev), 0);
+  dispatch_tensor_free(u);
+  dispatch_tensor_free(x);
+  dispatch_device_close(dev);
+}
