@@ -793,3 +793,53 @@ Test(client_remote, send_held_up_by_a_busy_server_keeps_the_session,
   dispatch_tensor_free(x);
   dispatch_device_close(dev);
 }
+
+/* A deferred error that the timed-out sync's reply carries is the next
+ * wait's answer, whatever that wait is (a read here: not sent, so it
+ * reads nothing), and is reported once: the read after it works. Each
+ * round queues matmuls and an op the server refuses (a 4 GiB tensor, past
+ * its session limit); the work doubles until the sync times out. */
+Test(client_remote, deferred_error_behind_a_timed_out_wait_is_reported_once,
+     .fini = stop_server) {
+  const char *args[] = {"--max-session-bytes", "1073741824", NULL};
+  check_server_start(&g_srv, args);
+  dispatch_device *dev = open_with_timeout(600);
+  int64_t shape[2] = {MM_N, MM_N}, huge[2] = {1 << 15, 1 << 15};
+  const float one_n = 1.0f / MM_N;
+  dispatch_tensor *x, *bad;
+  OK(dev, dispatch_full(dev, DISPATCH_F32, 2, shape, one_n, &x));
+  OK(dev, dispatch_device_sync(dev));
+  int rc = 0, code = 0, k;
+  for (k = 8; k <= 8192; k *= 2) {
+    queue_matmuls(dev, x, 8); /* 8 in flight at most: 32 MiB */
+    OK(dev, dispatch_full(dev, DISPATCH_F32, 2, huge, 1.0, &bad));
+    dispatch_tensor_free(bad);
+    queue_matmuls(dev, x, k);
+    rc = dispatch_device_sync(dev);
+    if (rc == DISPATCH_ETIMEDOUT) break;
+    cr_assert_lt(rc, 0, "the 4 GiB tensor was made");
+    cr_assert(code == 0 || rc == code, "%s, then %s", dispatch_err_name(code),
+              dispatch_err_name(rc));
+    code = rc;
+  }
+  cr_assert_eq(rc, DISPATCH_ETIMEDOUT, "no sync timed out (%d matmuls)", k);
+  size_t n = dispatch_tensor_nbytes(x);
+  float *buf = malloc(n);
+  cr_assert(buf);
+  int again = 0;
+  while ((rc = dispatch_tensor_read(x, buf, n)) == DISPATCH_ETIMEDOUT)
+    cr_assert_lt(++again, 1000);
+  /* the refused op's code (the earlier rounds' syncs gave it, if any) */
+  cr_assert(code ? rc == code
+                 : rc < 0 && rc != DISPATCH_ECONN && rc != DISPATCH_ETIMEDOUT,
+            "the read after the timed-out sync: %s (%s)",
+            dispatch_err_name(rc), dispatch_device_errmsg(dev));
+  OK(dev, dispatch_tensor_read(x, buf, n));
+  for (size_t i = 0; i < n / sizeof *buf; i++)
+    cr_assert_eq(buf[i], one_n, "element %zu", i);
+  free(buf);
+  OK(dev, dispatch_device_sync(dev));
+  cr_assert_eq(resumed_so_far(dev), 0);
+  dispatch_tensor_free(x);
+  dispatch_device_close(dev);
+}

@@ -303,7 +303,10 @@ int dispatch_device_stats(dispatch_device *dev, dispatch_stats *out);
  * and still runs, and the next wait (a sync, a read, ...) waits for its
  * reply first; asked the same again (a sync, a read of the same tensor,
  * a replay of the same graph and inputs, with nothing sent in between)
- * the timed-out request's reply is that call's. A timeout is never the
+ * the timed-out request's reply is that call's (another wait first takes
+ * it and drops what it carried: a read's bytes, a replay's outputs; an
+ * error it carried, the session's deferred error, is that wait's answer
+ * and the wait's own request is not sent). A timeout is never the
  * device's first error (dispatch_device_error). A server that sends
  * nothing at all for that long is a lost connection: the library
  * reconnects and resumes the session (see dispatch_options), and when
