@@ -6,6 +6,8 @@
  *   writer.c    the reply queue: one ordered list of frames, its byte
  *               limit, bulks sent in pieces
  *   hello.c     hello and authentication
+ *   keepalive.c 1.4 keepalives: a busy session tells its waiting client
+ *               it is alive
  *   transport.c plain TCP and TLS behind one table (sv_transport); nothing
  *               outside it asks which one a connection has
  *

@@ -284,7 +284,9 @@ void dispatch_device_clear_error(dispatch_device *dev);
 
 /* Waits until the server ran everything queued so far (LOCAL: returns 0 at
  * once). Returns the first deferred error of the session, if any, with the
- * server's message in dispatch_device_errmsg. */
+ * server's message in dispatch_device_errmsg; DISPATCH_ETIMEDOUT when the
+ * server is still at work past the timeout (dispatch_device_set_timeout:
+ * call it again to wait on). */
 DISPATCH_API
 int dispatch_device_sync(dispatch_device *dev);
 
