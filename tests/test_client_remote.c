@@ -754,8 +754,9 @@ static uint64_t resumed_so_far(dispatch_device *dev) {
  * --max-queued requests waiting until they ran) waits as long
  * as the server says it is alive: the uploads behind the matmuls block
  * in the socket for longer than the timeout, and the session is never
- * taken for lost (no resume). The work doubles until a sync behind it
- * times out, so the block outlasted the timeout at least once. */
+ * taken for lost (no resume). The work doubles until a sync behind a
+ * quarter of what held up the uploads times out, so the block outlasted
+ * the timeout. */
 Test(client_remote, send_held_up_by_a_busy_server_keeps_the_session,
      .fini = stop_server) {
   const char *args[] = {"--max-queued", "4", NULL};
@@ -772,7 +773,8 @@ Test(client_remote, send_held_up_by_a_busy_server_keeps_the_session,
   for (size_t i = 0; i < nb / sizeof *up; i++) up[i] = 0.25f;
   int rc = 0, k;
   for (k = 8; k <= 8192; k *= 2) {
-    queue_matmuls(dev, x, k);
+    /* four times the work a sync times out behind: the uploads wait */
+    queue_matmuls(dev, x, 4 * k);
     for (int i = 0; i < 32; i++) {
       if (u) dispatch_tensor_free(u);
       OK(dev, dispatch_tensor_from_data(dev, DISPATCH_F32, 2, ushape, up, nb,
