@@ -802,8 +802,10 @@ Test(fault, resume_with_other_credentials_refused, .fini = teardown,
 
 /* ------------------------------------------------------------ mutual TLS */
 
-Test(fault, tls_resume_needs_the_same_client_certificate, .fini = teardown,
-     .timeout = 180) {
+/* A CA, a server and a client certificate for localhost in a fresh g_dir
+ * (deploy/make-certs.sh), then the shell command extra run in g_dir
+ * (NULL: none). */
+static void make_certs(const char *extra) {
   const char *bin = check_server_bin();
   char b[1024];
   snprintf(b, sizeof b, "%s", bin);
@@ -811,17 +813,23 @@ Test(fault, tls_resume_needs_the_same_client_certificate, .fini = teardown,
   snprintf(g_dir, sizeof g_dir, "/tmp/dsp_fault_XXXXXX");
   cr_assert_not_null(mkdtemp(g_dir));
   char cmd[4096];
-  /* a CA, the server, a client, and a second client of the same CA */
   snprintf(cmd, sizeof cmd,
-           "'%s/deploy/make-certs.sh' '%s' localhost 30 >/dev/null && cd '%s' "
-           "&& openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 "
-           "-nodes -keyout other.key -out other.csr -subj '/CN=other client' "
-           "2>/dev/null && printf 'extendedKeyUsage=clientAuth\\n' > ext && "
-           "openssl x509 -req -in other.csr -CA ca.pem -CAkey ca.key "
-           "-CAcreateserial -out other.pem -days 30 -extfile ext 2>/dev/null "
-           "&& cp client.pem cur.pem && cp client.key cur.key",
-           root, g_dir, g_dir);
+           "'%s/deploy/make-certs.sh' '%s' localhost 30 >/dev/null && "
+           "cd '%s' && %s",
+           root, g_dir, g_dir, extra ? extra : "true");
   cr_assert_eq(system(cmd), 0, "making certificates failed: %s", cmd);
+}
+
+Test(fault, tls_resume_needs_the_same_client_certificate, .fini = teardown,
+     .timeout = 180) {
+  /* a second client of the same CA */
+  make_certs(
+      "openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 "
+      "-nodes -keyout other.key -out other.csr -subj '/CN=other client' "
+      "2>/dev/null && printf 'extendedKeyUsage=clientAuth\\n' > ext && "
+      "openssl x509 -req -in other.csr -CA ca.pem -CAkey ca.key "
+      "-CAcreateserial -out other.pem -days 30 -extfile ext 2>/dev/null "
+      "&& cp client.pem cur.pem && cp client.key cur.key");
   char cert[300], key[300], ca[300], srv_pem[300], srv_key[300];
   snprintf(cert, sizeof cert, "%s/cur.pem", g_dir);
   snprintf(key, sizeof key, "%s/cur.key", g_dir);
@@ -863,6 +871,7 @@ Test(fault, tls_resume_needs_the_same_client_certificate, .fini = teardown,
   cr_assert_eq(v[3], 1.0f);
   /* the files the client reconnects with now hold another certificate of
    * the same CA: the TLS handshake passes, the resume must not */
+  char cmd[600];
   snprintf(cmd, sizeof cmd, "cd '%s' && cp other.pem cur.pem && "
            "cp other.key cur.key", g_dir);
   cr_assert_eq(system(cmd), 0);
@@ -885,17 +894,7 @@ Test(fault, tls_resume_needs_the_same_client_certificate, .fini = teardown,
  * work doubles until a sync gives up on it. */
 Test(fault, tls_wait_that_times_out_keeps_the_session, .fini = teardown,
      .timeout = 300) {
-  const char *bin = check_server_bin();
-  char b[1024];
-  snprintf(b, sizeof b, "%s", bin);
-  char *root = dirname(dirname(b));
-  snprintf(g_dir, sizeof g_dir, "/tmp/dsp_fault_XXXXXX");
-  cr_assert_not_null(mkdtemp(g_dir));
-  char cmd[1024];
-  snprintf(cmd, sizeof cmd,
-           "'%s/deploy/make-certs.sh' '%s' localhost 30 >/dev/null", root,
-           g_dir);
-  cr_assert_eq(system(cmd), 0, "making certificates failed: %s", cmd);
+  make_certs(NULL);
   char ca[300], srv_pem[300], srv_key[300];
   snprintf(ca, sizeof ca, "%s/ca.pem", g_dir);
   snprintf(srv_pem, sizeof srv_pem, "%s/server.pem", g_dir);
