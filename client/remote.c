@@ -982,10 +982,11 @@ static int call_bulk(dispatch_device *dev, Dspwire__Request *req,
   req->req_id = c->next_id++;
   req->ack = c->acked;
   uint32_t ka = dispatch__keepalive_for(c->timeout_ms);
-  if (c->ka_ms && ka && ka != c->ka_asked) /* set_timeout changed it */
-    req->keepalive_ms = c->ka_asked = ka;
+  int ask = c->ka_ms && ka && ka != c->ka_asked; /* set_timeout changed */
+  if (ask) req->keepalive_ms = ka;
   rc = put_frees_now(dev);
   if (rc == 0) rc = put_frame(dev, req, bulk, bulk_len);
+  if (ask && (rc == 0 || rc == EBROKEN)) c->ka_asked = ka; /* logged */
   if (rc == 0) rc = flush(dev);
   while (rc == EBROKEN) {
     rc = reconnect(dev);

@@ -805,7 +805,10 @@ Test(client_remote, deferred_error_behind_a_timed_out_wait_is_reported_once,
      .fini = stop_server) {
   const char *args[] = {"--max-session-bytes", "1073741824", NULL};
   check_server_start(&g_srv, args);
-  dispatch_device *dev = open_with_timeout(600);
+  /* opened with 30 s (keepalives every 7.5 s), then 600 ms: the next
+   * waiting request asks the server for keepalives every 150 ms */
+  dispatch_device *dev = open_with_timeout(30000);
+  OK(dev, dispatch_device_set_timeout(dev, 600));
   int64_t shape[2] = {MM_N, MM_N}, huge[2] = {1 << 15, 1 << 15};
   const float one_n = 1.0f / MM_N;
   dispatch_tensor *x, *bad;
