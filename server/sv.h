@@ -40,6 +40,8 @@ typedef struct sv_config {
   uint64_t storage_cache;      /* freed tensor storage kept for reuse */
   uint64_t session_cache;      /* each session's free lists (charged) */
   uint64_t max_op_cost;        /* dsp_op_cost of one op, 0: no limit */
+  uint64_t max_replay_cost;    /* dsp_ctx_work of one graph replay, 0: no
+                                  limit (--max-replay-cost) */
   uint64_t inline_cost;        /* --inline-cost: an idle session's op of at
                                   most this dsp_op_cost runs on the loop
                                   thread (inline.c); 0: never */
