@@ -671,6 +671,11 @@ int dsp_tensor_to_backend(dsp_ctx *ctx, const dsp_tensor *t,
  * tensor. Only float tensors can be tracked (DISPATCH_EDTYPE). */
 int dsp_track(dsp_ctx *ctx, dsp_tensor *t);
 int dsp_is_tracked(const dsp_tensor *t);
+/* An upper bound on the tape nodes that dropping the last reference of t
+ * frees: t's node and every node it keeps alive, a node reached along two
+ * paths counted twice (saturating); 0 for an untracked tensor. O(1): for a
+ * caller that judges the cost of a free before it runs it. */
+uint64_t dsp_tape_size(const dsp_tensor *t);
 
 /* Gradients of one backward pass: a container the caller owns. */
 typedef struct dsp_grads dsp_grads;
