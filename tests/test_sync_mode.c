@@ -119,24 +119,52 @@ Test(sync_mode, without_it_the_error_waits_for_a_wait) {
   dispatch_device_close(dev);
 }
 
-/* A failed backward in sync mode is the backward call's error. */
-Test(sync_mode, backward_and_step_report_at_the_call) {
-  dispatch_device *dev = open_remote(1);
+/* Backward and a step whose errors only the server finds (a second
+ * backward through a released tape; a step over a parameter the backward
+ * did not reach): in sync mode each is the call's own error, as on LOCAL. */
+static void backward_step_errors(dispatch_device *dev, int *rc_bw,
+                                 int *rc_step) {
   int64_t s[1] = {2};
   float v[2] = {1, 2};
-  dispatch_tensor *w, *l;
-  dispatch_grads *g;
-  OK(dev, dispatch_tensor_from_data(dev, DISPATCH_F32, 1, s, v, sizeof v, &w));
-  OK(dev, dispatch_autodiff(w, &w));
-  OK(dev, dispatch_sum(w, 0, NULL, 0, &l));
+  dispatch_tensor *w1, *w2, *l;
+  dispatch_grads *g, *g2 = (dispatch_grads *)&g2;
+  OK(dev, dispatch_tensor_from_data(dev, DISPATCH_F32, 1, s, v, sizeof v,
+                                    &w1));
+  OK(dev, dispatch_tensor_from_data(dev, DISPATCH_F32, 1, s, v, sizeof v,
+                                    &w2));
+  OK(dev, dispatch_autodiff(w1, &w1));
+  OK(dev, dispatch_autodiff(w2, &w2));
+  OK(dev, dispatch_sum(w1, 0, NULL, 0, &l)); /* w2 is not reached */
   OK(dev, dispatch_backward(l, &g));
+  *rc_bw = dispatch_backward(l, &g2); /* the tape was released */
+  cr_assert_null(g2);
+  dispatch_tensor *params[2] = {w1, w2};
   dispatch_optim *opt;
-  OK(dev, dispatch_sgd_new(&w, 1, 0.5, 0, 0, &opt));
-  OK(dev, dispatch_optim_step(opt, g));
+  OK(dev, dispatch_sgd_new(params, 2, 0.5, 0, 0, &opt));
+  *rc_step = dispatch_optim_step(opt, g);
   float r[2];
-  OK(dev, dispatch_tensor_read(w, r, sizeof r));
-  cr_assert(r[0] == 0.5f && r[1] == 1.5f, "%g %g", r[0], r[1]);
-  dispatch_device_close(dev);
+  OK(dev, dispatch_tensor_read(w1, r, sizeof r));
+  cr_assert(r[0] == 1 && r[1] == 2, "a failed step changed w1: %g %g", r[0],
+            r[1]);
+  OK(dev, dispatch_device_sync(dev)); /* nothing is left over */
+  dispatch_optim_free(opt);
+  dispatch_grads_free(g);
+}
+
+Test(sync_mode, backward_and_step_errors_come_at_the_call) {
+  int lbw, lstep, rbw, rstep;
+  dispatch_device *loc = open_spec("local", 0);
+  backward_step_errors(loc, &lbw, &lstep);
+  dispatch_device_close(loc);
+  dispatch_device *rem = open_remote(1);
+  backward_step_errors(rem, &rbw, &rstep);
+  dispatch_device_close(rem);
+  cr_assert_eq(lbw, DISPATCH_EGRAPHFREED, "local: %s", dispatch_err_name(lbw));
+  cr_assert_eq(lstep, DISPATCH_ENOGRAD, "local: %s", dispatch_err_name(lstep));
+  cr_assert_eq(rbw, lbw, "sync-mode backward gave %s at the call, local %s",
+               dispatch_err_name(rbw), dispatch_err_name(lbw));
+  cr_assert_eq(rstep, lstep, "sync-mode step gave %s at the call, local %s",
+               dispatch_err_name(rstep), dispatch_err_name(lstep));
 }
 
 /* ------------------------------------------------------------------ */
