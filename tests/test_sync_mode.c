@@ -70,11 +70,10 @@ static void bad_gather(dispatch_device *dev, int *rc_op,
 TestSuite(sync_mode, .init = start_server, .fini = stop_server,
           .timeout = 60);
 
-/* DISPATCH_SYNC=1, read at open: the op call returns the server's error. */
-Test(sync_mode, env_makes_the_op_call_return_the_server_error) {
-  setenv("DISPATCH_SYNC", "1", 1);
-  dispatch_device *dev = open_remote(0);
-  unsetenv("DISPATCH_SYNC");
+/* On a sync-mode device: the bad gather's own call returns the server's
+ * error, naming the op, and nothing is left for the next wait (the
+ * handle's Free took the poisoned id off the server). */
+static void error_at_the_call(dispatch_device *dev) {
   dispatch_tensor *y = (dispatch_tensor *)&y;
   int rc;
   bad_gather(dev, &rc, &y);
@@ -84,25 +83,22 @@ Test(sync_mode, env_makes_the_op_call_return_the_server_error) {
   cr_assert_null(y, "a failed call leaves *out NULL, as on LOCAL");
   cr_assert(strstr(dispatch_device_errmsg(dev), "index_select"),
             "the message names the op: %s", dispatch_device_errmsg(dev));
-  const char *first;
-  cr_assert_eq(dispatch_device_error(dev, &first), DISPATCH_EINDEX);
-  /* the error was this call's: nothing is left for the next wait (the
-   * handle's Free took the poisoned id off the server) */
+  cr_assert_eq(dispatch_device_error(dev, NULL), DISPATCH_EINDEX);
   OK(dev, dispatch_device_sync(dev));
   dispatch_device_close(dev);
 }
 
+/* DISPATCH_SYNC=1, read at open. */
+Test(sync_mode, env_makes_the_op_call_return_the_server_error) {
+  setenv("DISPATCH_SYNC", "1", 1);
+  dispatch_device *dev = open_remote(0);
+  unsetenv("DISPATCH_SYNC");
+  error_at_the_call(dev);
+}
+
 /* The option field does the same without the environment. */
 Test(sync_mode, option_makes_the_op_call_return_the_server_error) {
-  dispatch_device *dev = open_remote(1);
-  dispatch_tensor *y;
-  int rc;
-  bad_gather(dev, &rc, &y);
-  cr_assert_eq(rc, DISPATCH_EINDEX, "index_select gave %s; want "
-               "DISPATCH_EINDEX at the call", dispatch_err_name(rc));
-  cr_assert_null(y);
-  OK(dev, dispatch_device_sync(dev));
-  dispatch_device_close(dev);
+  error_at_the_call(open_remote(1));
 }
 
 /* Without sync mode the op is queued and the error is the next wait's. */
@@ -261,20 +257,36 @@ static void *reader(void *arg) {
   return NULL;
 }
 
+/* Starts thread A on h and returns once it is held inside its call. */
+static pthread_t hold_start(held *h) {
+  g_inside = g_go = 0;
+  dsp_allocator a = {hold_malloc, hold_realloc, hold_free, NULL};
+  dsp_set_allocator(&a);
+  pthread_t th;
+  cr_assert_eq(pthread_create(&th, NULL, reader, h), 0);
+  pthread_mutex_lock(&g_mu);
+  while (!g_inside) pthread_cond_wait(&g_cv, &g_mu);
+  pthread_mutex_unlock(&g_mu);
+  return th;
+}
+
+/* Lets thread A finish its call and waits for it. */
+static void hold_release(pthread_t th) {
+  pthread_mutex_lock(&g_mu);
+  g_go = 1;
+  pthread_cond_broadcast(&g_cv);
+  pthread_mutex_unlock(&g_mu);
+  pthread_join(th, NULL);
+  dsp_set_allocator(NULL);
+}
+
 static void second_thread_gets_ebusy(dispatch_device *dev) {
   int64_t s[1] = {4};
   dispatch_tensor *t, *u = NULL;
   OK(dev, dispatch_ones(dev, DISPATCH_F32, 1, s, &t));
   OK(dev, dispatch_device_sync(dev));
-  g_inside = g_go = 0;
-  dsp_allocator a = {hold_malloc, hold_realloc, hold_free, NULL};
-  dsp_set_allocator(&a);
   held h = {dev, t, 1};
-  pthread_t th;
-  cr_assert_eq(pthread_create(&th, NULL, reader, &h), 0);
-  pthread_mutex_lock(&g_mu);
-  while (!g_inside) pthread_cond_wait(&g_cv, &g_mu);
-  pthread_mutex_unlock(&g_mu);
+  pthread_t th = hold_start(&h);
   /* thread A is inside dispatch_tensor_read: every call here is refused
    * at once and touches nothing */
   int rc_op = dispatch_ones(dev, DISPATCH_F32, 1, s, &u);
@@ -282,12 +294,7 @@ static void second_thread_gets_ebusy(dispatch_device *dev) {
   char msg[512];
   snprintf(msg, sizeof msg, "%s", dispatch_device_errmsg(dev));
   int code = dispatch_device_errcode(dev);
-  pthread_mutex_lock(&g_mu);
-  g_go = 1;
-  pthread_cond_broadcast(&g_cv);
-  pthread_mutex_unlock(&g_mu);
-  pthread_join(th, NULL);
-  dsp_set_allocator(NULL);
+  hold_release(th);
   cr_assert_eq(rc_op, DISPATCH_EBUSY, "op from a second thread gave %s; "
                "want DISPATCH_EBUSY at once", dispatch_err_name(rc_op));
   cr_assert_null(u);
@@ -327,22 +334,10 @@ Test(threads, a_peer_of_a_busy_device_is_ebusy) {
   int64_t s[1] = {4};
   dispatch_tensor *t, *u = NULL;
   OK(dev, dispatch_ones(dev, DISPATCH_F32, 1, s, &t));
-  g_inside = g_go = 0;
-  dsp_allocator a = {hold_malloc, hold_realloc, hold_free, NULL};
-  dsp_set_allocator(&a);
   held h = {dev, t, 1};
-  pthread_t th;
-  cr_assert_eq(pthread_create(&th, NULL, reader, &h), 0);
-  pthread_mutex_lock(&g_mu);
-  while (!g_inside) pthread_cond_wait(&g_cv, &g_mu);
-  pthread_mutex_unlock(&g_mu);
+  pthread_t th = hold_start(&h);
   int rc = dispatch_zeros(peer, DISPATCH_F32, 1, s, &u);
-  pthread_mutex_lock(&g_mu);
-  g_go = 1;
-  pthread_cond_broadcast(&g_cv);
-  pthread_mutex_unlock(&g_mu);
-  pthread_join(th, NULL);
-  dsp_set_allocator(NULL);
+  hold_release(th);
   cr_assert_eq(rc, DISPATCH_EBUSY, "peer: %s", dispatch_err_name(rc));
   cr_assert_eq(h.rc, 0);
   OK(peer, dispatch_zeros(peer, DISPATCH_F32, 1, s, &u));
