@@ -670,7 +670,8 @@ int dispatch_backward_ex(dispatch_tensor *loss, int retain,
  * or the tensor it wraps) as a new plain tensor on t's device. REMOTE: a
  * Grad request (no wait); reading the result is the only transfer of
  * gradient bytes. DISPATCH_ENOGRAD if the backward did not reach t (REMOTE:
- * deferred to the next wait). */
+ * deferred to the next wait, unless in sync mode), and at once, on both
+ * kinds, when t is not a leaf (an op's output). */
 DISPATCH_API
 int dispatch_grad(dispatch_grads *grads, dispatch_tensor *t,
                   dispatch_tensor **out);
