@@ -8,7 +8,13 @@
  * again is not run again and a waiting one gets its original reply.
  *
  * Everything here runs on the loop thread. The token is a secret: it is
- * never logged. */
+ * never logged.
+ *
+ * Once a session is expired (grace, shutdown) its kept replies are
+ * dropped and its teardown job is submitted: from then on the worker owns
+ * what the session holds and releases s->queue, so the loop touches it no
+ * more. A job still queued or running comes back with its reply, which
+ * nobody will ask for: it is freed with the job, never kept. */
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
 #include <openssl/rand.h>
@@ -278,8 +284,10 @@ sv_server *sv_resume_done(sv_job *j) {
     srv->n_held--;
   } else {
     rs->inflight--;
-    /* the client waits for this reply: kept until it resumes */
-    if (j->out && sv_req_waits(j->req))
+    /* the client waits for this reply: kept until it resumes; an expired
+     * session's is freed with the job (its teardown, maybe running now,
+     * releases the queue budget a kept reply would be charged to) */
+    if (!rs->expired && j->out && sv_req_waits(j->req))
       sv_resume_keep(s, j->req->seq, j->req->req_id, j->out, j->out_len,
                      j->out_pin);
   }
