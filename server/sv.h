@@ -172,6 +172,10 @@ typedef struct sv_counters {
   atomic_llong limits[SV_LIM_COUNT];
   atomic_llong dev_tensors[SV_MAX_DEVICES]; /* by index in devices */
   atomic_llong dev_bytes[SV_MAX_DEVICES];
+  /* detached sessions expired to make room for a new session (resume.c):
+   * [0] the server had closed their connection for a limit, [1] the
+   * oldest of those a client dropped */
+  atomic_llong evicted[2];
 } sv_counters;
 
 typedef struct sv_global {

@@ -1,6 +1,10 @@
 /* Session slots (--max-sessions) and detached sessions: a real
  * dispatch-server on 127.0.0.1 with its metrics endpoint, raw clients.
  *
+ * - a detached session never keeps a new client out: at the limit one is
+ *   expired to make room (those whose connection the server closed for a
+ *   limit first, then the one detached longest ago), counted in
+ *   dispatch_sessions_evicted_total, and its resume is told why;
  * - a detached session expiring while a request of it still runs leaves
  *   nothing behind: the late reply is freed with its job, not kept (the
  *   server's held bytes come back to their baseline; under the sanitizer
@@ -116,6 +120,34 @@ static double metric(const char *series) {
   return 0;
 }
 
+#define DETACHED "dispatch_sessions_detached"
+#define EVICTED_CLOSED "dispatch_sessions_evicted_total{reason=\"server_closed\"}"
+#define EVICTED_OLDEST "dispatch_sessions_evicted_total{reason=\"oldest\"}"
+
+/* Waits (bounded: a safety net, not a timing check) until the server has
+ * seen want sessions detached. */
+static void wait_detached(int want) {
+  double v = metric(DETACHED);
+  for (int i = 0; i < 1500 && v != want; i++) {
+    sleep_ms(20);
+    v = metric(DETACHED);
+  }
+  cr_assert_eq(v, want, "%g sessions detached, %d expected", v, want);
+}
+
+/* Waits (bounded) until no connection is closing: one the server closed
+ * counts towards --max-sessions until it is freed, and the next connect
+ * must not find it there. */
+static void settle(void) {
+  const char *closing = "dispatch_sessions{state=\"closing\"}";
+  double v = metric(closing);
+  for (int i = 0; i < 1500 && v != 0; i++) {
+    sleep_ms(20);
+    v = metric(closing);
+  }
+  cr_assert_eq(v, 0, "%g connections still closing", v);
+}
+
 /* A raw session that asks to be resumable. */
 typedef struct raw_sess {
   wire_conn c;
@@ -159,6 +191,95 @@ static int hello(raw_sess *s, const raw_sess *resume) {
   }
   wire_reply_free(rep, NULL);
   return code;
+}
+
+static void bye(raw_sess *s) {
+  wire_bye(&s->c);
+  wire_close(&s->c);
+}
+
+/* With --max-sessions 2, two clients that drop (as a kill -9 does: the
+ * socket closes, no bye) used to keep a third out with DISPATCH_ELIMIT
+ * for the whole --session-grace. The third gets in at once: the session
+ * detached longest ago is expired for it, and its resume says so; the
+ * other still resumes. */
+Test(slots, dropped_clients_do_not_lock_out_a_new_one) {
+  const char *args[] = {"--max-sessions", "2", "--session-grace", "60",
+                        NULL};
+  start(args);
+  raw_sess a, b, c, ra, rb;
+  cr_assert_eq(hello(&a, NULL), 0);
+  wire_close(&a.c);
+  wait_detached(1);
+  cr_assert_eq(hello(&b, NULL), 0);
+  wire_close(&b.c);
+  wait_detached(2);
+  int rc = hello(&c, NULL);
+  cr_assert_eq(rc, 0, "a new client was refused for detached sessions: "
+               "%s: %s", dispatch_err_name(rc), c.msg);
+  cr_assert_eq(metric(EVICTED_OLDEST), 1);
+  cr_assert_eq(metric(EVICTED_CLOSED), 0);
+  cr_assert_eq(metric(DETACHED), 1);
+  rc = hello(&ra, &a);
+  cr_assert_eq(rc, DISPATCH_ESESSION, "resume of the evicted session: %s",
+               dispatch_err_name(rc));
+  cr_assert(strstr(ra.msg, "to make room for a new client"), "%s", ra.msg);
+  cr_assert(strstr(ra.msg, "--max-sessions 2"), "%s", ra.msg);
+  cr_assert_eq(wire_wait_closed(&ra.c), 1);
+  wire_close(&ra.c);
+  settle();
+  rc = hello(&rb, &b);
+  cr_assert_eq(rc, 0, "the younger detached session was not kept: %s: %s",
+               dispatch_err_name(rc), rb.msg);
+  cr_assert(rb.resumed);
+  bye(&rb);
+  bye(&c);
+  cr_assert_eq(sp_stop(&g_srv), 0);
+}
+
+/* The session of a client the server closed for a limit (it took none of
+ * its replies for --idle-timeout) goes before an older one a client
+ * dropped. */
+Test(slots, a_session_the_server_closed_goes_first) {
+  const char *args[] = {"--max-sessions", "2", "--session-grace", "60",
+                        "--idle-timeout", "1", NULL};
+  start(args);
+  raw_sess a, b, c, ra, rb;
+  cr_assert_eq(hello(&a, NULL), 0);
+  wire_close(&a.c);
+  wait_detached(1);
+  cr_assert_eq(hello(&b, NULL), 0);
+  /* 400 Reads of 64 KiB that b never takes: more than the sockets
+   * buffer, less than --max-output-queue */
+  enum { N = 16384 };
+  static float x[N];
+  int64_t sh[1] = {N};
+  dsp_wreq w;
+  send_seq(&b.c, dsp_wreq_upload(&w, 1, DSP_F32, 1, sh), 1, x, sizeof x);
+  for (uint64_t i = 0; i < 400; i++)
+    send_seq(&b.c, dsp_wreq_read(&w, 1), 2 + i, NULL, 0);
+  wait_detached(2); /* closed by the server: "does not read its replies" */
+  wire_close(&b.c);
+  int rc = hello(&c, NULL);
+  cr_assert_eq(rc, 0, "a new client was refused for detached sessions: "
+               "%s: %s", dispatch_err_name(rc), c.msg);
+  cr_assert_eq(metric(EVICTED_CLOSED), 1);
+  cr_assert_eq(metric(EVICTED_OLDEST), 0);
+  rc = hello(&rb, &b);
+  cr_assert_eq(rc, DISPATCH_ESESSION, "resume of the evicted session: %s",
+               dispatch_err_name(rc));
+  cr_assert(strstr(rb.msg, "to make room for a new client"), "%s", rb.msg);
+  cr_assert(strstr(rb.msg, "closed by the server"), "%s", rb.msg);
+  cr_assert_eq(wire_wait_closed(&rb.c), 1);
+  wire_close(&rb.c);
+  settle();
+  rc = hello(&ra, &a);
+  cr_assert_eq(rc, 0, "the dropped session went first: %s: %s",
+               dispatch_err_name(rc), ra.msg);
+  cr_assert(ra.resumed);
+  bye(&ra);
+  bye(&c);
+  cr_assert_eq(sp_stop(&g_srv), 0);
 }
 
 /* Server-wide stats through a session of its own (closed with a bye). */
