@@ -198,6 +198,31 @@ static void bye(raw_sess *s) {
   wire_close(&s->c);
 }
 
+/* The resume of old's session must be refused with DISPATCH_ESESSION,
+ * saying it was expired to make room, and want; the refused connection
+ * is gone before this returns. */
+static void expect_evicted(const raw_sess *old, const char *want) {
+  raw_sess r;
+  int rc = hello(&r, old);
+  cr_assert_eq(rc, DISPATCH_ESESSION, "resume of the evicted session: %s",
+               dispatch_err_name(rc));
+  cr_assert(strstr(r.msg, "to make room for a new client"), "%s", r.msg);
+  cr_assert(strstr(r.msg, want), "%s", r.msg);
+  cr_assert_eq(wire_wait_closed(&r.c), 1);
+  wire_close(&r.c);
+  settle();
+}
+
+/* old's session must resume (it was not the one evicted); then bye. */
+static void expect_resumes(const raw_sess *old) {
+  raw_sess r;
+  int rc = hello(&r, old);
+  cr_assert_eq(rc, 0, "the wrong detached session was evicted: %s: %s",
+               dispatch_err_name(rc), r.msg);
+  cr_assert(r.resumed);
+  bye(&r);
+}
+
 /* With --max-sessions 2, two clients that drop (as a kill -9 does: the
  * socket closes, no bye) used to keep a third out with DISPATCH_ELIMIT
  * for the whole --session-grace. The third gets in at once: the session
@@ -207,7 +232,7 @@ Test(slots, dropped_clients_do_not_lock_out_a_new_one) {
   const char *args[] = {"--max-sessions", "2", "--session-grace", "60",
                         NULL};
   start(args);
-  raw_sess a, b, c, ra, rb;
+  raw_sess a, b, c;
   cr_assert_eq(hello(&a, NULL), 0);
   wire_close(&a.c);
   wait_detached(1);
@@ -220,19 +245,8 @@ Test(slots, dropped_clients_do_not_lock_out_a_new_one) {
   cr_assert_eq(metric(EVICTED_OLDEST), 1);
   cr_assert_eq(metric(EVICTED_CLOSED), 0);
   cr_assert_eq(metric(DETACHED), 1);
-  rc = hello(&ra, &a);
-  cr_assert_eq(rc, DISPATCH_ESESSION, "resume of the evicted session: %s",
-               dispatch_err_name(rc));
-  cr_assert(strstr(ra.msg, "to make room for a new client"), "%s", ra.msg);
-  cr_assert(strstr(ra.msg, "--max-sessions 2"), "%s", ra.msg);
-  cr_assert_eq(wire_wait_closed(&ra.c), 1);
-  wire_close(&ra.c);
-  settle();
-  rc = hello(&rb, &b);
-  cr_assert_eq(rc, 0, "the younger detached session was not kept: %s: %s",
-               dispatch_err_name(rc), rb.msg);
-  cr_assert(rb.resumed);
-  bye(&rb);
+  expect_evicted(&a, "--max-sessions 2");
+  expect_resumes(&b);
   bye(&c);
   cr_assert_eq(sp_stop(&g_srv), 0);
 }
@@ -244,7 +258,7 @@ Test(slots, a_session_the_server_closed_goes_first) {
   const char *args[] = {"--max-sessions", "2", "--session-grace", "60",
                         "--idle-timeout", "1", NULL};
   start(args);
-  raw_sess a, b, c, ra, rb;
+  raw_sess a, b, c;
   cr_assert_eq(hello(&a, NULL), 0);
   wire_close(&a.c);
   wait_detached(1);
@@ -265,19 +279,8 @@ Test(slots, a_session_the_server_closed_goes_first) {
                "%s: %s", dispatch_err_name(rc), c.msg);
   cr_assert_eq(metric(EVICTED_CLOSED), 1);
   cr_assert_eq(metric(EVICTED_OLDEST), 0);
-  rc = hello(&rb, &b);
-  cr_assert_eq(rc, DISPATCH_ESESSION, "resume of the evicted session: %s",
-               dispatch_err_name(rc));
-  cr_assert(strstr(rb.msg, "to make room for a new client"), "%s", rb.msg);
-  cr_assert(strstr(rb.msg, "closed by the server"), "%s", rb.msg);
-  cr_assert_eq(wire_wait_closed(&rb.c), 1);
-  wire_close(&rb.c);
-  settle();
-  rc = hello(&ra, &a);
-  cr_assert_eq(rc, 0, "the dropped session went first: %s: %s",
-               dispatch_err_name(rc), ra.msg);
-  cr_assert(ra.resumed);
-  bye(&ra);
+  expect_evicted(&b, "closed by the server");
+  expect_resumes(&a);
   bye(&c);
   cr_assert_eq(sp_stop(&g_srv), 0);
 }
