@@ -188,7 +188,8 @@ typedef struct sv_global {
                       NULL: no server-wide cap, as in fuzzers and tests) */
   atomic_llong sessions_detached; /* waiting for a resume now */
   atomic_llong sessions_resumed;
-  atomic_llong sessions_expired;  /* freed: not resumed within the grace */
+  atomic_llong sessions_expired;  /* freed: not resumed within the grace,
+                                     or evicted for a new session */
   struct sv_device *devices; /* the server's devices (devices.c); NULL in
                                 fuzzers and tests: the CPU backend */
   int n_devices;
