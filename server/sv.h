@@ -174,6 +174,10 @@ typedef struct sv_counters {
   atomic_llong limits[SV_LIM_COUNT];
   atomic_llong dev_tensors[SV_MAX_DEVICES]; /* by index in devices */
   atomic_llong dev_bytes[SV_MAX_DEVICES];
+  /* detached sessions expired to make room for a new session (resume.c):
+   * [0] the server had closed their connection for a limit, [1] the
+   * oldest of those a client dropped */
+  atomic_llong evicted[2];
 } sv_counters;
 
 typedef struct sv_global {
@@ -186,7 +190,8 @@ typedef struct sv_global {
                       NULL: no server-wide cap, as in fuzzers and tests) */
   atomic_llong sessions_detached; /* waiting for a resume now */
   atomic_llong sessions_resumed;
-  atomic_llong sessions_expired;  /* freed: not resumed within the grace */
+  atomic_llong sessions_expired;  /* freed: not resumed within the grace,
+                                     or evicted for a new session */
   struct sv_device *devices; /* the server's devices (devices.c); NULL in
                                 fuzzers and tests: the CPU backend */
   int n_devices;
