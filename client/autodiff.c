@@ -8,6 +8,7 @@ int dispatch_autodiff(dispatch_tensor *t, dispatch_tensor **out) {
   if (!out) return DISPATCH_EINVAL;
   if (!t) return dispatch__null_input(NULL, "autodiff", 0);
   dispatch_device *dev = t->dev;
+  DISPATCH__GUARD(dev, "autodiff");
   if (dispatch_tensor_status(t)) return dispatch__poisoned_input(dev, t);
   if (t->kind == DISPATCH_KIND_AUTODIFF)
     return dispatch__ret(dev, dsp_seterr(dev->ctx, DISPATCH_EDOUBLEWRAP,
@@ -28,8 +29,8 @@ int dispatch_autodiff(dispatch_tensor *t, dispatch_tensor **out) {
   if (rc < 0) return dispatch__ret(dev, rc);
   if (t->kind == DISPATCH_KIND_LOCAL)
     rc = dsp_track(dev->ctx, t->local);
-  else
-    rc = dispatch__remote_track(dev, t->id);
+  else if ((rc = dispatch__remote_track(dev, t->id)) == 0)
+    rc = dispatch__sync_call(dev);
   if (rc < 0) {
     dispatch__tensor_unref(w);
     return dispatch__ret(dev, rc);
@@ -65,6 +66,7 @@ int dispatch_backward_ex(dispatch_tensor *loss, int retain,
   if (!out) return DISPATCH_EINVAL;
   if (!loss) return dispatch__null_input(NULL, "backward", 0);
   dispatch_device *dev = loss->dev;
+  DISPATCH__GUARD(dev, "backward");
   /* REMOTE: known failed, so no Backward round trip */
   if (dispatch_tensor_status(loss))
     return dispatch__poisoned_input(dev, loss);
@@ -85,6 +87,8 @@ int dispatch_backward_ex(dispatch_tensor *loss, int retain,
   } else {
     g->id = dispatch__remote_new_id(dev);
     rc = dispatch__remote_backward(dev, loss->inner->id, g->id, retain);
+    if (rc == 0 && (rc = dispatch__sync_call(dev)) < 0)
+      dispatch__remote_free(dev, g->id, 1); /* the failed container */
   }
   if (rc < 0) {
     dsp_free(g);
@@ -109,6 +113,7 @@ int dispatch_grad(dispatch_grads *grads, dispatch_tensor *t,
     return dispatch__null_input(grads ? grads->dev : t ? t->dev : NULL,
                                 "grad", grads ? 1 : 0);
   dispatch_device *dev = grads->dev;
+  DISPATCH__GUARD(dev, "grad");
   if (t->dev != dev)
     return dispatch__ret(dev, dsp_seterr(dev->ctx, DISPATCH_EDEVICE,
                                          "grad: the tensor lives on \"%s\", "
@@ -120,6 +125,14 @@ int dispatch_grad(dispatch_grads *grads, dispatch_tensor *t,
     return dispatch__ret(dev, dsp_seterr(dev->ctx, DISPATCH_ENOTTRACKED,
                                          "grad: the tensor is not tracked "
                                          "(wrap it with dispatch_autodiff)"));
+  /* REMOTE: the client knows an op's output from a leaf, so a non-leaf
+   * fails here as on LOCAL (same code and message), not at a later wait */
+  if (dev->kind == DISPATCH_KIND_REMOTE && leaf->made_by)
+    return dispatch__ret(
+        dev, dsp_seterr(dev->ctx, DISPATCH_ENOGRAD,
+                        "grads_get: gradients are kept for tracked leaves "
+                        "only; this tensor is the output of %s",
+                        dsp_op_lookup(leaf->made_by - 1)->name));
   dispatch_tensor *r;
   int rc;
   if (dev->kind == DISPATCH_KIND_LOCAL) {
@@ -139,6 +152,10 @@ int dispatch_grad(dispatch_grads *grads, dispatch_tensor *t,
     rc = dispatch__remote_grad(dev, grads->id, leaf->id, r->id);
     if (rc < 0) {
       r->id = 0;
+      dispatch__tensor_unref(r);
+      return dispatch__ret(dev, rc);
+    }
+    if ((rc = dispatch__sync_call(dev)) < 0) { /* its id is poisoned */
       dispatch__tensor_unref(r);
       return dispatch__ret(dev, rc);
     }

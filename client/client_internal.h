@@ -4,6 +4,7 @@
 #ifndef DISPATCH_CLIENT_INTERNAL_H
 #define DISPATCH_CLIENT_INTERNAL_H
 
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -45,6 +46,8 @@ struct dispatch_tensor {
   dispatch_tensor *aprev, *anext; /* device's list of live tensors */
   uint32_t gslot; /* LOCAL/REMOTE: 1 + its slot in the device's open
                      capture (graph.c), 0 when none */
+  int made_by; /* LOCAL/REMOTE: 1 + the op whose AUTODIFF output wraps it
+                  (a non-leaf: it gets no gradient), 0 when none */
 };
 
 struct dispatch_grads {
@@ -126,6 +129,10 @@ typedef struct dispatch__conn {
                     TLS: OpenSSL buffers records itself) */
   size_t rpos, rlen;
   int refs; /* the device and its peers (dispatch_device_open_peer) */
+  /* the in-use guard (device.c, dispatch__enter): the thread inside a
+   * public call on the device or a peer, and how deeply it nests */
+  _Atomic(uintptr_t) owner;
+  unsigned depth;
   char *server_device; /* the hello's session device: "cpu:0" */
   /* session resume (remote.c): every request gets a seq and stays in the
    * replay log until a later waiting reply shows the server has it; after
@@ -225,7 +232,32 @@ struct dispatch_device {
   int closing;
   struct dispatch__capture *capture; /* graph being captured (graph.c) */
   dispatch_graph *graphs;            /* live graphs of the device */
+  int sync; /* REMOTE: every call that sends a request waits for the
+               server (option sync, env DISPATCH_SYNC=1) */
 };
+
+/* The in-use guard: every public call that can fail enters it first, so
+ * a second thread calling into a device (or a peer of it) while a call is
+ * in flight gets DISPATCH_EBUSY at once and touches nothing. Nested calls
+ * of the owning thread pass. dispatch__leave runs at the caller's scope
+ * end (cleanup attribute), so every return releases it. */
+typedef struct dispatch__hold {
+  dispatch__conn *c; /* NULL: nothing held */
+} dispatch__hold;
+/* 0 and *h held (dev NULL: nothing to hold), or DISPATCH_EBUSY naming fn
+ * and dev, recorded for this thread only (dispatch_device_errmsg on it). */
+DISPATCH__HIDDEN int dispatch__enter(dispatch_device *dev, const char *fn,
+                                     dispatch__hold *h);
+DISPATCH__HIDDEN void dispatch__leave(dispatch__hold *h);
+#define DISPATCH__GUARD(dev, fn)                                            \
+  dispatch__hold dispatch__hold_                                            \
+      __attribute__((cleanup(dispatch__leave))) = {NULL};                   \
+  if (dispatch__enter((dev), (fn), &dispatch__hold_) < 0) return DISPATCH_EBUSY
+/* Sync mode: after a call on dev queued a request, waits for the server
+ * (a Sync) and returns the error it brings back, which is that call's
+ * (nothing else is pending in sync mode); 0 when sync mode is off or dev
+ * is LOCAL. The caller records the code (dispatch__ret). */
+DISPATCH__HIDDEN int dispatch__sync_call(dispatch_device *dev);
 
 /* Records rc as the device's last error (if negative), and as its first
  * when none is kept, with the message in dev->ctx; returns rc. */

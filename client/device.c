@@ -60,6 +60,54 @@ int dispatch__null_input(dispatch_device *dev, const char *fn, int i) {
   return dev->first_code;
 }
 
+/* The in-use guard. A thread is named by the address of a thread-local
+ * byte; the owner is taken with one compare-and-swap, so a second thread
+ * sees it taken at once and leaves without touching the device: its
+ * error is kept in thread-local state only (t_busy, and t_last for a
+ * NULL-input call after it), which dispatch_device_errcode/errmsg give
+ * that thread for that device until its next call there gets in. */
+static _Thread_local char t_me;
+static _Thread_local struct {
+  uint64_t serial; /* the device it names, 0: none */
+  char msg[384];
+} t_busy;
+
+int dispatch__enter(dispatch_device *dev, const char *fn, dispatch__hold *h) {
+  h->c = NULL;
+  if (!dev || !dev->conn) return 0;
+  dispatch__conn *c = dev->conn;
+  uintptr_t me = (uintptr_t)&t_me, none = 0;
+  if (atomic_load(&c->owner) == me) {
+    c->depth++;
+  } else if (atomic_compare_exchange_strong(&c->owner, &none, me)) {
+    c->depth = 1;
+  } else {
+    snprintf(t_busy.msg, sizeof t_busy.msg,
+             "%s: device \"%.200s\" is in use by another thread (a call is "
+             "in flight there); dispatch devices are not thread-safe: give "
+             "each thread its own device",
+             fn, dev->spec);
+    t_busy.serial = dev->serial;
+    t_last.code = DISPATCH_EBUSY;
+    t_last.serial = dev->serial;
+    snprintf(t_last.msg, sizeof t_last.msg, "%s", t_busy.msg);
+    return DISPATCH_EBUSY;
+  }
+  h->c = c;
+  if (t_busy.serial == dev->serial) t_busy.serial = 0;
+  return 0;
+}
+
+void dispatch__leave(dispatch__hold *h) {
+  if (h->c && --h->c->depth == 0) atomic_store(&h->c->owner, (uintptr_t)0);
+  h->c = NULL;
+}
+
+int dispatch__sync_call(dispatch_device *dev) {
+  if (!dev->sync || dev->kind != DISPATCH_KIND_REMOTE) return 0;
+  return dispatch__remote_sync(dev);
+}
+
 int dispatch__poisoned_input(dispatch_device *dev, const dispatch_tensor *t) {
   int code = t->kind == DISPATCH_KIND_AUTODIFF ? t->inner->status : t->status;
   const char *m = t->kind == DISPATCH_KIND_AUTODIFF ? t->inner->poison_msg
@@ -223,6 +271,10 @@ int dispatch_device_open(const char *spec, const dispatch_options *opts,
   if (!o.token) o.token = getenv("DISPATCH_TOKEN");
   if (!o.token) o.token = "";
   if (!o.client_name) o.client_name = "libdispatch-client";
+  if (!o.sync) {
+    const char *e = getenv("DISPATCH_SYNC");
+    o.sync = e && strcmp(e, "1") == 0;
+  }
   if (o.timeout_ms <= 0) {
     const char *t = getenv("DISPATCH_TIMEOUT_MS");
     long v = t ? strtol(t, NULL, 10) : 0;
@@ -285,6 +337,7 @@ int dispatch_device_open(const char *spec, const dispatch_options *opts,
     return DISPATCH_ENOMEM;
   }
   dev->serial = ++g_serial;
+  dev->sync = o.sync != 0;
   dev->conn->refs = 1;
   dev->conn->fd = -1;
   dev->conn->timeout_ms = o.timeout_ms;
@@ -377,6 +430,7 @@ int dispatch_device_open_peer(dispatch_device *dev, const char *device,
                : DISPATCH_EINVAL;
   *out = NULL;
   if (!dev) return DISPATCH_EINVAL;
+  DISPATCH__GUARD(dev, "device_open_peer");
   if (dev->kind != DISPATCH_KIND_REMOTE)
     return dispatch__ret(dev, dsp_seterr(dev->ctx, DISPATCH_EUNSUPPORTED,
                                          "open_peer: \"%s\" is not a remote "
@@ -407,6 +461,7 @@ int dispatch_device_open_peer(dispatch_device *dev, const char *device,
   strcpy(spec + n + 1, device);
   p->spec = spec;
   p->serial = ++g_serial;
+  p->sync = dev->sync;
   p->kind = DISPATCH_KIND_REMOTE;
   p->conn = dev->conn;
   p->conn->refs++;
@@ -428,6 +483,7 @@ int dispatch_device_open_peer(dispatch_device *dev, const char *device,
 int dispatch_device_list(dispatch_device *dev, dispatch_device_info *out,
                          int max, int *n) {
   if (!dev) return DISPATCH_EINVAL;
+  DISPATCH__GUARD(dev, "device_list");
   if (!n || max < 0 || (max > 0 && !out))
     return dispatch__ret(dev, dsp_seterr(dev->ctx, DISPATCH_EINVAL,
                                          "device_list: bad arguments"));
@@ -474,16 +530,21 @@ const char *dispatch_device_spec(const dispatch_device *dev) {
   return dev ? dev->spec : "";
 }
 
+/* A thread whose last call on dev was refused by the guard reads its own
+ * refusal, not the other thread's state. */
 const char *dispatch_device_errmsg(const dispatch_device *dev) {
+  if (dev && t_busy.serial == dev->serial) return t_busy.msg;
   return dev ? dsp_ctx_errmsg(dev->ctx) : "";
 }
 
 int dispatch_device_errcode(const dispatch_device *dev) {
+  if (dev && t_busy.serial == dev->serial) return DISPATCH_EBUSY;
   return dev ? dev->errcode : DISPATCH_EINVAL;
 }
 
 int dispatch_device_sync(dispatch_device *dev) {
   if (!dev) return DISPATCH_EINVAL;
+  DISPATCH__GUARD(dev, "device_sync");
   if (dev->kind == DISPATCH_KIND_LOCAL) return 0;
   return dispatch__ret(dev, dispatch__remote_sync(dev));
 }
@@ -494,6 +555,7 @@ int dispatch_device_sync(dispatch_device *dev) {
  * is written. */
 int dispatch_device_stats(dispatch_device *dev, dispatch_stats *out) {
   if (!dev || !out) return DISPATCH_EINVAL;
+  DISPATCH__GUARD(dev, "device_stats");
   size_t size = out->size;
   if (size < offsetof(dispatch_stats, tensors) + sizeof out->tensors)
     return dispatch__ret(
@@ -517,6 +579,7 @@ int dispatch_device_stats(dispatch_device *dev, dispatch_stats *out) {
 
 int dispatch_device_set_timeout(dispatch_device *dev, int timeout_ms) {
   if (!dev) return DISPATCH_EINVAL;
+  DISPATCH__GUARD(dev, "device_set_timeout");
   if (timeout_ms < 0)
     return dispatch__ret(dev, dsp_seterr(dev->ctx, DISPATCH_EINVAL,
                                          "set_timeout: %d ms is negative",
@@ -527,6 +590,7 @@ int dispatch_device_set_timeout(dispatch_device *dev, int timeout_ms) {
 
 int dispatch_device_set_cache(dispatch_device *dev, uint64_t bytes) {
   if (!dev) return DISPATCH_EINVAL;
+  DISPATCH__GUARD(dev, "device_set_cache");
   if (dev->kind != DISPATCH_KIND_LOCAL)
     return dispatch__ret(
         dev, dsp_seterr(dev->ctx, DISPATCH_EUNSUPPORTED,
@@ -544,6 +608,7 @@ int dispatch_device_set_cache(dispatch_device *dev, uint64_t bytes) {
 
 int dispatch_scope_begin(dispatch_device *dev) {
   if (!dev) return DISPATCH_EINVAL;
+  DISPATCH__GUARD(dev, "scope_begin");
   struct dispatch__scope *s = dsp_calloc(1, sizeof *s);
   if (!s)
     return dispatch__ret(
@@ -581,6 +646,7 @@ void dispatch__scope_adopt(dispatch_tensor *t) {
  * is freed by that unlinks itself, so the walk restarts at the head. */
 int dispatch_scope_end(dispatch_device *dev) {
   if (!dev) return DISPATCH_EINVAL;
+  DISPATCH__GUARD(dev, "scope_end");
   struct dispatch__scope *s = dev->scope;
   if (!s)
     return dispatch__ret(dev, dsp_seterr(dev->ctx, DISPATCH_EINVAL,

@@ -211,6 +211,7 @@ static void capture_drop(dispatch_device *dev) {
 
 int dispatch_graph_begin(dispatch_device *dev) {
   if (!dev) return DISPATCH_EINVAL;
+  DISPATCH__GUARD(dev, "graph_begin");
   if (dev->capture)
     return dispatch__ret(dev, dsp_seterr(dev->ctx, DISPATCH_EINVAL,
                                          "graph_begin: a capture is open on "
@@ -231,6 +232,7 @@ int dispatch_graph_input(dispatch_device *dev, dispatch_dtype dtype, int ndim,
                          size_t nbytes, dispatch_tensor **out) {
   if (out) *out = NULL;
   if (!dev) return DISPATCH_EINVAL;
+  DISPATCH__GUARD(dev, "graph_input");
   if (!dev->capture)
     return dispatch__ret(dev, dsp_seterr(dev->ctx, DISPATCH_EINVAL,
                                          "graph_input: no capture is open "
@@ -242,6 +244,7 @@ int dispatch_graph_input(dispatch_device *dev, dispatch_dtype dtype, int ndim,
 int dispatch_graph_output(dispatch_tensor *t) {
   if (!t) return DISPATCH_EINVAL;
   dispatch_device *dev = t->dev;
+  DISPATCH__GUARD(dev, "graph_output");
   struct dispatch__capture *c = dev->capture;
   if (!c)
     return dispatch__ret(dev, dsp_seterr(dev->ctx, DISPATCH_EINVAL,
@@ -428,6 +431,7 @@ static void free_remote(dispatch_device *dev, uint64_t id) {
 int dispatch_graph_end(dispatch_device *dev, dispatch_graph **out) {
   if (out) *out = NULL;
   if (!dev || !out) return DISPATCH_EINVAL;
+  DISPATCH__GUARD(dev, "graph_end");
   struct dispatch__capture *c = dev->capture;
   if (!c)
     return dispatch__ret(dev, dsp_seterr(dev->ctx, DISPATCH_EINVAL,
@@ -673,6 +677,7 @@ int dispatch_graph_replay(dispatch_graph *g, const dispatch_graph_io *in,
                           int n_in, const dispatch_graph_io *out, int n_out) {
   if (!g) return DISPATCH_EINVAL;
   dispatch_device *dev = g->dev;
+  DISPATCH__GUARD(dev, "graph_replay");
   if (dev->capture)
     return dispatch__ret(dev, dsp_seterr(dev->ctx, DISPATCH_EINVAL,
                                          "graph_replay: a capture is open on "

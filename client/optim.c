@@ -24,6 +24,7 @@ static int optim_new(dsp_opcode op, int k, dispatch_tensor *const *params,
   dispatch_device *dev = NULL;
   for (int i = 0; i < n && !dev; i++)
     if (params[i]) dev = params[i]->dev;
+  DISPATCH__GUARD(dev, name);
   for (int i = 0; i < n; i++) {
     dispatch_tensor *p = params[i];
     /* a NULL parameter is most often a failed creation: its error */
@@ -140,6 +141,7 @@ int dispatch_optim_step(dispatch_optim *opt, dispatch_grads *grads) {
     return dispatch__null_input(opt ? opt->dev : grads ? grads->dev : NULL,
                                 "optim_step", opt ? 1 : 0);
   dispatch_device *dev = opt->dev;
+  DISPATCH__GUARD(dev, "optim_step");
   if (grads->dev != dev)
     return dispatch__ret(dev, dsp_seterr(dev->ctx, DISPATCH_EDEVICE,
                                          "optim_step: gradients live on "
@@ -181,6 +183,7 @@ int dispatch_optim_step(dispatch_optim *opt, dispatch_grads *grads) {
       dsp_free(pids);
       dsp_free(sids);
     }
+    if (rc == 0) rc = dispatch__sync_call(dev);
   }
   if (rc < 0) return dispatch__ret(dev, rc);
   if (dev->capture) dispatch__graph_step(opt, grads, &a);

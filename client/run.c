@@ -6,7 +6,8 @@
 
 /* Wraps `inner` (whose reference is transferred) as AUTODIFF. On failure
  * inner is dropped. */
-static int wrap_autodiff(dispatch_tensor *inner, dispatch_tensor **out) {
+static int wrap_autodiff(dsp_opcode op, dispatch_tensor *inner,
+                         dispatch_tensor **out) {
   dispatch_tensor *w;
   int rc = dispatch__tensor_new(inner->dev, DISPATCH_KIND_AUTODIFF,
                                 &inner->meta, 0, &w);
@@ -15,6 +16,7 @@ static int wrap_autodiff(dispatch_tensor *inner, dispatch_tensor **out) {
     return rc;
   }
   inner->tracked = 1;
+  inner->made_by = 1 + (int)op; /* not a leaf: dispatch_grad refuses it */
   w->inner = inner;
   *out = w;
   return 0;
@@ -38,6 +40,7 @@ int dispatch__run(dispatch_device *dev, dsp_opcode op,
       dev = in[i]->dev;
       break;
     }
+  DISPATCH__GUARD(dev, info ? info->name : "op");
   if (!out)
     return dev ? dispatch__ret(dev, dsp_seterr(dev->ctx, DISPATCH_EINVAL,
                                                "%s: out is NULL",
@@ -106,12 +109,18 @@ int dispatch__run(dispatch_device *dev, dsp_opcode op,
       dispatch__tensor_unref(t);
       return dispatch__ret(dev, rc);
     }
+    /* sync mode: the server's answer to this op is this call's (the Free
+     * of the handle takes its poisoned id off the server) */
+    if ((rc = dispatch__sync_call(dev)) < 0) {
+      dispatch__tensor_unref(t);
+      return dispatch__ret(dev, rc);
+    }
     wrap = any_ad && dsp_dtype_is_float(om.dtype) &&
            info->family != DSP_FAM_CREATE && info->family != DSP_FAM_OPTIM;
   }
   if (dev->capture) dispatch__graph_op(dev, op, cin, n_in, a, !any_ad, t);
   if (wrap) {
-    rc = wrap_autodiff(t, &t);
+    rc = wrap_autodiff(op, t, &t);
     if (rc < 0) return dispatch__ret(dev, rc);
   }
   if (scoped) dispatch__scope_adopt(t);

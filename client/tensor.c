@@ -150,6 +150,7 @@ int dispatch_tensor_from_data(dispatch_device *dev, dispatch_dtype dtype,
                               dispatch_tensor **out) {
   if (!dev || !out) return DISPATCH_EINVAL;
   *out = NULL;
+  DISPATCH__GUARD(dev, "tensor_from_data");
   dsp_meta m;
   int rc = make_meta(dev, "tensor_from_data", (int)dtype, ndim, shape, &m);
   if (rc < 0) return dispatch__ret(dev, rc);
@@ -193,6 +194,10 @@ int dispatch_tensor_from_data(dispatch_device *dev, dispatch_dtype dtype,
     dispatch__tensor_unref(t);
     return dispatch__ret(dev, rc);
   }
+  if ((rc = dispatch__sync_call(dev)) < 0) { /* sync mode: its answer */
+    dispatch__tensor_unref(t);
+    return dispatch__ret(dev, rc);
+  }
   dispatch__scope_adopt(t);
   if (dev->capture) dispatch__graph_input(t);
   *out = t;
@@ -202,6 +207,7 @@ int dispatch_tensor_from_data(dispatch_device *dev, dispatch_dtype dtype,
 int dispatch_tensor_read(dispatch_tensor *t, void *buf, size_t nbytes) {
   if (!t) return dispatch__null_input(NULL, "tensor_read", 0);
   dispatch_device *dev = t->dev;
+  DISPATCH__GUARD(dev, "tensor_read");
   dispatch_tensor *c = dispatch_inner(t);
   /* known poisoned: the answer is here, no Read round trip */
   if (c->status) return dispatch__poisoned_input(dev, t);
@@ -241,6 +247,10 @@ static int move_in_server(dispatch_tensor *c, dispatch_device *dev,
     dispatch__tensor_unref(t);
     return rc;
   }
+  if ((rc = dispatch__sync_call(dev)) < 0) {
+    dispatch__tensor_unref(t);
+    return rc;
+  }
   dispatch__scope_adopt(t);
   *out = t;
   return 0;
@@ -250,6 +260,7 @@ int dispatch_to_device(dispatch_tensor *t, dispatch_device *dev,
                        dispatch_tensor **out) {
   if (!dev || !out) return DISPATCH_EINVAL;
   *out = NULL;
+  DISPATCH__GUARD(dev, "to_device");
   if (!t) return dispatch__null_input(dev, "to_device", 0);
   dispatch_tensor *c = dispatch_inner(t);
   if (c->status) return dispatch__poisoned_input(dev, t);

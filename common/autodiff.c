@@ -48,6 +48,7 @@ static int node_new(dsp_ctx *ctx, int n_in, const char *name,
   n->refcount = 1;
   n->n_in = n_in;
   n->idx = -1;
+  n->tape = 1;
   *out = n;
   return 0;
 }
@@ -92,6 +93,12 @@ void dsp__node_unref(struct dsp_node *n) {
 /* tracking                                                            */
 
 int dsp_is_tracked(const dsp_tensor *t) { return t && t->node != NULL; }
+
+uint64_t dsp_tape_size(const dsp_tensor *t) {
+  if (!t || !t->node) return 0;
+  /* a non-retained backward dropped what the node kept */
+  return t->node->released ? 1 : t->node->tape;
+}
 
 /* Makes t a leaf; refuses a second wrap so a tensor has one tape only. */
 int dsp_track(dsp_ctx *ctx, dsp_tensor *t) {
@@ -149,7 +156,11 @@ int dsp__autodiff_record(dsp_ctx *ctx, dsp_opcode op, dsp_tensor *const *in,
       return rc;
     }
   }
-  for (int i = 0; i < n_in; i++) n->in[i] = dsp_tensor_ref(in[i]);
+  for (int i = 0; i < n_in; i++) {
+    n->in[i] = dsp_tensor_ref(in[i]);
+    uint64_t t = dsp_tape_size(in[i]);
+    n->tape = t > UINT64_MAX - n->tape ? UINT64_MAX : n->tape + t;
+  }
   out->node = n;
   return 0;
 }

@@ -29,6 +29,9 @@ typedef struct dsp_node {
   int64_t idx;
   struct dsp_node *next_free; /* pending list of the iterative free */
   dsp_budget *budget;         /* charged for this node until freed */
+  /* this node and the nodes its inputs keep alive, shared ones counted
+   * once per path, saturating: dsp_tape_size */
+  uint64_t tape;
   int n_in;
   dsp_tensor *in[]; /* one reference per input (NULL once released) */
 } dsp_node;

@@ -191,9 +191,17 @@ int dsp_ctx_cancelled(const dsp_ctx *ctx);
  * of dsp_backward included; 0 (the default) admits any cost. */
 void dsp_ctx_set_max_op_cost(dsp_ctx *ctx, uint64_t max_cost);
 /* The dsp_op_cost of every op ctx has run (or begun: a refused or failed
- * op counts too), summed and saturating; differences measure a stretch of
- * work, such as one graph replay with its backward and optimizer ops. */
+ * op counts too), plus DSP_WORK_PER_OP for each, summed and saturating;
+ * differences measure a stretch of work, such as one graph replay with its
+ * backward and optimizer ops. */
 uint64_t dsp_ctx_work(const dsp_ctx *ctx);
+/* What every op costs whatever its size, in dsp_op_cost units: inference,
+ * the admission checks, the result's header and storage, its tape node,
+ * its release (0.1-0.5 us here, as much as a kernel's 1000-5000 units).
+ * dsp_op_cost leaves it out (an empty result costs 0 there), dsp_ctx_work
+ * counts it, so a stretch of ops on empty tensors is not measured as no
+ * work. */
+#define DSP_WORK_PER_OP 1024u
 
 /* ------------------------------------------------------------------ */
 /* shapes                                                              */
@@ -663,6 +671,11 @@ int dsp_tensor_to_backend(dsp_ctx *ctx, const dsp_tensor *t,
  * tensor. Only float tensors can be tracked (DISPATCH_EDTYPE). */
 int dsp_track(dsp_ctx *ctx, dsp_tensor *t);
 int dsp_is_tracked(const dsp_tensor *t);
+/* An upper bound on the tape nodes that dropping the last reference of t
+ * frees: t's node and every node it keeps alive, a node reached along two
+ * paths counted twice (saturating); 0 for an untracked tensor. O(1): for a
+ * caller that judges the cost of a free before it runs it. */
+uint64_t dsp_tape_size(const dsp_tensor *t);
 
 /* Gradients of one backward pass: a container the caller owns. */
 typedef struct dsp_grads dsp_grads;

@@ -17,6 +17,11 @@ struct dsp_ctx {
   atomic_int cancel;
   uint64_t max_op_cost; /* 0: no limit (dsp_ctx_set_max_op_cost) */
   uint64_t work;        /* dsp_ctx_work */
+  /* 0: none; else an op that takes work past it is refused with
+   * DISPATCH_ELIMIT before it runs (dsp_graph_run: a replay's bound) */
+  uint64_t work_limit;
+  uint64_t work_cap; /* what the run that set work_limit may do, for the
+                        message */
 };
 
 /* A new tensor on backend be (zeroed when zero != 0), charged like
@@ -24,10 +29,15 @@ struct dsp_ctx {
 int dsp__tensor_new_on(dsp_ctx *ctx, const dsp_backend *be, const dsp_meta *m,
                        int zero, dsp_tensor **out);
 
+/* DISPATCH_ELIMIT for a run past ctx->work_limit, naming what would have
+ * passed it */
+int dsp__work_limit_err(dsp_ctx *ctx, const char *what);
+
 /* What every op passes after inference and before its output is
  * allocated: the result's span within the ctx's element limit, its cost
  * (UINT64_MAX: computed here) within the per-op limit and added to
- * dsp_ctx_work, and no cancellation. 0 or the refusal's code. */
+ * dsp_ctx_work (with DSP_WORK_PER_OP), that work within the ctx's
+ * work_limit, and no cancellation. 0 or the refusal's code. */
 int dsp__op_admit(dsp_ctx *ctx, dsp_opcode op, const dsp_meta *in, int n_in,
                   const dsp_attrs *a, const dsp_meta *om, uint64_t cost);
 

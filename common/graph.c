@@ -3,7 +3,42 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "dsp_internal.h"
 #include "graph.h"
+
+static uint64_t add_sat(uint64_t a, uint64_t b) {
+  return a > UINT64_MAX - b ? UINT64_MAX : a + b;
+}
+
+/* The parameters a checked STEP node updates */
+static uint64_t step_params(const dsp_gnode *n) {
+  uint32_t k = n->op == DSP_OP_SGD_STEP ? 1 : 2;
+  return n->n_in > 0 ? (uint64_t)((n->n_in - 1) / (k + 1)) : 0;
+}
+
+/* The work of node n not done through dsp_op (which counts its own with
+ * DSP_WORK_PER_OP): a node that runs no kernel still costs its slot, a
+ * tape lookup, a release; a gradient lookup scans the container
+ * (n_grads leaves, 0 when unknown, at definition). */
+static uint64_t node_overhead(const dsp_gnode *n, uint64_t n_grads) {
+  switch (n->kind) {
+    case DSP_G_OP: return 0;
+    case DSP_G_FREE: return (uint64_t)(1 + n->n_in) * (DSP_WORK_PER_OP / 4);
+    case DSP_G_GRAD: return add_sat(DSP_WORK_PER_OP, n_grads);
+    case DSP_G_STEP:
+      return add_sat(DSP_WORK_PER_OP, step_params(n) * n_grads);
+    default: return DSP_WORK_PER_OP; /* track, backward */
+  }
+}
+
+/* What dsp_graph_run adds to dsp_ctx_work for n at least: its overhead
+ * and, for the ops it runs, DSP_WORK_PER_OP each */
+static uint64_t node_static_work(const dsp_gnode *n) {
+  uint64_t w = node_overhead(n, 0);
+  if (n->kind == DSP_G_OP) w += DSP_WORK_PER_OP;
+  if (n->kind == DSP_G_STEP) w += step_params(n) * DSP_WORK_PER_OP;
+  return w;
+}
 
 dsp_graph *dsp_graph_new(void) { return dsp_calloc(1, sizeof(dsp_graph)); }
 
@@ -236,6 +271,9 @@ int dsp_graph_check(dsp_ctx *ctx, dsp_graph *g) {
   /* slots are made once, so a slot's sort is that of its maker */
   for (size_t i = 0; i < g->n_nodes && rc == 0; i++)
     if (g->nodes[i].kind == DSP_G_BACKWARD) g->slot_grads[g->nodes[i].out] = 1;
+  g->static_work = g->n_slots;
+  for (size_t i = 0; i < g->n_nodes && rc == 0; i++)
+    g->static_work = add_sat(g->static_work, node_static_work(&g->nodes[i]));
   dsp_free(st);
   return rc;
 }
@@ -304,6 +342,17 @@ int dsp_graph_run(dsp_ctx *ctx, const dsp_graph *g, dsp_tensor *const *inputs,
                   dsp_tensor **outputs, uint64_t *n_ops) {
   void **vals = dsp_calloc(g->n_slots ? g->n_slots : 1, sizeof *vals);
   if (!vals) return dsp_seterr(ctx, DISPATCH_ENOMEM, "graph: out of memory");
+  /* the bound holds the ops inside (backward's, a step's updates) too: it
+   * is the ctx's while the replay runs, a stricter one kept */
+  uint64_t prev_limit = ctx->work_limit, prev_cap = ctx->work_cap;
+  if (g->max_work) {
+    uint64_t lim = add_sat(ctx->work, g->max_work);
+    if (!prev_limit || lim < prev_limit) {
+      ctx->work_limit = lim;
+      ctx->work_cap = g->max_work;
+    }
+  }
+  ctx->work = add_sat(ctx->work, g->n_slots); /* the slots, set and released */
   for (uint32_t i = 0; i < g->n_inputs; i++) vals[i] = dsp_tensor_ref(inputs[i]);
   for (uint32_t i = 0; i < g->n_ext; i++)
     vals[g->n_inputs + i] = dsp_tensor_ref(ext[i]);
@@ -312,6 +361,19 @@ int dsp_graph_run(dsp_ctx *ctx, const dsp_graph *g, dsp_tensor *const *inputs,
   dsp_tensor *in[DSP_MAX_INPUTS];
   for (size_t i = 0; i < g->n_nodes && rc == 0; i++) {
     const dsp_gnode *n = &g->nodes[i];
+    /* a node boundary is a cancellation point whatever the node runs */
+    if (dsp_ctx_cancelled(ctx)) {
+      rc = dsp_seterr(ctx, DISPATCH_ECANCELED, "cancelled before it ran");
+      goto failed;
+    }
+    uint64_t n_grads = 0;
+    if (n->kind == DSP_G_GRAD || n->kind == DSP_G_STEP)
+      n_grads = (uint64_t)dsp_grads_count(vals[n->in[0]]);
+    ctx->work = add_sat(ctx->work, node_overhead(n, n_grads));
+    if (ctx->work_limit && ctx->work > ctx->work_limit) {
+      rc = dsp__work_limit_err(ctx, NULL);
+      goto failed;
+    }
     switch (n->kind) {
       case DSP_G_OP: {
         for (uint32_t q = 0; q < n->n_in; q++) in[q] = vals[n->in[q]];
@@ -344,6 +406,7 @@ int dsp_graph_run(dsp_ctx *ctx, const dsp_graph *g, dsp_tensor *const *inputs,
         break;
       default: rc = dsp_seterr(ctx, DISPATCH_EINTERNAL, "unchecked graph");
     }
+  failed:
     if (rc < 0) {
       /* the core's message is copied: dsp_seterr writes where it lives */
       char m[512];
@@ -357,5 +420,7 @@ int dsp_graph_run(dsp_ctx *ctx, const dsp_graph *g, dsp_tensor *const *inputs,
     outputs[i] = rc == 0 ? dsp_tensor_ref(vals[g->outputs[i]]) : NULL;
   for (uint32_t s = 0; s < g->n_slots; s++) release(g, vals, s);
   dsp_free(vals);
+  ctx->work_limit = prev_limit;
+  ctx->work_cap = prev_cap;
   return rc;
 }

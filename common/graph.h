@@ -57,6 +57,14 @@ typedef struct dsp_graph {
   uint32_t *outputs;    /* slots whose tensors a replay hands back */
   uint8_t *slot_grads;  /* per slot: 1 when it holds a gradient container
                            (set by dsp_graph_check) */
+  /* the dsp_ctx_work every replay does at least, whatever the shapes
+   * (DSP_WORK_PER_OP per node and per update of a STEP, a quarter of it
+   * per operand of a FREE, one per slot): set by dsp_graph_check */
+  uint64_t static_work;
+  /* 0: none; else a replay whose dsp_ctx_work would pass this much fails
+   * with DISPATCH_ELIMIT before the op or node that passes it runs (the
+   * server's --max-replay-cost) */
+  uint64_t max_work;
 } dsp_graph;
 
 /* An empty graph (zeroed); NULL when out of memory. */
@@ -79,7 +87,7 @@ uint64_t dsp_graph_bytes(const dsp_graph *g);
  * bounds, outputs live tensors at the end, input metas valid. Fills
  * g->slot_grads. 0 or DISPATCH_EINVAL / EUNSUPPORTED / ENOMEM with the
  * node named in ctx's message ("op 3 (matmul): input 1 is slot 9, which
- * nothing made before"). */
+ * nothing made before"). Sets g->static_work. */
 int dsp_graph_check(dsp_ctx *ctx, dsp_graph *g);
 
 /* Runs a checked graph once in ctx. inputs[0..n_inputs-1] and
@@ -89,7 +97,12 @@ int dsp_graph_check(dsp_ctx *ctx, dsp_graph *g);
  * counts the ops and parameter updates run. Every internal value is
  * released before it returns, on failure too; nodes before a failing one
  * have run (a step's parameters stay updated). The error names the node:
- * "op 7 (matmul): ..." (ops counted from 0, FREE nodes not counted). */
+ * "op 7 (matmul): ..." (ops counted from 0, FREE nodes not counted).
+ * Every node adds its work to dsp_ctx_work, the kinds that run no op
+ * (track, backward, grad, step, free) their own share too, so a replay's
+ * work is never 0; past g->max_work the run stops with DISPATCH_ELIMIT.
+ * A cancelled ctx stops it at the next node boundary with
+ * DISPATCH_ECANCELED, whatever the node's kind. */
 int dsp_graph_run(dsp_ctx *ctx, const dsp_graph *g, dsp_tensor *const *inputs,
                   dsp_tensor *const *ext, int64_t adam_offset,
                   dsp_tensor **outputs, uint64_t *n_ops);

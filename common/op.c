@@ -103,6 +103,17 @@ int dsp_op_infer(dsp_ctx *ctx, dsp_opcode op, const dsp_meta *in, int n_in,
   return dsp_meta_check(ctx, out);
 }
 
+int dsp__work_limit_err(dsp_ctx *ctx, const char *what) {
+  return dsp_seterr(ctx, DISPATCH_ELIMIT,
+                    "%s%sthe replay's estimated work reaches %llu elementary "
+                    "operations, over the per-replay limit of %llu "
+                    "(dispatch-server --max-replay-cost)",
+                    what ? what : "", what ? ": " : "",
+                    (unsigned long long)(ctx->work - (ctx->work_limit -
+                                                      ctx->work_cap)),
+                    (unsigned long long)ctx->work_cap);
+}
+
 int dsp__op_admit(dsp_ctx *ctx, dsp_opcode op, const dsp_meta *in, int n_in,
                   const dsp_attrs *a, const dsp_meta *om, uint64_t cost) {
   const char *name = dsp_op_lookup((int)op)->name;
@@ -119,13 +130,17 @@ int dsp__op_admit(dsp_ctx *ctx, dsp_opcode op, const dsp_meta *in, int n_in,
   /* both checks come before the output is allocated: a refused or
    * cancelled op costs nothing */
   if (cost == UINT64_MAX) cost = dsp_op_cost(op, in, n_in, a, om);
-  ctx->work = cost > UINT64_MAX - ctx->work ? UINT64_MAX : ctx->work + cost;
+  uint64_t w = cost > UINT64_MAX - DSP_WORK_PER_OP ? UINT64_MAX
+                                                    : cost + DSP_WORK_PER_OP;
+  ctx->work = w > UINT64_MAX - ctx->work ? UINT64_MAX : ctx->work + w;
   if (ctx->max_op_cost && cost > ctx->max_op_cost)
     return dsp_seterr(ctx, DISPATCH_ELIMIT,
                       "%s: estimated %llu elementary operations, over the "
                       "per-op limit of %llu (dispatch-server --max-op-cost)",
                       name, (unsigned long long)cost,
                       (unsigned long long)ctx->max_op_cost);
+  if (ctx->work_limit && ctx->work > ctx->work_limit)
+    return dsp__work_limit_err(ctx, name);
   if (dsp_ctx_cancelled(ctx)) return dsp__cancelled_err(ctx, op);
   return 0;
 }

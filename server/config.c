@@ -36,6 +36,9 @@ void sv_config_defaults(sv_config *c) {
    * is half of it), refuses a 512x512-window pool at stride 1 on a
    * 1024x1024 input (6.9e10), which would hold a worker for minutes */
   c->max_op_cost = 1ULL << 34;
+  /* 2^38: sixteen ops at the per-op default; a replay is one job on one
+   * worker, so this is how long one request may hold it */
+  c->max_replay_cost = 1ULL << 38;
   c->inline_cost = SV_INLINE_COST_DEFAULT;
   c->loop_spin_us = SV_LOOP_SPIN_US_DEFAULT;
   c->max_queued = 4096;
@@ -112,8 +115,9 @@ static int read_token(sv_config *c, const char *path) {
 static const char *const g_usage =
     "usage: dispatch-server [options]\n"
     "Values: --opt VALUE or --opt=VALUE. BYTES take K, M, G or T (or KiB,\n"
-    "...), powers of 1024 (8G = 8589934592); N of --max-elements and\n"
-    "--max-op-cost the same letters as powers of 1000 (2G = 2e9).\n"
+    "...), powers of 1024 (8G = 8589934592); N of --max-elements,\n"
+    "--max-op-cost and --max-replay-cost the same letters as powers of\n"
+    "1000 (2G = 2e9).\n"
     "  --listen HOST:PORT       address to listen on (default 127.0.0.1:7070;\n"
     "                           port 0 picks a free port, printed on stdout);\n"
     "                           HOST: an IP, [IPv6] or a name, resolved at\n"
@@ -138,7 +142,8 @@ static const char *const g_usage =
     "                           waiting; past it the server stops reading\n"
     "                           the session until they ran (256 MiB)\n"
     "  --max-sessions N         concurrent sessions, detached ones kept\n"
-    "                           for a resume included (default 64)\n"
+    "                           for a resume included, though at the limit\n"
+    "                           these are expired for a new one (default 64)\n"
     "  --idle-timeout SECONDS   close idle sessions, 0 never (default 600);\n"
     "                           idle time counts from the last complete\n"
     "                           request\n"
@@ -155,6 +160,12 @@ static const char *const g_usage =
     "                           out*kh*kw, ...), backward ops included; over\n"
     "                           it the op fails with DISPATCH_ELIMIT; 0 no\n"
     "                           limit (default 2^34, about 1.7e10)\n"
+    "  --max-replay-cost N      the same for one graph replay, all its ops\n"
+    "                           and nodes together (each node counts at\n"
+    "                           least 1024); over it the replay fails with\n"
+    "                           DISPATCH_ELIMIT, a definition that must\n"
+    "                           pass it is refused; 0 no limit (default\n"
+    "                           2^38)\n"
     "  --inline-cost N          an op of an idle session whose estimated\n"
     "                           work (as --max-op-cost counts it) is at\n"
     "                           most N runs on the network thread, saving\n"
@@ -404,7 +415,7 @@ enum {
   O_MAX_OP_COST, O_STORAGE_CACHE, O_SESSION_CACHE, O_MAX_QUEUED, O_HANDSHAKE_TIMEOUT,
   O_TLS_CERT, O_TLS_KEY, O_TLS_CLIENT_CA, O_TOKEN_FILE, O_INSECURE,
   O_LOG_LEVEL, O_VERSION, O_METRICS_LISTEN, O_LOG_FORMAT, O_DRAIN_TIMEOUT,
-  O_SESSION_GRACE, O_INLINE_COST, O_LOOP_SPIN_US
+  O_SESSION_GRACE, O_INLINE_COST, O_LOOP_SPIN_US, O_MAX_REPLAY_COST
 };
 
 static const struct option g_opts[] = {
@@ -422,6 +433,7 @@ static const struct option g_opts[] = {
     {"max-output-queue", required_argument, NULL, O_MAX_OUTPUT_QUEUE},
     {"max-elements", required_argument, NULL, O_MAX_ELEMENTS},
     {"max-op-cost", required_argument, NULL, O_MAX_OP_COST},
+    {"max-replay-cost", required_argument, NULL, O_MAX_REPLAY_COST},
     {"inline-cost", required_argument, NULL, O_INLINE_COST},
     {"loop-spin-us", required_argument, NULL, O_LOOP_SPIN_US},
     {"storage-cache", required_argument, NULL, O_STORAGE_CACHE},
@@ -501,6 +513,8 @@ static int apply(sv_config *c, int val, const char *v) {
     return parse_num(name, v, 1000, 1, 1ULL << 50, &c->max_elements);
   case O_MAX_OP_COST:
     return parse_num(name, v, 1000, 0, UINT64_MAX, &c->max_op_cost);
+  case O_MAX_REPLAY_COST:
+    return parse_num(name, v, 1000, 0, UINT64_MAX, &c->max_replay_cost);
   case O_INLINE_COST:
     return parse_num(name, v, 1000, 0, SV_INLINE_COST_MAX, &c->inline_cost);
   case O_LOOP_SPIN_US: {

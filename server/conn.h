@@ -147,6 +147,9 @@ struct sv_conn {
   uint64_t ka_sent;    /* sent at the last keepalive tick */
   /* lifecycle */
   int closing, close_after_flush, paused, handles_open, teardown_done;
+  /* closed by the server for a limit (it took none of its replies): once
+   * detached, its session is the first to go for a new one (resume.c) */
+  int limit_closed;
   uint32_t inflight;
   /* jobs of the socket read being handled, not yet handed to the pool:
    * they go as one batch at its end (or every SV_SUBMIT_BATCH jobs), so a
@@ -161,6 +164,8 @@ struct sv_conn {
   unsigned long long n_requests;
   uint8_t rbuf[RBUF_SIZE];
 };
+
+#define SV_EVICTED_KEPT 64 /* evicted sessions remembered (resume.c) */
 
 struct sv_server {
   uv_loop_t loop;
@@ -189,6 +194,15 @@ struct sv_server {
   int n_held;       /* detached sessions, and expired ones not yet freed */
   uv_timer_t sweep; /* frees detached sessions past their grace */
   int sweep_open;
+  /* detached sessions expired to make room for a new one, the latest
+   * SV_EVICTED_KEPT (a ring), so a resume of one is told why */
+  struct sv_evicted {
+    uint8_t token_digest[32]; /* SHA-256 of its resume token */
+    uint64_t detached_ms;     /* how long it had been detached */
+    int limit_closed;         /* the server had closed its connection */
+  } evicted[SV_EVICTED_KEPT];
+  unsigned n_evicted; /* ever: the next goes to n_evicted % KEPT */
+  uint64_t n_detaches; /* ever */
 };
 
 /* ------------------------------------------------------------ resume.c */
@@ -218,6 +232,8 @@ typedef struct sv_resume {
   sv_job *teardown;        /* detached: the session's teardown job */
   uint32_t inflight;       /* detached: its jobs still queued or running */
   int expired;
+  int limit_closed;        /* detached: the server closed its connection */
+  uint64_t detach_no;      /* detached: srv->n_detaches then (the order) */
   sv_rreply cache[SV_RESUME_CACHE]; /* oldest first */
   int n_cache;
 } sv_resume;
@@ -261,6 +277,13 @@ sv_server *sv_resume_done(sv_job *j);
 void sv_resume_forget(sv_session *s);
 /* Shutdown: every detached session is freed now. */
 void sv_resume_shutdown(sv_server *srv);
+/* A new session (c's hello) needs a slot: while the connections not
+ * closing and the detached sessions together pass --max-sessions, a
+ * detached session is expired to make room, those whose connection the
+ * server closed for a limit first, then the one detached longest ago.
+ * Returns the sessions held with c's counted: over --max-sessions only
+ * when the connections alone are. */
+int sv_resume_make_room(sv_conn *c);
 
 /* transport.c: SHA-256 of the client certificate (DER), zeros when the
  * connection has none. */

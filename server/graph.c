@@ -153,6 +153,20 @@ int sv_graph_define(sv_session *s, sv_job *j, char *why, size_t len) {
         dsp_ctx_errmsg(s->ctx));
     goto fail;
   }
+  /* every replay does at least the nodes' own work: a graph that must
+   * pass the bound is refused now, not at each replay */
+  g->max_work = s->cfg->max_replay_cost;
+  if (g->max_work && g->static_work > g->max_work) {
+    atomic_fetch_add(&s->global->limit_violations, 1);
+    rc = why_f(why, len, DISPATCH_ELIMIT,
+               "graph %llu: %zu nodes and %u slots, at least %llu elementary "
+               "operations a replay, over the per-replay limit of %llu "
+               "(dispatch-server --max-replay-cost)",
+               (unsigned long long)d->graph, g->n_nodes, g->n_slots,
+               (unsigned long long)g->static_work,
+               (unsigned long long)g->max_work);
+    goto fail;
+  }
   if (sv_idmap_put(&s->graphs, d->graph, sg) < 0) {
     rc = why_f(why, len, DISPATCH_ENOMEM, "graph: out of memory");
     goto fail;
@@ -356,6 +370,17 @@ int sv_graph_inline_cost(sv_session *s, const Dspwire__GraphReplay *r,
   }
   *cost = sg->last_work + bulk;
   return 1;
+}
+
+/* What freeing a graph costs the thread that does it: a free() of each
+ * node's operand array, about an eighth of what running the node costs
+ * (DSP_WORK_PER_OP) */
+#define GRAPH_FREE_NODE_COST (DSP_WORK_PER_OP / 8)
+
+uint64_t sv_graph_free_cost(sv_session *s, uint64_t id) {
+  const sv_graph *sg = sv_idmap_get(&s->graphs, id);
+  if (!sg) return 0;
+  return 1 + (uint64_t)sg->g->n_nodes * GRAPH_FREE_NODE_COST;
 }
 
 int sv_graph_free_id(sv_session *s, uint64_t id) {

@@ -48,7 +48,7 @@ void sv_hello(sv_conn *c, Dspwire__Request *req) {
   }
   sv_global *g = &c->srv->g;
   const sv_device *dev = NULL;
-  int resumed = 0;
+  int resumed = 0, held;
   if (h->resume_token.len) {
     /* the session keeps its device; the token itself is never logged */
     char msg[256];
@@ -64,16 +64,16 @@ void sv_hello(sv_conn *c, Dspwire__Request *req) {
     resumed = 1;
     for (int i = 0; i < g->n_devices; i++)
       if (g->devices[i].be == c->sess->device) dev = &g->devices[i];
-  } else if (c->srv->n_conns + c->srv->n_held > cfg->max_sessions) {
+  } else if ((held = sv_resume_make_room(c)) > cfg->max_sessions) {
     /* detached sessions (kept for a resume) count towards the limit too,
-     * or connecting and dropping would hold sessions past it; a resume
-     * (above) trades a detached session for a connection and passes */
+     * or connecting and dropping would hold sessions past it, but they
+     * never keep a new session out: past the limit they are expired to
+     * make room; a resume (above) trades a detached session for a
+     * connection and passes */
     char msg[192];
     sv_count_limit(g, SV_LIM_MAX_SESSIONS);
-    snprintf(msg, sizeof msg,
-             "server already holds %d sessions (limit), %d of them detached "
-             "and kept for a resume",
-             c->srv->n_conns - 1 + c->srv->n_held, c->srv->n_held);
+    snprintf(msg, sizeof msg, "server already holds %d sessions (limit)",
+             held - 1);
     sv_log_conn(SV_LOG_WARN, c->id, c->peer, "refused: %s", msg);
     sv_refuse(c, req->req_id, DISPATCH_ELIMIT, msg);
     return;

@@ -33,14 +33,24 @@ static int on_cpu(const dsp_backend *be) {
   return be && be->run_op == dsp_cpu_backend()->run_op;
 }
 
-/* A Free of tensor ids: the work is dropping each entry and, for a last
- * reference, its storage. A storage the session's free lists have room
- * for goes there (a few pointer moves, and the next tensor of its size
- * takes it back); any other counts one per element like a kernel that
- * writes it, as it may go back to the system page by page (munmap of a
- * touched MiB: 18 us here) or push older blocks out of the lists.
- * Gradient containers are left to the workers: what they hold is not in
- * the table. */
+static uint64_t add_sat(uint64_t a, uint64_t b) {
+  return a > UINT64_MAX - b ? UINT64_MAX : a + b;
+}
+
+/* What dropping one tape node costs: its saved tensors' references and
+ * the node itself, about a quarter of running an op (DSP_WORK_PER_OP) */
+#define TAPE_NODE_FREE_COST (DSP_WORK_PER_OP / 4)
+
+/* A Free of tensor ids and graphs: the work is dropping each entry and,
+ * for a last reference, its storage. A storage the session's free lists
+ * have room for goes there (a few pointer moves, and the next tensor of
+ * its size takes it back); any other counts one per element like a kernel
+ * that writes it, as it may go back to the system page by page (munmap of
+ * a touched MiB: 18 us here) or push older blocks out of the lists. A
+ * tracked tensor's last reference takes its tape with it, counted by
+ * dsp_tape_size (a tape of 600k nodes took 0.18 s), and a graph its nodes
+ * (3M took 0.25 s). Gradient containers are left to the workers: what
+ * they hold is not in the table. */
 static int free_cost(sv_session *s, const Dspwire__Free *f, uint64_t *cost) {
   if (f->n_grads > 0) return 0;
   dsp_cache_stats cs;
@@ -49,12 +59,20 @@ static int free_cost(sv_session *s, const Dspwire__Free *f, uint64_t *cost) {
   uint64_t c = 0;
   for (size_t i = 0; i < f->n_tensors; i++) {
     const sv_entry *e = sv_idmap_get(&s->tensors, f->tensors[i]);
-    c += 1;
+    c = add_sat(c, 1);
     if (!e || !e->t) continue;
     uint64_t b = dsp_tensor_nbytes(e->t);
     if (b <= room) room -= b;
-    else c += (uint64_t)e->t->numel;
+    else c = add_sat(c, (uint64_t)e->t->numel);
+    /* only a last reference drops the tape: a tensor a later node saved
+     * keeps it (and its node) alive */
+    uint64_t tape = e->t->refcount == 1 ? dsp_tape_size(e->t) : 0;
+    c = add_sat(c, tape > UINT64_MAX / TAPE_NODE_FREE_COST
+                       ? UINT64_MAX
+                       : tape * TAPE_NODE_FREE_COST);
   }
+  for (size_t i = 0; i < f->n_graphs; i++)
+    c = add_sat(c, 1 + sv_graph_free_cost(s, f->graphs[i]));
   *cost = c;
   return 1;
 }

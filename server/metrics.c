@@ -231,6 +231,19 @@ static void render(sv_metrics *m, FILE *f) {
          "Connections accepted since the server started.");
   fprintf(f, "dispatch_sessions_opened_total %llu\n",
           (unsigned long long)s.ls.opened);
+  family(f, "dispatch_sessions_detached", "gauge",
+         "Sessions whose connection dropped, kept for a resume "
+         "(--session-grace).");
+  fprintf(f, "dispatch_sessions_detached %lld\n", ld(&g->sessions_detached));
+  family(f, "dispatch_sessions_evicted_total", "counter",
+         "Detached sessions expired before their grace to make room for a "
+         "new session (--max-sessions), by reason: server_closed (the "
+         "server had closed the connection for a limit), oldest (detached "
+         "longest ago).");
+  fprintf(f, "dispatch_sessions_evicted_total{reason=\"server_closed\"} "
+          "%lld\n", ld(&g->m.evicted[0]));
+  fprintf(f, "dispatch_sessions_evicted_total{reason=\"oldest\"} %lld\n",
+          ld(&g->m.evicted[1]));
 
   family(f, "dispatch_tensors", "gauge",
          "Tensors the sessions hold by id, by device.");

@@ -116,6 +116,7 @@ static void on_idle(uv_timer_t *t) {
                 "(server limit --idle-timeout)",
                 (unsigned long long)c->outq_bytes,
                 c->srv->cfg->idle_timeout_s);
+    c->limit_closed = 1;
     sv_conn_close(c, "client does not read its replies");
     return;
   }

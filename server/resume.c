@@ -8,7 +8,17 @@
  * again is not run again and a waiting one gets its original reply.
  *
  * Everything here runs on the loop thread. The token is a secret: it is
- * never logged. */
+ * never logged.
+ *
+ * Detached sessions never keep a live client out: a new session that
+ * would pass --max-sessions expires detached ones to make room
+ * (sv_resume_make_room), and a resume of one of those is told so.
+ *
+ * Once a session is expired (grace, room, shutdown) its kept replies are
+ * dropped and its teardown job is submitted: from then on the worker owns
+ * what the session holds and releases s->queue, so the loop touches it no
+ * more. A job still queued or running comes back with its reply, which
+ * nobody will ask for: it is freed with the job, never kept. */
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
 #include <openssl/rand.h>
@@ -156,6 +166,77 @@ static void expire(sv_resume *rs, const char *why) {
   sv_pool_submit(srv->pool, t);
 }
 
+/* SHA-256 of a resume token: what the record of an evicted session
+ * keeps instead of the token itself. */
+static void token_digest(const uint8_t *token, size_t len, uint8_t out[32]) {
+  unsigned n = 32;
+  if (EVP_Digest(token, len, out, &n, EVP_sha256(), NULL) != 1)
+    memset(out, 0xff, 32); /* matches no recorded digest (a miss) */
+}
+
+/* The detached session to expire for a new one: one whose connection the
+ * server closed for a limit before any a client dropped, and among those
+ * the one detached longest ago. NULL when none is detached. */
+static sv_resume *victim(sv_server *srv) {
+  sv_resume *best = NULL;
+  for (sv_resume *rs = srv->resumable; rs; rs = rs->next) {
+    if (rs->conn) continue;
+    if (!best || rs->limit_closed > best->limit_closed ||
+        (rs->limit_closed == best->limit_closed &&
+         rs->detach_no < best->detach_no))
+      best = rs;
+  }
+  return best;
+}
+
+/* Expires rs to make room for a new session: counted, and remembered (the
+ * digest of its token) so that its resume is told why. */
+static void evict(sv_resume *rs) {
+  sv_server *srv = rs->srv;
+  uint64_t grace_ms = (uint64_t)srv->cfg->session_grace_s * 1000;
+  uint64_t now = uv_now(&srv->loop), since = now + grace_ms - rs->deadline;
+  struct sv_evicted *e = &srv->evicted[srv->n_evicted++ % SV_EVICTED_KEPT];
+  token_digest(rs->token, sizeof rs->token, e->token_digest);
+  e->detached_ms = since;
+  e->limit_closed = rs->limit_closed;
+  atomic_fetch_add_explicit(&srv->g.m.evicted[rs->limit_closed ? 0 : 1], 1,
+                            memory_order_relaxed);
+  sv_log(SV_LOG_WARN, "detached session expired after %llu ms to make room "
+         "for a new session (--max-sessions %d)%s",
+         (unsigned long long)since, srv->cfg->max_sessions,
+         rs->limit_closed ? "; the server had closed its connection" : "");
+  expire(rs, "to make room for a new session");
+}
+
+int sv_resume_make_room(sv_conn *c) {
+  sv_server *srv = c->srv;
+  int max = srv->cfg->max_sessions, live = 0;
+  /* a connection closing (its session freed or detached) is no client:
+   * it must not cost a detached session its place */
+  for (sv_conn *o = srv->conns; o; o = o->next) live += !o->closing;
+  for (;;) {
+    int held = live + (int)atomic_load(&srv->g.sessions_detached);
+    sv_resume *rs = held > max ? victim(srv) : NULL;
+    if (!rs) return held;
+    evict(rs);
+  }
+}
+
+/* The record of an evicted session whose token this is, or NULL. */
+static const struct sv_evicted *evicted_find(sv_server *srv,
+                                             const uint8_t *token,
+                                             size_t len) {
+  uint8_t d[32];
+  token_digest(token, len, d);
+  unsigned n = srv->n_evicted < SV_EVICTED_KEPT ? srv->n_evicted
+                                                : SV_EVICTED_KEPT;
+  const struct sv_evicted *found = NULL;
+  for (unsigned i = 0; i < n; i++)
+    if (CRYPTO_memcmp(srv->evicted[i].token_digest, d, sizeof d) == 0)
+      found = &srv->evicted[i];
+  return found;
+}
+
 static void on_sweep(uv_timer_t *t) {
   sv_server *srv = t->data;
   uint64_t now = uv_now(&srv->loop);
@@ -184,6 +265,8 @@ int sv_resume_detach(sv_conn *c) {
   if (c->bulk_job) atomic_fetch_sub(&s->queued_bytes,
                                     (long long)c->bulk_job->upload_bytes);
   rs->conn = NULL;
+  rs->limit_closed = c->limit_closed;
+  rs->detach_no = ++srv->n_detaches;
   rs->inflight = c->inflight;
   rs->teardown = c->teardown;
   rs->deadline = uv_now(&srv->loop) + (uint64_t)srv->cfg->session_grace_s * 1000;
@@ -214,6 +297,20 @@ int sv_resume_attach(sv_conn *c, const Dspwire__Hello *h, sv_session **out,
     for (sv_resume *r = srv->resumable; r; r = r->next)
       if (CRYPTO_memcmp(r->token, h->resume_token.data, SV_RESUME_TOKEN) == 0)
         rs = r;
+  const struct sv_evicted *ev =
+      rs || !h->resume_token.len
+          ? NULL
+          : evicted_find(srv, h->resume_token.data, h->resume_token.len);
+  if (ev) {
+    snprintf(msg, len,
+             "resume refused: the session was expired to make room for a "
+             "new client (the server was at --max-sessions %d; the session "
+             "had been detached %.1f s%s)",
+             srv->cfg->max_sessions, (double)ev->detached_ms / 1000,
+             ev->limit_closed ? ", its connection closed by the server"
+                              : "");
+    return DISPATCH_ESESSION;
+  }
   if (!rs) {
     snprintf(msg, len,
              "resume refused: no session waits for this token (a detached "
@@ -278,8 +375,10 @@ sv_server *sv_resume_done(sv_job *j) {
     srv->n_held--;
   } else {
     rs->inflight--;
-    /* the client waits for this reply: kept until it resumes */
-    if (j->out && sv_req_waits(j->req))
+    /* the client waits for this reply: kept until it resumes; an expired
+     * session's is freed with the job (its teardown, maybe running now,
+     * releases the queue budget a kept reply would be charged to) */
+    if (!rs->expired && j->out && sv_req_waits(j->req))
       sv_resume_keep(s, j->req->seq, j->req->req_id, j->out, j->out_len,
                      j->out_pin);
   }

@@ -40,6 +40,8 @@ typedef struct sv_config {
   uint64_t storage_cache;      /* freed tensor storage kept for reuse */
   uint64_t session_cache;      /* each session's free lists (charged) */
   uint64_t max_op_cost;        /* dsp_op_cost of one op, 0: no limit */
+  uint64_t max_replay_cost;    /* dsp_ctx_work of one graph replay, 0: no
+                                  limit (--max-replay-cost) */
   uint64_t inline_cost;        /* --inline-cost: an idle session's op of at
                                   most this dsp_op_cost runs on the loop
                                   thread (inline.c); 0: never */
@@ -172,6 +174,10 @@ typedef struct sv_counters {
   atomic_llong limits[SV_LIM_COUNT];
   atomic_llong dev_tensors[SV_MAX_DEVICES]; /* by index in devices */
   atomic_llong dev_bytes[SV_MAX_DEVICES];
+  /* detached sessions expired to make room for a new session (resume.c):
+   * [0] the server had closed their connection for a limit, [1] the
+   * oldest of those a client dropped */
+  atomic_llong evicted[2];
 } sv_counters;
 
 typedef struct sv_global {
@@ -184,7 +190,8 @@ typedef struct sv_global {
                       NULL: no server-wide cap, as in fuzzers and tests) */
   atomic_llong sessions_detached; /* waiting for a resume now */
   atomic_llong sessions_resumed;
-  atomic_llong sessions_expired;  /* freed: not resumed within the grace */
+  atomic_llong sessions_expired;  /* freed: not resumed within the grace,
+                                     or evicted for a new session */
   struct sv_device *devices; /* the server's devices (devices.c); NULL in
                                 fuzzers and tests: the CPU backend */
   int n_devices;
@@ -441,6 +448,9 @@ void sv_session_exec(sv_session *s, sv_job *j);
 int sv_graph_define(sv_session *s, sv_job *j, char *why, size_t len);
 int sv_graph_replay(sv_session *s, sv_job *j, char *why, size_t len);
 int sv_graph_free_id(sv_session *s, uint64_t id);
+/* What sv_graph_free_id(s, id) costs, in dsp_op_cost units (0: no such
+ * graph), for the loop's judgement of a Free (inline.c) */
+uint64_t sv_graph_free_cost(sv_session *s, uint64_t id);
 /* 1 with *cost (the work of its last replay plus bulk, its input bytes)
  * when replay r will do what the last successful replay of its graph did:
  * its externals have the metas they had then and live, as the session's
@@ -578,7 +588,8 @@ int sv_stream_exec(sv_session *s, dsp_ctx *io_ctx, int *hello_done,
 
 /* 1 with *cost set when job j is an op the loop could run for s
  * (inline.c): its inputs live on a CPU device and its shapes infer; a Free
- * of tensor ids only (cost: one per id and per element it holds); or an
+ * of tensor ids and graphs (cost: one per id and per element it holds,
+ * the tape a last reference drops, a graph's nodes); or an
  * upload to a CPU device (cost: its bytes); 0 otherwise.
  * Reads s's tensor table: call only while s is idle
  * (sv_pool_session_idle). */

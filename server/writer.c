@@ -166,6 +166,7 @@ void sv_writer_queue(sv_conn *c, uint8_t *buf, size_t len, dsp_pin *bulk) {
                 "dropping a client that does not read its replies",
                 (unsigned long long)c->outq_bytes,
                 (unsigned long long)cfg->max_output_queue);
+    c->limit_closed = 1;
     sv_conn_close(c, "slow reader");
     return;
   }

@@ -692,31 +692,41 @@ Test(fault, reply_not_kept_is_answered_with_an_error_after_resume,
   stop_server_clean();
 }
 
-/* Detached sessions count towards --max-sessions: with a limit of 2 and
- * one session detached, one new session is admitted and the next is
- * refused with ELIMIT, while the detached one's own resume still passes. */
+/* Detached sessions count towards --max-sessions, but never keep a new
+ * session out: with a limit of 2 and one session detached, one new
+ * session is admitted beside it (the detached one still resumes); with
+ * it dropped again, the next new session is admitted too, the detached
+ * one expired for it, and its resume is refused with ESESSION. */
 Test(fault, detached_sessions_count_towards_max_sessions, .fini = teardown,
      .timeout = 60) {
   const char *args[] = {"--log-level", "error", "--session-grace", "30",
                         "--max-sessions", "2", NULL};
   check_server_start(&g_srv, args);
-  raw_sess a, bs, c, d;
+  raw_sess a, bs, c, d, e;
   cr_assert_eq(raw_hello(&a, g_srv.port, NULL, NULL, 0, 0), 0);
   wire_close(&a.c);
   sleep_ms(300); /* the server sees the drop: a is detached */
   cr_assert_eq(raw_hello(&bs, g_srv.port, NULL, NULL, 0, 0), 0,
                "1 connected + 1 detached is within a limit of 2");
-  int rc = raw_hello(&c, g_srv.port, NULL, NULL, 0, 0);
-  cr_assert_eq(rc, DISPATCH_ELIMIT,
-               "a third session (2 connected + 1 detached) was admitted "
-               "(code %d)", rc);
-  wire_close(&c.c);
-  sleep_ms(100);
   cr_assert_eq(raw_hello(&d, g_srv.port, NULL, a.token, a.token_len, 0), 0,
                "the detached session's own resume was refused");
   cr_assert(d.resumed);
-  wire_bye(&d.c);
   wire_close(&d.c);
+  sleep_ms(300); /* a is detached again */
+  int rc = raw_hello(&c, g_srv.port, NULL, NULL, 0, 0);
+  cr_assert_eq(rc, 0, "a new session was refused for a detached one "
+               "(code %d)", rc);
+  Dspwire__StatsReply st;
+  cr_assert_eq(wire_get_stats(&c.c, &st), 0);
+  cr_assert_eq(st.sessions_detached, 0);
+  cr_assert_eq(st.sessions_expired, 1);
+  wire_bye(&c.c);
+  wire_close(&c.c);
+  sleep_ms(100);
+  rc = raw_hello(&e, g_srv.port, NULL, a.token, a.token_len, 0);
+  cr_assert_eq(rc, DISPATCH_ESESSION, "resume of the expired session: %d",
+               rc);
+  wire_close(&e.c);
   wire_bye(&bs.c);
   wire_close(&bs.c);
   stop_server_clean();

@@ -24,6 +24,13 @@
  *   nothing leaks. Input tensors are borrowed: the call never consumes them.
  * - Handles are opaque. A device and everything on it is used from one
  *   thread at a time; distinct devices may be used from distinct threads.
+ *   Devices are not thread-safe, and the library checks it rather than
+ *   locks: a call (one that returns an error code) entered from a second
+ *   thread while a call on the same device, or on a peer of it
+ *   (dispatch_device_open_peer), is in flight fails at once with
+ *   DISPATCH_EBUSY and changes nothing; that thread reads the message
+ *   with dispatch_device_errmsg. Calls without an error code (frees,
+ *   close, the queries) are not checked: give each thread its own device.
  * - Op functions take tensors of one device; mixing devices gives
  *   DISPATCH_EDEVICE (use dispatch_to_device to copy explicitly).
  * - Every op works on every kind with the same signature: LOCAL runs now
@@ -33,7 +40,9 @@
  * - REMOTE errors found by the server after an op was queued are deferred:
  *   they surface at the next call that waits (read, backward, sync, stats)
  *   with the server's message, and the failed op's output is poisoned
- *   (dispatch_tensor_status).
+ *   (dispatch_tensor_status). In sync mode (dispatch_options.sync, env
+ *   DISPATCH_SYNC=1) every call waits instead, so the error comes back at
+ *   the call that caused it, as on LOCAL.
  * - Attribute conventions (dims may be negative, counted from the end)
  *   follow the op table of the dispatch core; each function below restates
  *   what it needs.
@@ -128,12 +137,18 @@ typedef struct dispatch_options {
   int resume_timeout_ms;   /* total time reconnecting may take; 0: env
                               DISPATCH_RESUME_TIMEOUT_MS, else timeout_ms;
                               never past the server's --session-grace */
+  /* (appended) sync mode, like CUDA_LAUNCH_BLOCKING: every call that
+   * sends a request (an op, an upload, autodiff, grad, backward, a step)
+   * waits for the server's answer, so an error the server finds is
+   * returned by the call that caused it, naming the op, with *out NULL,
+   * as on a LOCAL device; slower (a round trip per call), for debugging */
+  int sync;                /* 1: on; 0: env DISPATCH_SYNC=1 turns it on */
 } dispatch_options;
 
 /* The defaults (everything NULL/0) with size set, for an initialiser:
  *   dispatch_options o = DISPATCH_OPTIONS_INIT; */
 #define DISPATCH_OPTIONS_INIT \
-  {sizeof(dispatch_options), 0, 0, 0, 0, 0, 0, 0, 0, 0}
+  {sizeof(dispatch_options), 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}
 
 /* Counters of one device, filled by dispatch_device_stats.
  *
@@ -674,7 +689,8 @@ int dispatch_backward_ex(dispatch_tensor *loss, int retain,
  * or the tensor it wraps) as a new plain tensor on t's device. REMOTE: a
  * Grad request (no wait); reading the result is the only transfer of
  * gradient bytes. DISPATCH_ENOGRAD if the backward did not reach t (REMOTE:
- * deferred to the next wait). */
+ * deferred to the next wait, unless in sync mode), and at once, on both
+ * kinds, when t is not a leaf (an op's output). */
 DISPATCH_API
 int dispatch_grad(dispatch_grads *grads, dispatch_tensor *t,
                   dispatch_tensor **out);

@@ -48,7 +48,8 @@ extern "C" {
   X(EKIND, -30, "wrong dispatch kind for this operation")                   \
   X(ECANCELED, -31, "cancelled: the session closed or the server is stopping") \
   X(ESHUTDOWN, -32, "server is shutting down")                              \
-  X(ESESSION, -33, "session expired or unknown: it cannot be resumed")
+  X(ESESSION, -33, "session expired or unknown: it cannot be resumed")     \
+  X(EBUSY, -34, "device in use by another thread")
 
 typedef enum dispatch_errno {
 #define DISPATCH_ERRNO_ENUM_(name, code, msg) DISPATCH_##name = (code),

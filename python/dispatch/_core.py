@@ -177,11 +177,17 @@ def _close_all():
 class Device:
     """A dispatch device: "local" (this process) or "tcp://HOST:PORT" /
     "tls://HOST:PORT" (a dispatch-server). Open it with dispatch.device().
-    Usable as a context manager, which closes it at the end."""
+    Usable as a context manager, which closes it at the end.
+
+    sync=True (or env DISPATCH_SYNC=1) is sync mode, for debugging: every
+    call waits for the server, so a remote error the server finds is raised
+    at the line that caused it, as on a local device, not at a later call.
+    A device is not thread-safe: a call on it from a second thread while
+    one is in flight raises EBUSY at once; give each thread its own."""
 
     def __init__(self, spec=None, *, token=None, timeout_ms=None,
                  ca_file=None, cert_file=None, key_file=None,
-                 server_name=None, client_name=None):
+                 server_name=None, client_name=None, sync=False):
         keep = []
 
         def cstr(s):
@@ -200,6 +206,7 @@ class Device:
         opts.cert_file = cstr(cert_file)
         opts.key_file = cstr(key_file)
         opts.server_name = cstr(server_name)
+        opts.sync = 1 if sync else 0
         out = ffi.new("dispatch_device **")
         msg = ffi.new("char[512]")
         rc = lib.dispatch_device_open(cstr(spec), opts, out, msg, 512)

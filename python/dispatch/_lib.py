@@ -42,6 +42,7 @@ typedef struct dispatch_options {
   const char *server_name;
   int no_resume;
   int resume_timeout_ms;
+  int sync;
 } dispatch_options;
 
 typedef struct dispatch_stats {
