@@ -403,3 +403,33 @@ Test(slots, a_stalled_frame_behind_unread_replies_is_closed) {
   wire_close(&b.c);
   cr_assert_eq(sp_stop(&g_srv), 0);
 }
+
+/* A hello refused for an unknown device costs no detached session its
+ * place: the device is looked up before room is made. */
+Test(slots, a_hello_refused_for_its_device_evicts_nothing) {
+  const char *args[] = {"--max-sessions", "1", "--session-grace", "60",
+                        NULL};
+  start(args);
+  raw_sess a;
+  cr_assert_eq(hello(&a, NULL), 0);
+  wire_close(&a.c);
+  wait_detached(1);
+  wire_conn c;
+  cr_assert_eq(wire_connect(&c, g_srv.port), 0);
+  dsp_wreq w;
+  Dspwire__Request *r = dsp_wreq_hello(&w, DSP_PROTO_MAJOR, DSP_PROTO_MINOR,
+                                       NULL, "slots");
+  w.body.hello.device = "cuda:7";
+  send_seq(&c, r, 0, NULL, 0);
+  Dspwire__Reply *rep;
+  cr_assert_eq(wire_recv(&c, &rep, NULL, NULL), 0, "no hello reply");
+  cr_assert(rep->error, "a hello for an unknown device was accepted");
+  cr_assert_eq(rep->error->code, DISPATCH_EDEVICE, "%s",
+               rep->error->message);
+  wire_reply_free(rep, NULL);
+  wire_close(&c);
+  settle();
+  cr_assert_eq(metric(EVICTED_OLDEST), 0);
+  expect_resumes(&a);
+  cr_assert_eq(sp_stop(&g_srv), 0);
+}
