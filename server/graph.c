@@ -323,12 +323,9 @@ int sv_graph_replay(sv_session *s, sv_job *j, char *why, size_t len) {
     /* each output's bytes copied once, charged to the session until sent
      * (dsp_graph_check refused an output named twice) */
     rc = sv_encode_tensors_reply(s->ctx, &rep, out, g->n_outputs, j);
-    if (rc < 0) {
-      if (rc == DISPATCH_EQUOTA)
-        atomic_fetch_add(&s->global->limit_violations, 1);
+    if (rc < 0)
       why_f(why, len, rc, "graph %llu: the reply: %s", gid,
           dsp_ctx_errmsg(s->ctx));
-    }
   }
   dsp_free(metas);
   dsp_free(mp);
