@@ -179,6 +179,20 @@ int sv_encode_reply(const Dspwire__Reply *r, const void *bulk,
 /* Below this a copy is cheaper than the second write buffer. */
 #define READ_COPY_MAX (64u << 10)
 
+/* Fills buf's header and message (mlen bytes of r) for a bulk of
+ * bulk_len bytes, in_frame of them in buf after the message and the rest
+ * pin's, and hands buf and pin to j. */
+static void frame_out(sv_job *j, const Dspwire__Reply *r, uint8_t *buf,
+                      size_t mlen, uint64_t bulk_len, size_t in_frame,
+                      dsp_pin *pin) {
+  dsp_frame_header h = {(uint32_t)mlen, 0, bulk_len};
+  dsp_frame_header_encode(buf, &h);
+  dspwire__reply__pack(r, buf + DSP_FRAME_HEADER_SIZE);
+  j->out = buf;
+  j->out_len = DSP_FRAME_HEADER_SIZE + mlen + in_frame;
+  j->out_pin = pin;
+}
+
 int sv_encode_read_reply(dsp_ctx *ctx, const Dspwire__Reply *r,
                          dsp_tensor *t, sv_job *j) {
   size_t nbytes = dsp_tensor_nbytes(t);
@@ -209,12 +223,7 @@ int sv_encode_read_reply(dsp_ctx *ctx, const Dspwire__Reply *r,
     dsp_pin_release(pin);
     return DISPATCH_ENOMEM;
   }
-  dsp_frame_header h = {(uint32_t)mlen, 0, nbytes};
-  dsp_frame_header_encode(buf, &h);
-  dspwire__reply__pack(r, buf + DSP_FRAME_HEADER_SIZE);
-  j->out = buf;
-  j->out_len = DSP_FRAME_HEADER_SIZE + mlen;
-  j->out_pin = pin;
+  frame_out(j, r, buf, mlen, nbytes, 0, pin);
   return 0;
 }
 
@@ -272,12 +281,7 @@ int sv_encode_tensors_reply(dsp_ctx *ctx, const Dspwire__Reply *r,
     dsp_free(buf);
     return rc;
   }
-  dsp_frame_header h = {(uint32_t)mlen, 0, blen};
-  dsp_frame_header_encode(buf, &h);
-  dspwire__reply__pack(r, buf + DSP_FRAME_HEADER_SIZE);
-  j->out = buf;
-  j->out_len = DSP_FRAME_HEADER_SIZE + mlen + (by_ref ? 0 : blen);
-  j->out_pin = pin;
+  frame_out(j, r, buf, mlen, blen, by_ref ? 0 : blen, pin);
   return 0;
 }
 
