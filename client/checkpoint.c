@@ -713,7 +713,9 @@ int dispatch_load(dispatch_device *dev, const char *path,
   ld_entry *es = NULL;
   uint8_t *buf = NULL;
   dispatch_checkpoint *ck = dsp_calloc(1, sizeof *ck);
-  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  /* non-blocking until it is known to be a regular file: a blocking open
+   * of a FIFO waits for a writer, forever if none comes */
+  int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   struct stat st;
   if (!ck) {
     rc = dsp_seterr(ctx, DISPATCH_ENOMEM, "load: out of memory");
@@ -724,6 +726,9 @@ int dispatch_load(dispatch_device *dev, const char *path,
     rc = dsp_seterr(ctx, DISPATCH_EINVAL, "load \"%s\": not a regular file",
                     path);
   }
+  if (rc == 0 && fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK) < 0)
+    rc = dsp_seterr(ctx, DISPATCH_EIO, "load \"%s\": %s", path,
+                    strerror(errno));
   uint64_t size = rc == 0 ? (uint64_t)st.st_size : 0, hlen = 0;
   if (rc == 0) {
     ck->dev = dev;

@@ -35,7 +35,12 @@ struct dispatch_graph {
   dispatch_device *dev;
   dsp_graph *g;
   dispatch_tensor **ext; /* n_ext references */
-  dsp_meta *out_meta;
+  /* the caller's outputs, in dispatch_graph_output order; a tensor named
+   * twice is one output of g (a slot is sent once) that both take */
+  uint32_t n_out;
+  dsp_meta *out_meta; /* n_out */
+  uint32_t *out_ix;   /* n_out: its output of g */
+  size_t *out_off;    /* g->n_outputs + 1: where each starts in a reply */
   uint64_t id;
   uint64_t replays; /* LOCAL: Adam's step offset, as the server keeps it */
   uint8_t *scratch;
@@ -271,6 +276,12 @@ int dispatch_graph_output(dispatch_tensor *t) {
   return (int)c->n_out++;
 }
 
+static size_t meta_bytes(const dsp_meta *m) {
+  size_t n = dsp_dtype_size(m->dtype);
+  for (int i = 0; i < m->ndim; i++) n *= (size_t)m->shape[i];
+  return n;
+}
+
 static void graph_destroy(dispatch_graph *gr) {
   if (!gr) return;
   for (uint32_t i = 0; gr->ext && gr->g && i < gr->g->n_ext; i++)
@@ -278,6 +289,8 @@ static void graph_destroy(dispatch_graph *gr) {
   dsp_free(gr->ext);
   dsp_graph_free(gr->g);
   dsp_free(gr->out_meta);
+  dsp_free(gr->out_ix);
+  dsp_free(gr->out_off);
   dsp_free(gr->scratch);
   dsp_free(gr);
 }
@@ -306,8 +319,13 @@ static int build(dispatch_device *dev, struct dispatch__capture *c,
   gr->ext = dsp_calloc(n_ext ? n_ext : 1, sizeof *gr->ext);
   g->outputs = dsp_calloc(c->n_out ? c->n_out : 1, sizeof *g->outputs);
   gr->out_meta = dsp_calloc(c->n_out ? c->n_out : 1, sizeof *gr->out_meta);
+  gr->out_ix = dsp_calloc(c->n_out ? c->n_out : 1, sizeof *gr->out_ix);
+  gr->out_off = dsp_calloc(c->n_out + 1, sizeof *gr->out_off);
+  /* per capture slot: 1 + its output of g, 0 while it is none */
+  uint32_t *seen = dsp_calloc(c->n_slots ? c->n_slots : 1, sizeof *seen);
   int rc = 0;
-  if (!g->input_meta || !gr->ext || !g->outputs || !gr->out_meta)
+  if (!g->input_meta || !gr->ext || !g->outputs || !gr->out_meta ||
+      !gr->out_ix || !gr->out_off || !seen)
     rc = dsp_seterr(dev->ctx, DISPATCH_ENOMEM, "graph_end: out of memory");
   uint32_t ni = 0, ne = 0, nx = n_in + n_ext;
   for (uint32_t i = 0; i < c->n_slots && rc == 0; i++) {
@@ -337,13 +355,22 @@ static int build(dispatch_device *dev, struct dispatch__capture *c,
     g->cap_nodes = c->g->cap_nodes;
     c->g->nodes = NULL;
     c->g->n_nodes = c->g->cap_nodes = 0;
+    uint32_t n = 0;
     for (uint32_t i = 0; i < c->n_out; i++) {
-      g->outputs[i] = map[c->outputs[i]];
+      uint32_t s = c->outputs[i];
+      if (!seen[s]) {
+        g->outputs[n] = map[s];
+        gr->out_off[n + 1] = gr->out_off[n] + meta_bytes(&c->out_meta[i]);
+        seen[s] = ++n;
+      }
+      gr->out_ix[i] = seen[s] - 1;
       gr->out_meta[i] = c->out_meta[i];
     }
-    g->n_outputs = c->n_out;
+    g->n_outputs = n;
+    gr->n_out = c->n_out;
     rc = dsp_graph_check(dev->ctx, g);
   }
+  dsp_free(seen);
   dsp_free(map);
   return rc;
 }
@@ -472,17 +499,11 @@ int dispatch_graph_n_inputs(const dispatch_graph *g) {
 }
 
 int dispatch_graph_n_outputs(const dispatch_graph *g) {
-  return g ? (int)g->g->n_outputs : DISPATCH_EINVAL;
-}
-
-static size_t meta_bytes(const dsp_meta *m) {
-  size_t n = dsp_dtype_size(m->dtype);
-  for (int i = 0; i < m->ndim; i++) n *= (size_t)m->shape[i];
-  return n;
+  return g ? (int)g->n_out : DISPATCH_EINVAL;
 }
 
 size_t dispatch_graph_output_nbytes(const dispatch_graph *g, int i) {
-  if (!g || i < 0 || (uint32_t)i >= g->g->n_outputs) return 0;
+  if (!g || i < 0 || (uint32_t)i >= g->n_out) return 0;
   return meta_bytes(&g->out_meta[i]);
 }
 
@@ -503,12 +524,12 @@ static int check_io(dispatch_graph *gr, const dispatch_graph_io *in, int n_in,
                     const dispatch_graph_io *out, int n_out) {
   dispatch_device *dev = gr->dev;
   const dsp_graph *g = gr->g;
-  if (n_in != (int)g->n_inputs || n_out != (int)g->n_outputs ||
+  if (n_in != (int)g->n_inputs || n_out != (int)gr->n_out ||
       (n_in && !in) || (n_out && !out))
     return dsp_seterr(dev->ctx, DISPATCH_EINVAL,
                       "graph_replay: graph %llu has %u inputs and %u outputs, "
                       "got %d and %d",
-                      (unsigned long long)gr->id, g->n_inputs, g->n_outputs,
+                      (unsigned long long)gr->id, g->n_inputs, gr->n_out,
                       n_in, n_out);
   for (int i = 0; i < n_in; i++) {
     const dsp_meta *p = &g->input_meta[i];
@@ -583,8 +604,9 @@ static int replay_local(dispatch_graph *gr, const dispatch_graph_io *in,
       dev->local_stats.errors++;
     }
   }
-  for (uint32_t i = 0; i < g->n_outputs && rc == 0; i++)
-    rc = dsp_tensor_read(dev->ctx, tout[i], out[i].data, out[i].nbytes);
+  for (uint32_t i = 0; i < gr->n_out && rc == 0; i++)
+    rc = dsp_tensor_read(dev->ctx, tout[gr->out_ix[i]], out[i].data,
+                         out[i].nbytes);
   for (uint32_t i = 0; i < g->n_inputs; i++) dsp_tensor_unref(tin[i]);
   for (uint32_t i = 0; i < g->n_outputs; i++) dsp_tensor_unref(tout[i]);
   dsp_free(ts);
@@ -595,15 +617,15 @@ static int replay_remote(dispatch_graph *gr, const dispatch_graph_io *in,
                          const dispatch_graph_io *out) {
   dispatch_device *dev = gr->dev;
   const dsp_graph *g = gr->g;
-  size_t in_len = 0, out_len = 0;
+  size_t in_len = 0, out_len = gr->out_off[g->n_outputs];
   for (uint32_t i = 0; i < g->n_inputs; i++) in_len += in[i].nbytes;
-  for (uint32_t i = 0; i < g->n_outputs; i++) out_len += out[i].nbytes;
   /* one input goes from the caller's memory, several are gathered; one
-   * output lands in the caller's memory, several are scattered */
+   * output lands in the caller's memory, several (or one named twice)
+   * are scattered */
+  int scatter = gr->n_out > 1;
   const void *bulk = g->n_inputs == 1 ? in[0].data : NULL;
-  void *dst = g->n_outputs == 1 ? out[0].data : NULL;
-  size_t need = (g->n_inputs > 1 ? in_len : 0) +
-                (g->n_outputs > 1 ? out_len : 0);
+  void *dst = gr->n_out == 1 ? out[0].data : NULL;
+  size_t need = (g->n_inputs > 1 ? in_len : 0) + (scatter ? out_len : 0);
   int rc = scratch(gr, need);
   if (rc < 0) return rc;
   if (g->n_inputs > 1) {
@@ -614,7 +636,7 @@ static int replay_remote(dispatch_graph *gr, const dispatch_graph_io *in,
     }
     bulk = gr->scratch;
   }
-  if (g->n_outputs > 1) dst = gr->scratch + (g->n_inputs > 1 ? in_len : 0);
+  if (scatter) dst = gr->scratch + (g->n_inputs > 1 ? in_len : 0);
   Dspwire__TensorMeta mstack[8], *pstack[8];
   Dspwire__TensorMeta *metas = mstack, **mp = pstack;
   if (g->n_inputs > 8) {
@@ -647,8 +669,8 @@ static int replay_remote(dispatch_graph *gr, const dispatch_graph_io *in,
   if (rc == 0) {
     int ok = rep && rep->body_case == DSPWIRE__REPLY__BODY_GRAPH &&
              rep->graph->n_outputs == g->n_outputs;
-    for (uint32_t i = 0; ok && i < g->n_outputs; i++) {
-      const Dspwire__TensorMeta *m = rep->graph->outputs[i];
+    for (uint32_t i = 0; ok && i < gr->n_out; i++) {
+      const Dspwire__TensorMeta *m = rep->graph->outputs[gr->out_ix[i]];
       const dsp_meta *want = &gr->out_meta[i];
       ok = m->dtype == (int32_t)want->dtype &&
            m->n_shape == (size_t)want->ndim;
@@ -662,13 +684,11 @@ static int replay_remote(dispatch_graph *gr, const dispatch_graph_io *in,
                       g->n_outputs);
   }
   dispatch__remote_reply_free(rep);
-  if (rc == 0 && g->n_outputs > 1) {
-    size_t off = 0;
+  if (rc == 0 && scatter) {
     const uint8_t *src = dst;
-    for (uint32_t i = 0; i < g->n_outputs; i++) {
-      if (out[i].nbytes) memcpy(out[i].data, src + off, out[i].nbytes);
-      off += out[i].nbytes;
-    }
+    for (uint32_t i = 0; i < gr->n_out; i++)
+      if (out[i].nbytes)
+        memcpy(out[i].data, src + gr->out_off[gr->out_ix[i]], out[i].nbytes);
   }
   return rc;
 }

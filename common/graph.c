@@ -102,7 +102,7 @@ static const char *node_name(const dsp_gnode *n) {
   }
 }
 
-enum { S_NONE = 0, S_TENSOR, S_GRADS, S_FREED };
+enum { S_NONE = 0, S_TENSOR, S_GRADS, S_FREED, S_OUTPUT };
 
 /* Checks that slot `s` (operand `what` of node k) holds a live value of
  * sort `want`. */
@@ -263,11 +263,19 @@ int dsp_graph_check(dsp_ctx *ctx, dsp_graph *g) {
                       name);
     if (n->kind != DSP_G_FREE) k++;
   }
+  /* each output once: a reply carries every output's bytes, so a slot
+   * named n times would cost n copies (the client names each once) */
   for (uint32_t i = 0; i < g->n_outputs && rc == 0; i++)
-    if (g->outputs[i] >= g->n_slots || st[g->outputs[i]] != S_TENSOR)
+    if (g->outputs[i] < g->n_slots && st[g->outputs[i]] == S_OUTPUT)
+      rc = dsp_seterr(ctx, DISPATCH_EINVAL,
+                      "graph: output %u is slot %u, an earlier output: name "
+                      "each output once", i, g->outputs[i]);
+    else if (g->outputs[i] >= g->n_slots || st[g->outputs[i]] != S_TENSOR)
       rc = dsp_seterr(ctx, DISPATCH_EINVAL,
                       "graph: output %u is slot %u, which holds no tensor at "
                       "the end", i, g->outputs[i]);
+    else
+      st[g->outputs[i]] = S_OUTPUT;
   /* slots are made once, so a slot's sort is that of its maker */
   for (size_t i = 0; i < g->n_nodes && rc == 0; i++)
     if (g->nodes[i].kind == DSP_G_BACKWARD) g->slot_grads[g->nodes[i].out] = 1;

@@ -84,7 +84,8 @@ uint64_t dsp_graph_bytes(const dsp_graph *g);
  * read is live and of the right sort (tensor or gradient container), each
  * internal slot made once before it is read, no external slot released,
  * op codes known (no optimizer op outside a STEP), attribute counts within
- * bounds, outputs live tensors at the end, input metas valid. Fills
+ * bounds, outputs live tensors at the end, each slot named as an output
+ * at most once, input metas valid. Fills
  * g->slot_grads. 0 or DISPATCH_EINVAL / EUNSUPPORTED / ENOMEM with the
  * node named in ctx's message ("op 3 (matmul): input 1 is slot 9, which
  * nothing made before"). Sets g->static_work. */

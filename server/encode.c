@@ -179,6 +179,20 @@ int sv_encode_reply(const Dspwire__Reply *r, const void *bulk,
 /* Below this a copy is cheaper than the second write buffer. */
 #define READ_COPY_MAX (64u << 10)
 
+/* Fills buf's header and message (mlen bytes of r) for a bulk of
+ * bulk_len bytes, in_frame of them in buf after the message and the rest
+ * pin's, and hands buf and pin to j. */
+static void frame_out(sv_job *j, const Dspwire__Reply *r, uint8_t *buf,
+                      size_t mlen, uint64_t bulk_len, size_t in_frame,
+                      dsp_pin *pin) {
+  dsp_frame_header h = {(uint32_t)mlen, 0, bulk_len};
+  dsp_frame_header_encode(buf, &h);
+  dspwire__reply__pack(r, buf + DSP_FRAME_HEADER_SIZE);
+  j->out = buf;
+  j->out_len = DSP_FRAME_HEADER_SIZE + mlen + in_frame;
+  j->out_pin = pin;
+}
+
 int sv_encode_read_reply(dsp_ctx *ctx, const Dspwire__Reply *r,
                          dsp_tensor *t, sv_job *j) {
   size_t nbytes = dsp_tensor_nbytes(t);
@@ -209,12 +223,65 @@ int sv_encode_read_reply(dsp_ctx *ctx, const Dspwire__Reply *r,
     dsp_pin_release(pin);
     return DISPATCH_ENOMEM;
   }
-  dsp_frame_header h = {(uint32_t)mlen, 0, nbytes};
-  dsp_frame_header_encode(buf, &h);
-  dspwire__reply__pack(r, buf + DSP_FRAME_HEADER_SIZE);
-  j->out = buf;
-  j->out_len = DSP_FRAME_HEADER_SIZE + mlen;
-  j->out_pin = pin;
+  frame_out(j, r, buf, mlen, nbytes, 0, pin);
+  return 0;
+}
+
+int sv_encode_tensors_reply(dsp_ctx *ctx, const Dspwire__Reply *r,
+                            dsp_tensor *const *ts, size_t n, sv_job *j) {
+  if (n == 1) { /* a Read's reply: pinned where it is, no copy */
+    int rc = sv_encode_read_reply(ctx, r, ts[0], j);
+    if (rc == DISPATCH_ETOOLARGE || rc == DISPATCH_ENOMEM)
+      dsp_seterr(ctx, rc, "%zu output bytes: %s", dsp_tensor_nbytes(ts[0]),
+                 rc == DISPATCH_ENOMEM ? "out of memory for the reply"
+                                       : "they do not fit a reply");
+    return rc;
+  }
+  size_t mlen = dspwire__reply__get_packed_size(r), blen = 0;
+  for (size_t i = 0; i < n; i++) {
+    size_t nb = dsp_tensor_nbytes(ts[i]);
+    if (nb > SIZE_MAX - blen) blen = SIZE_MAX;
+    else blen += nb;
+  }
+  if (mlen > UINT32_MAX || blen > SIZE_MAX - DSP_FRAME_HEADER_SIZE - mlen)
+    return dsp_seterr(ctx, DISPATCH_ETOOLARGE,
+                      "%zu output bytes: they do not fit a reply", blen);
+  int by_ref = j->bulk_by_ref && blen > READ_COPY_MAX;
+  uint8_t *buf = dsp_malloc(DSP_FRAME_HEADER_SIZE + mlen + (by_ref ? 0 : blen));
+  if (!buf)
+    return dsp_seterr(ctx, DISPATCH_ENOMEM, "out of memory for the reply");
+  uint8_t *dst = buf + DSP_FRAME_HEADER_SIZE + mlen;
+  dsp_tensor *blk = NULL;
+  int rc = 0;
+  if (by_ref) {
+    /* the bytes wait for the socket in one host block charged to ctx's
+     * budget (the session's), made before anything is copied: a reply
+     * that does not fit is refused, not held uncounted */
+    dsp_meta m;
+    memset(&m, 0, sizeof m);
+    m.dtype = DSP_BOOL; /* one byte per element: a byte block */
+    m.ndim = 1;
+    m.shape[0] = (int64_t)blen;
+    const dsp_backend *be = dsp_ctx_backend(ctx);
+    dsp_ctx_set_backend(ctx, dsp_cpu_backend());
+    rc = dsp_tensor_new_uninit(ctx, &m, &blk);
+    dsp_ctx_set_backend(ctx, be);
+    if (rc == 0) dst = dsp_tensor_data(blk);
+  }
+  size_t off = 0;
+  for (size_t i = 0; i < n && rc == 0; i++) {
+    size_t nb = dsp_tensor_nbytes(ts[i]);
+    rc = dsp_tensor_read(ctx, ts[i], dst + off, nb);
+    off += nb;
+  }
+  dsp_pin *pin = NULL;
+  if (rc == 0 && blk) rc = dsp_tensor_pin(ctx, blk, &pin);
+  dsp_tensor_unref(blk); /* the pin keeps the block, and its charge */
+  if (rc < 0) {
+    dsp_free(buf);
+    return rc;
+  }
+  frame_out(j, r, buf, mlen, blen, by_ref ? 0 : blen, pin);
   return 0;
 }
 

@@ -311,25 +311,15 @@ int sv_graph_replay(sv_session *s, sv_job *j, char *why, size_t len) {
       why_f(why, len, rc, "graph %llu, %s", gid, dsp_ctx_errmsg(s->ctx));
     }
   }
-  uint8_t *bulk = NULL;
-  size_t blen = 0;
   Dspwire__TensorMeta *metas = NULL, **mp = NULL;
   if (rc == 0) {
-    for (uint32_t i = 0; i < g->n_outputs; i++) blen += dsp_tensor_nbytes(out[i]);
-    bulk = dsp_malloc(blen ? blen : 1);
     metas = dsp_calloc(g->n_outputs ? g->n_outputs : 1, sizeof *metas);
     mp = dsp_calloc(g->n_outputs ? g->n_outputs : 1, sizeof *mp);
-    if (!bulk || !metas || !mp)
+    if (!metas || !mp)
       rc = why_f(why, len, DISPATCH_ENOMEM, "graph %llu: out of memory for the "
                "reply", gid);
   }
-  size_t off = 0;
   for (uint32_t i = 0; i < g->n_outputs && rc == 0; i++) {
-    size_t nb = dsp_tensor_nbytes(out[i]);
-    rc = dsp_tensor_read(s->ctx, out[i], bulk + off, nb);
-    if (rc < 0) why_f(why, len, rc, "graph %llu: output %u: %s", gid, i,
-                    dsp_ctx_errmsg(s->ctx));
-    off += nb;
     dspwire__tensor_meta__init(&metas[i]);
     metas[i].dtype = (int32_t)out[i]->meta.dtype;
     metas[i].n_shape = (size_t)out[i]->meta.ndim;
@@ -344,12 +334,13 @@ int sv_graph_replay(sv_session *s, sv_job *j, char *why, size_t len) {
     rep.req_id = j->req->req_id;
     rep.body_case = DSPWIRE__REPLY__BODY_GRAPH;
     rep.graph = &gr;
-    rc = sv_encode_reply(&rep, bulk, blen, &j->out, &j->out_len);
+    /* each output's bytes copied once, charged to the session until sent
+     * (dsp_graph_check refused an output named twice) */
+    rc = sv_encode_tensors_reply(s->ctx, &rep, out, g->n_outputs, j);
     if (rc < 0)
-      why_f(why, len, rc, "graph %llu: %zu output bytes do not fit a reply",
-          gid, blen);
+      why_f(why, len, rc, "graph %llu: the reply: %s", gid,
+          dsp_ctx_errmsg(s->ctx));
   }
-  dsp_free(bulk);
   dsp_free(metas);
   dsp_free(mp);
   for (size_t i = 0; i < g->n_inputs; i++) dsp_tensor_unref(in[i]);

@@ -49,6 +49,22 @@ void sv_hello(sv_conn *c, Dspwire__Request *req) {
   sv_global *g = &c->srv->g;
   const sv_device *dev = NULL;
   int resumed = 0, held;
+  if (!h->resume_token.len && g->devices) {
+    /* a new session's device is looked up first: a hello refused for it
+     * must not have cost a detached session its place (below) */
+    dev = h->device && *h->device ? sv_device_find(g, h->device)
+                                  : &g->devices[0];
+    if (!dev) {
+      char names[256], want[4 * SV_LOG_STR_MAX + 8], msg[640];
+      sv_device_names(g, names, sizeof names);
+      sv_log_str(want, sizeof want, h->device, SV_LOG_STR_MAX);
+      snprintf(msg, sizeof msg,
+               "unknown device \"%s\": this server has %s", want, names);
+      sv_log_conn(SV_LOG_WARN, c->id, c->peer, "refused: %s", msg);
+      sv_refuse(c, req->req_id, DISPATCH_EDEVICE, msg);
+      return;
+    }
+  }
   if (h->resume_token.len) {
     /* the session keeps its device; the token itself is never logged */
     char msg[256];
@@ -78,21 +94,9 @@ void sv_hello(sv_conn *c, Dspwire__Request *req) {
     sv_refuse(c, req->req_id, DISPATCH_ELIMIT, msg);
     return;
   }
-  if (!resumed && g->devices) {
+  if (!resumed && dev) {
     /* the session's device; the session has run nothing yet, so the loop
      * may still set its ctx */
-    dev = h->device && *h->device ? sv_device_find(g, h->device)
-                                  : &g->devices[0];
-    if (!dev) {
-      char names[256], want[4 * SV_LOG_STR_MAX + 8], msg[640];
-      sv_device_names(g, names, sizeof names);
-      sv_log_str(want, sizeof want, h->device, SV_LOG_STR_MAX);
-      snprintf(msg, sizeof msg,
-               "unknown device \"%s\": this server has %s", want, names);
-      sv_log_conn(SV_LOG_WARN, c->id, c->peer, "refused: %s", msg);
-      sv_refuse(c, req->req_id, DISPATCH_EDEVICE, msg);
-      return;
-    }
     char why[320];
     int rc = sv_session_use_device(c->sess, dev, why, sizeof why);
     if (rc < 0) {

@@ -24,6 +24,13 @@
 #include "conn.h"
 
 #define SNAP_WAIT_MS 2000
+/* Scrape connections at a time, and how long one request may take from
+ * the moment its connection is ready for it (opened, or done with the
+ * previous one) to its end, however its bytes trickle: MHD's own timeout
+ * counts only silence, so clients sending a byte now and then held every
+ * slot for ever and no scrape was served. */
+#define MAX_SCRAPES 16
+#define REQUEST_DEADLINE_S 5
 
 /* ------------------------------------------------------------ counters */
 
@@ -139,6 +146,18 @@ typedef struct sv_metrics {
   int loop_alive;     /* the async may be sent */
   uint64_t gen;       /* snapshots published */
   snapshot snap;
+  /* the open connections (MHD's thread adds and drops them) and the
+   * guard thread that ends each request past REQUEST_DEADLINE_S */
+  pthread_mutex_t cmu; /* guards conns and guard_stop */
+  pthread_cond_t ccv;  /* CLOCK_MONOTONIC: wakes the guard to stop */
+  struct scrape_conn {
+    int used, cut;
+    int fd;       /* MHD's, open while used (MHD closes it after it
+                     tells on_connection, which clears used) */
+    double since; /* monotonic seconds: this request's start */
+  } conns[MAX_SCRAPES];
+  int guard_stop, guard_on;
+  pthread_t guard;
 } sv_metrics;
 
 /* Loop thread: the connections' state, summed, published. */
@@ -369,6 +388,85 @@ static enum MHD_Result reply(struct MHD_Connection *conn, unsigned status,
   return rc;
 }
 
+static double mono_now(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
+}
+
+/* MHD's thread: a connection opens (its first request's clock starts) or
+ * closes. */
+static void on_connection(void *cls, struct MHD_Connection *conn,
+                          void **sctx, enum MHD_ConnectionNotificationCode toe) {
+  sv_metrics *m = cls;
+  pthread_mutex_lock(&m->cmu);
+  if (toe == MHD_CONNECTION_NOTIFY_STARTED) {
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+    for (int i = 0; ci && i < MAX_SCRAPES; i++)
+      if (!m->conns[i].used) {
+        m->conns[i] = (struct scrape_conn){1, 0, ci->connect_fd, mono_now()};
+        *sctx = &m->conns[i];
+        break;
+      }
+  } else if (*sctx) {
+    ((struct scrape_conn *)*sctx)->used = 0;
+    *sctx = NULL;
+  }
+  pthread_mutex_unlock(&m->cmu);
+}
+
+/* MHD's thread: a request ended; a kept-alive connection's next one
+ * starts its own clock. */
+static void on_completed(void *cls, struct MHD_Connection *conn,
+                         void **con_cls, enum MHD_RequestTerminationCode toe) {
+  sv_metrics *m = cls;
+  (void)con_cls;
+  (void)toe;
+  const union MHD_ConnectionInfo *ci =
+      MHD_get_connection_info(conn, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+  pthread_mutex_lock(&m->cmu);
+  struct scrape_conn *sc = ci ? ci->socket_context : NULL;
+  if (sc && sc->used) sc->since = mono_now();
+  pthread_mutex_unlock(&m->cmu);
+}
+
+/* The guard's thread: once a second, every request open for
+ * REQUEST_DEADLINE_S or more has its socket shut down; MHD then reads the
+ * end of it and closes the connection on its own thread, and a waiting
+ * scrape gets the slot. */
+static void *guard_main(void *arg) {
+  sv_metrics *m = arg;
+  pthread_mutex_lock(&m->cmu);
+  while (!m->guard_stop) {
+    double now = mono_now();
+    int cut = 0;
+    for (int i = 0; i < MAX_SCRAPES; i++) {
+      struct scrape_conn *sc = &m->conns[i];
+      if (sc->used && !sc->cut && now - sc->since >= REQUEST_DEADLINE_S) {
+        shutdown(sc->fd, SHUT_RDWR);
+        sc->cut = 1;
+        cut++;
+      }
+    }
+    if (cut) {
+      pthread_mutex_unlock(&m->cmu);
+      sv_log(SV_LOG_WARN,
+             "metrics endpoint: %d request(s) still open after %d s ended, "
+             "so that scrapes are served",
+             cut, REQUEST_DEADLINE_S);
+      pthread_mutex_lock(&m->cmu);
+      continue;
+    }
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    ts.tv_sec += 1;
+    pthread_cond_timedwait(&m->ccv, &m->cmu, &ts);
+  }
+  pthread_mutex_unlock(&m->cmu);
+  return NULL;
+}
+
 /* GET /metrics: the exposition; anything else a short error. A request
  * body is read and ignored (MHD calls once more per piece of it). */
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn,
@@ -431,6 +529,8 @@ static void mhd_log(void *cls, const char *fmt, va_list ap) {
 /* ------------------------------------------------------------ lifecycle */
 
 static void free_metrics(sv_metrics *m) {
+  pthread_cond_destroy(&m->ccv);
+  pthread_mutex_destroy(&m->cmu);
   pthread_cond_destroy(&m->cv);
   pthread_mutex_destroy(&m->mu);
   dsp_free(m);
@@ -450,6 +550,8 @@ int sv_metrics_start(sv_server *srv) {
   pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
   pthread_mutex_init(&m->mu, NULL);
   pthread_cond_init(&m->cv, &ca);
+  pthread_mutex_init(&m->cmu, NULL);
+  pthread_cond_init(&m->ccv, &ca);
   pthread_condattr_destroy(&ca);
   if (uv_async_init(&srv->loop, &m->async, on_snapshot) != 0) {
     free_metrics(m);
@@ -463,12 +565,15 @@ int sv_metrics_start(sv_server *srv) {
   unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_AUTO |
                    MHD_USE_ERROR_LOG;
   if (sa->sa_family == AF_INET6) flags |= MHD_USE_IPv6;
-  /* a few scrapers at a time, none holding a connection for long */
+  /* a few scrapers at a time, none holding a connection for long: 10 s
+   * of silence, or REQUEST_DEADLINE_S for one request (the guard) */
   m->d = MHD_start_daemon(flags, 0, NULL, NULL, on_request, m,
                           MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL,
                           MHD_OPTION_SOCK_ADDR, sa,
-                          MHD_OPTION_CONNECTION_LIMIT, (unsigned)16,
+                          MHD_OPTION_CONNECTION_LIMIT, (unsigned)MAX_SCRAPES,
                           MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)10,
+                          MHD_OPTION_NOTIFY_CONNECTION, on_connection, m,
+                          MHD_OPTION_NOTIFY_COMPLETED, on_completed, m,
                           MHD_OPTION_END);
   if (!m->d) {
     sv_log(SV_LOG_ERROR, "cannot serve metrics on %s:%d (--metrics-listen)",
@@ -479,6 +584,10 @@ int sv_metrics_start(sv_server *srv) {
   const union MHD_DaemonInfo *info =
       MHD_get_daemon_info(m->d, MHD_DAEMON_INFO_BIND_PORT);
   m->port = info ? info->port : cfg->metrics_port;
+  if (pthread_create(&m->guard, NULL, guard_main, m) == 0) m->guard_on = 1;
+  else
+    sv_log(SV_LOG_WARN, "metrics endpoint: no thread to end slow requests; "
+           "only %d s of silence ends one", 10);
   return 0;
 }
 
@@ -518,6 +627,14 @@ void sv_metrics_loop_close(sv_server *srv) {
 void sv_metrics_stop(sv_server *srv) {
   sv_metrics *m = srv->metrics;
   if (!m) return;
+  if (m->guard_on) {
+    pthread_mutex_lock(&m->cmu);
+    m->guard_stop = 1;
+    pthread_cond_signal(&m->ccv);
+    pthread_mutex_unlock(&m->cmu);
+    pthread_join(m->guard, NULL);
+    m->guard_on = 0;
+  }
   MHD_stop_daemon(m->d); /* joins its thread: no scrape runs after this */
   m->d = NULL;
   srv->metrics = NULL;

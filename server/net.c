@@ -104,7 +104,11 @@ void sv_conn_close(sv_conn *c, const char *reason) {
  * can reach it): otherwise one Read it never reads holds a slot. */
 static void on_idle(uv_timer_t *t) {
   sv_conn *c = t->data;
-  if (c->closing || c->close_after_flush) return;
+  if (c->closing) return;
+  /* a connection refused with a frame still waits for the client to take
+   * it (close_after_flush): one that takes nothing is closed all the same,
+   * or a client that stalls a frame behind unread replies holds its slot
+   * for as long as it likes */
   if (!sv_writer_idle(c)) {
     if (c->sent != c->sent_at_idle) {
       c->sent_at_idle = c->sent; /* it reads, however slowly */
@@ -121,6 +125,7 @@ static void on_idle(uv_timer_t *t) {
     return;
   }
   c->sent_at_idle = c->sent;
+  if (c->close_after_flush) return; /* refused: closes once flushed */
   if (c->inflight > 0) return;        /* still working */
   if (c->in_frame) return; /* a frame is arriving: --frame-timeout rules */
   char msg[128];

@@ -476,6 +476,17 @@ int sv_encode_reply(const Dspwire__Reply *r, const void *bulk,
  * DISPATCH_ETOOLARGE. */
 int sv_encode_read_reply(dsp_ctx *ctx, const Dspwire__Reply *r,
                          dsp_tensor *t, sv_job *j);
+/* A reply whose bulk is the bytes of ts[0..n-1] in order (a GraphReply)
+ * into j, each tensor's bytes copied once. One tensor: as a Read's reply
+ * (sv_encode_read_reply). Several, past a few pages and with
+ * j->bulk_by_ref: the bytes are copied into one host block charged to
+ * ctx's budget before anything is copied (refused when it does not fit),
+ * j->out is the header and message and j->out_pin a pin of the block,
+ * which keeps the charge until the loop releases it once sent; otherwise
+ * copied into j->out. 0, or DISPATCH_EQUOTA / DISPATCH_ENOMEM /
+ * DISPATCH_ETOOLARGE / a backend's read error, with the detail in ctx. */
+int sv_encode_tensors_reply(dsp_ctx *ctx, const Dspwire__Reply *r,
+                            dsp_tensor *const *ts, size_t n, sv_job *j);
 /* An Error reply frame (req_id, code, message, failed_req_id). */
 int sv_encode_error(uint64_t req_id, int code, const char *msg,
                     uint64_t failed_req, uint8_t **out, size_t *out_len);

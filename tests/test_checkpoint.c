@@ -803,3 +803,24 @@ Test(checkpoint, resume_sgd_remote_fresh_server, .fini = teardown) {
 Test(checkpoint, resume_adam_local, .fini = teardown) {
   resume_case("local", 1);
 }
+
+/* ------------------------------------------------------------------ */
+/* issue 21 item 10: a FIFO is refused, not opened for ever            */
+
+/* Loading a FIFO nobody writes returns "not a regular file" at once; a
+ * blocking open waited for a writer that never comes (the timeout ends
+ * the test if it hangs). */
+Test(checkpoint, load_of_a_fifo_refused, .fini = teardown, .timeout = 30) {
+  setup_dir();
+  char path[300];
+  path_in_dir(path, sizeof path, "fifo.safetensors");
+  cr_assert_eq(mkfifo(path, 0600), 0);
+  dispatch_device *dev = open_kind("local");
+  dispatch_checkpoint *ck = NULL;
+  cr_assert_eq(dispatch_load(dev, path, &ck), DISPATCH_EINVAL);
+  cr_assert_null(ck);
+  cr_assert(strstr(dispatch_device_errmsg(dev), "not a regular file"), "%s",
+            dispatch_device_errmsg(dev));
+  OK(dev, dispatch_device_sync(dev));
+  dispatch_device_close(dev);
+}

@@ -629,3 +629,161 @@ Test(graph, hostile_define_and_replay, .fini = stop_server) {
   wire_close(&c);
   cr_assert_eq(sp_stop(&g_srv), 0, "the server did not exit cleanly");
 }
+
+/* ------------------------------------------------------------------ */
+/* issue 21 item 3: a replay's reply holds each output once and is      */
+/* charged to the session before it is built                            */
+
+/* A GraphDefine naming slot `slot` as its outputs n times, over one
+ * external (session tensor 1) and n_nodes adds out_k = ext + ext. */
+static void define_outputs(wire_conn *c, uint64_t graph, const uint32_t *outs,
+                           size_t n_out, int n_adds) {
+  uint64_t ext[1] = {1};
+  uint32_t ins[2] = {0, 0};
+  Dspwire__GraphNode nodes[8], *np[8];
+  cr_assert_leq(n_adds, 8);
+  for (int k = 0; k < n_adds; k++) {
+    dspwire__graph_node__init(&nodes[k]);
+    nodes[k].kind = 0;
+    nodes[k].op = 1; /* add */
+    nodes[k].n_inputs = 2;
+    nodes[k].inputs = ins;
+    nodes[k].output = 1 + (uint32_t)k;
+    np[k] = &nodes[k];
+  }
+  Dspwire__GraphDefine d = DSPWIRE__GRAPH_DEFINE__INIT;
+  d.graph = graph;
+  d.n_externals = 1;
+  d.externals = ext;
+  d.n_slots = 1 + (uint32_t)n_adds + (uint32_t)n_out;
+  d.n_nodes = (size_t)n_adds;
+  d.nodes = np;
+  d.n_outputs = n_out;
+  d.outputs = (uint32_t *)outs;
+  send_define(c, &d);
+}
+
+/* A definition naming one slot twice as an output is refused (each named
+ * output's bytes went into the reply again: a 64 MiB tensor named 24 times
+ * made 1.5 GiB no budget counted); the session goes on. */
+Test(graph, repeated_output_refused_at_define, .fini = stop_server) {
+  start_server(NULL);
+  wire_conn c;
+  cr_assert_eq(wire_connect(&c, g_srv.port), 0);
+  cr_assert_eq(wire_hello(&c, "repeat-graph"), 0);
+  int64_t shape[1] = {4};
+  float x[4] = {1, 2, 3, 4};
+  wire_upload(&c, 1, 0, 1, shape, x, sizeof x);
+  char msg[512];
+  uint32_t twice[3] = {1, 0, 1};
+  define_outputs(&c, 8, twice, 3, 1);
+  cr_assert_eq(wire_sync_check(&c, msg, sizeof msg, NULL), DISPATCH_EINVAL,
+               "%s", msg);
+  cr_assert(strstr(msg, "output 2 is slot 1, an earlier output"), "%s", msg);
+  uint64_t id = send_replay(&c, 8, 0, NULL, NULL, 0);
+  cr_assert_eq(expect_error(&c, id, "graph 8 does not exist"), DISPATCH_ENOID);
+  /* the same outputs once each: defined and replayed */
+  uint32_t once[2] = {1, 0};
+  define_outputs(&c, 8, once, 2, 1);
+  cr_assert_eq(wire_sync_check(&c, msg, sizeof msg, NULL), 0, "%s", msg);
+  id = send_replay(&c, 8, 0, NULL, NULL, 0);
+  void *bulk = NULL;
+  size_t blen = 0;
+  Dspwire__Reply *r = recv_reply(&c, id, &bulk, &blen);
+  cr_assert_null(r->error, "%s", r->error ? r->error->message : "");
+  cr_assert_eq(blen, 2 * sizeof x);
+  cr_assert_eq(((float *)bulk)[3], 8.0f);
+  cr_assert_eq(((float *)bulk)[7], 4.0f);
+  wire_reply_free(r, bulk);
+  wire_close(&c);
+  cr_assert_eq(sp_stop(&g_srv), 0, "the server did not exit cleanly");
+}
+
+/* The reply's bytes are charged to the session before they are copied:
+ * under an 8 MiB session, four 1 MiB outputs of a 1 MiB external (1 + 4
+ * of tensors, 4 of reply) are refused with EQUOTA naming the reply, where
+ * the uncounted reply used to be built; two (1 + 2 + 2) replay again and
+ * again, so each reply's charge goes once it is sent. */
+Test(graph, reply_charged_to_the_session, .fini = stop_server) {
+  start_server((const char *const[]){"--max-session-bytes", "8M", NULL});
+  wire_conn c;
+  cr_assert_eq(wire_connect(&c, g_srv.port), 0);
+  cr_assert_eq(wire_hello(&c, "charged-graph"), 0);
+  int64_t shape[1] = {1 << 18}; /* 1 MiB of f32 */
+  size_t nb = (size_t)shape[0] * 4;
+  float *x = malloc(nb);
+  cr_assert_not_null(x);
+  for (int64_t i = 0; i < shape[0]; i++) x[i] = (float)(i % 7);
+  wire_upload(&c, 1, 0, 1, shape, x, nb);
+  char msg[512];
+  uint32_t four[4] = {1, 2, 3, 4}, two[2] = {1, 2};
+  define_outputs(&c, 9, four, 4, 4);
+  define_outputs(&c, 10, two, 2, 2);
+  cr_assert_eq(wire_sync_check(&c, msg, sizeof msg, NULL), 0, "%s", msg);
+  uint64_t id = send_replay(&c, 9, 0, NULL, NULL, 0);
+  cr_assert_eq(expect_error(&c, id, "the reply"), DISPATCH_EQUOTA);
+  for (int k = 0; k < 6; k++) {
+    id = send_replay(&c, 10, 0, NULL, NULL, 0);
+    void *bulk = NULL;
+    size_t blen = 0;
+    Dspwire__Reply *r = recv_reply(&c, id, &bulk, &blen);
+    cr_assert_null(r->error, "replay %d: %s", k,
+                   r->error ? r->error->message : "");
+    cr_assert_eq(blen, 2 * nb);
+    cr_assert_eq(((float *)bulk)[5], 10.0f);
+    cr_assert_eq(((float *)bulk)[(1 << 18) + 6], 12.0f);
+    wire_reply_free(r, bulk);
+  }
+  free(x);
+  wire_close(&c);
+  cr_assert_eq(sp_stop(&g_srv), 0, "the server did not exit cleanly");
+}
+
+/* A captured step that names one tensor twice (and another once) keeps
+ * working: the client sends each once and hands both copies back. */
+static void same_output_twice(int remote) {
+  if (remote) start_server(NULL);
+  dispatch_device *dev = open_dev(remote);
+  int64_t shape[1] = {3};
+  float x0[3] = {0, 0, 0};
+  dispatch_tensor *x, *y, *z;
+  cr_assert_eq(dispatch_graph_begin(dev), 0);
+  cr_assert_eq(dispatch_tensor_from_data(dev, DISPATCH_F32, 1, shape, x0,
+                                         sizeof x0, &x), 0);
+  cr_assert_eq(dispatch_add(x, x, &y), 0);
+  cr_assert_eq(dispatch_mul(y, x, &z), 0);
+  cr_assert_eq(dispatch_graph_output(y), 0);
+  cr_assert_eq(dispatch_graph_output(z), 1);
+  cr_assert_eq(dispatch_graph_output(y), 2);
+  dispatch_graph *g;
+  cr_assert_eq(dispatch_graph_end(dev, &g), 0, "%s",
+               dispatch_device_errmsg(dev));
+  cr_assert_eq(dispatch_graph_n_outputs(g), 3);
+  cr_assert_eq(dispatch_graph_output_nbytes(g, 2), sizeof x0);
+  for (int k = 1; k < 4; k++) {
+    float in[3] = {1.0f * k, 2, 3}, o[3][3];
+    memset(o, 0, sizeof o);
+    dispatch_graph_io gi = {DISPATCH_F32, 1, shape, in, sizeof in};
+    dispatch_graph_io go[3];
+    for (int i = 0; i < 3; i++)
+      go[i] = (dispatch_graph_io){DISPATCH_F32, 1, shape, o[i], sizeof o[i]};
+    cr_assert_eq(dispatch_graph_replay(g, &gi, 1, go, 3), 0, "%s",
+                 dispatch_device_errmsg(dev));
+    for (int e = 0; e < 3; e++) {
+      cr_assert_eq(o[0][e], 2 * in[e]);
+      cr_assert_eq(o[1][e], 2 * in[e] * in[e]);
+      cr_assert_eq(o[2][e], 2 * in[e]);
+    }
+  }
+  dispatch_graph_free(g);
+  dispatch_tensor_free(x);
+  dispatch_tensor_free(y);
+  dispatch_tensor_free(z);
+  dispatch_device_close(dev);
+}
+
+Test(graph, same_output_twice_local) { same_output_twice(0); }
+
+Test(graph, same_output_twice_remote, .fini = stop_server) {
+  same_output_twice(1);
+}

@@ -12,7 +12,9 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <pthread.h>
 #include <regex.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -502,4 +504,81 @@ Test(metrics, json_log_lines_parse_and_carry_fields) {
   cr_assert_eq(hello, 1);
   cr_assert_geq(with_session, 3, "opened, hello, requests, closed");
   free(log);
+}
+
+/* ------------------------------------------------------------------ */
+/* issue 21 item 9: slow clients do not hold the endpoint               */
+
+#define N_SLOW 20
+
+typedef struct slow_clients {
+  int fd[N_SLOW];
+  atomic_int stop;
+  int reconnects;
+} slow_clients;
+
+/* A connection that sends a request line and one header, and then never
+ * ends its headers. */
+static int slow_open(void) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return -1;
+  struct sockaddr_in a = {.sin_family = AF_INET,
+                          .sin_port = htons((uint16_t)g_mport)};
+  inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
+  const char *start = "GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ";
+  if (connect(fd, (struct sockaddr *)&a, sizeof a) != 0 ||
+      send(fd, start, strlen(start), MSG_NOSIGNAL) < 0) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+/* Every 200 ms each connection sends one more byte of its header, well
+ * inside MHD's 10 s of silence; one the server ends opens again. */
+static void *slow_main(void *arg) {
+  slow_clients *s = arg;
+  while (!atomic_load(&s->stop)) {
+    for (int i = 0; i < N_SLOW; i++) {
+      if (s->fd[i] >= 0 && send(s->fd[i], "a", 1, MSG_NOSIGNAL) == 1) continue;
+      if (s->fd[i] >= 0) close(s->fd[i]);
+      s->fd[i] = slow_open();
+      s->reconnects++;
+    }
+    usleep(200 * 1000);
+  }
+  return NULL;
+}
+
+/* Twenty clients trickling their headers (more than the endpoint's 16
+ * connections), opening again whenever one is ended: a scrape still gets
+ * its answer, as each request has a few seconds in all. Before, the
+ * trickling kept every connection for ever and the scrape had none. */
+Test(metrics, slow_clients_do_not_hold_the_endpoint) {
+  start(NULL, 0);
+  slow_clients s = {.reconnects = 0};
+  atomic_init(&s.stop, 0);
+  for (int i = 0; i < N_SLOW; i++) {
+    s.fd[i] = slow_open();
+    cr_assert_geq(s.fd[i], 0, "%s", strerror(errno));
+  }
+  pthread_t th;
+  cr_assert_eq(pthread_create(&th, NULL, slow_main, &s), 0);
+  sleep(1); /* the first 16 hold the endpoint's connections */
+  char *text = scrape();
+  cr_assert(strstr(text, "dispatch_memory_bytes"), "%s", text);
+  free(text);
+  atomic_store(&s.stop, 1);
+  pthread_join(th, NULL);
+  /* the scrape had a connection because slow ones were ended: reopened,
+   * or with their end (FIN or reset) waiting to be read */
+  int ended = s.reconnects;
+  for (int i = 0; i < N_SLOW; i++) {
+    if (s.fd[i] < 0) continue;
+    char b;
+    ssize_t r = recv(s.fd[i], &b, 1, MSG_DONTWAIT | MSG_PEEK);
+    if (r == 0 || (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK)) ended++;
+    close(s.fd[i]);
+  }
+  cr_assert_gt(ended, 0, "no slow client was ever ended");
 }

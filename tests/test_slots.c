@@ -369,3 +369,67 @@ Test(slots, a_reply_finished_after_expiry_is_not_kept) {
   int status = sp_stop(&g_srv);
   cr_assert_eq(status, 0, "dispatch-server exited with status %d", status);
 }
+
+/* A client that stalls a frame (--frame-timeout) while it takes none of
+ * its replies: the refusal's Error frame waits behind the unread replies
+ * (close_after_flush), and the idle check skipped such a connection, so
+ * it was never closed and held its slot for as long as the client liked.
+ * It is closed as any client that does not read is (--idle-timeout, the
+ * idle_timeout limit counted once the frame timeout was). */
+Test(slots, a_stalled_frame_behind_unread_replies_is_closed) {
+  const char *args[] = {"--frame-timeout", "1", "--idle-timeout", "2",
+                        NULL};
+  start(args);
+  raw_sess b;
+  cr_assert_eq(hello(&b, NULL), 0);
+  enum { N = 16384 };
+  static float x[N];
+  int64_t sh[1] = {N};
+  dsp_wreq w;
+  send_seq(&b.c, dsp_wreq_upload(&w, 1, DSP_F32, 1, sh), 1, x, sizeof x);
+  for (uint64_t i = 0; i < 400; i++)
+    send_seq(&b.c, dsp_wreq_read(&w, 1), 2 + i, NULL, 0);
+  uint8_t first = 20; /* one byte of a frame header, then nothing */
+  cr_assert_eq(wire_send_raw(&b.c, &first, 1), 0);
+  const char *frame = "dispatch_limit_violations_total{limit=\"frame_timeout\"}";
+  const char *idle = "dispatch_limit_violations_total{limit=\"idle_timeout\"}";
+  /* bounded waits: safety nets, not timing checks */
+  for (int i = 0; i < 1500 && metric(frame) < 1; i++) sleep_ms(20);
+  cr_assert_eq(metric(frame), 1, "the stalled frame was never refused");
+  for (int i = 0; i < 1500 && metric(idle) < 1; i++) sleep_ms(20);
+  cr_assert_eq(metric(idle), 1,
+               "a refused client that reads nothing was never closed");
+  settle();
+  wire_close(&b.c);
+  cr_assert_eq(sp_stop(&g_srv), 0);
+}
+
+/* A hello refused for an unknown device costs no detached session its
+ * place: the device is looked up before room is made. */
+Test(slots, a_hello_refused_for_its_device_evicts_nothing) {
+  const char *args[] = {"--max-sessions", "1", "--session-grace", "60",
+                        NULL};
+  start(args);
+  raw_sess a;
+  cr_assert_eq(hello(&a, NULL), 0);
+  wire_close(&a.c);
+  wait_detached(1);
+  wire_conn c;
+  cr_assert_eq(wire_connect(&c, g_srv.port), 0);
+  dsp_wreq w;
+  Dspwire__Request *r = dsp_wreq_hello(&w, DSP_PROTO_MAJOR, DSP_PROTO_MINOR,
+                                       NULL, "slots");
+  w.body.hello.device = "cuda:7";
+  send_seq(&c, r, 0, NULL, 0);
+  Dspwire__Reply *rep;
+  cr_assert_eq(wire_recv(&c, &rep, NULL, NULL), 0, "no hello reply");
+  cr_assert(rep->error, "a hello for an unknown device was accepted");
+  cr_assert_eq(rep->error->code, DISPATCH_EDEVICE, "%s",
+               rep->error->message);
+  wire_reply_free(rep, NULL);
+  wire_close(&c);
+  settle();
+  cr_assert_eq(metric(EVICTED_OLDEST), 0);
+  expect_resumes(&a);
+  cr_assert_eq(sp_stop(&g_srv), 0);
+}

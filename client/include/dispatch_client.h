@@ -890,7 +890,9 @@ int dispatch_graph_input(dispatch_device *dev, dispatch_dtype dtype, int ndim,
 
 /* Asks every replay for t's bytes (AUTODIFF: its inner); t is borrowed
  * and must live on a device with an open capture. Returns the output's
- * index (0, 1, ... in call order) or DISPATCH_EINVAL. */
+ * index (0, 1, ... in call order) or DISPATCH_EINVAL. A tensor named
+ * twice is two outputs with the same bytes (a REMOTE replay's reply
+ * carries them once). */
 DISPATCH_API
 int dispatch_graph_output(dispatch_tensor *t);
 
