@@ -197,11 +197,14 @@ void dsp_ctx_set_max_op_cost(dsp_ctx *ctx, uint64_t max_cost);
 uint64_t dsp_ctx_work(const dsp_ctx *ctx);
 /* What every op costs whatever its size, in dsp_op_cost units: inference,
  * the admission checks, the result's header and storage, its tape node,
- * its release (0.1-0.5 us here, as much as a kernel's 1000-5000 units).
- * dsp_op_cost leaves it out (an empty result costs 0 there), dsp_ctx_work
- * counts it, so a stretch of ops on empty tensors is not measured as no
- * work. */
-#define DSP_WORK_PER_OP 1024u
+ * its release (0.12 us alone, about 0.5 us inside a graph replay here;
+ * the server's loop allowance, 2^20 units, is about a millisecond, so
+ * 512 units is that half microsecond). dsp_op_cost leaves it out (an
+ * empty result costs 0 there), dsp_ctx_work counts it, so a stretch of
+ * ops on empty tensors is not measured as no work. 1024 sent the replay
+ * of a chain of 1000 adds of 16 floats (0.5 ms) to a worker, and the
+ * graph bench's chain row from 0.74-0.96 of LOCAL to 0.72-0.75. */
+#define DSP_WORK_PER_OP 512u
 
 /* ------------------------------------------------------------------ */
 /* shapes                                                              */

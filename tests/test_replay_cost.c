@@ -193,7 +193,7 @@ static void second_replay(wire_conn *c, uint64_t gid, const void *bulk,
 /* Item 1: 4096 adds on empty tensors each did no kernel work, so a
  * replay measured 0 (1) and ran on the network thread: 300,000 such nodes
  * and 20 replays in one write held every other session 3-4.6 s. Counted
- * DSP_WORK_PER_OP each, 4096 nodes are 4M, past the 2^20 a read may
+ * DSP_WORK_PER_OP each, 4096 nodes are 2M, past the 2^20 a read may
  * spend on the loop: the replay goes to a worker. So do 4096 grad nodes,
  * which run no op at all. */
 Test(replay_cost, nodes_of_no_work_still_cost, .fini = stop) {
@@ -352,13 +352,13 @@ Test(replay_cost, drain_deadline_cuts_a_queue_of_replays, .fini = stop,
 
 /* Item 4: --max-replay-cost bounds a replay's work as a whole (each op
  * was bounded, the replay not at all). 32 adds of 4096 floats cost
- * 8192 + 1024 each, 33 slots 33: with a bound of 100000 ops 0-9 run and
- * op 10 is refused before it runs. A definition of 100 adds on empty
- * tensors (at least 100 * 1024 + 101 a replay) is refused at once; 16 of
- * them pass. */
+ * 8192 + DSP_WORK_PER_OP (512) each, 33 slots 33: with a bound of 90000
+ * ops 0-9 run and op 10 is refused before it runs. A definition of 200
+ * adds on empty tensors (at least 200 * 512 + 201 a replay) is refused at
+ * once; 16 of them pass. */
 Test(replay_cost, max_replay_cost_bounds_a_replay, .fini = stop) {
   start((const char *const[]){"--log-level", "error", "--max-replay-cost",
-                              "100000", NULL});
+                              "90000", NULL});
   wire_conn c;
   cr_assert_eq(wire_connect(&c, g_srv.port), 0);
   cr_assert_eq(wire_hello(&c, "bound"), 0);
@@ -377,18 +377,18 @@ Test(replay_cost, max_replay_cost_bounds_a_replay, .fini = stop) {
   cr_assert_not_null(x);
   int rc = replay(&c, 1, x, N * sizeof *x, msg, sizeof msg);
   free(x);
-  cr_assert_eq(rc, DISPATCH_ELIMIT, "a replay of 295k: %s (%s)",
+  cr_assert_eq(rc, DISPATCH_ELIMIT, "a replay of 278k: %s (%s)",
                dispatch_err_name(rc), msg);
   cr_assert(strstr(msg, "op 10 (add)"), "%s", msg);
-  cr_assert(strstr(msg, "over the per-replay limit of 100000"), "%s", msg);
+  cr_assert(strstr(msg, "over the per-replay limit of 90000"), "%s", msg);
   cr_assert(strstr(msg, "--max-replay-cost"), "%s", msg);
 
   input_f32(0);
   uint32_t last;
-  empty_chain(&d, 100, &last);
+  empty_chain(&d, 200, &last);
   rc = define_send(&c, 2, &d, 1, last, msg, sizeof msg);
   gdef_free(&d);
-  cr_assert_eq(rc, DISPATCH_ELIMIT, "a definition of 100 nodes: %s (%s)",
+  cr_assert_eq(rc, DISPATCH_ELIMIT, "a definition of 200 nodes: %s (%s)",
                dispatch_err_name(rc), msg);
   cr_assert(strstr(msg, "--max-replay-cost"), "%s", msg);
   cr_assert_eq(replay(&c, 2, NULL, 0, msg, sizeof msg), DISPATCH_ENOID,
