@@ -124,6 +124,7 @@ typedef struct dispatch__conn {
   struct ssl_st *ssl;         /* tls://: the session (NULL: plain TCP) */
   struct ssl_ctx_st *ssl_ctx;
   int tls_failed;             /* a TLS-level failure (not the socket) */
+  int tls_expired;            /* the last TLS wait ran out of time */
   uint8_t *rbuf; /* plain TCP: received bytes not consumed yet (NULL on
                     TLS: OpenSSL buffers records itself) */
   size_t rpos, rlen;
@@ -175,7 +176,39 @@ typedef struct dispatch__conn {
   int ops_n;
   int ops_limit;        /* records that close the open batch */
   uint32_t server_minor; /* the hello's: what the server understands */
+  /* 1.4 keepalive (remote.c): while the server works on the session's
+   * requests it sends a keepalive every ka_ms when it writes nothing else,
+   * so a wait tells a busy server (DISPATCH_ETIMEDOUT at its deadline, the
+   * session intact) from a silent one (no bytes for timeout_ms: the
+   * connection is lost, and resumed). ka_ms 0: an older server, whose
+   * waits end at the timeout with DISPATCH_ECONN as before. */
+  uint32_t ka_ms;       /* the interval the server said it uses */
+  uint32_t ka_asked;    /* the interval last asked of it */
+  int64_t heard_ms;     /* when bytes last came, or the current wait began */
+  /* a waiting request whose wait timed out: its reply is still to come,
+   * and the next wait takes it first (pend_id 0: none) */
+  uint64_t pend_id, pend_seq;
+  int pend_case;        /* its Request body case */
+  uint64_t pend_key;    /* a Read's tensor, a replay's graph */
+  uint64_t pend_hash;   /* a replay's input bytes (FNV-1a) */
+  size_t pend_len;      /* their length */
+  size_t pend_dst_len;  /* the reply bulk its caller expected */
+  uint64_t pend_next;   /* next_id after it: unchanged, nothing went since */
 } dispatch__conn;
+
+/* The keepalive interval a wait bound of timeout_ms asks for (a quarter
+ * of it; 0: none, for no bound). */
+DISPATCH__HIDDEN uint32_t dispatch__keepalive_for(int timeout_ms);
+/* What a wait does at now (ms) on a connection whose server sends
+ * keepalives: DISPATCH__WAIT_ON (poll on, at most *left ms),
+ * DISPATCH__WAIT_SILENT (nothing heard for timeout_ms: the connection is
+ * lost) or DISPATCH__WAIT_TIMEDOUT (the wait's deadline passed with the
+ * server alive; only where a reply may begin: at_boundary). timeout_ms 0:
+ * no bound. A pure function, unit-tested (tests/test_client_wait.c). */
+enum { DISPATCH__WAIT_ON, DISPATCH__WAIT_SILENT, DISPATCH__WAIT_TIMEDOUT };
+DISPATCH__HIDDEN int dispatch__wait_verdict(int64_t now, int64_t heard,
+                                            int64_t deadline, int timeout_ms,
+                                            int at_boundary, int64_t *left);
 
 struct dispatch_device {
   dispatch_tensor_kind kind; /* LOCAL or REMOTE */

@@ -36,7 +36,8 @@ static void note_thread(const dispatch_device *dev) {
 int dispatch__ret(dispatch_device *dev, int rc) {
   if (!dev || rc >= 0) return rc;
   dev->errcode = rc;
-  if (!dev->first_code) {
+  /* a wait that timed out failed nothing: the request stays queued */
+  if (!dev->first_code && rc != DISPATCH_ETIMEDOUT) {
     const char *m = dsp_ctx_errmsg(dev->ctx);
     dev->first_code = rc;
     snprintf(dev->first_msg, sizeof dev->first_msg, "%s",
@@ -278,6 +279,7 @@ int dispatch_device_open(const char *spec, const dispatch_options *opts,
     const char *t = getenv("DISPATCH_TIMEOUT_MS");
     long v = t ? strtol(t, NULL, 10) : 0;
     o.timeout_ms = v > 0 && v < 86400000 ? (int)v : 30000;
+    if (t && *t == '0' && v == 0) o.timeout_ms = 0; /* "0": no limit */
   }
 
   dispatch_tensor_kind kind;
@@ -578,9 +580,9 @@ int dispatch_device_stats(dispatch_device *dev, dispatch_stats *out) {
 int dispatch_device_set_timeout(dispatch_device *dev, int timeout_ms) {
   if (!dev) return DISPATCH_EINVAL;
   DISPATCH__GUARD(dev, "device_set_timeout");
-  if (timeout_ms <= 0)
+  if (timeout_ms < 0)
     return dispatch__ret(dev, dsp_seterr(dev->ctx, DISPATCH_EINVAL,
-                                         "set_timeout: %d ms is not positive",
+                                         "set_timeout: %d ms is negative",
                                          timeout_ms));
   dev->conn->timeout_ms = timeout_ms;
   return 0;

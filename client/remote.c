@@ -2,6 +2,17 @@
  * that batches fire-and-forget requests, and waits bounded by poll()
  * deadlines so a lost server gives DISPATCH_ECONN instead of a hang.
  *
+ * Waits (protocol 1.4): a server that works on the session's requests
+ * sends keepalives, so a wait tells silence from slowness by the
+ * connection: no bytes at all for the timeout is a lost connection (and
+ * a resume), while a reply that is not there by the wait's deadline from
+ * a server that is heard from gives DISPATCH_ETIMEDOUT and leaves the
+ * session as it was: the request stays pending (pend_id) and the next
+ * wait takes its reply first (as its own, when it asks the same thing
+ * with nothing sent in between). An older server sends no keepalives: a
+ * reply not there within the timeout then loses the connection, as
+ * before.
+ *
  * Request ids: one counter per connection hands out tensor ids, gradient
  * container ids and request ids, and a request that creates a tensor uses
  * the new tensor's id as its req_id. A server error's failed_req_id thus
@@ -62,6 +73,17 @@ static int64_t now_ms(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* The deadline of a wait or send starting now: timeout_ms 0 is no bound. */
+static int64_t deadline_in(const dispatch__conn *c) {
+  return c->timeout_ms > 0 ? now_ms() + c->timeout_ms : INT64_MAX;
+}
+
+/* A poll timeout for left ms (negative: none). */
+static int poll_ms(int64_t left) {
+  if (left < 0) return -1;
+  return left > (1 << 30) ? (1 << 30) : (int)left;
 }
 
 /* The message of the server's going-away frame when one is waiting
@@ -168,12 +190,41 @@ static int check_alive(dispatch_device *dev) {
   return dead_error(dev);
 }
 
+/* While a send waits on a server that reads nothing (busy with the
+ * session's queue, its reading paused), the server's keepalives say it is
+ * alive: they are read into rbuf, after what it holds, for the next wait
+ * to parse. 1 when bytes came, 0 when none (or rbuf is full), -1 at EOF
+ * or an error (the caller loses the connection). */
+static int take_early_bytes(dispatch__conn *c) {
+  if (c->rpos > 0) {
+    memmove(c->rbuf, c->rbuf + c->rpos, c->rlen - c->rpos);
+    c->rlen -= c->rpos;
+    c->rpos = 0;
+  }
+  if (c->rlen == REMOTE_RBUF) return 0;
+  ssize_t r = recv(c->fd, c->rbuf + c->rlen, REMOTE_RBUF - c->rlen,
+                   MSG_DONTWAIT);
+  if (r > 0) {
+    c->rlen += (size_t)r;
+    c->heard_ms = now_ms();
+    return 1;
+  }
+  if (r < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK))
+    return 0;
+  return -1;
+}
+
 /* Writes all n bytes or loses the connection; each poll waits at most
- * the remaining time to the deadline. */
+ * the remaining time to the deadline. With keepalives (plain TCP) the
+ * timeout bounds silence, not the send: bytes the socket takes or the
+ * server sends (its keepalives while it is too busy to read) start it
+ * again. */
 static int send_all(dispatch_device *dev, const void *p, size_t n) {
   dispatch__conn *c = dev->conn;
   const uint8_t *b = p;
-  int64_t deadline = now_ms() + c->timeout_ms;
+  int64_t deadline = deadline_in(c);
+  int ka = c->ka_ms && c->rbuf && c->timeout_ms > 0;
+  if (ka) c->heard_ms = now_ms(); /* silence counts from here */
   if (c->ssl) {
     char why[384];
     if (dispatch__tls_write(c, p, n, deadline, why, sizeof why) < 0)
@@ -188,6 +239,7 @@ static int send_all(dispatch_device *dev, const void *p, size_t n) {
     if (w > 0) {
       b += w;
       n -= (size_t)w;
+      if (ka) deadline = deadline_in(c); /* the server takes bytes */
       continue;
     }
     if (w < 0 && errno == EINTR) continue;
@@ -196,11 +248,17 @@ static int send_all(dispatch_device *dev, const void *p, size_t n) {
       snprintf(why, sizeof why, "send: %s", strerror(errno));
       return conn_lost(dev, why);
     }
-    int64_t left = deadline - now_ms();
-    if (left <= 0) return conn_lost(dev, "send timed out");
-    struct pollfd pfd = {c->fd, POLLOUT, 0};
-    int pr = poll(&pfd, 1, (int)left);
+    int64_t now = now_ms(), end = deadline;
+    if (ka && c->heard_ms + c->timeout_ms > end)
+      end = c->heard_ms + c->timeout_ms;
+    if (end - now <= 0) return conn_lost(dev, "send timed out");
+    short ev = ka && c->rlen - c->rpos < REMOTE_RBUF ? POLLOUT | POLLIN
+                                                      : POLLOUT;
+    struct pollfd pfd = {c->fd, ev, 0};
+    int pr = poll(&pfd, 1, poll_ms(end - now));
     if (pr < 0 && errno != EINTR) return conn_lost(dev, "poll failed");
+    if (pr > 0 && (pfd.revents & POLLIN) && take_early_bytes(c) < 0)
+      return conn_lost(dev, "the server closed the connection");
   }
   return 0;
 }
@@ -211,11 +269,22 @@ static int64_t now_ns(void) {
   return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 
+/* A server that sends keepalives was silent for the whole timeout. */
+static int conn_silent(dispatch_device *dev) {
+  char why[128];
+  snprintf(why, sizeof why, "the server sent nothing for %d ms",
+           dev->conn->timeout_ms);
+  return conn_lost(dev, why);
+}
+
 /* Waits until the socket is readable or the deadline passes, polling it
  * for the spin budget of the connection's policy (wait.c) before sleeping.
  * record: this is the wait for a reply's first bytes, whose latency feeds
- * the policy (waits mid-frame only follow it). */
-static int wait_readable(dispatch_device *dev, int64_t deadline, int record) {
+ * the policy (waits mid-frame only follow it). With keepalives (1.4) the
+ * deadline ends only a wait at a frame boundary (DISPATCH_ETIMEDOUT, no
+ * message: the caller words it); silence ends any. */
+static int wait_readable(dispatch_device *dev, int64_t deadline, int record,
+                         int boundary) {
   dispatch__conn *c = dev->conn;
   int64_t spin = dispatch__spin_budget(&c->spin);
   int64_t t0 = now_ns();
@@ -230,14 +299,20 @@ static int wait_readable(dispatch_device *dev, int64_t deadline, int record) {
     } while (now_ns() < end);
   }
   for (;;) {
-    int64_t left = deadline - now_ms();
-    if (left <= 0) {
+    int64_t left = -1;
+    if (c->ka_ms) {
+      int v = dispatch__wait_verdict(now_ms(), c->heard_ms, deadline,
+                                     c->timeout_ms, boundary, &left);
+      if (v == DISPATCH__WAIT_SILENT) return conn_silent(dev);
+      if (v == DISPATCH__WAIT_TIMEDOUT) return DISPATCH_ETIMEDOUT;
+    } else if (c->timeout_ms > 0 && (left = deadline - now_ms()) <= 0) {
+      /* an older server: no keepalive tells slow from silent */
       char why[128];
       snprintf(why, sizeof why, "no reply within %d ms", c->timeout_ms);
-      return conn_dead(dev, why); /* a slow server, not a lost socket */
+      return conn_dead(dev, why);
     }
     struct pollfd pfd = {c->fd, POLLIN, 0};
-    int pr = poll(&pfd, 1, (int)left);
+    int pr = poll(&pfd, 1, poll_ms(left));
     if (pr > 0) {
       if (record) dispatch__spin_record(&c->spin, spin, now_ns() - t0);
       return 0;
@@ -249,7 +324,10 @@ static int wait_readable(dispatch_device *dev, int64_t deadline, int record) {
 /* One non-blocking recv: >0 bytes, 0 nothing yet, or ECONN. */
 static long recv_some(dispatch_device *dev, void *p, size_t n) {
   ssize_t r = recv(dev->conn->fd, p, n, MSG_DONTWAIT);
-  if (r > 0) return (long)r;
+  if (r > 0) {
+    dev->conn->heard_ms = now_ms();
+    return (long)r;
+  }
   if (r == 0) return conn_lost(dev, "the server closed the connection");
   if (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK) return 0;
   char why[128];
@@ -262,16 +340,32 @@ static long recv_some(dispatch_device *dev, void *p, size_t n) {
  * reply's header, message and the start of its bulk in one recv), a long
  * one straight into p, so a bulk lands in the caller's buffer without an
  * intermediate copy. wait_first: poll before the first recv (a reply that
- * cannot have arrived yet), saving a recv that would only say EAGAIN. */
+ * cannot have arrived yet), saving a recv that would only say EAGAIN.
+ * boundary: p is a frame's start, where the deadline may end the wait
+ * with DISPATCH_ETIMEDOUT while none of it was read (keepalives only). */
 static int recv_all(dispatch_device *dev, void *p, size_t n,
-                    int64_t deadline, int wait_first) {
+                    int64_t deadline, int wait_first, int boundary) {
   dispatch__conn *c = dev->conn;
   uint8_t *b = p;
   while (c->ssl && n > 0) {
     char why[384];
     size_t got = 0;
-    if (dispatch__tls_read(c, b, n, &got, deadline, why, sizeof why) < 0)
+    int64_t dl = c->timeout_ms > 0 ? deadline : INT64_MAX;
+    if (c->ka_ms) {
+      int64_t now = now_ms(), left;
+      int v = dispatch__wait_verdict(now, c->heard_ms, deadline,
+                                     c->timeout_ms, boundary && b == p,
+                                     &left);
+      if (v == DISPATCH__WAIT_SILENT) return conn_silent(dev);
+      if (v == DISPATCH__WAIT_TIMEDOUT) return DISPATCH_ETIMEDOUT;
+      dl = left < 0 ? INT64_MAX : now + left;
+    }
+    c->tls_expired = 0;
+    if (dispatch__tls_read(c, b, n, &got, dl, why, sizeof why) < 0) {
+      if (c->ka_ms && c->tls_expired) continue; /* judged above */
       return conn_lost(dev, why);
+    }
+    c->heard_ms = now_ms();
     b += got;
     n -= got;
   }
@@ -287,7 +381,7 @@ static int recv_all(dispatch_device *dev, void *p, size_t n,
   while (n > 0) {
     if (c->fd < 0) return check_alive(dev);
     if (wait_first) {
-      int rc = wait_readable(dev, deadline, first);
+      int rc = wait_readable(dev, deadline, first, boundary && b == p);
       if (rc < 0) return rc;
       wait_first = first = 0;
     }
@@ -475,7 +569,7 @@ static int drain(dispatch_device *dev, uint64_t n, int64_t deadline) {
   uint8_t tmp[16384];
   while (n > 0) {
     size_t k = n < sizeof tmp ? (size_t)n : sizeof tmp;
-    int rc = recv_all(dev, tmp, k, deadline, 0);
+    int rc = recv_all(dev, tmp, k, deadline, 0, 0);
     if (rc < 0) return rc;
     n -= k;
   }
@@ -539,16 +633,28 @@ static void log_trim(dispatch__conn *c, uint64_t seq) {
 
 /* Reads frames until the reply to req_id. A READ reply's bulk lands in dst
  * when its size is dst_len. EBROKEN when the socket failed on a resumable
- * session (nothing kept; the caller reconnects and waits again). */
+ * session (nothing kept; the caller reconnects and waits again). With
+ * keepalives and may_time_out, DISPATCH_ETIMEDOUT when the deadline
+ * passed between frames with the server alive: the stream is at a frame
+ * boundary, and the reply is still to come. */
 static int await_reply(dispatch_device *dev, uint64_t req_id, void *dst,
                        size_t dst_len, uint64_t target,
-                       Dspwire__Reply **reply) {
+                       Dspwire__Reply **reply, int may_time_out) {
   dispatch__conn *c = dev->conn;
-  int64_t deadline = now_ms() + c->timeout_ms;
+  int64_t deadline = deadline_in(c);
   int rc;
+  c->heard_ms = now_ms(); /* the server owed nothing before the request */
   for (;;) {
     uint8_t hb[DSP_FRAME_HEADER_SIZE];
-    rc = recv_all(dev, hb, sizeof hb, deadline, 1);
+    rc = recv_all(dev, hb, sizeof hb, deadline, 1, may_time_out);
+    if (rc == DISPATCH_ETIMEDOUT)
+      return dsp_seterr(dev->ctx, DISPATCH_ETIMEDOUT,
+                        "%s: no reply to request %llu within %d ms; the "
+                        "server is alive and still working on the "
+                        "session's requests (the request stays queued: "
+                        "wait again)",
+                        dev->spec, (unsigned long long)req_id,
+                        c->timeout_ms);
     if (rc < 0) return rc;
     dsp_frame_header h;
     rc = dsp_frame_header_decode(hb, MAX_REPLY_MSG, UINT64_MAX, &h);
@@ -562,7 +668,7 @@ static int await_reply(dispatch_device *dev, uint64_t req_id, void *dst,
                         "out of memory reading a reply of %u bytes",
                         h.msg_len);
     }
-    rc = recv_all(dev, mb, h.msg_len, deadline, 0);
+    rc = recv_all(dev, mb, h.msg_len, deadline, 0, 0);
     if (rc < 0) {
       dsp_free(mb);
       return rc;
@@ -583,13 +689,17 @@ static int await_reply(dispatch_device *dev, uint64_t req_id, void *dst,
           (r->body_case == DSPWIRE__REPLY__BODY_READ ||
            r->body_case == DSPWIRE__REPLY__BODY_GRAPH) &&
           h.bulk_len == dst_len)
-        rc = recv_all(dev, dst, dst_len, deadline, 0);
+        rc = recv_all(dev, dst, dst_len, deadline, 0, 0);
       else
         rc = drain(dev, h.bulk_len, deadline);
       if (rc < 0) {
         dspwire__reply__free_unpacked(r, &g_pb_alloc);
         return rc;
       }
+    }
+    if (r->keepalive && !r->error && r->req_id == 0) { /* 1.4: alive */
+      dspwire__reply__free_unpacked(r, &g_pb_alloc);
+      continue;
     }
     if (!mine && !r->error) { /* not ours and harmless: skip it */
       dspwire__reply__free_unpacked(r, &g_pb_alloc);
@@ -613,6 +723,8 @@ static int connect_to(dispatch_device *dev, const char *host,
  * timeout, never past the server's grace. */
 static int resume_bound_ms(const dispatch__conn *c) {
   int64_t ms = c->resume_ms > 0 ? c->resume_ms : c->timeout_ms;
+  if (ms <= 0) /* no wait bound: the server's grace, else 30 s */
+    ms = c->grace_s ? (int64_t)c->grace_s * 1000 : 30000;
   if (c->grace_s && ms > (int64_t)c->grace_s * 1000)
     ms = (int64_t)c->grace_s * 1000;
   return (int)ms;
@@ -640,16 +752,19 @@ static int resume_once(dispatch_device *dev) {
   w.body.hello.resume_token.len = c->token_len;
   w.body.hello.resume_ack = c->acked;
   w.body.hello.resume = 1;
+  w.body.hello.keepalive_ms = c->ka_asked =
+      dispatch__keepalive_for(c->timeout_ms);
   hello->req_id = c->next_id++;
   rc = put_frame(dev, hello, NULL, 0);
   if (rc == 0) rc = flush(dev);
   Dspwire__Reply *r = NULL;
-  if (rc == 0) rc = await_reply(dev, hello->req_id, NULL, 0, 0, &r);
+  if (rc == 0) rc = await_reply(dev, hello->req_id, NULL, 0, 0, &r, 0);
   if (rc == 0 && (r->body_case != DSPWIRE__REPLY__BODY_HELLO ||
                   !r->hello->resumed))
     rc = dsp_seterr(dev->ctx, DISPATCH_ESESSION,
                     "the server did not resume the session");
   uint64_t last = rc == 0 ? r->hello->last_seq : 0;
+  if (rc == 0) c->ka_ms = r->hello->keepalive_ms;
   if (r) dspwire__reply__free_unpacked(r, &g_pb_alloc);
   if (rc < 0) return rc == DISPATCH_ECONN && !c->dead ? EBROKEN : rc;
   if (last < c->acked || (c->n_log && last + 1 < c->log_seq[0]) ||
@@ -718,11 +833,128 @@ static int put_frees_now(dispatch_device *dev) {
   return rc == EBROKEN ? reconnect(dev) : rc;
 }
 
+/* FNV-1a of n bytes: whether a replay sent again has the same inputs. */
+static uint64_t fnv1a(const void *p, size_t n) {
+  const uint8_t *b = p;
+  uint64_t h = 1469598103934665603ull;
+  for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 1099511628211ull;
+  return h;
+}
+
+/* A large upload's bytes still stand in the caller's buffer for the log
+ * (ext_bulk): copies them into the log, as a call about to return
+ * without the reply that acknowledges them must (the caller may free the
+ * buffer). Without memory for it a later drop ends the session instead
+ * of resuming it. */
+static void log_take_ext(dispatch__conn *c) {
+  if (!c->ext_bulk) return;
+  size_t need = c->log_len + c->ext_len;
+  uint8_t *nb = need > c->log_cap ? dsp_realloc(c->log, need) : c->log;
+  if (!nb) {
+    c->resumable = 0;
+  } else {
+    if (need > c->log_cap) c->log_cap = need;
+    c->log = nb;
+    memmove(c->log + c->ext_at + c->ext_len, c->log + c->ext_at,
+            c->log_len - c->ext_at);
+    memcpy(c->log + c->ext_at, c->ext_bulk, c->ext_len);
+    /* the frames logged after the upload's start where its bytes go */
+    for (size_t i = 0; i < c->n_log; i++)
+      if (c->log_off[i] >= c->ext_at) c->log_off[i] += c->ext_len;
+    c->log_len = need;
+  }
+  c->ext_bulk = NULL;
+}
+
+/* A wait for req gave up (DISPATCH_ETIMEDOUT): its reply stays owed. */
+static void pend_keep(dispatch__conn *c, const Dspwire__Request *req,
+                      const void *bulk, size_t bulk_len, size_t dst_len) {
+  c->pend_id = req->req_id;
+  c->pend_seq = req->seq;
+  c->pend_case = (int)req->body_case;
+  c->pend_key = req->body_case == DSPWIRE__REQUEST__BODY_READ
+                    ? req->read->id
+                : req->body_case == DSPWIRE__REQUEST__BODY_GRAPH_REPLAY
+                    ? req->graph_replay->graph
+                    : 0;
+  c->pend_len = bulk_len;
+  c->pend_hash = req->body_case == DSPWIRE__REQUEST__BODY_GRAPH_REPLAY
+                     ? fnv1a(bulk, bulk_len)
+                     : 0;
+  c->pend_dst_len = dst_len;
+  c->pend_next = c->next_id;
+  log_take_ext(c);
+}
+
+/* Whether req asks what the pending request asked, with nothing sent
+ * since: the pending reply then answers it (a Read sees the tensor as it
+ * is, a replay runs once). */
+static int pend_same(const dispatch__conn *c, const Dspwire__Request *req,
+                     const void *bulk, size_t bulk_len, size_t dst_len) {
+  if (!c->pend_id || c->next_id != c->pend_next || c->len || c->ops_n ||
+      (int)req->body_case != c->pend_case)
+    return 0;
+  switch (req->body_case) {
+  case DSPWIRE__REQUEST__BODY_SYNC:
+  case DSPWIRE__REQUEST__BODY_STATS:
+    return 1;
+  case DSPWIRE__REQUEST__BODY_READ:
+    return req->read->id == c->pend_key && dst_len == c->pend_dst_len;
+  case DSPWIRE__REQUEST__BODY_GRAPH_REPLAY:
+    return req->graph_replay->graph == c->pend_key &&
+           bulk_len == c->pend_len && dst_len == c->pend_dst_len &&
+           fnv1a(bulk, bulk_len) == c->pend_hash;
+  default:
+    return 0;
+  }
+}
+
+/* Waits for the reply to request rid (seq) across reconnects; a reply to
+ * it acknowledges everything up to seq. */
+static int wait_reply(dispatch_device *dev, uint64_t rid, uint64_t seq,
+                      void *dst, size_t dst_len, uint64_t target,
+                      Dspwire__Reply **reply) {
+  dispatch__conn *c = dev->conn;
+  int rc = await_reply(dev, rid, dst, dst_len, target, reply, 1);
+  while (rc == EBROKEN) {
+    rc = reconnect(dev);
+    if (rc == 0) rc = await_reply(dev, rid, dst, dst_len, target, reply, 1);
+  }
+  if (rc != DISPATCH_ETIMEDOUT)
+    c->ops_limit = DISPATCH__OPS_FIRST; /* the server has caught up */
+  if (*reply && seq && (*reply)->req_id == rid) {
+    /* the server ran everything up to it: nothing to send again */
+    c->acked = seq;
+    log_trim(c, seq);
+  }
+  return rc;
+}
+
+/* Waits for the pending request's reply (into dst when it answers this
+ * call). DISPATCH_ETIMEDOUT keeps it pending; anything else settles it. */
+static int wait_pending(dispatch_device *dev, void *dst, size_t dst_len,
+                        Dspwire__Reply **reply) {
+  dispatch__conn *c = dev->conn;
+  uint64_t target =
+      c->pend_case == DSPWIRE__REQUEST__BODY_READ ? c->pend_key : 0;
+  int rc = wait_reply(dev, c->pend_id, c->pend_seq, dst, dst_len, target,
+                      reply);
+  if (rc != DISPATCH_ETIMEDOUT) c->pend_id = 0;
+  else log_take_ext(c); /* an upload queued since: the caller's buffer */
+  return rc;
+}
+
 /* Sends req (and everything queued before it, then the batched frees) and
  * waits for its reply, across reconnects of a resumable session. A READ
  * reply's bulk lands in dst when its size is dst_len. *reply is the
  * caller's (free_unpacked) when it returns 0 or a server error; on
- * ECONN/EPROTO *reply is NULL. */
+ * ECONN/EPROTO/ETIMEDOUT *reply is NULL.
+ *
+ * A request whose wait timed out is pending: this call takes its reply
+ * first. When req asks the same (pend_same) that reply is req's and
+ * nothing is sent; otherwise req goes once it came, and not at all when
+ * it brings an error (the deferred error of the session, which this call
+ * reports as any wait would: req not performed) or times out again. */
 static int call_bulk(dispatch_device *dev, Dspwire__Request *req,
                      const void *bulk, size_t bulk_len, void *dst,
                      size_t dst_len, uint64_t target, Dspwire__Reply **reply) {
@@ -732,6 +964,16 @@ static int call_bulk(dispatch_device *dev, Dspwire__Request *req,
   if (rc == EBROKEN) rc = reconnect(dev);
   if (rc < 0) return rc;
   close_ops(dev); /* before req's id is taken; a failure is stashed */
+  if (c->pend_id) {
+    if (pend_same(c, req, bulk, bulk_len, dst_len))
+      return wait_pending(dev, dst, dst_len, reply);
+    rc = flush(dev); /* what close_ops put: the server works on it */
+    if (rc == EBROKEN) rc = reconnect(dev);
+    if (rc == 0) rc = wait_pending(dev, NULL, 0, reply);
+    if (rc < 0) return rc;
+    dspwire__reply__free_unpacked(*reply, &g_pb_alloc);
+    *reply = NULL;
+  }
   if (c->stash_code) { /* an earlier request's error, held for a wait */
     rc = dsp_seterr(dev->ctx, c->stash_code, "%s", c->stash_msg);
     c->stash_code = 0;
@@ -739,27 +981,21 @@ static int call_bulk(dispatch_device *dev, Dspwire__Request *req,
   }
   req->req_id = c->next_id++;
   req->ack = c->acked;
+  uint32_t ka = dispatch__keepalive_for(c->timeout_ms);
+  int ask = c->ka_ms && ka && ka != c->ka_asked; /* set_timeout changed */
+  if (ask) req->keepalive_ms = ka;
   rc = put_frees_now(dev);
   if (rc == 0) rc = put_frame(dev, req, bulk, bulk_len);
+  if (ask && (rc == 0 || rc == EBROKEN)) c->ka_asked = ka; /* logged */
   if (rc == 0) rc = flush(dev);
   while (rc == EBROKEN) {
     rc = reconnect(dev);
-    if (rc == 0) rc = await_reply(dev, req->req_id, dst, dst_len, target,
-                                  reply);
+    if (rc == 0) rc = wait_reply(dev, req->req_id, req->seq, dst, dst_len,
+                                 target, reply);
   }
   if (rc == 0 && !*reply)
-    rc = await_reply(dev, req->req_id, dst, dst_len, target, reply);
-  while (rc == EBROKEN) {
-    rc = reconnect(dev);
-    if (rc == 0) rc = await_reply(dev, req->req_id, dst, dst_len, target,
-                                  reply);
-  }
-  c->ops_limit = DISPATCH__OPS_FIRST; /* the server has caught up */
-  if (*reply && req->seq && (*reply)->req_id == req->req_id) {
-    /* the server ran everything up to req: nothing to send again */
-    c->acked = req->seq;
-    log_trim(c, req->seq);
-  }
+    rc = wait_reply(dev, req->req_id, req->seq, dst, dst_len, target, reply);
+  if (rc == DISPATCH_ETIMEDOUT) pend_keep(c, req, bulk, bulk_len, dst_len);
   return rc;
 }
 
@@ -856,6 +1092,9 @@ static int queue(dispatch_device *dev, Dspwire__Request *req, uint64_t rid,
     int held = c->stash_code; /* the Sync must be sent even so */
     c->stash_code = 0;
     rc = call(dev, dsp_wreq_sync(&w), NULL, 0, 0, &r);
+    /* a busy server: the bytes are in the log now (pend_keep), the Sync
+     * stays pending for the next wait, and the upload was handed over */
+    if (rc == DISPATCH_ETIMEDOUT) rc = 0;
     if (rc < 0 && r) {
       if (!held)
         snprintf(c->stash_msg, sizeof c->stash_msg, "%s",
@@ -1096,7 +1335,8 @@ static int connect_to(dispatch_device *dev, const char *host,
     if (r < 0 && errno == EINPROGRESS) {
       struct pollfd pfd = {fd, POLLOUT, 0};
       int pr;
-      do pr = poll(&pfd, 1, dev->conn->timeout_ms);
+      do pr = poll(&pfd, 1, dev->conn->timeout_ms > 0 ? dev->conn->timeout_ms
+                                                      : -1);
       while (pr < 0 && errno == EINTR);
       socklen_t sl = sizeof err;
       if (pr == 1 && getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &sl) == 0 &&
@@ -1192,6 +1432,8 @@ int dispatch__remote_open(dispatch_device *dev, const char *host,
   const char *e = getenv("DISPATCH_RESUME");
   if (e && strcmp(e, "0") == 0) dev->conn->resume_off = 1;
   w.body.hello.resume = !dev->conn->resume_off;
+  w.body.hello.keepalive_ms = dev->conn->ka_asked =
+      dispatch__keepalive_for(dev->conn->timeout_ms);
   rc = call(dev, hello, NULL, 0, 0, &r);
   if (rc == 0 && r->body_case != DSPWIRE__REPLY__BODY_HELLO)
     rc = dsp_seterr(dev->ctx, DISPATCH_EPROTO,
@@ -1208,6 +1450,7 @@ int dispatch__remote_open(dispatch_device *dev, const char *host,
      * for its message) turns batching off rather than refuse the batch */
     const char *b = getenv("DISPATCH_OPS_BATCH");
     dev->conn->server_minor = r->hello->minor;
+    dev->conn->ka_ms = r->hello->keepalive_ms; /* 0: an older server */
     dev->conn->ops_limit = DISPATCH__OPS_FIRST;
     dev->conn->batch_ops = r->hello->minor >= 3 &&
                            r->hello->max_frame >= 4 * DISPATCH__OPS_BYTES &&

@@ -155,10 +155,12 @@ static int wait_fd(dispatch__conn *c, short ev, int64_t deadline, char *why,
     int64_t left = deadline - tls_now_ms();
     if (left <= 0) {
       snprintf(why, len, "no progress within %d ms", c->timeout_ms);
+      c->tls_expired = 1;
       return -1;
     }
     struct pollfd pfd = {c->fd, ev, 0};
-    int pr = poll(&pfd, 1, (int)left);
+    /* deadline INT64_MAX: no bound (timeout 0), polled in long pieces */
+    int pr = poll(&pfd, 1, left > (1 << 30) ? (1 << 30) : (int)left);
     if (pr > 0) return 0;
     if (pr < 0 && errno != EINTR) {
       snprintf(why, len, "poll: %s", strerror(errno));
@@ -290,7 +292,8 @@ int dispatch__tls_open(dispatch_device *dev, const char *host,
       goto fail;
   }
   SSL_set_connect_state(c->ssl);
-  int64_t deadline = tls_now_ms() + c->timeout_ms;
+  int64_t deadline =
+      c->timeout_ms > 0 ? tls_now_ms() + c->timeout_ms : INT64_MAX;
   for (;;) {
     int rc = SSL_do_handshake(c->ssl);
     if (rc == 1) break;

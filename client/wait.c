@@ -122,3 +122,30 @@ void dispatch__spin_init(dispatch__spin *s, int fd) {
                 getpeername(fd, (struct sockaddr *)&ss, &len) == 0 &&
                 is_loopback(&ss);
 }
+
+/* Keepalive (protocol 1.4): the server says it is alive at this interval
+ * while it works on the session's requests and writes nothing else. A
+ * quarter of the bound: the server ticks at the interval and sends when
+ * a tick finds nothing written since the previous one, so the gap between
+ * two signs of life is at most two intervals, half the bound. */
+uint32_t dispatch__keepalive_for(int timeout_ms) {
+  if (timeout_ms <= 0) return 0;
+  return timeout_ms >= 4 ? (uint32_t)timeout_ms / 4 : 1;
+}
+
+/* Silence is judged before the deadline: a wait that heard nothing for
+ * its whole bound lost its server, whatever the deadline says; one that
+ * heard something within the bound only ran out of time. */
+int dispatch__wait_verdict(int64_t now, int64_t heard, int64_t deadline,
+                           int timeout_ms, int at_boundary, int64_t *left) {
+  *left = -1;
+  if (timeout_ms <= 0) return DISPATCH__WAIT_ON;
+  int64_t end = heard + timeout_ms;
+  if (now >= end) return DISPATCH__WAIT_SILENT;
+  if (at_boundary) {
+    if (now >= deadline) return DISPATCH__WAIT_TIMEDOUT;
+    if (deadline < end) end = deadline;
+  }
+  *left = end - now;
+  return DISPATCH__WAIT_ON;
+}

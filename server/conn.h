@@ -6,6 +6,8 @@
  *   writer.c    the reply queue: one ordered list of frames, its byte
  *               limit, bulks sent in pieces
  *   hello.c     hello and authentication
+ *   keepalive.c 1.4 keepalives: a busy session tells its waiting client
+ *               it is alive
  *   transport.c plain TCP and TLS behind one table (sv_transport); nothing
  *               outside it asks which one a connection has
  *
@@ -110,6 +112,7 @@ struct sv_conn {
   uv_timer_t idle;
   uv_timer_t hs;    /* handshake timeout: TLS handshake + hello */
   uv_timer_t frame; /* one frame must arrive within --frame-timeout */
+  uv_timer_t ka;    /* keepalive ticks (keepalive.c), when asked for */
   const sv_transport *tp;
   void *tpd; /* the transport's per-connection state */
   sv_server *srv;
@@ -140,6 +143,8 @@ struct sv_conn {
   uint64_t received;         /* bytes read from the socket, ever */
   uint64_t sent_at_idle;     /* sent at the last idle tick */
   uint64_t outq_bytes; /* unsent reply bytes + SV_OUT_COST a frame */
+  uint32_t ka_ms;      /* keepalive interval (ms), 0: none */
+  uint64_t ka_sent;    /* sent at the last keepalive tick */
   /* lifecycle */
   int closing, close_after_flush, paused, handles_open, teardown_done;
   /* closed by the server for a limit (it took none of its replies): once
@@ -349,6 +354,15 @@ void sv_reader_frame_timer(sv_conn *c);
 
 /* hello.c */
 void sv_hello(sv_conn *c, Dspwire__Request *req);
+
+/* keepalive.c (1.4) */
+/* The keepalive timer handle of a new connection (not started). */
+void sv_keepalive_init(sv_conn *c);
+/* Sets the keepalive interval the client asked for (ms; 0 stops it),
+ * raised to the server's floor; returns the interval used. */
+uint32_t sv_keepalive_set(sv_conn *c, uint32_t ms);
+/* Closes the timer handle with the connection's other handles. */
+void sv_keepalive_close(sv_conn *c, uv_close_cb cb);
 
 /* metrics.c */
 /* Starts the --metrics-listen endpoint (its own thread); 0, or a negative

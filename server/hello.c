@@ -138,6 +138,8 @@ void sv_hello(sv_conn *c, Dspwire__Request *req) {
     hr.last_seq = c->sess->rs->last_seq;
     hr.session_grace = (uint32_t)cfg->session_grace_s;
   }
+  /* 1.4: ticks start now; the reply says the interval used */
+  hr.keepalive_ms = sv_keepalive_set(c, h->keepalive_ms);
   r.req_id = req->req_id;
   r.body_case = DSPWIRE__REPLY__BODY_HELLO;
   r.hello = &hr;

@@ -13,7 +13,7 @@
 #include "conn.h"
 #include "op_record.h"
 
-#define N_HANDLES 4 /* tcp, idle, hs, frame */
+#define N_HANDLES 5 /* tcp, idle, hs, frame, ka */
 
 /* ------------------------------------------------------------ lifecycle */
 
@@ -80,6 +80,7 @@ void sv_conn_close(sv_conn *c, const char *reason) {
   uv_close((uv_handle_t *)&c->idle, on_handle_closed);
   uv_close((uv_handle_t *)&c->hs, on_handle_closed);
   uv_close((uv_handle_t *)&c->frame, on_handle_closed);
+  sv_keepalive_close(c, on_handle_closed);
   /* a dropped connection: its session waits for a resume, its queued
    * requests still run (the client counts them as received) */
   if (sv_resume_detach(c)) return;
@@ -473,6 +474,7 @@ static void on_connection(uv_stream_t *l, int status) {
   c->idle.data = c;
   c->hs.data = c;
   c->frame.data = c;
+  sv_keepalive_init(c);
   c->handles_open = N_HANDLES;
   c->next = srv->conns;
   if (srv->conns) srv->conns->prev = c;

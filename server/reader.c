@@ -233,6 +233,7 @@ static void handle_msg(sv_conn *c) {
     c->hdr_got = 0;
     return;
   }
+  if (req->keepalive_ms) sv_keepalive_set(c, req->keepalive_ms); /* 1.4 */
   sv_resume *rs = c->sess->rs;
   if (rs) sv_resume_ack(c->sess, req->ack);
   if (rs && req->seq && req->seq <= rs->last_seq) {

@@ -592,3 +592,259 @@ Test(client_remote, every_allocation_failure_is_enomem_without_leaks,
                  live);
   }
 }
+
+/* ------------------------------------------------------------------ */
+/* waits that time out on a busy server (issue 21 item 5)              */
+
+#define MM_N 1024
+
+static dispatch_device *open_with_timeout(int timeout_ms) {
+  char spec[64], msg[256] = "";
+  snprintf(spec, sizeof spec, "tcp://127.0.0.1:%d", g_srv.port);
+  dispatch_options o = DISPATCH_OPTIONS_INIT;
+  o.timeout_ms = timeout_ms;
+  dispatch_device *dev = NULL;
+  int rc = dispatch_device_open(spec, &o, &dev, msg, sizeof msg);
+  cr_assert_eq(rc, 0, "open %s: %s (%s)", spec, msg, dispatch_err_name(rc));
+  return dev;
+}
+
+/* Queues k products x @ x whose results go at once (the server still
+ * runs each: a pipeline it is busy with). */
+static void queue_matmuls(dispatch_device *dev, dispatch_tensor *x, int k) {
+  for (int i = 0; i < k; i++) {
+    dispatch_tensor *y;
+    OK(dev, dispatch_matmul(x, x, &y));
+    dispatch_tensor_free(y);
+  }
+}
+
+/* x is 1/N everywhere, so every element of x @ x is N * 2^-20 = 1/N:
+ * exact in f32 whatever the order of the sums. */
+static void expect_all(dispatch_device *dev, dispatch_tensor *t, float want) {
+  size_t n = dispatch_tensor_nbytes(t);
+  float *buf = malloc(n);
+  cr_assert(buf);
+  int rc, again = 0;
+  while ((rc = dispatch_tensor_read(t, buf, n)) == DISPATCH_ETIMEDOUT)
+    cr_assert_lt(++again, 1000);
+  OK(dev, rc);
+  for (size_t i = 0; i < n / sizeof *buf; i++)
+    cr_assert_eq(buf[i], want, "element %zu: %g, not %g", i, buf[i], want);
+  free(buf);
+}
+
+/* A sync behind more work than its timeout: DISPATCH_ETIMEDOUT, not a
+ * lost connection (the server says it is alive while it works). The
+ * session is intact: waiting again gets the same sync's reply, a read
+ * after another timed-out sync works, nothing was resumed, and the
+ * timeout is no first error of the device. The work doubles until a
+ * sync gives up on it, so a fast machine tests the same. */
+Test(client_remote, wait_that_times_out_leaves_the_session_usable,
+     .fini = stop_server) {
+  start_server();
+  dispatch_device *dev = open_with_timeout(600);
+  int64_t shape[2] = {MM_N, MM_N};
+  const float one_n = 1.0f / MM_N;
+  dispatch_tensor *x, *keep = NULL;
+  OK(dev, dispatch_full(dev, DISPATCH_F32, 2, shape, one_n, &x));
+  OK(dev, dispatch_device_sync(dev));
+  int rc = 0, k;
+  for (k = 8; k <= 8192; k *= 2) {
+    queue_matmuls(dev, x, k);
+    OK(dev, dispatch_matmul(x, x, &keep));
+    rc = dispatch_device_sync(dev);
+    if (rc == DISPATCH_ETIMEDOUT) break;
+    cr_assert_eq(rc, 0, "sync after %d matmuls: %s: %s", k,
+                 dispatch_err_name(rc), dispatch_device_errmsg(dev));
+    dispatch_tensor_free(keep);
+    keep = NULL;
+    /* a wait that outlived its timeout by reconnecting instead lost the
+     * connection on the way */
+    dispatch_stats st = DISPATCH_STATS_INIT;
+    OK(dev, dispatch_device_stats(dev, &st));
+    cr_assert_eq(st.sessions_resumed, 0, "sync after %d matmuls resumed",
+                 k);
+  }
+  cr_assert_eq(rc, DISPATCH_ETIMEDOUT, "no sync timed out (%d matmuls)", k);
+  cr_assert_eq(dispatch_device_error(dev, NULL), 0,
+               "a timeout became the device's first error");
+  /* an upload too large to copy into the replay log is acknowledged by a
+   * Sync before it returns: on the busy server that Sync times out too,
+   * yet the upload is handed over and the caller's buffer may go */
+  queue_matmuls(dev, x, k);
+  size_t nb = (size_t)MM_N * MM_N * sizeof(float);
+  float *up = malloc(nb);
+  cr_assert(up);
+  for (size_t i = 0; i < nb / sizeof *up; i++) up[i] = 0.25f;
+  dispatch_tensor *u;
+  OK(dev, dispatch_tensor_from_data(dev, DISPATCH_F32, 2, shape, up, nb, &u));
+  memset(up, 0xff, nb);
+  free(up);
+  /* waiting again: the same sync, as often as it takes */
+  int again = 0;
+  while ((rc = dispatch_device_sync(dev)) == DISPATCH_ETIMEDOUT)
+    cr_assert_lt(++again, 1000);
+  OK(dev, rc);
+  expect_all(dev, keep, one_n);
+  expect_all(dev, x, one_n);
+  expect_all(dev, u, 0.25f);
+  dispatch_tensor_free(u);
+  /* another backlog: a read (another request) waits for the pending
+   * sync first, then for itself */
+  queue_matmuls(dev, x, k);
+  rc = dispatch_device_sync(dev);
+  cr_assert(rc == 0 || rc == DISPATCH_ETIMEDOUT, "%s", dispatch_err_name(rc));
+  expect_all(dev, keep, one_n);
+  /* one session all along: the connection was never lost */
+  dispatch_stats st = DISPATCH_STATS_INIT;
+  OK(dev, dispatch_device_stats(dev, &st));
+  cr_assert_eq(st.sessions_resumed, 0, "the session was resumed %llu times",
+               (unsigned long long)st.sessions_resumed);
+  cr_assert_eq(st.sessions, 1);
+  cr_assert_eq(st.errors, 0);
+  /* 0: no limit; the wait lasts as long as the work */
+  queue_matmuls(dev, x, k);
+  OK(dev, dispatch_device_set_timeout(dev, 0));
+  OK(dev, dispatch_device_sync(dev));
+  dispatch_tensor_free(keep);
+  dispatch_tensor_free(x);
+  dispatch_device_close(dev);
+}
+
+static void stop_stopped_server(void) {
+  if (g_srv.pid) kill(g_srv.pid, SIGCONT);
+  stop_server();
+}
+
+/* A server that says nothing at all (stopped: its kernel still accepts
+ * the reconnect) is a lost connection: the wait resumes, the resume
+ * hears nothing either, and the device gives DISPATCH_ECONN from then
+ * on. */
+Test(client_remote, silent_server_is_a_lost_connection,
+     .fini = stop_stopped_server) {
+  start_server();
+  dispatch_device *dev = open_with_timeout(300);
+  int64_t shape[2] = {4, 4};
+  dispatch_tensor *x, *y;
+  OK(dev, dispatch_ones(dev, DISPATCH_F32, 2, shape, &x));
+  OK(dev, dispatch_device_sync(dev));
+  cr_assert_eq(kill(g_srv.pid, SIGSTOP), 0);
+  int rc = dispatch_matmul(x, x, &y);
+  if (rc == 0) rc = dispatch_device_sync(dev);
+  int later = dispatch_device_sync(dev);
+  kill(g_srv.pid, SIGCONT);
+  cr_assert_eq(rc, DISPATCH_ECONN, "%s: %s", dispatch_err_name(rc),
+               dispatch_device_errmsg(dev));
+  cr_assert_eq(later, DISPATCH_ECONN, "%s", dispatch_err_name(later));
+  dispatch_device_close(dev);
+}
+
+/* Retries a stats wait that timed out; the server-wide resume count. */
+static uint64_t resumed_so_far(dispatch_device *dev) {
+  dispatch_stats st = DISPATCH_STATS_INIT;
+  int rc, again = 0;
+  while ((rc = dispatch_device_stats(dev, &st)) == DISPATCH_ETIMEDOUT)
+    cr_assert_lt(++again, 1000);
+  OK(dev, rc);
+  return st.sessions_resumed;
+}
+
+/* A send the busy server does not read (it stops reading a session with
+ * --max-queued requests waiting until they ran) waits as long
+ * as the server says it is alive: the uploads behind the matmuls block
+ * in the socket for longer than the timeout, and the session is never
+ * taken for lost (no resume). The work doubles until a sync behind a
+ * quarter of what held up the uploads times out, so the block outlasted
+ * the timeout. */
+Test(client_remote, send_held_up_by_a_busy_server_keeps_the_session,
+     .fini = stop_server) {
+  const char *args[] = {"--max-queued", "4", NULL};
+  check_server_start(&g_srv, args);
+  dispatch_device *dev = open_with_timeout(600);
+  int64_t shape[2] = {MM_N, MM_N}, ushape[2] = {512, 512};
+  const float one_n = 1.0f / MM_N;
+  dispatch_tensor *x, *u = NULL;
+  OK(dev, dispatch_full(dev, DISPATCH_F32, 2, shape, one_n, &x));
+  OK(dev, dispatch_device_sync(dev));
+  size_t nb = 512 * 512 * sizeof(float); /* 1 MiB: copied into the log */
+  float *up = malloc(nb);
+  cr_assert(up);
+  for (size_t i = 0; i < nb / sizeof *up; i++) up[i] = 0.25f;
+  int rc = 0, k;
+  for (k = 8; k <= 8192; k *= 2) {
+    /* four times the work a sync times out behind: the uploads wait */
+    queue_matmuls(dev, x, 4 * k);
+    for (int i = 0; i < 32; i++) {
+      if (u) dispatch_tensor_free(u);
+      OK(dev, dispatch_tensor_from_data(dev, DISPATCH_F32, 2, ushape, up, nb,
+                                        &u));
+    }
+    cr_assert_eq(resumed_so_far(dev), 0, "uploads after %d matmuls resumed",
+                 k);
+    queue_matmuls(dev, x, k);
+    rc = dispatch_device_sync(dev);
+    if (rc == DISPATCH_ETIMEDOUT) break;
+    OK(dev, rc);
+  }
+  cr_assert_eq(rc, DISPATCH_ETIMEDOUT, "no sync timed out (%d matmuls)", k);
+  free(up);
+  expect_all(dev, u, 0.25f);
+  cr_assert_eq(resumed_so_far(dev), 0);
+  dispatch_tensor_free(u);
+  dispatch_tensor_free(x);
+  dispatch_device_close(dev);
+}
+
+/* A deferred error that the timed-out sync's reply carries is the next
+ * wait's answer, whatever that wait is (a read here: not sent, so it
+ * reads nothing), and is reported once: the read after it works. Each
+ * round queues matmuls and an op the server refuses (a 4 GiB tensor, past
+ * its session limit); the work doubles until the sync times out. */
+Test(client_remote, deferred_error_behind_a_timed_out_wait_is_reported_once,
+     .fini = stop_server) {
+  const char *args[] = {"--max-session-bytes", "1073741824", NULL};
+  check_server_start(&g_srv, args);
+  /* opened with 30 s (keepalives every 7.5 s), then 600 ms: the next
+   * waiting request asks the server for keepalives every 150 ms */
+  dispatch_device *dev = open_with_timeout(30000);
+  OK(dev, dispatch_device_set_timeout(dev, 600));
+  int64_t shape[2] = {MM_N, MM_N}, huge[2] = {1 << 15, 1 << 15};
+  const float one_n = 1.0f / MM_N;
+  dispatch_tensor *x, *bad;
+  OK(dev, dispatch_full(dev, DISPATCH_F32, 2, shape, one_n, &x));
+  OK(dev, dispatch_device_sync(dev));
+  int rc = 0, code = 0, k;
+  for (k = 8; k <= 8192; k *= 2) {
+    queue_matmuls(dev, x, 8); /* 8 in flight at most: 32 MiB */
+    OK(dev, dispatch_full(dev, DISPATCH_F32, 2, huge, 1.0, &bad));
+    dispatch_tensor_free(bad);
+    queue_matmuls(dev, x, k);
+    rc = dispatch_device_sync(dev);
+    if (rc == DISPATCH_ETIMEDOUT) break;
+    cr_assert_lt(rc, 0, "the 4 GiB tensor was made");
+    cr_assert(code == 0 || rc == code, "%s, then %s", dispatch_err_name(code),
+              dispatch_err_name(rc));
+    code = rc;
+  }
+  cr_assert_eq(rc, DISPATCH_ETIMEDOUT, "no sync timed out (%d matmuls)", k);
+  size_t n = dispatch_tensor_nbytes(x);
+  float *buf = malloc(n);
+  cr_assert(buf);
+  int again = 0;
+  while ((rc = dispatch_tensor_read(x, buf, n)) == DISPATCH_ETIMEDOUT)
+    cr_assert_lt(++again, 1000);
+  /* the refused op's code (the earlier rounds' syncs gave it, if any) */
+  cr_assert(code ? rc == code
+                 : rc < 0 && rc != DISPATCH_ECONN && rc != DISPATCH_ETIMEDOUT,
+            "the read after the timed-out sync: %s (%s)",
+            dispatch_err_name(rc), dispatch_device_errmsg(dev));
+  OK(dev, dispatch_tensor_read(x, buf, n));
+  for (size_t i = 0; i < n / sizeof *buf; i++)
+    cr_assert_eq(buf[i], one_n, "element %zu", i);
+  free(buf);
+  OK(dev, dispatch_device_sync(dev));
+  cr_assert_eq(resumed_so_far(dev), 0);
+  dispatch_tensor_free(x);
+  dispatch_device_close(dev);
+}

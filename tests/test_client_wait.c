@@ -157,3 +157,48 @@ Test(client_wait, init_reads_peer_cores_and_env) {
   close(fd);
   close(l);
 }
+
+/* ------------------------------------------------------------------ */
+/* keepalive verdicts (protocol 1.4, issue 21 item 5)                  */
+
+/* Heard from within the bound: the deadline only ends the wait where a
+ * reply may begin, and then as a timeout, not a lost connection. */
+Test(client_wait, a_server_heard_from_times_out_at_a_frame_boundary) {
+  int64_t left;
+  /* wait began at 0, bound 500, keepalive heard at 400; now 500 */
+  cr_assert_eq(dispatch__wait_verdict(500, 400, 500, 500, 1, &left),
+               DISPATCH__WAIT_TIMEDOUT);
+  /* mid-frame the deadline does not count: poll until silence at 900 */
+  cr_assert_eq(dispatch__wait_verdict(500, 400, 500, 500, 0, &left),
+               DISPATCH__WAIT_ON);
+  cr_assert_eq(left, 400);
+  /* before the deadline: poll until it */
+  cr_assert_eq(dispatch__wait_verdict(100, 50, 500, 500, 1, &left),
+               DISPATCH__WAIT_ON);
+  cr_assert_eq(left, 400);
+}
+
+/* Nothing heard for the whole bound is a lost connection, deadline or
+ * not: silence is judged first. */
+Test(client_wait, silence_for_the_whole_bound_is_a_lost_connection) {
+  int64_t left;
+  cr_assert_eq(dispatch__wait_verdict(500, 0, 500, 500, 1, &left),
+               DISPATCH__WAIT_SILENT);
+  cr_assert_eq(dispatch__wait_verdict(900, 400, 500, 500, 0, &left),
+               DISPATCH__WAIT_SILENT);
+  /* silence comes before the deadline: poll until the silence */
+  cr_assert_eq(dispatch__wait_verdict(100, 0, 800, 500, 1, &left),
+               DISPATCH__WAIT_ON);
+  cr_assert_eq(left, 400);
+}
+
+/* 0: no bound at all, and no keepalive asked for. */
+Test(client_wait, no_bound_waits_forever) {
+  int64_t left = 7;
+  cr_assert_eq(dispatch__wait_verdict(1000000, 0, 0, 0, 1, &left),
+               DISPATCH__WAIT_ON);
+  cr_assert_eq(left, -1);
+  cr_assert_eq(dispatch__keepalive_for(0), 0);
+  cr_assert_eq(dispatch__keepalive_for(30000), 7500);
+  cr_assert_eq(dispatch__keepalive_for(2), 1);
+}

@@ -812,8 +812,10 @@ Test(fault, resume_with_other_credentials_refused, .fini = teardown,
 
 /* ------------------------------------------------------------ mutual TLS */
 
-Test(fault, tls_resume_needs_the_same_client_certificate, .fini = teardown,
-     .timeout = 180) {
+/* A CA, a server and a client certificate for localhost in a fresh g_dir
+ * (deploy/make-certs.sh), then the shell command extra run in g_dir
+ * (NULL: none). */
+static void make_certs(const char *extra) {
   const char *bin = check_server_bin();
   char b[1024];
   snprintf(b, sizeof b, "%s", bin);
@@ -821,17 +823,23 @@ Test(fault, tls_resume_needs_the_same_client_certificate, .fini = teardown,
   snprintf(g_dir, sizeof g_dir, "/tmp/dsp_fault_XXXXXX");
   cr_assert_not_null(mkdtemp(g_dir));
   char cmd[4096];
-  /* a CA, the server, a client, and a second client of the same CA */
   snprintf(cmd, sizeof cmd,
-           "'%s/deploy/make-certs.sh' '%s' localhost 30 >/dev/null && cd '%s' "
-           "&& openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 "
-           "-nodes -keyout other.key -out other.csr -subj '/CN=other client' "
-           "2>/dev/null && printf 'extendedKeyUsage=clientAuth\\n' > ext && "
-           "openssl x509 -req -in other.csr -CA ca.pem -CAkey ca.key "
-           "-CAcreateserial -out other.pem -days 30 -extfile ext 2>/dev/null "
-           "&& cp client.pem cur.pem && cp client.key cur.key",
-           root, g_dir, g_dir);
+           "'%s/deploy/make-certs.sh' '%s' localhost 30 >/dev/null && "
+           "cd '%s' && %s",
+           root, g_dir, g_dir, extra ? extra : "true");
   cr_assert_eq(system(cmd), 0, "making certificates failed: %s", cmd);
+}
+
+Test(fault, tls_resume_needs_the_same_client_certificate, .fini = teardown,
+     .timeout = 180) {
+  /* a second client of the same CA */
+  make_certs(
+      "openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 "
+      "-nodes -keyout other.key -out other.csr -subj '/CN=other client' "
+      "2>/dev/null && printf 'extendedKeyUsage=clientAuth\\n' > ext && "
+      "openssl x509 -req -in other.csr -CA ca.pem -CAkey ca.key "
+      "-CAcreateserial -out other.pem -days 30 -extfile ext 2>/dev/null "
+      "&& cp client.pem cur.pem && cp client.key cur.key");
   char cert[300], key[300], ca[300], srv_pem[300], srv_key[300];
   snprintf(cert, sizeof cert, "%s/cur.pem", g_dir);
   snprintf(key, sizeof key, "%s/cur.key", g_dir);
@@ -873,6 +881,7 @@ Test(fault, tls_resume_needs_the_same_client_certificate, .fini = teardown,
   cr_assert_eq(v[3], 1.0f);
   /* the files the client reconnects with now hold another certificate of
    * the same CA: the TLS handshake passes, the resume must not */
+  char cmd[600];
   snprintf(cmd, sizeof cmd, "cd '%s' && cp other.pem cur.pem && "
            "cp other.key cur.key", g_dir);
   cr_assert_eq(system(cmd), 0);
@@ -885,4 +894,155 @@ Test(fault, tls_resume_needs_the_same_client_certificate, .fini = teardown,
   dispatch_tensor_free(x);
   dispatch_device_close(dev);
   cr_assert_eq(fp_fired(g_fp), 2);
+}
+
+/* ------------------------------------------- waits on a busy TLS server */
+
+/* Issue 21 item 5 over TLS: keepalives arrive as TLS records, so a sync
+ * behind more work than its timeout gives DISPATCH_ETIMEDOUT, the session
+ * is never lost (no resume), and waiting again gets the work's end. The
+ * work doubles until a sync gives up on it. */
+Test(fault, tls_wait_that_times_out_keeps_the_session, .fini = teardown,
+     .timeout = 300) {
+  make_certs(NULL);
+  char ca[300], srv_pem[300], srv_key[300];
+  snprintf(ca, sizeof ca, "%s/ca.pem", g_dir);
+  snprintf(srv_pem, sizeof srv_pem, "%s/server.pem", g_dir);
+  snprintf(srv_key, sizeof srv_key, "%s/server.key", g_dir);
+  const char *args[] = {"--log-level", "warn", "--tls-cert", srv_pem,
+                        "--tls-key", srv_key, NULL};
+  cr_assert_eq(sp_start(&g_srv, args), 0, "TLS server did not start");
+  dispatch_options o;
+  dispatch_options_init(&o);
+  o.ca_file = ca;
+  o.server_name = "localhost";
+  o.timeout_ms = 600;
+  char spec[64], msg[512] = "";
+  snprintf(spec, sizeof spec, "tls://127.0.0.1:%d", g_srv.port);
+  dispatch_device *dev = NULL;
+  int rc = dispatch_device_open(spec, &o, &dev, msg, sizeof msg);
+  cr_assert_eq(rc, 0, "%s: %s", dispatch_err_name(rc), msg);
+  int64_t sh[2] = {1024, 1024};
+  dispatch_tensor *x, *y;
+  OK(dev, dispatch_full(dev, DISPATCH_F32, 2, sh, 1.0 / 1024, &x));
+  OK(dev, dispatch_device_sync(dev));
+  int k;
+  for (k = 8; k <= 8192; k *= 2) {
+    for (int i = 0; i < k; i++) {
+      OK(dev, dispatch_matmul(x, x, &y));
+      dispatch_tensor_free(y);
+    }
+    rc = dispatch_device_sync(dev);
+    if (rc == DISPATCH_ETIMEDOUT) break;
+    cr_assert_eq(rc, 0, "sync after %d matmuls: %s: %s", k,
+                 dispatch_err_name(rc), dispatch_device_errmsg(dev));
+    dispatch_stats st = DISPATCH_STATS_INIT; /* no reconnect on the way */
+    OK(dev, dispatch_device_stats(dev, &st));
+    cr_assert_eq(st.sessions_resumed, 0, "sync after %d matmuls resumed",
+                 k);
+  }
+  cr_assert_eq(rc, DISPATCH_ETIMEDOUT, "no sync timed out (%d matmuls)", k);
+  int again = 0;
+  while ((rc = dispatch_device_sync(dev)) == DISPATCH_ETIMEDOUT)
+    cr_assert_lt(++again, 1000);
+  OK(dev, rc);
+  float v[4];
+  dispatch_tensor *row;
+  int64_t one[1] = {4};
+  OK(dev, dispatch_full(dev, DISPATCH_F32, 1, one, 0.5, &row));
+  OK(dev, dispatch_tensor_read(row, v, sizeof v));
+  cr_assert_eq(v[3], 0.5f);
+  dispatch_stats st = DISPATCH_STATS_INIT;
+  OK(dev, dispatch_device_stats(dev, &st));
+  cr_assert_eq(st.sessions_resumed, 0);
+  cr_assert_eq(st.errors, 0);
+  dispatch_tensor_free(row);
+  dispatch_tensor_free(x);
+  dispatch_device_close(dev);
+}
+
+/* ------------------------------------------------ keepalive frames (1.4) */
+
+/* Connects and says hello asking for keepalives every ka_ms (0: none, as
+ * a 1.3 client); uploads tensor 1 (1024 x 1024). Returns the interval
+ * the hello's reply says the server uses. */
+static uint32_t ka_open(wire_conn *c, uint32_t ka_ms) {
+  cr_assert_eq(wire_connect(c, g_srv.port), 0);
+  dsp_wreq w;
+  Dspwire__Request *req =
+      dsp_wreq_hello(&w, DSP_PROTO_MAJOR, DSP_PROTO_MINOR, NULL, "ka");
+  w.body.hello.keepalive_ms = ka_ms;
+  req->req_id = c->next_req_id++;
+  cr_assert_eq(wire_send(c, req, NULL, 0), 0);
+  Dspwire__Reply *r;
+  cr_assert_eq(wire_recv(c, &r, NULL, NULL), 0);
+  cr_assert_eq(r->body_case, DSPWIRE__REPLY__BODY_HELLO);
+  uint32_t got = r->hello->keepalive_ms;
+  wire_reply_free(r, NULL);
+  size_t n = (size_t)1 << 20;
+  float *x = malloc(n * sizeof *x);
+  cr_assert(x);
+  for (size_t i = 0; i < n; i++) x[i] = 1.0f / 1024;
+  int64_t sh[2] = {1024, 1024};
+  cr_assert(wire_upload(c, 1, DSP_F32, 2, sh, x, n * sizeof *x));
+  free(x);
+  return got;
+}
+
+/* Queues k products of tensor 1 by itself (each freed) and a sync that
+ * carries keepalive_ms ka (0: none); returns the keepalive frames that
+ * came before the sync's reply. Any other frame fails the test. */
+static int ka_busy_sync(wire_conn *c, int k, uint32_t ka) {
+  uint64_t in[2] = {1, 1};
+  for (int i = 0; i < k; i++) {
+    uint64_t out = 100 + (uint64_t)i;
+    cr_assert(wire_op(c, DSP_OP_MATMUL, in, 2, out, NULL, 0, NULL, 0));
+    cr_assert(wire_free(c, &out, 1, NULL, 0));
+  }
+  dsp_wreq w;
+  Dspwire__Request *req = dsp_wreq_sync(&w);
+  req->keepalive_ms = ka;
+  uint64_t sid = req->req_id = c->next_req_id++;
+  cr_assert_eq(wire_send(c, req, NULL, 0), 0);
+  for (int n = 0;; n++) {
+    Dspwire__Reply *r;
+    cr_assert_eq(wire_recv(c, &r, NULL, NULL), 0);
+    if (r->req_id == sid) {
+      cr_assert_null(r->error, "sync failed: %s",
+                     r->error ? r->error->message : "");
+      wire_reply_free(r, NULL);
+      return n;
+    }
+    cr_assert(r->keepalive && r->req_id == 0 && !r->error &&
+                  r->body_case == DSPWIRE__REPLY__BODY__NOT_SET,
+              "an unexpected frame before the sync's reply (req_id %llu)",
+              (unsigned long long)r->req_id);
+    wire_reply_free(r, NULL);
+  }
+}
+
+/* The server sends keepalives to a client that asked for them (raised
+ * to its 20 ms floor), while the session has work in flight and nothing
+ * else to say, and nothing to a client that did not ask (a 1.3 client)
+ * until a request asks for them. The work doubles until keepalives come,
+ * so no duration is assumed. */
+Test(fault, keepalives_go_only_to_a_client_that_asked, .fini = teardown) {
+  start_server("60");
+  wire_conn a, b;
+  cr_assert_eq(ka_open(&a, 5), 20);
+  cr_assert_eq(ka_open(&b, 0), 0);
+  int k, n = 0;
+  for (k = 4; k <= 8192 && n == 0; k *= 2) n = ka_busy_sync(&a, k, 0);
+  cr_assert_gt(n, 0, "no keepalive during %d matmuls", k / 2);
+  cr_assert_eq(ka_busy_sync(&b, k / 2, 0), 0,
+               "keepalives to a client that did not ask");
+  /* any request may ask (Request.keepalive_ms): this sync does, and the
+   * work after it hears keepalives */
+  (void)ka_busy_sync(&b, 0, 20);
+  for (k = 4, n = 0; k <= 8192 && n == 0; k *= 2) n = ka_busy_sync(&b, k, 0);
+  cr_assert_gt(n, 0, "no keepalive after Request.keepalive_ms");
+  wire_bye(&a);
+  wire_bye(&b);
+  wire_close(&a);
+  wire_close(&b);
 }

@@ -111,8 +111,10 @@ typedef struct dispatch_options {
   size_t size;             /* sizeof(dispatch_options) of the caller */
   const char *token;       /* hello token; NULL: env DISPATCH_TOKEN or "" */
   const char *client_name; /* sent in hello; NULL: "libdispatch-client" */
-  int timeout_ms;          /* connect, send and each wait for a reply;
-                              0: env DISPATCH_TIMEOUT_MS or 30000 */
+  int timeout_ms;          /* connect, send and each wait for a reply
+                              (see dispatch_device_set_timeout); 0: env
+                              DISPATCH_TIMEOUT_MS ("0": no bound) or
+                              30000 */
   /* (A wait for a reply first polls the socket for DISPATCH_SPIN_US
    * microseconds, default 50, 0 off, before it sleeps: a quick reply then
    * costs no wake-up of a sleeping thread.) */
@@ -297,7 +299,9 @@ void dispatch_device_clear_error(dispatch_device *dev);
 
 /* Waits until the server ran everything queued so far (LOCAL: returns 0 at
  * once). Returns the first deferred error of the session, if any, with the
- * server's message in dispatch_device_errmsg. */
+ * server's message in dispatch_device_errmsg; DISPATCH_ETIMEDOUT when the
+ * server is still at work past the timeout (dispatch_device_set_timeout:
+ * call it again to wait on). */
 DISPATCH_API
 int dispatch_device_sync(dispatch_device *dev);
 
@@ -309,11 +313,26 @@ int dispatch_device_sync(dispatch_device *dev);
 DISPATCH_API
 int dispatch_device_stats(dispatch_device *dev, dispatch_stats *out);
 
-/* Changes the time bound of every later network wait (ms > 0). A lost
- * connection, or a server silent for that long, gives DISPATCH_ECONN
- * within it, and every later call on the device gives DISPATCH_ECONN.
- * A server that stops on purpose (SIGTERM: it answers what it had read,
- * then says goodbye) gives DISPATCH_ESHUTDOWN instead, the same way. */
+/* Changes the time bound of every later network wait (ms; 0: no bound).
+ * A wait whose reply is not there within it, from a server that is alive
+ * and working on the session (a 1.4 server says so with keepalives),
+ * gives DISPATCH_ETIMEDOUT and changes nothing: the request stays queued
+ * and still runs, and the next wait (a sync, a read, ...) waits for its
+ * reply first; asked the same again (a sync, a read of the same tensor,
+ * a replay of the same graph and inputs, with nothing sent in between)
+ * the timed-out request's reply is that call's (another wait first takes
+ * it and drops what it carried: a read's bytes, a replay's outputs; an
+ * error it carried, the session's deferred error, is that wait's answer
+ * and the wait's own request is not sent). A timeout is never the
+ * device's first error (dispatch_device_error). A server that sends
+ * nothing at all for that long is a lost connection: the library
+ * reconnects and resumes the session (see dispatch_options), and when
+ * that fails too the wait, and every later call on the device, gives
+ * DISPATCH_ECONN. (An older server sends no keepalives: a reply not
+ * there in time then gives DISPATCH_ECONN that way.) A server that stops
+ * on purpose (SIGTERM: it answers what it had read, then says goodbye)
+ * gives DISPATCH_ESHUTDOWN instead, the same way. 0, or DISPATCH_EINVAL
+ * (negative). */
 DISPATCH_API
 int dispatch_device_set_timeout(dispatch_device *dev, int timeout_ms);
 

@@ -82,3 +82,39 @@ def test_unsupported_dtype_op(dev):
         dev.tensor([1, 2]).exp()  # no int64 exp kernel
     assert isinstance(ei.value, TypeError)
     assert ei.value.message == "exp: dtype i64 not supported"
+
+
+def test_wait_that_times_out_raises_timeout_error():
+    # a sync behind more work than its timeout: the server is alive (it
+    # sends keepalives), so the wait raises TimeoutError and the session
+    # goes on; the work doubles until a sync gives up on it. Its own
+    # server: a batch of ops holds its results until the batch is sent
+    # (up to 256 of 1 MiB), past the shared server's 64 MiB
+    from conftest import Server
+    server = Server(["--max-session-bytes", str(1 << 30),
+                     "--max-memory", str(1 << 30)])
+    try:
+        run_until_a_sync_times_out(server.spec)
+    finally:
+        assert server.stop() == 0, server.stderr()
+
+
+def run_until_a_sync_times_out(spec):
+    with dispatch.device(spec, timeout_ms=600) as d:
+        x = d.full((512, 512), 1.0 / 512)
+        k = 16
+        while True:
+            for _ in range(k):
+                x @ x
+            try:
+                d.sync()
+            except TimeoutError as e:
+                assert isinstance(e, dispatch.ETIMEDOUT)
+                assert "stays queued" in e.message
+                break
+            k *= 2
+            assert k <= 1 << 14, "no sync timed out"
+        d.set_timeout(0)  # no limit: waits as long as the work
+        d.sync()
+        assert (x.numpy() == np.float32(1.0 / 512)).all()
+        assert d.stats()["sessions_resumed"] == 0
