@@ -23,6 +23,7 @@
 #include <unistd.h>
 
 #include "dsp.h"
+#include "helpers/http.h"
 #include "helpers/server_proc.h"
 #include "helpers/wire.h"
 
@@ -97,46 +98,12 @@ static void start(const char *const *args, int logged) {
   cr_assert_gt(g_mport, 0, "no 'dispatch-server metrics on' line on stdout");
 }
 
-/* One HTTP request over a plain socket: the status code and the body (a
- * malloc'd string). HTTP/1.0, so the server closes after the answer and
- * the body is everything after the blank line. */
+/* One HTTP request (helpers/http.c): the status code and the body (a
+ * malloc'd string); the test fails when no answer comes. */
 static int http(const char *method, const char *path, char **body) {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  cr_assert_geq(fd, 0);
-  struct sockaddr_in a = {.sin_family = AF_INET,
-                          .sin_port = htons((uint16_t)g_mport)};
-  inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
-  cr_assert_eq(connect(fd, (struct sockaddr *)&a, sizeof a), 0, "%s",
-               strerror(errno));
-  char req[256];
-  int n = snprintf(req, sizeof req,
-                   "%s %s HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n", method, path);
-  cr_assert_eq(write(fd, req, (size_t)n), n);
-  size_t cap = 1 << 16, len = 0;
-  char *buf = malloc(cap);
-  cr_assert_not_null(buf);
-  for (;;) {
-    struct pollfd p = {.fd = fd, .events = POLLIN};
-    cr_assert_gt(poll(&p, 1, 60000), 0, "no answer from the endpoint");
-    if (len + 1 == cap) {
-      cap *= 2;
-      buf = realloc(buf, cap);
-      cr_assert_not_null(buf);
-    }
-    ssize_t r = read(fd, buf + len, cap - len - 1);
-    cr_assert_geq(r, 0, "%s", strerror(errno));
-    if (r == 0) break;
-    len += (size_t)r;
-  }
-  close(fd);
-  buf[len] = '\0';
-  int status = 0;
-  cr_assert_eq(sscanf(buf, "HTTP/1.%*d %d", &status), 1, "status line: %.80s",
-               buf);
-  char *sep = strstr(buf, "\r\n\r\n");
-  cr_assert_not_null(sep, "no end of headers");
-  *body = strdup(sep + 4);
-  free(buf);
+  char why[256];
+  int status = http_request(g_mport, method, path, body, why, sizeof why);
+  cr_assert_geq(status, 0, "%s %s: %s", method, path, why);
   return status;
 }
 

@@ -25,6 +25,7 @@
 #include "dsp.h"
 #include "frame.h"
 #include "helpers/client_check.h"
+#include "helpers/http.h"
 #include "helpers/server_proc.h"
 #include "helpers/wire.h"
 
@@ -69,40 +70,11 @@ static void start(const char *const *args) {
   g_mport = atoi(line + strlen(prefix));
 }
 
-/* GET /metrics (HTTP/1.0: the endpoint closes after the answer): the
- * body, malloc'd. */
+/* GET /metrics (helpers/http.c): the body, malloc'd. */
 static char *scrape(void) {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  cr_assert_geq(fd, 0);
-  struct sockaddr_in a = {.sin_family = AF_INET,
-                          .sin_port = htons((uint16_t)g_mport)};
-  inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
-  cr_assert_eq(connect(fd, (struct sockaddr *)&a, sizeof a), 0, "%s",
-               strerror(errno));
-  const char req[] = "GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
-  cr_assert_eq(write(fd, req, sizeof req - 1), (ssize_t)sizeof req - 1);
-  size_t cap = 1 << 17, len = 0;
-  char *buf = malloc(cap);
-  cr_assert_not_null(buf);
-  for (;;) {
-    struct pollfd p = {.fd = fd, .events = POLLIN};
-    cr_assert_gt(poll(&p, 1, 60000), 0, "no answer from the endpoint");
-    if (len + 1 == cap) {
-      cap *= 2;
-      buf = realloc(buf, cap);
-      cr_assert_not_null(buf);
-    }
-    ssize_t r = read(fd, buf + len, cap - len - 1);
-    cr_assert_geq(r, 0, "%s", strerror(errno));
-    if (r == 0) break;
-    len += (size_t)r;
-  }
-  close(fd);
-  buf[len] = '\0';
-  char *body = strstr(buf, "\r\n\r\n");
-  cr_assert_not_null(body, "no end of headers");
-  body = strdup(body + 4);
-  free(buf);
+  char *body, why[256];
+  int st = http_request(g_mport, "GET", "/metrics", &body, why, sizeof why);
+  cr_assert_eq(st, 200, "GET /metrics: %d %s", st, st < 0 ? why : body);
   return body;
 }
 
@@ -287,13 +259,8 @@ Test(slots, a_session_the_server_closed_goes_first) {
 
 /* Server-wide stats through a session of its own (closed with a bye). */
 static Dspwire__StatsReply server_stats(void) {
-  wire_conn c;
-  cr_assert_eq(wire_connect(&c, g_srv.port), 0);
-  cr_assert_eq(wire_hello(&c, "stats"), 0);
   Dspwire__StatsReply st;
-  cr_assert_eq(wire_get_stats(&c, &st), 0);
-  wire_bye(&c);
-  wire_close(&c);
+  cr_assert_eq(wire_server_stats(g_srv.port, &st), 0, "no server stats");
   return st;
 }
 

@@ -270,6 +270,15 @@ int wire_get_stats(wire_conn *c, Dspwire__StatsReply *out) {
   return ok ? 0 : -1;
 }
 
+int wire_server_stats(int port, Dspwire__StatsReply *out) {
+  wire_conn c;
+  if (wire_connect(&c, port) < 0) return -1;
+  int rc = wire_hello(&c, "stats") == 0 ? wire_get_stats(&c, out) : -1;
+  wire_bye(&c);
+  wire_close(&c);
+  return rc;
+}
+
 int wire_read_tensor(wire_conn *c, uint64_t id, void **data, size_t *nbytes,
                      int *ndim, int64_t *shape) {
   *data = NULL;

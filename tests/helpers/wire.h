@@ -79,6 +79,9 @@ int wire_sync_check(wire_conn *c, char *msg, size_t msg_len,
 /* Sends a stats request and copies the reply; 0 or -1 (also when the reply
  * carries an error). */
 int wire_get_stats(wire_conn *c, Dspwire__StatsReply *out);
+/* Server-wide stats through a raw connection of its own to port (closed
+ * with a bye, so it is not kept for a resume); 0 or -1. */
+int wire_server_stats(int port, Dspwire__StatsReply *out);
 /* Reads tensor id into a malloc'd buffer (*data, *nbytes, free()); returns
  * 0, the reply's (negative) error code, or 1 on I/O failure. */
 int wire_read_tensor(wire_conn *c, uint64_t id, void **data, size_t *nbytes,
