@@ -162,7 +162,7 @@ static const char *const g_usage =
     "                           limit (default 2^34, about 1.7e10)\n"
     "  --max-replay-cost N      the same for one graph replay, all its ops\n"
     "                           and nodes together (each node counts at\n"
-    "                           least 1024); over it the replay fails with\n"
+    "                           least 512); over it the replay fails with\n"
     "                           DISPATCH_ELIMIT, a definition that must\n"
     "                           pass it is refused; 0 no limit (default\n"
     "                           2^38)\n"
