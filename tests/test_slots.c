@@ -279,9 +279,11 @@ Test(slots, a_reply_finished_after_expiry_is_not_kept) {
   for (int round = 1; round <= 2; round++) {
     raw_sess s;
     cr_assert_eq(hello(&s, NULL), 0);
-    /* x (2048x2048, tracked), six matmuls and a sum: run in full (a Sync
-     * answers), then a Backward through them (twelve matmuls, seconds of
-     * work: the expiry cancels it), and the socket drops */
+    /* x (2048x2048, tracked), CHAIN matmuls and a sum: run in full (a
+     * Sync answers), then a Backward through them (2 * CHAIN matmuls,
+     * seconds of work: the expiry, 1-1.25 s after the drop, cancels it;
+     * six, 0.1 s a product on an idle machine, finished first one run in
+     * three), and the socket drops */
     enum { N = 2048 };
     static float x[N * N];
     int64_t sh[2] = {N, N};
@@ -291,14 +293,16 @@ Test(slots, a_reply_finished_after_expiry_is_not_kept) {
              sizeof x);
     send_seq(&s.c, dsp_wreq_track(&w, 1), ++seq, NULL, 0);
     uint64_t in[2];
-    for (uint64_t k = 1; k < 7; k++) {
+    enum { CHAIN = 16 };
+    for (uint64_t k = 1; k <= CHAIN; k++) {
       in[0] = in[1] = k;
       send_seq(&s.c, dsp_wreq_op(&w, DSP_OP_MATMUL, in, 2, k + 1, NULL, 0,
                                  NULL, 0, 0),
                ++seq, NULL, 0);
     }
-    in[0] = 7;
-    send_seq(&s.c, dsp_wreq_op(&w, DSP_OP_SUM, in, 1, 8, NULL, 0, NULL, 0, 0),
+    in[0] = CHAIN + 1;
+    send_seq(&s.c, dsp_wreq_op(&w, DSP_OP_SUM, in, 1, CHAIN + 2, NULL, 0,
+                               NULL, 0, 0),
              ++seq, NULL, 0);
     uint64_t sync = send_seq(&s.c, dsp_wreq_sync(&w), ++seq, NULL, 0);
     Dspwire__Reply *rep;
@@ -306,7 +310,8 @@ Test(slots, a_reply_finished_after_expiry_is_not_kept) {
     cr_assert_eq(rep->req_id, sync);
     cr_assert_null(rep->error, "%s", rep->error ? rep->error->message : "");
     wire_reply_free(rep, NULL);
-    send_seq(&s.c, dsp_wreq_backward(&w, 8, 9, 0), ++seq, NULL, 0);
+    send_seq(&s.c, dsp_wreq_backward(&w, CHAIN + 2, CHAIN + 3, 0), ++seq,
+             NULL, 0);
     wire_close(&s.c);
     /* expired, and torn down (its tensors are gone) */
     Dspwire__StatsReply st = server_stats();
