@@ -116,6 +116,14 @@ static int define_send(wire_conn *c, uint64_t gid, gdef *d, int has_out,
   return wire_sync_check(c, msg, len, NULL);
 }
 
+/* define_send of d with output out that must be accepted; d is freed. */
+static void define_ok(wire_conn *c, uint64_t gid, gdef *d, uint32_t out) {
+  char msg[512];
+  cr_assert_eq(define_send(c, gid, d, 1, out, msg, sizeof msg), 0,
+               "graph %llu: %s", (unsigned long long)gid, msg);
+  gdef_free(d);
+}
+
 /* Encodes one replay of gid (input bytes bulk, blen) at buf; returns its
  * size. */
 static size_t replay_encode(uint8_t *buf, uint64_t gid, const void *bulk,
@@ -201,16 +209,13 @@ Test(replay_cost, nodes_of_no_work_still_cost, .fini = stop) {
   wire_conn c;
   cr_assert_eq(wire_connect(&c, g_srv.port), 0);
   cr_assert_eq(wire_hello(&c, "nodes"), 0);
-  char msg[512];
   gdef d;
   uint32_t last;
   uint64_t h, in;
 
   input_f32(0);
   empty_chain(&d, 4096, &last);
-  cr_assert_eq(define_send(&c, 1, &d, 1, last, msg, sizeof msg), 0, "%s",
-               msg);
-  gdef_free(&d);
+  define_ok(&c, 1, &d, last);
   second_replay(&c, 1, NULL, 0, &h, &in);
   cr_assert_eq(in, 0, "%llu ops of a replay of 4096 empty adds ran on the "
                "network thread", (unsigned long long)in);
@@ -219,9 +224,7 @@ Test(replay_cost, nodes_of_no_work_still_cost, .fini = stop) {
   float x[1] = {2.0f};
   input_f32(1);
   grad_nodes(&d, 4096, &last);
-  cr_assert_eq(define_send(&c, 2, &d, 1, last, msg, sizeof msg), 0, "%s",
-               msg);
-  gdef_free(&d);
+  define_ok(&c, 2, &d, last);
   second_replay(&c, 2, x, sizeof x, &h, &in);
   cr_assert_eq(in, 0, "the replay of 4096 grad nodes ran on the network "
                "thread (%llu ops)", (unsigned long long)in);
@@ -230,9 +233,7 @@ Test(replay_cost, nodes_of_no_work_still_cost, .fini = stop) {
   /* and a small graph still runs on the loop */
   input_f32(0);
   empty_chain(&d, 16, &last);
-  cr_assert_eq(define_send(&c, 3, &d, 1, last, msg, sizeof msg), 0, "%s",
-               msg);
-  gdef_free(&d);
+  define_ok(&c, 3, &d, last);
   second_replay(&c, 3, NULL, 0, &h, &in);
   cr_assert_eq(in, 16, "%llu of a small replay's 16 ops ran inline",
                (unsigned long long)in);
@@ -302,9 +303,7 @@ Test(replay_cost, drain_deadline_cuts_a_queue_of_replays, .fini = stop,
   uint32_t last;
   input_f32(0);
   empty_chain(&d, NODES, &last);
-  cr_assert_eq(define_send(&c, 1, &d, 1, last, msg, sizeof msg), 0, "%s",
-               msg);
-  gdef_free(&d);
+  define_ok(&c, 1, &d, last);
   cr_assert_eq(replay(&c, 1, NULL, 0, msg, sizeof msg), 0, "%s", msg);
   /* a Sync heads the write: its reply means the server read the rest */
   uint8_t *buf = malloc(64 + (size_t)N * 64);
@@ -370,9 +369,7 @@ Test(replay_cost, max_replay_cost_bounds_a_replay, .fini = stop) {
   uint32_t cur = 0;
   for (int i = 0; i < 32; i++)
     cur = node(&d, DSP_G_OP, DSP_OP_ADD, 2, cur, cur);
-  cr_assert_eq(define_send(&c, 1, &d, 1, cur, msg, sizeof msg), 0, "%s",
-               msg);
-  gdef_free(&d);
+  define_ok(&c, 1, &d, cur);
   float *x = calloc(N, sizeof *x);
   cr_assert_not_null(x);
   int rc = replay(&c, 1, x, N * sizeof *x, msg, sizeof msg);
@@ -395,9 +392,7 @@ Test(replay_cost, max_replay_cost_bounds_a_replay, .fini = stop) {
                "the refused graph was kept: %s", msg);
 
   empty_chain(&d, 16, &last);
-  cr_assert_eq(define_send(&c, 3, &d, 1, last, msg, sizeof msg), 0, "%s",
-               msg);
-  gdef_free(&d);
+  define_ok(&c, 3, &d, last);
   cr_assert_eq(replay(&c, 3, NULL, 0, msg, sizeof msg), 0, "%s", msg);
   wire_close(&c);
 }
@@ -432,18 +427,13 @@ Test(replay_cost, frees_of_graphs_and_tapes_are_costed, .fini = stop) {
   wire_conn c;
   cr_assert_eq(wire_connect(&c, g_srv.port), 0);
   cr_assert_eq(wire_hello(&c, "frees"), 0);
-  char msg[512];
   gdef d;
   uint32_t last;
   input_f32(0);
   empty_chain(&d, 4096, &last);
-  cr_assert_eq(define_send(&c, 1, &d, 1, last, msg, sizeof msg), 0, "%s",
-               msg);
-  gdef_free(&d);
+  define_ok(&c, 1, &d, last);
   empty_chain(&d, 4, &last);
-  cr_assert_eq(define_send(&c, 2, &d, 1, last, msg, sizeof msg), 0, "%s",
-               msg);
-  gdef_free(&d);
+  define_ok(&c, 2, &d, last);
   uint64_t g2[1] = {2}, g1[1] = {1};
   cr_assert_eq(free_handoffs(&c, NULL, 0, g2, 1), 0,
                "the free of a 4-node graph took a worker");

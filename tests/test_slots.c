@@ -96,15 +96,20 @@ static double metric(const char *series) {
 #define EVICTED_CLOSED "dispatch_sessions_evicted_total{reason=\"server_closed\"}"
 #define EVICTED_OLDEST "dispatch_sessions_evicted_total{reason=\"oldest\"}"
 
-/* Waits (bounded: a safety net, not a timing check) until the server has
- * seen want sessions detached. */
-static void wait_detached(int want) {
-  double v = metric(DETACHED);
+/* Waits (bounded: a safety net, not a timing check) until series reads
+ * want; fails with what (and the value) otherwise. */
+static void wait_metric(const char *series, double want, const char *what) {
+  double v = metric(series);
   for (int i = 0; i < 1500 && v != want; i++) {
     sleep_ms(20);
-    v = metric(DETACHED);
+    v = metric(series);
   }
-  cr_assert_eq(v, want, "%g sessions detached, %d expected", v, want);
+  cr_assert_eq(v, want, "%s (%s %g, %g expected)", what, series, v, want);
+}
+
+/* ... until the server has seen want sessions detached. */
+static void wait_detached(int want) {
+  wait_metric(DETACHED, want, "sessions detached");
 }
 
 /* Waits (bounded) until no connection is closing: one the server closed
@@ -195,6 +200,18 @@ static void expect_resumes(const raw_sess *old) {
   bye(&r);
 }
 
+/* An upload of 64 KiB and 400 Reads of it that s never takes: more than
+ * the sockets buffer, less than --max-output-queue. */
+static void unread_reads(raw_sess *s) {
+  enum { N = 16384 };
+  static float x[N];
+  int64_t sh[1] = {N};
+  dsp_wreq w;
+  send_seq(&s->c, dsp_wreq_upload(&w, 1, DSP_F32, 1, sh), 1, x, sizeof x);
+  for (uint64_t i = 0; i < 400; i++)
+    send_seq(&s->c, dsp_wreq_read(&w, 1), 2 + i, NULL, 0);
+}
+
 /* With --max-sessions 2, two clients that drop (as a kill -9 does: the
  * socket closes, no bye) used to keep a third out with DISPATCH_ELIMIT
  * for the whole --session-grace. The third gets in at once: the session
@@ -235,15 +252,7 @@ Test(slots, a_session_the_server_closed_goes_first) {
   wire_close(&a.c);
   wait_detached(1);
   cr_assert_eq(hello(&b, NULL), 0);
-  /* 400 Reads of 64 KiB that b never takes: more than the sockets
-   * buffer, less than --max-output-queue */
-  enum { N = 16384 };
-  static float x[N];
-  int64_t sh[1] = {N};
-  dsp_wreq w;
-  send_seq(&b.c, dsp_wreq_upload(&w, 1, DSP_F32, 1, sh), 1, x, sizeof x);
-  for (uint64_t i = 0; i < 400; i++)
-    send_seq(&b.c, dsp_wreq_read(&w, 1), 2 + i, NULL, 0);
+  unread_reads(&b);
   wait_detached(2); /* closed by the server: "does not read its replies" */
   wire_close(&b.c);
   int rc = hello(&c, NULL);
@@ -354,23 +363,13 @@ Test(slots, a_stalled_frame_behind_unread_replies_is_closed) {
   start(args);
   raw_sess b;
   cr_assert_eq(hello(&b, NULL), 0);
-  enum { N = 16384 };
-  static float x[N];
-  int64_t sh[1] = {N};
-  dsp_wreq w;
-  send_seq(&b.c, dsp_wreq_upload(&w, 1, DSP_F32, 1, sh), 1, x, sizeof x);
-  for (uint64_t i = 0; i < 400; i++)
-    send_seq(&b.c, dsp_wreq_read(&w, 1), 2 + i, NULL, 0);
+  unread_reads(&b);
   uint8_t first = 20; /* one byte of a frame header, then nothing */
   cr_assert_eq(wire_send_raw(&b.c, &first, 1), 0);
   const char *frame = "dispatch_limit_violations_total{limit=\"frame_timeout\"}";
   const char *idle = "dispatch_limit_violations_total{limit=\"idle_timeout\"}";
-  /* bounded waits: safety nets, not timing checks */
-  for (int i = 0; i < 1500 && metric(frame) < 1; i++) sleep_ms(20);
-  cr_assert_eq(metric(frame), 1, "the stalled frame was never refused");
-  for (int i = 0; i < 1500 && metric(idle) < 1; i++) sleep_ms(20);
-  cr_assert_eq(metric(idle), 1,
-               "a refused client that reads nothing was never closed");
+  wait_metric(frame, 1, "the stalled frame was never refused");
+  wait_metric(idle, 1, "a refused client that reads nothing was never closed");
   settle();
   wire_close(&b.c);
   cr_assert_eq(sp_stop(&g_srv), 0);
