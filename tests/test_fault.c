@@ -412,11 +412,9 @@ Test(fault, client_killed_mid_upload_frees_after_grace, .fini = teardown) {
   }
   cr_assert_eq(after.sessions_expired, 1);
   cr_assert_eq(after.sessions_detached, 0);
-  for (int i = 0; i < 100 && after.server_held_bytes != base.server_held_bytes;
-       i++) {
-    sleep_ms(20);
-    after = server_stats();
-  }
+  cr_assert_neq(wire_wait_held_bytes(g_srv.port, base.server_held_bytes,
+                                     100, &after),
+                -2, "no server stats");
   cr_assert_eq(after.server_held_bytes, base.server_held_bytes,
                "held %llu after the grace, baseline %llu",
                (unsigned long long)after.server_held_bytes,

@@ -337,12 +337,10 @@ Test(slots, a_reply_finished_after_expiry_is_not_kept) {
   cr_assert_geq(metric("dispatch_errors_total{code=\"DISPATCH_ECANCELED\"}"),
                 cancelled0 + 2, "a Backward finished before its expiry");
   /* the loop has handled every job that came back before the teardowns */
-  Dspwire__StatsReply st = server_stats();
-  for (int i = 0; i < 50 && st.server_held_bytes != base.server_held_bytes;
-       i++) {
-    sleep_ms(20);
-    st = server_stats();
-  }
+  Dspwire__StatsReply st;
+  cr_assert_neq(wire_wait_held_bytes(g_srv.port, base.server_held_bytes,
+                                     50, &st),
+                -2, "no server stats");
   cr_assert_eq(st.server_held_bytes, base.server_held_bytes,
                "held %llu bytes after two expiries, %llu before",
                (unsigned long long)st.server_held_bytes,

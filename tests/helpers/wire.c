@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "frame.h"
@@ -277,6 +278,17 @@ int wire_server_stats(int port, Dspwire__StatsReply *out) {
   wire_bye(&c);
   wire_close(&c);
   return rc;
+}
+
+int wire_wait_held_bytes(int port, uint64_t want, int tries,
+                         Dspwire__StatsReply *out) {
+  for (int i = 0;; i++) {
+    if (wire_server_stats(port, out) < 0) return -2;
+    if (out->server_held_bytes == want) return 0;
+    if (i + 1 >= tries) return -1;
+    struct timespec ts = {0, 20 * 1000000L};
+    nanosleep(&ts, NULL);
+  }
 }
 
 int wire_read_tensor(wire_conn *c, uint64_t id, void **data, size_t *nbytes,

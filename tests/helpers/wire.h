@@ -82,6 +82,12 @@ int wire_get_stats(wire_conn *c, Dspwire__StatsReply *out);
 /* Server-wide stats through a raw connection of its own to port (closed
  * with a bye, so it is not kept for a resume); 0 or -1. */
 int wire_server_stats(int port, Dspwire__StatsReply *out);
+/* Polls wire_server_stats every 20 ms, at most tries times (a safety
+ * net, not a timing check), until the server holds want bytes
+ * (server_held_bytes); *out is the last stats read. 0 when it did, -1
+ * when it did not, -2 when the stats could not be read. */
+int wire_wait_held_bytes(int port, uint64_t want, int tries,
+                         Dspwire__StatsReply *out);
 /* Reads tensor id into a malloc'd buffer (*data, *nbytes, free()); returns
  * 0, the reply's (negative) error code, or 1 on I/O failure. */
 int wire_read_tensor(wire_conn *c, uint64_t id, void **data, size_t *nbytes,
