@@ -403,6 +403,9 @@ BINDIR = $(PREFIX)/bin
 LIBDIR = $(PREFIX)/lib
 INCDIR = $(PREFIX)/include
 MANDIR = $(PREFIX)/share/man
+# the Python package's declarations and op table (python/dispatch/_lib.py
+# looks for them in ../share/dispatch of the library's folder)
+PYDATADIR = $(PREFIX)/share/dispatch
 CMAKEDIR = $(LIBDIR)/cmake/dispatch-client
 PUBLIC_H := $(wildcard client/include/*.h)
 MAN_PAGES := docs/man/dispatch-server.1 docs/man/libdispatch-client.3
@@ -411,13 +414,14 @@ SUBST = sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@VERSION@|$(VERSION)|g' \
 install: $(if $(wildcard server/main.c),$(SERVER_BIN)) $(CLIENT_A) $(CLIENT_SO)
 	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(LIBDIR)/pkgconfig \
 	  $(DESTDIR)$(INCDIR) $(DESTDIR)$(CMAKEDIR) \
-	  $(DESTDIR)$(MANDIR)/man1 $(DESTDIR)$(MANDIR)/man3
+	  $(DESTDIR)$(MANDIR)/man1 $(DESTDIR)$(MANDIR)/man3 $(DESTDIR)$(PYDATADIR)
 	$(if $(wildcard server/main.c),install -m 755 $(SERVER_BIN) $(DESTDIR)$(BINDIR)/)
 	install -m 644 $(CLIENT_A) $(DESTDIR)$(LIBDIR)/
 	install -m 755 $(CLIENT_SO) $(DESTDIR)$(LIBDIR)/
 	ln -sf $(notdir $(CLIENT_SO)) $(DESTDIR)$(LIBDIR)/$(CLIENT_SONAME)
 	ln -sf $(CLIENT_SONAME) $(DESTDIR)$(LIBDIR)/libdispatch-client.so
 	install -m 644 $(PUBLIC_H) $(DESTDIR)$(INCDIR)/
+	install -m 644 $(PY_CDEF) $(OPS_TXT) $(DESTDIR)$(PYDATADIR)/
 	$(SUBST) client/dispatch-client.pc.in > $(DESTDIR)$(LIBDIR)/pkgconfig/dispatch-client.pc
 	$(SUBST) client/dispatch-clientConfig.cmake.in > $(DESTDIR)$(CMAKEDIR)/dispatch-clientConfig.cmake
 	$(SUBST) client/dispatch-clientConfigVersion.cmake.in > $(DESTDIR)$(CMAKEDIR)/dispatch-clientConfigVersion.cmake
@@ -435,8 +439,10 @@ uninstall:
 	  $(DESTDIR)$(CMAKEDIR)/dispatch-clientConfig.cmake \
 	  $(DESTDIR)$(CMAKEDIR)/dispatch-clientConfigVersion.cmake \
 	  $(DESTDIR)$(MANDIR)/man1/dispatch-server.1 \
-	  $(DESTDIR)$(MANDIR)/man3/libdispatch-client.3
-	-rmdir $(DESTDIR)$(CMAKEDIR) 2>/dev/null
+	  $(DESTDIR)$(MANDIR)/man3/libdispatch-client.3 \
+	  $(DESTDIR)$(PYDATADIR)/$(notdir $(PY_CDEF)) \
+	  $(DESTDIR)$(PYDATADIR)/$(notdir $(OPS_TXT))
+	-rmdir $(DESTDIR)$(CMAKEDIR) $(DESTDIR)$(PYDATADIR) 2>/dev/null
 
 # The server integration suites with dispatch-server under valgrind
 # (server_proc.c honours DISPATCH_SERVER_WRAP); a leak or memory error makes
