@@ -62,5 +62,22 @@ if ! d=$(diff -u --label "DISPATCH_API in client/include" \
   fail=1
 fi
 
+# An op is listed from its row only: written into a hand list too it would
+# be there twice.
+if [ -f "$gen/ops.txt" ]; then
+  twice=$(awk 'NR == FNR { if ($3 == "API") op["dispatch_" $1] = 1; next }
+               { sub(/@@.*/, ""); gsub(/[ ;]/, "") }
+               $0 in op { print FILENAME ": " $0 }' \
+            "$gen/ops.txt" client/dispatch-client.map tests/abi/exported.txt)
+  if [ -n "$twice" ]; then
+    echo "abi: ops of DSP_OP_MAP listed by hand (the build adds them):" >&2
+    printf '%s\n' "$twice" >&2
+    fail=1
+  fi
+else
+  echo "abi: $gen/ops.txt not built" >&2
+  fail=1
+fi
+
 [ $fail -eq 0 ] || exit 1
 echo "abi: $(printf '%s\n' "$got" | wc -l) exported symbols match $want"
