@@ -106,6 +106,17 @@ ifeq ($(CUDA),1)
     $(if $(wildcard server/main.c),$(BUILD)/dispatch-server-cuda)
 endif
 
+# The op table's client surface, made from DSP_OP_MAP (common/dsp.h) at
+# build time (docs/architecture.md, "One op, one row"): ops.txt has one
+# "name signature surface" line per row; the version script and the
+# exported-symbol list are the hand-written files plus the API rows; the
+# Python package reads ops.txt and dispatch_cdef.h, the public header
+# preprocessed for cffi.
+OPS_TXT := $(BUILD)/gen/ops.txt
+CLIENT_MAP := $(BUILD)/gen/dispatch-client.map
+EXPORTED_TXT := $(BUILD)/gen/exported.txt
+PY_CDEF := $(BUILD)/gen/dispatch_cdef.h
+
 SERVER_BIN := $(BUILD)/dispatch-server
 CLIENT_A := $(BUILD)/libdispatch-client.a
 CLIENT_SO := $(BUILD)/libdispatch-client.so.$(VERSION)
@@ -130,6 +141,42 @@ $(BUILD)/gen/%.pb-c.c $(BUILD)/gen/%.pb-c.h: proto/%.proto
 
 $(BUILD)/gen/%.pb-c.o: $(BUILD)/gen/%.pb-c.c
 	$(CC) $(filter-out -Werror,$(ALL_CFLAGS)) -c $< -o $@
+
+# client/op_rows.in expands DSP_OP_MAP into "@@ name signature surface"
+$(OPS_TXT): client/op_rows.in common/dsp.h
+	@mkdir -p $(dir $@)
+	$(CC) -E -P -x c $(INCLUDES) $< | \
+	  grep -o '@@ [a-z0-9_]* [A-Z_]* [A-Z]*' | cut -c4- >$@.tmp
+	@test -s $@.tmp || { echo "$@: no rows from DSP_OP_MAP" >&2; exit 1; }
+	@mv $@.tmp $@
+
+# the hand-written list with the API rows in place of its marker line
+$(CLIENT_MAP): client/dispatch-client.map $(OPS_TXT)
+	awk 'NR == FNR { if ($$3 == "API") ops = ops "    dispatch_" $$1 ";\n"; next } \
+	  /^ *\/\* @DSP_OP_MAP@ \*\/$$/ { printf "%s", ops; n++; next } { print } \
+	  END { if (n != 1) { print FILENAME ": want one @DSP_OP_MAP@ line" > "/dev/stderr"; exit 1 } }' \
+	  $(OPS_TXT) $< >$@.tmp
+	@mv $@.tmp $@
+
+# what nm -D must print: tests/abi/exported.txt plus the API rows
+$(EXPORTED_TXT): tests/abi/exported.txt client/dispatch-client.map $(OPS_TXT)
+	node=$$(sed -n 's/^\([A-Z0-9_]*\) {.*/\1/p' client/dispatch-client.map); \
+	{ cat tests/abi/exported.txt; \
+	  awk -v node="$$node" '$$3 == "API" { print "dispatch_" $$1 "@@" node }' $(OPS_TXT); } | \
+	  LC_ALL=C sort >$@.tmp
+	@mv $@.tmp $@
+
+# The public header as cffi's cdef takes it: preprocessed (macros
+# expanded, DISPATCH_API's attribute dropped), comments kept for the
+# docstrings, the two system headers it includes stubbed (cffi knows
+# size_t and the intN_t types itself).
+$(PY_CDEF): $(wildcard client/include/*.h)
+	@mkdir -p $(BUILD)/gen/cdef-stub
+	@: >$(BUILD)/gen/cdef-stub/stddef.h; : >$(BUILD)/gen/cdef-stub/stdint.h
+	$(CC) -E -P -C -nostdinc -I$(BUILD)/gen/cdef-stub -Iclient/include \
+	  client/include/dispatch_client.h | \
+	  sed 's/__attribute__((visibility("default")))//' >$@.tmp
+	@mv $@.tmp $@
 
 # The CPU kernels are plain loops: GCC's -O2 alone vectorizes only loops
 # that need no alias check or remainder. These flags let it vectorize the
@@ -174,12 +221,12 @@ $(CLIENT_A): $(CLIENT_OBJ) $(COMMON_OBJ)
 	@rm -f $@
 	ar rcs $@ $^
 
-# client/dispatch-client.map lists every exported function by name;
+# $(CLIENT_MAP) lists every exported function by name;
 # tests/abi/check-exports.sh compares what the library exports with
-# tests/abi/exported.txt.
-$(CLIENT_SO): $(CLIENT_OBJ) $(COMMON_OBJ) client/dispatch-client.map
+# $(EXPORTED_TXT). The Python package's files are made with the library.
+$(CLIENT_SO): $(CLIENT_OBJ) $(COMMON_OBJ) $(CLIENT_MAP) | $(EXPORTED_TXT) $(PY_CDEF)
 	$(CC) $(LDFLAGS) -shared -Wl,-soname,$(CLIENT_SONAME) \
-	  -Wl,--version-script=client/dispatch-client.map \
+	  -Wl,--version-script=$(CLIENT_MAP) \
 	  -o $@ $(CLIENT_OBJ) $(COMMON_OBJ) $(LIBS)
 	ln -sf $(notdir $@) $(BUILD)/$(CLIENT_SONAME)
 	ln -sf $(CLIENT_SONAME) $(BUILD)/libdispatch-client.so
@@ -356,6 +403,9 @@ BINDIR = $(PREFIX)/bin
 LIBDIR = $(PREFIX)/lib
 INCDIR = $(PREFIX)/include
 MANDIR = $(PREFIX)/share/man
+# the Python package's declarations and op table (python/dispatch/_lib.py
+# looks for them in ../share/dispatch of the library's folder)
+PYDATADIR = $(PREFIX)/share/dispatch
 CMAKEDIR = $(LIBDIR)/cmake/dispatch-client
 PUBLIC_H := $(wildcard client/include/*.h)
 MAN_PAGES := docs/man/dispatch-server.1 docs/man/libdispatch-client.3
@@ -364,13 +414,14 @@ SUBST = sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@VERSION@|$(VERSION)|g' \
 install: $(if $(wildcard server/main.c),$(SERVER_BIN)) $(CLIENT_A) $(CLIENT_SO)
 	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(LIBDIR)/pkgconfig \
 	  $(DESTDIR)$(INCDIR) $(DESTDIR)$(CMAKEDIR) \
-	  $(DESTDIR)$(MANDIR)/man1 $(DESTDIR)$(MANDIR)/man3
+	  $(DESTDIR)$(MANDIR)/man1 $(DESTDIR)$(MANDIR)/man3 $(DESTDIR)$(PYDATADIR)
 	$(if $(wildcard server/main.c),install -m 755 $(SERVER_BIN) $(DESTDIR)$(BINDIR)/)
 	install -m 644 $(CLIENT_A) $(DESTDIR)$(LIBDIR)/
 	install -m 755 $(CLIENT_SO) $(DESTDIR)$(LIBDIR)/
 	ln -sf $(notdir $(CLIENT_SO)) $(DESTDIR)$(LIBDIR)/$(CLIENT_SONAME)
 	ln -sf $(CLIENT_SONAME) $(DESTDIR)$(LIBDIR)/libdispatch-client.so
 	install -m 644 $(PUBLIC_H) $(DESTDIR)$(INCDIR)/
+	install -m 644 $(PY_CDEF) $(OPS_TXT) $(DESTDIR)$(PYDATADIR)/
 	$(SUBST) client/dispatch-client.pc.in > $(DESTDIR)$(LIBDIR)/pkgconfig/dispatch-client.pc
 	$(SUBST) client/dispatch-clientConfig.cmake.in > $(DESTDIR)$(CMAKEDIR)/dispatch-clientConfig.cmake
 	$(SUBST) client/dispatch-clientConfigVersion.cmake.in > $(DESTDIR)$(CMAKEDIR)/dispatch-clientConfigVersion.cmake
@@ -388,8 +439,10 @@ uninstall:
 	  $(DESTDIR)$(CMAKEDIR)/dispatch-clientConfig.cmake \
 	  $(DESTDIR)$(CMAKEDIR)/dispatch-clientConfigVersion.cmake \
 	  $(DESTDIR)$(MANDIR)/man1/dispatch-server.1 \
-	  $(DESTDIR)$(MANDIR)/man3/libdispatch-client.3
-	-rmdir $(DESTDIR)$(CMAKEDIR) 2>/dev/null
+	  $(DESTDIR)$(MANDIR)/man3/libdispatch-client.3 \
+	  $(DESTDIR)$(PYDATADIR)/$(notdir $(PY_CDEF)) \
+	  $(DESTDIR)$(PYDATADIR)/$(notdir $(OPS_TXT))
+	-rmdir $(DESTDIR)$(CMAKEDIR) $(DESTDIR)$(PYDATADIR) 2>/dev/null
 
 # The server integration suites with dispatch-server under valgrind
 # (server_proc.c honours DISPATCH_SERVER_WRAP); a leak or memory error makes

@@ -131,6 +131,12 @@ int dispatch__run(dispatch_device *dev, dsp_opcode op,
 /* ------------------------------------------------------------------ */
 /* public ops                                                          */
 
+/* Every op's client function is defined here from its row of DSP_OP_MAP
+ * (common/dsp.h): the row's signature kind picks the body below, which
+ * packs the attributes and calls the one runner. Only the HAND rows are
+ * written out, after them. A new row of an existing kind needs nothing in
+ * this file. */
+
 /* NULL inputs go to dispatch__run too: it answers with the first error
  * of the device of the other inputs, or of the thread's last failure. */
 static int run1(dsp_opcode op, dispatch_tensor *x, const dsp_attrs *a,
@@ -151,65 +157,6 @@ static int run3(dsp_opcode op, dispatch_tensor *x, dispatch_tensor *y,
   return dispatch__run(NULL, op, in, 3, a, 1, out);
 }
 
-#define BIN_(name, OP)                                                      \
-  int dispatch_##name(dispatch_tensor *a, dispatch_tensor *b,               \
-                      dispatch_tensor **out) {                              \
-    return run2(DSP_OP_##OP, a, b, NULL, out);                              \
-  }
-BIN_(add, ADD)
-BIN_(sub, SUB)
-BIN_(mul, MUL)
-BIN_(div, DIV)
-BIN_(maximum, MAXIMUM)
-BIN_(minimum, MINIMUM)
-BIN_(eq, EQ)
-BIN_(ne, NE)
-BIN_(lt, LT)
-BIN_(le, LE)
-BIN_(gt, GT)
-BIN_(ge, GE)
-BIN_(relu_backward, RELU_BACKWARD)
-BIN_(gelu_backward, GELU_BACKWARD)
-BIN_(matmul, MATMUL)
-BIN_(cross_entropy, CROSS_ENTROPY)
-BIN_(mse, MSE)
-#undef BIN_
-
-int dispatch_where(dispatch_tensor *mask, dispatch_tensor *a,
-                   dispatch_tensor *b, dispatch_tensor **out) {
-  return run3(DSP_OP_WHERE, mask, a, b, NULL, out);
-}
-
-#define SCALAR_(name, OP)                                                   \
-  int dispatch_##name(dispatch_tensor *x, double s, dispatch_tensor **out) { \
-    dsp_attrs a = dsp_attrs_f1(s);                                          \
-    return run1(DSP_OP_##OP, x, &a, out);                                   \
-  }
-SCALAR_(add_scalar, ADD_SCALAR)
-SCALAR_(sub_scalar, SUB_SCALAR)
-SCALAR_(mul_scalar, MUL_SCALAR)
-SCALAR_(div_scalar, DIV_SCALAR)
-SCALAR_(pow_scalar, POW_SCALAR)
-SCALAR_(rsub_scalar, RSUB_SCALAR)
-SCALAR_(rdiv_scalar, RDIV_SCALAR)
-#undef SCALAR_
-
-#define UNARY_(name, OP)                                                    \
-  int dispatch_##name(dispatch_tensor *x, dispatch_tensor **out) {          \
-    return run1(DSP_OP_##OP, x, NULL, out);                                 \
-  }
-UNARY_(neg, NEG)
-UNARY_(exp, EXP)
-UNARY_(log, LOG)
-UNARY_(sqrt, SQRT)
-UNARY_(abs, ABS)
-UNARY_(sign, SIGN)
-UNARY_(relu, RELU)
-UNARY_(sigmoid, SIGMOID)
-UNARY_(tanh, TANH)
-UNARY_(gelu, GELU)
-#undef UNARY_
-
 /* Attributes from a caller's int list; too many is EINVAL, never a
  * silent truncation. */
 static int ints_attrs(dispatch_tensor *x, const char *fn, int n,
@@ -225,36 +172,133 @@ static int ints_attrs(dispatch_tensor *x, const char *fn, int n,
   return 0;
 }
 
-#define RED_(name, OP)                                                      \
-  int dispatch_##name(dispatch_tensor *x, int ndims, const int64_t *dims,   \
-                      int keepdim, dispatch_tensor **out) {                 \
-    dsp_attrs a;                                                            \
-    if (out) *out = NULL;                                                   \
-    int rc = ints_attrs(x, #name, ndims, dims, &a);                         \
-    if (rc < 0) return rc;                                                  \
-    a.floats[0] = keepdim ? 1.0 : 0.0;                                      \
-    a.n_floats = 1;                                                         \
-    return run1(DSP_OP_##OP, x, &a, out);                                   \
-  }
-RED_(sum, SUM)
-RED_(mean, MEAN)
-RED_(max, MAX)
-RED_(argmax, ARGMAX)
-#undef RED_
+/* keepdim as the reductions take it: floats[0] */
+static int red_attrs(dispatch_tensor *x, const char *fn, int ndims,
+                     const int64_t *dims, int keepdim, dsp_attrs *a) {
+  int rc = ints_attrs(x, fn, ndims, dims, a);
+  if (rc < 0) return rc;
+  a->floats[0] = keepdim ? 1.0 : 0.0;
+  a->n_floats = 1;
+  return 0;
+}
 
-#define SHAPEV_(name, OP)                                                   \
-  int dispatch_##name(dispatch_tensor *x, int ndim, const int64_t *v,       \
-                      dispatch_tensor **out) {                              \
-    dsp_attrs a;                                                            \
-    if (out) *out = NULL;                                                   \
-    int rc = ints_attrs(x, #name, ndim, v, &a);                             \
-    if (rc < 0) return rc;                                                  \
-    return run1(DSP_OP_##OP, x, &a, out);                                   \
+static int run_many(dsp_opcode op, dispatch_tensor *const *xs, int n,
+                    int64_t dim, dispatch_tensor **out) {
+  if (out) *out = NULL;
+  if (!xs || n < 1) return DISPATCH_EINVAL;
+  dsp_attrs a = dsp_attrs_ints(1, &dim);
+  return dispatch__run(NULL, op, xs, n, &a, 1, out);
+}
+
+static dsp_attrs conv_attrs(int64_t sh, int64_t sw, int64_t ph, int64_t pw,
+                            int64_t dh, int64_t dw, const int64_t *extra4) {
+  int64_t v[10] = {sh, sw, ph, pw, dh, dw};
+  int n = 6;
+  if (extra4)
+    for (int i = 0; i < 4; i++) v[n++] = extra4[i];
+  return dsp_attrs_ints(n, v);
+}
+
+static dsp_attrs pool_attrs(int64_t kh, int64_t kw, int64_t sh, int64_t sw,
+                            int64_t ph, int64_t pw) {
+  int64_t v[6] = {kh, kw, sh, sw, ph, pw};
+  return dsp_attrs_ints(6, v);
+}
+
+static int create(dispatch_device *dev, dsp_opcode op, int64_t head0,
+                  int has_seed, int64_t seed, int ndim, const int64_t *shape,
+                  const double *f, int nf, dispatch_tensor **out) {
+  if (out) *out = NULL;
+  if (!dev) return DISPATCH_EINVAL;
+  if (ndim < 0 || ndim > DSP_MAX_DIMS || (ndim && !shape))
+    return dispatch__ret(dev, dsp_seterr(dev->ctx, DISPATCH_EINVAL,
+                                         "%s: rank %d is outside 0..%d",
+                                         dsp_op_lookup((int)op)->name, ndim,
+                                         DSP_MAX_DIMS));
+  dsp_attrs a = dsp_attrs_none();
+  a.ints[a.n_ints++] = head0;
+  if (has_seed) a.ints[a.n_ints++] = seed;
+  for (int i = 0; i < ndim; i++) a.ints[a.n_ints++] = shape[i];
+  for (int i = 0; i < nf; i++) a.floats[a.n_floats++] = f[i];
+  return dispatch__run(dev, op, NULL, 0, &a, 1, out);
+}
+
+/* One body per signature kind (client/op_sigs.h has the heads). */
+#define BODY_UNARY(name, OP) \
+  DISPATCH__SIG_UNARY(name) { return run1(OP, x, NULL, out); }
+#define BODY_BINARY(name, OP) \
+  DISPATCH__SIG_BINARY(name) { return run2(OP, a, b, NULL, out); }
+#define BODY_TERNARY(name, OP) \
+  DISPATCH__SIG_TERNARY(name) { return run3(OP, a, b, c, NULL, out); }
+#define BODY_SCALAR(name, OP)         \
+  DISPATCH__SIG_SCALAR(name) {        \
+    dsp_attrs at = dsp_attrs_f1(s);   \
+    return run1(OP, x, &at, out);     \
   }
-SHAPEV_(reshape, RESHAPE)
-SHAPEV_(permute, PERMUTE)
-SHAPEV_(broadcast_to, BROADCAST_TO)
-#undef SHAPEV_
+#define BODY_RED(name, OP)                                             \
+  DISPATCH__SIG_RED(name) {                                            \
+    dsp_attrs at;                                                      \
+    if (out) *out = NULL;                                              \
+    int rc = red_attrs(x, #name, ndims, dims, keepdim, &at);           \
+    return rc < 0 ? rc : run1(OP, x, &at, out);                        \
+  }
+#define BODY_SHAPEV(name, OP)                                          \
+  DISPATCH__SIG_SHAPEV(name) {                                         \
+    dsp_attrs at;                                                      \
+    if (out) *out = NULL;                                              \
+    int rc = ints_attrs(x, #name, ndim, v, &at);                       \
+    return rc < 0 ? rc : run1(OP, x, &at, out);                        \
+  }
+#define BODY_DIM(name, OP)                    \
+  DISPATCH__SIG_DIM(name) {                   \
+    dsp_attrs at = dsp_attrs_ints(1, &dim);   \
+    return run1(OP, x, &at, out);             \
+  }
+#define BODY_BINARY_DIM(name, OP)             \
+  DISPATCH__SIG_BINARY_DIM(name) {            \
+    dsp_attrs at = dsp_attrs_ints(1, &dim);   \
+    return run2(OP, a, b, &at, out);          \
+  }
+#define BODY_MANY(name, OP) \
+  DISPATCH__SIG_MANY(name) { return run_many(OP, xs, n, dim, out); }
+#define BODY_POOL(name, OP)                                                 \
+  DISPATCH__SIG_POOL(name) {                                                \
+    dsp_attrs at = pool_attrs(kh, kw, stride_h, stride_w, pad_h, pad_w);    \
+    return run1(OP, x, &at, out);                                           \
+  }
+#define BODY_POOL_BWD(name, OP)                                             \
+  DISPATCH__SIG_POOL_BWD(name) {                                            \
+    dsp_attrs at = pool_attrs(kh, kw, stride_h, stride_w, pad_h, pad_w);    \
+    return run2(OP, grad, x, &at, out);                                     \
+  }
+#define BODY_CONV_BWD(name, OP)                                             \
+  DISPATCH__SIG_CONV_BWD(name) {                                            \
+    if (!shape) {                                                           \
+      if (out) *out = NULL;                                                 \
+      return DISPATCH_EINVAL;                                               \
+    }                                                                       \
+    dsp_attrs at =                                                          \
+        conv_attrs(stride_h, stride_w, pad_h, pad_w, dil_h, dil_w, shape);  \
+    return run2(OP, grad, t, &at, out);                                     \
+  }
+#define BODY_CREATE(name, OP) \
+  DISPATCH__SIG_CREATE(name) {                                              \
+    return create(dev, OP, dtype, 0, 0, ndim, shape, NULL, 0, out);         \
+  }
+#define BODY_RANDOM(name, OP)                                               \
+  DISPATCH__SIG_RANDOM(name) {                                              \
+    double f[2] = {f0, f1};                                                 \
+    return create(dev, OP, dtype, 1, (int64_t)seed, ndim, shape, f, 2, out); \
+  }
+#define BODY_HAND(name, OP)
+#define BODY_NONE(name, OP)
+
+#define OP_FUNCTION_(NAME, code, name, nin, fam, sig, api) \
+  BODY_##sig(name, DSP_OP_##NAME)
+DSP_OP_MAP(OP_FUNCTION_)
+#undef OP_FUNCTION_
+
+/* the HAND rows */
 
 int dispatch_transpose(dispatch_tensor *x, int64_t dim0, int64_t dim1,
                        dispatch_tensor **out) {
@@ -268,24 +312,6 @@ int dispatch_slice(dispatch_tensor *x, int64_t dim, int64_t start,
   int64_t v[4] = {dim, start, end, step};
   dsp_attrs a = dsp_attrs_ints(4, v);
   return run1(DSP_OP_SLICE, x, &a, out);
-}
-
-static int run_many(dsp_opcode op, dispatch_tensor *const *xs, int n,
-                    int64_t dim, dispatch_tensor **out) {
-  if (out) *out = NULL;
-  if (!xs || n < 1) return DISPATCH_EINVAL;
-  dsp_attrs a = dsp_attrs_ints(1, &dim);
-  return dispatch__run(NULL, op, xs, n, &a, 1, out);
-}
-
-int dispatch_cat(dispatch_tensor *const *xs, int n, int64_t dim,
-                 dispatch_tensor **out) {
-  return run_many(DSP_OP_CAT, xs, n, dim, out);
-}
-
-int dispatch_stack(dispatch_tensor *const *xs, int n, int64_t dim,
-                   dispatch_tensor **out) {
-  return run_many(DSP_OP_STACK, xs, n, dim, out);
 }
 
 int dispatch_index_select(dispatch_tensor *x, int64_t dim,
@@ -326,45 +352,6 @@ int dispatch_index_select_backward(dispatch_tensor *grad,
   return run2(DSP_OP_INDEX_SELECT_BACKWARD, grad, index, &a, out);
 }
 
-int dispatch_softmax(dispatch_tensor *x, int64_t dim, dispatch_tensor **out) {
-  dsp_attrs a = dsp_attrs_ints(1, &dim);
-  return run1(DSP_OP_SOFTMAX, x, &a, out);
-}
-
-int dispatch_log_softmax(dispatch_tensor *x, int64_t dim,
-                         dispatch_tensor **out) {
-  dsp_attrs a = dsp_attrs_ints(1, &dim);
-  return run1(DSP_OP_LOG_SOFTMAX, x, &a, out);
-}
-
-int dispatch_softmax_backward(dispatch_tensor *grad, dispatch_tensor *y,
-                              int64_t dim, dispatch_tensor **out) {
-  dsp_attrs a = dsp_attrs_ints(1, &dim);
-  return run2(DSP_OP_SOFTMAX_BACKWARD, grad, y, &a, out);
-}
-
-int dispatch_log_softmax_backward(dispatch_tensor *grad, dispatch_tensor *y,
-                                  int64_t dim, dispatch_tensor **out) {
-  dsp_attrs a = dsp_attrs_ints(1, &dim);
-  return run2(DSP_OP_LOG_SOFTMAX_BACKWARD, grad, y, &a, out);
-}
-
-int dispatch_cross_entropy_backward(dispatch_tensor *grad,
-                                    dispatch_tensor *logits,
-                                    dispatch_tensor *labels,
-                                    dispatch_tensor **out) {
-  return run3(DSP_OP_CROSS_ENTROPY_BACKWARD, grad, logits, labels, NULL, out);
-}
-
-static dsp_attrs conv_attrs(int64_t sh, int64_t sw, int64_t ph, int64_t pw,
-                            int64_t dh, int64_t dw, const int64_t *extra4) {
-  int64_t v[10] = {sh, sw, ph, pw, dh, dw};
-  int n = 6;
-  if (extra4)
-    for (int i = 0; i < 4; i++) v[n++] = extra4[i];
-  return dsp_attrs_ints(n, v);
-}
-
 int dispatch_conv2d(dispatch_tensor *x, dispatch_tensor *w, int64_t stride_h,
                     int64_t stride_w, int64_t pad_h, int64_t pad_w,
                     int64_t dil_h, int64_t dil_w, dispatch_tensor **out) {
@@ -373,109 +360,12 @@ int dispatch_conv2d(dispatch_tensor *x, dispatch_tensor *w, int64_t stride_h,
   return run2(DSP_OP_CONV2D, x, w, &a, out);
 }
 
-int dispatch_conv2d_backward_input(dispatch_tensor *grad, dispatch_tensor *w,
-                                   int64_t stride_h, int64_t stride_w,
-                                   int64_t pad_h, int64_t pad_w,
-                                   int64_t dil_h, int64_t dil_w,
-                                   const int64_t x_shape[4],
-                                   dispatch_tensor **out) {
-  if (!x_shape) {
-    if (out) *out = NULL;
-    return DISPATCH_EINVAL;
-  }
-  dsp_attrs a =
-      conv_attrs(stride_h, stride_w, pad_h, pad_w, dil_h, dil_w, x_shape);
-  return run2(DSP_OP_CONV2D_BACKWARD_INPUT, grad, w, &a, out);
-}
-
-int dispatch_conv2d_backward_weight(dispatch_tensor *grad, dispatch_tensor *x,
-                                    int64_t stride_h, int64_t stride_w,
-                                    int64_t pad_h, int64_t pad_w,
-                                    int64_t dil_h, int64_t dil_w,
-                                    const int64_t w_shape[4],
-                                    dispatch_tensor **out) {
-  if (!w_shape) {
-    if (out) *out = NULL;
-    return DISPATCH_EINVAL;
-  }
-  dsp_attrs a =
-      conv_attrs(stride_h, stride_w, pad_h, pad_w, dil_h, dil_w, w_shape);
-  return run2(DSP_OP_CONV2D_BACKWARD_WEIGHT, grad, x, &a, out);
-}
-
-static dsp_attrs pool_attrs(int64_t kh, int64_t kw, int64_t sh, int64_t sw,
-                            int64_t ph, int64_t pw) {
-  int64_t v[6] = {kh, kw, sh, sw, ph, pw};
-  return dsp_attrs_ints(6, v);
-}
-
-int dispatch_max_pool2d(dispatch_tensor *x, int64_t kh, int64_t kw,
-                        int64_t stride_h, int64_t stride_w, int64_t pad_h,
-                        int64_t pad_w, dispatch_tensor **out) {
-  dsp_attrs a = pool_attrs(kh, kw, stride_h, stride_w, pad_h, pad_w);
-  return run1(DSP_OP_MAX_POOL2D, x, &a, out);
-}
-
-int dispatch_avg_pool2d(dispatch_tensor *x, int64_t kh, int64_t kw,
-                        int64_t stride_h, int64_t stride_w, int64_t pad_h,
-                        int64_t pad_w, dispatch_tensor **out) {
-  dsp_attrs a = pool_attrs(kh, kw, stride_h, stride_w, pad_h, pad_w);
-  return run1(DSP_OP_AVG_POOL2D, x, &a, out);
-}
-
-int dispatch_max_pool2d_backward(dispatch_tensor *grad, dispatch_tensor *x,
-                                 int64_t kh, int64_t kw, int64_t stride_h,
-                                 int64_t stride_w, int64_t pad_h,
-                                 int64_t pad_w, dispatch_tensor **out) {
-  dsp_attrs a = pool_attrs(kh, kw, stride_h, stride_w, pad_h, pad_w);
-  return run2(DSP_OP_MAX_POOL2D_BACKWARD, grad, x, &a, out);
-}
-
-int dispatch_avg_pool2d_backward(dispatch_tensor *grad, dispatch_tensor *x,
-                                 int64_t kh, int64_t kw, int64_t stride_h,
-                                 int64_t stride_w, int64_t pad_h,
-                                 int64_t pad_w, dispatch_tensor **out) {
-  dsp_attrs a = pool_attrs(kh, kw, stride_h, stride_w, pad_h, pad_w);
-  return run2(DSP_OP_AVG_POOL2D_BACKWARD, grad, x, &a, out);
-}
-
 int dispatch_dropout(dispatch_tensor *x, double p, uint64_t seed,
                      dispatch_tensor **out) {
   dsp_attrs a = dsp_attrs_f1(p);
   a.ints[0] = (int64_t)seed;
   a.n_ints = 1;
   return run1(DSP_OP_DROPOUT, x, &a, out);
-}
-
-/* ------------------------------------------------------------------ */
-/* creation                                                            */
-
-static int create(dispatch_device *dev, dsp_opcode op, int64_t head0,
-                  int has_seed, int64_t seed, int ndim, const int64_t *shape,
-                  const double *f, int nf, dispatch_tensor **out) {
-  if (out) *out = NULL;
-  if (!dev) return DISPATCH_EINVAL;
-  if (ndim < 0 || ndim > DSP_MAX_DIMS || (ndim && !shape))
-    return dispatch__ret(dev, dsp_seterr(dev->ctx, DISPATCH_EINVAL,
-                                         "%s: rank %d is outside 0..%d",
-                                         dsp_op_lookup((int)op)->name, ndim,
-                                         DSP_MAX_DIMS));
-  dsp_attrs a = dsp_attrs_none();
-  a.ints[a.n_ints++] = head0;
-  if (has_seed) a.ints[a.n_ints++] = seed;
-  for (int i = 0; i < ndim; i++) a.ints[a.n_ints++] = shape[i];
-  for (int i = 0; i < nf; i++) a.floats[a.n_floats++] = f[i];
-  return dispatch__run(dev, op, NULL, 0, &a, 1, out);
-}
-
-int dispatch_zeros(dispatch_device *dev, dispatch_dtype dtype, int ndim,
-                   const int64_t *shape, dispatch_tensor **out) {
-  return create(dev, DSP_OP_ZEROS, dtype, 0, 0, ndim, shape, NULL, 0, out);
-}
-
-int dispatch_ones(dispatch_device *dev, dispatch_dtype dtype, int ndim,
-                  const int64_t *shape, dispatch_tensor **out) {
-  return create(dev, DSP_OP_ONES, dtype, 0, 0, ndim, shape, NULL, 0, out);
 }
 
 int dispatch_full(dispatch_device *dev, dispatch_dtype dtype, int ndim,
@@ -487,20 +377,4 @@ int dispatch_arange(dispatch_device *dev, dispatch_dtype dtype, double start,
                     double end, double step, dispatch_tensor **out) {
   double f[3] = {start, end, step};
   return create(dev, DSP_OP_ARANGE, dtype, 0, 0, 0, NULL, f, 3, out);
-}
-
-int dispatch_uniform(dispatch_device *dev, dispatch_dtype dtype, int ndim,
-                     const int64_t *shape, double lo, double hi,
-                     uint64_t seed, dispatch_tensor **out) {
-  double f[2] = {lo, hi};
-  return create(dev, DSP_OP_UNIFORM, dtype, 1, (int64_t)seed, ndim, shape, f,
-                2, out);
-}
-
-int dispatch_normal(dispatch_device *dev, dispatch_dtype dtype, int ndim,
-                    const int64_t *shape, double mean, double std,
-                    uint64_t seed, dispatch_tensor **out) {
-  double f[2] = {mean, std};
-  return create(dev, DSP_OP_NORMAL, dtype, 1, (int64_t)seed, ndim, shape, f,
-                2, out);
 }

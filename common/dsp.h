@@ -360,9 +360,46 @@ int dsp__storage_prepare_write(dsp_ctx *ctx, dsp_tensor *t);
 /* ops                                                                 */
 
 /* The op table. Codes travel on the wire: never renumber, only append.
- * Columns: NAME, code, "name", number of inputs (-1: 1..DSP_MAX_INPUTS),
- * family. Attribute conventions (a.ints / a.floats) are given per op;
- * every dim attribute may be negative (counted from the end).
+ * Columns: NAME, code, name, number of inputs (-1: 1..DSP_MAX_INPUTS),
+ * family, signature, surface. Attribute conventions (a.ints / a.floats)
+ * are given per op; every dim attribute may be negative (counted from the
+ * end).
+ *
+ * name is the op's lower-case identifier: #name is its string (messages,
+ * the wire's op names), dispatch_##name its client function. The last two
+ * columns are the op's client surface, and this row is the only place it
+ * is written: client/run.c expands the table into the function of every
+ * row whose signature is not HAND, the build lists every API row in the
+ * version script and the exported-symbol list, and the Python package
+ * makes its functions and Tensor methods from the same rows
+ * (docs/architecture.md, "One op, one row"). Only the declaration with its
+ * doc comment in client/include/dispatch_client.h is written by hand, and
+ * the ABI check fails until it is there.
+ *
+ * Surface: API    exported (declared DISPATCH_API in dispatch_client.h)
+ *          BWD    internal backward helper (client/dispatch_backward.h,
+ *                 not exported; in the static archive for the tests)
+ *          NONE   no client function (the optimizer steps: client/optim.c
+ *                 runs them through dispatch__run)
+ * Signatures (C parameters before the trailing dispatch_tensor **out):
+ *   UNARY    (x)                  BINARY  (a, b)     TERNARY (a, b, c)
+ *   SCALAR   (x, double s): floats = {s}
+ *   RED      (x, int ndims, const int64_t *dims, int keepdim)
+ *   SHAPEV   (x, int ndim, const int64_t *v): ints = v
+ *   DIM      (x, int64_t dim)     BINARY_DIM (a, b, int64_t dim)
+ *   MANY     (dispatch_tensor *const *xs, int n, int64_t dim)
+ *   POOL     (x, kh, kw, stride_h, stride_w, pad_h, pad_w)   (int64_t each)
+ *   POOL_BWD (grad, x, then POOL's six)
+ *   CONV_BWD (grad, t, stride_h, stride_w, pad_h, pad_w, dil_h, dil_w,
+ *            const int64_t shape[4])
+ *   CREATE   (dispatch_device *dev, dispatch_dtype dtype, int ndim,
+ *            const int64_t *shape)
+ *   RANDOM   (dev, dtype, ndim, shape, double f0, double f1, uint64_t seed)
+ *   HAND     irregular: written out in client/run.c (transpose, slice,
+ *            index_select, cast, conv2d, dropout, full, arange and the
+ *            backward helpers slice_backward, index_select_backward)
+ *   NONE     no function
+ * Consumers that need fewer columns name those and take the rest as `...`.
  *
  * Families group ops whose infer/kernel/backward live together:
  *   EW     elementwise, activations, comparisons, where
@@ -375,117 +412,128 @@ int dsp__storage_prepare_write(dsp_ctx *ctx, dsp_tensor *t);
  */
 #define DSP_OP_MAP(X)                                                        \
   /* elementwise binary with broadcasting; same dtype on both sides */       \
-  X(ADD, 1, "add", 2, EW)                                                    \
-  X(SUB, 2, "sub", 2, EW)                                                    \
-  X(MUL, 3, "mul", 2, EW)                                                    \
-  X(DIV, 4, "div", 2, EW)                                                    \
-  X(MAXIMUM, 5, "maximum", 2, EW)                                            \
-  X(MINIMUM, 6, "minimum", 2, EW)                                            \
+  X(ADD, 1, add, 2, EW, BINARY, API)                                         \
+  X(SUB, 2, sub, 2, EW, BINARY, API)                                         \
+  X(MUL, 3, mul, 2, EW, BINARY, API)                                         \
+  X(DIV, 4, div, 2, EW, BINARY, API)                                         \
+  X(MAXIMUM, 5, maximum, 2, EW, BINARY, API)                                 \
+  X(MINIMUM, 6, minimum, 2, EW, BINARY, API)                                 \
   /* comparisons: same dtype on both sides, result bool, broadcasting */     \
-  X(EQ, 7, "eq", 2, EW)                                                      \
-  X(NE, 8, "ne", 2, EW)                                                      \
-  X(LT, 9, "lt", 2, EW)                                                      \
-  X(LE, 10, "le", 2, EW)                                                     \
-  X(GT, 11, "gt", 2, EW)                                                     \
-  X(GE, 12, "ge", 2, EW)                                                     \
+  X(EQ, 7, eq, 2, EW, BINARY, API)                                           \
+  X(NE, 8, ne, 2, EW, BINARY, API)                                           \
+  X(LT, 9, lt, 2, EW, BINARY, API)                                           \
+  X(LE, 10, le, 2, EW, BINARY, API)                                          \
+  X(GT, 11, gt, 2, EW, BINARY, API)                                          \
+  X(GE, 12, ge, 2, EW, BINARY, API)                                          \
   /* where(mask bool, a, b): three-way broadcast, a and b same dtype */      \
-  X(WHERE, 13, "where", 3, EW)                                               \
-  /* scalar forms: floats[0] is the scalar s. x+s, x-s, x*s, x/s, x^s,      \
+  X(WHERE, 13, where, 3, EW, TERNARY, API)                                   \
+  /* scalar forms: floats[0] is the scalar s. x+s, x-s, x*s, x/s, x^s,       \
    * s-x (rsub), s/x (rdiv) */                                               \
-  X(ADD_SCALAR, 14, "add_scalar", 1, EW)                                     \
-  X(SUB_SCALAR, 15, "sub_scalar", 1, EW)                                     \
-  X(MUL_SCALAR, 16, "mul_scalar", 1, EW)                                     \
-  X(DIV_SCALAR, 17, "div_scalar", 1, EW)                                     \
-  X(POW_SCALAR, 18, "pow_scalar", 1, EW)                                     \
-  X(RSUB_SCALAR, 19, "rsub_scalar", 1, EW)                                   \
-  X(RDIV_SCALAR, 20, "rdiv_scalar", 1, EW)                                   \
+  X(ADD_SCALAR, 14, add_scalar, 1, EW, SCALAR, API)                          \
+  X(SUB_SCALAR, 15, sub_scalar, 1, EW, SCALAR, API)                          \
+  X(MUL_SCALAR, 16, mul_scalar, 1, EW, SCALAR, API)                          \
+  X(DIV_SCALAR, 17, div_scalar, 1, EW, SCALAR, API)                          \
+  X(POW_SCALAR, 18, pow_scalar, 1, EW, SCALAR, API)                          \
+  X(RSUB_SCALAR, 19, rsub_scalar, 1, EW, SCALAR, API)                        \
+  X(RDIV_SCALAR, 20, rdiv_scalar, 1, EW, SCALAR, API)                        \
   /* unary */                                                                \
-  X(NEG, 21, "neg", 1, EW)                                                   \
-  X(EXP, 22, "exp", 1, EW)                                                   \
-  X(LOG, 23, "log", 1, EW)                                                   \
-  X(SQRT, 24, "sqrt", 1, EW)                                                 \
-  X(ABS, 25, "abs", 1, EW)                                                   \
-  X(SIGN, 26, "sign", 1, EW)                                                 \
-  X(RELU, 27, "relu", 1, EW)                                                 \
-  X(SIGMOID, 28, "sigmoid", 1, EW)                                           \
-  X(TANH, 29, "tanh", 1, EW)                                                 \
-  X(GELU, 30, "gelu", 1, EW) /* exact erf form */                            \
+  X(NEG, 21, neg, 1, EW, UNARY, API)                                         \
+  X(EXP, 22, exp, 1, EW, UNARY, API)                                         \
+  X(LOG, 23, log, 1, EW, UNARY, API)                                         \
+  X(SQRT, 24, sqrt, 1, EW, UNARY, API)                                       \
+  X(ABS, 25, abs, 1, EW, UNARY, API)                                         \
+  X(SIGN, 26, sign, 1, EW, UNARY, API)                                       \
+  X(RELU, 27, relu, 1, EW, UNARY, API)                                       \
+  X(SIGMOID, 28, sigmoid, 1, EW, UNARY, API)                                 \
+  X(TANH, 29, tanh, 1, EW, UNARY, API)                                       \
+  X(GELU, 30, gelu, 1, EW, UNARY, API) /* exact erf form */                  \
   /* backward helpers: (grad, x) -> grad * f'(x), same shape */              \
-  X(RELU_BACKWARD, 31, "relu_backward", 2, EW)                               \
-  X(GELU_BACKWARD, 32, "gelu_backward", 2, EW)                               \
-  /* reductions: ints = dims to reduce (none: all dims); floats[0] != 0     \
-   * means keepdim. argmax takes exactly one dim or none (flattened) and   \
+  X(RELU_BACKWARD, 31, relu_backward, 2, EW, BINARY, BWD)                    \
+  X(GELU_BACKWARD, 32, gelu_backward, 2, EW, BINARY, BWD)                    \
+  /* reductions: ints = dims to reduce (none: all dims); floats[0] != 0      \
+   * means keepdim. argmax takes exactly one dim or none (flattened) and     \
    * gives i64; ties pick the first index. */                                \
-  X(SUM, 40, "sum", 1, RED)                                                  \
-  X(MEAN, 41, "mean", 1, RED)                                                \
-  X(MAX, 42, "max", 1, RED)                                                  \
-  X(ARGMAX, 43, "argmax", 1, RED)                                            \
+  X(SUM, 40, sum, 1, RED, RED, API)                                          \
+  X(MEAN, 41, mean, 1, RED, RED, API)                                        \
+  X(MAX, 42, max, 1, RED, RED, API)                                          \
+  X(ARGMAX, 43, argmax, 1, RED, RED, API)                                    \
   /* shape ops */                                                            \
-  X(RESHAPE, 50, "reshape", 1, SHAPE)     /* ints = new shape, one -1 ok */  \
-  X(PERMUTE, 51, "permute", 1, SHAPE)     /* ints = permutation */           \
-  X(TRANSPOSE, 52, "transpose", 1, SHAPE) /* ints = {dim0, dim1} */          \
-  X(SLICE, 53, "slice", 1, SHAPE) /* ints = {dim, start, end, step>0},      \
-                                     python-style clamping of start/end */   \
-  X(CAT, 54, "cat", -1, SHAPE)            /* ints = {dim} */                 \
-  X(STACK, 55, "stack", -1, SHAPE)        /* ints = {dim} (new dim) */       \
-  X(BROADCAST_TO, 56, "broadcast_to", 1, SHAPE) /* ints = target shape */   \
+  /* ints = new shape, one -1 ok */                                          \
+  X(RESHAPE, 50, reshape, 1, SHAPE, SHAPEV, API)                             \
+  /* ints = permutation */                                                   \
+  X(PERMUTE, 51, permute, 1, SHAPE, SHAPEV, API)                             \
+  X(TRANSPOSE, 52, transpose, 1, SHAPE, HAND, API) /* ints = {dim0, dim1} */ \
+  /* ints = {dim, start, end, step>0}, python-style clamping of              \
+   * start/end */                                                            \
+  X(SLICE, 53, slice, 1, SHAPE, HAND, API)                                   \
+  X(CAT, 54, cat, -1, SHAPE, MANY, API) /* ints = {dim} */                   \
+  /* ints = {dim} (new dim) */                                               \
+  X(STACK, 55, stack, -1, SHAPE, MANY, API)                                  \
+  /* ints = target shape */                                                  \
+  X(BROADCAST_TO, 56, broadcast_to, 1, SHAPE, SHAPEV, API)                   \
   /* index_select(x, index i64 1-D): ints = {dim} */                         \
-  X(INDEX_SELECT, 57, "index_select", 2, SHAPE)                              \
-  X(CAST, 58, "cast", 1, SHAPE)           /* ints = {dtype} */               \
-  /* slice_backward(grad): ints = {dim, start, end, step, then the input    \
+  X(INDEX_SELECT, 57, index_select, 2, SHAPE, HAND, API)                     \
+  X(CAST, 58, cast, 1, SHAPE, HAND, API) /* ints = {dtype} */                \
+  /* slice_backward(grad): ints = {dim, start, end, step, then the input     \
    * shape}; zeros of the input shape with grad placed at the slice */       \
-  X(SLICE_BACKWARD, 59, "slice_backward", 1, SHAPE)                          \
-  /* index_select_backward(grad, index): ints = {dim, size of that dim in   \
+  X(SLICE_BACKWARD, 59, slice_backward, 1, SHAPE, HAND, BWD)                 \
+  /* index_select_backward(grad, index): ints = {dim, size of that dim in    \
    * the input}; scatter-adds grad rows into zeros */                        \
-  X(INDEX_SELECT_BACKWARD, 60, "index_select_backward", 2, SHAPE)            \
-  /* matmul(a, b): 1-D..N-D like numpy.matmul, batch dims broadcast */      \
-  X(MATMUL, 70, "matmul", 2, LINALG)                                         \
+  X(INDEX_SELECT_BACKWARD, 60, index_select_backward, 2, SHAPE, HAND, BWD)   \
+  /* matmul(a, b): 1-D..N-D like numpy.matmul, batch dims broadcast */       \
+  X(MATMUL, 70, matmul, 2, LINALG, BINARY, API)                              \
   /* nn; ints[0] = dim for softmax/log_softmax */                            \
-  X(SOFTMAX, 80, "softmax", 1, NN)                                           \
-  X(LOG_SOFTMAX, 81, "log_softmax", 1, NN)                                   \
-  X(SOFTMAX_BACKWARD, 82, "softmax_backward", 2, NN) /* (grad, y) */         \
-  X(LOG_SOFTMAX_BACKWARD, 83, "log_softmax_backward", 2, NN) /* (grad,y) */  \
+  X(SOFTMAX, 80, softmax, 1, NN, DIM, API)                                   \
+  X(LOG_SOFTMAX, 81, log_softmax, 1, NN, DIM, API)                           \
+  /* (grad, y) */                                                            \
+  X(SOFTMAX_BACKWARD, 82, softmax_backward, 2, NN, BINARY_DIM, BWD)          \
+  /* (grad, y) */                                                            \
+  X(LOG_SOFTMAX_BACKWARD, 83, log_softmax_backward, 2, NN, BINARY_DIM, BWD)  \
   /* cross_entropy(logits [N,C] float, labels [N] i64): mean over N */       \
-  X(CROSS_ENTROPY, 84, "cross_entropy", 2, NN)                               \
+  X(CROSS_ENTROPY, 84, cross_entropy, 2, NN, BINARY, API)                    \
   /* (grad scalar, logits, labels) -> d loss / d logits */                   \
-  X(CROSS_ENTROPY_BACKWARD, 85, "cross_entropy_backward", 3, NN)             \
-  X(MSE, 86, "mse", 2, NN) /* mean((a-b)^2), same shape, scalar result */   \
-  /* conv2d(x [N,C,H,W], w [O,C,kh,kw]): ints = {stride_h, stride_w,        \
+  X(CROSS_ENTROPY_BACKWARD, 85, cross_entropy_backward, 3, NN, TERNARY, BWD) \
+  /* mean((a-b)^2), same shape, scalar result */                             \
+  X(MSE, 86, mse, 2, NN, BINARY, API)                                        \
+  /* conv2d(x [N,C,H,W], w [O,C,kh,kw]): ints = {stride_h, stride_w,         \
    * pad_h, pad_w, dil_h, dil_w} (missing: 1,1,0,0,1,1); no bias */          \
-  X(CONV2D, 87, "conv2d", 2, NN)                                             \
+  X(CONV2D, 87, conv2d, 2, NN, HAND, API)                                    \
   /* (grad_out, w): ints = conv ints then the 4 dims of x */                 \
-  X(CONV2D_BACKWARD_INPUT, 88, "conv2d_backward_input", 2, NN)               \
+  X(CONV2D_BACKWARD_INPUT, 88, conv2d_backward_input, 2, NN, CONV_BWD, BWD)  \
   /* (grad_out, x): ints = conv ints then the 4 dims of w */                 \
-  X(CONV2D_BACKWARD_WEIGHT, 89, "conv2d_backward_weight", 2, NN)             \
+  X(CONV2D_BACKWARD_WEIGHT, 89, conv2d_backward_weight, 2, NN, CONV_BWD,     \
+    BWD)                                                                     \
   /* pools on [N,C,H,W]: ints = {kh, kw, stride_h, stride_w, pad_h, pad_w}   \
    * (stride missing: = kernel; pad missing: 0). avg counts padding. */      \
-  X(MAX_POOL2D, 90, "max_pool2d", 1, NN)                                     \
-  X(AVG_POOL2D, 91, "avg_pool2d", 1, NN)                                     \
-  X(MAX_POOL2D_BACKWARD, 92, "max_pool2d_backward", 2, NN) /* (grad, x) */   \
-  X(AVG_POOL2D_BACKWARD, 93, "avg_pool2d_backward", 2, NN) /* (grad, x) */   \
-  /* dropout(x): floats[0] = p in [0,1), ints[0] = seed (as uint64); keeps  \
+  X(MAX_POOL2D, 90, max_pool2d, 1, NN, POOL, API)                            \
+  X(AVG_POOL2D, 91, avg_pool2d, 1, NN, POOL, API)                            \
+  /* (grad, x) */                                                            \
+  X(MAX_POOL2D_BACKWARD, 92, max_pool2d_backward, 2, NN, POOL_BWD, BWD)      \
+  /* (grad, x) */                                                            \
+  X(AVG_POOL2D_BACKWARD, 93, avg_pool2d_backward, 2, NN, POOL_BWD, BWD)      \
+  /* dropout(x): floats[0] = p in [0,1), ints[0] = seed (as uint64); keeps   \
    * element i iff uniform(seed)[i] >= p and scales kept ones by 1/(1-p) */  \
-  X(DROPOUT, 94, "dropout", 1, NN)                                           \
+  X(DROPOUT, 94, dropout, 1, NN, HAND, API)                                  \
   /* creation: ints[0] = dtype, ints[1..] = shape */                         \
-  X(ZEROS, 100, "zeros", 0, CREATE)                                          \
-  X(ONES, 101, "ones", 0, CREATE)                                            \
-  X(FULL, 102, "full", 0, CREATE)       /* floats[0] = value */              \
+  X(ZEROS, 100, zeros, 0, CREATE, CREATE, API)                               \
+  X(ONES, 101, ones, 0, CREATE, CREATE, API)                                 \
+  X(FULL, 102, full, 0, CREATE, HAND, API) /* floats[0] = value */           \
   /* arange: ints[0] = dtype; floats = {start, end, step}: 1-D */            \
-  X(ARANGE, 103, "arange", 0, CREATE)                                        \
-  /* uniform in [floats[0], floats[1]); normal with mean floats[0], std     \
+  X(ARANGE, 103, arange, 0, CREATE, HAND, API)                               \
+  /* uniform in [floats[0], floats[1]); normal with mean floats[0], std      \
    * floats[1]; ints = {dtype, seed, shape...}; float dtypes only */         \
-  X(UNIFORM, 104, "uniform", 0, CREATE)                                      \
-  X(NORMAL, 105, "normal", 0, CREATE)                                        \
-  /* in-place optimizer updates: inputs[0] is the parameter, updated in     \
+  X(UNIFORM, 104, uniform, 0, CREATE, RANDOM, API)                           \
+  X(NORMAL, 105, normal, 0, CREATE, RANDOM, API)                             \
+  /* in-place optimizer updates: inputs[0] is the parameter, updated in      \
    * place and also returned as the output (a new reference to it) */        \
   /* sgd(param, grad, velocity): floats = {lr, momentum, weight_decay} */    \
-  X(SGD_STEP, 110, "sgd_step", 3, OPTIM)                                     \
-  /* adam(param, grad, m, v): floats = {lr, beta1, beta2, eps},             \
+  X(SGD_STEP, 110, sgd_step, 3, OPTIM, NONE, NONE)                           \
+  /* adam(param, grad, m, v): floats = {lr, beta1, beta2, eps},              \
    * ints[0] = step t (>= 1) */                                              \
-  X(ADAM_STEP, 111, "adam_step", 4, OPTIM)
+  X(ADAM_STEP, 111, adam_step, 4, OPTIM, NONE, NONE)
 
 typedef enum dsp_opcode {
-#define DSP_OP_ENUM_(NAME, code, str, nin, fam) DSP_OP_##NAME = (code),
+#define DSP_OP_ENUM_(NAME, code, ...) DSP_OP_##NAME = (code),
   DSP_OP_MAP(DSP_OP_ENUM_)
 #undef DSP_OP_ENUM_
 } dsp_opcode;

@@ -9,8 +9,8 @@
  * name): every op looks itself up several times, and a scan of a table in
  * code order was a visible share of a chain of small ops. */
 static const dsp_op_info g_by_code[] = {
-#define BYCODE_(NAME, code, str, nin, fam) \
-  [code] = {DSP_OP_##NAME, str, nin, DSP_FAM_##fam},
+#define BYCODE_(NAME, code, name, nin, fam, ...) \
+  [code] = {DSP_OP_##NAME, #name, nin, DSP_FAM_##fam},
     DSP_OP_MAP(BYCODE_)
 #undef BYCODE_
 };

@@ -19,15 +19,15 @@ static inline const char *dsp__opname(dsp_opcode op) {
  * DSP_OP_MAP breaks the build wherever a decision about it is owed (a
  * kernel case, a support-table row, a backward rule), instead of falling
  * through to a default at run time. */
-#define DSP__OPROW_ALL_(N, c, s, n, fam) +1
+#define DSP__OPROW_ALL_(N, ...) +1
 #define DSP__OP_COUNT (0 DSP_OP_MAP(DSP__OPROW_ALL_))
-#define DSP__FAMROW_EW(N, c, s, n, fam) +(DSP_FAM_##fam == DSP_FAM_EW)
-#define DSP__FAMROW_RED(N, c, s, n, fam) +(DSP_FAM_##fam == DSP_FAM_RED)
-#define DSP__FAMROW_SHAPE(N, c, s, n, fam) +(DSP_FAM_##fam == DSP_FAM_SHAPE)
-#define DSP__FAMROW_LINALG(N, c, s, n, fam) +(DSP_FAM_##fam == DSP_FAM_LINALG)
-#define DSP__FAMROW_NN(N, c, s, n, fam) +(DSP_FAM_##fam == DSP_FAM_NN)
-#define DSP__FAMROW_CREATE(N, c, s, n, fam) +(DSP_FAM_##fam == DSP_FAM_CREATE)
-#define DSP__FAMROW_OPTIM(N, c, s, n, fam) +(DSP_FAM_##fam == DSP_FAM_OPTIM)
+#define DSP__FAMROW_EW(N, c, s, n, f, ...) +(DSP_FAM_##f == DSP_FAM_EW)
+#define DSP__FAMROW_RED(N, c, s, n, f, ...) +(DSP_FAM_##f == DSP_FAM_RED)
+#define DSP__FAMROW_SHAPE(N, c, s, n, f, ...) +(DSP_FAM_##f == DSP_FAM_SHAPE)
+#define DSP__FAMROW_LINALG(N, c, s, n, f, ...) +(DSP_FAM_##f == DSP_FAM_LINALG)
+#define DSP__FAMROW_NN(N, c, s, n, f, ...) +(DSP_FAM_##f == DSP_FAM_NN)
+#define DSP__FAMROW_CREATE(N, c, s, n, f, ...) +(DSP_FAM_##f == DSP_FAM_CREATE)
+#define DSP__FAMROW_OPTIM(N, c, s, n, f, ...) +(DSP_FAM_##f == DSP_FAM_OPTIM)
 #define DSP__OPS_IN_FAMILY(F) (0 DSP_OP_MAP(DSP__FAMROW_##F))
 
 /* The dtype an op's kernels are chosen by, for support tables: the

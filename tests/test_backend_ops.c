@@ -938,7 +938,7 @@ static void walk_backend(const dsp_backend *be, walk *w) {
   memset(w, 0, sizeof *w);
   w->backend = be->name;
   static const dsp_opcode ops[] = {
-#define OPCODE_(NAME, code, str, nin, fam) DSP_OP_##NAME,
+#define OPCODE_(NAME, ...) DSP_OP_##NAME,
       DSP_OP_MAP(OPCODE_)
 #undef OPCODE_
   };
@@ -1018,7 +1018,7 @@ Test(backend_ops, refusals_are_listed_and_refused_by_dsp_op, .timeout = 300) {
   /* every f64 pair the CPU runs is listed as unsupported, the rest pass */
   int f64_pairs = 0;
   static const dsp_opcode ops[] = {
-#define OPCODE_(NAME, code, str, nin, fam) DSP_OP_##NAME,
+#define OPCODE_(NAME, ...) DSP_OP_##NAME,
       DSP_OP_MAP(OPCODE_)
 #undef OPCODE_
   };
@@ -1068,7 +1068,7 @@ Test(backend_ops, refusals_are_listed_and_refused_by_dsp_op, .timeout = 300) {
 Test(backend_ops, kernels_refuse_what_they_have_no_loop_for) {
   const dsp_backend *be = dsp_cpu_backend();
   static const dsp_opcode ops[] = {
-#define OPCODE_(NAME, code, str, nin, fam) DSP_OP_##NAME,
+#define OPCODE_(NAME, ...) DSP_OP_##NAME,
       DSP_OP_MAP(OPCODE_)
 #undef OPCODE_
   };
@@ -1130,7 +1130,7 @@ Test(backend_ops, every_claimed_pair_through_dispatch_server, .timeout = 300) {
   cr_assert_eq(wire_hello(&w, "backend-ops"), 0);
   const dsp_backend *be = dsp_cpu_backend();
   static const dsp_opcode ops[] = {
-#define OPCODE_(NAME, code, str, nin, fam) DSP_OP_##NAME,
+#define OPCODE_(NAME, ...) DSP_OP_##NAME,
       DSP_OP_MAP(OPCODE_)
 #undef OPCODE_
   };

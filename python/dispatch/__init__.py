@@ -11,19 +11,19 @@
 A binding over libdispatch-client (cffi, ABI mode). See python/README.md.
 """
 from ._core import (  # noqa: F401
-    Device, DispatchError, Grads, Scope, Tensor, abs, add, argmax,
-    avg_pool2d, bool_, broadcast_to, cat, conv2d, cross_entropy,
-    codes, default_device, device, div, dropout, eq, error_classes, exp, float32,
-    float64, ge, gelu, gt, index_select, int64, keep, le, log, log_softmax,
-    lt, matmul, max, max_pool2d, maximum, mean, minimum, mse, mul, ne, neg,
-    permute, relu, reshape, sigmoid, sign, slice, softmax, sqrt, stack, sub,
-    sum, tanh, track, transpose, where)
+    Device, DispatchError, Grads, Scope, Tensor, bool_, codes,
+    default_device, device, error_classes, float32, float64, int64, keep,
+    track)
+# the op functions, one per row of the op table (dispatch.add, .relu,
+# .sum, .conv2d, ...): see _core.op_functions
+from ._core import op_functions as _op_functions
 from ._core import _as_tensor
 from ._lib import ffi as _ffi, lib as _lib, path as library_path
 from .optim import SGD, Adam, Optimizer  # noqa: F401
 
 __version__ = _ffi.string(_lib.dispatch_version()).decode()
 
+globals().update(_op_functions)
 # one exception class per error code: dispatch.ESHAPE, dispatch.EDOUBLEWRAP..
 globals().update(error_classes)
 

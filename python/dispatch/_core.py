@@ -21,7 +21,7 @@ import weakref
 
 import numpy as np
 
-from ._lib import ffi, lib
+from ._lib import docs as _docs, ffi, lib, ops as _ops
 
 # ---------------------------------------------------------------- dtypes
 
@@ -502,36 +502,6 @@ def _out():
     return ffi.new("dispatch_tensor **")
 
 
-def _unary(cname, doc):
-    cfn = getattr(lib, cname)
-
-    def op(x):
-        x = _as_tensor(x)
-        out = _out()
-        rc = cfn(_hd(x), out)
-        if rc < 0:
-            _fail(rc, x)
-        return x._dev._adopt(out[0])
-    op.__name__ = cname[len("dispatch_"):]
-    op.__doc__ = doc
-    return op
-
-
-def _binary(cname, doc):
-    cfn = getattr(lib, cname)
-
-    def op(a, b):
-        a, b = _pair(a, b)
-        out = _out()
-        rc = cfn(_hd(a), _hd(b), out)
-        if rc < 0:
-            _fail(rc, a)
-        return a._dev._adopt(out[0])
-    op.__name__ = cname[len("dispatch_"):]
-    op.__doc__ = doc
-    return op
-
-
 def _scalar_op(cfn, x, s):
     out = _out()
     rc = cfn(_hd(x), float(s), out)
@@ -561,56 +531,6 @@ def _pair(a, b):
     return _as_tensor(a, b), b
 
 
-add = _binary("dispatch_add", "a + b with numpy broadcasting.")
-sub = _binary("dispatch_sub", "a - b with numpy broadcasting.")
-mul = _binary("dispatch_mul", "a * b with numpy broadcasting.")
-div = _binary("dispatch_div", "a / b with numpy broadcasting.")
-maximum = _binary("dispatch_maximum", "Elementwise maximum.")
-minimum = _binary("dispatch_minimum", "Elementwise minimum.")
-eq = _binary("dispatch_eq", "a == b (bool).")
-ne = _binary("dispatch_ne", "a != b (bool).")
-lt = _binary("dispatch_lt", "a < b (bool).")
-le = _binary("dispatch_le", "a <= b (bool).")
-gt = _binary("dispatch_gt", "a > b (bool).")
-ge = _binary("dispatch_ge", "a >= b (bool).")
-matmul = _binary("dispatch_matmul", "numpy.matmul semantics.")
-mse = _binary("dispatch_mse", "mean((a - b)^2), a scalar.")
-neg = _unary("dispatch_neg", "-x")
-exp = _unary("dispatch_exp", "e^x")
-log = _unary("dispatch_log", "natural log")
-sqrt = _unary("dispatch_sqrt", "square root")
-abs = _unary("dispatch_abs", "|x|")  # noqa: A001 (as numpy.abs)
-sign = _unary("dispatch_sign", "-1, 0 or 1")
-relu = _unary("dispatch_relu", "max(x, 0)")
-sigmoid = _unary("dispatch_sigmoid", "1 / (1 + e^-x)")
-tanh = _unary("dispatch_tanh", "hyperbolic tangent")
-gelu = _unary("dispatch_gelu", "GELU, the exact erf form")
-
-
-def where(mask, a, b):
-    """mask (bool) ? a : b, three-way broadcast."""
-    a, b = _pair(a, b)
-    if not isinstance(mask, Tensor):
-        mask = a._dev.tensor(np.asarray(mask, dtype=bool_))
-    out = _out()
-    rc = lib.dispatch_where(_hd(mask), _hd(a), _hd(b), out)
-    if rc < 0:
-        _fail(rc, a)
-    return a._dev._adopt(out[0])
-
-
-def cross_entropy(logits, labels):
-    """logits [N, C] float, labels [N] int64: the mean loss (a scalar)."""
-    logits = _as_tensor(logits)
-    if not isinstance(labels, Tensor):
-        labels = logits._dev.tensor(np.asarray(labels), dtype=int64)
-    out = _out()
-    rc = lib.dispatch_cross_entropy(_hd(logits), _hd(labels), out)
-    if rc < 0:
-        _fail(rc, logits)
-    return logits._dev._adopt(out[0])
-
-
 def _dims_arg(dim):
     if dim is None:
         return 0, ffi.NULL
@@ -630,25 +550,6 @@ def _reduce(cfn, x, dim, keepdim):
     return x._dev._adopt(out[0])
 
 
-def sum(x, dim=None, keepdim=False):  # noqa: A001 (as numpy.sum)
-    """Sum over dim (an int, a tuple, or None for all dims)."""
-    return _reduce(lib.dispatch_sum, x, dim, keepdim)
-
-
-def mean(x, dim=None, keepdim=False):
-    return _reduce(lib.dispatch_mean, x, dim, keepdim)
-
-
-def max(x, dim=None, keepdim=False):  # noqa: A001 (as numpy.max)
-    return _reduce(lib.dispatch_max, x, dim, keepdim)
-
-
-def argmax(x, dim=None, keepdim=False):
-    """Index of the maximum (int64), over all elements or along one dim;
-    ties pick the first."""
-    return _reduce(lib.dispatch_argmax, x, dim, keepdim)
-
-
 def _dim_op(cfn, x, dim):
     x = _as_tensor(x)
     out = _out()
@@ -658,54 +559,11 @@ def _dim_op(cfn, x, dim):
     return x._dev._adopt(out[0])
 
 
-def softmax(x, dim=-1):
-    return _dim_op(lib.dispatch_softmax, x, dim)
-
-
-def log_softmax(x, dim=-1):
-    return _dim_op(lib.dispatch_log_softmax, x, dim)
-
-
 def _shape_op(cfn, x, shape):
     x = _as_tensor(x)
     n, s = _shape_arg(shape)
     out = _out()
     rc = cfn(_hd(x), n, s, out)
-    if rc < 0:
-        _fail(rc, x)
-    return x._dev._adopt(out[0])
-
-
-def reshape(x, shape):
-    """Same elements in a new shape; one size may be -1."""
-    return _shape_op(lib.dispatch_reshape, x, shape)
-
-
-def permute(x, dims):
-    return _shape_op(lib.dispatch_permute, x, dims)
-
-
-def broadcast_to(x, shape):
-    return _shape_op(lib.dispatch_broadcast_to, x, shape)
-
-
-def transpose(x, dim0=0, dim1=1):
-    x = _as_tensor(x)
-    out = _out()
-    rc = lib.dispatch_transpose(_hd(x), int(dim0), int(dim1), out)
-    if rc < 0:
-        _fail(rc, x)
-    return x._dev._adopt(out[0])
-
-
-def slice(x, dim, start=0, end=None, step=1):  # noqa: A001
-    """x[start:end:step] along dim, Python style (step > 0, clamped)."""
-    x = _as_tensor(x)
-    if end is None:
-        end = 2 ** 62
-    out = _out()
-    rc = lib.dispatch_slice(_hd(x), int(dim), int(start), int(end), int(step),
-                            out)
     if rc < 0:
         _fail(rc, x)
     return x._dev._adopt(out[0])
@@ -723,28 +581,6 @@ def _join(cfn, tensors, dim):
     if rc < 0:
         _fail(rc, first)
     return first._dev._adopt(out[0])
-
-
-def cat(tensors, dim=0):
-    """Joined along an existing dim."""
-    return _join(lib.dispatch_cat, tensors, dim)
-
-
-def stack(tensors, dim=0):
-    """Joined along a new dim."""
-    return _join(lib.dispatch_stack, tensors, dim)
-
-
-def index_select(x, dim, index):
-    """Rows of x along dim picked by index (int64, 1-D)."""
-    x = _as_tensor(x)
-    if not isinstance(index, Tensor):
-        index = x._dev.tensor(np.asarray(index), dtype=int64)
-    out = _out()
-    rc = lib.dispatch_index_select(_hd(x), int(dim), _hd(index), out)
-    if rc < 0:
-        _fail(rc, x)
-    return x._dev._adopt(out[0])
 
 
 def _pair2(v):
@@ -779,14 +615,174 @@ def _pool(cfn, x, kernel, stride, padding):
     return x._dev._adopt(out[0])
 
 
-def max_pool2d(x, kernel, stride=None, padding=0):
-    """On [N, C, H, W]; stride defaults to the kernel."""
-    return _pool(lib.dispatch_max_pool2d, x, kernel, stride, padding)
+# The op functions of the op table: one maker per signature kind (the
+# sixth column of DSP_OP_MAP, read from ops.txt, see _lib), called with
+# the row's C function. Every API row of these kinds becomes a function of
+# the package (a new row needs nothing here); the rows of the other kinds
+# (creation, irregular signatures) are written out below and in Device.
+# The kinds marked True are Tensor methods too (t.relu(), t.sum(0)).
+
+def _unary(cfn):
+    def op(x):
+        x = _as_tensor(x)
+        out = _out()
+        rc = cfn(_hd(x), out)
+        if rc < 0:
+            _fail(rc, x)
+        return x._dev._adopt(out[0])
+    return op
 
 
-def avg_pool2d(x, kernel, stride=None, padding=0):
-    """On [N, C, H, W]; padding counts in the average."""
-    return _pool(lib.dispatch_avg_pool2d, x, kernel, stride, padding)
+def _binary(cfn):
+    def op(a, b):
+        a, b = _pair(a, b)
+        out = _out()
+        rc = cfn(_hd(a), _hd(b), out)
+        if rc < 0:
+            _fail(rc, a)
+        return a._dev._adopt(out[0])
+    return op
+
+
+def _ternary(cfn):
+    def op(a, b, c):
+        first = next((t for t in (a, b, c) if isinstance(t, Tensor)), None)
+        a, b, c = (_as_tensor(t, first) for t in (a, b, c))
+        out = _out()
+        rc = cfn(_hd(a), _hd(b), _hd(c), out)
+        if rc < 0:
+            _fail(rc, a)
+        return a._dev._adopt(out[0])
+    return op
+
+
+def _scalar(cfn):
+    def op(x, s):
+        return _scalar_op(cfn, _as_tensor(x), s)
+    return op
+
+
+def _reducer(cfn):
+    def op(x, dim=None, keepdim=False):
+        return _reduce(cfn, x, dim, keepdim)
+    return op
+
+
+def _shaper(cfn):
+    def op(x, shape):
+        return _shape_op(cfn, x, shape)
+    return op
+
+
+def _along(cfn):
+    def op(x, dim=-1):
+        return _dim_op(cfn, x, dim)
+    return op
+
+
+def _joiner(cfn):
+    def op(tensors, dim=0):
+        return _join(cfn, tensors, dim)
+    return op
+
+
+def _pooler(cfn):
+    def op(x, kernel, stride=None, padding=0):
+        return _pool(cfn, x, kernel, stride, padding)
+    return op
+
+
+_MAKERS = {"UNARY": (_unary, True), "BINARY": (_binary, True),
+           "TERNARY": (_ternary, False), "SCALAR": (_scalar, False),
+           "RED": (_reducer, True), "SHAPEV": (_shaper, True),
+           "DIM": (_along, True), "MANY": (_joiner, False),
+           "POOL": (_pooler, False)}
+
+
+def _make_ops():
+    made = {}
+    for name, sig, api in _ops:
+        if api != "API" or sig not in _MAKERS:
+            continue
+        cname = "dispatch_" + name
+        try:
+            cfn = getattr(lib, cname)
+        except AttributeError:
+            raise ImportError(f"dispatch: {cname} (a row of the op table) "
+                              "is not declared in the library's header") from None
+        fn = _MAKERS[sig][0](cfn)
+        fn.__name__ = fn.__qualname__ = name
+        fn.__doc__ = f"{_docs.get(cname) or name}\n\n(C: {cname}, {sig})"
+        made[name] = fn
+    return made
+
+
+globals().update(_make_ops())
+
+
+# ---- the rows the makers do not cover, and overrides of made ones that
+# take more than tensors (a mask, labels, the dims keyword)
+
+def where(mask, a, b):
+    """mask (bool) ? a : b, three-way broadcast."""
+    a, b = _pair(a, b)
+    if not isinstance(mask, Tensor):
+        mask = a._dev.tensor(np.asarray(mask, dtype=bool_))
+    out = _out()
+    rc = lib.dispatch_where(_hd(mask), _hd(a), _hd(b), out)
+    if rc < 0:
+        _fail(rc, a)
+    return a._dev._adopt(out[0])
+
+
+def cross_entropy(logits, labels):
+    """logits [N, C] float, labels [N] int64: the mean loss (a scalar)."""
+    logits = _as_tensor(logits)
+    if not isinstance(labels, Tensor):
+        labels = logits._dev.tensor(np.asarray(labels), dtype=int64)
+    out = _out()
+    rc = lib.dispatch_cross_entropy(_hd(logits), _hd(labels), out)
+    if rc < 0:
+        _fail(rc, logits)
+    return logits._dev._adopt(out[0])
+
+
+def permute(x, dims):
+    return _shape_op(lib.dispatch_permute, x, dims)
+
+
+def transpose(x, dim0=0, dim1=1):
+    x = _as_tensor(x)
+    out = _out()
+    rc = lib.dispatch_transpose(_hd(x), int(dim0), int(dim1), out)
+    if rc < 0:
+        _fail(rc, x)
+    return x._dev._adopt(out[0])
+
+
+def slice(x, dim, start=0, end=None, step=1):  # noqa: A001
+    """x[start:end:step] along dim, Python style (step > 0, clamped)."""
+    x = _as_tensor(x)
+    if end is None:
+        end = 2 ** 62
+    out = _out()
+    rc = lib.dispatch_slice(_hd(x), int(dim), int(start), int(end), int(step),
+                            out)
+    if rc < 0:
+        _fail(rc, x)
+    return x._dev._adopt(out[0])
+
+
+def index_select(x, dim, index):
+    """Rows of x along dim picked by index (int64, 1-D)."""
+    x = _as_tensor(x)
+    if not isinstance(index, Tensor):
+        index = x._dev.tensor(np.asarray(index), dtype=int64)
+    out = _out()
+    rc = lib.dispatch_index_select(_hd(x), int(dim), _hd(index), out)
+    if rc < 0:
+        _fail(rc, x)
+    return x._dev._adopt(out[0])
 
 
 def dropout(x, p, seed):
@@ -985,27 +981,10 @@ class Tensor:
         g = self._dev._last_grads
         return None if g is None else g[self]
 
-    # -- methods that mirror the functions
+    # -- methods that mirror the functions: those of the op table are
+    # added after the class (_add_methods); these take other arguments
 
-    def relu(self): return relu(self)
-    def sigmoid(self): return sigmoid(self)
-    def tanh(self): return tanh(self)
-    def gelu(self): return gelu(self)
-    def exp(self): return exp(self)
-    def log(self): return log(self)
-    def sqrt(self): return sqrt(self)
-    def abs(self): return abs(self)
-    def sign(self): return sign(self)
-    def sum(self, dim=None, keepdim=False): return sum(self, dim, keepdim)
-    def mean(self, dim=None, keepdim=False): return mean(self, dim, keepdim)
-    def max(self, dim=None, keepdim=False): return max(self, dim, keepdim)
-    def argmax(self, dim=None, keepdim=False):
-        return argmax(self, dim, keepdim)
-    def softmax(self, dim=-1): return softmax(self, dim)
-    def log_softmax(self, dim=-1): return log_softmax(self, dim)
-    def matmul(self, other): return matmul(self, other)
     def transpose(self, dim0=0, dim1=1): return transpose(self, dim0, dim1)
-    def broadcast_to(self, shape): return broadcast_to(self, shape)
     def index_select(self, dim, index): return index_select(self, dim, index)
 
     def reshape(self, *shape):
@@ -1153,6 +1132,22 @@ class Tensor:
 _OPERANDS = (Tensor, numbers.Number, np.ndarray, np.generic, list, tuple)
 _slice_type = builtins.slice
 _full_slice = _slice_type(None)
+
+
+def _add_methods():
+    """Each op function of a method kind as a Tensor method (t.relu(),
+    t.sum(0), t.matmul(w)), unless the class has its own."""
+    for name, sig, api in _ops:
+        if api == "API" and _MAKERS.get(sig, (None, False))[1] \
+                and name not in Tensor.__dict__:
+            setattr(Tensor, name, globals()[name])
+
+
+_add_methods()
+# every op function of the package (made or written out), by name, for
+# the package namespace
+op_functions = {name: globals()[name] for name, sig, api in _ops
+                if api == "API" and callable(globals().get(name))}
 
 
 # ---------------------------------------------------------------- grads
