@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # The ABI check: what libdispatch-client.so exports must be exactly
 # tests/abi/exported.txt (one "name@@VERSION_NODE" per line, sorted), and
-# every function declared DISPATCH_API in client/include/ must be in the
-# version script. An accidental export (a generated dspwire__ symbol, a
-# dispatch__ internal, a dsp_ function, a helper that lost its static)
-# or a public function that vanished fails here with the difference.
+# every function declared DISPATCH_API in include/ and client/include/
+# must be in the version script. An accidental export (a generated
+# dspwire__ symbol, a dispatch__ internal, a dsp_ function, a helper that
+# lost its static) or a public function that vanished fails here with the
+# difference.
 #   tests/abi/check-exports.sh [path/to/libdispatch-client.so]
 set -eu
 cd "$(dirname "$0")/../.."
@@ -29,12 +30,12 @@ fi
 # (DISPATCH_API stands on its own line, the declaration on the next)
 hdr=$(awk 'prev == "DISPATCH_API" && match($0, /dispatch_[a-z0-9_]+\(/) {
              print substr($0, RSTART, RLENGTH - 1) }
-           { prev = $0 }' client/include/*.h | LC_ALL=C sort)
+           { prev = $0 }' include/*.h client/include/*.h | LC_ALL=C sort)
 # a declaration that lost its DISPATCH_API would be hidden: programs
 # could not link it
 bare=$(awk 'prev != "DISPATCH_API" &&
             /^(const )?[a-z_0-9]+ \**dispatch_[a-z0-9_]+\(/ { print FILENAME ": " $0 }
-            { prev = $0 }' client/include/*.h)
+            { prev = $0 }' include/*.h client/include/*.h)
 if [ -n "$bare" ]; then
   echo "abi: public declarations without DISPATCH_API:" >&2
   printf '%s\n' "$bare" >&2
@@ -42,7 +43,7 @@ if [ -n "$bare" ]; then
 fi
 map=$(grep -Eo '^ *dispatch_[a-z0-9_]+;' client/dispatch-client.map |
       tr -d ' ;' | LC_ALL=C sort)
-if ! d=$(diff -u --label "DISPATCH_API in client/include" \
+if ! d=$(diff -u --label "DISPATCH_API in include, client/include" \
            --label client/dispatch-client.map \
            <(printf '%s\n' "$hdr") <(printf '%s\n' "$map")); then
   echo "abi: the public headers and the version script disagree:" >&2
