@@ -4,10 +4,11 @@
 
 #include "dsp_internal.h"
 
-dsp_ctx *dsp_ctx_new(void) {
+dsp_ctx *dsp_ctx_new(const dsp_backend *be) {
+  if (!be) return NULL;
   dsp_ctx *ctx = dsp_calloc(1, sizeof *ctx);
   if (!ctx) return NULL;
-  ctx->backend = dsp_cpu_backend();
+  ctx->backend = ctx->home = be;
   ctx->grad_enabled = 1;
   atomic_init(&ctx->cancel, 0);
   return ctx;
@@ -24,7 +25,7 @@ const char *dsp_ctx_errmsg(const dsp_ctx *ctx) { return ctx ? ctx->err : ""; }
 const dsp_backend *dsp_ctx_backend(const dsp_ctx *ctx) { return ctx->backend; }
 
 void dsp_ctx_set_backend(dsp_ctx *ctx, const dsp_backend *be) {
-  ctx->backend = be ? be : dsp_cpu_backend();
+  ctx->backend = be ? be : ctx->home;
 }
 
 const char *dsp_backend_id(const dsp_backend *be) {

@@ -9,6 +9,7 @@
 
 struct dsp_ctx {
   const dsp_backend *backend;
+  const dsp_backend *home; /* dsp_ctx_new's; dsp_ctx_set_backend(NULL) */
   dsp_budget *budget; /* NULL: unlimited */
   int grad_enabled;
   int64_t max_span; /* dsp_ctx_set_max_elements; 0: no limit */

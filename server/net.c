@@ -627,7 +627,7 @@ int sv_run(const sv_config *cfg) {
     dsp_free(srv);
     return DISPATCH_EIO;
   }
-  srv->io_ctx = dsp_ctx_new();
+  srv->io_ctx = dsp_ctx_new(dsp_cpu_backend());
   srv->g.mem = dsp_budget_new(cfg->max_memory, NULL, "server",
                               "--max-memory");
   srv->pool = srv->io_ctx && srv->g.mem
