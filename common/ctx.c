@@ -68,12 +68,6 @@ int dsp_ctx_cancelled(const dsp_ctx *ctx) {
   return ctx && atomic_load_explicit(&ctx->cancel, memory_order_relaxed);
 }
 
-int dsp__cancelled_err(dsp_ctx *ctx, dsp_opcode op) {
-  const dsp_op_info *info = dsp_op_lookup((int)op);
-  return dsp_seterr(ctx, DISPATCH_ECANCELED, "%s: cancelled before it finished",
-                    info ? info->name : "op");
-}
-
 void dsp_ctx_set_max_op_cost(dsp_ctx *ctx, uint64_t max_cost) {
   ctx->max_op_cost = max_cost;
 }
