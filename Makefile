@@ -51,6 +51,14 @@ ifeq ($(SAN),1)
     -fno-sanitize-recover=undefined
   LDFLAGS += -fsanitize=address,undefined
 endif
+# DSP_DEBUG=1 compiles the server's debug checks in (-DDSP_DEBUG=1:
+# SV_DEBUG_CHECK in server/sv.h, the thread and idle rules its comments
+# state, checked where connections and sessions are made, handed over and
+# freed; a broken rule aborts). On in the sanitize build (SAN=1).
+DSP_DEBUG ?= $(SAN)
+ifeq ($(DSP_DEBUG),1)
+  CFLAGS_BASE += -DDSP_DEBUG=1
+endif
 # include/: the public headers common/, server/ and client/ all use (the
 # error table and the version); client/include/: the library's own header
 INCLUDES := -Icommon -Iinclude -Iclient/include -Iclient -Iserver -I$(BUILD)/gen
