@@ -20,10 +20,10 @@ ifeq ($(origin CC),default)
 endif
 BUILD ?= build
 PREFIX ?= /usr/local
-# The version is defined once, in client/include/dispatch_version.h; the
+# The version is defined once, in include/dispatch_version.h; the
 # soname, the .pc and CMake files and dispatch-server --version take it
 # from there.
-VERSION_H := client/include/dispatch_version.h
+VERSION_H := include/dispatch_version.h
 version_part = $(shell sed -n 's/^\#define DISPATCH_VERSION_$(1) \([0-9][0-9]*\)$$/\1/p' $(VERSION_H))
 VERSION_MAJOR := $(call version_part,MAJOR)
 VERSION_MINOR := $(call version_part,MINOR)
@@ -51,7 +51,17 @@ ifeq ($(SAN),1)
     -fno-sanitize-recover=undefined
   LDFLAGS += -fsanitize=address,undefined
 endif
-INCLUDES := -Icommon -Iclient/include -Iclient -Iserver -I$(BUILD)/gen
+# DSP_DEBUG=1 compiles the server's debug checks in (-DDSP_DEBUG=1:
+# SV_DEBUG_CHECK in server/sv.h, the thread and idle rules its comments
+# state, checked where connections and sessions are made, handed over and
+# freed; a broken rule aborts). On in the sanitize build (SAN=1).
+DSP_DEBUG ?= $(SAN)
+ifeq ($(DSP_DEBUG),1)
+  CFLAGS_BASE += -DDSP_DEBUG=1
+endif
+# include/: the public headers common/, server/ and client/ all use (the
+# error table and the version); client/include/: the library's own header
+INCLUDES := -Icommon -Iinclude -Iclient/include -Iclient -Iserver -I$(BUILD)/gen
 ALL_CFLAGS = $(CFLAGS_BASE) $(INCLUDES) $(BLAS_CFLAGS) $(PKG_CFLAGS) $(CFLAGS)
 LIBS = $(PKG_LIBS) $(BLAS_LIBS) -lm -pthread
 
@@ -69,7 +79,7 @@ CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
 NVCC_ARCH ?= -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90
 NVCC_FLAGS = -std=c++17 $(OPT) -g $(NVCC_ARCH) -Werror all-warnings \
   -Xcompiler -fPIC,-Wall,-Wextra,-Werror,-Wno-unused-parameter \
-  -Icommon -Icommon/cuda -Iclient/include
+  -Icommon -Icommon/cuda -Iinclude
 CUDA_CFLAGS = -I$(CUDA_HOME)/include -Icommon/cuda
 CUDA_LIBS = -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublas -lcudart -lstdc++
 CUDA_A := $(BUILD)/libdspcuda.a
@@ -170,10 +180,10 @@ $(EXPORTED_TXT): tests/abi/exported.txt client/dispatch-client.map $(OPS_TXT)
 # expanded, DISPATCH_API's attribute dropped), comments kept for the
 # docstrings, the two system headers it includes stubbed (cffi knows
 # size_t and the intN_t types itself).
-$(PY_CDEF): $(wildcard client/include/*.h)
+$(PY_CDEF): $(wildcard include/*.h client/include/*.h)
 	@mkdir -p $(BUILD)/gen/cdef-stub
 	@: >$(BUILD)/gen/cdef-stub/stddef.h; : >$(BUILD)/gen/cdef-stub/stdint.h
-	$(CC) -E -P -C -nostdinc -I$(BUILD)/gen/cdef-stub -Iclient/include \
+	$(CC) -E -P -C -nostdinc -I$(BUILD)/gen/cdef-stub -Iinclude -Iclient/include \
 	  client/include/dispatch_client.h | \
 	  sed 's/__attribute__((visibility("default")))//' >$@.tmp
 	@mv $@.tmp $@
@@ -194,7 +204,7 @@ $(BUILD)/obj/%.o: %.c $(GEN_H)
 
 $(call obj,$(CUDA_SRC_C)): ALL_CFLAGS += $(CUDA_CFLAGS)
 
-$(BUILD)/obj/%.cu.o: %.cu $(wildcard common/cuda/*.h) common/dsp.h client/include/dispatch_errors.h
+$(BUILD)/obj/%.cu.o: %.cu $(wildcard common/cuda/*.h) common/dsp.h include/dispatch_errors.h
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCC_FLAGS) -c $< -o $@
 
@@ -395,9 +405,9 @@ fuzz: deps
 
 # make install [PREFIX=/usr/local] [DESTDIR=/staging]: dispatch-server,
 # libdispatch-client (shared with its soname links, static), the public
-# headers of client/include (self-contained: -I PREFIX/include is all a
-# program needs), the pkg-config file, the CMake package and the man
-# pages. Files with @VERSION@/@MAJOR@/@PREFIX@ get them filled in here.
+# headers of include/ and client/include/ side by side in one folder
+# (self-contained: -I PREFIX/include is all a program needs), the
+# pkg-config file, the CMake package and the man pages. Files with @VERSION@/@MAJOR@/@PREFIX@ get them filled in here.
 # make uninstall removes exactly these files.
 BINDIR = $(PREFIX)/bin
 LIBDIR = $(PREFIX)/lib
@@ -407,7 +417,7 @@ MANDIR = $(PREFIX)/share/man
 # looks for them in ../share/dispatch of the library's folder)
 PYDATADIR = $(PREFIX)/share/dispatch
 CMAKEDIR = $(LIBDIR)/cmake/dispatch-client
-PUBLIC_H := $(wildcard client/include/*.h)
+PUBLIC_H := $(wildcard include/*.h client/include/*.h)
 MAN_PAGES := docs/man/dispatch-server.1 docs/man/libdispatch-client.3
 SUBST = sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@VERSION@|$(VERSION)|g' \
   -e 's|@MAJOR@|$(VERSION_MAJOR)|g'

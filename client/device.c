@@ -327,7 +327,7 @@ int dispatch_device_open(const char *spec, const dispatch_options *opts,
   dev->kind = kind;
   dev->conn = dsp_calloc(1, sizeof *dev->conn);
   dev->spec = dsp_strdup(spec);
-  dev->ctx = dsp_ctx_new();
+  dev->ctx = dsp_ctx_new(dsp_cpu_backend());
   if (!dev->conn || !dev->spec || !dev->ctx) {
     dsp_free(dev->conn);
     dsp_free(dev->spec);
@@ -447,7 +447,7 @@ int dispatch_device_open_peer(dispatch_device *dev, const char *device,
   size_t n = slash ? (size_t)(slash - dev->spec) : strlen(dev->spec);
   dispatch_device *p = dsp_calloc(1, sizeof *p);
   char *spec = dsp_malloc(n + strlen(device) + 2);
-  if (p) p->ctx = dsp_ctx_new();
+  if (p) p->ctx = dsp_ctx_new(dsp_cpu_backend());
   if (p) p->device = dsp_strdup(device);
   if (!p || !spec || !p->ctx || !p->device) {
     if (p) dsp_ctx_free(p->ctx), dsp_free(p->device);

@@ -20,6 +20,8 @@
 static _Thread_local dsp_node *t_pending;
 static _Thread_local int t_draining;
 
+static void node_unref(dsp_node *n);
+
 static uint64_t node_cost(int n_in) {
   return DSP_BUDGET_COST(sizeof(dsp_node) + (size_t)n_in * sizeof(dsp_tensor *));
 }
@@ -34,6 +36,8 @@ static uint64_t node_cost(int n_in) {
 static int node_new(dsp_ctx *ctx, int n_in, const char *name,
                     const char *suffix, dsp_node **out) {
   *out = NULL;
+  /* the tensor code frees a tracked tensor's node through this hook */
+  dsp__tensor_set_node_release(node_unref);
   char refused[sizeof ctx->err];
   int rc = dsp_budget_charge_why(ctx->budget, node_cost(n_in), "", refused,
                                  sizeof refused);
@@ -74,7 +78,9 @@ static void node_free(dsp_node *n) {
 
 static void node_ref(dsp_node *n) { n->refcount++; }
 
-void dsp__node_unref(struct dsp_node *n) {
+/* t->node's release hook (dsp__tensor_set_node_release) and the drop of
+ * every other node reference. */
+static void node_unref(dsp_node *n) {
   if (!n || --n->refcount > 0) return;
   n->next_free = t_pending;
   t_pending = n;
@@ -209,7 +215,7 @@ void dsp_grads_free(dsp_grads *g) {
   if (!g) return;
   for (int i = 0; i < g->n; i++) {
     dsp_tensor_unref(g->grads[i]);
-    dsp__node_unref(g->nodes[i]);
+    node_unref(g->nodes[i]);
   }
   dsp_budget *b = g->budget;
   uint64_t cost = g->charged;
@@ -451,7 +457,7 @@ int dsp_backward(dsp_ctx *ctx, dsp_tensor *loss, int retain,
         node_release_saved(topo[i]);
         topo[i]->released = 1;
       }
-    for (int64_t i = 0; i < nt; i++) dsp__node_unref(topo[i]);
+    for (int64_t i = 0; i < nt; i++) node_unref(topo[i]);
   }
 done:
   dsp_set_grad_enabled(ctx, prev);

@@ -4,10 +4,11 @@
 
 #include "dsp_internal.h"
 
-dsp_ctx *dsp_ctx_new(void) {
+dsp_ctx *dsp_ctx_new(const dsp_backend *be) {
+  if (!be) return NULL;
   dsp_ctx *ctx = dsp_calloc(1, sizeof *ctx);
   if (!ctx) return NULL;
-  ctx->backend = dsp_cpu_backend();
+  ctx->backend = ctx->home = be;
   ctx->grad_enabled = 1;
   atomic_init(&ctx->cancel, 0);
   return ctx;
@@ -24,7 +25,7 @@ const char *dsp_ctx_errmsg(const dsp_ctx *ctx) { return ctx ? ctx->err : ""; }
 const dsp_backend *dsp_ctx_backend(const dsp_ctx *ctx) { return ctx->backend; }
 
 void dsp_ctx_set_backend(dsp_ctx *ctx, const dsp_backend *be) {
-  ctx->backend = be ? be : dsp_cpu_backend();
+  ctx->backend = be ? be : ctx->home;
 }
 
 const char *dsp_backend_id(const dsp_backend *be) {
@@ -65,12 +66,6 @@ void dsp_ctx_cancel(dsp_ctx *ctx) {
 
 int dsp_ctx_cancelled(const dsp_ctx *ctx) {
   return ctx && atomic_load_explicit(&ctx->cancel, memory_order_relaxed);
-}
-
-int dsp__cancelled_err(dsp_ctx *ctx, dsp_opcode op) {
-  const dsp_op_info *info = dsp_op_lookup((int)op);
-  return dsp_seterr(ctx, DISPATCH_ECANCELED, "%s: cancelled before it finished",
-                    info ? info->name : "op");
 }
 
 void dsp_ctx_set_max_op_cost(dsp_ctx *ctx, uint64_t max_cost) {

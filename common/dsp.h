@@ -71,11 +71,14 @@ int dsp_dtype_is_float(dsp_dtype dt);
 /* context: error detail + grad mode                                   */
 
 typedef struct dsp_ctx dsp_ctx;
+typedef struct dsp_backend dsp_backend; /* the backend interface, below */
 
-/* Creates a context on the CPU backend. Returns NULL when out of memory.
- * The caller owns the ctx and frees it with dsp_ctx_free after every
- * tensor made through it has been released. */
-dsp_ctx *dsp_ctx_new(void);
+/* Creates a context whose creation ops and new tensors use backend be
+ * (dsp_ctx_set_backend); the caller names it (dsp_cpu_backend() for the
+ * CPU), as common/ picks none. Returns NULL when be is NULL or out of
+ * memory. The caller owns the ctx and frees it with dsp_ctx_free after
+ * every tensor made through it has been released. */
+dsp_ctx *dsp_ctx_new(const dsp_backend *be);
 void dsp_ctx_free(dsp_ctx *ctx);
 
 /* The detail message of the last error set on ctx ("" if none). Valid
@@ -704,7 +707,8 @@ void dsp_cpu_cache_stats(dsp_cache_stats *out); /* hits, misses: >= 1 MiB */
 const dsp_backend *dsp_ctx_backend(const dsp_ctx *ctx);
 /* The backend creation ops and new tensors of ctx use (the ctx's device);
  * an op on inputs runs on their device, which must be the same for all of
- * them (dsp_op). be must outlive every tensor made on it. */
+ * them (dsp_op). be must outlive every tensor made on it; NULL returns to
+ * the backend the ctx was made with (dsp_ctx_new). */
 void dsp_ctx_set_backend(dsp_ctx *ctx, const dsp_backend *be);
 /* A new untracked tensor on backend be with t's bytes (a move between two
  * devices: t's backend stages its bytes out, be stages them in, so no

@@ -9,6 +9,7 @@
 
 struct dsp_ctx {
   const dsp_backend *backend;
+  const dsp_backend *home; /* dsp_ctx_new's; dsp_ctx_set_backend(NULL) */
   dsp_budget *budget; /* NULL: unlimited */
   int grad_enabled;
   int64_t max_span; /* dsp_ctx_set_max_elements; 0: no limit */
@@ -132,8 +133,13 @@ int dsp__unsupported(dsp_ctx *ctx, const char *backend, dsp_opcode op,
  * On failure out is left untouched (the caller drops it). */
 int dsp__autodiff_record(dsp_ctx *ctx, dsp_opcode op, dsp_tensor *const *in,
                          int n_in, const dsp_attrs *a, dsp_tensor *out);
-/* Drops a node reference (called when a tracked tensor is freed). */
-void dsp__node_unref(struct dsp_node *n);
+/* What freeing a tracked tensor does with its tape node (t->node): drop
+ * the tensor's reference. The tensor code holds the node as an opaque
+ * pointer and calls this hook, which the autodiff engine sets
+ * (common/autodiff.c, before it makes a node), so common/tensor.c calls
+ * nothing of autodiff's; a tensor with a node always finds it set. */
+typedef void (*dsp__node_release_fn)(struct dsp_node *n);
+void dsp__tensor_set_node_release(dsp__node_release_fn fn);
 
 /* Infer helper of the op families: exactly n_ints int and n_floats float
  * attributes, else DISPATCH_EINVAL naming the op and all four counts. */

@@ -64,6 +64,14 @@ int dsp__unsupported(dsp_ctx *ctx, const char *backend, dsp_opcode op,
                     out ? dsp_dtype_name(out->dtype) : "?");
 }
 
+/* beside dsp__unsupported: both name the op from the table, which the
+ * ctx code (common/ctx.c) does not reach */
+int dsp__cancelled_err(dsp_ctx *ctx, dsp_opcode op) {
+  const dsp_op_info *info = dsp_op_lookup((int)op);
+  return dsp_seterr(ctx, DISPATCH_ECANCELED, "%s: cancelled before it finished",
+                    info ? info->name : "op");
+}
+
 int dsp_op_infer(dsp_ctx *ctx, dsp_opcode op, const dsp_meta *in, int n_in,
                  const dsp_attrs *a, dsp_meta *out) {
   const dsp_op_info *info = dsp_op_lookup((int)op);

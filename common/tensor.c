@@ -282,6 +282,17 @@ int dsp_tensor_alias(dsp_ctx *ctx, const dsp_tensor *src, const dsp_meta *m,
   return 0;
 }
 
+/* Set by the autodiff engine before its first node; read by every thread
+ * that frees a tracked tensor, which was handed that tensor after the node
+ * was made (so after the store). */
+static dsp__node_release_fn g_node_release;
+
+void dsp__tensor_set_node_release(dsp__node_release_fn fn) {
+  /* stored once: every node made after it only reads the shared line */
+  if (__atomic_load_n(&g_node_release, __ATOMIC_ACQUIRE) != fn)
+    __atomic_store_n(&g_node_release, fn, __ATOMIC_RELEASE);
+}
+
 dsp_tensor *dsp_tensor_ref(dsp_tensor *t) {
   if (t) t->refcount++;
   return t;
@@ -289,7 +300,7 @@ dsp_tensor *dsp_tensor_ref(dsp_tensor *t) {
 
 void dsp_tensor_unref(dsp_tensor *t) {
   if (!t || --t->refcount > 0) return;
-  if (t->node) dsp__node_unref(t->node);
+  if (t->node) __atomic_load_n(&g_node_release, __ATOMIC_ACQUIRE)(t->node);
   dsp_storage *s = t->storage;
   dsp__cache *c = dsp__budget_cache(t->budget);
   /* the common end of a small op's result: its storage's last reference,

@@ -30,7 +30,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (req->body_case == DSPWIRE__REQUEST__BODY_UPLOAD) {
       sv_global g;
       memset(&g, 0, sizeof g);
-      dsp_ctx *io = dsp_ctx_new();
+      dsp_ctx *io = dsp_ctx_new(dsp_cpu_backend());
       sv_session *s = io ? sv_session_new(cfg, &g, NULL) : NULL;
       if (s) {
         sv_job *j = dsp_calloc(1, sizeof *j);

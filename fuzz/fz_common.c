@@ -561,7 +561,7 @@ int fz_run(const uint8_t *p, size_t n, int seeded, int hello_done,
   memset(o, 0, sizeof *o);
   sv_global g;
   memset(&g, 0, sizeof g);
-  dsp_ctx *io = dsp_ctx_new();
+  dsp_ctx *io = dsp_ctx_new(dsp_cpu_backend());
   sv_session *s = io ? sv_session_new(cfg, &g, NULL) : NULL;
   if (!s) {
     dsp_ctx_free(io);

@@ -18,7 +18,7 @@ SAN="-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-fram
 make --no-print-directory BUILD="$B" CC=clang OPT=-O1 \
   CFLAGS="-fsanitize=fuzzer-no-link $SAN" "$B/libdspserver.a" "$B/libdspcommon.a"
 LIBS="$(pkg-config --libs libuv libprotobuf-c openssl zlib libcjson libmicrohttpd) -lopenblas -lm -pthread"
-INC="-Icommon -Iclient/include -Iserver -Ifuzz -I$B/gen -I/usr/include/x86_64-linux-gnu"
+INC="-Icommon -Iinclude -Iclient/include -Iserver -Ifuzz -I$B/gen -I/usr/include/x86_64-linux-gnu"
 CF="-std=c11 -D_GNU_SOURCE -g -O1 -Wall -Wextra -Werror -Wno-unused-parameter"
 if [ "$MODE" = gen ]; then
   clang $CF $SAN $INC fuzz/gen_seeds.c "$B/libdspserver.a" "$B/libdspcommon.a" \

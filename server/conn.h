@@ -11,7 +11,9 @@
  *   transport.c plain TCP and TLS behind one table (sv_transport); nothing
  *               outside it asks which one a connection has
  *
- * All of this runs on the loop thread. */
+ * All of this runs on the loop thread (checked in debug builds where a
+ * connection is made, hands work over, gets it back, closes and is freed:
+ * sv_on_loop, SV_DEBUG_CHECK in sv.h). */
 #ifndef SV_CONN_H
 #define SV_CONN_H
 
@@ -169,6 +171,7 @@ struct sv_conn {
 
 struct sv_server {
   uv_loop_t loop;
+  pthread_t loop_thread; /* the one that runs loop (sv_run's) */
   uv_tcp_t listener;
   uv_signal_t sigint, sigterm;
   uv_timer_t drain; /* --drain-timeout, from the first signal */
@@ -204,6 +207,11 @@ struct sv_server {
   unsigned n_evicted; /* ever: the next goes to n_evicted % KEPT */
   uint64_t n_detaches; /* ever */
 };
+
+/* 1 on srv's loop thread: what SV_DEBUG_CHECK asks of the connection code */
+static inline int sv_on_loop(const sv_server *srv) {
+  return pthread_equal(pthread_self(), srv->loop_thread) != 0;
+}
 
 /* ------------------------------------------------------------ resume.c */
 

@@ -8,12 +8,23 @@
  * job of the session, run on a worker after any running job) came back. */
 #include <sched.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "conn.h"
 #include "op_record.h"
 
 #define N_HANDLES 5 /* tcp, idle, hs, frame, ka */
+
+/* SV_DEBUG_CHECK's report (debug builds): a rule of the server's threads
+ * or of a session's idle state was broken, which no input may cause */
+void sv__debug_fail(const char *file, int line, const char *cond,
+                    const char *msg) {
+  fprintf(stderr, "dispatch-server: debug check failed at %s:%d: %s (%s)\n",
+          file, line, msg, cond);
+  fflush(stderr);
+  abort();
+}
 
 /* ------------------------------------------------------------ lifecycle */
 
@@ -35,6 +46,7 @@ static void finish_shutdown(sv_server *srv) {
 }
 
 static void maybe_free(sv_conn *c) {
+  SV_DEBUG_CHECK(sv_on_loop(c->srv), "a connection is freed on the loop");
   if (c->handles_open > 0 || !c->teardown_done) return;
   sv_server *srv = c->srv;
   if (c->prev) c->prev->next = c->next;
@@ -65,6 +77,7 @@ static void on_handle_closed(uv_handle_t *h) {
 static void submit_flush(sv_conn *c);
 
 void sv_conn_close(sv_conn *c, const char *reason) {
+  SV_DEBUG_CHECK(sv_on_loop(c->srv), "a connection closes on the loop thread");
   if (c->closing) return;
   /* what this read decoded before the close was received: it is queued
    * like any request before it (a detached session still runs it) */
@@ -280,6 +293,9 @@ static int inline_gate(void *ud, sv_session *s, dsp_tensor *const *in,
 /* Runs j on the loop thread for c's idle session, counting the ops it ran
  * as inline; j is then c's in flight, for sv_conn_on_done or a submit. */
 static void exec_inline(sv_conn *c, sv_job *j) {
+  SV_DEBUG_CHECK(sv_on_loop(c->srv) && c->inflight == 0 &&
+                     sv_pool_session_idle(c->srv->pool, c->sess),
+                 "the loop runs a request only for an idle session");
   j->sess = c->sess;
   c->inflight++;
   uint64_t ops = c->sess->n_ops;
@@ -431,6 +447,7 @@ static void free_handle(uv_handle_t *h) { dsp_free(h); }
 
 static void on_connection(uv_stream_t *l, int status) {
   sv_server *srv = l->data;
+  SV_DEBUG_CHECK(sv_on_loop(srv), "connections are made on the loop thread");
   if (status < 0) {
     sv_log(SV_LOG_WARN, "accept failed: %s", uv_strerror(status));
     return;
@@ -620,6 +637,7 @@ int sv_run(const sv_config *cfg) {
   sv_server *srv = dsp_calloc(1, sizeof *srv);
   if (!srv) return DISPATCH_ENOMEM;
   srv->cfg = cfg;
+  srv->loop_thread = pthread_self(); /* uv_run below runs here */
   sv_log_level = cfg->log_level;
   sv_log_format = cfg->log_format;
   int rc = uv_loop_init(&srv->loop);
@@ -627,7 +645,7 @@ int sv_run(const sv_config *cfg) {
     dsp_free(srv);
     return DISPATCH_EIO;
   }
-  srv->io_ctx = dsp_ctx_new();
+  srv->io_ctx = dsp_ctx_new(dsp_cpu_backend());
   srv->g.mem = dsp_budget_new(cfg->max_memory, NULL, "server",
                               "--max-memory");
   srv->pool = srv->io_ctx && srv->g.mem

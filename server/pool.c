@@ -47,7 +47,20 @@ struct sv_pool {
   int n_threads;
   sv_done_fn done;
   void *ud;
+  pthread_t loop_thread; /* sv_pool_new's: the only one that submits */
 };
+
+/* 1 on the pool's loop thread (SV_DEBUG_CHECK) */
+static int on_loop(const sv_pool *p) {
+  return pthread_equal(pthread_self(), p->loop_thread) != 0;
+}
+
+/* 1 when every job of head.. belongs to s (SV_DEBUG_CHECK) */
+static int one_session(const sv_job *head, const sv_session *s) {
+  for (const sv_job *j = head; j; j = j->next)
+    if (j->sess != s) return 0;
+  return 1;
+}
 
 static void runq_push(sv_pool *p, sv_session *s) {
   s->runq_next = NULL;
@@ -137,6 +150,7 @@ static sv_job *run_turn(sv_pool *p, sv_session *s, sv_job *batch, int *torn,
     batch = j->next;
     j->next = NULL;
     if (j->kind == SV_JOB_TEARDOWN) {
+      SV_DEBUG_CHECK(!batch, "a teardown is its session's last job");
       sv_session_teardown(s); /* always the session's last job */
       *torn = 1;
     } else if (dropping || dsp_ctx_cancelled(s->ctx)) {
@@ -178,6 +192,8 @@ static void *worker_main(void *arg) {
       break;
     }
     sv_session *s = p->runq_head;
+    SV_DEBUG_CHECK(!on_loop(p) && s->scheduled && !s->running,
+                   "a scheduled session runs on one worker at a time");
     p->runq_head = s->runq_next;
     if (!p->runq_head) p->runq_tail = NULL;
     sv_job *batch = take_batch(s);
@@ -236,6 +252,7 @@ static void *worker_main(void *arg) {
         }
       }
     } else {
+      SV_DEBUG_CHECK(!s->fifo_head, "no job is queued behind a teardown");
       s->scheduled = 0;
     }
     /* last: from here the loop may free s (after its teardown) */
@@ -250,6 +267,7 @@ static void on_done_ready(uv_poll_t *h, int status, int events) {
   (void)status;
   (void)events;
   sv_pool *p = h->data;
+  SV_DEBUG_CHECK(on_loop(p), "finished jobs go back on the loop thread");
   uint64_t v;
   /* reset before taking the list: a job published after the take writes
    * again, so none waits for a wake-up that was read already */
@@ -278,6 +296,7 @@ sv_pool *sv_pool_new(void *loop, int n, sv_done_fn done, void *ud) {
   }
   p->done = done;
   p->ud = ud;
+  p->loop_thread = pthread_self(); /* the loop's: made before it runs */
   pthread_mutex_init(&p->mu, NULL);
   pthread_cond_init(&p->cv, NULL);
   p->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
@@ -305,6 +324,8 @@ sv_pool *sv_pool_new(void *loop, int n, sv_done_fn done, void *ud) {
 void sv_pool_submit_list(sv_pool *p, sv_job *head, sv_job *tail) {
   sv_session *s = head->sess;
   tail->next = NULL;
+  SV_DEBUG_CHECK(on_loop(p) && one_session(head, s),
+                 "the loop alone submits, one session's jobs at a time");
   pthread_mutex_lock(&p->mu);
   s->n_handoffs++;
   if (s->fifo_tail) s->fifo_tail->next = head;
@@ -324,6 +345,8 @@ void sv_pool_submit_list(sv_pool *p, sv_job *head, sv_job *tail) {
 void sv_pool_submit(sv_pool *p, sv_job *j) { sv_pool_submit_list(p, j, j); }
 
 int sv_pool_session_idle(sv_pool *p, sv_session *s) {
+  /* idle hands the worker-side state of s to the caller: only the loop */
+  SV_DEBUG_CHECK(on_loop(p), "a session's idle state is asked on the loop");
   pthread_mutex_lock(&p->mu);
   int idle = !s->scheduled && !s->running && !s->fifo_head;
   pthread_mutex_unlock(&p->mu);
@@ -338,6 +361,7 @@ int sv_pool_idle(sv_pool *p) {
 }
 
 sv_job *sv_pool_cancel(sv_pool *p, sv_session *s) {
+  SV_DEBUG_CHECK(on_loop(p), "queued jobs are cancelled on the loop thread");
   pthread_mutex_lock(&p->mu);
   sv_job *list = s->fifo_head;
   s->fifo_head = s->fifo_tail = NULL;
@@ -355,6 +379,7 @@ static void free_poll_owner(uv_handle_t *h) {
 }
 
 void sv_pool_close(sv_pool *p) {
+  SV_DEBUG_CHECK(on_loop(p), "the pool closes on the loop thread");
   pthread_mutex_lock(&p->mu);
   p->stop = 1;
   pthread_cond_broadcast(&p->cv);

@@ -38,7 +38,7 @@
 sv_session *sv_session_new(const sv_config *cfg, sv_global *g, void *owner) {
   sv_session *s = dsp_calloc(1, sizeof *s);
   if (!s) return NULL;
-  s->ctx = dsp_ctx_new();
+  s->ctx = dsp_ctx_new(dsp_cpu_backend());
   s->budget = dsp_budget_new(cfg->max_session_bytes, g->mem, "session",
                              "--max-session-bytes");
   s->queue = dsp_budget_new(cfg->max_queued_bytes, g->mem, "session queue",

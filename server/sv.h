@@ -18,6 +18,22 @@
 #include "dispatch.pb-c.h"
 #include "dsp.h"
 
+/* Debug builds (-DDSP_DEBUG=1: the Makefile's DSP_DEBUG=1, on in make
+ * sanitize) check the thread and idle rules above where connections and
+ * sessions are made, handed between the loop and the workers, and freed
+ * (net.c, pool.c): a broken rule is a bug of the server, reported on
+ * stderr with the rule and its place, then abort(). Release builds compile
+ * the checks out (cond is not evaluated), so no input can make them
+ * abort. msg states the rule. */
+#if defined(DSP_DEBUG) && DSP_DEBUG
+#define SV_DEBUG_CHECK(cond, msg) \
+  ((cond) ? (void)0 : sv__debug_fail(__FILE__, __LINE__, #cond, (msg)))
+#else
+#define SV_DEBUG_CHECK(cond, msg) ((void)sizeof(!(cond)), (void)(msg))
+#endif
+void sv__debug_fail(const char *file, int line, const char *cond,
+                    const char *msg) __attribute__((noreturn));
+
 /* ------------------------------------------------------------ config */
 
 #define SV_MAX_DEVICES 16

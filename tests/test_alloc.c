@@ -51,7 +51,7 @@ static void start_server(const char *const *extra) {
  * of `cache` bytes; *b is the caller's reference. */
 static dsp_ctx *ctx_with(uint64_t limit, uint64_t cache, dsp_budget *parent,
                          dsp_budget **b) {
-  dsp_ctx *ctx = dsp_ctx_new();
+  dsp_ctx *ctx = dsp_ctx_new(dsp_cpu_backend());
   cr_assert_not_null(ctx);
   *b = dsp_budget_new(limit, parent, "session", "--max-session-bytes");
   cr_assert_not_null(*b);
@@ -229,7 +229,7 @@ static void *churn(void *p) {
   for (int s = 0; s < 40; s++) {
     dsp_budget *b = dsp_budget_new(6 * MiB, a->server, "session",
                                    "--max-session-bytes");
-    dsp_ctx *ctx = dsp_ctx_new();
+    dsp_ctx *ctx = dsp_ctx_new(dsp_cpu_backend());
     if (!b || !ctx || dsp_budget_set_cache(b, 4 * MiB) < 0) return NULL;
     dsp_ctx_set_budget(ctx, b);
     dsp_tensor *live[4] = {NULL};

@@ -86,7 +86,7 @@ static const suite_backend g_backends[] = {
 
 /* A ctx whose ops run on be. */
 static dsp_ctx *ctx_on(const dsp_backend *be) {
-  dsp_ctx *ctx = dsp_ctx_new();
+  dsp_ctx *ctx = dsp_ctx_new(dsp_cpu_backend());
   cr_assert_not_null(ctx);
   ctx->backend = be;
   return ctx;
@@ -702,7 +702,7 @@ static int oracle(const tcase *c, double *const *vals, hostval *o) {
   dsp_opcode op = c->op;
   dsp_op_family fam = dsp_op_lookup((int)op)->family;
   if (fam != DSP_FAM_EW && fam != DSP_FAM_RED && op != DSP_OP_CAST) return 0;
-  dsp_ctx *ctx = dsp_ctx_new();
+  dsp_ctx *ctx = dsp_ctx_new(dsp_cpu_backend());
   dsp_meta om;
   cr_assert_eq(dsp_op_infer(ctx, op, c->in, c->n_in, &c->a, &om), 0);
   dsp_ctx_free(ctx);
@@ -799,7 +799,7 @@ static int run_pair(walk *w, const dsp_backend *be, dsp_opcode op, dsp_dtype k) 
     note_fail(w, name, k, "-", "the suite has no case for this op");
     return ST_FAIL;
   }
-  dsp_ctx *ictx = dsp_ctx_new();
+  dsp_ctx *ictx = dsp_ctx_new(dsp_cpu_backend());
   dsp_meta om;
   int valid = dsp_op_infer(ictx, op, c.in, c.n_in, &c.a, &om) == 0;
   char imsg[600];
@@ -824,7 +824,7 @@ static int run_pair(walk *w, const dsp_backend *be, dsp_opcode op, dsp_dtype k) 
   for (int v = 0; make_case(op, k, v, &c) == 0; v++) {
     g_rng = 0x9E3779B97F4A7C15ull ^ ((uint64_t)op << 32) ^ ((uint64_t)k << 16) ^ (uint64_t)v;
     dsp_meta cm;
-    dsp_ctx *cctx = dsp_ctx_new();
+    dsp_ctx *cctx = dsp_ctx_new(dsp_cpu_backend());
     int crc = dsp_op_infer(cctx, op, c.in, c.n_in, &c.a, &cm);
     if (crc < 0) {
       char why[700];
@@ -1026,7 +1026,7 @@ Test(backend_ops, refusals_are_listed_and_refused_by_dsp_op, .timeout = 300) {
     tcase c;
     make_case(ops[i], DSP_F64, 0, &c);
     dsp_meta om;
-    dsp_ctx *ctx = dsp_ctx_new();
+    dsp_ctx *ctx = dsp_ctx_new(dsp_cpu_backend());
     f64_pairs += dsp_op_infer(ctx, ops[i], c.in, c.n_in, &c.a, &om) == 0;
     dsp_ctx_free(ctx);
   }
@@ -1080,7 +1080,7 @@ Test(backend_ops, kernels_refuse_what_they_have_no_loop_for) {
       dsp_dtype k = g_dtypes[d];
       tcase c;
       cr_assert_eq(make_case(ops[i], DSP_F32, 0, &c), 0);
-      dsp_ctx *ctx = dsp_ctx_new();
+      dsp_ctx *ctx = dsp_ctx_new(dsp_cpu_backend());
       dsp_meta om;
       cr_assert_eq(dsp_op_infer(ctx, ops[i], c.in, c.n_in, &c.a, &om), 0);
       tcase kc = widen(&c, DSP_F32, k);
@@ -1144,7 +1144,7 @@ Test(backend_ops, every_claimed_pair_through_dispatch_server, .timeout = 300) {
       const char *name = dsp_op_lookup((int)op)->name;
       tcase c;
       cr_assert_eq(make_case(op, k, 0, &c), 0);
-      dsp_ctx *ictx = dsp_ctx_new();
+      dsp_ctx *ictx = dsp_ctx_new(dsp_cpu_backend());
       dsp_meta om;
       int valid = dsp_op_infer(ictx, op, c.in, c.n_in, &c.a, &om) == 0;
       dsp_ctx_free(ictx);

@@ -12,8 +12,30 @@ Test(errors, names_and_messages_come_from_one_table) {
   cr_assert(DISPATCH_ENOMEM < 0);
 }
 
+/* common/ picks no backend: a ctx uses the one it was made with, and
+ * dsp_ctx_set_backend(NULL) returns to that one, not to the CPU's. */
+Test(ctx, uses_the_backend_it_was_made_with) {
+  cr_assert_null(dsp_ctx_new(NULL));
+  dsp_backend *cpu1 = dsp_cpu_backend_new("cpu:1");
+  cr_assert_not_null(cpu1);
+  dsp_ctx *ctx = dsp_ctx_new(cpu1);
+  cr_assert_not_null(ctx);
+  cr_assert_eq(dsp_ctx_backend(ctx), cpu1);
+  dsp_ctx_set_backend(ctx, dsp_cpu_backend());
+  cr_assert_eq(dsp_ctx_backend(ctx), dsp_cpu_backend());
+  dsp_ctx_set_backend(ctx, NULL);
+  cr_assert_eq(dsp_ctx_backend(ctx), cpu1);
+  dsp_meta m = {DSP_F32, 1, {4}};
+  dsp_tensor *t;
+  cr_assert_eq(dsp_tensor_new(ctx, &m, &t), 0, "%s", dsp_ctx_errmsg(ctx));
+  cr_assert_eq(t->storage->backend, cpu1);
+  dsp_tensor_unref(t);
+  dsp_ctx_free(ctx);
+  dsp_cpu_backend_free(cpu1);
+}
+
 Test(shape, numel_rejects_overflow_and_negative_sizes) {
-  dsp_ctx *ctx = dsp_ctx_new();
+  dsp_ctx *ctx = dsp_ctx_new(dsp_cpu_backend());
   dsp_meta m = {DSP_F32, 2, {INT64_MAX / 2, 3}};
   int64_t n;
   cr_assert_eq(dsp_meta_numel(ctx, &m, &n), DISPATCH_EOVERFLOW);
@@ -30,7 +52,7 @@ Test(shape, numel_rejects_overflow_and_negative_sizes) {
 }
 
 Test(shape, broadcast_follows_numpy) {
-  dsp_ctx *ctx = dsp_ctx_new();
+  dsp_ctx *ctx = dsp_ctx_new(dsp_cpu_backend());
   dsp_meta a = {DSP_F32, 3, {4, 1, 3}}, b = {DSP_F32, 2, {5, 1}}, r;
   cr_assert_eq(dsp_broadcast_shapes(ctx, "add", &a, &b, &r), 0);
   cr_assert_eq(r.ndim, 3);
@@ -45,7 +67,7 @@ Test(shape, broadcast_follows_numpy) {
 }
 
 Test(tensor, from_data_checks_byte_count_and_alias_shares_storage) {
-  dsp_ctx *ctx = dsp_ctx_new();
+  dsp_ctx *ctx = dsp_ctx_new(dsp_cpu_backend());
   float v[6] = {1, 2, 3, 4, 5, 6};
   dsp_meta m = {DSP_F32, 2, {2, 3}};
   dsp_tensor *t, *al;
@@ -66,7 +88,7 @@ Test(ops, lookup_refuses_unknown_codes) {
   cr_assert_null(dsp_op_lookup(-1));
   cr_assert_null(dsp_op_lookup(9999));
   cr_assert_str_eq(dsp_op_lookup(DSP_OP_MATMUL)->name, "matmul");
-  dsp_ctx *ctx = dsp_ctx_new();
+  dsp_ctx *ctx = dsp_ctx_new(dsp_cpu_backend());
   dsp_meta in[1] = {{DSP_F32, 1, {3}}}, out;
   dsp_attrs a = dsp_attrs_none();
   cr_assert_eq(dsp_op_infer(ctx, (dsp_opcode)9999, in, 1, &a, &out),
@@ -76,7 +98,7 @@ Test(ops, lookup_refuses_unknown_codes) {
 }
 
 Test(ops, too_many_attribute_ints_are_refused_not_truncated) {
-  dsp_ctx *ctx = dsp_ctx_new();
+  dsp_ctx *ctx = dsp_ctx_new(dsp_cpu_backend());
   int64_t v[DSP_MAX_ATTR_INTS + 1];
   for (int i = 0; i <= DSP_MAX_ATTR_INTS; i++) v[i] = 1;
   dsp_attrs a = dsp_attrs_ints(DSP_MAX_ATTR_INTS + 1, v);

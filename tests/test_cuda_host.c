@@ -37,7 +37,7 @@
 
 static dsp_ctx *ctx;
 static uint64_t g_seed = 12345;
-static void setup(void) { ctx = dsp_ctx_new(); }
+static void setup(void) { ctx = dsp_ctx_new(dsp_cpu_backend()); }
 static void teardown(void) { dsp_ctx_free(ctx); }
 TestSuite(cuda_host, .init = setup, .fini = teardown);
 

@@ -398,7 +398,7 @@ enum { K_IMG, K_ROW, K_MAT, K_WIDE, K_COL, K_W, K_IDX, K_LAB, K_MASK,
        K_N };
 
 Test(cancel_kernels, every_long_kernel_stops) {
-  dsp_ctx *ctx = dsp_ctx_new();
+  dsp_ctx *ctx = dsp_ctx_new(dsp_cpu_backend());
   dsp_meta metas[K_N] = {
       [K_IMG] = {DSP_F32, 4, {1, 2, 1024, 1024}},
       [K_ROW] = {DSP_F32, 1, {1024}},
@@ -478,7 +478,7 @@ Test(cancel_kernels, every_long_kernel_stops) {
 /* The estimates the README states, on shapes small enough to check by
  * hand; each includes the output elements written. */
 Test(cancel_kernels, op_cost_estimates) {
-  dsp_ctx *ctx = dsp_ctx_new();
+  dsp_ctx *ctx = dsp_ctx_new(dsp_cpu_backend());
   dsp_meta mm[2] = {{DSP_F32, 2, {2, 3}}, {DSP_F32, 2, {3, 4}}}, o;
   dsp_attrs none = dsp_attrs_none();
   cr_assert_eq(dsp_op_infer(ctx, DSP_OP_MATMUL, mm, 2, &none, &o), 0);

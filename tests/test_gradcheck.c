@@ -20,7 +20,7 @@
 #define ATOL 1e-7
 
 static dsp_ctx *ctx;
-static void setup(void) { ctx = dsp_ctx_new(); }
+static void setup(void) { ctx = dsp_ctx_new(dsp_cpu_backend()); }
 static void teardown(void) { dsp_ctx_free(ctx); }
 TestSuite(gradcheck, .init = setup, .fini = teardown);
 

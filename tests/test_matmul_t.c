@@ -43,7 +43,7 @@ static dsp_tensor *tr(dsp_ctx *ctx, dsp_tensor *x) {
 }
 
 Test(matmul_t, agrees_with_transpose_then_matmul) {
-  dsp_ctx *ctx = dsp_ctx_new();
+  dsp_ctx *ctx = dsp_ctx_new(dsp_cpu_backend());
   dsp_set_grad_enabled(ctx, 0);
   const int64_t sizes[][3] = {{1, 1, 1}, {3, 5, 7}, {17, 1, 9}, {64, 33, 10}};
   for (int d = 0; d < 2; d++)
@@ -77,7 +77,7 @@ Test(matmul_t, agrees_with_transpose_then_matmul) {
 }
 
 Test(matmul_t, empty_inner_dim_gives_zeros) {
-  dsp_ctx *ctx = dsp_ctx_new();
+  dsp_ctx *ctx = dsp_ctx_new(dsp_cpu_backend());
   dsp_set_grad_enabled(ctx, 0);
   dsp_tensor *a = mk(ctx, DSP_F32, 0, 3), *b = mk(ctx, DSP_F32, 0, 4), *out;
   cr_assert_eq(dsp__cpu_matmul_t(ctx, a, 1, b, 0, &out), 0);
@@ -88,7 +88,7 @@ Test(matmul_t, empty_inner_dim_gives_zeros) {
 }
 
 Test(matmul_t, refusals_and_limits) {
-  dsp_ctx *ctx = dsp_ctx_new();
+  dsp_ctx *ctx = dsp_ctx_new(dsp_cpu_backend());
   dsp_tensor *a = mk(ctx, DSP_F32, 4, 3), *b = mk(ctx, DSP_F32, 4, 5), *out;
   /* grad mode on: it would record nothing, so it declines */
   cr_assert_eq(dsp__cpu_matmul_t(ctx, a, 1, b, 0, &out), 1);

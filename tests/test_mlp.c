@@ -43,7 +43,7 @@ static dsp_tensor *normal_param(int ndim, const int64_t *shape, double std,
 }
 
 Test(mlp, spirals_train_below_threshold) {
-  ctx = dsp_ctx_new();
+  ctx = dsp_ctx_new(dsp_cpu_backend());
   float xs[N * 2];
   int64_t ys[N];
   for (int c = 0; c < NC; c++)

@@ -43,7 +43,7 @@ static int train_step(void) {
   static const int64_t pshape[NP][2] = {{2, 6}, {6, 0}, {6, 3}, {3, 0}};
   static const int pnd[NP] = {2, 1, 2, 1};
 
-  dsp_ctx *ctx = dsp_ctx_new();
+  dsp_ctx *ctx = dsp_ctx_new(dsp_cpu_backend());
   if (!ctx) return DISPATCH_ENOMEM;
   dsp_tensor *X = NULL, *Y = NULL, *P[NP] = {0}, *V[NP] = {0}, *t[6] = {0};
   dsp_grads *g = NULL;
@@ -124,7 +124,7 @@ Test(oom, backward_failure_keeps_the_graph_usable) {
   /* a backward that runs out of memory releases nothing: the same graph
    * can be walked again once memory is back, and gives the right grads */
   failalloc_install(0);
-  dsp_ctx *ctx = dsp_ctx_new();
+  dsp_ctx *ctx = dsp_ctx_new(dsp_cpu_backend());
   float v[3] = {1, 2, 3};
   dsp_tensor *x, *y, *s;
   cr_assert_eq(from(ctx, DSP_F32, 1, (int64_t[]){3}, v, &x), 0);

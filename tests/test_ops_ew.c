@@ -10,7 +10,7 @@
 #include "helpers/tensor_util.h"
 
 static dsp_ctx *ctx;
-static void setup(void) { ctx = dsp_ctx_new(); }
+static void setup(void) { ctx = dsp_ctx_new(dsp_cpu_backend()); }
 static void teardown(void) { dsp_ctx_free(ctx); }
 TestSuite(ew, .init = setup, .fini = teardown);
 

@@ -100,7 +100,7 @@ static void naive(const dsp_tensor *a, const dsp_tensor *b, int a1d, int b1d,
 /* ---- forward values ------------------------------------------------ */
 
 Test(matmul, two_by_two_by_hand) {
-  dsp_ctx *ctx = dsp_ctx_new();
+  dsp_ctx *ctx = dsp_ctx_new(dsp_cpu_backend());
   double av[6] = {1, 2, 3, 4, 5, 6}, bv[6] = {7, 8, 9, 10, 11, 12};
   int64_t sa[2] = {2, 3}, sb[2] = {3, 2};
   dsp_tensor *a = mk(ctx, DSP_F32, 2, sa, av), *b = mk(ctx, DSP_F32, 2, sb, bv);
@@ -114,7 +114,7 @@ Test(matmul, two_by_two_by_hand) {
 }
 
 Test(matmul, two_d_matches_naive_f32_and_f64) {
-  dsp_ctx *ctx = dsp_ctx_new();
+  dsp_ctx *ctx = dsp_ctx_new(dsp_cpu_backend());
   dsp_dtype dts[2] = {DSP_F32, DSP_F64};
   for (int d = 0; d < 2; d++) {
     int64_t sa[2] = {17, 33}, sb[2] = {33, 9};
@@ -128,7 +128,7 @@ Test(matmul, two_d_matches_naive_f32_and_f64) {
 }
 
 Test(matmul, batch_dims_broadcast) {
-  dsp_ctx *ctx = dsp_ctx_new();
+  dsp_ctx *ctx = dsp_ctx_new(dsp_cpu_backend());
   int64_t sa[4] = {2, 1, 3, 4}, sb[3] = {5, 4, 2};
   dsp_tensor *a = mk(ctx, DSP_F64, 4, sa, NULL), *b = mk(ctx, DSP_F64, 3, sb, NULL);
   dsp_tensor *c = mm(ctx, a, b);
@@ -149,7 +149,7 @@ Test(matmul, batch_dims_broadcast) {
 }
 
 Test(matmul, batched_left_with_shared_right_folds_into_one_product) {
-  dsp_ctx *ctx = dsp_ctx_new();
+  dsp_ctx *ctx = dsp_ctx_new(dsp_cpu_backend());
   int64_t sa[3] = {3, 2, 4}, sb[2] = {4, 5}, sb1[3] = {1, 4, 5};
   dsp_tensor *a = mk(ctx, DSP_F64, 3, sa, NULL), *b = mk(ctx, DSP_F64, 2, sb, NULL);
   dsp_tensor *c = mm(ctx, a, b);
@@ -167,7 +167,7 @@ Test(matmul, batched_left_with_shared_right_folds_into_one_product) {
 }
 
 Test(matmul, one_d_operands_are_promoted_and_dropped) {
-  dsp_ctx *ctx = dsp_ctx_new();
+  dsp_ctx *ctx = dsp_ctx_new(dsp_cpu_backend());
   double v[4] = {1, 2, 3, 4}, w[4] = {5, 6, 7, 8};
   int64_t s4[1] = {4};
   dsp_tensor *a = mk(ctx, DSP_F64, 1, s4, v), *b = mk(ctx, DSP_F64, 1, s4, w);
@@ -204,7 +204,7 @@ Test(matmul, one_d_operands_are_promoted_and_dropped) {
 }
 
 Test(matmul, empty_inner_dim_gives_zeros_and_empty_rows_give_empty) {
-  dsp_ctx *ctx = dsp_ctx_new();
+  dsp_ctx *ctx = dsp_ctx_new(dsp_cpu_backend());
   int64_t sa[2] = {2, 0}, sb[2] = {0, 3}, sz[2] = {0, 4}, sw[2] = {4, 3};
   dsp_tensor *a = mk(ctx, DSP_F32, 2, sa, NULL), *b = mk(ctx, DSP_F32, 2, sb, NULL);
   dsp_tensor *c = mm(ctx, a, b);
@@ -221,7 +221,7 @@ Test(matmul, empty_inner_dim_gives_zeros_and_empty_rows_give_empty) {
 }
 
 Test(matmul, repeated_runs_are_bit_identical) {
-  dsp_ctx *ctx = dsp_ctx_new();
+  dsp_ctx *ctx = dsp_ctx_new(dsp_cpu_backend());
   int64_t sa[3] = {3, 70, 90}, sb[3] = {3, 90, 50};
   dsp_tensor *a = mk(ctx, DSP_F32, 3, sa, NULL), *b = mk(ctx, DSP_F32, 3, sb, NULL);
   dsp_tensor *c1 = mm(ctx, a, b), *c2 = mm(ctx, a, b);
@@ -242,7 +242,7 @@ static int infer2(dsp_ctx *ctx, dsp_meta a, dsp_meta b, dsp_meta *out) {
 }
 
 Test(matmul_errors, inner_dim_mismatch_names_both) {
-  dsp_ctx *ctx = dsp_ctx_new();
+  dsp_ctx *ctx = dsp_ctx_new(dsp_cpu_backend());
   dsp_meta out;
   cr_assert_eq(infer2(ctx, (dsp_meta){DSP_F32, 2, {2, 3}},
                       (dsp_meta){DSP_F32, 2, {4, 5}}, &out),
@@ -256,7 +256,7 @@ Test(matmul_errors, inner_dim_mismatch_names_both) {
 }
 
 Test(matmul_errors, batch_dims_that_do_not_broadcast) {
-  dsp_ctx *ctx = dsp_ctx_new();
+  dsp_ctx *ctx = dsp_ctx_new(dsp_cpu_backend());
   dsp_meta out;
   cr_assert_eq(infer2(ctx, (dsp_meta){DSP_F32, 3, {2, 3, 4}},
                       (dsp_meta){DSP_F32, 3, {3, 4, 5}}, &out),
@@ -267,7 +267,7 @@ Test(matmul_errors, batch_dims_that_do_not_broadcast) {
 }
 
 Test(matmul_errors, dtypes_ranks_and_attrs) {
-  dsp_ctx *ctx = dsp_ctx_new();
+  dsp_ctx *ctx = dsp_ctx_new(dsp_cpu_backend());
   dsp_meta out;
   cr_assert_eq(infer2(ctx, (dsp_meta){DSP_F32, 2, {2, 3}},
                       (dsp_meta){DSP_F64, 2, {3, 2}}, &out),
@@ -294,7 +294,7 @@ Test(matmul_errors, dtypes_ranks_and_attrs) {
 }
 
 Test(matmul_errors, dims_beyond_blas_int_are_refused) {
-  dsp_ctx *ctx = dsp_ctx_new();
+  dsp_ctx *ctx = dsp_ctx_new(dsp_cpu_backend());
   dsp_meta out;
   cr_assert_eq(infer2(ctx, (dsp_meta){DSP_F32, 2, {0, (int64_t)1 << 32}},
                       (dsp_meta){DSP_F32, 2, {(int64_t)1 << 32, 0}}, &out),

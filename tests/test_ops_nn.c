@@ -126,7 +126,7 @@ static double fwd_dot(dsp_ctx *ctx, void *p) {
 /* ---- softmax family ------------------------------------------------ */
 
 Test(softmax, rows_by_hand_and_stable_for_large_inputs) {
-  dsp_ctx *ctx = dsp_ctx_new();
+  dsp_ctx *ctx = dsp_ctx_new(dsp_cpu_backend());
   double v[6] = {1, 2, 3, 1000, 1001, 1002};
   int64_t s[2] = {2, 3};
   dsp_tensor *x = mk(ctx, DSP_F32, 2, s, v);
@@ -143,7 +143,7 @@ Test(softmax, rows_by_hand_and_stable_for_large_inputs) {
 }
 
 Test(softmax, along_a_middle_dim_matches_naive) {
-  dsp_ctx *ctx = dsp_ctx_new();
+  dsp_ctx *ctx = dsp_ctx_new(dsp_cpu_backend());
   int64_t s[3] = {2, 3, 4};
   dsp_tensor *x = mk(ctx, DSP_F64, 3, s, NULL);
   dsp_attrs a = dim1(1);
@@ -176,7 +176,7 @@ static double sm_dot(dsp_ctx *ctx, void *p) {
 }
 
 Test(softmax, backward_ops_match_finite_differences) {
-  dsp_ctx *ctx = dsp_ctx_new();
+  dsp_ctx *ctx = dsp_ctx_new(dsp_cpu_backend());
   int64_t s[3] = {2, 4, 3};
   dsp_opcode fw[2] = {DSP_OP_SOFTMAX, DSP_OP_LOG_SOFTMAX};
   dsp_opcode bw[2] = {DSP_OP_SOFTMAX_BACKWARD, DSP_OP_LOG_SOFTMAX_BACKWARD};
@@ -195,7 +195,7 @@ Test(softmax, backward_ops_match_finite_differences) {
 }
 
 Test(softmax_errors, dims_attrs_dtypes_and_shapes) {
-  dsp_ctx *ctx = dsp_ctx_new();
+  dsp_ctx *ctx = dsp_ctx_new(dsp_cpu_backend());
   int64_t s[2] = {2, 3}, s2[2] = {3, 2};
   dsp_tensor *x = mk(ctx, DSP_F32, 2, s, NULL), *xd = mk(ctx, DSP_F64, 2, s, NULL);
   dsp_tensor *xi = mk(ctx, DSP_I64, 2, s, NULL), *x2 = mk(ctx, DSP_F32, 2, s2, NULL);
@@ -217,7 +217,7 @@ Test(softmax_errors, dims_attrs_dtypes_and_shapes) {
 /* ---- cross entropy and mse ----------------------------------------- */
 
 Test(cross_entropy, mean_loss_by_hand) {
-  dsp_ctx *ctx = dsp_ctx_new();
+  dsp_ctx *ctx = dsp_ctx_new(dsp_cpu_backend());
   double v[6] = {1, 2, 3, 1, 1, 1}, l[2] = {2, 0};
   int64_t s[2] = {2, 3}, sl[1] = {2};
   dsp_attrs none = dsp_attrs_none();
@@ -247,7 +247,7 @@ static double ce_loss(dsp_ctx *ctx, void *p) {
 }
 
 Test(cross_entropy, backward_matches_finite_differences) {
-  dsp_ctx *ctx = dsp_ctx_new();
+  dsp_ctx *ctx = dsp_ctx_new(dsp_cpu_backend());
   int64_t s[2] = {4, 5}, sl[1] = {4}, s0[1] = {1};
   double l[4] = {0, 4, 2, 2}, gv = 1.7;
   dsp_tensor *x = mk(ctx, DSP_F64, 2, s, NULL), *lab = mk(ctx, DSP_I64, 1, sl, l);
@@ -268,7 +268,7 @@ Test(cross_entropy, backward_matches_finite_differences) {
 }
 
 Test(cross_entropy_errors, labels_shapes_and_dtypes) {
-  dsp_ctx *ctx = dsp_ctx_new();
+  dsp_ctx *ctx = dsp_ctx_new(dsp_cpu_backend());
   int64_t s[2] = {2, 3}, sl[1] = {2}, sl3[1] = {3}, s0[1] = {2};
   double bad[2] = {1, 3}, neg[2] = {-1, 0}, gv[2] = {1, 1};
   dsp_tensor *x = mk(ctx, DSP_F32, 2, s, NULL);
@@ -302,7 +302,7 @@ Test(cross_entropy_errors, labels_shapes_and_dtypes) {
 }
 
 Test(mse, by_hand_and_errors) {
-  dsp_ctx *ctx = dsp_ctx_new();
+  dsp_ctx *ctx = dsp_ctx_new(dsp_cpu_backend());
   double a[3] = {1, 2, 3}, b[3] = {1, 0, 0};
   int64_t s[1] = {3}, s2[2] = {3, 1};
   dsp_tensor *ta = mk(ctx, DSP_F32, 1, s, a), *tb = mk(ctx, DSP_F32, 1, s, b);
@@ -353,7 +353,7 @@ static void conv_naive(const dsp_tensor *x, const dsp_tensor *w, const int64_t *
 }
 
 Test(conv2d, small_case_by_hand) {
-  dsp_ctx *ctx = dsp_ctx_new();
+  dsp_ctx *ctx = dsp_ctx_new(dsp_cpu_backend());
   double xv[9] = {1, 2, 3, 4, 5, 6, 7, 8, 9}, wv[4] = {1, 1, 1, 1};
   int64_t sx[4] = {1, 1, 3, 3}, sw[4] = {1, 1, 2, 2};
   dsp_tensor *x = mk(ctx, DSP_F32, 4, sx, xv), *w = mk(ctx, DSP_F32, 4, sw, wv);
@@ -384,7 +384,7 @@ static const int64_t g_conv_shapes[][8] = {
 };
 
 Test(conv2d, matches_naive_across_stride_padding_dilation) {
-  dsp_ctx *ctx = dsp_ctx_new();
+  dsp_ctx *ctx = dsp_ctx_new(dsp_cpu_backend());
   for (int d = 0; d < 2; d++)
     for (size_t c = 0; c < sizeof g_conv_cfgs / sizeof g_conv_cfgs[0]; c++)
       for (size_t s = 0; s < sizeof g_conv_shapes / sizeof g_conv_shapes[0]; s++) {
@@ -400,7 +400,7 @@ Test(conv2d, matches_naive_across_stride_padding_dilation) {
 }
 
 Test(conv2d, missing_attrs_take_the_defaults) {
-  dsp_ctx *ctx = dsp_ctx_new();
+  dsp_ctx *ctx = dsp_ctx_new(dsp_cpu_backend());
   int64_t sx[4] = {1, 2, 6, 6}, sw[4] = {2, 2, 3, 3};
   dsp_tensor *x = mk(ctx, DSP_F64, 4, sx, NULL), *w = mk(ctx, DSP_F64, 4, sw, NULL);
   int64_t full[6] = {2, 2, 1, 1, 1, 1}, part[4] = {2, 2, 1, 1};
@@ -426,7 +426,7 @@ static double conv_dot(dsp_ctx *ctx, void *p) {
 }
 
 Test(conv2d, backward_ops_match_finite_differences) {
-  dsp_ctx *ctx = dsp_ctx_new();
+  dsp_ctx *ctx = dsp_ctx_new(dsp_cpu_backend());
   for (size_t c = 0; c < sizeof g_conv_cfgs / sizeof g_conv_cfgs[0]; c++)
     for (size_t s = 0; s < sizeof g_conv_shapes / sizeof g_conv_shapes[0]; s++) {
       const int64_t *sh = g_conv_shapes[s], *cf = g_conv_cfgs[c];
@@ -455,7 +455,7 @@ Test(conv2d, backward_ops_match_finite_differences) {
 }
 
 Test(conv2d, backward_ops_accept_defaulted_conv_ints) {
-  dsp_ctx *ctx = dsp_ctx_new();
+  dsp_ctx *ctx = dsp_ctx_new(dsp_cpu_backend());
   int64_t sx[4] = {1, 2, 5, 5}, sw[4] = {3, 2, 3, 3}, sy[4] = {1, 3, 3, 3};
   dsp_tensor *w = mk(ctx, DSP_F64, 4, sw, NULL), *G = mk(ctx, DSP_F64, 4, sy, NULL);
   int64_t full[10] = {1, 1, 0, 0, 1, 1, 1, 2, 5, 5}, dims[4] = {1, 2, 5, 5};
@@ -471,7 +471,7 @@ Test(conv2d, backward_ops_accept_defaulted_conv_ints) {
 }
 
 Test(conv2d_errors, shapes_attrs_and_dtypes) {
-  dsp_ctx *ctx = dsp_ctx_new();
+  dsp_ctx *ctx = dsp_ctx_new(dsp_cpu_backend());
   int64_t sx[4] = {1, 3, 5, 5}, sw[4] = {2, 4, 3, 3}, sw2[4] = {2, 3, 7, 3},
           sw3[4] = {2, 3, 3, 3}, s3[3] = {3, 5, 5};
   dsp_tensor *x = mk(ctx, DSP_F32, 4, sx, NULL), *w = mk(ctx, DSP_F32, 4, sw, NULL);
@@ -530,7 +530,7 @@ Test(conv2d_errors, shapes_attrs_and_dtypes) {
 /* ---- pooling ------------------------------------------------------- */
 
 Test(pool, max_and_avg_by_hand) {
-  dsp_ctx *ctx = dsp_ctx_new();
+  dsp_ctx *ctx = dsp_ctx_new(dsp_cpu_backend());
   double v[16];
   for (int i = 0; i < 16; i++) v[i] = i;
   v[5] = 100;
@@ -579,7 +579,7 @@ static double pool_dot(dsp_ctx *ctx, void *p) {
 }
 
 Test(pool, backward_ops_match_finite_differences) {
-  dsp_ctx *ctx = dsp_ctx_new();
+  dsp_ctx *ctx = dsp_ctx_new(dsp_cpu_backend());
   static const int64_t cfgs[][6] = {
       {2, 2, 2, 2, 0, 0}, {3, 3, 2, 2, 1, 1}, {3, 2, 1, 1, 1, 0}, {2, 3, 1, 2, 1, 1}};
   int64_t s[4] = {2, 2, 5, 6};
@@ -601,7 +601,7 @@ Test(pool, backward_ops_match_finite_differences) {
 }
 
 Test(pool_errors, attrs_and_shapes) {
-  dsp_ctx *ctx = dsp_ctx_new();
+  dsp_ctx *ctx = dsp_ctx_new(dsp_cpu_backend());
   int64_t s[4] = {1, 1, 4, 4}, s3[3] = {1, 4, 4}, sg[4] = {1, 1, 3, 3};
   dsp_tensor *x = mk(ctx, DSP_F32, 4, s, NULL), *x3 = mk(ctx, DSP_F32, 3, s3, NULL);
   dsp_tensor *g = mk(ctx, DSP_F32, 4, sg, NULL);
@@ -639,7 +639,7 @@ Test(pool_errors, attrs_and_shapes) {
 /* ---- dropout ------------------------------------------------------- */
 
 Test(dropout, mask_follows_the_counter_generator) {
-  dsp_ctx *ctx = dsp_ctx_new();
+  dsp_ctx *ctx = dsp_ctx_new(dsp_cpu_backend());
   int64_t s[2] = {50, 40};
   dsp_tensor *x = mk(ctx, DSP_F32, 2, s, NULL);
   dsp_attrs a = dsp_attrs_f1(0.3);
@@ -673,7 +673,7 @@ Test(dropout, mask_follows_the_counter_generator) {
 }
 
 Test(dropout_errors, p_range_attr_counts_and_dtype) {
-  dsp_ctx *ctx = dsp_ctx_new();
+  dsp_ctx *ctx = dsp_ctx_new(dsp_cpu_backend());
   int64_t s[1] = {4};
   dsp_tensor *x = mk(ctx, DSP_F64, 1, s, NULL), *xi = mk(ctx, DSP_I64, 1, s, NULL);
   dsp_attrs a = dsp_attrs_f1(1.0);

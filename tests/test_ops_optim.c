@@ -40,7 +40,7 @@ static int step(dsp_ctx *ctx, dsp_opcode op, const dsp_attrs *a, int n,
 }
 
 Test(sgd, momentum_and_weight_decay_by_hand) {
-  dsp_ctx *ctx = dsp_ctx_new();
+  dsp_ctx *ctx = dsp_ctx_new(dsp_cpu_backend());
   for (int d = 0; d < 2; d++) {
     dsp_dtype dt = d ? DSP_F64 : DSP_F32;
     double pv[2] = {1, 2}, gv[2] = {0.5, -1}, vv[2] = {0.1, 0.2};
@@ -74,7 +74,7 @@ Test(sgd, momentum_and_weight_decay_by_hand) {
  * p - lr * g computed in double and rounded once, the velocity left equal
  * to the gradient, on a length that is no multiple of any vector width */
 Test(sgd, plain_step_is_p_minus_lr_g_rounded_once) {
-  dsp_ctx *ctx = dsp_ctx_new();
+  dsp_ctx *ctx = dsp_ctx_new(dsp_cpu_backend());
   enum { N = 1037 };
   static double pv[N], gv[N], vv[N];
   for (int i = 0; i < N; i++) {
@@ -118,7 +118,7 @@ static void adam_ref(double *p, double g, double *m, double *v, double lr,
 }
 
 Test(adam, bias_corrected_steps_by_hand) {
-  dsp_ctx *ctx = dsp_ctx_new();
+  dsp_ctx *ctx = dsp_ctx_new(dsp_cpu_backend());
   for (int d = 0; d < 2; d++) {
     dsp_dtype dt = d ? DSP_F64 : DSP_F32;
     double pv[3] = {1, -2, 0.5}, gv[3] = {0.5, -2, 0}, zero[3] = {0, 0, 0};
@@ -167,7 +167,7 @@ static void expect(dsp_ctx *ctx, int rc, int code, const char *sub) {
 }
 
 Test(optim_errors, attrs_shapes_and_dtypes) {
-  dsp_ctx *ctx = dsp_ctx_new();
+  dsp_ctx *ctx = dsp_ctx_new(dsp_cpu_backend());
   double z[3] = {0, 0, 0};
   dsp_tensor *p = mk(ctx, DSP_F32, 3, z), *g = mk(ctx, DSP_F32, 3, z),
              *v = mk(ctx, DSP_F32, 3, z), *v2 = mk(ctx, DSP_F32, 2, z),

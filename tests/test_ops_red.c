@@ -7,7 +7,7 @@
 #include "helpers/tensor_util.h"
 
 static dsp_ctx *ctx;
-static void setup(void) { ctx = dsp_ctx_new(); }
+static void setup(void) { ctx = dsp_ctx_new(dsp_cpu_backend()); }
 static void teardown(void) { dsp_ctx_free(ctx); }
 TestSuite(red, .init = setup, .fini = teardown);
 

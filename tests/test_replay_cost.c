@@ -245,7 +245,7 @@ Test(replay_cost, nodes_of_no_work_still_cost, .fini = stop) {
  * so before the check at each node it ran to its end on a cancelled ctx
  * (as a long graph of such nodes would, past a drain's deadline). */
 Test(replay_cost, cancelled_run_stops_at_a_node) {
-  dsp_ctx *ctx = dsp_ctx_new();
+  dsp_ctx *ctx = dsp_ctx_new(dsp_cpu_backend());
   dsp_graph *g = dsp_graph_new();
   cr_assert(ctx && g);
   g->n_inputs = 1;

@@ -52,7 +52,7 @@ typedef struct local_model {
 
 static void local_forward_backward(local_model *m) {
   fill_data();
-  m->ctx = dsp_ctx_new();
+  m->ctx = dsp_ctx_new(dsp_cpu_backend());
   dsp_meta mx = {DSP_F32, 2, {4, 3}}, mw = {DSP_F32, 2, {3, 5}},
            ml = {DSP_I64, 1, {4}};
   cr_assert_eq(dsp_tensor_from_data(m->ctx, &mx, g_x, sizeof g_x, &m->x), 0);

@@ -144,7 +144,7 @@ static dsp_tensor *local_op(dsp_ctx *ctx, dsp_opcode op, dsp_tensor *a,
 Test(server_basic, ops_match_in_process_results) {
   wire_conn c;
   connect_hello(&c);
-  dsp_ctx *ctx = dsp_ctx_new();
+  dsp_ctx *ctx = dsp_ctx_new(dsp_cpu_backend());
   float a[6] = {1, 2, 3, 4, 5, 6}, b[6] = {0.5f, -1, 2, 0.25f, 3, -4};
   int64_t sa[2] = {2, 3}, sb[2] = {3, 2};
   dsp_meta ma = {DSP_F32, 2, {2, 3}}, mb = {DSP_F32, 2, {3, 2}};

@@ -86,7 +86,7 @@ Test(server_oom, every_allocation_failure_is_clean) {
     sv_global g;
     memset(&g, 0, sizeof g);
     failalloc_install(n);
-    dsp_ctx *io = dsp_ctx_new();
+    dsp_ctx *io = dsp_ctx_new(dsp_cpu_backend());
     sv_session *s = io ? sv_session_new(&cfg, &g, NULL) : NULL;
     if (s) {
       scenario(s, io);

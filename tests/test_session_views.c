@@ -140,7 +140,7 @@ static void run_everything(sv_session *s, dsp_ctx *io) {
 }
 
 Test(session_views, each_session_runs_a_device_on_its_own_view) {
-  dsp_ctx *io = dsp_ctx_new();
+  dsp_ctx *io = dsp_ctx_new(dsp_cpu_backend());
   sv_session *s1 = sv_session_new(&g_cfg, &g, NULL);
   sv_session *s2 = sv_session_new(&g_cfg, &g, NULL);
   cr_assert(io && s1 && s2);
@@ -191,7 +191,7 @@ Test(session_views, the_hello_gives_a_session_its_view) {
   sv_device tmp = g.devices[0];
   g.devices[0] = g.devices[1];
   g.devices[1] = tmp;
-  dsp_ctx *io = dsp_ctx_new();
+  dsp_ctx *io = dsp_ctx_new(dsp_cpu_backend());
   sv_session *s = sv_session_new(&g_cfg, &g, NULL);
   cr_assert(io && s);
   cr_assert_eq(g_opened, 0, "nothing opened before the hello");

@@ -181,7 +181,7 @@ Test(stage_chunks, upload_parts_go_to_the_backend_as_the_socket_fills_them) {
   const size_t N = 10000, C = 1024;
   uint8_t *src = malloc(N);
   for (size_t i = 0; i < N; i++) src[i] = (uint8_t)(i * 7 + 3);
-  dsp_ctx *ctx = dsp_ctx_new();
+  dsp_ctx *ctx = dsp_ctx_new(dsp_cpu_backend());
   dsp_tensor *t = tensor_on(ctx, &g_parts, (int64_t)N);
   dsp_stage st;
   cr_assert_eq(dsp_tensor_stage_in(ctx, t, &st), 0);
@@ -230,7 +230,7 @@ Test(stage_chunks, commit_hands_over_what_progress_did_not) {
   const size_t N = 3000;
   uint8_t src[3000];
   for (size_t i = 0; i < N; i++) src[i] = (uint8_t)(i ^ 0x5a);
-  dsp_ctx *ctx = dsp_ctx_new();
+  dsp_ctx *ctx = dsp_ctx_new(dsp_cpu_backend());
   dsp_tensor *t = tensor_on(ctx, &g_parts, (int64_t)N);
   dsp_stage st;
   cr_assert_eq(dsp_tensor_stage_in(ctx, t, &st), 0);
@@ -249,7 +249,7 @@ Test(stage_chunks, commit_hands_over_what_progress_did_not) {
 Test(stage_chunks, a_failed_part_is_reported_by_the_commit) {
   reset();
   g_fail_at = 2;
-  dsp_ctx *ctx = dsp_ctx_new();
+  dsp_ctx *ctx = dsp_ctx_new(dsp_cpu_backend());
   dsp_tensor *t = tensor_on(ctx, &g_parts, 5000);
   dsp_stage st;
   cr_assert_eq(dsp_tensor_stage_in(ctx, t, &st), 0);
@@ -272,7 +272,7 @@ Test(stage_chunks, a_failed_part_is_reported_by_the_commit) {
 Test(stage_chunks, read_parts_are_sent_as_they_land) {
   reset();
   const size_t N = 4500; /* 5 parts of the double, the last short */
-  dsp_ctx *ctx = dsp_ctx_new();
+  dsp_ctx *ctx = dsp_ctx_new(dsp_cpu_backend());
   dsp_tensor *t = tensor_on(ctx, &g_parts, (int64_t)N);
   uint8_t *data = t->storage->data;
   for (size_t i = 0; i < N; i++) data[i] = (uint8_t)(i * 13 + 1);
@@ -302,7 +302,7 @@ Test(stage_chunks, read_parts_are_sent_as_they_land) {
 /* The CPU keeps its zero-copy path: the staging is the storage, progress
  * hands nothing anywhere and a pin's bytes are all available at once. */
 Test(stage_chunks, cpu_staging_stays_zero_copy) {
-  dsp_ctx *ctx = dsp_ctx_new();
+  dsp_ctx *ctx = dsp_ctx_new(dsp_cpu_backend());
   dsp_tensor *t = tensor_on(ctx, dsp_cpu_backend(), 9000);
   dsp_stage st;
   cr_assert_eq(dsp_tensor_stage_in(ctx, t, &st), 0);
@@ -326,7 +326,7 @@ Test(stage_chunks, cpu_staging_stays_zero_copy) {
 Test(stage_chunks, a_move_off_a_device_waits_for_every_part) {
   reset();
   const size_t N = 3500; /* 4 parts of the double, the last short */
-  dsp_ctx *ctx = dsp_ctx_new();
+  dsp_ctx *ctx = dsp_ctx_new(dsp_cpu_backend());
   dsp_tensor *t = tensor_on(ctx, &g_parts, (int64_t)N);
   uint8_t *data = t->storage->data;
   for (size_t i = 0; i < N; i++) data[i] = (uint8_t)(i * 5 + 2) & 1;

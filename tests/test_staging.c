@@ -85,7 +85,7 @@ static int x_supports(void *b, dsp_opcode op, const dsp_meta *in, int n_in,
 static int x_run(void *b, dsp_ctx *ctx, dsp_opcode op, dsp_tensor *const *in,
                  int n_in, const dsp_attrs *a, dsp_tensor *out) {
   (void)b;
-  dsp_ctx *cctx = dsp_ctx_new();
+  dsp_ctx *cctx = dsp_ctx_new(dsp_cpu_backend());
   dsp_tensor *ci[8] = {0}, *co = NULL;
   int rc = n_in <= 8 ? 0 : DISPATCH_EINVAL;
   for (int i = 0; rc == 0 && i < n_in; i++) {
@@ -157,7 +157,7 @@ static sv_session *session_on(const dsp_backend *be, sv_global *g,
   g_cfg.log_level = SV_LOG_ERROR;
   sv_log_level = SV_LOG_ERROR;
   memset(g, 0, sizeof *g);
-  *io = dsp_ctx_new();
+  *io = dsp_ctx_new(dsp_cpu_backend());
   sv_session *s = sv_session_new(&g_cfg, g, NULL);
   cr_assert(*io && s);
   (*io)->backend = be;
@@ -225,7 +225,7 @@ Test(staging, uploads_land_through_the_backend) {
 /* A Read reply's bulk: small ones are copied into the frame, large ones
  * (bulk_by_ref) follow it from a pin; both through the backend. */
 Test(staging, read_replies_come_out_through_the_backend) {
-  dsp_ctx *ctx = dsp_ctx_new();
+  dsp_ctx *ctx = dsp_ctx_new(dsp_cpu_backend());
   ctx->backend = &g_xor;
   for (int big = 0; big < 2; big++) {
     int64_t n = big ? 40000 : 1000; /* 160 KB over the 64 KiB copy limit */

@@ -244,7 +244,7 @@ static dsp_attrs case_attrs(const zcase *c) {
 }
 
 Test(zero_size, every_family_in_process, .timeout = 120) {
-  dsp_ctx *ctx = dsp_ctx_new();
+  dsp_ctx *ctx = dsp_ctx_new(dsp_cpu_backend());
   cr_assert_not_null(ctx);
   for (int k = 0; k < N_CASES; k++) {
     const zcase *c = &k_cases[k];
@@ -284,7 +284,7 @@ Test(zero_size, every_family_in_process, .timeout = 120) {
  * [2^40, 0] shapes and the gradient is an empty tensor of the leaf's
  * shape. */
 Test(zero_size, backward_in_process, .timeout = 120) {
-  dsp_ctx *ctx = dsp_ctx_new();
+  dsp_ctx *ctx = dsp_ctx_new(dsp_cpu_backend());
   cr_assert_not_null(ctx);
   dsp_meta m = {DSP_F32, 2, {H, 0}};
   dsp_tensor *x, *y, *l;
@@ -309,7 +309,7 @@ Test(zero_size, backward_in_process, .timeout = 120) {
 /* The span is bounded in every meta, not only the element count: the
  * stride of dim 0 of [0, 2^63-1, 2] does not fit int64. */
 Test(zero_size, meta_span_is_bounded) {
-  dsp_ctx *ctx = dsp_ctx_new();
+  dsp_ctx *ctx = dsp_ctx_new(dsp_cpu_backend());
   int64_t n = -1;
   dsp_meta ok = {DSP_F32, 2, {H, 0}};
   cr_assert_eq(dsp_meta_numel(ctx, &ok, &n), 0);
@@ -496,7 +496,7 @@ static void start_100(void) {
 }
 
 Test(zero_size, backward_intermediates_are_bounded_in_process) {
-  dsp_ctx *ctx = dsp_ctx_new();
+  dsp_ctx *ctx = dsp_ctx_new(dsp_cpu_backend());
   dsp_ctx_set_max_elements(ctx, 100);
   static const float v[64];
   dsp_meta ma = {DSP_F32, 3, {1, 8, 8}}, mb = {DSP_F32, 3, {8, 8, 1}};
@@ -551,7 +551,7 @@ Test(zero_size, backward_intermediates_are_bounded_on_the_server,
 static const uint8_t k_bad_bool[5] = {0, 1, 1, 7, 0};
 
 Test(bool_upload, refused_in_process) {
-  dsp_ctx *ctx = dsp_ctx_new();
+  dsp_ctx *ctx = dsp_ctx_new(dsp_cpu_backend());
   dsp_meta m = {DSP_BOOL, 1, {5}};
   dsp_tensor *t = NULL;
   cr_assert_eq(dsp_tensor_from_data(ctx, &m, k_bad_bool, 5, &t),
@@ -623,7 +623,7 @@ Test(bool_upload, refused_on_the_wire, .init = start_default,
 /* item 12: arity messages                                             */
 
 Test(arity, variadic_ops_name_their_range) {
-  dsp_ctx *ctx = dsp_ctx_new();
+  dsp_ctx *ctx = dsp_ctx_new(dsp_cpu_backend());
   dsp_meta m = {DSP_F32, 1, {2}}, out;
   dsp_attrs a = dsp_attrs_ints(1, (int64_t[]){0});
   cr_assert_eq(dsp_op_infer(ctx, DSP_OP_CAT, &m, 0, &a, &out),

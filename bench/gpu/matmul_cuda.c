@@ -79,7 +79,7 @@ int main(void) {
     printf("cuda: skipped (no GPU): %s\n", why);
     return 0;
   }
-  dsp_ctx *ctx = dsp_ctx_new();
+  dsp_ctx *ctx = dsp_ctx_new(dsp_cpu_backend());
   dsp_cuda_ctx_use(ctx, be);
   dsp_attrs none = dsp_attrs_none();
   int64_t ints[4] = {DSP_F32, 7, N, N};

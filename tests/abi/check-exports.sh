@@ -2,9 +2,9 @@
 # The ABI check: what libdispatch-client.so exports must be exactly
 # the build's exported list (one "name@@VERSION_NODE" per line, sorted:
 # tests/abi/exported.txt plus one line per API row of the op table), and
-# every function declared DISPATCH_API in client/include/ must be in the
-# version script the library was linked with (client/dispatch-client.map
-# plus the API rows), and the other way round. An accidental export (a
+# every function declared DISPATCH_API in include/ and client/include/
+# must be in the version script the library was linked with
+# (client/dispatch-client.map plus the API rows), and the other way round. An accidental export (a
 # generated dspwire__ symbol, a dispatch__ internal, a dsp_ function, a
 # helper that lost its static), a public function that vanished, or an op
 # row whose declaration is missing from the header fails here with the
@@ -42,19 +42,19 @@ fi
 # (DISPATCH_API stands on its own line, the declaration on the next)
 hdr=$(awk 'prev == "DISPATCH_API" && match($0, /dispatch_[a-z0-9_]+\(/) {
              print substr($0, RSTART, RLENGTH - 1) }
-           { prev = $0 }' client/include/*.h | LC_ALL=C sort)
+           { prev = $0 }' include/*.h client/include/*.h | LC_ALL=C sort)
 # a declaration that lost its DISPATCH_API would be hidden: programs
 # could not link it
 bare=$(awk 'prev != "DISPATCH_API" &&
             /^(const )?[a-z_0-9]+ \**dispatch_[a-z0-9_]+\(/ { print FILENAME ": " $0 }
-            { prev = $0 }' client/include/*.h)
+            { prev = $0 }' include/*.h client/include/*.h)
 if [ -n "$bare" ]; then
   echo "abi: public declarations without DISPATCH_API:" >&2
   printf '%s\n' "$bare" >&2
   fail=1
 fi
 map=$(grep -Eo '^ *dispatch_[a-z0-9_]+;' "$vmap" | tr -d ' ;' | LC_ALL=C sort)
-if ! d=$(diff -u --label "DISPATCH_API in client/include" \
+if ! d=$(diff -u --label "DISPATCH_API in include, client/include" \
            --label "$vmap (client/dispatch-client.map and the API rows)" \
            <(printf '%s\n' "$hdr") <(printf '%s\n' "$map")); then
   echo "abi: the public headers and the version script disagree:" >&2

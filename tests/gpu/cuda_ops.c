@@ -245,7 +245,7 @@ static void views_and_staging(void) {
   const size_t n = 9 * DSP_STAGE_CHUNK / 4 + 3; /* parts and a short tail */
   unsigned char *src = malloc(n), *back = malloc(n);
   for (size_t i = 0; i < n; i++) src[i] = (unsigned char)((i * 40503u) >> 7) & 1;
-  dsp_ctx *vc = dsp_ctx_new();
+  dsp_ctx *vc = dsp_ctx_new(dsp_cpu_backend());
   dsp_cuda_ctx_use(vc, v1);
   int64_t shape[1] = {(int64_t)n};
   dsp_meta m = meta(DSP_BOOL, 1, shape);
@@ -305,8 +305,8 @@ int main(int argc, char **argv) {
   }
   printf("%s on %s\n", on_cpu ? "self-check of the cases (CPU vs CPU, no GPU claim)"
                                : "cuda conformance", be->device);
-  cpu = dsp_ctx_new();
-  gpu = dsp_ctx_new();
+  cpu = dsp_ctx_new(dsp_cpu_backend());
+  gpu = dsp_ctx_new(dsp_cpu_backend());
   if (!on_cpu) dsp_cuda_ctx_use(gpu, be);
   static const dsp_dtype DT[] = {DSP_F32, DSP_F64, DSP_I64, DSP_BOOL};
   static const int64_t A[] = {4, 1, 3}, B[] = {5, 1}, C[] = {4, 5, 3}, M1[] = {2, 3, 4},

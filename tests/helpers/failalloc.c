@@ -62,7 +62,7 @@ int failalloc_walk_op(int op, int n_in, const dsp_meta *in,
   int enomem = 0;
   for (long k = 1;; k++) {
     failalloc_install(k);
-    dsp_ctx *ctx = dsp_ctx_new();
+    dsp_ctx *ctx = dsp_ctx_new(dsp_cpu_backend());
     dsp_tensor *t[DSP_MAX_INPUTS] = {0}, *out = NULL;
     int rc = ctx ? 0 : DISPATCH_ENOMEM;
     for (int i = 0; i < n_in && rc == 0; i++)
