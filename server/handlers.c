@@ -285,10 +285,8 @@ int sv_exec_grad(sv_session *s, sv_job *j, char *why, size_t len) {
 int sv_exec_step(sv_session *s, sv_job *j, char *why, size_t len) {
   Dspwire__Step *st = j->req->step;
   size_t k;
-  if (st->op == DSP_OP_SGD_STEP)
-    k = 1;
-  else if (st->op == DSP_OP_ADAM_STEP)
-    k = 2;
+  if (st->op == DSP_OP_SGD_STEP) k = 1;
+  else if (st->op == DSP_OP_ADAM_STEP) k = 2;
   else
     return sv_why(why, len, DISPATCH_EINVAL,
                   "step: op %d is not sgd_step (%d) or adam_step (%d)", st->op,
