@@ -545,8 +545,9 @@ void sv_pb_charge_init(sv_pb_charge *pc, dsp_budget *b);
  * used. */
 void sv_pb_charge_done(sv_pb_charge *pc);
 
-/* Short description of a request for messages and debug logs:
- * "op matmul [3, 4] -> 5", "upload 7 f32 [2, 3]". */
+/* Short description of a request for messages and debug logs, by its
+ * kind's describe (kinds.c): "op matmul [3, 4] -> 5", "upload 7 f32
+ * [2, 3]"; "empty request" for a kind without one. */
 void sv_describe(const Dspwire__Request *r, char *buf, size_t len);
 /* One record of an Ops request, as sv_describe writes the Op it stands
  * for ("op add [3, 4] -> 5"). */
