@@ -1,6 +1,7 @@
 /* Command line of dispatch-server. */
 #include <errno.h>
 #include <getopt.h>
+#include <stddef.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -11,47 +12,6 @@
 #include <uv.h>
 
 #include "sv.h"
-
-void sv_config_defaults(sv_config *c) {
-  memset(c, 0, sizeof *c);
-  snprintf(c->host, sizeof c->host, "127.0.0.1");
-  c->port = 7070;
-  c->max_frame = 1ULL << 30;          /* 1 GiB */
-  c->max_msg = 16ULL << 20;           /* 16 MiB of protobuf */
-  c->max_session_bytes = 4ULL << 30;  /* 4 GiB */
-  /* 3/4 of the memory this process may use (a cgroup limit counts), so
-   * sessions together cannot drive the machine into swap or the OOM
-   * killer; 4 GiB when the system does not say */
-  uint64_t mem = uv_get_constrained_memory();
-  uint64_t phys = uv_get_total_memory();
-  if (mem == 0 || (phys && mem > phys)) mem = phys;
-  c->max_memory = mem ? mem / 4 * 3 : 4ULL << 30;
-  c->max_queued_bytes = 256ULL << 20; /* 256 MiB */
-  c->max_elements = 1ULL << 31;
-  c->max_output_queue = 64ULL << 20;  /* 64 MiB */
-  c->storage_cache = 512ULL << 20;    /* 512 MiB */
-  c->session_cache = 64ULL << 20;     /* 64 MiB */
-  /* 2^34: admits a 2048^3 matmul (8.6e9) twice over and every op the
-   * examples, tests and make bench run (the largest, bench's 2048 matmul,
-   * is half of it), refuses a 512x512-window pool at stride 1 on a
-   * 1024x1024 input (6.9e10), which would hold a worker for minutes */
-  c->max_op_cost = 1ULL << 34;
-  /* 2^38: sixteen ops at the per-op default; a replay is one job on one
-   * worker, so this is how long one request may hold it */
-  c->max_replay_cost = 1ULL << 38;
-  c->inline_cost = SV_INLINE_COST_DEFAULT;
-  c->loop_spin_us = SV_LOOP_SPIN_US_DEFAULT;
-  c->max_queued = 4096;
-  c->max_sessions = 64;
-  c->idle_timeout_s = 600;
-  c->frame_timeout_s = 300;
-  unsigned n = uv_available_parallelism();
-  c->threads = n < 1 ? 1 : n > 64 ? 64 : (int)n;
-  c->log_level = SV_LOG_INFO;
-  c->handshake_timeout_s = 10;
-  c->drain_timeout_s = 30;
-  c->session_grace_s = 60;
-}
 
 void sv_config_release(sv_config *c) {
   if (c->token) {
@@ -111,107 +71,6 @@ static int read_token(sv_config *c, const char *path) {
   memset(buf, 0, sizeof buf);
   return 0;
 }
-
-static const char *const g_usage =
-    "usage: dispatch-server [options]\n"
-    "Values: --opt VALUE or --opt=VALUE. BYTES take K, M, G or T (or KiB,\n"
-    "...), powers of 1024 (8G = 8589934592); N of --max-elements,\n"
-    "--max-op-cost and --max-replay-cost the same letters as powers of\n"
-    "1000 (2G = 2e9).\n"
-    "  --listen HOST:PORT       address to listen on (default 127.0.0.1:7070;\n"
-    "                           port 0 picks a free port, printed on stdout);\n"
-    "                           HOST: an IP, [IPv6] or a name, resolved at\n"
-    "                           start (the first address is bound); a plain\n"
-    "                           bind needs every address loopback\n"
-    "  --max-frame BYTES        largest frame, message + bulk (default 1 GiB)\n"
-    "  --max-session-bytes BYTES  bytes one session may make the server hold:\n"
-    "                           tensors named or not (autodiff tape,\n"
-    "                           gradients, uploads being read), kernel\n"
-    "                           scratch, ids (default 4 GiB)\n"
-    "  --max-memory BYTES       all sessions and their queued requests\n"
-    "                           together (default 3/4 of physical or cgroup\n"
-    "                           memory); the storage cache comes on top\n"
-    "  --device NAME            a device to host, repeatable: cpu, cpu:N\n"
-    "                           (several CPU devices, each counted apart,\n"
-    "                           see --device-memory), cuda:N, or all\n"
-    "                           (default: cpu); clients pick one by name\n"
-    "  --device-memory BYTES    each device's own budget for the tensors\n"
-    "                           stored on it (default: none; all devices\n"
-    "                           together within --max-memory)\n"
-    "  --max-queued-bytes BYTES decoded requests one session may have\n"
-    "                           waiting; past it the server stops reading\n"
-    "                           the session until they ran (256 MiB)\n"
-    "  --max-sessions N         concurrent sessions, detached ones kept\n"
-    "                           for a resume included, though at the limit\n"
-    "                           these are expired for a new one (default 64)\n"
-    "  --idle-timeout SECONDS   close idle sessions, 0 never (default 600);\n"
-    "                           idle time counts from the last complete\n"
-    "                           request\n"
-    "  --frame-timeout SECONDS  a frame must arrive whole within this time\n"
-    "                           from its first byte, 0 never (default 300)\n"
-    "  --threads N              worker threads running kernels (default: cores)\n"
-    "  --max-output-queue BYTES unsent replies, with the server's bookkeeping\n"
-    "                           of each (~150 bytes), before a client is\n"
-    "                           dropped (default 64 MiB)\n"
-    "  --max-elements N         elements of one tensor, counting a zero\n"
-    "                           size as 1 ([N, 0] spans N) (default 2^31)\n"
-    "  --max-op-cost N          estimated elementary operations of one op\n"
-    "                           (matmul m*n*k, conv out*C*kh*kw, pool\n"
-    "                           out*kh*kw, ...), backward ops included; over\n"
-    "                           it the op fails with DISPATCH_ELIMIT; 0 no\n"
-    "                           limit (default 2^34, about 1.7e10)\n"
-    "  --max-replay-cost N      the same for one graph replay, all its ops\n"
-    "                           and nodes together (each node counts at\n"
-    "                           least 512); over it the replay fails with\n"
-    "                           DISPATCH_ELIMIT, a definition that must\n"
-    "                           pass it is refused; 0 no limit (default\n"
-    "                           2^38)\n"
-    "  --inline-cost N          an op of an idle session whose estimated\n"
-    "                           work (as --max-op-cost counts it) is at\n"
-    "                           most N runs on the network thread, saving\n"
-    "                           two thread wake-ups; 0 never, at most\n"
-    "                           2^20 = 1048576 (default 2^14 = 16384)\n"
-    "  --loop-spin-us N         after answering a request itself, the\n"
-    "                           network thread polls the sockets without\n"
-    "                           sleeping for N microseconds, so a client's\n"
-    "                           next request costs it no wake-up; 0 never,\n"
-    "                           at most 10000 (default 50)\n"
-    "  --max-queued N           requests buffered per session before the\n"
-    "                           server stops reading it (default 4096)\n"
-    "  --storage-cache BYTES    freed tensor storage (blocks of 1 MiB and\n"
-    "                           more) the server keeps for reuse instead of\n"
-    "                           returning it to the OS, 0 none (default\n"
-    "                           512 MiB): fresh pages fault on first touch\n"
-    "  --session-cache BYTES    each session's free lists of freed tensor\n"
-    "                           storage and headers (by size class), charged\n"
-    "                           to the session and given back when a quota\n"
-    "                           needs the room, 0 none (default 64 MiB)\n"
-    "  --handshake-timeout SECONDS  TLS handshake + hello must finish in\n"
-    "                           this time, 0 never (default 10)\n"
-    "  --drain-timeout SECONDS  on SIGTERM/SIGINT, run and answer the requests\n"
-    "                           already received for at most this long, then\n"
-    "                           cancel the rest; 0 no wait (default 30)\n"
-    "  --session-grace SECONDS  keep a dropped session for a resume (60)\n"
-    "  --tls-cert FILE          serve TLS with this certificate (PEM chain)\n"
-    "  --tls-key FILE           private key of --tls-cert\n"
-    "  --tls-client-ca FILE     mutual TLS: require a client certificate\n"
-    "                           signed by this CA\n"
-    "  --token-file FILE        clients must send this token in hello\n"
-    "  --insecure               allow a non-loopback --listen without both\n"
-    "                           TLS and a token, and a non-loopback\n"
-    "                           --metrics-listen\n"
-    "  --log-level error|warn|info|debug  stderr log level (default info)\n"
-    "  --log-format text|json   log lines as text (default) or one JSON\n"
-    "                           object a line (ts, level, msg, and session\n"
-    "                           and peer where the line has them); times\n"
-    "                           are ISO-8601 UTC with milliseconds\n"
-    "  --metrics-listen HOST:PORT  serve Prometheus metrics over HTTP at\n"
-    "                           /metrics (default: off; port 0 picks a free\n"
-    "                           port, printed on stdout); HOST as for\n"
-    "                           --listen, loopback only unless --insecure\n"
-    "  --version                print the version and exit\n"
-    "  --help                   this text\n";
-
 
 static void put_err(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 static void put_err(const char *fmt, ...) {
@@ -285,11 +144,6 @@ range:
   put_err("%s: '%s' is out of range: %s must be in [%llu, %llu]", opt, s,
           opt, (unsigned long long)min, (unsigned long long)max);
   return -1;
-}
-
-static int parse_size(const char *opt, const char *s, uint64_t min,
-                      uint64_t max, uint64_t *out) {
-  return parse_num(opt, s, 1024, min, max, out);
 }
 
 static int parse_int(const char *opt, const char *s, uint64_t min,
@@ -407,169 +261,360 @@ static void shown_name(const char *host, const char *names, char *buf,
   else snprintf(buf, len, "%s (%s)", host, names);
 }
 
-/* Values of the long options that have no short form. */
-enum {
-  O_LISTEN = 256, O_MAX_FRAME, O_MAX_SESSION_BYTES, O_MAX_MEMORY, O_DEVICE,
-  O_DEVICE_MEMORY, O_MAX_QUEUED_BYTES, O_MAX_SESSIONS, O_IDLE_TIMEOUT,
-  O_FRAME_TIMEOUT, O_THREADS, O_MAX_OUTPUT_QUEUE, O_MAX_ELEMENTS,
-  O_MAX_OP_COST, O_STORAGE_CACHE, O_SESSION_CACHE, O_MAX_QUEUED, O_HANDSHAKE_TIMEOUT,
-  O_TLS_CERT, O_TLS_KEY, O_TLS_CLIENT_CA, O_TOKEN_FILE, O_INSECURE,
-  O_LOG_LEVEL, O_VERSION, O_METRICS_LISTEN, O_LOG_FORMAT, O_DRAIN_TIMEOUT,
-  O_SESSION_GRACE, O_INLINE_COST, O_LOOP_SPIN_US, O_MAX_REPLAY_COST
-};
+/* ------------------------------------------------------------ options */
 
-static const struct option g_opts[] = {
-    {"listen", required_argument, NULL, O_LISTEN},
-    {"max-frame", required_argument, NULL, O_MAX_FRAME},
-    {"max-session-bytes", required_argument, NULL, O_MAX_SESSION_BYTES},
-    {"max-memory", required_argument, NULL, O_MAX_MEMORY},
-    {"device", required_argument, NULL, O_DEVICE},
-    {"device-memory", required_argument, NULL, O_DEVICE_MEMORY},
-    {"max-queued-bytes", required_argument, NULL, O_MAX_QUEUED_BYTES},
-    {"max-sessions", required_argument, NULL, O_MAX_SESSIONS},
-    {"idle-timeout", required_argument, NULL, O_IDLE_TIMEOUT},
-    {"frame-timeout", required_argument, NULL, O_FRAME_TIMEOUT},
-    {"threads", required_argument, NULL, O_THREADS},
-    {"max-output-queue", required_argument, NULL, O_MAX_OUTPUT_QUEUE},
-    {"max-elements", required_argument, NULL, O_MAX_ELEMENTS},
-    {"max-op-cost", required_argument, NULL, O_MAX_OP_COST},
-    {"max-replay-cost", required_argument, NULL, O_MAX_REPLAY_COST},
-    {"inline-cost", required_argument, NULL, O_INLINE_COST},
-    {"loop-spin-us", required_argument, NULL, O_LOOP_SPIN_US},
-    {"storage-cache", required_argument, NULL, O_STORAGE_CACHE},
-    {"session-cache", required_argument, NULL, O_SESSION_CACHE},
-    {"max-queued", required_argument, NULL, O_MAX_QUEUED},
-    {"handshake-timeout", required_argument, NULL, O_HANDSHAKE_TIMEOUT},
-    {"drain-timeout", required_argument, NULL, O_DRAIN_TIMEOUT},
-    {"session-grace", required_argument, NULL, O_SESSION_GRACE},
-    {"tls-cert", required_argument, NULL, O_TLS_CERT},
-    {"tls-key", required_argument, NULL, O_TLS_KEY},
-    {"tls-client-ca", required_argument, NULL, O_TLS_CLIENT_CA},
-    {"token-file", required_argument, NULL, O_TOKEN_FILE},
-    {"insecure", no_argument, NULL, O_INSECURE},
-    {"log-level", required_argument, NULL, O_LOG_LEVEL},
-    {"log-format", required_argument, NULL, O_LOG_FORMAT},
-    {"metrics-listen", required_argument, NULL, O_METRICS_LISTEN},
-    {"version", no_argument, NULL, O_VERSION},
-    {"help", no_argument, NULL, 'h'},
-    {NULL, 0, NULL, 0},
-};
+/* How a row's value is read and where it goes. */
+typedef enum opt_type {
+  OPT_BYTES, /* parse_num base 1024 into the field (uint64_t) */
+  OPT_COUNT, /* parse_num base 1000 into the field (uint64_t) */
+  OPT_INT,   /* a whole number into the field (int or uint32_t) */
+  OPT_PATH,  /* the value itself (it points into argv) */
+  OPT_FLAG,  /* no value: the field (int) becomes 1 */
+  OPT_FN,    /* the row's own setter */
+} opt_type;
 
-static const char *opt_name(int val) {
-  for (const struct option *o = g_opts; o->name; o++)
-    if (o->val == val) return o->name;
-  return "?";
+/* One option of the command line: the getopt table, the --help text, the
+ * defaults and the step that applies a value all come from these rows. */
+typedef struct opt_row {
+  const char *name; /* without the leading "--" */
+  const char *arg;  /* its value's name in --help; NULL: takes no value */
+  opt_type type;
+  uint64_t min, max; /* bounds of a number */
+  size_t off, size;  /* the sv_config field (not OPT_FN) */
+  uint64_t dflt;     /* a number's default (0 when the row has dflt_fn) */
+  uint64_t (*dflt_fn)(void); /* a default computed at start */
+  /* OPT_FN: applies v (NULL for a row without a value): 0, 1 to stop with
+   * exit status 0 (--help, --version), -1 after printing why */
+  int (*set)(sv_config *c, const char *v);
+  const char *dflt_value; /* OPT_FN: the value applied as the default */
+  const char *help; /* --help lines, '\n' between them */
+} opt_row;
+
+#define FIELD(f) offsetof(sv_config, f), sizeof(((sv_config *)0)->f)
+
+/* 3/4 of the memory this process may use (a cgroup limit counts), so
+ * sessions together cannot drive the machine into swap or the OOM killer;
+ * 4 GiB when the system does not say */
+static uint64_t default_max_memory(void) {
+  uint64_t mem = uv_get_constrained_memory();
+  uint64_t phys = uv_get_total_memory();
+  if (mem == 0 || (phys && mem > phys)) mem = phys;
+  return mem ? mem / 4 * 3 : 4ULL << 30;
 }
 
-/* Applies one option; 0, 1 to stop with exit status 0 (--help,
- * --version), -1 after printing why. */
-static int apply(sv_config *c, int val, const char *v) {
-  uint64_t n;
+static uint64_t default_threads(void) {
+  unsigned n = uv_available_parallelism();
+  return n < 1 ? 1 : n > 64 ? 64 : n;
+}
+
+static int set_listen(sv_config *c, const char *v) {
+  return split_hostport("--listen", v, c->host, sizeof c->host, &c->port);
+}
+
+static int set_metrics_listen(sv_config *c, const char *v) {
+  return split_hostport("--metrics-listen", v, c->metrics_host,
+                        sizeof c->metrics_host, &c->metrics_port);
+}
+
+static int set_device(sv_config *c, const char *v) {
+  if (c->n_devices == SV_MAX_DEVICES) {
+    put_err("at most %d --device options", SV_MAX_DEVICES);
+    return -1;
+  }
+  c->devices[c->n_devices++] = v;
+  return 0;
+}
+
+static int set_log_level(sv_config *c, const char *v) {
+  int l = sv_log_parse_level(v);
+  if (l < 0) {
+    put_err("--log-level takes error, warn, info or debug, got '%s'", v);
+    return -1;
+  }
+  c->log_level = l;
+  return 0;
+}
+
+static int set_log_format(sv_config *c, const char *v) {
+  int f = sv_log_parse_format(v);
+  if (f < 0) {
+    put_err("--log-format takes text or json, got '%s'", v);
+    return -1;
+  }
+  c->log_format = f;
+  return 0;
+}
+
+static int set_version(sv_config *c, const char *v) {
+  printf("dispatch-server %s\n", DISPATCH_VERSION_STRING);
+  return 1;
+}
+
+static int set_help(sv_config *c, const char *v);
+
+/* 2^34 for --max-op-cost admits a 2048^3 matmul (8.6e9) twice over and
+ * every op the examples, tests and make bench run (the largest, bench's
+ * 2048 matmul, is half of it), and refuses a 512x512-window pool at
+ * stride 1 on a 1024x1024 input (6.9e10), which would hold a worker for
+ * minutes. 2^38 for --max-replay-cost: sixteen ops at the per-op
+ * default; a replay is one job on one worker, so this is how long one
+ * request may hold it. */
+static const opt_row g_rows[] = {
+    {"listen", "HOST:PORT", OPT_FN, .set = set_listen,
+     .dflt_value = "127.0.0.1:7070",
+     .help = "address to listen on (default 127.0.0.1:7070;\n"
+             "port 0 picks a free port, printed on stdout);\n"
+             "HOST: an IP, [IPv6] or a name, resolved at\n"
+             "start (the first address is bound); a plain\n"
+             "bind needs every address loopback"},
+    {"max-frame", "BYTES", OPT_BYTES, 64, 1ULL << 40, FIELD(max_frame),
+     1ULL << 30, .help = "largest frame, message + bulk (default 1 GiB)"},
+    {"max-session-bytes", "BYTES", OPT_BYTES, 0, 1ULL << 50,
+     FIELD(max_session_bytes), 4ULL << 30,
+     .help = "bytes one session may make the server hold:\n"
+             "tensors named or not (autodiff tape,\n"
+             "gradients, uploads being read), kernel\n"
+             "scratch, ids (default 4 GiB)"},
+    {"max-memory", "BYTES", OPT_BYTES, 0, 1ULL << 50, FIELD(max_memory),
+     .dflt_fn = default_max_memory,
+     .help = "all sessions and their queued requests\n"
+             "together (default 3/4 of physical or cgroup\n"
+             "memory); the storage cache comes on top"},
+    {"device", "NAME", OPT_FN, .set = set_device,
+     .help = "a device to host, repeatable: cpu, cpu:N\n"
+             "(several CPU devices, each counted apart,\n"
+             "see --device-memory), cuda:N, or all\n"
+             "(default: cpu); clients pick one by name"},
+    {"device-memory", "BYTES", OPT_BYTES, 0, 1ULL << 50, FIELD(device_memory),
+     0,
+     .help = "each device's own budget for the tensors\n"
+             "stored on it (default: none; all devices\n"
+             "together within --max-memory)"},
+    {"max-queued-bytes", "BYTES", OPT_BYTES, 0, 1ULL << 50,
+     FIELD(max_queued_bytes), 256ULL << 20,
+     .help = "decoded requests one session may have\n"
+             "waiting; past it the server stops reading\n"
+             "the session until they ran (256 MiB)"},
+    {"max-sessions", "N", OPT_INT, 1, 100000, FIELD(max_sessions), 64,
+     .help = "concurrent sessions, detached ones kept\n"
+             "for a resume included, though at the limit\n"
+             "these are expired for a new one (default 64)"},
+    {"idle-timeout", "SECONDS", OPT_INT, 0, 86400 * 365,
+     FIELD(idle_timeout_s), 600,
+     .help = "close idle sessions, 0 never (default 600);\n"
+             "idle time counts from the last complete\n"
+             "request"},
+    {"frame-timeout", "SECONDS", OPT_INT, 0, 86400, FIELD(frame_timeout_s),
+     300,
+     .help = "a frame must arrive whole within this time\n"
+             "from its first byte, 0 never (default 300)"},
+    {"threads", "N", OPT_INT, 1, 256, FIELD(threads),
+     .dflt_fn = default_threads,
+     .help = "worker threads running kernels (default: cores)"},
+    {"max-output-queue", "BYTES", OPT_BYTES, 0, 1ULL << 40,
+     FIELD(max_output_queue), 64ULL << 20,
+     .help = "unsent replies, with the server's bookkeeping\n"
+             "of each (~150 bytes), before a client is\n"
+             "dropped (default 64 MiB)"},
+    {"max-elements", "N", OPT_COUNT, 1, 1ULL << 50, FIELD(max_elements),
+     1ULL << 31,
+     .help = "elements of one tensor, counting a zero\n"
+             "size as 1 ([N, 0] spans N) (default 2^31)"},
+    {"max-op-cost", "N", OPT_COUNT, 0, UINT64_MAX, FIELD(max_op_cost),
+     1ULL << 34,
+     .help = "estimated elementary operations of one op\n"
+             "(matmul m*n*k, conv out*C*kh*kw, pool\n"
+             "out*kh*kw, ...), backward ops included; over\n"
+             "it the op fails with DISPATCH_ELIMIT; 0 no\n"
+             "limit (default 2^34, about 1.7e10)"},
+    {"max-replay-cost", "N", OPT_COUNT, 0, UINT64_MAX, FIELD(max_replay_cost),
+     1ULL << 38,
+     .help = "the same for one graph replay, all its ops\n"
+             "and nodes together (each node counts at\n"
+             "least 512); over it the replay fails with\n"
+             "DISPATCH_ELIMIT, a definition that must\n"
+             "pass it is refused; 0 no limit (default\n"
+             "2^38)"},
+    {"inline-cost", "N", OPT_COUNT, 0, SV_INLINE_COST_MAX, FIELD(inline_cost),
+     SV_INLINE_COST_DEFAULT,
+     .help = "an op of an idle session whose estimated\n"
+             "work (as --max-op-cost counts it) is at\n"
+             "most N runs on the network thread, saving\n"
+             "two thread wake-ups; 0 never, at most\n"
+             "2^20 = 1048576 (default 2^14 = 16384)"},
+    {"loop-spin-us", "N", OPT_INT, 0, SV_LOOP_SPIN_US_MAX, FIELD(loop_spin_us),
+     SV_LOOP_SPIN_US_DEFAULT,
+     .help = "after answering a request itself, the\n"
+             "network thread polls the sockets without\n"
+             "sleeping for N microseconds, so a client's\n"
+             "next request costs it no wake-up; 0 never,\n"
+             "at most 10000 (default 50)"},
+    {"max-queued", "N", OPT_INT, 1, 1u << 24, FIELD(max_queued), 4096,
+     .help = "requests buffered per session before the\n"
+             "server stops reading it (default 4096)"},
+    {"storage-cache", "BYTES", OPT_BYTES, 0, 1ULL << 50, FIELD(storage_cache),
+     512ULL << 20,
+     .help = "freed tensor storage (blocks of 1 MiB and\n"
+             "more) the server keeps for reuse instead of\n"
+             "returning it to the OS, 0 none (default\n"
+             "512 MiB): fresh pages fault on first touch"},
+    {"session-cache", "BYTES", OPT_BYTES, 0, 1ULL << 50, FIELD(session_cache),
+     64ULL << 20,
+     .help = "each session's free lists of freed tensor\n"
+             "storage and headers (by size class), charged\n"
+             "to the session and given back when a quota\n"
+             "needs the room, 0 none (default 64 MiB)"},
+    {"handshake-timeout", "SECONDS", OPT_INT, 0, 3600,
+     FIELD(handshake_timeout_s), 10,
+     .help = "TLS handshake + hello must finish in\n"
+             "this time, 0 never (default 10)"},
+    {"drain-timeout", "SECONDS", OPT_INT, 0, 86400, FIELD(drain_timeout_s), 30,
+     .help = "on SIGTERM/SIGINT, run and answer the requests\n"
+             "already received for at most this long, then\n"
+             "cancel the rest; 0 no wait (default 30)"},
+    {"session-grace", "SECONDS", OPT_INT, 0, 86400, FIELD(session_grace_s), 60,
+     .help = "keep a dropped session for a resume (60)"},
+    {"tls-cert", "FILE", OPT_PATH, .off = offsetof(sv_config, tls_cert),
+     .help = "serve TLS with this certificate (PEM chain)"},
+    {"tls-key", "FILE", OPT_PATH, .off = offsetof(sv_config, tls_key),
+     .help = "private key of --tls-cert"},
+    {"tls-client-ca", "FILE", OPT_PATH,
+     .off = offsetof(sv_config, tls_client_ca),
+     .help = "mutual TLS: require a client certificate\n"
+             "signed by this CA"},
+    {"token-file", "FILE", OPT_FN, .set = read_token,
+     .help = "clients must send this token in hello"},
+    {"insecure", NULL, OPT_FLAG, .off = offsetof(sv_config, insecure),
+     .help = "allow a non-loopback --listen without both\n"
+             "TLS and a token, and a non-loopback\n"
+             "--metrics-listen"},
+    {"log-level", "error|warn|info|debug", OPT_FN, .set = set_log_level,
+     .dflt_value = "info", .help = "stderr log level (default info)"},
+    {"log-format", "text|json", OPT_FN, .set = set_log_format,
+     .dflt_value = "text",
+     .help = "log lines as text (default) or one JSON\n"
+             "object a line (ts, level, msg, and session\n"
+             "and peer where the line has them); times\n"
+             "are ISO-8601 UTC with milliseconds"},
+    {"metrics-listen", "HOST:PORT", OPT_FN, .set = set_metrics_listen,
+     .help = "serve Prometheus metrics over HTTP at\n"
+             "/metrics (default: off; port 0 picks a free\n"
+             "port, printed on stdout); HOST as for\n"
+             "--listen, loopback only unless --insecure"},
+    {"version", NULL, OPT_FN, .set = set_version,
+     .help = "print the version and exit"},
+    {"help", NULL, OPT_FN, .set = set_help, .help = "this text"},
+};
+
+#define N_ROWS (sizeof g_rows / sizeof g_rows[0])
+/* getopt_long's value of row i; -h is --help's short form */
+#define ROW_VAL(i) (256 + (int)(i))
+
+static const char *const g_usage_head =
+    "usage: dispatch-server [options]\n"
+    "Values: --opt VALUE or --opt=VALUE. BYTES take K, M, G or T (or KiB,\n"
+    "...), powers of 1024 (8G = 8589934592); N of --max-elements,\n"
+    "--max-op-cost and --max-replay-cost the same letters as powers of\n"
+    "1000 (2G = 2e9).\n";
+
+/* The help column: "  --name ARG" is padded to it, or followed by two
+ * spaces when it reaches it; the help's further lines start there. */
+#define HELP_COL 27
+
+/* --help: the head, then each row as "  --name ARG  help..." */
+static int set_help(sv_config *c, const char *v) {
+  fputs(g_usage_head, stdout);
+  for (size_t i = 0; i < N_ROWS; i++) {
+    const opt_row *o = &g_rows[i];
+    int w = printf("  --%s%s%s", o->name, o->arg ? " " : "",
+                   o->arg ? o->arg : "");
+    printf("%*s", w < HELP_COL ? HELP_COL - w : 2, "");
+    for (const char *h = o->help; *h;) {
+      const char *nl = strchr(h, '\n');
+      size_t n = nl ? (size_t)(nl - h) : strlen(h);
+      printf("%.*s\n", (int)n, h);
+      if (!nl) break;
+      h = nl + 1;
+      printf("%*s", HELP_COL, "");
+    }
+  }
+  return 1;
+}
+
+static int is_number(const opt_row *o) {
+  return o->type == OPT_BYTES || o->type == OPT_COUNT || o->type == OPT_INT;
+}
+
+/* A number into the row's field: uint64_t, or int / uint32_t */
+static void store(sv_config *c, const opt_row *o, uint64_t v) {
+  char *f = (char *)c + o->off;
+  if (o->size == sizeof(uint64_t)) {
+    memcpy(f, &v, sizeof v);
+  } else { /* an int or a uint32_t field: the bounds keep v below 2^31 */
+    uint32_t u = (uint32_t)v;
+    memcpy(f, &u, sizeof u);
+  }
+}
+
+/* Applies row o's value v (NULL for a row without one): 0, 1 to stop with
+ * exit status 0 (--help, --version), -1 after printing why. */
+static int apply(sv_config *c, const opt_row *o, const char *v) {
   char name[40];
-  snprintf(name, sizeof name, "--%s", opt_name(val));
-  switch (val) {
-  case 'h':
-    fputs(g_usage, stdout);
-    return 1;
-  case O_VERSION:
-    printf("dispatch-server %s\n", DISPATCH_VERSION_STRING);
-    return 1;
-  case O_INSECURE:
-    c->insecure = 1;
-    return 0;
-  case O_LISTEN:
-    return split_hostport("--listen", v, c->host, sizeof c->host, &c->port);
-  case O_METRICS_LISTEN:
-    return split_hostport("--metrics-listen", v, c->metrics_host,
-                          sizeof c->metrics_host, &c->metrics_port);
-  case O_MAX_FRAME:
-    return parse_size(name, v, 64, 1ULL << 40, &c->max_frame);
-  case O_MAX_SESSION_BYTES:
-    return parse_size(name, v, 0, 1ULL << 50, &c->max_session_bytes);
-  case O_MAX_MEMORY:
-    return parse_size(name, v, 0, 1ULL << 50, &c->max_memory);
-  case O_DEVICE:
-    if (c->n_devices == SV_MAX_DEVICES) {
-      put_err("at most %d --device options", SV_MAX_DEVICES);
-      return -1;
-    }
-    c->devices[c->n_devices++] = v;
-    return 0;
-  case O_DEVICE_MEMORY:
-    return parse_size(name, v, 0, 1ULL << 50, &c->device_memory);
-  case O_MAX_QUEUED_BYTES:
-    return parse_size(name, v, 0, 1ULL << 50, &c->max_queued_bytes);
-  case O_MAX_SESSIONS:
-    return parse_int(name, v, 1, 100000, &c->max_sessions);
-  case O_IDLE_TIMEOUT:
-    return parse_int(name, v, 0, 86400 * 365, &c->idle_timeout_s);
-  case O_FRAME_TIMEOUT:
-    return parse_int(name, v, 0, 86400, &c->frame_timeout_s);
-  case O_THREADS:
-    return parse_int(name, v, 1, 256, &c->threads);
-  case O_MAX_OUTPUT_QUEUE:
-    return parse_size(name, v, 0, 1ULL << 40, &c->max_output_queue);
-  case O_MAX_ELEMENTS:
-    return parse_num(name, v, 1000, 1, 1ULL << 50, &c->max_elements);
-  case O_MAX_OP_COST:
-    return parse_num(name, v, 1000, 0, UINT64_MAX, &c->max_op_cost);
-  case O_MAX_REPLAY_COST:
-    return parse_num(name, v, 1000, 0, UINT64_MAX, &c->max_replay_cost);
-  case O_INLINE_COST:
-    return parse_num(name, v, 1000, 0, SV_INLINE_COST_MAX, &c->inline_cost);
-  case O_LOOP_SPIN_US: {
-    int us;
-    int rc = parse_int(name, v, 0, SV_LOOP_SPIN_US_MAX, &us);
-    if (rc == 0) c->loop_spin_us = (uint32_t)us;
-    return rc;
-  }
-  case O_STORAGE_CACHE:
-    return parse_size(name, v, 0, 1ULL << 50, &c->storage_cache);
-  case O_SESSION_CACHE:
-    return parse_size(name, v, 0, 1ULL << 50, &c->session_cache);
-  case O_MAX_QUEUED:
-    if (parse_num(name, v, 0, 1, 1u << 24, &n) < 0) return -1;
-    c->max_queued = (uint32_t)n;
-    return 0;
-  case O_DRAIN_TIMEOUT:
-    return parse_int(name, v, 0, 86400, &c->drain_timeout_s);
-  case O_HANDSHAKE_TIMEOUT:
-    return parse_int(name, v, 0, 3600, &c->handshake_timeout_s);
-  case O_SESSION_GRACE:
-    return parse_int(name, v, 0, 86400, &c->session_grace_s);
-  case O_TLS_CERT:
-    c->tls_cert = v;
-    return 0;
-  case O_TLS_KEY:
-    c->tls_key = v;
-    return 0;
-  case O_TLS_CLIENT_CA:
-    c->tls_client_ca = v;
-    return 0;
-  case O_TOKEN_FILE:
-    return read_token(c, v);
-  case O_LOG_LEVEL: {
-    int l = sv_log_parse_level(v);
-    if (l < 0) {
-      put_err("--log-level takes error, warn, info or debug, got '%s'", v);
-      return -1;
-    }
-    c->log_level = l;
-    return 0;
-  }
-  case O_LOG_FORMAT: {
-    int f = sv_log_parse_format(v);
-    if (f < 0) {
-      put_err("--log-format takes text or json, got '%s'", v);
-      return -1;
-    }
-    c->log_format = f;
-    return 0;
-  }
+  uint64_t n;
+  snprintf(name, sizeof name, "--%s", o->name);
+  switch (o->type) {
+    case OPT_BYTES:
+    case OPT_COUNT:
+    case OPT_INT:
+      if (parse_num(name, v,
+                    o->type == OPT_BYTES   ? 1024
+                    : o->type == OPT_COUNT ? 1000
+                                           : 0,
+                    o->min, o->max, &n) < 0)
+        return -1;
+      store(c, o, n);
+      return 0;
+    case OPT_PATH:
+      memcpy((char *)c + o->off, &v, sizeof v);
+      return 0;
+    case OPT_FLAG:
+      *(int *)(void *)((char *)c + o->off) = 1;
+      return 0;
+    case OPT_FN: return o->set(c, v);
   }
   return -1;
 }
 
+void sv_config_defaults(sv_config *c) {
+  memset(c, 0, sizeof *c);
+  for (size_t i = 0; i < N_ROWS; i++) {
+    const opt_row *o = &g_rows[i];
+    if (o->type == OPT_FN && o->dflt_value) o->set(c, o->dflt_value);
+    else if (is_number(o))
+      store(c, o, o->dflt_fn ? o->dflt_fn() : o->dflt);
+  }
+  c->max_msg = 16ULL << 20; /* 16 MiB of protobuf: not an option */
+}
+
+/* The getopt_long table of the rows (built once: the rows are const). */
+static const struct option *long_options(void) {
+  static struct option opts[N_ROWS + 1];
+  for (size_t i = 0; i < N_ROWS; i++) {
+    opts[i].name = g_rows[i].name;
+    opts[i].has_arg = g_rows[i].arg ? required_argument : no_argument;
+    opts[i].flag = NULL;
+    opts[i].val = ROW_VAL(i);
+  }
+  return opts;
+}
+
+/* The row of a getopt_long value (-h: --help's), NULL when none */
+static const opt_row *row_of(int val) {
+  for (size_t i = 0; i < N_ROWS; i++)
+    if (val == ROW_VAL(i) || (val == 'h' && strcmp(g_rows[i].name, "help") == 0))
+      return &g_rows[i];
+  return NULL;
+}
 /* Parses argv with getopt_long (--opt value, --opt=value, unambiguous
  * prefixes), then checks the options together and resolves --listen, so
  * every refusal happens before anything binds. */
@@ -578,7 +623,7 @@ int sv_config_parse(sv_config *c, int argc, char **argv) {
   optind = 0; /* glibc: a full reset, so parsing twice works */
   for (;;) {
     int prev = optind ? optind : 1;
-    int val = getopt_long(argc, argv, ":h", g_opts, NULL);
+    int val = getopt_long(argc, argv, ":h", long_options(), NULL);
     if (val == -1) break;
     const char *arg = prev < argc ? argv[prev] : "";
     if (val == ':') {
@@ -587,16 +632,18 @@ int sv_config_parse(sv_config *c, int argc, char **argv) {
     }
     if (val == '?') {
       int is_long = strncmp(arg, "--", 2) == 0;
+      const opt_row *o = row_of(optopt);
       if (is_long && optopt) /* a known flag given a value: --version=1 */
         put_err("--%s takes no value, got '%s' (see --help)",
-                opt_name(optopt), arg);
+                o ? o->name : "?", arg);
       else if (optopt)
         put_err("unknown option '-%c' (see --help)", optopt);
       else
         put_err("unknown or ambiguous option '%s' (see --help)", arg);
       return -1;
     }
-    int r = apply(c, val, optarg);
+    const opt_row *o = row_of(val);
+    int r = o ? apply(c, o, optarg) : -1;
     if (r != 0) return r;
   }
   if (optind < argc) {

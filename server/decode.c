@@ -11,14 +11,24 @@
 #include "op_record.h"
 #include "sv.h"
 
-static int why_fmt(char *why, size_t len, int code, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-static int why_fmt(char *why, size_t len, int code, const char *fmt, ...) {
+int sv_why(char *why, size_t len, int code, const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
   vsnprintf(why, len, fmt, ap);
   va_end(ap);
   return code;
+}
+
+int sv_attrs_from(size_t n_ints, const int64_t *ints, size_t n_floats,
+                  const double *floats, dsp_attrs *a) {
+  if (n_ints > DSP_MAX_ATTR_INTS || n_floats > DSP_MAX_ATTR_FLOATS)
+    return DISPATCH_EINVAL;
+  *a = dsp_attrs_none();
+  a->n_ints = (int)n_ints;
+  for (size_t i = 0; i < n_ints; i++) a->ints[i] = ints[i];
+  a->n_floats = (int)n_floats;
+  for (size_t i = 0; i < n_floats; i++) a->floats[i] = floats[i];
+  return 0;
 }
 
 /* Checks a header before anything is allocated for the frame: flags, the
@@ -31,22 +41,22 @@ int sv_decode_header(const sv_config *cfg,
   if (rc == 0 && (uint64_t)h->msg_len > cfg->max_frame - h->bulk_len)
     rc = DISPATCH_ETOOLARGE;
   if (rc < 0)
-    return why_fmt(why, why_len, rc,
-                   "bad frame header: message %u bytes (limit %llu), bulk "
-                   "%llu bytes (frame limit %llu), flags %u",
-                   h->msg_len, (unsigned long long)cfg->max_msg,
-                   (unsigned long long)h->bulk_len,
-                   (unsigned long long)cfg->max_frame, h->flags);
+    return sv_why(why, why_len, rc,
+                  "bad frame header: message %u bytes (limit %llu), bulk "
+                  "%llu bytes (frame limit %llu), flags %u",
+                  h->msg_len, (unsigned long long)cfg->max_msg,
+                  (unsigned long long)h->bulk_len,
+                  (unsigned long long)cfg->max_frame, h->flags);
   if (h->msg_len == 0)
-    return why_fmt(why, why_len, DISPATCH_EPROTO, "frame has no message");
+    return sv_why(why, why_len, DISPATCH_EPROTO, "frame has no message");
   return 0;
 }
 
 /* The layout of an Ops request's records (op_record.h): at least one, at
  * most DSP_OPREC_MAX, each whole and of a known op code. NULL when they
  * are fine, else the reason (in buf). */
-static const char *check_records(const ProtobufCBinaryData *recs, char *buf,
-                                 size_t len) {
+const char *sv_check_ops(const Dspwire__Request *r, char *buf, size_t len) {
+  const ProtobufCBinaryData *recs = &r->ops->records;
   /* absent records are data NULL, len 0: no pointer arithmetic on that
    * (NULL + 0 is undefined in C; clang's UBSan aborts on it) */
   if (recs->len == 0) return "ops request without records";
@@ -71,6 +81,13 @@ static const char *check_records(const ProtobufCBinaryData *recs, char *buf,
   return NULL;
 }
 
+/* An Op's op code is one the op table knows. */
+const char *sv_check_op(const Dspwire__Request *r, char *buf, size_t len) {
+  if (dsp_op_lookup(r->op->op)) return NULL;
+  snprintf(buf, len, "unknown op code %d", r->op->op);
+  return buf;
+}
+
 /* Decodes one message and applies the rules that do not need a session:
  * a body, hello first and only once, bulk only on an upload, a known op
  * code. On failure nothing is kept and *req_id is the request's id when
@@ -83,31 +100,28 @@ static int decode_with(ProtobufCAllocator *alloc, const uint8_t *msg,
   *req_id = 0;
   Dspwire__Request *req = dspwire__request__unpack(alloc, len, msg);
   if (!req)
-    return why_fmt(why, why_len, DISPATCH_EPROTO,
-                   "undecodable request message (%zu bytes)", len);
+    return sv_why(why, why_len, DISPATCH_EPROTO,
+                  "undecodable request message (%zu bytes)", len);
   *req_id = req->req_id;
   const char *bad = NULL;
   char opwhy[192];
   Dspwire__Request__BodyCase bc = req->body_case;
+  const sv_req_kind *kind = sv_req_kind_of(bc);
   if (bc == DSPWIRE__REQUEST__BODY__NOT_SET) {
     bad = "request has no body";
   } else if (!hello_done && bc != DSPWIRE__REQUEST__BODY_HELLO) {
     bad = "the first request must be a hello";
   } else if (hello_done && bc == DSPWIRE__REQUEST__BODY_HELLO) {
     bad = "a second hello";
-  } else if (!sv_req_kind_of(bc)->bulk && bulk_len != 0) {
+  } else if (!kind->bulk && bulk_len != 0) {
     bad = "only an upload or a graph replay may carry a bulk part";
-  } else if (bc == DSPWIRE__REQUEST__BODY_OP &&
-             !dsp_op_lookup(req->op->op)) {
-    snprintf(opwhy, sizeof opwhy, "unknown op code %d", req->op->op);
-    bad = opwhy;
+  } else if (kind->check) {
+    bad = kind->check(req, opwhy, sizeof opwhy);
   }
-  if (!bad && bc == DSPWIRE__REQUEST__BODY_OPS)
-    bad = check_records(&req->ops->records, opwhy, sizeof opwhy);
   if (bad) {
     dspwire__request__free_unpacked(req, alloc);
-    return why_fmt(why, why_len, DISPATCH_EPROTO, "request %llu: %s",
-                   (unsigned long long)*req_id, bad);
+    return sv_why(why, why_len, DISPATCH_EPROTO, "request %llu: %s",
+                  (unsigned long long)*req_id, bad);
   }
   *out = req;
   return 0;
@@ -184,8 +198,8 @@ int sv_decode_request_charged(sv_session *s, const uint8_t *msg, size_t len,
   sv_pb_charge_done(&s->pb);
   if (rc < 0 && s->pb.refused) {
     scan_request(msg, len, req_id, body);
-    return why_fmt(why, why_len, DISPATCH_EQUOTA,
-                   "%s (a %zu-byte message)", s->pb.why, len);
+    return sv_why(why, why_len, DISPATCH_EQUOTA, "%s (a %zu-byte message)",
+                  s->pb.why, len);
   }
   if (rc == 0) *body = (int)(*out)->body_case;
   return rc;
@@ -209,10 +223,8 @@ static void pre_err(sv_job *j, int code, const char *fmt, ...) {
  * nothing changed, when the upload would pass the quota but may_wait says
  * earlier requests (a free, say) are still queued: judge it again later
  * with may_wait 0. */
-int sv_upload_prepare(const sv_config *cfg, dsp_ctx *io_ctx, sv_session *s,
-                      sv_job *j, uint64_t bulk_len, int may_wait) {
-  if (j->req->body_case == DSPWIRE__REQUEST__BODY_GRAPH_REPLAY)
-    return sv_graph_replay_prepare(s, io_ctx, j, bulk_len, may_wait);
+int sv_upload_bulk(const sv_config *cfg, dsp_ctx *io_ctx, sv_session *s,
+                   sv_job *j, uint64_t bulk_len, int may_wait) {
   Dspwire__Upload *u = j->req->upload;
   dsp_meta m;
   memset(&m, 0, sizeof m);
@@ -296,6 +308,12 @@ int sv_upload_prepare(const sv_config *cfg, dsp_ctx *io_ctx, sv_session *s,
   j->upload_bytes = nbytes;
   atomic_fetch_add(&s->queued_bytes, (long long)nbytes);
   return 0;
+}
+
+int sv_upload_prepare(const sv_config *cfg, dsp_ctx *io_ctx, sv_session *s,
+                      sv_job *j, uint64_t bulk_len, int may_wait) {
+  const sv_req_kind *kind = sv_req_kind_of(j->req->body_case);
+  return kind->bulk ? kind->bulk(cfg, io_ctx, s, j, bulk_len, may_wait) : 0;
 }
 
 /* Checks that a reply frame the session produced is one frame that decodes

@@ -1,9 +1,8 @@
-/* Reply framing and request descriptions shared by the loop and workers. */
+/* Reply framing shared by the loop and workers. */
 #include <stdio.h>
 #include <string.h>
 
 #include "frame.h"
-#include "op_record.h"
 #include "sv.h"
 
 /* Every block protobuf-c takes carries a PB_HDR-byte header with its size
@@ -295,121 +294,4 @@ int sv_encode_error(uint64_t req_id, int code, const char *msg,
   r.req_id = req_id;
   r.error = &e;
   return sv_encode_reply(&r, NULL, 0, out, out_len);
-}
-
-/* Appends "a, b, c" of at most 8 ids, then ", ..." */
-static void ids_str(char *buf, size_t len, const uint64_t *ids, size_t n) {
-  size_t used = 0;
-  buf[0] = '\0';
-  for (size_t i = 0; i < n && used < len; i++) {
-    if (i == 8) {
-      snprintf(buf + used, len - used, ", ...");
-      return;
-    }
-    int w = snprintf(buf + used, len - used, "%s%llu", i ? ", " : "",
-                     (unsigned long long)ids[i]);
-    if (w < 0) return;
-    used += (size_t)w;
-  }
-}
-
-static const char *op_name(int code) {
-  const dsp_op_info *i = dsp_op_lookup(code);
-  return i ? i->name : "unknown-op";
-}
-
-void sv_describe_record(const dsp_oprec *r, char *buf, size_t len) {
-  uint64_t in[DSP_MAX_INPUTS];
-  char ids[160];
-  for (int i = 0; i < r->n_in; i++) in[i] = dsp_oprec_in(r, i);
-  ids_str(ids, sizeof ids, in, (size_t)r->n_in);
-  snprintf(buf, len, "op %s [%s] -> %llu", op_name(r->op), ids,
-           (unsigned long long)r->out);
-}
-
-void sv_describe(const Dspwire__Request *r, char *buf, size_t len) {
-  char ids[160], ids2[160];
-  switch (r->body_case) {
-    case DSPWIRE__REQUEST__BODY_HELLO:
-      snprintf(buf, len, "hello %u.%u", r->hello->major, r->hello->minor);
-      break;
-    case DSPWIRE__REQUEST__BODY_UPLOAD: {
-      dsp_meta m = {0};
-      char shape[128] = "?";
-      if (r->upload->meta) {
-        m.dtype = dsp_dtype_valid(r->upload->meta->dtype)
-                      ? (dsp_dtype)r->upload->meta->dtype
-                      : DSP_F32;
-        m.ndim = r->upload->meta->n_shape > DSP_MAX_DIMS
-                     ? DSP_MAX_DIMS
-                     : (int)r->upload->meta->n_shape;
-        for (int i = 0; i < m.ndim; i++) m.shape[i] = r->upload->meta->shape[i];
-        dsp_shape_str(&m, shape, sizeof shape);
-      }
-      snprintf(buf, len, "upload %llu %s %s",
-               (unsigned long long)r->upload->id,
-               r->upload->meta && dsp_dtype_valid(r->upload->meta->dtype)
-                   ? dsp_dtype_name(m.dtype)
-                   : "bad-dtype",
-               shape);
-      break;
-    }
-    case DSPWIRE__REQUEST__BODY_OP:
-      ids_str(ids, sizeof ids, r->op->inputs, r->op->n_inputs);
-      snprintf(buf, len, "op %s [%s] -> %llu", op_name(r->op->op), ids,
-               (unsigned long long)r->op->output);
-      break;
-    case DSPWIRE__REQUEST__BODY_TRACK:
-      snprintf(buf, len, "track %llu", (unsigned long long)r->track->id);
-      break;
-    case DSPWIRE__REQUEST__BODY_BACKWARD:
-      snprintf(buf, len, "backward loss %llu -> grads %llu%s",
-               (unsigned long long)r->backward->loss,
-               (unsigned long long)r->backward->grads,
-               r->backward->retain ? " (retain)" : "");
-      break;
-    case DSPWIRE__REQUEST__BODY_GRAD:
-      snprintf(buf, len, "grad grads %llu tensor %llu -> %llu",
-               (unsigned long long)r->grad->grads,
-               (unsigned long long)r->grad->tensor,
-               (unsigned long long)r->grad->output);
-      break;
-    case DSPWIRE__REQUEST__BODY_STEP:
-      ids_str(ids, sizeof ids, r->step->params, r->step->n_params);
-      snprintf(buf, len, "step %s grads %llu params [%s]",
-               op_name(r->step->op), (unsigned long long)r->step->grads, ids);
-      break;
-    case DSPWIRE__REQUEST__BODY_FREE:
-      ids_str(ids, sizeof ids, r->free->tensors, r->free->n_tensors);
-      ids_str(ids2, sizeof ids2, r->free->grads, r->free->n_grads);
-      snprintf(buf, len, "free tensors [%s] grads [%s]", ids, ids2);
-      break;
-    case DSPWIRE__REQUEST__BODY_READ:
-      snprintf(buf, len, "read %llu", (unsigned long long)r->read->id);
-      break;
-    case DSPWIRE__REQUEST__BODY_TO_DEVICE: {
-      char dev[4 * SV_LOG_STR_MAX + 8];
-      snprintf(buf, len, "to_device %llu -> %llu on \"%s\"",
-               (unsigned long long)r->to_device->id,
-               (unsigned long long)r->to_device->output,
-               sv_log_str(dev, sizeof dev, r->to_device->device, 32));
-      break;
-    }
-    case DSPWIRE__REQUEST__BODY_OPS:
-      snprintf(buf, len, "ops (%zu bytes of records)", r->ops->records.len);
-      break;
-    case DSPWIRE__REQUEST__BODY_SYNC: snprintf(buf, len, "sync"); break;
-    case DSPWIRE__REQUEST__BODY_STATS: snprintf(buf, len, "stats"); break;
-    case DSPWIRE__REQUEST__BODY_BYE: snprintf(buf, len, "bye"); break;
-    case DSPWIRE__REQUEST__BODY_GRAPH_DEFINE:
-      snprintf(buf, len, "graph_define %llu (%zu nodes)",
-               (unsigned long long)r->graph_define->graph,
-               r->graph_define->n_nodes);
-      break;
-    case DSPWIRE__REQUEST__BODY_GRAPH_REPLAY:
-      snprintf(buf, len, "graph_replay %llu",
-               (unsigned long long)r->graph_replay->graph);
-      break;
-    default: snprintf(buf, len, "empty request"); break;
-  }
 }

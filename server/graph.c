@@ -5,7 +5,6 @@
  * slots, never under session ids, so replays cannot collide with the
  * session's tensors; externals are looked up by id at every replay and
  * keep their identity (a step updates them in place). */
-#include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -23,16 +22,6 @@ typedef struct sv_graph {
   uint64_t last_work;
   dsp_meta *last_ext; /* n_ext */
 } sv_graph;
-
-static int why_f(char *why, size_t len, int code, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-static int why_f(char *why, size_t len, int code, const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(why, len, fmt, ap);
-  va_end(ap);
-  return code;
-}
 
 static void graph_free(sv_session *s, sv_graph *sg) {
   if (!sg) return;
@@ -59,17 +48,18 @@ static int meta_from(const Dspwire__TensorMeta *w, dsp_meta *m) {
 int sv_graph_define(sv_session *s, sv_job *j, char *why, size_t len) {
   Dspwire__GraphDefine *d = j->req->graph_define;
   if (sv_idmap_get(&s->graphs, d->graph))
-    return why_f(why, len, DISPATCH_EIDINUSE, "graph id %llu is already in use",
-               (unsigned long long)d->graph);
+    return sv_why(why, len, DISPATCH_EIDINUSE,
+                  "graph id %llu is already in use",
+                  (unsigned long long)d->graph);
   if (d->n_slots > DSP_GRAPH_MAX_SLOTS || d->n_nodes > DSP_GRAPH_MAX_NODES ||
       (uint64_t)d->n_inputs + d->n_externals > d->n_slots ||
       d->n_outputs > d->n_slots)
-    return why_f(why, len, DISPATCH_EINVAL,
-               "graph %llu: %zu inputs, %zu externals, %zu outputs in %u "
-               "slots, %zu nodes (at most %u slots and %u nodes)",
-               (unsigned long long)d->graph, d->n_inputs, d->n_externals,
-               d->n_outputs, d->n_slots, d->n_nodes, DSP_GRAPH_MAX_SLOTS,
-               DSP_GRAPH_MAX_NODES);
+    return sv_why(why, len, DISPATCH_EINVAL,
+                  "graph %llu: %zu inputs, %zu externals, %zu outputs in %u "
+                  "slots, %zu nodes (at most %u slots and %u nodes)",
+                  (unsigned long long)d->graph, d->n_inputs, d->n_externals,
+                  d->n_outputs, d->n_slots, d->n_nodes, DSP_GRAPH_MAX_SLOTS,
+                  DSP_GRAPH_MAX_NODES);
   uint64_t cost = sizeof(sv_graph) + sizeof(dsp_graph) +
                   (uint64_t)d->n_slots * (1 + sizeof(void *)) +
                   (uint64_t)d->n_externals * (16 + sizeof(dsp_meta)) +
@@ -81,8 +71,8 @@ int sv_graph_define(sv_session *s, sv_job *j, char *why, size_t len) {
   char refused[256];
   int rc = dsp_budget_charge_why(s->budget, cost, "", refused, sizeof refused);
   if (rc < 0)
-    return why_f(why, len, rc, "graph %llu%s", (unsigned long long)d->graph,
-               refused);
+    return sv_why(why, len, rc, "graph %llu%s", (unsigned long long)d->graph,
+                  refused);
   sv_graph *sg = dsp_calloc(1, sizeof *sg);
   dsp_graph *g = dsp_graph_new();
   if (sg) sg->charged = cost;
@@ -90,7 +80,7 @@ int sv_graph_define(sv_session *s, sv_job *j, char *why, size_t len) {
     dsp_graph_free(g);
     dsp_free(sg);
     dsp_budget_uncharge(s->budget, cost);
-    return why_f(why, len, DISPATCH_ENOMEM, "graph: out of memory");
+    return sv_why(why, len, DISPATCH_ENOMEM, "graph: out of memory");
   }
   sg->g = g;
   g->n_inputs = (uint32_t)d->n_inputs;
@@ -102,14 +92,14 @@ int sv_graph_define(sv_session *s, sv_job *j, char *why, size_t len) {
                             sizeof(dsp_meta));
   g->outputs = dsp_calloc(d->n_outputs ? d->n_outputs : 1, 4);
   if (!g->input_meta || !sg->ext_ids || !sg->last_ext || !g->outputs) {
-    rc = why_f(why, len, DISPATCH_ENOMEM, "graph: out of memory");
+    rc = sv_why(why, len, DISPATCH_ENOMEM, "graph: out of memory");
     goto fail;
   }
   for (size_t i = 0; i < d->n_inputs; i++) {
     if (meta_from(d->inputs[i], &g->input_meta[i]) < 0) {
-      rc = why_f(why, len, DISPATCH_EINVAL,
-               "graph %llu: input %zu has no valid dtype and rank",
-               (unsigned long long)d->graph, i);
+      rc = sv_why(why, len, DISPATCH_EINVAL,
+                  "graph %llu: input %zu has no valid dtype and rank",
+                  (unsigned long long)d->graph, i);
       goto fail;
     }
     int64_t numel;
@@ -117,7 +107,7 @@ int sv_graph_define(sv_session *s, sv_job *j, char *why, size_t len) {
     rc = sv_check_meta(s->cfg, s->global, s->ctx, &g->input_meta[i],
                        "graph input", &numel, msg, sizeof msg);
     if (rc < 0) {
-      why_f(why, len, rc, "graph %llu: %s", (unsigned long long)d->graph, msg);
+      sv_why(why, len, rc, "graph %llu: %s", (unsigned long long)d->graph, msg);
       goto fail;
     }
   }
@@ -126,31 +116,27 @@ int sv_graph_define(sv_session *s, sv_job *j, char *why, size_t len) {
   g->n_outputs = (uint32_t)d->n_outputs;
   for (size_t i = 0; i < d->n_nodes; i++) {
     const Dspwire__GraphNode *n = d->nodes[i];
-    if (n->n_ints > DSP_MAX_ATTR_INTS || n->n_floats > DSP_MAX_ATTR_FLOATS ||
+    dsp_attrs a;
+    if (sv_attrs_from(n->n_ints, n->ints, n->n_floats, n->floats, &a) < 0 ||
         n->n_inputs > DSP_GRAPH_MAX_STEP_IN) {
-      rc = why_f(why, len, DISPATCH_EINVAL,
-               "graph %llu: node %zu has %zu operands, %zu int and %zu float "
-               "attributes (at most %u, %d, %d)",
-               (unsigned long long)d->graph, i, n->n_inputs, n->n_ints,
-               n->n_floats, DSP_GRAPH_MAX_STEP_IN, DSP_MAX_ATTR_INTS,
-               DSP_MAX_ATTR_FLOATS);
+      rc = sv_why(why, len, DISPATCH_EINVAL,
+                  "graph %llu: node %zu has %zu operands, %zu int and %zu "
+                  "float attributes (at most %u, %d, %d)",
+                  (unsigned long long)d->graph, i, n->n_inputs, n->n_ints,
+                  n->n_floats, DSP_GRAPH_MAX_STEP_IN, DSP_MAX_ATTR_INTS,
+                  DSP_MAX_ATTR_FLOATS);
       goto fail;
     }
-    dsp_attrs a = dsp_attrs_none();
-    a.n_ints = (int)n->n_ints;
-    for (size_t q = 0; q < n->n_ints; q++) a.ints[q] = n->ints[q];
-    a.n_floats = (int)n->n_floats;
-    for (size_t q = 0; q < n->n_floats; q++) a.floats[q] = n->floats[q];
     if (dsp_graph_add(g, n->kind, n->op, n->flags, n->inputs,
                       (uint32_t)n->n_inputs, n->output, &a) < 0) {
-      rc = why_f(why, len, DISPATCH_ENOMEM, "graph: out of memory");
+      rc = sv_why(why, len, DISPATCH_ENOMEM, "graph: out of memory");
       goto fail;
     }
   }
   rc = dsp_graph_check(s->ctx, g);
   if (rc < 0) {
-    why_f(why, len, rc, "graph %llu: %s", (unsigned long long)d->graph,
-        dsp_ctx_errmsg(s->ctx));
+    sv_why(why, len, rc, "graph %llu: %s", (unsigned long long)d->graph,
+           dsp_ctx_errmsg(s->ctx));
     goto fail;
   }
   /* every replay does at least the nodes' own work: a graph that must
@@ -158,17 +144,17 @@ int sv_graph_define(sv_session *s, sv_job *j, char *why, size_t len) {
   g->max_work = s->cfg->max_replay_cost;
   if (g->max_work && g->static_work > g->max_work) {
     atomic_fetch_add(&s->global->limit_violations, 1);
-    rc = why_f(why, len, DISPATCH_ELIMIT,
-               "graph %llu: %zu nodes and %u slots, at least %llu elementary "
-               "operations a replay, over the per-replay limit of %llu "
-               "(dispatch-server --max-replay-cost)",
-               (unsigned long long)d->graph, g->n_nodes, g->n_slots,
-               (unsigned long long)g->static_work,
-               (unsigned long long)g->max_work);
+    rc = sv_why(why, len, DISPATCH_ELIMIT,
+                "graph %llu: %zu nodes and %u slots, at least %llu elementary "
+                "operations a replay, over the per-replay limit of %llu "
+                "(dispatch-server --max-replay-cost)",
+                (unsigned long long)d->graph, g->n_nodes, g->n_slots,
+                (unsigned long long)g->static_work,
+                (unsigned long long)g->max_work);
     goto fail;
   }
   if (sv_idmap_put(&s->graphs, d->graph, sg) < 0) {
-    rc = why_f(why, len, DISPATCH_ENOMEM, "graph: out of memory");
+    rc = sv_why(why, len, DISPATCH_ENOMEM, "graph: out of memory");
     goto fail;
   }
   return 0;
@@ -181,8 +167,9 @@ fail:
  * to the session while the request waits, as an upload's does; the bytes
  * become tensors when the replay runs and the placeholders' metas are
  * known (only the worker may read the session's graphs). */
-int sv_graph_replay_prepare(sv_session *s, dsp_ctx *io_ctx, sv_job *j,
-                            uint64_t bulk_len, int may_wait) {
+int sv_graph_replay_prepare(const sv_config *cfg, dsp_ctx *io_ctx,
+                            sv_session *s, sv_job *j, uint64_t bulk_len,
+                            int may_wait) {
   if (bulk_len == 0) return 0;
   if (may_wait && !dsp_budget_fits(s->budget, bulk_len + 512)) return 1;
   dsp_meta m;
@@ -224,16 +211,16 @@ int sv_graph_replay(sv_session *s, sv_job *j, char *why, size_t len) {
   s->turn_cost = SV_TURN_COST; /* a whole step: its own turn */
   unsigned long long gid = (unsigned long long)r->graph;
   if (j->pre_err < 0)
-    return why_f(why, len, j->pre_err, "%s",
-               j->pre_msg ? j->pre_msg : dispatch_strerror(j->pre_err));
+    return sv_why(why, len, j->pre_err, "%s",
+                  j->pre_msg ? j->pre_msg : dispatch_strerror(j->pre_err));
   sv_graph *sg = sv_idmap_get(&s->graphs, r->graph);
   if (!sg)
-    return why_f(why, len, DISPATCH_ENOID, "graph %llu does not exist", gid);
+    return sv_why(why, len, DISPATCH_ENOID, "graph %llu does not exist", gid);
   dsp_graph *g = sg->g;
   if (r->n_inputs != g->n_inputs)
-    return why_f(why, len, DISPATCH_EINVAL,
-               "graph %llu: %zu inputs given, it has %u", gid, r->n_inputs,
-               g->n_inputs);
+    return sv_why(why, len, DISPATCH_EINVAL,
+                  "graph %llu: %zu inputs given, it has %u", gid, r->n_inputs,
+                  g->n_inputs);
   uint64_t total = 0;
   for (uint32_t i = 0; i < g->n_inputs; i++) {
     dsp_meta m;
@@ -245,10 +232,10 @@ int sv_graph_replay(sv_session *s, sv_job *j, char *why, size_t len) {
         snprintf(a, sizeof a, "%s %s", dsp_dtype_name(m.dtype),
                  dsp_shape_str(&m, b, sizeof b));
       char c[160];
-      return why_f(why, len, DISPATCH_ESHAPE,
-                 "graph %llu: input %u is %s, its placeholder %s %s", gid, i,
-                 a, dsp_dtype_name(g->input_meta[i].dtype),
-                 dsp_shape_str(&g->input_meta[i], c, sizeof c));
+      return sv_why(why, len, DISPATCH_ESHAPE,
+                    "graph %llu: input %u is %s, its placeholder %s %s", gid, i,
+                    a, dsp_dtype_name(g->input_meta[i].dtype),
+                    dsp_shape_str(&g->input_meta[i], c, sizeof c));
     }
     int64_t numel;
     dsp_meta_numel(s->ctx, &m, &numel);
@@ -256,12 +243,12 @@ int sv_graph_replay(sv_session *s, sv_job *j, char *why, size_t len) {
   }
   uint64_t got = j->upload ? j->upload_stage.nbytes : 0;
   if (got != total)
-    return why_f(why, len, DISPATCH_EINVAL,
-               "graph %llu: %llu bulk bytes, its inputs need %llu", gid,
-               (unsigned long long)got, (unsigned long long)total);
+    return sv_why(why, len, DISPATCH_EINVAL,
+                  "graph %llu: %llu bulk bytes, its inputs need %llu", gid,
+                  (unsigned long long)got, (unsigned long long)total);
   size_t n_t = (size_t)g->n_inputs + g->n_ext + g->n_outputs;
   dsp_tensor **ts = dsp_calloc(n_t ? n_t : 1, sizeof *ts);
-  if (!ts) return why_f(why, len, DISPATCH_ENOMEM, "graph: out of memory");
+  if (!ts) return sv_why(why, len, DISPATCH_ENOMEM, "graph: out of memory");
   dsp_tensor **in = ts, **ext = ts + g->n_inputs,
              **out = ext + g->n_ext;
   int rc = 0;
@@ -272,8 +259,8 @@ int sv_graph_replay(sv_session *s, sv_job *j, char *why, size_t len) {
     size_t nb = (size_t)numel * dsp_dtype_size(g->input_meta[i].dtype);
     rc = dsp_tensor_from_data(s->ctx, &g->input_meta[i], p, nb, &in[i]);
     if (rc < 0)
-      why_f(why, len, rc, "graph %llu: input %u: %s", gid, i,
-          dsp_ctx_errmsg(s->ctx));
+      sv_why(why, len, rc, "graph %llu: input %u: %s", gid, i,
+             dsp_ctx_errmsg(s->ctx));
     if (p) p += nb;
   }
   /* the bytes are tensors now: the block goes back at once */
@@ -283,14 +270,14 @@ int sv_graph_replay(sv_session *s, sv_job *j, char *why, size_t len) {
   for (uint32_t i = 0; i < g->n_ext && rc == 0; i++) {
     sv_entry *e = sv_idmap_get(&s->tensors, sg->ext_ids[i]);
     if (!e)
-      rc = why_f(why, len, DISPATCH_ENOID,
-               "graph %llu: external tensor %u (id %llu) does not exist", gid,
-               i, (unsigned long long)sg->ext_ids[i]);
+      rc = sv_why(why, len, DISPATCH_ENOID,
+                  "graph %llu: external tensor %u (id %llu) does not exist",
+                  gid, i, (unsigned long long)sg->ext_ids[i]);
     else if (!e->t)
-      rc = why_f(why, len, DISPATCH_EPOISONED,
-               "graph %llu: external tensor %u (id %llu) is poisoned by %s",
-               gid, i, (unsigned long long)sg->ext_ids[i],
-               e->poison ? e->poison : "?");
+      rc = sv_why(why, len, DISPATCH_EPOISONED,
+                  "graph %llu: external tensor %u (id %llu) is poisoned by %s",
+                  gid, i, (unsigned long long)sg->ext_ids[i],
+                  e->poison ? e->poison : "?");
     else
       ext[i] = e->t;
   }
@@ -308,7 +295,7 @@ int sv_graph_replay(sv_session *s, sv_job *j, char *why, size_t len) {
     if (rc < 0) {
       if (rc == DISPATCH_ELIMIT)
         atomic_fetch_add(&s->global->limit_violations, 1);
-      why_f(why, len, rc, "graph %llu, %s", gid, dsp_ctx_errmsg(s->ctx));
+      sv_why(why, len, rc, "graph %llu, %s", gid, dsp_ctx_errmsg(s->ctx));
     }
   }
   Dspwire__TensorMeta *metas = NULL, **mp = NULL;
@@ -316,8 +303,10 @@ int sv_graph_replay(sv_session *s, sv_job *j, char *why, size_t len) {
     metas = dsp_calloc(g->n_outputs ? g->n_outputs : 1, sizeof *metas);
     mp = dsp_calloc(g->n_outputs ? g->n_outputs : 1, sizeof *mp);
     if (!metas || !mp)
-      rc = why_f(why, len, DISPATCH_ENOMEM, "graph %llu: out of memory for the "
-               "reply", gid);
+      rc = sv_why(why, len, DISPATCH_ENOMEM,
+                  "graph %llu: out of memory for the "
+                  "reply",
+                  gid);
   }
   for (uint32_t i = 0; i < g->n_outputs && rc == 0; i++) {
     dspwire__tensor_meta__init(&metas[i]);
@@ -338,8 +327,8 @@ int sv_graph_replay(sv_session *s, sv_job *j, char *why, size_t len) {
      * (dsp_graph_check refused an output named twice) */
     rc = sv_encode_tensors_reply(s->ctx, &rep, out, g->n_outputs, j);
     if (rc < 0)
-      why_f(why, len, rc, "graph %llu: the reply: %s", gid,
-          dsp_ctx_errmsg(s->ctx));
+      sv_why(why, len, rc, "graph %llu: the reply: %s", gid,
+             dsp_ctx_errmsg(s->ctx));
   }
   dsp_free(metas);
   dsp_free(mp);
@@ -349,9 +338,9 @@ int sv_graph_replay(sv_session *s, sv_job *j, char *why, size_t len) {
   return rc;
 }
 
-int sv_graph_inline_cost(sv_session *s, const Dspwire__GraphReplay *r,
-                         uint64_t bulk, uint64_t *cost) {
-  const sv_graph *sg = sv_idmap_get(&s->graphs, r->graph);
+int sv_graph_inline_cost(sv_session *s, const sv_job *j, uint64_t *cost) {
+  if (j->pre_err != 0) return 0;
+  const sv_graph *sg = sv_idmap_get(&s->graphs, j->req->graph_replay->graph);
   if (!sg || !sg->last_work || !sv_inline_placed(s, NULL, 0)) return 0;
   for (uint32_t i = 0; i < sg->g->n_ext; i++) {
     const sv_entry *e = sv_idmap_get(&s->tensors, sg->ext_ids[i]);
@@ -359,7 +348,7 @@ int sv_graph_inline_cost(sv_session *s, const Dspwire__GraphReplay *r,
         !sv_inline_placed(s, &e->t, 1))
       return 0;
   }
-  *cost = sg->last_work + bulk;
+  *cost = sg->last_work + j->upload_bytes;
   return 1;
 }
 

@@ -51,7 +51,8 @@ static uint64_t add_sat(uint64_t a, uint64_t b) {
  * dsp_tape_size (a tape of 600k nodes took 0.18 s), and a graph its nodes
  * (3M took 0.25 s). Gradient containers are left to the workers: what
  * they hold is not in the table. */
-static int free_cost(sv_session *s, const Dspwire__Free *f, uint64_t *cost) {
+int sv_inline_free_cost(sv_session *s, const sv_job *j, uint64_t *cost) {
+  const Dspwire__Free *f = j->req->free;
   if (f->n_grads > 0) return 0;
   dsp_cache_stats cs;
   dsp_budget_cache_stats(s->budget, &cs);
@@ -101,38 +102,28 @@ static int op_cost(sv_session *s, int op, const uint64_t *in, int n_in,
   return 1;
 }
 
-int sv_inline_cost(sv_session *s, const sv_job *j, uint64_t *cost) {
-  const Dspwire__Request *r = j->req;
-  if (r->body_case == DSPWIRE__REQUEST__BODY_FREE)
-    return free_cost(s, r->free, cost);
-  if (r->body_case == DSPWIRE__REQUEST__BODY_GRAPH_REPLAY)
-    return j->pre_err == 0 &&
-           sv_graph_inline_cost(s, r->graph_replay, j->upload_bytes, cost);
-  if (r->body_case == DSPWIRE__REQUEST__BODY_UPLOAD) {
-    /* its bytes are in place: what is left is the table, a check of the
-     * bytes of a bool tensor, and a copy only when the staging is not the
-     * storage itself (a CPU backend reads the socket straight into it);
-     * a refused one (no tensor) fails the same anywhere */
-    if (j->upload && !on_cpu(j->upload->storage ? j->upload->storage->backend
-                                                 : NULL))
-      return 0;
-    const dsp_stage *st = &j->upload_stage;
-    int in_place = !st->t || st->host == st->t->storage->data;
-    int is_bool = j->upload && j->upload->meta.dtype == DSP_BOOL;
-    *cost = (in_place ? 0 : j->upload_bytes) + (is_bool ? j->upload_bytes : 0);
-    return 1;
-  }
-  if (r->body_case != DSPWIRE__REQUEST__BODY_OP) return 0;
-  const Dspwire__Op *o = r->op;
-  if (o->n_inputs > DSP_MAX_INPUTS || o->n_ints > DSP_MAX_ATTR_INTS ||
-      o->n_floats > DSP_MAX_ATTR_FLOATS)
+/* An upload: its bytes are in place: what is left is the table, a check
+ * of the bytes of a bool tensor, and a copy only when the staging is not
+ * the storage itself (a CPU backend reads the socket straight into it); a
+ * refused one (no tensor) fails the same anywhere */
+int sv_inline_upload_cost(sv_session *s, const sv_job *j, uint64_t *cost) {
+  if (j->upload && !on_cpu(j->upload->storage ? j->upload->storage->backend
+                                               : NULL))
+    return 0;
+  const dsp_stage *st = &j->upload_stage;
+  int in_place = !st->t || st->host == st->t->storage->data;
+  int is_bool = j->upload && j->upload->meta.dtype == DSP_BOOL;
+  *cost = (in_place ? 0 : j->upload_bytes) + (is_bool ? j->upload_bytes : 0);
+  return 1;
+}
+
+int sv_inline_op_cost(sv_session *s, const sv_job *j, uint64_t *cost) {
+  const Dspwire__Op *o = j->req->op;
+  dsp_attrs a;
+  if (o->n_inputs > DSP_MAX_INPUTS ||
+      sv_attrs_from(o->n_ints, o->ints, o->n_floats, o->floats, &a) < 0)
     return 0;
   if (o->device && *o->device) return 0;
-  dsp_attrs a = dsp_attrs_none();
-  a.n_ints = (int)o->n_ints;
-  for (size_t i = 0; i < o->n_ints; i++) a.ints[i] = o->ints[i];
-  a.n_floats = (int)o->n_floats;
-  for (size_t i = 0; i < o->n_floats; i++) a.floats[i] = o->floats[i];
   return op_cost(s, o->op, o->inputs, (int)o->n_inputs, &a, cost);
 }
 

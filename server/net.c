@@ -246,13 +246,11 @@ void sv_conn_submit(sv_conn *c, sv_job *j) {
  * (tensor table, first deferred error) before the loop's reads, so what
  * runs here sees what it would see on a worker, in the same order. */
 static int runs_on_loop(sv_conn *c, const sv_job *j) {
-  Dspwire__Request__BodyCase bc = j->req->body_case;
-  int on_loop = sv_req_kind_of(bc)->on_loop;
-  int replay = bc == DSPWIRE__REQUEST__BODY_GRAPH_REPLAY;
-  int op = ((bc == DSPWIRE__REQUEST__BODY_OP &&
-             c->read_left <= SV_INLINE_TAIL) ||
-            bc == DSPWIRE__REQUEST__BODY_FREE ||
-            bc == DSPWIRE__REQUEST__BODY_UPLOAD || replay) &&
+  const sv_req_kind *kind = sv_req_kind_of(j->req->body_case);
+  int on_loop = kind->on_loop;
+  int replay = kind->inline_whole;
+  int op = kind->inline_cost &&
+           (!kind->inline_tail || c->read_left <= SV_INLINE_TAIL) &&
            c->srv->cfg->inline_cost > 0 && c->inline_left > 0;
   if ((!on_loop && !op) || c->inflight > 0 ||
       !sv_pool_session_idle(c->srv->pool, c->sess))

@@ -256,7 +256,7 @@ static void handle_msg(sv_conn *c) {
   }
   c->state = ST_HEADER;
   c->hdr_got = 0;
-  if (req->body_case == DSPWIRE__REQUEST__BODY_BYE)
+  if (sv_req_kind_of(req->body_case)->ends)
     sv_reader_stop(c); /* nothing after a bye is read */
   if (rs && req->seq > rs->last_seq) rs->last_seq = req->seq;
   sv_conn_dispatch(c, j);

@@ -299,19 +299,63 @@ void sv_session_backends_close(struct sv_session *s);
 /* ------------------------------------------------------------ kinds */
 
 /* What each request kind is, in one table (kinds.c) that the reader, the
- * loop and the session all consult. */
+ * decoder, the loop and the session all consult: one row per body case,
+ * and no list of kinds anywhere else. The hello is the connection's
+ * handshake (reader.c, hello.c), not a session request: its row only
+ * names it. */
+struct sv_job;
 typedef struct sv_req_kind {
   const char *name;
   unsigned waits : 1;   /* the client waits for a reply frame */
   unsigned on_loop : 1; /* only reads session state: the loop may answer
                            it when the session has nothing queued */
-  unsigned bulk : 1;    /* carries a bulk part (an upload) */
+  unsigned own_turn : 1; /* many ops in one request (Backward, Step): it
+                            ends its worker turn (cost SV_TURN_COST) */
+  unsigned ends : 1;     /* nothing after it is read (Bye) */
+  /* run on the loop only while at most SV_INLINE_TAIL bytes of the same
+   * read follow it (an Op: more is a pipeline, net.c) */
+  unsigned inline_tail : 1;
+  /* many ops: its inline cost is held to what is left of the read's
+   * allowance as a whole, not to --inline-cost (a GraphReplay, net.c) */
+  unsigned inline_whole : 1;
+  /* carries a bulk part: the loop's checks before it is read and the
+   * memory it lands in (see sv_upload_prepare); NULL: no bulk allowed */
+  int (*bulk)(const sv_config *cfg, dsp_ctx *io_ctx, struct sv_session *s,
+              struct sv_job *j, uint64_t bulk_len, int may_wait);
+  /* the decoder's check beyond the body being set (decode.c): NULL when
+   * r is fine, else the reason (in buf[0..len-1]); NULL: nothing to check */
+  const char *(*check)(const Dspwire__Request *r, char *buf, size_t len);
+  /* runs the request (handlers.c, graph.c) on the worker, or on the loop
+   * for on_loop and inline ones: 0, or a negative code with the reason in
+   * why[0..len-1]; NULL: refused as a request without a body */
+  int (*exec)(struct sv_session *s, struct sv_job *j, char *why, size_t len);
+  /* the output id its failure poisons; NULL: it names none */
+  uint64_t (*out)(const Dspwire__Request *r);
+  /* the loop's estimate of its work, when the loop could run it
+   * (inline.c): 1 with *cost; NULL, or 0: it runs on the pool */
+  int (*inline_cost)(struct sv_session *s, const struct sv_job *j,
+                     uint64_t *cost);
+  /* "op matmul [3, 4] -> 5", for messages and debug logs (kinds.c) */
+  void (*describe)(const Dspwire__Request *r, char *buf, size_t len);
 } sv_req_kind;
-/* The kind of a body case; an unknown case gets a kind with no flags. */
+/* The kind of a body case; an unknown case gets a kind with no flags and
+ * no functions, named "unknown". */
 const sv_req_kind *sv_req_kind_of(Dspwire__Request__BodyCase bc);
 /* Whether this request gets a reply: its kind's, except a 1.3 Backward
  * sent with no_reply. */
 int sv_req_waits(const Dspwire__Request *r);
+
+/* The one formatter of a failure's reason: why[0..len-1] gets the
+ * message, and code is returned, so a check reads
+ * `return sv_why(why, len, DISPATCH_EINVAL, "...", ...)`. */
+int sv_why(char *why, size_t len, int code, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+/* The one conversion of a wire message's attributes (Op, Step, GraphNode)
+ * into the core's: 0, or DISPATCH_EINVAL with *a untouched when there are
+ * more ints or floats than dsp_attrs holds (the caller words the refusal:
+ * each names its own context). */
+int sv_attrs_from(size_t n_ints, const int64_t *ints, size_t n_floats,
+                  const double *floats, dsp_attrs *a);
 
 /* ------------------------------------------------------------ jobs */
 
@@ -468,17 +512,17 @@ int sv_graph_free_id(sv_session *s, uint64_t id);
  * graph), for the loop's judgement of a Free (inline.c) */
 uint64_t sv_graph_free_cost(sv_session *s, uint64_t id);
 /* 1 with *cost (the work of its last replay plus bulk, its input bytes)
- * when replay r will do what the last successful replay of its graph did:
- * its externals have the metas they had then and live, as the session's
- * device, on a CPU device. The loop's judgement (inline.c); only while s
- * is idle. */
-int sv_graph_inline_cost(sv_session *s, const Dspwire__GraphReplay *r,
-                         uint64_t bulk, uint64_t *cost);
+ * when the GraphReplay j, read without error, will do what the last
+ * successful replay of its graph did: its externals have the metas they
+ * had then and live, as the session's device, on a CPU device. The loop's
+ * judgement (its kind's inline_cost); only while s is idle. */
+int sv_graph_inline_cost(sv_session *s, const sv_job *j, uint64_t *cost);
 void sv_graph_teardown(sv_session *s);
 /* On the loop: the host block a GraphReplay's bulk lands in, charged to
- * the session (see sv_upload_prepare, which calls it). */
-int sv_graph_replay_prepare(sv_session *s, dsp_ctx *io_ctx, sv_job *j,
-                            uint64_t bulk_len, int may_wait);
+ * the session (its kind's bulk; see sv_upload_prepare). */
+int sv_graph_replay_prepare(const sv_config *cfg, dsp_ctx *io_ctx,
+                            sv_session *s, sv_job *j, uint64_t bulk_len,
+                            int may_wait);
 
 /* Encodes a reply frame (header + message + bulk copy) into one buffer
  * from dsp_malloc. 0 or DISPATCH_ENOMEM / DISPATCH_ETOOLARGE. */
@@ -517,8 +561,9 @@ void sv_pb_charge_init(sv_pb_charge *pc, dsp_budget *b);
  * used. */
 void sv_pb_charge_done(sv_pb_charge *pc);
 
-/* Short description of a request for messages and debug logs:
- * "op matmul [3, 4] -> 5", "upload 7 f32 [2, 3]". */
+/* Short description of a request for messages and debug logs, by its
+ * kind's describe (kinds.c): "op matmul [3, 4] -> 5", "upload 7 f32
+ * [2, 3]"; "empty request" for a kind without one. */
 void sv_describe(const Dspwire__Request *r, char *buf, size_t len);
 /* One record of an Ops request, as sv_describe writes the Op it stands
  * for ("op add [3, 4] -> 5"). */
@@ -553,11 +598,21 @@ int sv_decode_request_charged(sv_session *s, const uint8_t *msg, size_t len,
  * running (sv_pool_session_idle). */
 void sv_session_defer(sv_session *s, uint64_t req_id, int body, int code,
                       const char *msg, uint8_t **out, size_t *out_len);
-/* Upload limits, then the tensor the bulk lands in (j->upload, counted in
- * s->queued_bytes) or a deferred error in j. 1 (nothing done) when only
- * the quota fails and may_wait is set; otherwise 0. */
+/* The bulk step of j's kind (sv_req_kind.bulk; nothing for a kind
+ * without a bulk): for an Upload its limits, then the tensor the bulk
+ * lands in (j->upload, counted in s->queued_bytes) or a deferred error in
+ * j; for a GraphReplay the block its inputs land in. 1 (nothing done)
+ * when only the quota fails and may_wait is set; otherwise 0. */
 int sv_upload_prepare(const sv_config *cfg, dsp_ctx *io_ctx, sv_session *s,
                       sv_job *j, uint64_t bulk_len, int may_wait);
+/* The Upload kind's bulk step (the Upload half of sv_upload_prepare). */
+int sv_upload_bulk(const sv_config *cfg, dsp_ctx *io_ctx, sv_session *s,
+                   sv_job *j, uint64_t bulk_len, int may_wait);
+/* The decoder's checks of an Op (a known op code) and of an Ops request
+ * (its records' layout: at least one, at most DSP_OPREC_MAX, each whole
+ * and of a known op code): NULL when fine, else the reason (in buf). */
+const char *sv_check_op(const Dspwire__Request *r, char *buf, size_t len);
+const char *sv_check_ops(const Dspwire__Request *r, char *buf, size_t len);
 
 typedef struct sv_stream_stats {
   uint64_t frames;    /* frames decoded (hello included) */
@@ -613,14 +668,20 @@ int sv_stream_exec(sv_session *s, dsp_ctx *io_ctx, int *hello_done,
  * faster on a worker while the loop decodes the rest. */
 #define SV_INLINE_TAIL 256
 
-/* 1 with *cost set when job j is an op the loop could run for s
- * (inline.c): its inputs live on a CPU device and its shapes infer; a Free
- * of tensor ids and graphs (cost: one per id and per element it holds,
- * the tape a last reference drops, a graph's nodes); or an
- * upload to a CPU device (cost: its bytes); 0 otherwise.
+/* 1 with *cost set when job j is of a kind the loop could run for s (its
+ * row's inline_cost, kinds.c): an op whose inputs live on a CPU device and
+ * whose shapes infer; a Free of tensor ids and graphs (cost: one per id
+ * and per element it holds, the tape a last reference drops, a graph's
+ * nodes); an upload to a CPU device (cost: its bytes); a GraphReplay
+ * (sv_graph_inline_cost); 0 otherwise.
  * Reads s's tensor table: call only while s is idle
  * (sv_pool_session_idle). */
 int sv_inline_cost(sv_session *s, const sv_job *j, uint64_t *cost);
+/* The same per kind (their rows' inline_cost, inline.c): an Op, an Upload,
+ * a Free. */
+int sv_inline_op_cost(sv_session *s, const sv_job *j, uint64_t *cost);
+int sv_inline_upload_cost(sv_session *s, const sv_job *j, uint64_t *cost);
+int sv_inline_free_cost(sv_session *s, const sv_job *j, uint64_t *cost);
 /* 1 when an op on inputs in[0..n_in-1] (checked, alive) runs on a CPU
  * device, as does a creation op (n_in 0) on s's device: the loop may run
  * it. For an Ops record, whose inputs earlier records of the same request

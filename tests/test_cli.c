@@ -318,3 +318,75 @@ Test(cli, non_loopback_name_refused_by_its_address, .fini = cleanup) {
   cr_assert_gt(g_run.pid, 0, "exit %d; stderr: %s", g_run.status, g_run.err);
   cr_assert_str_eq(g_run.ip, "127.0.0.1");
 }
+
+/* The option names of a list ("--a --b ") that are not in other, as
+ * " --x --y" into miss (len bytes). */
+static void missing(const char *list, const char *other, char *miss,
+                    size_t len) {
+  miss[0] = '\0';
+  for (const char *p = list; (p = strstr(p, "--")); p += 2) {
+    const char *end = strchr(p, ' ');
+    size_t n = end ? (size_t)(end - p) : strlen(p);
+    char key[80];
+    snprintf(key, sizeof key, "%.*s ", (int)n, p);
+    if (!strstr(other, key)) {
+      size_t used = strlen(miss);
+      snprintf(miss + used, len - used, " %.*s", (int)n, p);
+    }
+  }
+}
+
+/* The man page documents exactly the options --help prints: every
+ * "  --name" that starts a line of --help is an entry of the man page's
+ * OPTIONS (a .TP followed by .B or .BI \-\-name), and every entry there is
+ * an option of --help. */
+Test(cli, man_page_lists_exactly_the_help_options, .fini = cleanup) {
+  const char *h[] = {"--help", NULL};
+  start(&g_run, h);
+  cr_assert_eq(g_run.status, 0, "%s", g_run.err);
+  static char help[4096], man[4096];
+  size_t hn = 0, mn = 0;
+  for (const char *l = g_run.out; l && *l;
+       l = strchr(l, '\n'), l = l ? l + 1 : l)
+    if (strncmp(l, "  --", 4) == 0) {
+      size_t n = strcspn(l + 2, " \n");
+      hn +=
+          (size_t)snprintf(help + hn, sizeof help - hn, "%.*s ", (int)n, l + 2);
+    }
+  /* the suites run from the repository root; __FILE__ is tests/... */
+  char path[512];
+  snprintf(path, sizeof path, "%s", __FILE__);
+  char *slash = strrchr(path, '/');
+  cr_assert(slash);
+  snprintf(slash, sizeof path - (size_t)(slash - path),
+           "/../docs/man/dispatch-server.1");
+  FILE *f = fopen(path, "r");
+  cr_assert(f, "cannot open %s", path);
+  char line[512];
+  int in_options = 0, after_tp = 0;
+  while (fgets(line, sizeof line, f)) {
+    if (strncmp(line, ".SH", 3) == 0)
+      in_options = strstr(line, "OPTIONS") != NULL;
+    const char *name = NULL;
+    if (after_tp && strncmp(line, ".BI \\-\\-", 8) == 0)
+      name = line + 4;
+    else if (after_tp && strncmp(line, ".B \\-\\-", 7) == 0)
+      name = line + 3;
+    after_tp = in_options && strncmp(line, ".TP", 3) == 0;
+    if (!name) continue;
+    char opt[80];
+    size_t k = 0;
+    for (const char *p = name;
+         *p && *p != ' ' && *p != '\n' && k + 1 < sizeof opt; p++)
+      if (*p != '\\') opt[k++] = *p; /* \- is a hyphen */
+    opt[k] = '\0';
+    mn += (size_t)snprintf(man + mn, sizeof man - mn, "%s ", opt);
+  }
+  fclose(f);
+  cr_assert_gt(hn, 0, "no options in --help: %s", g_run.out);
+  char miss[1024];
+  missing(help, man, miss, sizeof miss);
+  cr_expect_str_empty(miss, "in --help but not in %s:%s", path, miss);
+  missing(man, help, miss, sizeof miss);
+  cr_expect_str_empty(miss, "in %s but not in --help:%s", path, miss);
+}
