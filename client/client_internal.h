@@ -210,8 +210,74 @@ DISPATCH__HIDDEN int dispatch__wait_verdict(int64_t now, int64_t heard,
                                             int64_t deadline, int timeout_ms,
                                             int at_boundary, int64_t *left);
 
+/* What a device does by kind: one row per kind (LOCAL: local.c, REMOTE:
+ * remote.c) that the device points to, so the code around a call (the
+ * guard, argument checks, scopes, the capture hooks, sync mode, error
+ * recording) is written once and never asks which kind it has. A "plain"
+ * tensor is LOCAL or REMOTE (the one an AUTODIFF wraps). Entries return 0
+ * or a negative code with the detail in the device's ctx; the caller
+ * records it (dispatch__ret). Tensors an entry makes are unscoped; the
+ * caller waits in sync mode (dispatch__sync_call), then adopts them. */
+typedef struct dispatch__open_args {
+  const char *host, *port, *token, *client_name;
+  const char *device;           /* REMOTE: after "HOST:PORT/", or NULL */
+  const dispatch_options *tls;  /* tls://: the TLS options, else NULL */
+} dispatch__open_args;
+typedef struct dispatch__kind_ops {
+  dispatch_tensor_kind kind;
+  /* device open: LOCAL its storage cache, REMOTE the connection; on
+   * failure the caller runs close */
+  int (*open)(dispatch_device *dev, const dispatch__open_args *a);
+  /* device close, first: a device going while its session stays (a peer)
+   * frees what it made there */
+  void (*detach)(dispatch_device *dev);
+  /* device close, after its graphs: the connection (or its share) goes */
+  void (*close)(dispatch_device *dev);
+  /* 0 when dev's session can open a peer device, else why not */
+  int (*peer)(dispatch_device *dev);
+  /* op on the plain inputs cin (checked, of dev) into a new plain *out;
+   * *wrap: the output is tracked (gets an AUTODIFF wrapper) */
+  int (*op)(dispatch_device *dev, dsp_opcode op, dispatch_tensor *const *cin,
+            int n_in, const dsp_attrs *a, int any_ad, dispatch_tensor **out,
+            int *wrap);
+  /* a new plain tensor holding a copy of data (checked) */
+  int (*upload)(dispatch_device *dev, const dsp_meta *m, const void *data,
+                size_t nbytes, dispatch_tensor **out);
+  /* the bytes of plain t into buf (nbytes checked) */
+  int (*read)(dispatch_tensor *t, void *buf, size_t nbytes);
+  /* a copy of plain t on dev (of this kind) without its bytes passing
+   * through the client; 1: not possible, copy the bytes */
+  int (*move)(dispatch_tensor *t, dispatch_device *dev, dispatch_tensor **out);
+  /* a handle's last reference is going (REMOTE: its id is freed) */
+  void (*release)(dispatch_tensor *t);
+  /* a handle is freed (LOCAL: its tensor and counters) */
+  void (*destroy)(dispatch_tensor *t);
+  int (*track)(dispatch_tensor *t);
+  /* backward from the plain loss into g (linked by the caller) */
+  int (*backward)(dispatch_tensor *loss, int retain, dispatch_grads *g);
+  /* the gradient of the tracked plain leaf as a new plain *out */
+  int (*grad)(dispatch_grads *g, dispatch_tensor *leaf, dispatch_tensor **out);
+  void (*grads_free)(dispatch_grads *g);
+  int (*step)(dispatch_optim *opt, dispatch_grads *g, const dsp_attrs *a);
+  /* graph end: makes the built graph runnable (REMOTE: defines it) */
+  int (*graph_define)(dispatch_graph *g);
+  /* a replay with the inputs and outputs checked (graph.c check_io) */
+  int (*graph_replay)(dispatch_graph *g, const dispatch_graph_io *in,
+                      const dispatch_graph_io *out);
+  /* graph id of dev is freed */
+  void (*graph_free)(dispatch_device *dev, uint64_t id);
+  /* waits until everything sent has run; the session's deferred error */
+  int (*sync)(dispatch_device *dev);
+  int (*stats)(dispatch_device *dev, dispatch_stats *all);
+  int (*devices)(dispatch_device *dev, dispatch_device_info *all, int max,
+                 int *n);
+  int (*set_cache)(dispatch_device *dev, uint64_t bytes);
+} dispatch__kind_ops;
+DISPATCH__HIDDEN extern const dispatch__kind_ops dispatch__local_ops;
+DISPATCH__HIDDEN extern const dispatch__kind_ops dispatch__remote_ops;
+
 struct dispatch_device {
-  dispatch_tensor_kind kind; /* LOCAL or REMOTE */
+  const dispatch__kind_ops *ops; /* its kind's row: LOCAL or REMOTE */
   char *spec;
   dsp_ctx *ctx; /* detail messages; LOCAL: runs the ops */
   int errcode;
@@ -386,6 +452,16 @@ DISPATCH__HIDDEN void dispatch__graph_forget(dispatch_tensor *t);
 DISPATCH__HIDDEN void dispatch__graph_forget_grads(dispatch_grads *g);
 /* Device close: the capture and every graph of dev go. */
 DISPATCH__HIDDEN void dispatch__graph_close_all(dispatch_device *dev);
+/* The graph rows of the two kinds (they need the graph's layout, which
+ * graph.c keeps): a replay in process, and the GraphDefine and
+ * GraphReplay requests. */
+DISPATCH__HIDDEN int dispatch__graph_replay_local(dispatch_graph *g,
+                                                  const dispatch_graph_io *in,
+                                                  const dispatch_graph_io *out);
+DISPATCH__HIDDEN int dispatch__graph_define_remote(dispatch_graph *g);
+DISPATCH__HIDDEN int dispatch__graph_replay_remote(dispatch_graph *g,
+                                                   const dispatch_graph_io *in,
+                                                   const dispatch_graph_io *out);
 
 /* remote.c: sends req with bulk (queued requests and frees first), waits
  * for its reply; a READ or GRAPH reply's bulk lands in dst when its size

@@ -1513,3 +1513,234 @@ void dispatch__remote_close(dispatch_device *dev) {
   dsp_free(c);
   dev->conn = NULL;
 }
+
+/* ------------------------------------------------------------------ */
+/* the REMOTE row of the device-kind table                             */
+
+/* The output's meta is inferred here (shape errors come back now) and the
+ * op is queued without waiting; the output is tracked when an input is
+ * AUTODIFF and the result is a float of a non-creation op, the rule the
+ * engine applies on the server. */
+static int remote_op(dispatch_device *dev, dsp_opcode op,
+                     dispatch_tensor *const *cin, int n_in, const dsp_attrs *a,
+                     int any_ad, dispatch_tensor **out, int *wrap) {
+  const dsp_op_info *info = dsp_op_lookup((int)op);
+  dsp_meta metas[DSP_MAX_INPUTS];
+  for (int i = 0; i < n_in; i++) metas[i] = cin[i]->meta;
+  dsp_attrs none = dsp_attrs_none();
+  dsp_meta om;
+  int rc = dsp_op_infer(dev->ctx, op, metas, n_in, a ? a : &none, &om);
+  if (rc < 0) return rc;
+  dispatch_tensor *t;
+  rc = dispatch__tensor_new(dev, DISPATCH_KIND_REMOTE, &om, 0, &t);
+  if (rc < 0) return rc;
+  uint64_t ids[DSP_MAX_INPUTS];
+  for (int i = 0; i < n_in; i++) ids[i] = cin[i]->id;
+  t->id = dispatch__remote_new_id(dev);
+  rc = dispatch__remote_op(dev, op, ids, n_in, a ? a : &none, t->id, !any_ad);
+  if (rc < 0) {
+    t->id = 0;
+    dispatch__tensor_unref(t);
+    return rc;
+  }
+  *wrap = any_ad && dsp_dtype_is_float(om.dtype) &&
+          info->family != DSP_FAM_CREATE && info->family != DSP_FAM_OPTIM;
+  *out = t;
+  return 0;
+}
+
+/* one queued Upload whose bulk part is the bytes */
+static int remote_upload(dispatch_device *dev, const dsp_meta *m,
+                         const void *data, size_t nbytes,
+                         dispatch_tensor **out) {
+  dispatch_tensor *t;
+  int rc = dispatch__tensor_new(dev, DISPATCH_KIND_REMOTE, m, 0, &t);
+  if (rc < 0) return rc;
+  t->id = dispatch__remote_new_id(dev);
+  rc = dispatch__remote_upload(dev, t->id, m, data, nbytes);
+  if (rc < 0) {
+    t->id = 0; /* never reached the server: nothing to Free */
+    dispatch__tensor_unref(t);
+    return rc;
+  }
+  *out = t;
+  return 0;
+}
+
+static int remote_read(dispatch_tensor *t, void *buf, size_t nbytes) {
+  return dispatch__remote_read(t->dev, t->id, buf, nbytes);
+}
+
+/* Between two devices of one session (a device and its peers) the server
+ * copies: one ToDevice request, no bytes through the client. */
+static int remote_move(dispatch_tensor *c, dispatch_device *dev,
+                       dispatch_tensor **out) {
+  if (c->dev->conn != dev->conn) return 1;
+  const char *target = dev->device ? dev->device : dev->conn->server_device;
+  if (!target)
+    return dsp_seterr(dev->ctx, DISPATCH_EPROTO,
+                      "to_device: the server named no session device");
+  dispatch_tensor *t;
+  int rc = dispatch__tensor_new(dev, DISPATCH_KIND_REMOTE, &c->meta, 0, &t);
+  if (rc < 0) return rc;
+  t->id = dispatch__remote_new_id(dev);
+  rc = dispatch__remote_to_device(dev, c->id, t->id, target);
+  if (rc < 0) {
+    t->id = 0;
+    dispatch__tensor_unref(t);
+    return rc;
+  }
+  if ((rc = dispatch__sync_call(dev)) < 0) {
+    dispatch__tensor_unref(t);
+    return rc;
+  }
+  dispatch__scope_adopt(t);
+  *out = t;
+  return 0;
+}
+
+/* an AUTODIFF wrapper has no id */
+static void remote_release(dispatch_tensor *t) {
+  if (t->id) dispatch__remote_free(t->dev, t->id, 0);
+}
+
+static void remote_destroy(dispatch_tensor *t) { (void)t; }
+
+static int remote_track(dispatch_tensor *t) {
+  return dispatch__remote_track(t->dev, t->id);
+}
+
+static int remote_backward(dispatch_tensor *loss, int retain,
+                           dispatch_grads *g) {
+  dispatch_device *dev = g->dev;
+  g->id = dispatch__remote_new_id(dev);
+  int rc = dispatch__remote_backward(dev, loss->id, g->id, retain);
+  if (rc == 0 && (rc = dispatch__sync_call(dev)) < 0)
+    dispatch__remote_free(dev, g->id, 1); /* the failed container */
+  return rc;
+}
+
+static int remote_grad(dispatch_grads *g, dispatch_tensor *leaf,
+                       dispatch_tensor **out) {
+  dispatch_device *dev = g->dev;
+  /* the client knows an op's output from a leaf, so a non-leaf fails here
+   * as on LOCAL (same code and message), not at a later wait */
+  if (leaf->made_by)
+    return dsp_seterr(dev->ctx, DISPATCH_ENOGRAD,
+                      "grads_get: gradients are kept for tracked leaves "
+                      "only; this tensor is the output of %s",
+                      dsp_op_lookup(leaf->made_by - 1)->name);
+  dispatch_tensor *r;
+  int rc = dispatch__tensor_new(dev, DISPATCH_KIND_REMOTE, &leaf->meta, 0, &r);
+  if (rc < 0) return rc;
+  r->id = dispatch__remote_new_id(dev);
+  rc = dispatch__remote_grad(dev, g->id, leaf->id, r->id);
+  if (rc < 0) {
+    r->id = 0;
+    dispatch__tensor_unref(r);
+    return rc;
+  }
+  *out = r;
+  return 0;
+}
+
+static void remote_grads_free(dispatch_grads *g) {
+  dispatch__remote_free(g->dev, g->id, 1);
+}
+
+/* one Step message carrying every parameter */
+static int remote_step(dispatch_optim *opt, dispatch_grads *grads,
+                       const dsp_attrs *a) {
+  dispatch_device *dev = opt->dev;
+  uint64_t pstack[64], sstack[128];
+  uint64_t *pids = pstack, *sids = sstack;
+  if (opt->n > 64) {
+    pids = dsp_calloc((size_t)opt->n, sizeof *pids);
+    sids = dsp_calloc((size_t)opt->n * (size_t)opt->k, sizeof *sids);
+    if (!pids || !sids) {
+      dsp_free(pids);
+      dsp_free(sids);
+      return dsp_seterr(dev->ctx, DISPATCH_ENOMEM, "optim_step: out of memory");
+    }
+  }
+  for (int i = 0; i < opt->n; i++) pids[i] = opt->params[i]->inner->id;
+  for (int i = 0; i < opt->n * opt->k; i++) sids[i] = opt->states[i]->id;
+  int rc = dispatch__remote_step(dev, opt->op, grads->id, pids, opt->n, sids,
+                                 opt->n * opt->k, a);
+  if (pids != pstack) {
+    dsp_free(pids);
+    dsp_free(sids);
+  }
+  return rc;
+}
+
+/* Queues a Free of graph id (a lost connection frees it anyway). */
+static void remote_graph_free(dispatch_device *dev, uint64_t id) {
+  /* closing too: a peer going leaves its session serving the others */
+  if (dev->conn->dead || dev->conn->fd < 0) return;
+  Dspwire__Free f = DSPWIRE__FREE__INIT;
+  Dspwire__Request req = DSPWIRE__REQUEST__INIT;
+  f.n_graphs = 1;
+  f.graphs = &id;
+  req.body_case = DSPWIRE__REQUEST__BODY_FREE;
+  req.free = &f;
+  dispatch__remote_queue(dev, &req);
+}
+
+static int remote_stats(dispatch_device *dev, dispatch_stats *all) {
+  memset(all, 0, sizeof *all);
+  return dispatch__remote_stats(dev, all);
+}
+
+static int remote_set_cache(dispatch_device *dev, uint64_t bytes) {
+  (void)bytes;
+  return dsp_seterr(dev->ctx, DISPATCH_EUNSUPPORTED,
+                    "set_cache: \"%s\" is a remote device (its "
+                    "server's cache is dispatch-server --session-cache)",
+                    dev->spec);
+}
+
+static int remote_open_row(dispatch_device *dev, const dispatch__open_args *a) {
+  return dispatch__remote_open(dev, a->host, a->port, a->token,
+                               a->client_name, a->device, a->tls);
+}
+
+/* a peer goes while the session stays: free what it made there */
+static void remote_detach(dispatch_device *dev) {
+  if (!dev->conn || dev->conn->refs <= 1) return;
+  for (dispatch_tensor *t = dev->all; t; t = t->anext)
+    if (t->id) dispatch__remote_free(dev, t->id, 0);
+  for (dispatch_grads *g = dev->grads; g; g = g->next)
+    dispatch__remote_free(dev, g->id, 1);
+}
+
+static int remote_peer(dispatch_device *dev) {
+  (void)dev;
+  return 0;
+}
+
+const dispatch__kind_ops dispatch__remote_ops = {
+    .kind = DISPATCH_KIND_REMOTE,
+    .open = remote_open_row,
+    .detach = remote_detach,
+    .close = dispatch__remote_close,
+    .peer = remote_peer,
+    .op = remote_op,
+    .upload = remote_upload,
+    .read = remote_read,
+    .move = remote_move,
+    .release = remote_release,
+    .destroy = remote_destroy,
+    .track = remote_track,
+    .backward = remote_backward,
+    .grad = remote_grad,
+    .grads_free = remote_grads_free,
+    .step = remote_step,
+    .graph_define = dispatch__graph_define_remote,
+    .graph_replay = dispatch__graph_replay_remote,
+    .graph_free = remote_graph_free,
+    .sync = dispatch__remote_sync,
+    .stats = remote_stats,
+    .devices = dispatch__remote_devices,
+    .set_cache = remote_set_cache,
+};
