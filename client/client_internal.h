@@ -121,6 +121,7 @@ typedef struct dispatch__conn {
   uint64_t free_grads[DISPATCH__FREE_BATCH];
   int n_free_grads;
   uint64_t max_frame;
+  const struct dispatch__transport *tr; /* tcp:// or tls:// (conn.h) */
   struct ssl_st *ssl;         /* tls://: the session (NULL: plain TCP) */
   struct ssl_ctx_st *ssl_ctx;
   int tls_failed;             /* a TLS-level failure (not the socket) */
@@ -134,7 +135,7 @@ typedef struct dispatch__conn {
   _Atomic(uintptr_t) owner;
   unsigned depth;
   char *server_device; /* the hello's session device: "cpu:0" */
-  /* session resume (remote.c): every request gets a seq and stays in the
+  /* session resume (replay.c): every request gets a seq and stays in the
    * replay log until a later waiting reply shows the server has it; after
    * a dropped connection the library reconnects, presents the token and
    * sends again what the server did not receive */
@@ -176,7 +177,7 @@ typedef struct dispatch__conn {
   int ops_n;
   int ops_limit;        /* records that close the open batch */
   uint32_t server_minor; /* the hello's: what the server understands */
-  /* 1.4 keepalive (remote.c): while the server works on the session's
+  /* 1.4 keepalive (call.c, conn.c): while the server works on the session's
    * requests it sends a keepalive every ka_ms when it writes nothing else,
    * so a wait tells a busy server (DISPATCH_ETIMEDOUT at its deadline, the
    * session intact) from a silent one (no bytes for timeout_ms: the
@@ -362,71 +363,15 @@ DISPATCH__HIDDEN int dispatch__run(dispatch_device *dev, dsp_opcode op,
                                    const dsp_attrs *a, int scoped,
                                    dispatch_tensor **out);
 
-/* remote.c: the connection. tls: NULL for tcp://, else the options
- * holding the TLS files (tls.c reads them and their env fallbacks). */
-DISPATCH__HIDDEN int dispatch__remote_open(dispatch_device *dev,
-                                           const char *host, const char *port,
-                                           const char *token,
-                                           const char *client_name,
-                                           const char *device,
-                                           const dispatch_options *tls);
 /* 0 when the server has dev->device, else DISPATCH_EDEVICE naming the
  * devices it has (one Stats round trip). */
 DISPATCH__HIDDEN int dispatch__remote_check_device(dispatch_device *dev);
-/* The server's devices (one Stats round trip); see dispatch_device_list. */
-DISPATCH__HIDDEN int dispatch__remote_devices(dispatch_device *dev,
-                                              dispatch_device_info *out,
-                                              int max, int *n);
 
-/* tls.c: a TLS session over dev->conn.fd through memory BIOs; every wait
- * is a poll bounded by deadline (ms, CLOCK_MONOTONIC). */
-DISPATCH__HIDDEN int dispatch__tls_open(dispatch_device *dev,
-                                        const char *host,
-                                        const dispatch_options *o);
-/* Encrypts and sends all n bytes: 0, or -1 with the reason in why. */
-DISPATCH__HIDDEN int dispatch__tls_write(dispatch__conn *c, const void *p,
-                                         size_t n, int64_t deadline,
-                                         char *why, size_t len);
-/* Receives 1..n plaintext bytes (*got): 0, or -1 with the reason. */
-DISPATCH__HIDDEN int dispatch__tls_read(dispatch__conn *c, void *p, size_t n,
-                                        size_t *got, int64_t deadline,
-                                        char *why, size_t len);
-DISPATCH__HIDDEN void dispatch__tls_close(dispatch__conn *c);
-DISPATCH__HIDDEN void dispatch__remote_close(dispatch_device *dev);
+/* Ids for tensors, gradient containers, graphs and requests, from the
+ * device's connection (call.c). */
 DISPATCH__HIDDEN uint64_t dispatch__remote_new_id(dispatch_device *dev);
-/* Queue requests that get no reply; ECONN once the connection is lost. */
-DISPATCH__HIDDEN int dispatch__remote_op(dispatch_device *dev, dsp_opcode op,
-                                         const uint64_t *in, int n_in,
-                                         const dsp_attrs *a, uint64_t out,
-                                         int no_grad);
-DISPATCH__HIDDEN int dispatch__remote_upload(dispatch_device *dev,
-                                             uint64_t id, const dsp_meta *m,
-                                             const void *data, size_t n);
-DISPATCH__HIDDEN int dispatch__remote_track(dispatch_device *dev, uint64_t id);
-DISPATCH__HIDDEN int dispatch__remote_grad(dispatch_device *dev,
-                                           uint64_t grads, uint64_t tensor,
-                                           uint64_t out);
-/* A new tensor `out` on server device `device` with the bytes of `id`. */
-DISPATCH__HIDDEN int dispatch__remote_to_device(dispatch_device *dev,
-                                                uint64_t id, uint64_t out,
-                                                const char *device);
-DISPATCH__HIDDEN int dispatch__remote_step(dispatch_device *dev,
-                                           dsp_opcode op, uint64_t grads,
-                                           const uint64_t *params, int n,
-                                           const uint64_t *states, int n_st,
-                                           const dsp_attrs *a);
-/* Frees never fail towards the caller: the id is queued and batched. */
-DISPATCH__HIDDEN void dispatch__remote_free(dispatch_device *dev, uint64_t id,
-                                            int is_grads);
-/* Requests that wait. */
-DISPATCH__HIDDEN int dispatch__remote_read(dispatch_device *dev, uint64_t id,
-                                           void *buf, size_t nbytes);
-DISPATCH__HIDDEN int dispatch__remote_backward(dispatch_device *dev,
-                                               uint64_t loss, uint64_t grads,
-                                               int retain);
+/* One Sync round trip: the session's deferred error, if any (remote.c). */
 DISPATCH__HIDDEN int dispatch__remote_sync(dispatch_device *dev);
-DISPATCH__HIDDEN int dispatch__remote_stats(dispatch_device *dev,
-                                            dispatch_stats *out);
 
 /* graph.c: capture hooks. Each records what its caller just did on a
  * device with an open capture (callers test dev->capture first); they
@@ -455,15 +400,15 @@ DISPATCH__HIDDEN void dispatch__graph_close_all(dispatch_device *dev);
 /* The graph rows of the two kinds (they need the graph's layout, which
  * graph.c keeps): a replay in process, and the GraphDefine and
  * GraphReplay requests. */
-DISPATCH__HIDDEN int dispatch__graph_replay_local(dispatch_graph *g,
-                                                  const dispatch_graph_io *in,
-                                                  const dispatch_graph_io *out);
+DISPATCH__HIDDEN int dispatch__graph_replay_local(
+    dispatch_graph *g, const dispatch_graph_io *in,
+    const dispatch_graph_io *out);
 DISPATCH__HIDDEN int dispatch__graph_define_remote(dispatch_graph *g);
-DISPATCH__HIDDEN int dispatch__graph_replay_remote(dispatch_graph *g,
-                                                   const dispatch_graph_io *in,
-                                                   const dispatch_graph_io *out);
+DISPATCH__HIDDEN int dispatch__graph_replay_remote(
+    dispatch_graph *g, const dispatch_graph_io *in,
+    const dispatch_graph_io *out);
 
-/* remote.c: sends req with bulk (queued requests and frees first), waits
+/* call.c: sends req with bulk (queued requests and frees first), waits
  * for its reply; a READ or GRAPH reply's bulk lands in dst when its size
  * is dst_len. *reply as for the other waits: free it with
  * dispatch__remote_reply_free. */

@@ -1,7 +1,8 @@
 /* Optimizers: in-place SGD and Adam updates where the parameters live.
  * LOCAL runs the SGD_STEP/ADAM_STEP ops through dsp_op; REMOTE sends one
- * Step message per step carrying every parameter (the kind's step). The parameters stay the
- * same tracked leaves: an in-place update never re-wraps them. */
+ * Step message per step carrying every parameter (the kind's step). The
+ * parameters stay the same tracked leaves: an in-place update never
+ * re-wraps them. */
 #include "client_internal.h"
 
 static void optim_destroy(dispatch_optim *o) {
