@@ -14,9 +14,8 @@
 #include "op_record.h"
 #include "wire_req.h"
 
-static int req_op(dispatch_device *dev, dsp_opcode op,
-                  const uint64_t *in, int n_in, const dsp_attrs *a,
-                  uint64_t out, int no_grad) {
+static int req_op(dispatch_device *dev, dsp_opcode op, const uint64_t *in,
+                  int n_in, const dsp_attrs *a, uint64_t out, int no_grad) {
   /* a peer's creation op names its device: only an Op carries that */
   if (dev->conn->batch_ops && !(n_in == 0 && dev->device) &&
       dsp_oprec_fits(n_in, a->n_ints, a->n_floats))
@@ -30,9 +29,8 @@ static int req_op(dispatch_device *dev, dsp_opcode op,
   return dispatch__queue(dev, r, out, NULL, 0);
 }
 
-static int req_upload(dispatch_device *dev, uint64_t id,
-                      const dsp_meta *meta, const void *data,
-                      size_t n) {
+static int req_upload(dispatch_device *dev, uint64_t id, const dsp_meta *meta,
+                      const void *data, size_t n) {
   dsp_wreq w;
   Dspwire__Request *r = dsp_wreq_upload(&w, id, (int32_t)meta->dtype,
                                          (size_t)meta->ndim, meta->shape);
@@ -47,8 +45,8 @@ static int req_to_device(dispatch_device *dev, uint64_t id, uint64_t out,
                          NULL, 0);
 }
 
-static int req_devices(dispatch_device *dev, dispatch_device_info *out,
-                       int max, int *n) {
+static int req_devices(dispatch_device *dev, dispatch_device_info *out, int max,
+                       int *n) {
   dsp_wreq w;
   Dspwire__Reply *r;
   *n = 0;
@@ -117,17 +115,16 @@ static int req_track(dispatch_device *dev, uint64_t id) {
   return dispatch__queue(dev, dsp_wreq_track(&w, id), 0, NULL, 0);
 }
 
-static int req_grad(dispatch_device *dev, uint64_t grads,
-                    uint64_t tensor, uint64_t out) {
+static int req_grad(dispatch_device *dev, uint64_t grads, uint64_t tensor,
+                    uint64_t out) {
   dsp_wreq w;
   return dispatch__queue(dev, dsp_wreq_grad(&w, grads, tensor, out), out, NULL,
                          0);
 }
 
 static int req_step(dispatch_device *dev, dsp_opcode op, uint64_t grads,
-                    const uint64_t *params, int n,
-                    const uint64_t *states, int n_st,
-                    const dsp_attrs *a) {
+                    const uint64_t *params, int n, const uint64_t *states,
+                    int n_st, const dsp_attrs *a) {
   dsp_wreq w;
   return dispatch__queue(dev,
                dsp_wreq_step(&w, (int32_t)op, grads, params, (size_t)n,
@@ -148,8 +145,8 @@ static int req_read(dispatch_device *dev, uint64_t id, void *buf,
   return rc;
 }
 
-static int req_backward(dispatch_device *dev, uint64_t loss,
-                        uint64_t grads, int retain) {
+static int req_backward(dispatch_device *dev, uint64_t loss, uint64_t grads,
+                        int retain) {
   dsp_wreq w;
   Dspwire__Request *req = dsp_wreq_backward(&w, loss, grads, retain);
   if (dev->conn->server_minor >= 3) {
@@ -213,10 +210,9 @@ static int req_stats(dispatch_device *dev, dispatch_stats *out) {
   return rc;
 }
 
-static int remote_open(dispatch_device *dev, const char *host,
-                       const char *port, const char *token,
-                       const char *client_name, const char *device,
-                       const dispatch_options *tls) {
+static int remote_open(dispatch_device *dev, const char *host, const char *port,
+                       const char *token, const char *client_name,
+                       const char *device, const dispatch_options *tls) {
   dev->conn->next_id = 1;
   dev->conn->tr = tls ? &dispatch__transport_tls : &dispatch__transport_tcp;
   int rc = dispatch__conn_open(dev, host, port, tls);
@@ -501,8 +497,8 @@ static int remote_set_cache(dispatch_device *dev, uint64_t bytes) {
 }
 
 static int remote_open_row(dispatch_device *dev, const dispatch__open_args *a) {
-  return remote_open(dev, a->host, a->port, a->token,
-                               a->client_name, a->device, a->tls);
+  return remote_open(dev, a->host, a->port, a->token, a->client_name, a->device,
+                     a->tls);
 }
 
 /* a peer goes while the session stays: free what it made there */
