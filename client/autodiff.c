@@ -1,6 +1,7 @@
 /* AUTODIFF tensors: the one-wrap rule, backward and gradients. LOCAL
  * tensors use common's engine in the device's ctx; REMOTE ones keep the
- * tape and the gradients on the server. */
+ * tape and the gradients on the server (the kind's row, local.c and
+ * remote.c). */
 #include "client_internal.h"
 
 int dispatch_autodiff(dispatch_tensor *t, dispatch_tensor **out) {
@@ -27,10 +28,7 @@ int dispatch_autodiff(dispatch_tensor *t, dispatch_tensor **out) {
   dispatch_tensor *w;
   int rc = dispatch__tensor_new(dev, DISPATCH_KIND_AUTODIFF, &t->meta, 0, &w);
   if (rc < 0) return dispatch__ret(dev, rc);
-  if (t->kind == DISPATCH_KIND_LOCAL)
-    rc = dsp_track(dev->ctx, t->local);
-  else if ((rc = dispatch__remote_track(dev, t->id)) == 0)
-    rc = dispatch__sync_call(dev);
+  if ((rc = dev->ops->track(t)) == 0) rc = dispatch__sync_call(dev);
   if (rc < 0) {
     dispatch__tensor_unref(w);
     return dispatch__ret(dev, rc);
@@ -82,19 +80,11 @@ int dispatch_backward_ex(dispatch_tensor *loss, int retain,
   dispatch_grads *g;
   int rc = grads_new(dev, &g);
   if (rc < 0) return dispatch__ret(dev, rc);
-  if (dev->kind == DISPATCH_KIND_LOCAL) {
-    rc = dsp_backward(dev->ctx, loss->inner->local, retain, &g->local);
-  } else {
-    g->id = dispatch__remote_new_id(dev);
-    rc = dispatch__remote_backward(dev, loss->inner->id, g->id, retain);
-    if (rc == 0 && (rc = dispatch__sync_call(dev)) < 0)
-      dispatch__remote_free(dev, g->id, 1); /* the failed container */
-  }
+  rc = dev->ops->backward(loss->inner, retain, g);
   if (rc < 0) {
     dsp_free(g);
     return dispatch__ret(dev, rc);
   }
-  dev->local_stats.grads += dev->kind == DISPATCH_KIND_LOCAL;
   grads_link(g);
   if (dev->capture) dispatch__graph_backward(loss->inner, retain, g);
   *out = g;
@@ -125,42 +115,14 @@ int dispatch_grad(dispatch_grads *grads, dispatch_tensor *t,
     return dispatch__ret(dev, dsp_seterr(dev->ctx, DISPATCH_ENOTTRACKED,
                                          "grad: the tensor is not tracked "
                                          "(wrap it with dispatch_autodiff)"));
-  /* REMOTE: the client knows an op's output from a leaf, so a non-leaf
-   * fails here as on LOCAL (same code and message), not at a later wait */
-  if (dev->kind == DISPATCH_KIND_REMOTE && leaf->made_by)
-    return dispatch__ret(
-        dev, dsp_seterr(dev->ctx, DISPATCH_ENOGRAD,
-                        "grads_get: gradients are kept for tracked leaves "
-                        "only; this tensor is the output of %s",
-                        dsp_op_lookup(leaf->made_by - 1)->name));
   dispatch_tensor *r;
-  int rc;
-  if (dev->kind == DISPATCH_KIND_LOCAL) {
-    dsp_tensor *lt;
-    rc = dsp_grads_get(dev->ctx, grads->local, leaf->local, &lt);
-    if (rc < 0) return dispatch__ret(dev, rc);
-    rc = dispatch__tensor_new(dev, DISPATCH_KIND_LOCAL, &lt->meta, 1, &r);
-    if (rc < 0) {
-      dsp_tensor_unref(lt);
-      return dispatch__ret(dev, rc);
-    }
-    r->local = lt;
-  } else {
-    rc = dispatch__tensor_new(dev, DISPATCH_KIND_REMOTE, &leaf->meta, 0, &r);
-    if (rc < 0) return dispatch__ret(dev, rc);
-    r->id = dispatch__remote_new_id(dev);
-    rc = dispatch__remote_grad(dev, grads->id, leaf->id, r->id);
-    if (rc < 0) {
-      r->id = 0;
-      dispatch__tensor_unref(r);
-      return dispatch__ret(dev, rc);
-    }
-    if ((rc = dispatch__sync_call(dev)) < 0) { /* its id is poisoned */
-      dispatch__tensor_unref(r);
-      return dispatch__ret(dev, rc);
-    }
-    dispatch__scope_adopt(r);
+  int rc = dev->ops->grad(grads, leaf, &r);
+  if (rc < 0) return dispatch__ret(dev, rc);
+  if ((rc = dispatch__sync_call(dev)) < 0) { /* REMOTE: its id is poisoned */
+    dispatch__tensor_unref(r);
+    return dispatch__ret(dev, rc);
   }
+  dispatch__scope_adopt(r);
   if (dev->capture) dispatch__graph_grad(grads, leaf, r);
   *out = r;
   return 0;
@@ -175,11 +137,6 @@ void dispatch_grads_free(dispatch_grads *g) {
     dev->grads = g->next;
   if (g->next) g->next->prev = g->prev;
   if (g->gslot && dev->capture) dispatch__graph_forget_grads(g);
-  if (dev->kind == DISPATCH_KIND_LOCAL) {
-    dsp_grads_free(g->local);
-    dev->local_stats.grads--;
-  } else {
-    dispatch__remote_free(dev, g->id, 1);
-  }
+  dev->ops->grads_free(g);
   dsp_free(g);
 }

@@ -126,39 +126,6 @@ static int pread_all(int fd, void *p, size_t n, uint64_t off) {
   return 0;
 }
 
-/* An unscoped tensor holding a copy of data (bool bytes already checked);
- * REMOTE: one queued Upload. */
-static int tensor_unscoped(dispatch_device *dev, const dsp_meta *m,
-                           const void *data, size_t nbytes,
-                           dispatch_tensor **out) {
-  dispatch_tensor *t;
-  int rc;
-  if (dev->kind == DISPATCH_KIND_LOCAL) {
-    dsp_tensor *lt;
-    rc = dsp_tensor_from_data(dev->ctx, m, data, nbytes, &lt);
-    if (rc < 0) return rc;
-    rc = dispatch__tensor_new(dev, DISPATCH_KIND_LOCAL, m, 0, &t);
-    if (rc < 0) {
-      dsp_tensor_unref(lt);
-      return rc;
-    }
-    t->local = lt;
-    *out = t;
-    return 0;
-  }
-  rc = dispatch__tensor_new(dev, DISPATCH_KIND_REMOTE, m, 0, &t);
-  if (rc < 0) return rc;
-  t->id = dispatch__remote_new_id(dev);
-  rc = dispatch__remote_upload(dev, t->id, m, data, nbytes);
-  if (rc < 0) {
-    t->id = 0; /* never reached the server: nothing to Free */
-    dispatch_tensor_free(t);
-    return rc;
-  }
-  *out = t;
-  return 0;
-}
-
 /* ------------------------------------------------------------------ */
 /* save                                                                */
 
@@ -802,13 +769,13 @@ int dispatch_load(dispatch_device *dev, const char *path,
         (rc = dsp_check_bool_bytes(ctx, buf, nb)) < 0)
       rc =
           prefix_err(ctx, rc, "load \"%s\": tensor \"%s\"", path, ck->names[i]);
-    if (rc == 0 &&
-        (rc = tensor_unscoped(dev, &es[i].meta, buf, nb, &ck->tensors[i])) < 0)
+    if (rc == 0 && (rc = dev->ops->upload(dev, &es[i].meta, buf, nb,
+                                          &ck->tensors[i])) < 0)
       rc =
           prefix_err(ctx, rc, "load \"%s\": tensor \"%s\"", path, ck->names[i]);
   }
-  if (rc == 0 && ck->n && dev->kind == DISPATCH_KIND_REMOTE &&
-      (rc = dispatch__remote_sync(dev)) < 0)
+  /* REMOTE: the uploads' errors come back here */
+  if (rc == 0 && ck->n && (rc = dev->ops->sync(dev)) < 0)
     rc = prefix_err(ctx, rc, "load \"%s\"", path);
   if (fd >= 0) close(fd);
   dsp_free(buf);

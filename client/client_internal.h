@@ -121,6 +121,7 @@ typedef struct dispatch__conn {
   uint64_t free_grads[DISPATCH__FREE_BATCH];
   int n_free_grads;
   uint64_t max_frame;
+  const struct dispatch__transport *tr; /* tcp:// or tls:// (conn.h) */
   struct ssl_st *ssl;         /* tls://: the session (NULL: plain TCP) */
   struct ssl_ctx_st *ssl_ctx;
   int tls_failed;             /* a TLS-level failure (not the socket) */
@@ -134,7 +135,7 @@ typedef struct dispatch__conn {
   _Atomic(uintptr_t) owner;
   unsigned depth;
   char *server_device; /* the hello's session device: "cpu:0" */
-  /* session resume (remote.c): every request gets a seq and stays in the
+  /* session resume (replay.c): every request gets a seq and stays in the
    * replay log until a later waiting reply shows the server has it; after
    * a dropped connection the library reconnects, presents the token and
    * sends again what the server did not receive */
@@ -176,7 +177,7 @@ typedef struct dispatch__conn {
   int ops_n;
   int ops_limit;        /* records that close the open batch */
   uint32_t server_minor; /* the hello's: what the server understands */
-  /* 1.4 keepalive (remote.c): while the server works on the session's
+  /* 1.4 keepalive (call.c, conn.c): while the server works on the session's
    * requests it sends a keepalive every ka_ms when it writes nothing else,
    * so a wait tells a busy server (DISPATCH_ETIMEDOUT at its deadline, the
    * session intact) from a silent one (no bytes for timeout_ms: the
@@ -210,8 +211,74 @@ DISPATCH__HIDDEN int dispatch__wait_verdict(int64_t now, int64_t heard,
                                             int64_t deadline, int timeout_ms,
                                             int at_boundary, int64_t *left);
 
+/* What a device does by kind: one row per kind (LOCAL: local.c, REMOTE:
+ * remote.c) that the device points to, so the code around a call (the
+ * guard, argument checks, scopes, the capture hooks, sync mode, error
+ * recording) is written once and never asks which kind it has. A "plain"
+ * tensor is LOCAL or REMOTE (the one an AUTODIFF wraps). Entries return 0
+ * or a negative code with the detail in the device's ctx; the caller
+ * records it (dispatch__ret). Tensors an entry makes are unscoped; the
+ * caller waits in sync mode (dispatch__sync_call), then adopts them. */
+typedef struct dispatch__open_args {
+  const char *host, *port, *token, *client_name;
+  const char *device;           /* REMOTE: after "HOST:PORT/", or NULL */
+  const dispatch_options *tls;  /* tls://: the TLS options, else NULL */
+} dispatch__open_args;
+typedef struct dispatch__kind_ops {
+  dispatch_tensor_kind kind;
+  /* device open: LOCAL its storage cache, REMOTE the connection; on
+   * failure the caller runs close */
+  int (*open)(dispatch_device *dev, const dispatch__open_args *a);
+  /* device close, first: a device going while its session stays (a peer)
+   * frees what it made there */
+  void (*detach)(dispatch_device *dev);
+  /* device close, after its graphs: the connection (or its share) goes */
+  void (*close)(dispatch_device *dev);
+  /* 0 when dev's session can open a peer device, else why not */
+  int (*peer)(dispatch_device *dev);
+  /* op on the plain inputs cin (checked, of dev) into a new plain *out;
+   * *wrap: the output is tracked (gets an AUTODIFF wrapper) */
+  int (*op)(dispatch_device *dev, dsp_opcode op, dispatch_tensor *const *cin,
+            int n_in, const dsp_attrs *a, int any_ad, dispatch_tensor **out,
+            int *wrap);
+  /* a new plain tensor holding a copy of data (checked) */
+  int (*upload)(dispatch_device *dev, const dsp_meta *m, const void *data,
+                size_t nbytes, dispatch_tensor **out);
+  /* the bytes of plain t into buf (nbytes checked) */
+  int (*read)(dispatch_tensor *t, void *buf, size_t nbytes);
+  /* a copy of plain t on dev (of this kind) without its bytes passing
+   * through the client; 1: not possible, copy the bytes */
+  int (*move)(dispatch_tensor *t, dispatch_device *dev, dispatch_tensor **out);
+  /* a handle's last reference is going (REMOTE: its id is freed) */
+  void (*release)(dispatch_tensor *t);
+  /* a handle is freed (LOCAL: its tensor and counters) */
+  void (*destroy)(dispatch_tensor *t);
+  int (*track)(dispatch_tensor *t);
+  /* backward from the plain loss into g (linked by the caller) */
+  int (*backward)(dispatch_tensor *loss, int retain, dispatch_grads *g);
+  /* the gradient of the tracked plain leaf as a new plain *out */
+  int (*grad)(dispatch_grads *g, dispatch_tensor *leaf, dispatch_tensor **out);
+  void (*grads_free)(dispatch_grads *g);
+  int (*step)(dispatch_optim *opt, dispatch_grads *g, const dsp_attrs *a);
+  /* graph end: makes the built graph runnable (REMOTE: defines it) */
+  int (*graph_define)(dispatch_graph *g);
+  /* a replay with the inputs and outputs checked (graph.c check_io) */
+  int (*graph_replay)(dispatch_graph *g, const dispatch_graph_io *in,
+                      const dispatch_graph_io *out);
+  /* graph id of dev is freed */
+  void (*graph_free)(dispatch_device *dev, uint64_t id);
+  /* waits until everything sent has run; the session's deferred error */
+  int (*sync)(dispatch_device *dev);
+  int (*stats)(dispatch_device *dev, dispatch_stats *all);
+  int (*devices)(dispatch_device *dev, dispatch_device_info *all, int max,
+                 int *n);
+  int (*set_cache)(dispatch_device *dev, uint64_t bytes);
+} dispatch__kind_ops;
+DISPATCH__HIDDEN extern const dispatch__kind_ops dispatch__local_ops;
+DISPATCH__HIDDEN extern const dispatch__kind_ops dispatch__remote_ops;
+
 struct dispatch_device {
-  dispatch_tensor_kind kind; /* LOCAL or REMOTE */
+  const dispatch__kind_ops *ops; /* its kind's row: LOCAL or REMOTE */
   char *spec;
   dsp_ctx *ctx; /* detail messages; LOCAL: runs the ops */
   int errcode;
@@ -296,71 +363,15 @@ DISPATCH__HIDDEN int dispatch__run(dispatch_device *dev, dsp_opcode op,
                                    const dsp_attrs *a, int scoped,
                                    dispatch_tensor **out);
 
-/* remote.c: the connection. tls: NULL for tcp://, else the options
- * holding the TLS files (tls.c reads them and their env fallbacks). */
-DISPATCH__HIDDEN int dispatch__remote_open(dispatch_device *dev,
-                                           const char *host, const char *port,
-                                           const char *token,
-                                           const char *client_name,
-                                           const char *device,
-                                           const dispatch_options *tls);
 /* 0 when the server has dev->device, else DISPATCH_EDEVICE naming the
  * devices it has (one Stats round trip). */
 DISPATCH__HIDDEN int dispatch__remote_check_device(dispatch_device *dev);
-/* The server's devices (one Stats round trip); see dispatch_device_list. */
-DISPATCH__HIDDEN int dispatch__remote_devices(dispatch_device *dev,
-                                              dispatch_device_info *out,
-                                              int max, int *n);
 
-/* tls.c: a TLS session over dev->conn.fd through memory BIOs; every wait
- * is a poll bounded by deadline (ms, CLOCK_MONOTONIC). */
-DISPATCH__HIDDEN int dispatch__tls_open(dispatch_device *dev,
-                                        const char *host,
-                                        const dispatch_options *o);
-/* Encrypts and sends all n bytes: 0, or -1 with the reason in why. */
-DISPATCH__HIDDEN int dispatch__tls_write(dispatch__conn *c, const void *p,
-                                         size_t n, int64_t deadline,
-                                         char *why, size_t len);
-/* Receives 1..n plaintext bytes (*got): 0, or -1 with the reason. */
-DISPATCH__HIDDEN int dispatch__tls_read(dispatch__conn *c, void *p, size_t n,
-                                        size_t *got, int64_t deadline,
-                                        char *why, size_t len);
-DISPATCH__HIDDEN void dispatch__tls_close(dispatch__conn *c);
-DISPATCH__HIDDEN void dispatch__remote_close(dispatch_device *dev);
+/* Ids for tensors, gradient containers, graphs and requests, from the
+ * device's connection (call.c). */
 DISPATCH__HIDDEN uint64_t dispatch__remote_new_id(dispatch_device *dev);
-/* Queue requests that get no reply; ECONN once the connection is lost. */
-DISPATCH__HIDDEN int dispatch__remote_op(dispatch_device *dev, dsp_opcode op,
-                                         const uint64_t *in, int n_in,
-                                         const dsp_attrs *a, uint64_t out,
-                                         int no_grad);
-DISPATCH__HIDDEN int dispatch__remote_upload(dispatch_device *dev,
-                                             uint64_t id, const dsp_meta *m,
-                                             const void *data, size_t n);
-DISPATCH__HIDDEN int dispatch__remote_track(dispatch_device *dev, uint64_t id);
-DISPATCH__HIDDEN int dispatch__remote_grad(dispatch_device *dev,
-                                           uint64_t grads, uint64_t tensor,
-                                           uint64_t out);
-/* A new tensor `out` on server device `device` with the bytes of `id`. */
-DISPATCH__HIDDEN int dispatch__remote_to_device(dispatch_device *dev,
-                                                uint64_t id, uint64_t out,
-                                                const char *device);
-DISPATCH__HIDDEN int dispatch__remote_step(dispatch_device *dev,
-                                           dsp_opcode op, uint64_t grads,
-                                           const uint64_t *params, int n,
-                                           const uint64_t *states, int n_st,
-                                           const dsp_attrs *a);
-/* Frees never fail towards the caller: the id is queued and batched. */
-DISPATCH__HIDDEN void dispatch__remote_free(dispatch_device *dev, uint64_t id,
-                                            int is_grads);
-/* Requests that wait. */
-DISPATCH__HIDDEN int dispatch__remote_read(dispatch_device *dev, uint64_t id,
-                                           void *buf, size_t nbytes);
-DISPATCH__HIDDEN int dispatch__remote_backward(dispatch_device *dev,
-                                               uint64_t loss, uint64_t grads,
-                                               int retain);
+/* One Sync round trip: the session's deferred error, if any (remote.c). */
 DISPATCH__HIDDEN int dispatch__remote_sync(dispatch_device *dev);
-DISPATCH__HIDDEN int dispatch__remote_stats(dispatch_device *dev,
-                                            dispatch_stats *out);
 
 /* graph.c: capture hooks. Each records what its caller just did on a
  * device with an open capture (callers test dev->capture first); they
@@ -386,8 +397,18 @@ DISPATCH__HIDDEN void dispatch__graph_forget(dispatch_tensor *t);
 DISPATCH__HIDDEN void dispatch__graph_forget_grads(dispatch_grads *g);
 /* Device close: the capture and every graph of dev go. */
 DISPATCH__HIDDEN void dispatch__graph_close_all(dispatch_device *dev);
+/* The graph rows of the two kinds (they need the graph's layout, which
+ * graph.c keeps): a replay in process, and the GraphDefine and
+ * GraphReplay requests. */
+DISPATCH__HIDDEN int dispatch__graph_replay_local(
+    dispatch_graph *g, const dispatch_graph_io *in,
+    const dispatch_graph_io *out);
+DISPATCH__HIDDEN int dispatch__graph_define_remote(dispatch_graph *g);
+DISPATCH__HIDDEN int dispatch__graph_replay_remote(
+    dispatch_graph *g, const dispatch_graph_io *in,
+    const dispatch_graph_io *out);
 
-/* remote.c: sends req with bulk (queued requests and frees first), waits
+/* call.c: sends req with bulk (queued requests and frees first), waits
  * for its reply; a READ or GRAPH reply's bulk lands in dst when its size
  * is dst_len. *reply as for the other waits: free it with
  * dispatch__remote_reply_free. */

@@ -104,8 +104,8 @@ void dispatch__leave(dispatch__hold *h) {
 }
 
 int dispatch__sync_call(dispatch_device *dev) {
-  if (!dev->sync || dev->kind != DISPATCH_KIND_REMOTE) return 0;
-  return dispatch__remote_sync(dev);
+  if (!dev->sync) return 0;
+  return dev->ops->sync(dev); /* LOCAL: 0 */
 }
 
 int dispatch__poisoned_input(dispatch_device *dev, const dispatch_tensor *t) {
@@ -208,38 +208,6 @@ static int valid_server_device(const char *d) {
   return 1;
 }
 
-/* The LOCAL storage cache's bound: env DISPATCH_LOCAL_CACHE (bytes, with
- * an optional K, M or G suffix; 0 turns it off), else 256 MiB. A value
- * that does not parse keeps the default rather than failing the open. */
-#define LOCAL_CACHE_DEFAULT (256ull << 20)
-static uint64_t local_cache_bytes(void) {
-  const char *e = getenv("DISPATCH_LOCAL_CACHE");
-  if (!e || !*e) return LOCAL_CACHE_DEFAULT;
-  char *end;
-  unsigned long long v = strtoull(e, &end, 10);
-  if (end == e) return LOCAL_CACHE_DEFAULT;
-  int shift = *end == 'K' || *end == 'k'   ? 10
-              : *end == 'M' || *end == 'm' ? 20
-              : *end == 'G' || *end == 'g' ? 30
-                                           : 0;
-  if (shift) end++;
-  if (*end || v > (UINT64_MAX >> shift)) return LOCAL_CACHE_DEFAULT;
-  return (uint64_t)v << shift;
-}
-
-/* A LOCAL device's ctx charges an unlimited budget that holds its free
- * lists (common/cache.c), so freed storage and headers are reused by the
- * next op of the same size instead of going back to malloc. */
-static int local_cache_init(dispatch_device *dev) {
-  dsp_budget *b = dsp_budget_new(UINT64_MAX, NULL, "local device",
-                                 "DISPATCH_LOCAL_CACHE");
-  if (!b) return DISPATCH_ENOMEM;
-  int rc = dsp_budget_set_cache(b, local_cache_bytes());
-  if (rc == 0) dsp_ctx_set_budget(dev->ctx, b);
-  dsp_budget_unref(b); /* the ctx holds it */
-  return rc;
-}
-
 /* Opens a device; on failure nothing is left allocated and the detail is
  * copied to errmsg, since no device survives to hold it. */
 int dispatch_device_open(const char *spec, const dispatch_options *opts,
@@ -282,17 +250,17 @@ int dispatch_device_open(const char *spec, const dispatch_options *opts,
     if (t && *t == '0' && v == 0) o.timeout_ms = 0; /* "0": no limit */
   }
 
-  dispatch_tensor_kind kind;
+  const dispatch__kind_ops *ops;
   char host[256], port[16], base[300];
   const char *sdev = NULL; /* the server device after "HOST:PORT/" */
   if (strncmp(spec, "local", 5) == 0 &&
       (spec[5] == '\0' || spec[5] == ':')) {
     int rc = local_device(spec, errmsg, errmsg_len);
     if (rc < 0) return rc;
-    kind = DISPATCH_KIND_LOCAL;
+    ops = &dispatch__local_ops;
   } else if (strncmp(spec, "tcp://", 6) == 0 ||
              strncmp(spec, "tls://", 6) == 0) {
-    kind = DISPATCH_KIND_REMOTE;
+    ops = &dispatch__remote_ops;
     const char *slash = strchr(spec + 6, '/');
     size_t n = slash ? (size_t)(slash - spec - 6) : strlen(spec + 6);
     if (slash) sdev = slash + 1;
@@ -324,7 +292,7 @@ int dispatch_device_open(const char *spec, const dispatch_options *opts,
     copy_msg(errmsg, errmsg_len, "dispatch_device_open: out of memory");
     return DISPATCH_ENOMEM;
   }
-  dev->kind = kind;
+  dev->ops = ops;
   dev->conn = dsp_calloc(1, sizeof *dev->conn);
   dev->spec = dsp_strdup(spec);
   dev->ctx = dsp_ctx_new(dsp_cpu_backend());
@@ -343,27 +311,16 @@ int dispatch_device_open(const char *spec, const dispatch_options *opts,
   dev->conn->timeout_ms = o.timeout_ms;
   dev->conn->resume_off = o.no_resume;
   dev->conn->resume_ms = o.resume_timeout_ms;
-  if (kind == DISPATCH_KIND_LOCAL && local_cache_init(dev) < 0) {
-    dsp_free(dev->conn);
+  dispatch__open_args oa = {host, port, o.token, o.client_name, sdev,
+                            strncmp(spec, "tls://", 6) == 0 ? &o : NULL};
+  int rc = ops->open(dev, &oa);
+  if (rc < 0) {
+    copy_msg(errmsg, errmsg_len, dsp_ctx_errmsg(dev->ctx));
+    ops->close(dev);
     dsp_free(dev->spec);
     dsp_ctx_free(dev->ctx);
     dsp_free(dev);
-    copy_msg(errmsg, errmsg_len, "dispatch_device_open: out of memory");
-    return DISPATCH_ENOMEM;
-  }
-  if (kind == DISPATCH_KIND_REMOTE) {
-    int rc = dispatch__remote_open(dev, host, port, o.token, o.client_name,
-                                   sdev,
-                                   strncmp(spec, "tls://", 6) == 0 ? &o
-                                                                   : NULL);
-    if (rc < 0) {
-      copy_msg(errmsg, errmsg_len, dsp_ctx_errmsg(dev->ctx));
-      dispatch__remote_close(dev);
-      dsp_free(dev->spec);
-      dsp_ctx_free(dev->ctx);
-      dsp_free(dev);
-      return rc;
-    }
+    return rc;
   }
   *out = dev;
   return 0;
@@ -374,18 +331,11 @@ int dispatch_device_open(const char *spec, const dispatch_options *opts,
  * exactly once from the device's list). */
 void dispatch_device_close(dispatch_device *dev) {
   if (!dev) return;
-  if (dev->kind == DISPATCH_KIND_REMOTE && dev->conn && dev->conn->refs > 1) {
-    /* a peer goes while the session stays: free what it made there */
-    for (dispatch_tensor *t = dev->all; t; t = t->anext)
-      if (t->kind == DISPATCH_KIND_REMOTE && t->id)
-        dispatch__remote_free(dev, t->id, 0);
-    for (dispatch_grads *g = dev->grads; g; g = g->next)
-      dispatch__remote_free(dev, g->id, 1);
-  }
+  dev->ops->detach(dev);
   dev->closing = 1;
   if (t_last.serial == dev->serial) t_last.code = 0;
   dispatch__graph_close_all(dev); /* they hold tensor references */
-  if (dev->kind == DISPATCH_KIND_REMOTE) dispatch__remote_close(dev);
+  dev->ops->close(dev); /* LOCAL: its conn (only the timeout was used) */
   while (dev->optims) {
     dispatch_optim *o = dev->optims;
     dev->optims = o->next;
@@ -409,7 +359,6 @@ void dispatch_device_close(dispatch_device *dev) {
     dev->scope = s->parent;
     dsp_free(s);
   }
-  if (dev->kind == DISPATCH_KIND_LOCAL) dsp_free(dev->conn);
   dsp_free(dev->device);
   dsp_free(dev->spec);
   /* every tensor is gone: the free lists give their blocks back (each
@@ -431,10 +380,8 @@ int dispatch_device_open_peer(dispatch_device *dev, const char *device,
   *out = NULL;
   if (!dev) return DISPATCH_EINVAL;
   DISPATCH__GUARD(dev, "device_open_peer");
-  if (dev->kind != DISPATCH_KIND_REMOTE)
-    return dispatch__ret(dev, dsp_seterr(dev->ctx, DISPATCH_EUNSUPPORTED,
-                                         "open_peer: \"%s\" is not a remote "
-                                         "device", dev->spec));
+  int rc = dev->ops->peer(dev);
+  if (rc < 0) return dispatch__ret(dev, rc);
   if (!device || !valid_server_device(device))
     return dispatch__ret(dev, dsp_seterr(dev->ctx, DISPATCH_EINVAL,
                                          "open_peer: \"%.64s\" is not a "
@@ -462,11 +409,11 @@ int dispatch_device_open_peer(dispatch_device *dev, const char *device,
   p->spec = spec;
   p->serial = ++g_serial;
   p->sync = dev->sync;
-  p->kind = DISPATCH_KIND_REMOTE;
+  p->ops = dev->ops;
   p->conn = dev->conn;
   p->conn->refs++;
   /* the server says whether it has the device */
-  int rc = dispatch__remote_check_device(p);
+  rc = dispatch__remote_check_device(p);
   if (rc < 0) {
     dsp_seterr(dev->ctx, rc, "%s", dsp_ctx_errmsg(p->ctx));
     dispatch_device_close(p);
@@ -498,18 +445,7 @@ int dispatch_device_list(dispatch_device *dev, dispatch_device_info *out,
   if (max > 0 && !(all = dsp_calloc((size_t)max, sizeof *all)))
     return dispatch__ret(dev, dsp_seterr(dev->ctx, DISPATCH_ENOMEM,
                                          "device_list: out of memory"));
-  int rc = 0;
-  if (dev->kind == DISPATCH_KIND_LOCAL) {
-    *n = 1;
-    if (max > 0) {
-      snprintf(all->kind, sizeof all->kind, "cpu");
-      snprintf(all->name, sizeof all->name, "local:cpu");
-      snprintf(all->description, sizeof all->description, "%s",
-               dsp_cpu_backend()->device);
-    }
-  } else {
-    rc = dispatch__ret(dev, dispatch__remote_devices(dev, all, max, n));
-  }
+  int rc = dispatch__ret(dev, dev->ops->devices(dev, all, max, n));
   if (rc == 0) {
     int k = *n < max ? *n : max;
     for (int i = 0; i < k; i++) {
@@ -523,7 +459,7 @@ int dispatch_device_list(dispatch_device *dev, dispatch_device_info *out,
 }
 
 dispatch_tensor_kind dispatch_device_kind(const dispatch_device *dev) {
-  return dev->kind;
+  return dev->ops->kind;
 }
 
 const char *dispatch_device_spec(const dispatch_device *dev) {
@@ -545,8 +481,7 @@ int dispatch_device_errcode(const dispatch_device *dev) {
 int dispatch_device_sync(dispatch_device *dev) {
   if (!dev) return DISPATCH_EINVAL;
   DISPATCH__GUARD(dev, "device_sync");
-  if (dev->kind == DISPATCH_KIND_LOCAL) return 0;
-  return dispatch__ret(dev, dispatch__remote_sync(dev));
+  return dispatch__ret(dev, dev->ops->sync(dev));
 }
 
 /* Gathers every counter this library knows into a full struct, then
@@ -564,14 +499,7 @@ int dispatch_device_stats(dispatch_device *dev, dispatch_stats *out) {
                         "with DISPATCH_STATS_INIT",
                         size));
   dispatch_stats all;
-  int rc = 0;
-  if (dev->kind == DISPATCH_KIND_LOCAL) {
-    all = dev->local_stats;
-    all.devices = 1;
-  } else {
-    memset(&all, 0, sizeof all);
-    rc = dispatch__ret(dev, dispatch__remote_stats(dev, &all));
-  }
+  int rc = dispatch__ret(dev, dev->ops->stats(dev, &all));
   all.size = size;
   memcpy(out, &all, size < sizeof all ? size : sizeof all);
   return rc;
@@ -591,16 +519,7 @@ int dispatch_device_set_timeout(dispatch_device *dev, int timeout_ms) {
 int dispatch_device_set_cache(dispatch_device *dev, uint64_t bytes) {
   if (!dev) return DISPATCH_EINVAL;
   DISPATCH__GUARD(dev, "device_set_cache");
-  if (dev->kind != DISPATCH_KIND_LOCAL)
-    return dispatch__ret(
-        dev, dsp_seterr(dev->ctx, DISPATCH_EUNSUPPORTED,
-                        "set_cache: \"%s\" is a remote device (its "
-                        "server's cache is dispatch-server --session-cache)",
-                        dev->spec));
-  if (dsp_budget_set_cache(dsp_ctx_budget(dev->ctx), bytes) < 0)
-    return dispatch__ret(dev, dsp_seterr(dev->ctx, DISPATCH_ENOMEM,
-                                         "set_cache: out of memory"));
-  return 0;
+  return dispatch__ret(dev, dev->ops->set_cache(dev, bytes));
 }
 
 /* ------------------------------------------------------------------ */

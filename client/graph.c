@@ -442,17 +442,13 @@ out:
   return rc;
 }
 
-/* Queues a Free of graph id (a lost connection frees it anyway). */
-static void free_remote(dispatch_device *dev, uint64_t id) {
-  /* closing too: a peer going leaves its session serving the others */
-  if (dev->conn->dead || dev->conn->fd < 0) return;
-  Dspwire__Free f = DSPWIRE__FREE__INIT;
-  Dspwire__Request req = DSPWIRE__REQUEST__INIT;
-  f.n_graphs = 1;
-  f.graphs = &id;
-  req.body_case = DSPWIRE__REQUEST__BODY_FREE;
-  req.free = &f;
-  dispatch__remote_queue(dev, &req);
+/* The REMOTE row's graph_define: the server may hold the graph after a
+ * refusal (a deferred error of the captured step), so it is freed then. */
+int dispatch__graph_define_remote(dispatch_graph *gr) {
+  dispatch_device *dev = gr->dev;
+  int rc = define_remote(dev, gr);
+  if (rc < 0) dev->ops->graph_free(dev, gr->id);
+  return rc;
 }
 
 int dispatch_graph_end(dispatch_device *dev, dispatch_graph **out) {
@@ -478,11 +474,7 @@ int dispatch_graph_end(dispatch_device *dev, dispatch_graph **out) {
     rc = build(dev, c, gr);
   }
   capture_drop(dev);
-  if (rc == 0 && dev->kind == DISPATCH_KIND_REMOTE) {
-    rc = define_remote(dev, gr);
-    /* the server may hold it (a deferred error of the captured step) */
-    if (rc < 0) free_remote(dev, gr->id);
-  }
+  if (rc == 0) rc = dev->ops->graph_define(gr);
   if (rc < 0) {
     graph_destroy(gr);
     return dispatch__ret(dev, rc);
@@ -577,8 +569,9 @@ static int check_io(dispatch_graph *gr, const dispatch_graph_io *in, int n_in,
   return 0;
 }
 
-static int replay_local(dispatch_graph *gr, const dispatch_graph_io *in,
-                        const dispatch_graph_io *out) {
+int dispatch__graph_replay_local(dispatch_graph *gr,
+                                 const dispatch_graph_io *in,
+                                 const dispatch_graph_io *out) {
   dispatch_device *dev = gr->dev;
   const dsp_graph *g = gr->g;
   size_t n = (size_t)g->n_inputs + g->n_ext + g->n_outputs;
@@ -613,8 +606,9 @@ static int replay_local(dispatch_graph *gr, const dispatch_graph_io *in,
   return rc;
 }
 
-static int replay_remote(dispatch_graph *gr, const dispatch_graph_io *in,
-                         const dispatch_graph_io *out) {
+int dispatch__graph_replay_remote(dispatch_graph *gr,
+                                  const dispatch_graph_io *in,
+                                  const dispatch_graph_io *out) {
   dispatch_device *dev = gr->dev;
   const dsp_graph *g = gr->g;
   size_t in_len = 0, out_len = gr->out_off[g->n_outputs];
@@ -704,8 +698,7 @@ int dispatch_graph_replay(dispatch_graph *g, const dispatch_graph_io *in,
                                          "this device"));
   int rc = check_io(g, in, n_in, out, n_out);
   if (rc == 0)
-    rc = dev->kind == DISPATCH_KIND_LOCAL ? replay_local(g, in, out)
-                                          : replay_remote(g, in, out);
+    rc = dev->ops->graph_replay(g, in, out);
   return dispatch__ret(dev, rc);
 }
 
@@ -717,7 +710,7 @@ void dispatch_graph_free(dispatch_graph *g) {
   else
     dev->graphs = g->next;
   if (g->next) g->next->prev = g->prev;
-  if (dev->kind == DISPATCH_KIND_REMOTE) free_remote(dev, g->id);
+  dev->ops->graph_free(dev, g->id);
   graph_destroy(g);
 }
 

@@ -1,7 +1,8 @@
 /* Optimizers: in-place SGD and Adam updates where the parameters live.
  * LOCAL runs the SGD_STEP/ADAM_STEP ops through dsp_op; REMOTE sends one
- * Step message per step carrying every parameter. The parameters stay the
- * same tracked leaves: an in-place update never re-wraps them. */
+ * Step message per step carrying every parameter (the kind's step). The
+ * parameters stay the same tracked leaves: an in-place update never
+ * re-wraps them. */
 #include "client_internal.h"
 
 static void optim_destroy(dispatch_optim *o) {
@@ -98,44 +99,6 @@ int dispatch_optim_set_lr(dispatch_optim *opt, double lr) {
   return 0;
 }
 
-/* LOCAL: every parameter's gradient is looked up before the first
- * update, so a parameter without one (DISPATCH_ENOGRAD) changes nothing,
- * as on the server; then each update runs as one in-place op. REMOTE: one
- * Step message. */
-static int local_step(dispatch_optim *opt, dispatch_grads *grads,
-                      const dsp_attrs *a) {
-  dispatch_device *dev = opt->dev;
-  dsp_tensor *gstack[64], **gs = gstack;
-  if (opt->n > 64) {
-    gs = dsp_calloc((size_t)opt->n, sizeof *gs);
-    if (!gs)
-      return dsp_seterr(dev->ctx, DISPATCH_ENOMEM,
-                        "optim_step: out of memory");
-  }
-  int rc = 0, n_got = 0;
-  for (int i = 0; i < opt->n && rc == 0; i++) {
-    rc = dsp_grads_get(dev->ctx, grads->local, opt->params[i]->inner->local,
-                       &gs[i]);
-    if (rc == 0) n_got = i + 1;
-  }
-  for (int i = 0; i < opt->n && rc == 0; i++) {
-    dsp_tensor *in[4], *res;
-    in[0] = opt->params[i]->inner->local;
-    in[1] = gs[i];
-    for (int j = 0; j < opt->k; j++)
-      in[2 + j] = opt->states[i * opt->k + j]->local;
-    rc = dsp_op(dev->ctx, opt->op, in, 2 + opt->k, a, &res);
-    if (rc == 0) {
-      dsp_tensor_unref(res);
-      dev->local_stats.ops++;
-    }
-  }
-  for (int i = 0; i < n_got; i++) dsp_tensor_unref(gs[i]);
-  if (gs != gstack) dsp_free(gs);
-  if (rc < 0) dev->local_stats.errors++; /* the server counts it too */
-  return rc;
-}
-
 int dispatch_optim_step(dispatch_optim *opt, dispatch_grads *grads) {
   if (!opt || !grads)
     return dispatch__null_input(opt ? opt->dev : grads ? grads->dev : NULL,
@@ -159,32 +122,8 @@ int dispatch_optim_step(dispatch_optim *opt, dispatch_grads *grads) {
     a.ints[0] = opt->t + 1;
     a.n_ints = 1;
   }
-  int rc = 0;
-  if (dev->kind == DISPATCH_KIND_LOCAL) {
-    rc = local_step(opt, grads, &a);
-  } else {
-    uint64_t pstack[64], sstack[128];
-    uint64_t *pids = pstack, *sids = sstack;
-    if (opt->n > 64) {
-      pids = dsp_calloc((size_t)opt->n, sizeof *pids);
-      sids = dsp_calloc((size_t)opt->n * (size_t)opt->k, sizeof *sids);
-      if (!pids || !sids) {
-        dsp_free(pids);
-        dsp_free(sids);
-        return dispatch__ret(dev, dsp_seterr(dev->ctx, DISPATCH_ENOMEM,
-                                             "optim_step: out of memory"));
-      }
-    }
-    for (int i = 0; i < opt->n; i++) pids[i] = opt->params[i]->inner->id;
-    for (int i = 0; i < opt->n * opt->k; i++) sids[i] = opt->states[i]->id;
-    rc = dispatch__remote_step(dev, opt->op, grads->id, pids, opt->n, sids,
-                               opt->n * opt->k, &a);
-    if (pids != pstack) {
-      dsp_free(pids);
-      dsp_free(sids);
-    }
-    if (rc == 0) rc = dispatch__sync_call(dev);
-  }
+  int rc = dev->ops->step(opt, grads, &a);
+  if (rc == 0) rc = dispatch__sync_call(dev);
   if (rc < 0) return dispatch__ret(dev, rc);
   if (dev->capture) dispatch__graph_step(opt, grads, &a);
   opt->t++;

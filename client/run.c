@@ -22,13 +22,10 @@ static int wrap_autodiff(dsp_opcode op, dispatch_tensor *inner,
   return 0;
 }
 
-/* Runs op on inputs of one device. LOCAL: dsp_op in the device's ctx with
- * grad mode on only when an input is AUTODIFF, so plain tensors never
- * grow a tape. REMOTE: the output meta is inferred here (shape errors
- * come back now) and the op is queued without waiting. Output: AUTODIFF
- * when an input is AUTODIFF and the result is tracked (LOCAL: as the
- * engine decided; REMOTE: a float result of a non-creation op, the rule
- * the engine applies on the server). */
+/* Runs op on inputs of one device through its kind's row (LOCAL: now, in
+ * the device's ctx; REMOTE: inferred here, so shape errors come back now,
+ * and queued without waiting). Output: AUTODIFF when an input is AUTODIFF
+ * and the row says the result is tracked. */
 int dispatch__run(dispatch_device *dev, dsp_opcode op,
                   dispatch_tensor *const *in, int n_in, const dsp_attrs *a,
                   int scoped, dispatch_tensor **out) {
@@ -53,7 +50,6 @@ int dispatch__run(dispatch_device *dev, dsp_opcode op,
                                                "%s: bad input count %d",
                                                info->name, n_in))
                : DISPATCH_EINVAL;
-  dsp_meta metas[DSP_MAX_INPUTS];
   dispatch_tensor *cin[DSP_MAX_INPUTS];
   int any_ad = 0;
   for (int i = 0; i < n_in; i++) {
@@ -69,54 +65,16 @@ int dispatch__run(dispatch_device *dev, dsp_opcode op,
     /* REMOTE: the client learnt at a wait that this input failed; the op
      * fails here, so the server never runs work that cannot succeed */
     if (cin[i]->status) return dispatch__poisoned_input(dev, in[i]);
-    metas[i] = cin[i]->meta;
   }
-  int rc;
   dispatch_tensor *t;
-  int wrap;
-  if (dev->kind == DISPATCH_KIND_LOCAL) {
-    dsp_tensor *lin[DSP_MAX_INPUTS], *lt;
-    for (int i = 0; i < n_in; i++) lin[i] = cin[i]->local;
-    int prev = dsp_set_grad_enabled(dev->ctx, any_ad);
-    rc = dsp_op(dev->ctx, op, lin, n_in, a, &lt);
-    dsp_set_grad_enabled(dev->ctx, prev);
-    if (rc < 0) {
-      dev->local_stats.errors++;
-      return dispatch__ret(dev, rc);
-    }
-    dev->local_stats.ops++;
-    rc = dispatch__tensor_new(dev, DISPATCH_KIND_LOCAL, &lt->meta, 0, &t);
-    if (rc < 0) {
-      dsp_tensor_unref(lt);
-      return dispatch__ret(dev, rc);
-    }
-    t->local = lt;
-    wrap = any_ad && dsp_is_tracked(lt);
-  } else {
-    dsp_attrs none = dsp_attrs_none();
-    dsp_meta om;
-    rc = dsp_op_infer(dev->ctx, op, metas, n_in, a ? a : &none, &om);
-    if (rc < 0) return dispatch__ret(dev, rc);
-    rc = dispatch__tensor_new(dev, DISPATCH_KIND_REMOTE, &om, 0, &t);
-    if (rc < 0) return dispatch__ret(dev, rc);
-    uint64_t ids[DSP_MAX_INPUTS];
-    for (int i = 0; i < n_in; i++) ids[i] = cin[i]->id;
-    t->id = dispatch__remote_new_id(dev);
-    rc = dispatch__remote_op(dev, op, ids, n_in, a ? a : &none, t->id,
-                             !any_ad);
-    if (rc < 0) {
-      t->id = 0;
-      dispatch__tensor_unref(t);
-      return dispatch__ret(dev, rc);
-    }
-    /* sync mode: the server's answer to this op is this call's (the Free
-     * of the handle takes its poisoned id off the server) */
-    if ((rc = dispatch__sync_call(dev)) < 0) {
-      dispatch__tensor_unref(t);
-      return dispatch__ret(dev, rc);
-    }
-    wrap = any_ad && dsp_dtype_is_float(om.dtype) &&
-           info->family != DSP_FAM_CREATE && info->family != DSP_FAM_OPTIM;
+  int wrap = 0;
+  int rc = dev->ops->op(dev, op, cin, n_in, a, any_ad, &t, &wrap);
+  if (rc < 0) return dispatch__ret(dev, rc);
+  /* sync mode: the server's answer to this op is this call's (the Free
+   * of the handle takes its poisoned id off the server) */
+  if ((rc = dispatch__sync_call(dev)) < 0) {
+    dispatch__tensor_unref(t);
+    return dispatch__ret(dev, rc);
   }
   if (dev->capture) dispatch__graph_op(dev, op, cin, n_in, a, !any_ad, t);
   if (wrap) {

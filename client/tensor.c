@@ -25,22 +25,13 @@ int dispatch__tensor_new(dispatch_device *dev, dispatch_tensor_kind kind,
   t->anext = dev->all;
   if (dev->all) dev->all->aprev = t;
   dev->all = t;
-  if (kind == DISPATCH_KIND_LOCAL) {
-    dev->local_stats.tensors++;
-    dev->local_stats.bytes += meta_nbytes(m, numel);
-  }
   if (scoped) dispatch__scope_adopt(t);
   *out = t;
   return 0;
 }
 
 void dispatch__tensor_destroy(dispatch_tensor *t) {
-  dispatch_device *dev = t->dev;
-  if (t->kind == DISPATCH_KIND_LOCAL) {
-    dsp_tensor_unref(t->local);
-    dev->local_stats.tensors--;
-    dev->local_stats.bytes -= meta_nbytes(&t->meta, t->numel);
-  }
+  t->dev->ops->destroy(t);
   dsp_free(t->poison_msg);
   dsp_free(t);
 }
@@ -63,8 +54,7 @@ void dispatch__tensor_unref(dispatch_tensor *t) {
     else
       dev->all = t->anext;
     if (t->anext) t->anext->aprev = t->aprev;
-    if (t->kind == DISPATCH_KIND_REMOTE && t->id)
-      dispatch__remote_free(dev, t->id, 0);
+    dev->ops->release(t);
     if (t->gslot && dev->capture) dispatch__graph_forget(t);
     dispatch_tensor *inner = t->inner;
     dispatch__tensor_destroy(t);
@@ -143,7 +133,7 @@ static int make_meta(dispatch_device *dev, const char *fn, int dtype,
 }
 
 /* LOCAL copies the bytes into a fresh dsp tensor; REMOTE queues one
- * Upload frame whose bulk part is the bytes. */
+ * Upload frame whose bulk part is the bytes (the row's upload). */
 int dispatch_tensor_from_data(dispatch_device *dev, dispatch_dtype dtype,
                               int ndim, const int64_t *shape,
                               const void *data, size_t nbytes,
@@ -169,31 +159,9 @@ int dispatch_tensor_from_data(dispatch_device *dev, dispatch_dtype dtype,
    * same bytes at the call with the same message */
   if (m.dtype == DSP_BOOL && (rc = dsp_check_bool_bytes(dev->ctx, data, nbytes)) < 0)
     return dispatch__ret(dev, rc);
-  if (dev->kind == DISPATCH_KIND_LOCAL) {
-    dsp_tensor *lt;
-    rc = dsp_tensor_from_data(dev->ctx, &m, data, nbytes, &lt);
-    if (rc < 0) return dispatch__ret(dev, rc);
-    dispatch_tensor *t;
-    rc = dispatch__tensor_new(dev, DISPATCH_KIND_LOCAL, &m, 1, &t);
-    if (rc < 0) {
-      dsp_tensor_unref(lt);
-      return dispatch__ret(dev, rc);
-    }
-    t->local = lt;
-    if (dev->capture) dispatch__graph_input(t);
-    *out = t;
-    return 0;
-  }
   dispatch_tensor *t;
-  rc = dispatch__tensor_new(dev, DISPATCH_KIND_REMOTE, &m, 0, &t);
+  rc = dev->ops->upload(dev, &m, data, nbytes, &t);
   if (rc < 0) return dispatch__ret(dev, rc);
-  t->id = dispatch__remote_new_id(dev);
-  rc = dispatch__remote_upload(dev, t->id, &m, data, nbytes);
-  if (rc < 0) {
-    t->id = 0; /* never reached the server: nothing to Free */
-    dispatch__tensor_unref(t);
-    return dispatch__ret(dev, rc);
-  }
   if ((rc = dispatch__sync_call(dev)) < 0) { /* sync mode: its answer */
     dispatch__tensor_unref(t);
     return dispatch__ret(dev, rc);
@@ -217,43 +185,7 @@ int dispatch_tensor_read(dispatch_tensor *t, void *buf, size_t nbytes) {
                                          "tensor_read: buffer of %zu bytes, "
                                          "tensor has %zu",
                                          nbytes, need));
-  if (c->kind == DISPATCH_KIND_LOCAL) {
-    if (!nbytes) return 0;
-    const dsp_backend *be = c->local->storage->backend;
-    int rc = be->copy_out(be->bctx, buf, dsp_tensor_data(c->local), nbytes);
-    if (rc < 0)
-      return dispatch__ret(
-          dev, dsp_seterr(dev->ctx, rc, "tensor_read: copy out failed"));
-    return 0;
-  }
-  return dispatch__ret(dev, dispatch__remote_read(dev, c->id, buf, nbytes));
-}
-
-/* Between two devices of one session (a device and its peers) the server
- * copies: one ToDevice request, no bytes through the client. */
-static int move_in_server(dispatch_tensor *c, dispatch_device *dev,
-                          dispatch_tensor **out) {
-  const char *target = dev->device ? dev->device : dev->conn->server_device;
-  if (!target)
-    return dsp_seterr(dev->ctx, DISPATCH_EPROTO,
-                      "to_device: the server named no session device");
-  dispatch_tensor *t;
-  int rc = dispatch__tensor_new(dev, DISPATCH_KIND_REMOTE, &c->meta, 0, &t);
-  if (rc < 0) return rc;
-  t->id = dispatch__remote_new_id(dev);
-  rc = dispatch__remote_to_device(dev, c->id, t->id, target);
-  if (rc < 0) {
-    t->id = 0;
-    dispatch__tensor_unref(t);
-    return rc;
-  }
-  if ((rc = dispatch__sync_call(dev)) < 0) {
-    dispatch__tensor_unref(t);
-    return rc;
-  }
-  dispatch__scope_adopt(t);
-  *out = t;
-  return 0;
+  return dispatch__ret(dev, dev->ops->read(c, buf, nbytes));
 }
 
 int dispatch_to_device(dispatch_tensor *t, dispatch_device *dev,
@@ -264,16 +196,16 @@ int dispatch_to_device(dispatch_tensor *t, dispatch_device *dev,
   if (!t) return dispatch__null_input(dev, "to_device", 0);
   dispatch_tensor *c = dispatch_inner(t);
   if (c->status) return dispatch__poisoned_input(dev, t);
-  if (c->kind == DISPATCH_KIND_REMOTE && dev->kind == DISPATCH_KIND_REMOTE &&
-      c->dev->conn == dev->conn)
-    return dispatch__ret(dev, move_in_server(c, dev, out));
+  /* between two devices of one session the server copies */
+  int rc = dev->ops->move(c, dev, out);
+  if (rc <= 0) return dispatch__ret(dev, rc);
   size_t n = dispatch_tensor_nbytes(t);
   void *tmp = dsp_malloc(n);
   if (!tmp)
     return dispatch__ret(dev, dsp_seterr(dev->ctx, DISPATCH_ENOMEM,
                                          "to_device: out of memory (%zu bytes)",
                                          n));
-  int rc = dispatch_tensor_read(t, tmp, n);
+  rc = dispatch_tensor_read(t, tmp, n);
   if (rc < 0) {
     dsp_free(tmp);
     if (t->dev != dev)

@@ -18,7 +18,7 @@
 #include <sys/socket.h>
 #include <time.h>
 
-#include "client_internal.h"
+#include "conn.h"
 
 #define TLS_CHUNK (1u << 20) /* plaintext encrypted per step */
 #define TLS_READ_BUF (256u << 10) /* ciphertext OpenSSL reads per recv */
@@ -193,8 +193,9 @@ static int step(dispatch__conn *c, int rc, int64_t deadline, char *why,
   return -1;
 }
 
-int dispatch__tls_write(dispatch__conn *c, const void *p, size_t n,
-                        int64_t deadline, char *why, size_t len) {
+/* Encrypts and sends all n bytes: 0, or -1 with the reason in why. */
+static int tls_write(dispatch__conn *c, const void *p, size_t n,
+                     int64_t deadline, char *why, size_t len) {
   const uint8_t *b = p;
   while (n > 0) {
     size_t k = n < TLS_CHUNK ? n : TLS_CHUNK, done = 0;
@@ -209,8 +210,9 @@ int dispatch__tls_write(dispatch__conn *c, const void *p, size_t n,
   return 0; /* the socket BIO sent every record SSL_write_ex made */
 }
 
-int dispatch__tls_read(dispatch__conn *c, void *p, size_t n, size_t *got,
-                       int64_t deadline, char *why, size_t len) {
+/* Receives 1..n plaintext bytes (*got): 0, or -1 with the reason. */
+static int tls_read(dispatch__conn *c, void *p, size_t n, size_t *got,
+                    int64_t deadline, char *why, size_t len) {
   for (;;) {
     int rc = SSL_read_ex(c->ssl, p, n, got);
     if (rc == 1) return 0;
@@ -234,8 +236,8 @@ static const char *opt_or_env(const char *v, const char *env) {
  * the certificate must carry and runs the handshake within the device's
  * timeout. On failure the detail is in dev->ctx and the code is
  * DISPATCH_ETLS (or DISPATCH_ECONN when the socket itself failed). */
-int dispatch__tls_open(dispatch_device *dev, const char *host,
-                       const dispatch_options *o) {
+static int tls_open(dispatch_device *dev, const char *host,
+                    const dispatch_options *o) {
   dispatch__conn *c = dev->conn;
   const char *ca = opt_or_env(o->ca_file, "DISPATCH_TLS_CA");
   const char *cert = opt_or_env(o->cert_file, "DISPATCH_TLS_CERT");
@@ -313,7 +315,7 @@ fail:
 }
 
 /* Best effort close_notify (never waits), then frees the session. */
-void dispatch__tls_close(dispatch__conn *c) {
+static void tls_close(dispatch__conn *c) {
   if (c->ssl && c->fd >= 0 && !c->dead && SSL_is_init_finished(c->ssl)) {
     SSL_shutdown(c->ssl); /* the socket BIO sends without waiting */
   }
@@ -323,3 +325,65 @@ void dispatch__tls_close(dispatch__conn *c) {
   c->ssl_ctx = NULL;
   ERR_clear_error();
 }
+
+/* The TLS row of the transport table (conn.c has plain TCP's). */
+
+/* Writes all n bytes or loses the connection, within the timeout. */
+static int tls_write_all(dispatch_device *dev, const void *p, size_t n) {
+  dispatch__conn *c = dev->conn;
+  char why[384];
+  if (tls_write(c, p, n, dispatch__deadline_in(c), why, sizeof why) < 0)
+    return dispatch__conn_lost(dev, why);
+  return 0;
+}
+
+/* Reads exactly n plaintext bytes. OpenSSL buffers the records itself
+ * (read ahead), so there is no receive buffer here and no poll before the
+ * first read (wait_first): a read that needs bytes waits in tls_read.
+ * With keepalives the deadline ends only a wait at a frame boundary
+ * (DISPATCH_ETIMEDOUT); silence for the timeout ends any. */
+static int tls_read_all(dispatch_device *dev, void *p, size_t n,
+                        int64_t deadline, int wait_first, int boundary) {
+  (void)wait_first;
+  dispatch__conn *c = dev->conn;
+  uint8_t *b = p;
+  while (n > 0) {
+    char why[384];
+    size_t got = 0;
+    int64_t dl = c->timeout_ms > 0 ? deadline : INT64_MAX;
+    if (c->ka_ms) {
+      int64_t now = dispatch__now_ms(), left;
+      int v = dispatch__wait_verdict(now, c->heard_ms, deadline,
+                                     c->timeout_ms, boundary && b == p,
+                                     &left);
+      if (v == DISPATCH__WAIT_SILENT) return dispatch__conn_silent(dev);
+      if (v == DISPATCH__WAIT_TIMEDOUT) return DISPATCH_ETIMEDOUT;
+      dl = left < 0 ? INT64_MAX : now + left;
+    }
+    c->tls_expired = 0;
+    if (tls_read(c, b, n, &got, dl, why, sizeof why) < 0) {
+      if (c->ka_ms && c->tls_expired) continue; /* judged above */
+      return dispatch__conn_lost(dev, why);
+    }
+    c->heard_ms = dispatch__now_ms();
+    b += got;
+    n -= got;
+  }
+  return 0;
+}
+
+/* a TLS connection's unread bytes are records in OpenSSL's buffers: none
+ * is looked at */
+static size_t tls_unread(dispatch__conn *c, uint8_t *buf, size_t cap) {
+  (void)c, (void)buf, (void)cap;
+  return 0;
+}
+
+const dispatch__transport dispatch__transport_tls = {
+    .name = "tls",
+    .open = tls_open,
+    .write = tls_write_all,
+    .read = tls_read_all,
+    .unread = tls_unread,
+    .close = tls_close,
+};
