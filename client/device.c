@@ -505,7 +505,7 @@ int dispatch_device_list(dispatch_device *dev, dispatch_device_info *out,
       snprintf(all->kind, sizeof all->kind, "cpu");
       snprintf(all->name, sizeof all->name, "local:cpu");
       snprintf(all->description, sizeof all->description, "%s",
-               dsp_cpu_backend()->device);
+               dsp_backend_description(dsp_cpu_backend()));
     }
   } else {
     rc = dispatch__ret(dev, dispatch__remote_devices(dev, all, max, n));

@@ -219,8 +219,7 @@ int dispatch_tensor_read(dispatch_tensor *t, void *buf, size_t nbytes) {
                                          nbytes, need));
   if (c->kind == DISPATCH_KIND_LOCAL) {
     if (!nbytes) return 0;
-    const dsp_backend *be = c->local->storage->backend;
-    int rc = be->copy_out(be->bctx, buf, dsp_tensor_data(c->local), nbytes);
+    int rc = dsp_tensor_read(dev->ctx, c->local, buf, nbytes);
     if (rc < 0)
       return dispatch__ret(
           dev, dsp_seterr(dev->ctx, rc, "tensor_read: copy out failed"));

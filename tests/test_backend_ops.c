@@ -31,6 +31,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend.h"
 #include "dsp.h"
 #include "dsp_internal.h"
 #include "helpers/server_proc.h"

@@ -22,6 +22,7 @@
 
 #include "cuda_math.h"
 #include "cuda_plan.h"
+#include "backend.h"
 #include "dsp.h"
 #include "helpers/tensor_util.h"
 #include "rng.h"

@@ -309,7 +309,9 @@ static const dsp_backend g_cpu = {
     .commit_in = cpu_commit_in,
     .stage_out = cpu_stage_out,
     .stage_release = cpu_stage_release,
-    .host_shared = 1,
+    .caps = DSP_CAP_HOST_MEMORY | DSP_CAP_INLINE,
+    /* the elementwise loops (common/cpu/ew.c) store every element */
+    .writes_every_element = 1u << DSP_FAM_EW,
     .supports_op = cpu_supports,
     .run_op = cpu_run,
 };

@@ -3,6 +3,7 @@
 #ifndef DSP_CPU_H
 #define DSP_CPU_H
 
+#include "backend.h"
 #include "dsp_internal.h"
 
 /* On x86-64 with GCC, a hot kernel loop marked DSP_CPU_CLONES is compiled

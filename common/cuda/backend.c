@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "backend.h"
 #include "cpu/cpu.h"
 #include "cuda_kern.h"
 #include "cuda_plan.h"
@@ -956,7 +957,8 @@ static int queue_open(cu_be *b, char *why, size_t why_len) {
   b->table.stage_release = cu_stage_release;
   b->table.commit_part = cu_commit_part;
   b->table.stage_out_wait = cu_stage_out_wait;
-  b->table.host_shared = 0;
+  b->table.caps = 0; /* device memory; kernels run on the GPU's stream */
+  b->table.writes_every_element = 0; /* results are zeroed first */
   b->table.supports_op = cu_supports;
   b->table.run_op = cu_run;
   return 0;
