@@ -288,6 +288,14 @@ static int make_case(dsp_opcode op, dsp_dtype k, int v, tcase *c) {
         case 3: c->what = "batch broadcast [2,1,3,4] @ [3,4,2]"; in_(c, k, 'r', 0, 4, 2, 1, 3, 4); in_(c, k, 'r', 0, 3, 3, 4, 2); return 0;
         case 4: c->what = "zero-size [0,4] @ [4,5]"; in_(c, k, 'r', 0, 2, 0, 4); in_(c, k, 'r', 0, 2, 4, 5); return 0;
         case 5: c->what = "empty inner [3,0] @ [0,5]"; in_(c, k, 'r', 0, 2, 3, 0); in_(c, k, 'r', 0, 2, 0, 5); return 0;
+        /* the attributes {ta, tb}: op(a) @ op(b) with x^T where set */
+        case 6: c->what = "a^T [4,3]^T @ [4,5]"; in_(c, k, 'r', 0, 2, 4, 3); in_(c, k, 'r', 0, 2, 4, 5); ints_(c, 2, 1, 0); return 0;
+        case 7: c->what = "b^T [3,4] @ [5,4]^T"; in_(c, k, 'r', 0, 2, 3, 4); in_(c, k, 'r', 0, 2, 5, 4); ints_(c, 2, 0, 1); return 0;
+        case 8: c->what = "both batched [2,4,3]^T @ [2,5,4]^T"; in_(c, k, 'r', 0, 3, 2, 4, 3); in_(c, k, 'r', 0, 3, 2, 5, 4); ints_(c, 2, 1, 1); return 0;
+        case 9: c->what = "a^T batched, b shared [2,4,3]^T @ [4,5]"; in_(c, k, 'r', 0, 3, 2, 4, 3); in_(c, k, 'r', 0, 2, 4, 5); ints_(c, 2, 1, 0); return 0;
+        case 10: c->what = "b^T shared [2,3,4] @ [5,4]^T"; in_(c, k, 'r', 0, 3, 2, 3, 4); in_(c, k, 'r', 0, 2, 5, 4); ints_(c, 2, 0, 1); return 0;
+        case 11: c->what = "b^T, 1-D a [4] @ [2,3,4]^T"; in_(c, k, 'r', 0, 1, 4); in_(c, k, 'r', 0, 3, 2, 3, 4); ints_(c, 2, 0, 1); return 0;
+        case 12: c->what = "empty inner a^T [0,3]^T @ [0,5]"; in_(c, k, 'r', 0, 2, 0, 3); in_(c, k, 'r', 0, 2, 0, 5); ints_(c, 2, 1, 0); return 0;
         default: return -1;
       }
     case DSP_OP_SOFTMAX: case DSP_OP_LOG_SOFTMAX:

@@ -318,10 +318,6 @@ static const dsp_backend g_cpu = {
 
 const dsp_backend *dsp_cpu_backend(void) { return &g_cpu; }
 
-int dsp__cpu_backend_is(const dsp_backend *be) {
-  return be && be->run_op == cpu_run;
-}
-
 dsp_backend *dsp_cpu_backend_new(const char *id) {
   size_t n = strlen(id ? id : "cpu") + 1;
   dsp_backend *be = dsp_malloc(sizeof *be + n);

@@ -39,16 +39,6 @@ DSP_CPU_FAMILY_DECL_(optim)
  * CUDA backend claims as its own. */
 int dsp__cpu_has_kernel(dsp_opcode op, dsp_dtype key);
 
-/* 1 when be is a CPU backend (dsp_cpu_backend or one from
- * dsp_cpu_backend_new). */
-int dsp__cpu_backend_is(const dsp_backend *be);
-
-/* op(a) @ op(b) on a CPU backend with BLAS's transpose flags (see
- * common/cpu/linalg.c); 1 when it declines, so the caller falls back to
- * transpose + matmul through dsp_op. */
-int dsp__cpu_matmul_t(dsp_ctx *ctx, dsp_tensor *a, int ta, dsp_tensor *b,
-                      int tb, dsp_tensor **out);
-
 /* The end of every kernel dispatch: an op x dtype the CPU kernels have no
  * loop for is DISPATCH_EUNSUPPORTED naming the op, the dtypes and "cpu",
  * never a silent success with the zeroed output. */

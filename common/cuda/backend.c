@@ -630,14 +630,25 @@ static int run_nn(cu_be *b, dsp_ctx *ctx, dsp_opcode op, dsp_tensor *const *in,
  * operands swapped and no transposing copy. The broadcast batch dims are
  * walked with a two-operand iterator: its innermost (merged) dim becomes
  * one strided-batched call (stride 0 for a broadcast operand), the outer
- * rows, usually none, one call each. */
+ * rows, usually none, one call each. Transposed operands (the attributes
+ * {ta, tb}, dsp__mm_attrs) are cuBLAS's own transpose flags: a stored
+ * [k, m] row-major is column-major m x k, so op(a)^T = that view with
+ * CUBLAS_OP_T (leading dim m), and likewise b (leading dim k). */
 static int run_matmul(cu_be *b, dsp_ctx *ctx, dsp_tensor *const *in,
-                      dsp_tensor *out) {
-  const dsp_meta *ma = &in[0]->meta, *mb = &in[1]->meta;
+                      const dsp_attrs *at, dsp_tensor *out) {
+  const dsp_meta ms[2] = {in[0]->meta, in[1]->meta};
+  dsp_meta eff[2];
+  int ta, tb;
+  int rc = dsp__mm_attrs(ctx, at, ms, &ta, &tb, eff);
+  if (rc < 0) return rc;
+  const dsp_meta *ma = &eff[0], *mb = &eff[1];
   const int f64 = ma->dtype == DSP_F64;
   int64_t m, k, n;
   dsp__cu_index ix;
   dsp__cu_plan_matmul(ma, mb, &m, &k, &n, &ix);
+  const cublasOperation_t oa = ta ? CUBLAS_OP_T : CUBLAS_OP_N,
+                          ob = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const int lda = (int)(ta ? m : k), ldb = (int)(tb ? k : n);
   if (k == 0 || m == 0 || n == 0) return 0; /* out is zeroed already */
   /* rows of the (merged) batch walk, each one strided-batched call */
   int64_t inner = ix.shape[ix.nd - 1], rows = 1;
@@ -657,17 +668,17 @@ static int run_matmul(cu_be *b, dsp_ctx *ctx, dsp_tensor *const *in,
       char *pc = C + (size_t)((r * inner + b0) * m * n) * es;
       if (f64) {
         const double one = 1.0, zero = 0.0;
-        s = cublasDgemmStridedBatched(b->blas, CUBLAS_OP_N, CUBLAS_OP_N, (int)n,
-                                      (int)m, (int)k, &one, (const double *)pb,
-                                      (int)n, lb * k * n, (const double *)pa,
-                                      (int)k, la * m * k, &zero, (double *)pc,
+        s = cublasDgemmStridedBatched(b->blas, ob, oa, (int)n, (int)m, (int)k,
+                                      &one, (const double *)pb, ldb,
+                                      lb * k * n, (const double *)pa, lda,
+                                      la * m * k, &zero, (double *)pc,
                                       (int)n, m * n, cnt);
       } else {
         const float one = 1.0f, zero = 0.0f;
-        s = cublasSgemmStridedBatched(b->blas, CUBLAS_OP_N, CUBLAS_OP_N, (int)n,
-                                      (int)m, (int)k, &one, (const float *)pb,
-                                      (int)n, lb * k * n, (const float *)pa,
-                                      (int)k, la * m * k, &zero, (float *)pc,
+        s = cublasSgemmStridedBatched(b->blas, ob, oa, (int)n, (int)m, (int)k,
+                                      &one, (const float *)pb, ldb,
+                                      lb * k * n, (const float *)pa, lda,
+                                      la * m * k, &zero, (float *)pc,
                                       (int)n, m * n, cnt);
       }
     }
@@ -901,7 +912,7 @@ static int cu_run(void *bctx, dsp_ctx *ctx, dsp_opcode op,
     case DSP_FAM_EW: return run_ew(b, ctx, op, in, n_in, a, out);
     case DSP_FAM_RED: return run_red(b, ctx, op, in, a, out);
     case DSP_FAM_SHAPE: return run_shape(b, ctx, op, in, n_in, a, out);
-    case DSP_FAM_LINALG: return run_matmul(b, ctx, in, out);
+    case DSP_FAM_LINALG: return run_matmul(b, ctx, in, a, out);
     case DSP_FAM_NN: return run_nn(b, ctx, op, in, n_in, a, out);
     case DSP_FAM_CREATE: return run_create(b, ctx, op, a, out);
     case DSP_FAM_OPTIM: return run_optim(b, ctx, op, in, a, out);
