@@ -1074,6 +1074,52 @@ Test(backend_ops, refusals_are_listed_and_refused_by_dsp_op, .timeout = 300) {
  * log, sqrt, sigmoid, tanh, gelu and the float-only scalar forms on i64
  * or bool, the arithmetic ops on bool, and mean on i64 (run as a sum)
  * all returned 0. */
+#if DSP_CUDA_BUILT
+/* The CUDA backend's own op x dtype table (common/cuda/supports.c),
+ * checked on any host that built it, GPU or not: it claims no pair that
+ * inference refuses, and none the CPU does not run (the GPU conformance
+ * walk needs the CPU's result as its reference). Pairs the CPU runs and
+ * CUDA does not are listed. */
+Test(backend_ops, cuda_table_claims_only_valid_pairs) {
+  static const dsp_opcode ops[] = {
+#define OPCODE_(NAME, code, str, nin, fam) DSP_OP_##NAME,
+      DSP_OP_MAP(OPCODE_)
+#undef OPCODE_
+  };
+  const dsp_backend *cpu = dsp_cpu_backend();
+  int claimed = 0;
+  char cpu_only[1024] = "";
+  size_t cl = 0;
+  for (size_t i = 0; i < sizeof ops / sizeof ops[0]; i++)
+    for (int d = 0; d < NDT; d++) {
+      dsp_opcode op = ops[i];
+      dsp_dtype k = g_dtypes[d];
+      const char *name = dsp_op_lookup((int)op)->name;
+      tcase c;
+      cr_assert_eq(make_case(op, k, 0, &c), 0);
+      dsp_ctx *ictx = dsp_ctx_new();
+      dsp_meta om = {k, 0, {0}};
+      int valid = dsp_op_infer(ictx, op, c.in, c.n_in, &c.a, &om) == 0;
+      dsp_ctx_free(ictx);
+      if (!valid) om = (dsp_meta){k, 0, {0}};
+      int cu = dsp__cuda_has_kernel(op, dsp__op_key_dtype(op, c.in, c.n_in, &om));
+      int cp = valid && cpu->supports_op(cpu->bctx, op, c.in, c.n_in, &om);
+      cr_assert(!cu || valid, "cuda claims %s x %s, which inference refuses",
+                name, dsp_dtype_name(k));
+      cr_assert(!cu || cp, "cuda claims %s x %s, which the CPU does not run",
+                name, dsp_dtype_name(k));
+      claimed += cu;
+      if (cp && !cu && cl < sizeof cpu_only)
+        cl += (size_t)snprintf(cpu_only + cl, sizeof cpu_only - cl, " %s:%s",
+                               name, dsp_dtype_name(k));
+    }
+  cr_assert_gt(claimed, 0);
+  fprintf(stderr, "\ncuda table: %d op x dtype pairs claimed, all valid and "
+          "run by the CPU too; CPU only:%s\n", claimed,
+          cl ? cpu_only : " none");
+}
+#endif
+
 Test(backend_ops, kernels_refuse_what_they_have_no_loop_for) {
   const dsp_backend *be = dsp_cpu_backend();
   static const dsp_opcode ops[] = {

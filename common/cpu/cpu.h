@@ -34,11 +34,6 @@ DSP_CPU_FAMILY_DECL_(create)
 DSP_CPU_FAMILY_DECL_(optim)
 #undef DSP_CPU_FAMILY_DECL_
 
-/* 1 when the CPU kernels implement op for key dtype `key`
- * (dsp__op_key_dtype): the CPU backend's supports_op table, which the
- * CUDA backend claims as its own. */
-int dsp__cpu_has_kernel(dsp_opcode op, dsp_dtype key);
-
 /* The end of every kernel dispatch: an op x dtype the CPU kernels have no
  * loop for is DISPATCH_EUNSUPPORTED naming the op, the dtypes and "cpu",
  * never a silent success with the zeroed output. */

@@ -11,7 +11,6 @@
 #include <string.h>
 
 #include "backend.h"
-#include "cpu/cpu.h"
 #include "cuda_kern.h"
 #include "cuda_plan.h"
 #include "dsp_cuda.h"
@@ -378,19 +377,12 @@ static void scratch_put(cu_be *b, dsp_ctx *ctx, size_t n, void *p) {
 /* ------------------------------------------------------------------ */
 /* what this backend runs                                              */
 
-/* The CUDA kernels implement every op x key dtype pair the CPU kernels do
- * (tests/test_cuda_host.c replays each kernel's math against the CPU, and
- * test_backend_ops runs every claimed pair on a GPU), so this backend
- * claims the CPU's table rather than keeping a copy of it. An op added
- * to DSP_OP_MAP breaks the build here: decide whether it has a CUDA
- * kernel, and refuse it in cu_supports until it does. */
-_Static_assert(DSP__OP_COUNT == 71,
-               "a new op: give it a CUDA kernel or refuse it in cu_supports");
-
+/* The CUDA kernels' own op x key dtype table (common/cuda/supports.c);
+ * an op added to DSP_OP_MAP breaks the build there until it has a row. */
 static int cu_supports(void *bctx, dsp_opcode op, const dsp_meta *in, int n,
                        const dsp_meta *out) {
   (void)bctx;
-  return dsp__cpu_has_kernel(op, dsp__op_key_dtype(op, in, n, out));
+  return dsp__cuda_has_kernel(op, dsp__op_key_dtype(op, in, n, out));
 }
 
 /* ------------------------------------------------------------------ */
