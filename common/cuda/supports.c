@@ -23,22 +23,22 @@ static const struct cu_row {
   dsp_opcode op;
   unsigned dtypes;
 } g_cu_ops[] = {
-    /* k_binary<float/double/int64_t> (dsp__cu_bin_*); integer div checks
+    /* k_binary<float/double/int64_t> (dsp__sm_bin_*); integer div checks
      * its divisors first (dsp__cuk_first_bad) */
     {DSP_OP_ADD, FDI_}, {DSP_OP_SUB, FDI_}, {DSP_OP_MUL, FDI_},
     {DSP_OP_DIV, FDI_}, {DSP_OP_MAXIMUM, FDI_}, {DSP_OP_MINIMUM, FDI_},
-    /* k_binary's compare path (dsp__cu_cmp_*): eq/ne for every dtype, the
+    /* k_binary's compare path (dsp__sm_cmp_*): eq/ne for every dtype, the
      * orderings for the numeric ones */
     {DSP_OP_EQ, ALL_}, {DSP_OP_NE, ALL_}, {DSP_OP_LT, FDI_},
     {DSP_OP_LE, FDI_}, {DSP_OP_GT, FDI_}, {DSP_OP_GE, FDI_},
     /* k_where copies elements by size: every dtype */
     {DSP_OP_WHERE, ALL_},
-    /* k_map (dsp__cu_scalar_*): i64 has add/sub/mul/rsub only */
+    /* k_map (dsp__sm_scalar_*): i64 has add/sub/mul/rsub only */
     {DSP_OP_ADD_SCALAR, FDI_}, {DSP_OP_SUB_SCALAR, FDI_},
     {DSP_OP_MUL_SCALAR, FDI_}, {DSP_OP_DIV_SCALAR, FD_},
     {DSP_OP_POW_SCALAR, FD_}, {DSP_OP_RSUB_SCALAR, FDI_},
     {DSP_OP_RDIV_SCALAR, FD_},
-    /* k_map (dsp__cu_unary_*, dsp__cu_act_bw_*): i64 has neg, abs, sign,
+    /* k_map (dsp__sm_unary_*, dsp__sm_act_bw_*): i64 has neg, abs, sign,
      * relu and relu_backward */
     {DSP_OP_NEG, FDI_}, {DSP_OP_EXP, FD_}, {DSP_OP_LOG, FD_},
     {DSP_OP_SQRT, FD_}, {DSP_OP_ABS, FDI_}, {DSP_OP_SIGN, FDI_},
