@@ -254,8 +254,9 @@ typedef struct dsp_storage {
   const struct dsp_backend *backend; /* frees data */
   dsp_budget *budget; /* charged `charged` bytes until freed; may be NULL */
   uint64_t charged;
-  dsp_budget *dev_budget; /* the backend's device budget (backend->mem) it
-                             charged `charged` bytes too; NULL: none */
+  dsp_budget *dev_budget; /* the backend's device budget (its
+                             dsp_backend_device_budget), charged `charged`
+                             bytes too; NULL: none */
   size_t cap; /* bytes data can hold (>= nbytes: a reused block) */
   /* while in its budget's free lists (common/cache.c): its size class's
    * list and the lists' age order */
@@ -594,8 +595,8 @@ dsp_budget *dsp_backend_device_budget(const dsp_backend *be);
 
 const dsp_backend *dsp_cpu_backend(void);
 /* A CPU backend instance of its own, named id ("cpu:1": a server's second
- * CPU device), with no device budget (the caller may set ->mem, keeping
- * the budget alive while the instance lives). Kernels, cache and memory
+ * CPU device), with no device budget (dsp_backend_set_device gives it
+ * one, which must stay alive while the instance lives). Kernels, cache and memory
  * are the CPU's; only the identity differs, so tensors of two instances
  * are two devices' tensors. NULL when out of memory. Freed with
  * dsp_cpu_backend_free after every storage made on it is gone. */
