@@ -212,6 +212,9 @@ $(CUDA_A): $(CUDA_OBJ)
 	@rm -f $@
 	ar rcs $@ $^
 
+# the CUDA kernels include the scalar math they share with the CPU loops
+$(patsubst %.cu,$(BUILD)/obj/%.cu.o,$(CUDA_SRC_CU)): common/scalar_math.h
+
 $(COMMON_A): $(COMMON_OBJ)
 	@rm -f $@
 	ar rcs $@ $^

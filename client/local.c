@@ -112,8 +112,7 @@ static int local_upload(dispatch_device *dev, const dsp_meta *m,
 
 static int local_read(dispatch_tensor *t, void *buf, size_t nbytes) {
   if (!nbytes) return 0;
-  const dsp_backend *be = t->local->storage->backend;
-  int rc = be->copy_out(be->bctx, buf, dsp_tensor_data(t->local), nbytes);
+  int rc = dsp_tensor_read(t->dev->ctx, t->local, buf, nbytes);
   if (rc < 0)
     return dsp_seterr(t->dev->ctx, rc, "tensor_read: copy out failed");
   return 0;
@@ -229,7 +228,7 @@ static int local_devices(dispatch_device *dev, dispatch_device_info *all,
     snprintf(all->kind, sizeof all->kind, "cpu");
     snprintf(all->name, sizeof all->name, "local:cpu");
     snprintf(all->description, sizeof all->description, "%s",
-             dsp_cpu_backend()->device);
+             dsp_backend_description(dsp_cpu_backend()));
   }
   return 0;
 }

@@ -12,7 +12,6 @@
 #include <string.h>
 
 #include "autodiff.h"
-#include "cpu/cpu.h"
 
 /* A rule's scratch: every intermediate tensor lands in tmp and is dropped
  * when the rule ends; the first error sticks in rc and makes every later
@@ -124,19 +123,18 @@ static dsp_tensor *transpose_last2(rb *r, dsp_tensor *x) {
   return rb_op(r, DSP_OP_TRANSPOSE, &a, 1, x, NULL, NULL);
 }
 
-/* op(a) @ op(b), op(x) = x^T (last two dims) where the flag is set. On a
- * CPU backend two 2-D operands go to one gemm with BLAS's transpose flags
- * (dsp__cpu_matmul_t); anything else copies the transpose and multiplies
- * through dsp_op. */
+/* op(a) @ op(b), op(x) = x^T (last two dims) where the flag is set. Two
+ * 2-D operands are one MATMUL with the flags as its attributes (one gemm
+ * with BLAS's transpose flags on the CPU, no transposing copy); batched
+ * ones copy the transpose and multiply, which keeps their results the
+ * bits they have always been. */
 static dsp_tensor *matmul_t(rb *r, dsp_tensor *a, int ta, dsp_tensor *b,
                             int tb) {
   if (r->rc < 0) return NULL;
-  dsp_tensor *out;
-  int rc = dsp__cpu_matmul_t(r->ctx, a, ta, b, tb, &out);
-  if (rc == 0) return rb_keep(r, out);
-  if (rc < 0) {
-    r->rc = rc;
-    return NULL;
+  if (a->meta.ndim == 2 && b->meta.ndim == 2 && (ta || tb)) {
+    int64_t v[2] = {ta, tb};
+    dsp_attrs at = dsp_attrs_ints(2, v);
+    return rb_op(r, DSP_OP_MATMUL, &at, 2, a, b, NULL);
   }
   return bin(r, DSP_OP_MATMUL, ta ? transpose_last2(r, a) : a,
              tb ? transpose_last2(r, b) : b);
@@ -405,7 +403,12 @@ int dsp__autodiff_rule(dsp_ctx *ctx, const dsp_node *n, dsp_tensor *g,
       /* promote 1-D operands to matrices as numpy does ([k] -> [1,k] on
        * the left, [k,1] on the right), differentiate the batched matrix
        * product, sum the broadcast batch dims away and drop the added
-       * dims again */
+       * dims again. With the attributes {ta, tb} the product is
+       * op(a) @ op(b) (a flagged operand has rank >= 2, so only an
+       * unflagged one is promoted): d op(a) = g op(b)^T and
+       * d op(b) = op(a)^T g, transposed back where the flag is set. */
+      const int ta = at->n_ints == 2 && at->ints[0] == 1,
+                tb = at->n_ints == 2 && at->ints[1] == 1;
       dsp_meta am = in[0]->meta, bm = in[1]->meta;
       if (am.ndim == 1) am = (dsp_meta){am.dtype, 2, {1, am.shape[0]}};
       if (bm.ndim == 1) bm = (dsp_meta){bm.dtype, 2, {bm.shape[0], 1}};
@@ -415,13 +418,17 @@ int dsp__autodiff_rule(dsp_ctx *ctx, const dsp_node *n, dsp_tensor *g,
       dsp_meta gm;
       r.rc = dsp_broadcast_shapes(ctx, "matmul backward", &ab, &bb, &gm);
       if (r.rc < 0) break;
-      gm.shape[gm.ndim++] = am.shape[am.ndim - 2];
-      gm.shape[gm.ndim++] = bm.shape[bm.ndim - 1];
+      gm.shape[gm.ndim++] = am.shape[am.ndim - 2 + ta];
+      gm.shape[gm.ndim++] = bm.shape[bm.ndim - 1 - tb];
       dsp_tensor *g1 = reshape(R, g, &gm);
       dsp_tensor *a1 = reshape(R, in[0], &am), *b1 = reshape(R, in[1], &bm);
-      GRAD(0, reshape(R, sum_to(R, matmul_t(R, g1, 0, b1, 1), &am),
+      GRAD(0, reshape(R, sum_to(R, ta ? matmul_t(R, b1, tb, g1, 1)
+                                      : matmul_t(R, g1, 0, b1, !tb),
+                                &am),
                       &in[0]->meta));
-      GRAD(1, reshape(R, sum_to(R, matmul_t(R, a1, 1, g1, 0), &bm),
+      GRAD(1, reshape(R, sum_to(R, tb ? matmul_t(R, g1, 1, a1, ta)
+                                      : matmul_t(R, a1, !ta, g1, 0),
+                                &bm),
                       &in[1]->meta));
       break;
     }

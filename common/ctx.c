@@ -28,10 +28,6 @@ void dsp_ctx_set_backend(dsp_ctx *ctx, const dsp_backend *be) {
   ctx->backend = be ? be : ctx->home;
 }
 
-const char *dsp_backend_id(const dsp_backend *be) {
-  return be->id ? be->id : be->name;
-}
-
 int dsp_seterr(dsp_ctx *ctx, int code, const char *fmt, ...) {
   if (ctx) {
     va_list ap;

@@ -257,8 +257,9 @@ typedef struct dsp_storage {
   const struct dsp_backend *backend; /* frees data */
   dsp_budget *budget; /* charged `charged` bytes until freed; may be NULL */
   uint64_t charged;
-  dsp_budget *dev_budget; /* the backend's device budget (backend->mem) it
-                             charged `charged` bytes too; NULL: none */
+  dsp_budget *dev_budget; /* the backend's device budget (its
+                             dsp_backend_device_budget), charged `charged`
+                             bytes too; NULL: none */
   size_t cap; /* bytes data can hold (>= nbytes: a reused block) */
   /* while in its budget's free lists (common/cache.c): its size class's
    * list and the lists' age order */
@@ -483,7 +484,9 @@ int dsp__storage_prepare_write(dsp_ctx *ctx, dsp_tensor *t);
   /* index_select_backward(grad, index): ints = {dim, size of that dim in    \
    * the input}; scatter-adds grad rows into zeros */                        \
   X(INDEX_SELECT_BACKWARD, 60, index_select_backward, 2, SHAPE, HAND, BWD)   \
-  /* matmul(a, b): 1-D..N-D like numpy.matmul, batch dims broadcast */       \
+  /* matmul(a, b): 1-D..N-D like numpy.matmul, batch dims broadcast;       \
+   * ints = {ta, tb} (none: 0, 0): 1 uses that operand's last two dims     \
+   * swapped (rank >= 2), as the gradient rule asks */                      \
   X(MATMUL, 70, matmul, 2, LINALG, BINARY, API)                              \
   /* nn; ints[0] = dim for softmax/log_softmax */                            \
   X(SOFTMAX, 80, softmax, 1, NN, DIM, API)                                   \
@@ -611,84 +614,42 @@ dsp_attrs dsp_attrs_f1(double f0);
 /* ------------------------------------------------------------------ */
 /* backend interface                                                   */
 
-/* A backend is a table of functions plus a context pointer. The CPU backend
- * is the first implementation; a CUDA one plugs into the same table. */
-typedef struct dsp_backend {
-  const char *name;
-  const char *device; /* human description, e.g. "cpu x86_64 (openblas)" */
-  void *bctx;
-  /* One device of a server: its name ("cpu:1", "cuda:0"; NULL: name) in
-   * messages, and its own memory budget (NULL: none), charged for every
-   * storage made on it beside the creating ctx's budget, so each device
-   * is accounted apart from the others. Storages charge it without a
-   * reference: it must live as long as the backend. */
-  const char *id;
-  dsp_budget *mem;
-  /* storage; data pointers are opaque to callers other than the backend */
-  /* zero != 0: the bytes must read as zero; else their content is
-   * unspecified (the caller overwrites every byte, e.g. an upload) */
-  int (*alloc)(void *bctx, size_t nbytes, int zero, void **data);
-  void (*free)(void *bctx, void *data);
-  int (*copy_in)(void *bctx, void *dst, const void *src, size_t n);
-  int (*copy_out)(void *bctx, void *dst, const void *src, size_t n);
-  /* Staging: how bytes cross between the network layer and storage
-   * without an extra copy (dsp_tensor_stage_in, dsp_tensor_pin). Only the
-   * backend touches `data`.
-   * stage_in: nbytes of host memory (*host) the caller fills with every
-   *   byte of data; commit_in then moves them into data. The CPU hands out
-   *   data itself and commits nothing; a GPU backend hands out pinned host
-   *   memory and commits with a DMA.
-   * stage_out: nbytes of host memory holding data's bytes as they are at
-   *   the call. The CPU hands out data itself (host_shared: a reader keeps
-   *   those bytes still with a pin, common/pin.c); a GPU backend copies to
-   *   pinned host memory.
-   * stage_release ends either staging (committed or not) with the *token
-   *   it gave; a NULL token is a no-op. */
-  int (*stage_in)(void *bctx, void *data, size_t nbytes, void **host,
-                  void **token);
-  int (*commit_in)(void *bctx, void *data, const void *host, size_t nbytes,
-                   void *token);
-  int (*stage_out)(void *bctx, const void *data, size_t nbytes,
-                   const void **host, void **token);
-  void (*stage_release)(void *bctx, void *token);
-  /* Optional overlap of staging with the socket (NULL: none; the CPU has
-   * no copy to overlap).
-   * commit_part: starts moving staged bytes [off, off+n) into data and
-   *   returns without waiting; with last set (the final part, n may be 0)
-   *   it also waits until every part is in data. When set, dsp_stage
-   *   uses it instead of commit_in.
-   * stage_out_wait: stage_out may return once the first part of the
-   *   copy has landed, the rest still in flight; this blocks until the
-   *   part holding byte off has landed and returns the end of the landed
-   *   prefix (> off), or 0 when the copy failed (the bytes are then
-   *   unspecified). */
-  int (*commit_part)(void *bctx, void *data, const void *host, size_t off,
-                     size_t n, int last, void *token);
-  size_t (*stage_out_wait)(void *bctx, void *token, size_t off);
-  int host_shared; /* 1: stage_out's memory is the storage itself */
-  /* 1 if the backend has a kernel for op on these inputs and this output
-   * (the meta dsp_op_infer computed: for a creation op, with no inputs,
-   * it carries the dtype); 0 makes dsp_op fail with DISPATCH_EUNSUPPORTED
-   * naming the op, the dtypes and the backend before anything is
-   * allocated. Truthful per op x dtype: the conformance suite
-   * (tests/test_backend_ops.c) runs every pair it claims and checks that
-   * every pair it refuses is refused. */
-  int (*supports_op)(void *bctx, dsp_opcode op, const dsp_meta *in, int n_in,
-                     const dsp_meta *out);
-  /* runs the kernel into the already allocated `out`, whose meta is the
-   * one dsp_op_infer computed; kernels may still fail on values (an index
-   * out of range) and then return an error with the detail set in ctx. An
-   * op x dtype it has no kernel for is DISPATCH_EUNSUPPORTED, never a
-   * success that leaves `out` as allocated. */
-  int (*run_op)(void *bctx, dsp_ctx *ctx, dsp_opcode op,
-                dsp_tensor *const *in, int n_in, const dsp_attrs *a,
-                dsp_tensor *out);
-} dsp_backend;
+/* A backend is a table of functions plus a context pointer (the CPU
+ * backend, common/cpu/; a CUDA one, common/cuda/). The table itself is
+ * private to the backends and the storage code (common/backend.h);
+ * everything else holds an opaque pointer and asks through the functions
+ * below. */
+typedef struct dsp_backend dsp_backend;
+
+/* What a backend's memory and kernels are like (dsp_backend_caps), so a
+ * caller asks for the property it needs, never for a particular backend.
+ * DSP_CAP_HOST_MEMORY: storage is host memory that staging hands out
+ *   itself (stage_in and stage_out cost no copy; a reader keeps the bytes
+ *   still with a pin, common/pin.c), so a storage may wait in a budget's
+ *   free lists without holding device memory.
+ * DSP_CAP_INLINE: kernels run to completion on the calling thread on host
+ *   memory, so an op's work is what dsp_op_cost counts and a cheap one
+ *   may run where it is asked for (a server's loop thread, server/inline.c)
+ *   instead of being handed to a worker. */
+#define DSP_CAP_HOST_MEMORY (1u << 0)
+#define DSP_CAP_INLINE (1u << 1)
+unsigned dsp_backend_caps(const dsp_backend *be);
+/* The backend's name ("cpu", "cuda:0") and its human description ("host
+ * CPU (OpenBLAS)"), both living as long as the backend. */
+const char *dsp_backend_name(const dsp_backend *be);
+const char *dsp_backend_description(const dsp_backend *be);
+/* Makes be one device of a server: id names it in messages (NULL: its
+ * name; not copied, it must live as long as be) and mem is its own memory
+ * budget (NULL: none), charged for every storage made on it beside the
+ * creating ctx's budget; storages charge it without a reference, so it
+ * must live as long as be. */
+void dsp_backend_set_device(dsp_backend *be, const char *id, dsp_budget *mem);
+dsp_budget *dsp_backend_device_budget(const dsp_backend *be);
 
 const dsp_backend *dsp_cpu_backend(void);
 /* A CPU backend instance of its own, named id ("cpu:1": a server's second
- * CPU device), with no device budget (the caller may set ->mem, keeping
- * the budget alive while the instance lives). Kernels, cache and memory
+ * CPU device), with no device budget (dsp_backend_set_device gives it
+ * one, which must stay alive while the instance lives). Kernels, cache and memory
  * are the CPU's; only the identity differs, so tensors of two instances
  * are two devices' tensors. NULL when out of memory. Freed with
  * dsp_cpu_backend_free after every storage made on it is gone. */

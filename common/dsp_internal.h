@@ -30,6 +30,20 @@ struct dsp_ctx {
 int dsp__tensor_new_on(dsp_ctx *ctx, const dsp_backend *be, const dsp_meta *m,
                        int zero, dsp_tensor **out);
 
+/* What dsp_op asks of a tensor's backend (common/backend.c, which alone of
+ * the op runner sees the table): 1 when be
+ * claims op on these inputs and this output (a backend without the hook
+ * claims nothing), and the kernel into the allocated out. */
+int dsp__backend_supports(const dsp_backend *be, dsp_opcode op,
+                          const dsp_meta *in, int n_in, const dsp_meta *out);
+/* 1 when be's kernel for op writes every element of its result
+ * (struct dsp_backend's writes_every_element), so the result need not be
+ * zeroed first. */
+int dsp__backend_writes_every_element(const dsp_backend *be, dsp_opcode op);
+int dsp__backend_run(const dsp_backend *be, dsp_ctx *ctx, dsp_opcode op,
+                     dsp_tensor *const *in, int n_in, const dsp_attrs *a,
+                     dsp_tensor *out);
+
 /* DISPATCH_ELIMIT for a run past ctx->work_limit, naming what would have
  * passed it */
 int dsp__work_limit_err(dsp_ctx *ctx, const char *what);

@@ -197,8 +197,8 @@ int dsp_op_inferred(dsp_ctx *ctx, dsp_opcode op, dsp_tensor *const *in,
                         dsp_op_lookup((int)op)->name, dsp_backend_id(be), i,
                         dsp_backend_id(in[i]->storage->backend));
   /* a backend without the hook claims nothing rather than everything */
-  if (!be->supports_op || !be->supports_op(be->bctx, op, metas, n_in, &om))
-    return dsp__unsupported(ctx, be->name, op, metas, n_in, &om);
+  if (!dsp__backend_supports(be, op, metas, n_in, &om))
+    return dsp__unsupported(ctx, dsp_backend_name(be), op, metas, n_in, &om);
   dsp_tensor *t;
   if (dsp_op_lookup((int)op)->family == DSP_FAM_OPTIM) {
     /* in-place: the parameter itself is the output, and the parameter and
@@ -211,10 +211,9 @@ int dsp_op_inferred(dsp_ctx *ctx, dsp_opcode op, dsp_tensor *const *in,
     }
     t = dsp_tensor_ref(in[0]);
   } else {
-    /* an elementwise kernel of the CPU writes every element of its
-     * result (or fails, and the result goes): no zeroing first */
-    int zero =
-        !(be->host_shared && dsp_op_lookup((int)op)->family == DSP_FAM_EW);
+    /* a kernel that writes every element of its result (or fails, and
+     * the result goes) needs no zeroing first */
+    int zero = !dsp__backend_writes_every_element(be, op);
     rc = dsp__tensor_new_on(ctx, be, &om, zero, &t);
     if (rc < 0) return rc;
   }
@@ -226,7 +225,7 @@ int dsp_op_inferred(dsp_ctx *ctx, dsp_opcode op, dsp_tensor *const *in,
    * the result is empty. */
   if (t->numel > 0 || op == DSP_OP_INDEX_SELECT ||
       op == DSP_OP_INDEX_SELECT_BACKWARD)
-    rc = be->run_op(be->bctx, ctx, op, in, n_in, a, t);
+    rc = dsp__backend_run(be, ctx, op, in, n_in, a, t);
   if (rc == 0 && tracked && ctx->grad_enabled &&
       dsp_op_lookup((int)op)->family != DSP_FAM_OPTIM)
     rc = dsp__autodiff_record(ctx, op, in, n_in, a, t);

@@ -41,8 +41,10 @@ static uint64_t work(dsp_opcode op, const dsp_meta *in, int n_in,
         return numel(&in[0]);
       return on;
     case DSP_FAM_LINALG: {
-      /* batch*m*n is the output's element count; k is a's last dim */
-      uint64_t k = (uint64_t)in[0].shape[in[0].ndim - 1];
+      /* batch*m*n is the output's element count; k is op(a)'s last dim
+       * (a's second last when the attributes transpose a) */
+      int ta = a && a->n_ints == 2 && a->ints[0] == 1 && in[0].ndim >= 2;
+      uint64_t k = (uint64_t)in[0].shape[in[0].ndim - 1 - ta];
       return mul_sat(on, k);
     }
     case DSP_FAM_OPTIM:

@@ -1,5 +1,6 @@
 /* linalg family, shape inference: matmul with numpy.matmul semantics
- * (CPU kernel on OpenBLAS: common/cpu/linalg.c).
+ * (CPU kernel on OpenBLAS: common/cpu/linalg.c), of op(a) and op(b) when
+ * its attributes ask for transposed operands (dsp__mm_attrs).
  *
  * A 1-D left operand is promoted to a [1, K] row and a 1-D right operand to
  * a [K, 1] column; the promoted dim is dropped from the result. Every dim
@@ -78,15 +79,47 @@ int dsp__mm_plan(dsp_ctx *ctx, const dsp_meta *a, const dsp_meta *b,
   return 0;
 }
 
+int dsp__mm_attrs(dsp_ctx *ctx, const dsp_attrs *a, const dsp_meta *in,
+                  int *ta, int *tb, dsp_meta eff[2]) {
+  *ta = *tb = 0;
+  if ((a->n_ints != 0 && a->n_ints != 2) || a->n_floats != 0)
+    return dsp_seterr(ctx, DISPATCH_EINVAL,
+                      "matmul: takes no attributes or 2 int attributes "
+                      "(transpose a, transpose b), got %d int and %d float",
+                      a->n_ints, a->n_floats);
+  for (int i = 0; i < 2; i++) {
+    eff[i] = in[i];
+    int64_t t = a->n_ints == 2 ? a->ints[i] : 0;
+    if (t != 0 && t != 1)
+      return dsp_seterr(ctx, DISPATCH_EINVAL,
+                        "matmul: transpose flag %d is %lld, not 0 or 1", i,
+                        (long long)t);
+    if (!t) continue;
+    int nd = in[i].ndim;
+    if (nd < 2)
+      return dsp_seterr(ctx, DISPATCH_EINVAL,
+                        "matmul: transposing operand %d needs rank >= 2, "
+                        "got rank %d",
+                        i, nd);
+    eff[i].shape[nd - 2] = in[i].shape[nd - 1];
+    eff[i].shape[nd - 1] = in[i].shape[nd - 2];
+  }
+  *ta = a->n_ints == 2 && a->ints[0] == 1;
+  *tb = a->n_ints == 2 && a->ints[1] == 1;
+  return 0;
+}
+
 int dsp__infer_linalg(dsp_ctx *ctx, dsp_opcode op, const dsp_meta *in,
                       int n_in, const dsp_attrs *a, dsp_meta *out) {
   (void)n_in;
   if (op != DSP_OP_MATMUL)
     return dsp_seterr(ctx, DISPATCH_EUNSUPPORTED, "linalg: op %d unknown",
                       (int)op);
-  if (a->n_ints != 0 || a->n_floats != 0)
-    return dsp_seterr(ctx, DISPATCH_EINVAL, "matmul: takes no attributes");
+  int ta, tb;
+  dsp_meta eff[2];
+  int rc = dsp__mm_attrs(ctx, a, in, &ta, &tb, eff);
+  if (rc < 0) return rc;
   mm_view va, vb;
   dsp_meta bshape;
-  return dsp__mm_plan(ctx, &in[0], &in[1], &va, &vb, &bshape, out);
+  return dsp__mm_plan(ctx, &eff[0], &eff[1], &va, &vb, &bshape, out);
 }

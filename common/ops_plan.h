@@ -69,6 +69,14 @@ int dsp__mm_plan(dsp_ctx *ctx, const dsp_meta *a, const dsp_meta *b,
                  dsp_mm_view *va, dsp_mm_view *vb, dsp_meta *bshape,
                  dsp_meta *out);
 
+/* linalg: matmul's attributes, none (a @ b) or ints {ta, tb}, each 0 or
+ * 1: op(a) @ op(b) with op(x) = x^T (its last two dims swapped, so a
+ * flagged operand needs rank >= 2) where the flag is set. Checks them
+ * (DISPATCH_EINVAL naming the bad value) and gives the flags and the
+ * metas of op(a) and op(b), which dsp__mm_plan takes. */
+int dsp__mm_attrs(dsp_ctx *ctx, const dsp_attrs *a, const dsp_meta *in,
+                  int *ta, int *tb, dsp_meta eff[2]);
+
 /* shape: {dim, start, end, step} against x: the normalised dim, first
  * index and length (python-style clamping). */
 int dsp__slice_params(dsp_ctx *ctx, dsp_opcode op, const dsp_meta *x,

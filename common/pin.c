@@ -8,14 +8,15 @@
  * reads in flight (a server's sessions each pipelining Reads) do not make
  * each pin or in-place write scan them all.
  *
- * That holds for a backend whose storage is host memory (host_shared, the
- * CPU). For any other backend a pin is the backend's own snapshot
- * (stage_out: a GPU copies to pinned host memory while the Read runs, in
- * the session's order), detached from the start: no writer shares it. */
+ * That holds for a backend whose storage is host memory
+ * (DSP_CAP_HOST_MEMORY, the CPU). For any other backend a pin is the
+ * backend's own snapshot (stage_out: a GPU copies to pinned host memory
+ * while the Read runs, in the session's order), detached from the start: no writer shares it. */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <string.h>
 
+#include "backend.h"
 #include "dsp_internal.h"
 
 typedef struct pin_block {
@@ -98,7 +99,7 @@ int dsp_tensor_pin(dsp_ctx *ctx, dsp_tensor *t, dsp_pin **out) {
     return dsp_seterr(ctx, DISPATCH_ENOMEM, "out of memory pinning a read");
   }
   dsp_storage *s = t->storage;
-  if (!s->backend->host_shared) {
+  if (!(s->backend->caps & DSP_CAP_HOST_MEMORY)) {
     const dsp_backend *be = s->backend;
     const void *host = NULL;
     void *token = NULL;
@@ -190,8 +191,8 @@ int dsp__storage_prepare_write(dsp_ctx *ctx, dsp_tensor *t) {
                       "sends",
                       s->nbytes);
   }
-  /* b is attached, so the backend is host_shared: its storage is host
-   * memory and a memcpy is its own copy */
+  /* b is attached, so the backend has DSP_CAP_HOST_MEMORY: its storage
+   * is host memory and a memcpy is its own copy */
   if (s->nbytes) memcpy(nd, b->data, s->nbytes);
   pthread_mutex_lock(&g_mu);
   if (b->owner == s) {

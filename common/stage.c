@@ -3,6 +3,7 @@
  * (and anything else outside a backend) moves a tensor's bytes. */
 #include <string.h>
 
+#include "backend.h"
 #include "dsp_internal.h"
 
 int dsp_tensor_stage_in(dsp_ctx *ctx, dsp_tensor *t, dsp_stage *st) {

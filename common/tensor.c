@@ -3,6 +3,7 @@
  * before anything is allocated and uncharged when freed. */
 #include <string.h>
 
+#include "backend.h"
 #include "dsp_internal.h"
 
 /* The header, the data block and the backend's block header (16 bytes on
@@ -84,7 +85,7 @@ void dsp__storage_destroy(dsp_storage *s) {
  * they keep it (still charged), else frees it. */
 /* The lists a storage whose last reference went may go to (NULL: none). */
 static dsp__cache *storage_cache(const dsp_storage *s) {
-  return s->backend->host_shared ? dsp__budget_cache(s->budget) : NULL;
+  return (s->backend->caps & DSP_CAP_HOST_MEMORY) ? dsp__budget_cache(s->budget) : NULL;
 }
 
 /* Drops one reference; 1 when it was the last. atomic: a server's loop
@@ -155,7 +156,7 @@ int dsp__tensor_new_on(dsp_ctx *ctx, const dsp_backend *be, const dsp_meta *m,
   dsp__cache *c = dsp__budget_cache(ctx->budget);
   dsp_tensor *ct = NULL, *t;
   dsp_storage *cs = NULL;
-  if (c) dsp__cache_take_both(c, be->host_shared ? be : NULL, nbytes, &ct, &cs);
+  if (c) dsp__cache_take_both(c, (be->caps & DSP_CAP_HOST_MEMORY) ? be : NULL, nbytes, &ct, &cs);
   rc = tensor_shell(ctx, m, numel, ct, &t);
   if (rc < 0) {
     if (cs && !dsp__cache_put_storage(c, cs)) dsp__storage_destroy(cs);

@@ -160,8 +160,7 @@ static int add_device(const sv_config *cfg, sv_global *g,
     snprintf(why, len, "out of memory opening %s", name);
     return DISPATCH_ENOMEM;
   }
-  d->be->mem = d->mem;
-  d->be->id = d->name;
+  dsp_backend_set_device(d->be, d->name, d->mem);
   snprintf(d->name, sizeof d->name, "%s", name);
   d->kind = k->kind;
   d->close = k->close;
@@ -255,7 +254,7 @@ size_t sv_device_infos(const sv_global *g, Dspwire__DeviceInfo *infos,
     infos[n] = init;
     infos[n].kind = (char *)d->kind;
     infos[n].name = (char *)d->name;
-    infos[n].description = (char *)d->be->device;
+    infos[n].description = (char *)dsp_backend_description(d->be);
     uint64_t lim = d->total, used = dsp_budget_used(d->mem);
     infos[n].total_memory = lim;
     infos[n].free_memory = used < lim ? lim - used : 0;

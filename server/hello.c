@@ -119,8 +119,8 @@ void sv_hello(sv_conn *c, Dspwire__Request *req) {
   hr.major = DSP_PROTO_MAJOR;
   hr.minor = DSP_PROTO_MINOR;
   hr.server_version = DISPATCH_VERSION_STRING;
-  hr.backend = (char *)be->name;
-  hr.device = (char *)be->device;
+  hr.backend = (char *)dsp_backend_name(be);
+  hr.device = (char *)dsp_backend_description(be);
   hr.n_dtypes = DSP_NDTYPES;
   hr.dtypes = dtypes;
   hr.max_frame = cfg->max_frame;
@@ -130,7 +130,7 @@ void sv_hello(sv_conn *c, Dspwire__Request *req) {
   hr.max_queued = cfg->max_queued;
   hr.n_devices = sv_device_infos(g, infos, ip);
   hr.devices = ip;
-  hr.session_device = dev ? (char *)dev->name : (char *)be->name;
+  hr.session_device = dev ? (char *)dev->name : (char *)dsp_backend_name(be);
   if (c->sess->rs) {
     hr.resume_token.data = c->sess->rs->token;
     hr.resume_token.len = SV_RESUME_TOKEN;

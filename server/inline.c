@@ -26,11 +26,11 @@
 #include "op_record.h"
 #include "sv.h"
 
-/* The kernels of every CPU device instance (dsp_cpu_backend_new copies
- * the table): run synchronously on host memory, so the work is what
- * dsp_op_cost counts. A GPU backend is left to the workers. */
+/* A backend whose kernels run synchronously on host memory (every CPU
+ * device instance), so the work is what dsp_op_cost counts. A GPU
+ * backend is left to the workers. */
 static int on_cpu(const dsp_backend *be) {
-  return be && be->run_op == dsp_cpu_backend()->run_op;
+  return (dsp_backend_caps(be) & DSP_CAP_INLINE) != 0;
 }
 
 static uint64_t add_sat(uint64_t a, uint64_t b) {

@@ -22,6 +22,7 @@
 #include <unistd.h>
 
 #include "client_internal.h"
+#include "backend.h"
 #include "dsp.h"
 #include "helpers/client_check.h"
 #include "helpers/server_proc.h"

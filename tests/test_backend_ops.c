@@ -31,6 +31,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend.h"
 #include "dsp.h"
 #include "dsp_internal.h"
 #include "helpers/server_proc.h"
@@ -287,6 +288,14 @@ static int make_case(dsp_opcode op, dsp_dtype k, int v, tcase *c) {
         case 3: c->what = "batch broadcast [2,1,3,4] @ [3,4,2]"; in_(c, k, 'r', 0, 4, 2, 1, 3, 4); in_(c, k, 'r', 0, 3, 3, 4, 2); return 0;
         case 4: c->what = "zero-size [0,4] @ [4,5]"; in_(c, k, 'r', 0, 2, 0, 4); in_(c, k, 'r', 0, 2, 4, 5); return 0;
         case 5: c->what = "empty inner [3,0] @ [0,5]"; in_(c, k, 'r', 0, 2, 3, 0); in_(c, k, 'r', 0, 2, 0, 5); return 0;
+        /* the attributes {ta, tb}: op(a) @ op(b) with x^T where set */
+        case 6: c->what = "a^T [4,3]^T @ [4,5]"; in_(c, k, 'r', 0, 2, 4, 3); in_(c, k, 'r', 0, 2, 4, 5); ints_(c, 2, 1, 0); return 0;
+        case 7: c->what = "b^T [3,4] @ [5,4]^T"; in_(c, k, 'r', 0, 2, 3, 4); in_(c, k, 'r', 0, 2, 5, 4); ints_(c, 2, 0, 1); return 0;
+        case 8: c->what = "both batched [2,4,3]^T @ [2,5,4]^T"; in_(c, k, 'r', 0, 3, 2, 4, 3); in_(c, k, 'r', 0, 3, 2, 5, 4); ints_(c, 2, 1, 1); return 0;
+        case 9: c->what = "a^T batched, b shared [2,4,3]^T @ [4,5]"; in_(c, k, 'r', 0, 3, 2, 4, 3); in_(c, k, 'r', 0, 2, 4, 5); ints_(c, 2, 1, 0); return 0;
+        case 10: c->what = "b^T shared [2,3,4] @ [5,4]^T"; in_(c, k, 'r', 0, 3, 2, 3, 4); in_(c, k, 'r', 0, 2, 5, 4); ints_(c, 2, 0, 1); return 0;
+        case 11: c->what = "b^T, 1-D a [4] @ [2,3,4]^T"; in_(c, k, 'r', 0, 1, 4); in_(c, k, 'r', 0, 3, 2, 3, 4); ints_(c, 2, 0, 1); return 0;
+        case 12: c->what = "empty inner a^T [0,3]^T @ [0,5]"; in_(c, k, 'r', 0, 2, 0, 3); in_(c, k, 'r', 0, 2, 0, 5); ints_(c, 2, 1, 0); return 0;
         default: return -1;
       }
     case DSP_OP_SOFTMAX: case DSP_OP_LOG_SOFTMAX:
@@ -1065,6 +1074,52 @@ Test(backend_ops, refusals_are_listed_and_refused_by_dsp_op, .timeout = 300) {
  * log, sqrt, sigmoid, tanh, gelu and the float-only scalar forms on i64
  * or bool, the arithmetic ops on bool, and mean on i64 (run as a sum)
  * all returned 0. */
+#if DSP_CUDA_BUILT
+/* The CUDA backend's own op x dtype table (common/cuda/supports.c),
+ * checked on any host that built it, GPU or not: it claims no pair that
+ * inference refuses, and none the CPU does not run (the GPU conformance
+ * walk needs the CPU's result as its reference). Pairs the CPU runs and
+ * CUDA does not are listed. */
+Test(backend_ops, cuda_table_claims_only_valid_pairs) {
+  static const dsp_opcode ops[] = {
+#define OPCODE_(NAME, ...) DSP_OP_##NAME,
+      DSP_OP_MAP(OPCODE_)
+#undef OPCODE_
+  };
+  const dsp_backend *cpu = dsp_cpu_backend();
+  int claimed = 0;
+  char cpu_only[1024] = "";
+  size_t cl = 0;
+  for (size_t i = 0; i < sizeof ops / sizeof ops[0]; i++)
+    for (int d = 0; d < NDT; d++) {
+      dsp_opcode op = ops[i];
+      dsp_dtype k = g_dtypes[d];
+      const char *name = dsp_op_lookup((int)op)->name;
+      tcase c;
+      cr_assert_eq(make_case(op, k, 0, &c), 0);
+      dsp_ctx *ictx = dsp_ctx_new(dsp_cpu_backend());
+      dsp_meta om = {k, 0, {0}};
+      int valid = dsp_op_infer(ictx, op, c.in, c.n_in, &c.a, &om) == 0;
+      dsp_ctx_free(ictx);
+      if (!valid) om = (dsp_meta){k, 0, {0}};
+      int cu = dsp__cuda_has_kernel(op, dsp__op_key_dtype(op, c.in, c.n_in, &om));
+      int cp = valid && cpu->supports_op(cpu->bctx, op, c.in, c.n_in, &om);
+      cr_assert(!cu || valid, "cuda claims %s x %s, which inference refuses",
+                name, dsp_dtype_name(k));
+      cr_assert(!cu || cp, "cuda claims %s x %s, which the CPU does not run",
+                name, dsp_dtype_name(k));
+      claimed += cu;
+      if (cp && !cu && cl < sizeof cpu_only)
+        cl += (size_t)snprintf(cpu_only + cl, sizeof cpu_only - cl, " %s:%s",
+                               name, dsp_dtype_name(k));
+    }
+  cr_assert_gt(claimed, 0);
+  fprintf(stderr, "\ncuda table: %d op x dtype pairs claimed, all valid and "
+          "run by the CPU too; CPU only:%s\n", claimed,
+          cl ? cpu_only : " none");
+}
+#endif
+
 Test(backend_ops, kernels_refuse_what_they_have_no_loop_for) {
   const dsp_backend *be = dsp_cpu_backend();
   static const dsp_opcode ops[] = {

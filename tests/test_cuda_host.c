@@ -22,6 +22,7 @@
 
 #include "cuda_math.h"
 #include "cuda_plan.h"
+#include "backend.h"
 #include "dsp.h"
 #include "helpers/tensor_util.h"
 #include "rng.h"
@@ -171,25 +172,25 @@ static dsp_tensor *sim_binary(dsp_opcode op, dsp_tensor *a, dsp_tensor *b,
     switch (a->meta.dtype) {
       case DSP_F32: {
         float x = ((float *)A)[off[0]], y = ((float *)B)[off[1]];
-        if (cmp) ((uint8_t *)O)[i] = dsp__cu_cmp_f32(op, x, y);
-        else ((float *)O)[i] = dsp__cu_bin_f32(op, x, y);
+        if (cmp) ((uint8_t *)O)[i] = dsp__sm_cmp_f32(op, x, y);
+        else ((float *)O)[i] = dsp__sm_bin_f32(op, x, y);
         break;
       }
       case DSP_F64: {
         double x = ((double *)A)[off[0]], y = ((double *)B)[off[1]];
-        if (cmp) ((uint8_t *)O)[i] = dsp__cu_cmp_f64(op, x, y);
-        else ((double *)O)[i] = dsp__cu_bin_f64(op, x, y);
+        if (cmp) ((uint8_t *)O)[i] = dsp__sm_cmp_f64(op, x, y);
+        else ((double *)O)[i] = dsp__sm_bin_f64(op, x, y);
         break;
       }
       case DSP_I64: {
         int64_t x = ((int64_t *)A)[off[0]], y = ((int64_t *)B)[off[1]];
-        if (cmp) ((uint8_t *)O)[i] = dsp__cu_cmp_i64(op, x, y);
-        else ((int64_t *)O)[i] = dsp__cu_bin_i64(op, x, y);
+        if (cmp) ((uint8_t *)O)[i] = dsp__sm_cmp_i64(op, x, y);
+        else ((int64_t *)O)[i] = dsp__sm_bin_i64(op, x, y);
         break;
       }
       default:
         ((uint8_t *)O)[i] =
-            dsp__cu_cmp_u8(op, ((uint8_t *)A)[off[0]], ((uint8_t *)B)[off[1]]);
+            dsp__sm_cmp_u8(op, ((uint8_t *)A)[off[0]], ((uint8_t *)B)[off[1]]);
     }
   }
   return o;
@@ -218,11 +219,11 @@ Test(cuda_host, binary_and_comparisons_with_broadcasting_match_cpu) {
 }
 
 Test(cuda_host, i64_edge_cases_wrap_like_cpu) {
-  cr_assert_eq(dsp__cu_bin_i64(DSP_OP_DIV, INT64_MIN, -1), INT64_MIN);
-  cr_assert_eq(dsp__cu_bin_i64(DSP_OP_DIV, -7, 2), -3);
-  cr_assert_eq(dsp__cu_bin_i64(DSP_OP_ADD, INT64_MAX, 1), INT64_MIN);
-  cr_assert_eq(dsp__cu_unary_i64(DSP_OP_NEG, INT64_MIN), INT64_MIN);
-  cr_assert_eq(dsp__cu_unary_i64(DSP_OP_ABS, INT64_MIN), INT64_MIN);
+  cr_assert_eq(dsp__sm_bin_i64(DSP_OP_DIV, INT64_MIN, -1), INT64_MIN);
+  cr_assert_eq(dsp__sm_bin_i64(DSP_OP_DIV, -7, 2), -3);
+  cr_assert_eq(dsp__sm_bin_i64(DSP_OP_ADD, INT64_MAX, 1), INT64_MIN);
+  cr_assert_eq(dsp__sm_unary_i64(DSP_OP_NEG, INT64_MIN), INT64_MIN);
+  cr_assert_eq(dsp__sm_unary_i64(DSP_OP_ABS, INT64_MIN), INT64_MIN);
   cr_assert_eq(dsp__cu_f2i64(NAN), 0);
   cr_assert_eq(dsp__cu_f2i64(1e300), INT64_MAX);
   cr_assert_eq(dsp__cu_f2i64(-1e300), INT64_MIN);
@@ -272,24 +273,24 @@ static void sim_map(dsp_opcode op, const dsp_tensor *x, const dsp_tensor *y,
         float v = ((float *)dsp_tensor_data(x))[i];
         float w = y ? ((float *)dsp_tensor_data(y))[i] : 0.0f;
         ((float *)dsp_tensor_data(o))[i] =
-            sc ? dsp__cu_scalar_f32(op, v, (float)s)
-               : bw ? dsp__cu_act_bw_f32(op, v, w) : dsp__cu_unary_f32(op, v);
+            sc ? dsp__sm_scalar_f32(op, v, (float)s)
+               : bw ? dsp__sm_act_bw_f32(op, v, w) : dsp__sm_unary_f32(op, v);
         break;
       }
       case DSP_F64: {
         double v = ((double *)dsp_tensor_data(x))[i];
         double w = y ? ((double *)dsp_tensor_data(y))[i] : 0.0;
         ((double *)dsp_tensor_data(o))[i] =
-            sc ? dsp__cu_scalar_f64(op, v, s)
-               : bw ? dsp__cu_act_bw_f64(op, v, w) : dsp__cu_unary_f64(op, v);
+            sc ? dsp__sm_scalar_f64(op, v, s)
+               : bw ? dsp__sm_act_bw_f64(op, v, w) : dsp__sm_unary_f64(op, v);
         break;
       }
       default: {
         int64_t v = ((int64_t *)dsp_tensor_data(x))[i];
         int64_t w = y ? ((int64_t *)dsp_tensor_data(y))[i] : 0;
         ((int64_t *)dsp_tensor_data(o))[i] =
-            sc ? dsp__cu_scalar_i64(op, v, (int64_t)s)
-               : bw ? dsp__cu_act_bw_i64(op, v, w) : dsp__cu_unary_i64(op, v);
+            sc ? dsp__sm_scalar_i64(op, v, (int64_t)s)
+               : bw ? dsp__sm_act_bw_i64(op, v, w) : dsp__sm_unary_i64(op, v);
       }
     }
   }

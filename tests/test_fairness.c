@@ -24,6 +24,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "backend.h"
 #include "dsp.h"
 #include "helpers/server_proc.h"
 #include "helpers/wire.h"

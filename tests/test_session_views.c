@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend.h"
 #include "dsp.h"
 #include "dsp_internal.h"
 #include "frame.h"

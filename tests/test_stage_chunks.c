@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend.h"
 #include "dsp.h"
 #include "dsp_internal.h"
 
@@ -154,7 +155,7 @@ static const dsp_backend g_parts = {
     .stage_release = p_stage_release,
     .commit_part = p_commit_part,
     .stage_out_wait = p_stage_out_wait,
-    .host_shared = 0,
+    .caps = 0,
     .supports_op = p_supports,
     .run_op = p_run,
 };

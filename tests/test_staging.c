@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend.h"
 #include "dsp.h"
 #include "dsp_internal.h"
 #include "frame.h"
@@ -116,7 +117,7 @@ static const dsp_backend g_xor = {
     .commit_in = x_commit,
     .stage_out = x_stage_out,
     .stage_release = x_release,
-    .host_shared = 0,
+    .caps = 0,
     .supports_op = x_supports,
     .run_op = x_run,
 };

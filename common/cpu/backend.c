@@ -257,7 +257,7 @@ static const struct cpu_row {
 _Static_assert(sizeof g_cpu_ops / sizeof g_cpu_ops[0] == DSP__OP_COUNT,
                "every op in DSP_OP_MAP needs a row in the CPU support table");
 
-int dsp__cpu_has_kernel(dsp_opcode op, dsp_dtype key) {
+static int cpu_has_kernel(dsp_opcode op, dsp_dtype key) {
   if (!dsp_dtype_valid((int)key)) return 0;
   for (size_t i = 0; i < sizeof g_cpu_ops / sizeof g_cpu_ops[0]; i++)
     if (g_cpu_ops[i].op == op) return (g_cpu_ops[i].dtypes >> key) & 1u;
@@ -267,7 +267,7 @@ int dsp__cpu_has_kernel(dsp_opcode op, dsp_dtype key) {
 static int cpu_supports(void *bctx, dsp_opcode op, const dsp_meta *in,
                         int n_in, const dsp_meta *out) {
   (void)bctx;
-  return dsp__cpu_has_kernel(op, dsp__op_key_dtype(op, in, n_in, out));
+  return cpu_has_kernel(op, dsp__op_key_dtype(op, in, n_in, out));
 }
 
 int dsp__no_kernel(dsp_ctx *ctx, dsp_opcode op, dsp_tensor *const *in,
@@ -309,16 +309,14 @@ static const dsp_backend g_cpu = {
     .commit_in = cpu_commit_in,
     .stage_out = cpu_stage_out,
     .stage_release = cpu_stage_release,
-    .host_shared = 1,
+    .caps = DSP_CAP_HOST_MEMORY | DSP_CAP_INLINE,
+    /* the elementwise loops (common/cpu/ew.c) store every element */
+    .writes_every_element = 1u << DSP_FAM_EW,
     .supports_op = cpu_supports,
     .run_op = cpu_run,
 };
 
 const dsp_backend *dsp_cpu_backend(void) { return &g_cpu; }
-
-int dsp__cpu_backend_is(const dsp_backend *be) {
-  return be && be->run_op == cpu_run;
-}
 
 dsp_backend *dsp_cpu_backend_new(const char *id) {
   size_t n = strlen(id ? id : "cpu") + 1;

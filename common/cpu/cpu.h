@@ -3,6 +3,7 @@
 #ifndef DSP_CPU_H
 #define DSP_CPU_H
 
+#include "backend.h"
 #include "dsp_internal.h"
 
 /* On x86-64 with GCC, a hot kernel loop marked DSP_CPU_CLONES is compiled
@@ -32,21 +33,6 @@ DSP_CPU_FAMILY_DECL_(nn)
 DSP_CPU_FAMILY_DECL_(create)
 DSP_CPU_FAMILY_DECL_(optim)
 #undef DSP_CPU_FAMILY_DECL_
-
-/* 1 when the CPU kernels implement op for key dtype `key`
- * (dsp__op_key_dtype): the CPU backend's supports_op table, which the
- * CUDA backend claims as its own. */
-int dsp__cpu_has_kernel(dsp_opcode op, dsp_dtype key);
-
-/* 1 when be is a CPU backend (dsp_cpu_backend or one from
- * dsp_cpu_backend_new). */
-int dsp__cpu_backend_is(const dsp_backend *be);
-
-/* op(a) @ op(b) on a CPU backend with BLAS's transpose flags (see
- * common/cpu/linalg.c); 1 when it declines, so the caller falls back to
- * transpose + matmul through dsp_op. */
-int dsp__cpu_matmul_t(dsp_ctx *ctx, dsp_tensor *a, int ta, dsp_tensor *b,
-                      int tb, dsp_tensor **out);
 
 /* The end of every kernel dispatch: an op x dtype the CPU kernels have no
  * loop for is DISPATCH_EUNSUPPORTED naming the op, the dtypes and "cpu",

@@ -1,7 +1,10 @@
 /* ew family, CPU kernels (inference and the dtype rules: common/ops_ew.c).
  *
  * Every kernel is a plain sequential loop, so results are bit-identical
- * from run to run. Every dispatch switch ends in a default that refuses
+ * from run to run. The scalar math inside the loops is that of
+ * common/scalar_math.h, which the CUDA kernels share: one function per op
+ * and dtype, inlined into the op's own loop (the switch on the op stays
+ * outside the loop). Every dispatch switch ends in a default that refuses
  * the op with DISPATCH_EUNSUPPORTED: an op x dtype without a kernel never
  * "succeeds" with the zeroed output. */
 #include <math.h>
@@ -10,6 +13,7 @@
 #include "cpu.h"
 #include "kern_iter.h"
 #include "ops_plan.h"
+#include "scalar_math.h"
 
 #define opname dsp__opname
 #define is_arith dsp__ew_is_arith
@@ -86,25 +90,16 @@ enum { BC_SAME, BC_ASCALAR, BC_BSCALAR, BC_GENERAL };
     }                                                                        \
   } while (0)
 
-/* wrapping i64 arithmetic without signed-overflow UB */
-#define I64_ADD(x, y) ((int64_t)((uint64_t)(x) + (uint64_t)(y)))
-#define I64_SUB(x, y) ((int64_t)((uint64_t)(x) - (uint64_t)(y)))
-#define I64_MUL(x, y) ((int64_t)((uint64_t)(x) * (uint64_t)(y)))
-/* caller guarantees y != 0 */
-#define I64_DIV(x, y) (((y) == -1) ? I64_SUB(0, (x)) : (x) / (y))
-#define F_MAX(x, y) (((x) > (y) || (x) != (x)) ? (x) : (y))
-#define F_MIN(x, y) (((x) < (y) || (x) != (x)) ? (x) : (y))
-#define I_MAX(x, y) ((x) > (y) ? (x) : (y))
-#define I_MIN(x, y) ((x) < (y) ? (x) : (y))
-
-#define ARITH_CASES(T, ADD, SUB, MUL, DIV, MAX, MIN)                         \
+/* add..minimum of dtype suffix S (scalar_math.h: wrapping i64, NaN-first
+ * maximum/minimum; the caller has refused a zero i64 divisor) */
+#define ARITH_CASES(T, S)                                                    \
   switch (op) {                                                              \
-    case DSP_OP_ADD: BIN_LOOP(T, T, ADD(x, y)); break;                       \
-    case DSP_OP_SUB: BIN_LOOP(T, T, SUB(x, y)); break;                       \
-    case DSP_OP_MUL: BIN_LOOP(T, T, MUL(x, y)); break;                       \
-    case DSP_OP_DIV: BIN_LOOP(T, T, DIV(x, y)); break;                       \
-    case DSP_OP_MAXIMUM: BIN_LOOP(T, T, MAX(x, y)); break;                   \
-    case DSP_OP_MINIMUM: BIN_LOOP(T, T, MIN(x, y)); break;                   \
+    case DSP_OP_ADD: BIN_LOOP(T, T, dsp__sm_add_##S(x, y)); break;           \
+    case DSP_OP_SUB: BIN_LOOP(T, T, dsp__sm_sub_##S(x, y)); break;           \
+    case DSP_OP_MUL: BIN_LOOP(T, T, dsp__sm_mul_##S(x, y)); break;           \
+    case DSP_OP_DIV: BIN_LOOP(T, T, dsp__sm_div_##S(x, y)); break;           \
+    case DSP_OP_MAXIMUM: BIN_LOOP(T, T, dsp__sm_max_##S(x, y)); break;       \
+    case DSP_OP_MINIMUM: BIN_LOOP(T, T, dsp__sm_min_##S(x, y)); break;       \
     default: return -1;                                                      \
   }
 
@@ -118,11 +113,6 @@ enum { BC_SAME, BC_ASCALAR, BC_BSCALAR, BC_GENERAL };
     case DSP_OP_GE: BIN_LOOP(T, uint8_t, x >= y); break;                     \
     default: return -1;                                                      \
   }
-
-#define F_ADD(x, y) ((x) + (y))
-#define F_SUB(x, y) ((x) - (y))
-#define F_MUL(x, y) ((x) * (y))
-#define F_DIV(x, y) ((x) / (y))
 
 /* One block of a binary op: n elements in a flat mode, or the whole
  * output in BC_GENERAL (which polls the cancel flag between rows itself).
@@ -145,10 +135,9 @@ static int bin_block(dsp_ctx *ctx, dsp_opcode op, dsp_dtype dt, int mode,
     return stop;
   }
   switch (dt) {
-    case DSP_F32: ARITH_CASES(float, F_ADD, F_SUB, F_MUL, F_DIV, F_MAX, F_MIN) break;
-    case DSP_F64: ARITH_CASES(double, F_ADD, F_SUB, F_MUL, F_DIV, F_MAX, F_MIN) break;
-    case DSP_I64:
-      ARITH_CASES(int64_t, I64_ADD, I64_SUB, I64_MUL, I64_DIV, I_MAX, I_MIN) break;
+    case DSP_F32: ARITH_CASES(float, f32) break;
+    case DSP_F64: ARITH_CASES(double, f64) break;
+    case DSP_I64: ARITH_CASES(int64_t, i64) break;
     default: return -1;
   }
   return stop;
@@ -264,34 +253,6 @@ static int run_where(dsp_ctx *ctx, dsp_tensor *const *in, dsp_tensor *out) {
     }                                                                        \
   } while (0)
 
-static inline float sigmoidf_(float x) {
-  if (x >= 0) return 1.0f / (1.0f + expf(-x));
-  float e = expf(x);
-  return e / (1.0f + e);
-}
-static inline double sigmoid_(double x) {
-  if (x >= 0) return 1.0 / (1.0 + exp(-x));
-  double e = exp(x);
-  return e / (1.0 + e);
-}
-#define SQRT1_2 0.70710678118654752440
-#define INV_SQRT_2PI 0.39894228040143267794
-static inline float geluf_(float x) {
-  return 0.5f * x * (1.0f + erff(x * (float)SQRT1_2));
-}
-static inline double gelu_(double x) { return 0.5 * x * (1.0 + erf(x * SQRT1_2)); }
-/* d gelu / dx = Phi(x) + x phi(x) */
-static inline float gelu_gradf_(float x) {
-  return 0.5f * (1.0f + erff(x * (float)SQRT1_2)) +
-         x * (float)INV_SQRT_2PI * expf(-0.5f * x * x);
-}
-static inline double gelu_grad_(double x) {
-  return 0.5 * (1.0 + erf(x * SQRT1_2)) + x * INV_SQRT_2PI * exp(-0.5 * x * x);
-}
-#define SIGN_F(x) ((x) > 0 ? 1 : (x) < 0 ? -1 : (x))
-#define SIGN_I(x) ((int64_t)((x) > 0) - (int64_t)((x) < 0))
-#define RELU_F(x) ((x) < 0 ? 0 : (x))
-
 /* n elements of a scalar form, unary op or activation backward; one block
  * of the chunked loop in dsp__cpu_ew. These return 0, or -1 (nothing
  * written) when there is no kernel for op on dt. */
@@ -301,42 +262,42 @@ static int run_scalar(dsp_opcode op, dsp_dtype dt, const void *px, double s,
     case DSP_F32: {
       const float c = (float)s;
       switch (op) {
-        case DSP_OP_ADD_SCALAR: UN_LOOP(float, float, x + c); break;
-        case DSP_OP_SUB_SCALAR: UN_LOOP(float, float, x - c); break;
-        case DSP_OP_MUL_SCALAR: UN_LOOP(float, float, x * c); break;
-        case DSP_OP_DIV_SCALAR: UN_LOOP(float, float, x / c); break;
-        case DSP_OP_POW_SCALAR:
-          if (c == 2.0f) UN_LOOP(float, float, x * x);
-          else UN_LOOP(float, float, powf(x, c));
+        case DSP_OP_ADD_SCALAR: UN_LOOP(float, float, dsp__sm_add_f32(x, c)); break;
+        case DSP_OP_SUB_SCALAR: UN_LOOP(float, float, dsp__sm_sub_f32(x, c)); break;
+        case DSP_OP_MUL_SCALAR: UN_LOOP(float, float, dsp__sm_mul_f32(x, c)); break;
+        case DSP_OP_DIV_SCALAR: UN_LOOP(float, float, dsp__sm_div_f32(x, c)); break;
+        case DSP_OP_POW_SCALAR: /* the square's test out of the loop */
+          if (c == 2.0f) UN_LOOP(float, float, dsp__sm_pow_f32(x, 2.0f));
+          else UN_LOOP(float, float, dsp__sm_pow_f32(x, c));
           break;
-        case DSP_OP_RSUB_SCALAR: UN_LOOP(float, float, c - x); break;
-        case DSP_OP_RDIV_SCALAR: UN_LOOP(float, float, c / x); break;
+        case DSP_OP_RSUB_SCALAR: UN_LOOP(float, float, dsp__sm_sub_f32(c, x)); break;
+        case DSP_OP_RDIV_SCALAR: UN_LOOP(float, float, dsp__sm_div_f32(c, x)); break;
         default: return -1;
       }
       break;
     }
     case DSP_F64:
       switch (op) {
-        case DSP_OP_ADD_SCALAR: UN_LOOP(double, double, x + s); break;
-        case DSP_OP_SUB_SCALAR: UN_LOOP(double, double, x - s); break;
-        case DSP_OP_MUL_SCALAR: UN_LOOP(double, double, x * s); break;
-        case DSP_OP_DIV_SCALAR: UN_LOOP(double, double, x / s); break;
+        case DSP_OP_ADD_SCALAR: UN_LOOP(double, double, dsp__sm_add_f64(x, s)); break;
+        case DSP_OP_SUB_SCALAR: UN_LOOP(double, double, dsp__sm_sub_f64(x, s)); break;
+        case DSP_OP_MUL_SCALAR: UN_LOOP(double, double, dsp__sm_mul_f64(x, s)); break;
+        case DSP_OP_DIV_SCALAR: UN_LOOP(double, double, dsp__sm_div_f64(x, s)); break;
         case DSP_OP_POW_SCALAR:
-          if (s == 2.0) UN_LOOP(double, double, x * x);
-          else UN_LOOP(double, double, pow(x, s));
+          if (s == 2.0) UN_LOOP(double, double, dsp__sm_pow_f64(x, 2.0));
+          else UN_LOOP(double, double, dsp__sm_pow_f64(x, s));
           break;
-        case DSP_OP_RSUB_SCALAR: UN_LOOP(double, double, s - x); break;
-        case DSP_OP_RDIV_SCALAR: UN_LOOP(double, double, s / x); break;
+        case DSP_OP_RSUB_SCALAR: UN_LOOP(double, double, dsp__sm_sub_f64(s, x)); break;
+        case DSP_OP_RDIV_SCALAR: UN_LOOP(double, double, dsp__sm_div_f64(s, x)); break;
         default: return -1;
       }
       break;
     case DSP_I64: {
       const int64_t c = (int64_t)s; /* infer checked it is an exact int64 */
       switch (op) {
-        case DSP_OP_ADD_SCALAR: UN_LOOP(int64_t, int64_t, I64_ADD(x, c)); break;
-        case DSP_OP_SUB_SCALAR: UN_LOOP(int64_t, int64_t, I64_SUB(x, c)); break;
-        case DSP_OP_MUL_SCALAR: UN_LOOP(int64_t, int64_t, I64_MUL(x, c)); break;
-        case DSP_OP_RSUB_SCALAR: UN_LOOP(int64_t, int64_t, I64_SUB(c, x)); break;
+        case DSP_OP_ADD_SCALAR: UN_LOOP(int64_t, int64_t, dsp__sm_add_i64(x, c)); break;
+        case DSP_OP_SUB_SCALAR: UN_LOOP(int64_t, int64_t, dsp__sm_sub_i64(x, c)); break;
+        case DSP_OP_MUL_SCALAR: UN_LOOP(int64_t, int64_t, dsp__sm_mul_i64(x, c)); break;
+        case DSP_OP_RSUB_SCALAR: UN_LOOP(int64_t, int64_t, dsp__sm_sub_i64(c, x)); break;
         default: return -1;
       }
       break;
@@ -356,11 +317,11 @@ static int run_unary(dsp_opcode op, dsp_dtype dt, const void *px, void *po,
         case DSP_OP_LOG: UN_LOOP(float, float, logf(x)); break;
         case DSP_OP_SQRT: UN_LOOP(float, float, sqrtf(x)); break;
         case DSP_OP_ABS: UN_LOOP(float, float, fabsf(x)); break;
-        case DSP_OP_SIGN: UN_LOOP(float, float, SIGN_F(x)); break;
-        case DSP_OP_RELU: UN_LOOP(float, float, RELU_F(x)); break;
-        case DSP_OP_SIGMOID: UN_LOOP(float, float, sigmoidf_(x)); break;
+        case DSP_OP_SIGN: UN_LOOP(float, float, dsp__sm_sign_f32(x)); break;
+        case DSP_OP_RELU: UN_LOOP(float, float, dsp__sm_relu_f32(x)); break;
+        case DSP_OP_SIGMOID: UN_LOOP(float, float, dsp__sm_sigmoid_f32(x)); break;
         case DSP_OP_TANH: UN_LOOP(float, float, tanhf(x)); break;
-        case DSP_OP_GELU: UN_LOOP(float, float, geluf_(x)); break;
+        case DSP_OP_GELU: UN_LOOP(float, float, dsp__sm_gelu_f32(x)); break;
         default: return -1;
       }
       break;
@@ -371,20 +332,20 @@ static int run_unary(dsp_opcode op, dsp_dtype dt, const void *px, void *po,
         case DSP_OP_LOG: UN_LOOP(double, double, log(x)); break;
         case DSP_OP_SQRT: UN_LOOP(double, double, sqrt(x)); break;
         case DSP_OP_ABS: UN_LOOP(double, double, fabs(x)); break;
-        case DSP_OP_SIGN: UN_LOOP(double, double, SIGN_F(x)); break;
-        case DSP_OP_RELU: UN_LOOP(double, double, RELU_F(x)); break;
-        case DSP_OP_SIGMOID: UN_LOOP(double, double, sigmoid_(x)); break;
+        case DSP_OP_SIGN: UN_LOOP(double, double, dsp__sm_sign_f64(x)); break;
+        case DSP_OP_RELU: UN_LOOP(double, double, dsp__sm_relu_f64(x)); break;
+        case DSP_OP_SIGMOID: UN_LOOP(double, double, dsp__sm_sigmoid_f64(x)); break;
         case DSP_OP_TANH: UN_LOOP(double, double, tanh(x)); break;
-        case DSP_OP_GELU: UN_LOOP(double, double, gelu_(x)); break;
+        case DSP_OP_GELU: UN_LOOP(double, double, dsp__sm_gelu_f64(x)); break;
         default: return -1;
       }
       break;
     case DSP_I64:
       switch (op) {
-        case DSP_OP_NEG: UN_LOOP(int64_t, int64_t, I64_SUB(0, x)); break;
-        case DSP_OP_ABS: UN_LOOP(int64_t, int64_t, x < 0 ? I64_SUB(0, x) : x); break;
-        case DSP_OP_SIGN: UN_LOOP(int64_t, int64_t, SIGN_I(x)); break;
-        case DSP_OP_RELU: UN_LOOP(int64_t, int64_t, x < 0 ? 0 : x); break;
+        case DSP_OP_NEG: UN_LOOP(int64_t, int64_t, dsp__sm_neg_i64(x)); break;
+        case DSP_OP_ABS: UN_LOOP(int64_t, int64_t, dsp__sm_abs_i64(x)); break;
+        case DSP_OP_SIGN: UN_LOOP(int64_t, int64_t, dsp__sm_sign_i64(x)); break;
+        case DSP_OP_RELU: UN_LOOP(int64_t, int64_t, dsp__sm_relu_i64(x)); break;
         default: return -1;
       }
       break;
@@ -408,16 +369,16 @@ static int run_act_backward(dsp_opcode op, dsp_dtype dt, const void *pg,
   int relu = op == DSP_OP_RELU_BACKWARD;
   switch (dt) {
     case DSP_F32:
-      if (relu) ACT_BW(float, x > 0 ? gv : 0.0f);
-      else ACT_BW(float, gv * gelu_gradf_(x));
+      if (relu) ACT_BW(float, dsp__sm_relu_bw_f32(gv, x));
+      else ACT_BW(float, dsp__sm_gelu_bw_f32(gv, x));
       break;
     case DSP_F64:
-      if (relu) ACT_BW(double, x > 0 ? gv : 0.0);
-      else ACT_BW(double, gv * gelu_grad_(x));
+      if (relu) ACT_BW(double, dsp__sm_relu_bw_f64(gv, x));
+      else ACT_BW(double, dsp__sm_gelu_bw_f64(gv, x));
       break;
     case DSP_I64:
       if (!relu) return -1;
-      ACT_BW(int64_t, x > 0 ? gv : 0);
+      ACT_BW(int64_t, dsp__sm_relu_bw_i64(gv, x));
       break;
     default: return -1;
   }

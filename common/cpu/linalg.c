@@ -2,8 +2,11 @@
  * common/ops_linalg.c).
  *
  * Each batch entry is one cblas_?gemm call straight on the tensors'
- * storage (no copies); when the right operand has no batch (or only size-1
- * batch dims) the left operand's batch folds into M and the whole product
+ * storage (no copies), with BLAS's transpose flags where the attributes
+ * ask for op(a) = a^T or op(b) = b^T (the matmul backward's g b^T and
+ * a^T g, without copying a transpose first); when the right operand has
+ * no batch (or only size-1 batch dims) and the left one is not
+ * transposed, the left operand's batch folds into M and the whole product
  * is a single gemm. */
 #include <cblas.h>
 #include <limits.h>
@@ -47,24 +50,23 @@ static int mm_gemm_t(dsp_ctx *ctx, dsp_dtype dt, int ta, int tb, int m, int n,
   return 0;
 }
 
-static int mm_gemm(dsp_ctx *ctx, dsp_dtype dt, int m, int n, int k,
-                   const char *a, const char *b, char *c) {
-  return mm_gemm_t(ctx, dt, 0, 0, m, n, k, a, b, c);
-}
-
 /* Runs the product: results only depend on the operands (each output
  * element comes from one gemm call with a fixed K order), so repeated runs
  * are bit-identical. An empty product (M, N or batch 0) writes nothing; an
  * empty K leaves the zeroed output as the correct all-zero result. */
 int dsp__cpu_linalg(dsp_ctx *ctx, dsp_opcode op, dsp_tensor *const *in,
                     int n_in, const dsp_attrs *a, dsp_tensor *out) {
-  (void)a;
   if (op != DSP_OP_MATMUL ||
       (in[0]->meta.dtype != DSP_F32 && in[0]->meta.dtype != DSP_F64))
     return dsp__no_kernel(ctx, op, in, n_in, out);
+  const dsp_meta ms[2] = {in[0]->meta, in[1]->meta};
+  dsp_meta eff[2];
+  int ta, tb;
+  int rc = dsp__mm_attrs(ctx, a, ms, &ta, &tb, eff);
+  if (rc < 0) return rc;
   dsp_mm_view va, vb;
   dsp_meta bshape, om;
-  int rc = dsp__mm_plan(ctx, &in[0]->meta, &in[1]->meta, &va, &vb, &bshape, &om);
+  rc = dsp__mm_plan(ctx, &eff[0], &eff[1], &va, &vb, &bshape, &om);
   if (rc < 0) return rc;
   int64_t M = va.rows, K = va.cols, N = vb.cols;
   if (out->numel == 0 || K == 0) return 0;
@@ -78,9 +80,10 @@ int dsp__cpu_linalg(dsp_ctx *ctx, dsp_opcode op, dsp_tensor *const *in,
   int64_t nbat = out->numel / (M * N);
   /* b shared by every batch entry: the output batch equals a's batch (b's
    * size-1 dims only add leading 1s), a's entries are contiguous, so the
-   * batch folds into M and the whole product is one gemm */
-  if (!b_batched && nbat * M <= INT_MAX) {
-    if (mm_gemm(ctx, dt, (int)(nbat * M), (int)N, (int)K, pa, pb, pc))
+   * batch folds into M and the whole product is one gemm (not when a is
+   * transposed: its entries' rows of op(a) are not one [nbat*M, K]) */
+  if (!b_batched && !ta && nbat * M <= INT_MAX) {
+    if (mm_gemm_t(ctx, dt, 0, tb, (int)(nbat * M), (int)N, (int)K, pa, pb, pc))
       return dsp__cancelled_err(ctx, op);
     return 0;
   }
@@ -98,8 +101,9 @@ int dsp__cpu_linalg(dsp_ctx *ctx, dsp_opcode op, dsp_tensor *const *in,
   }
   int64_t offa = 0, offb = 0;
   for (int64_t e = 0; e < nbat; e++) {
-    if (mm_gemm(ctx, dt, (int)M, (int)N, (int)K, pa + (size_t)offa * es,
-                pb + (size_t)offb * es, pc + (size_t)(e * M * N) * es))
+    if (mm_gemm_t(ctx, dt, ta, tb, (int)M, (int)N, (int)K,
+                  pa + (size_t)offa * es, pb + (size_t)offb * es,
+                  pc + (size_t)(e * M * N) * es))
       return dsp__cancelled_err(ctx, op);
     for (int i = nd - 1; i >= 0; i--) {
       offa += sa[i];
@@ -110,47 +114,5 @@ int dsp__cpu_linalg(dsp_ctx *ctx, dsp_opcode op, dsp_tensor *const *in,
       idx[i] = 0;
     }
   }
-  return 0;
-}
-
-/* op(a) @ op(b) for 2-D a, b on a CPU backend, op(x) = x^T where the flag
- * is set: the matmul of the transposed operands, run as one gemm with
- * BLAS's transpose flags instead of copying a transpose first (backward of
- * matmul: g b^T and a^T g). It passes the checks dsp_op makes for that
- * matmul (inference on the transposed shapes, the span and cost limits,
- * cancellation) and allocates the result the same way; it records
- * nothing, so it declines (returns 1, *out NULL) while grad mode could
- * record, as it does for anything but two untracked-or-unrecorded 2-D
- * f32/f64 operands on one CPU backend. 0 with *out, or an error. */
-int dsp__cpu_matmul_t(dsp_ctx *ctx, dsp_tensor *a, int ta, dsp_tensor *b,
-                      int tb, dsp_tensor **out) {
-  *out = NULL;
-  const dsp_backend *be = a->storage->backend;
-  if (ctx->grad_enabled || a->meta.ndim != 2 || b->meta.ndim != 2 ||
-      a->meta.dtype != b->meta.dtype ||
-      (a->meta.dtype != DSP_F32 && a->meta.dtype != DSP_F64) ||
-      b->storage->backend != be || !dsp__cpu_backend_is(be))
-    return 1;
-  dsp_meta m[2] = {a->meta, b->meta}, om;
-  if (ta) m[0].shape[0] = a->meta.shape[1], m[0].shape[1] = a->meta.shape[0];
-  if (tb) m[1].shape[0] = b->meta.shape[1], m[1].shape[1] = b->meta.shape[0];
-  dsp_attrs none = dsp_attrs_none();
-  int rc = dsp_op_infer(ctx, DSP_OP_MATMUL, m, 2, &none, &om);
-  if (rc < 0) return rc;
-  rc = dsp__op_admit(ctx, DSP_OP_MATMUL, m, 2, &none, &om, UINT64_MAX);
-  if (rc < 0) return rc;
-  const int64_t M = m[0].shape[0], K = m[0].shape[1], N = m[1].shape[1];
-  /* gemm with beta 0 writes every element; an empty K writes none, and
-   * the zeroed storage is then the answer */
-  dsp_tensor *t;
-  rc = dsp__tensor_new_on(ctx, be, &om, K == 0, &t);
-  if (rc < 0) return rc;
-  if (t->numel > 0 && K > 0 &&
-      mm_gemm_t(ctx, om.dtype, ta, tb, (int)M, (int)N, (int)K,
-                dsp_tensor_data(a), dsp_tensor_data(b), dsp_tensor_data(t))) {
-    dsp_tensor_unref(t);
-    return dsp__cancelled_err(ctx, DSP_OP_MATMUL);
-  }
-  *out = t;
   return 0;
 }

@@ -1,5 +1,5 @@
 /* Kernel launchers of the CUDA backend (common/cuda/kernels.cu), called by
- * the backend glue (common/cuda/backend.c). Each enqueues its kernels on
+ * the op files (common/cuda/ew.c, ...). Each enqueues its kernels on
  * `st` and returns the cudaError_t of the launch as an int (0: enqueued);
  * none synchronises unless it says so. Pointers are device pointers unless
  * named host_*. n counts elements; dt is a dsp_dtype. A launcher never

@@ -1,4 +1,6 @@
-/* The math of the CUDA backend's kernels, written once for host and device.
+/* The math of the CUDA backend's kernels, written once for host and device
+ * (the elementwise ops' scalar math is common/scalar_math.h, which the CPU
+ * loops share).
  *
  * Under nvcc every function here is __host__ __device__; under gcc it is a
  * plain static inline C function. The .cu kernels are grid loops that call
@@ -34,6 +36,8 @@ extern "C" {
 #define DSP_HD static inline
 #endif
 
+#include "scalar_math.h"
+
 /* ------------------------------------------------------------------ */
 /* indexing                                                            */
 
@@ -62,178 +66,8 @@ DSP_HD void dsp__cu_offsets(const dsp__cu_index *ix, int64_t i, int64_t *off) {
 }
 
 /* ------------------------------------------------------------------ */
-/* elementwise                                                         */
-
-#define DSP__CU_SQRT1_2 0.70710678118654752440
-#define DSP__CU_INV_SQRT_2PI 0.39894228040143267794
-
-DSP_HD int64_t dsp__cu_i64_add(int64_t x, int64_t y) {
-  return (int64_t)((uint64_t)x + (uint64_t)y);
-}
-DSP_HD int64_t dsp__cu_i64_sub(int64_t x, int64_t y) {
-  return (int64_t)((uint64_t)x - (uint64_t)y);
-}
-DSP_HD int64_t dsp__cu_i64_mul(int64_t x, int64_t y) {
-  return (int64_t)((uint64_t)x * (uint64_t)y);
-}
-
-/* add..minimum; maximum/minimum propagate a NaN of x first, then of y. */
-DSP_HD float dsp__cu_bin_f32(int op, float x, float y) {
-  switch (op) {
-    case DSP_OP_ADD: return x + y;
-    case DSP_OP_SUB: return x - y;
-    case DSP_OP_MUL: return x * y;
-    case DSP_OP_DIV: return x / y;
-    case DSP_OP_MAXIMUM: return (x > y || x != x) ? x : y;
-    case DSP_OP_MINIMUM: return (x < y || x != x) ? x : y;
-    default: return 0.0f;
-  }
-}
-DSP_HD double dsp__cu_bin_f64(int op, double x, double y) {
-  switch (op) {
-    case DSP_OP_ADD: return x + y;
-    case DSP_OP_SUB: return x - y;
-    case DSP_OP_MUL: return x * y;
-    case DSP_OP_DIV: return x / y;
-    case DSP_OP_MAXIMUM: return (x > y || x != x) ? x : y;
-    case DSP_OP_MINIMUM: return (x < y || x != x) ? x : y;
-    default: return 0.0;
-  }
-}
-/* i64: wraps; division truncates, INT64_MIN / -1 wraps; the caller has
- * refused a zero divisor before launching (y == 0 gives 0 here, never a
- * trap). */
-DSP_HD int64_t dsp__cu_bin_i64(int op, int64_t x, int64_t y) {
-  switch (op) {
-    case DSP_OP_ADD: return dsp__cu_i64_add(x, y);
-    case DSP_OP_SUB: return dsp__cu_i64_sub(x, y);
-    case DSP_OP_MUL: return dsp__cu_i64_mul(x, y);
-    case DSP_OP_DIV:
-      return y == 0 ? 0 : y == -1 ? dsp__cu_i64_sub(0, x) : x / y;
-    case DSP_OP_MAXIMUM: return x > y ? x : y;
-    case DSP_OP_MINIMUM: return x < y ? x : y;
-    default: return 0;
-  }
-}
-
-/* eq..ge as 0/1; one body for every dtype */
-#define DSP__CU_CMP_BODY                                                     \
-  switch (op) {                                                              \
-    case DSP_OP_EQ: return x == y;                                           \
-    case DSP_OP_NE: return x != y;                                           \
-    case DSP_OP_LT: return x < y;                                            \
-    case DSP_OP_LE: return x <= y;                                           \
-    case DSP_OP_GT: return x > y;                                            \
-    case DSP_OP_GE: return x >= y;                                           \
-    default: return 0;                                                       \
-  }
-DSP_HD uint8_t dsp__cu_cmp_f32(int op, float x, float y) { DSP__CU_CMP_BODY }
-DSP_HD uint8_t dsp__cu_cmp_f64(int op, double x, double y) { DSP__CU_CMP_BODY }
-DSP_HD uint8_t dsp__cu_cmp_i64(int op, int64_t x, int64_t y) { DSP__CU_CMP_BODY }
-DSP_HD uint8_t dsp__cu_cmp_u8(int op, uint8_t x, uint8_t y) { DSP__CU_CMP_BODY }
-
-/* scalar forms x op s; pow with s == 2 is x*x as on the CPU */
-DSP_HD float dsp__cu_scalar_f32(int op, float x, float c) {
-  switch (op) {
-    case DSP_OP_ADD_SCALAR: return x + c;
-    case DSP_OP_SUB_SCALAR: return x - c;
-    case DSP_OP_MUL_SCALAR: return x * c;
-    case DSP_OP_DIV_SCALAR: return x / c;
-    case DSP_OP_POW_SCALAR: return c == 2.0f ? x * x : powf(x, c);
-    case DSP_OP_RSUB_SCALAR: return c - x;
-    case DSP_OP_RDIV_SCALAR: return c / x;
-    default: return 0.0f;
-  }
-}
-DSP_HD double dsp__cu_scalar_f64(int op, double x, double c) {
-  switch (op) {
-    case DSP_OP_ADD_SCALAR: return x + c;
-    case DSP_OP_SUB_SCALAR: return x - c;
-    case DSP_OP_MUL_SCALAR: return x * c;
-    case DSP_OP_DIV_SCALAR: return x / c;
-    case DSP_OP_POW_SCALAR: return c == 2.0 ? x * x : pow(x, c);
-    case DSP_OP_RSUB_SCALAR: return c - x;
-    case DSP_OP_RDIV_SCALAR: return c / x;
-    default: return 0.0;
-  }
-}
-DSP_HD int64_t dsp__cu_scalar_i64(int op, int64_t x, int64_t c) {
-  switch (op) {
-    case DSP_OP_ADD_SCALAR: return dsp__cu_i64_add(x, c);
-    case DSP_OP_SUB_SCALAR: return dsp__cu_i64_sub(x, c);
-    case DSP_OP_MUL_SCALAR: return dsp__cu_i64_mul(x, c);
-    case DSP_OP_RSUB_SCALAR: return dsp__cu_i64_sub(c, x);
-    default: return 0;
-  }
-}
-
-/* sigmoid without overflow on either side */
-DSP_HD float dsp__cu_sigmoid_f32(float x) {
-  if (x >= 0) return 1.0f / (1.0f + expf(-x));
-  float e = expf(x);
-  return e / (1.0f + e);
-}
-DSP_HD double dsp__cu_sigmoid_f64(double x) {
-  if (x >= 0) return 1.0 / (1.0 + exp(-x));
-  double e = exp(x);
-  return e / (1.0 + e);
-}
-
-DSP_HD float dsp__cu_unary_f32(int op, float x) {
-  switch (op) {
-    case DSP_OP_NEG: return -x;
-    case DSP_OP_EXP: return expf(x);
-    case DSP_OP_LOG: return logf(x);
-    case DSP_OP_SQRT: return sqrtf(x);
-    case DSP_OP_ABS: return fabsf(x);
-    case DSP_OP_SIGN: return x > 0 ? 1.0f : x < 0 ? -1.0f : x;
-    case DSP_OP_RELU: return x < 0 ? 0.0f : x;
-    case DSP_OP_SIGMOID: return dsp__cu_sigmoid_f32(x);
-    case DSP_OP_TANH: return tanhf(x);
-    case DSP_OP_GELU: return 0.5f * x * (1.0f + erff(x * (float)DSP__CU_SQRT1_2));
-    default: return 0.0f;
-  }
-}
-DSP_HD double dsp__cu_unary_f64(int op, double x) {
-  switch (op) {
-    case DSP_OP_NEG: return -x;
-    case DSP_OP_EXP: return exp(x);
-    case DSP_OP_LOG: return log(x);
-    case DSP_OP_SQRT: return sqrt(x);
-    case DSP_OP_ABS: return fabs(x);
-    case DSP_OP_SIGN: return x > 0 ? 1.0 : x < 0 ? -1.0 : x;
-    case DSP_OP_RELU: return x < 0 ? 0.0 : x;
-    case DSP_OP_SIGMOID: return dsp__cu_sigmoid_f64(x);
-    case DSP_OP_TANH: return tanh(x);
-    case DSP_OP_GELU: return 0.5 * x * (1.0 + erf(x * DSP__CU_SQRT1_2));
-    default: return 0.0;
-  }
-}
-DSP_HD int64_t dsp__cu_unary_i64(int op, int64_t x) {
-  switch (op) {
-    case DSP_OP_NEG: return dsp__cu_i64_sub(0, x);
-    case DSP_OP_ABS: return x < 0 ? dsp__cu_i64_sub(0, x) : x;
-    case DSP_OP_SIGN: return (int64_t)(x > 0) - (int64_t)(x < 0);
-    case DSP_OP_RELU: return x < 0 ? 0 : x;
-    default: return 0;
-  }
-}
-
-/* (grad, x) -> grad * f'(x); gelu' = Phi(x) + x phi(x) */
-DSP_HD float dsp__cu_act_bw_f32(int op, float g, float x) {
-  if (op == DSP_OP_RELU_BACKWARD) return x > 0 ? g : 0.0f;
-  return g * (0.5f * (1.0f + erff(x * (float)DSP__CU_SQRT1_2)) +
-              x * (float)DSP__CU_INV_SQRT_2PI * expf(-0.5f * x * x));
-}
-DSP_HD double dsp__cu_act_bw_f64(int op, double g, double x) {
-  if (op == DSP_OP_RELU_BACKWARD) return x > 0 ? g : 0.0;
-  return g * (0.5 * (1.0 + erf(x * DSP__CU_SQRT1_2)) +
-              x * DSP__CU_INV_SQRT_2PI * exp(-0.5 * x * x));
-}
-DSP_HD int64_t dsp__cu_act_bw_i64(int op, int64_t g, int64_t x) {
-  (void)op;
-  return x > 0 ? g : 0;
-}
+/* elementwise: the scalar math is common/scalar_math.h (dsp__sm_*),     */
+/* shared with the CPU loops                                           */
 
 /* float -> i64 for cast: truncates, saturates, NaN gives 0 */
 DSP_HD int64_t dsp__cu_f2i64(double v) {

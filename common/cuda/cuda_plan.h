@@ -1,6 +1,6 @@
 /* Host-side plans of the CUDA kernels: which element of each operand the
  * flat index i of a kernel touches, and how a reduction splits its input.
- * Shared by the backend (common/cuda/backend.c) and by
+ * Shared by the backend (the op files of common/cuda/) and by
  * tests/test_cuda_host.c, which replays the kernels on the host with these
  * plans and the math of cuda_math.h and compares with the CPU kernels.
  * Plain C (gcc only); every plan comes from the CPU's own iterator

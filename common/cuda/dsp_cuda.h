@@ -79,6 +79,11 @@ uint64_t dsp_cuda_pool_used(const dsp_backend *be);
  * its DISPATCH_E* code with the message in ctx (may be NULL). */
 int dsp_cuda_sync(const dsp_backend *be, dsp_ctx *ctx);
 
+/* 1 when the CUDA kernels implement op for key dtype `key`
+ * (dsp__op_key_dtype): the backend's supports_op table
+ * (common/cuda/supports.c). No GPU needed. */
+int dsp__cuda_has_kernel(dsp_opcode op, dsp_dtype key);
+
 /* The DISPATCH_E* code of a cudaError_t / cublasStatus_t value, and the
  * message "WHAT: LIBRARY MESSAGE (NAME)" written to buf. */
 int dsp_cuda_error(int cuda_error, const char *what, char *buf, size_t len);

@@ -24,34 +24,34 @@ static unsigned grid_rows(int64_t rows) {
        i += (int64_t)gridDim.x * blockDim.x)
 
 /* typed fronts for the C functions of cuda_math.h */
-__device__ inline float bin(int op, float x, float y) { return dsp__cu_bin_f32(op, x, y); }
-__device__ inline double bin(int op, double x, double y) { return dsp__cu_bin_f64(op, x, y); }
-__device__ inline int64_t bin(int op, int64_t x, int64_t y) { return dsp__cu_bin_i64(op, x, y); }
+__device__ inline float bin(int op, float x, float y) { return dsp__sm_bin_f32(op, x, y); }
+__device__ inline double bin(int op, double x, double y) { return dsp__sm_bin_f64(op, x, y); }
+__device__ inline int64_t bin(int op, int64_t x, int64_t y) { return dsp__sm_bin_i64(op, x, y); }
 __device__ inline uint8_t bin(int, uint8_t, uint8_t) { return 0; }
-__device__ inline uint8_t cmp(int op, float x, float y) { return dsp__cu_cmp_f32(op, x, y); }
-__device__ inline uint8_t cmp(int op, double x, double y) { return dsp__cu_cmp_f64(op, x, y); }
-__device__ inline uint8_t cmp(int op, int64_t x, int64_t y) { return dsp__cu_cmp_i64(op, x, y); }
-__device__ inline uint8_t cmp(int op, uint8_t x, uint8_t y) { return dsp__cu_cmp_u8(op, x, y); }
+__device__ inline uint8_t cmp(int op, float x, float y) { return dsp__sm_cmp_f32(op, x, y); }
+__device__ inline uint8_t cmp(int op, double x, double y) { return dsp__sm_cmp_f64(op, x, y); }
+__device__ inline uint8_t cmp(int op, int64_t x, int64_t y) { return dsp__sm_cmp_i64(op, x, y); }
+__device__ inline uint8_t cmp(int op, uint8_t x, uint8_t y) { return dsp__sm_cmp_u8(op, x, y); }
 
 __device__ inline float map1(int op, float x, float y, double s) {
   if (op >= DSP_OP_ADD_SCALAR && op <= DSP_OP_RDIV_SCALAR)
-    return dsp__cu_scalar_f32(op, x, (float)s);
+    return dsp__sm_scalar_f32(op, x, (float)s);
   if (op == DSP_OP_RELU_BACKWARD || op == DSP_OP_GELU_BACKWARD)
-    return dsp__cu_act_bw_f32(op, x, y);
-  return dsp__cu_unary_f32(op, x);
+    return dsp__sm_act_bw_f32(op, x, y);
+  return dsp__sm_unary_f32(op, x);
 }
 __device__ inline double map1(int op, double x, double y, double s) {
   if (op >= DSP_OP_ADD_SCALAR && op <= DSP_OP_RDIV_SCALAR)
-    return dsp__cu_scalar_f64(op, x, s);
+    return dsp__sm_scalar_f64(op, x, s);
   if (op == DSP_OP_RELU_BACKWARD || op == DSP_OP_GELU_BACKWARD)
-    return dsp__cu_act_bw_f64(op, x, y);
-  return dsp__cu_unary_f64(op, x);
+    return dsp__sm_act_bw_f64(op, x, y);
+  return dsp__sm_unary_f64(op, x);
 }
 __device__ inline int64_t map1(int op, int64_t x, int64_t y, double s) {
   if (op >= DSP_OP_ADD_SCALAR && op <= DSP_OP_RDIV_SCALAR)
-    return dsp__cu_scalar_i64(op, x, (int64_t)s);
-  if (op == DSP_OP_RELU_BACKWARD) return dsp__cu_act_bw_i64(op, x, y);
-  return dsp__cu_unary_i64(op, x);
+    return dsp__sm_scalar_i64(op, x, (int64_t)s);
+  if (op == DSP_OP_RELU_BACKWARD) return dsp__sm_act_bw_i64(op, x, y);
+  return dsp__sm_unary_i64(op, x);
 }
 
 /* One tree merge of a block's TPB partials; every thread gets the result. */

@@ -21,6 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend.h"
 #include "dsp.h"
 #include "dsp_cuda.h"
 #include "rng.h"

@@ -1,0 +1,86 @@
+/* What the CUDA backend's kernels implement: its own op x key dtype table
+ * (dsp__op_key_dtype), read off the kernels themselves, not borrowed from
+ * the CPU. Every row names the kernel and the dtypes it has a typed path
+ * for; a dtype a kernel would only reach through a fallback branch (the
+ * binary kernel's uint8 instance, the map kernel's int64 default, a bool
+ * arange) is not claimed. The other operands' dtypes are fixed by
+ * inference (same dtype, i64 labels and indexes, bool masks). One row per
+ * op: a new op in DSP_OP_MAP breaks the build here until it has a row,
+ * tests/test_backend_ops.c checks on any host that built this backend that
+ * the table claims no pair inference refuses, and on a GPU it runs every
+ * pair claimed against the CPU. */
+#include "dsp_cuda.h"
+#include "ops_plan.h"
+
+#define F_ (1u << DSP_F32)
+#define D_ (1u << DSP_F64)
+#define I_ (1u << DSP_I64)
+#define B_ (1u << DSP_BOOL)
+#define FD_ (F_ | D_)
+#define FDI_ (F_ | D_ | I_)
+#define ALL_ (F_ | D_ | I_ | B_)
+static const struct cu_row {
+  dsp_opcode op;
+  unsigned dtypes;
+} g_cu_ops[] = {
+    /* k_binary<float/double/int64_t> (dsp__sm_bin_*); integer div checks
+     * its divisors first (dsp__cuk_first_bad) */
+    {DSP_OP_ADD, FDI_}, {DSP_OP_SUB, FDI_}, {DSP_OP_MUL, FDI_},
+    {DSP_OP_DIV, FDI_}, {DSP_OP_MAXIMUM, FDI_}, {DSP_OP_MINIMUM, FDI_},
+    /* k_binary's compare path (dsp__sm_cmp_*): eq/ne for every dtype, the
+     * orderings for the numeric ones */
+    {DSP_OP_EQ, ALL_}, {DSP_OP_NE, ALL_}, {DSP_OP_LT, FDI_},
+    {DSP_OP_LE, FDI_}, {DSP_OP_GT, FDI_}, {DSP_OP_GE, FDI_},
+    /* k_where copies elements by size: every dtype */
+    {DSP_OP_WHERE, ALL_},
+    /* k_map (dsp__sm_scalar_*): i64 has add/sub/mul/rsub only */
+    {DSP_OP_ADD_SCALAR, FDI_}, {DSP_OP_SUB_SCALAR, FDI_},
+    {DSP_OP_MUL_SCALAR, FDI_}, {DSP_OP_DIV_SCALAR, FD_},
+    {DSP_OP_POW_SCALAR, FD_}, {DSP_OP_RSUB_SCALAR, FDI_},
+    {DSP_OP_RDIV_SCALAR, FD_},
+    /* k_map (dsp__sm_unary_*, dsp__sm_act_bw_*): i64 has neg, abs, sign,
+     * relu and relu_backward */
+    {DSP_OP_NEG, FDI_}, {DSP_OP_EXP, FD_}, {DSP_OP_LOG, FD_},
+    {DSP_OP_SQRT, FD_}, {DSP_OP_ABS, FDI_}, {DSP_OP_SIGN, FDI_},
+    {DSP_OP_RELU, FDI_}, {DSP_OP_SIGMOID, FD_}, {DSP_OP_TANH, FD_},
+    {DSP_OP_GELU, FD_}, {DSP_OP_RELU_BACKWARD, FDI_},
+    {DSP_OP_GELU_BACKWARD, FD_},
+    /* dsp__cuk_reduce: RSum/RMaxF for f32/f64, RSumI/RMaxI for i64 */
+    {DSP_OP_SUM, FDI_}, {DSP_OP_MEAN, FD_}, {DSP_OP_MAX, FDI_},
+    {DSP_OP_ARGMAX, FDI_},
+    /* copies and k_gather/k_scatter move elements by size; k_cast has
+     * every source x target pair; k_index_select_bw sums f32/f64/i64 */
+    {DSP_OP_RESHAPE, ALL_}, {DSP_OP_PERMUTE, ALL_}, {DSP_OP_TRANSPOSE, ALL_},
+    {DSP_OP_SLICE, ALL_}, {DSP_OP_CAT, ALL_}, {DSP_OP_STACK, ALL_},
+    {DSP_OP_BROADCAST_TO, ALL_}, {DSP_OP_INDEX_SELECT, ALL_},
+    {DSP_OP_CAST, ALL_}, {DSP_OP_SLICE_BACKWARD, ALL_},
+    {DSP_OP_INDEX_SELECT_BACKWARD, FDI_},
+    /* cuBLAS S/Dgemm */
+    {DSP_OP_MATMUL, FD_},
+    /* k_softmax, k_cross_entropy, k_mse, im2col + gemm, k_pool,
+     * k_dropout: float and double instances */
+    {DSP_OP_SOFTMAX, FD_}, {DSP_OP_LOG_SOFTMAX, FD_},
+    {DSP_OP_SOFTMAX_BACKWARD, FD_}, {DSP_OP_LOG_SOFTMAX_BACKWARD, FD_},
+    {DSP_OP_CROSS_ENTROPY, FD_}, {DSP_OP_CROSS_ENTROPY_BACKWARD, FD_},
+    {DSP_OP_MSE, FD_}, {DSP_OP_CONV2D, FD_},
+    {DSP_OP_CONV2D_BACKWARD_INPUT, FD_}, {DSP_OP_CONV2D_BACKWARD_WEIGHT, FD_},
+    {DSP_OP_MAX_POOL2D, FD_}, {DSP_OP_AVG_POOL2D, FD_},
+    {DSP_OP_MAX_POOL2D_BACKWARD, FD_}, {DSP_OP_AVG_POOL2D_BACKWARD, FD_},
+    {DSP_OP_DROPOUT, FD_},
+    /* zeroed storage; k_fill for every dtype; k_arange_i64/k_arange_f;
+     * k_random float and double */
+    {DSP_OP_ZEROS, ALL_}, {DSP_OP_ONES, ALL_}, {DSP_OP_FULL, ALL_},
+    {DSP_OP_ARANGE, FDI_}, {DSP_OP_UNIFORM, FD_}, {DSP_OP_NORMAL, FD_},
+    /* k_sgd, k_adam */
+    {DSP_OP_SGD_STEP, FD_}, {DSP_OP_ADAM_STEP, FD_},
+};
+_Static_assert(sizeof g_cu_ops / sizeof g_cu_ops[0] == DSP__OP_COUNT,
+               "every op in DSP_OP_MAP needs a row in the CUDA support table "
+               "(give it a CUDA kernel or a row of no dtypes)");
+
+int dsp__cuda_has_kernel(dsp_opcode op, dsp_dtype key) {
+  if (!dsp_dtype_valid((int)key)) return 0;
+  for (size_t i = 0; i < sizeof g_cu_ops / sizeof g_cu_ops[0]; i++)
+    if (g_cu_ops[i].op == op) return (g_cu_ops[i].dtypes >> key) & 1u;
+  return 0;
+}
