@@ -16,6 +16,7 @@
 
 #include "dsp_internal.h"
 #include "ops_plan.h"
+#include "scalar_math.h"
 
 #define opname dsp__opname
 #define is_arith dsp__ew_is_arith
@@ -107,8 +108,9 @@ int dsp__infer_ew(dsp_ctx *ctx, dsp_opcode op, const dsp_meta *in, int n_in,
       if (!dsp_dtype_is_float(dt) && dt != DSP_I64) return bad_dtype(ctx, op, dt);
       *out = in[0];
       return 0;
-    case DSP_OP_EXP: case DSP_OP_LOG: case DSP_OP_SQRT: case DSP_OP_SIGMOID:
-    case DSP_OP_TANH: case DSP_OP_GELU:
+#define FLOAT_UNARY_CASE_(OP, f) case DSP_OP_##OP:
+    DSP_SM_FLOAT_UNARY(FLOAT_UNARY_CASE_)
+#undef FLOAT_UNARY_CASE_
       if ((rc = dsp__want_attrs(ctx, op, a, 0, 0)) < 0) return rc;
       if (!dsp_dtype_is_float(dt)) return bad_dtype(ctx, op, dt);
       *out = in[0];

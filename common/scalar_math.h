@@ -101,10 +101,31 @@ DSP_HD int64_t dsp__sm_relu_bw_i64(int64_t g, int64_t x) {
            x * (T)DSP__SM_INV_SQRT_2PI * exp##L((T)-0.5 * x * x);            \
   }                                                                          \
   DSP_HD T dsp__sm_relu_bw_##S(T g, T x) { return x > 0 ? g : (T)0; }        \
-  DSP_HD T dsp__sm_gelu_bw_##S(T g, T x) { return g * dsp__sm_gelu_grad_##S(x); }
+  DSP_HD T dsp__sm_gelu_bw_##S(T g, T x) { return g * dsp__sm_gelu_grad_##S(x); } \
+  DSP_HD T dsp__sm_exp_##S(T x) { return exp##L(x); }                          \
+  DSP_HD T dsp__sm_log_##S(T x) { return log##L(x); }                          \
+  DSP_HD T dsp__sm_sqrt_##S(T x) { return sqrt##L(x); }                        \
+  DSP_HD T dsp__sm_tanh_##S(T x) { return tanh##L(x); }
 DSP__SM_FLOAT(float, f32, f)
 DSP__SM_FLOAT(double, f64, )
 #undef DSP__SM_FLOAT
+
+/* The float-only unary ops, a row each: X(OP, f), where dsp__sm_f_f32 and
+ * dsp__sm_f_f64 above compute it. Everything that knows such an op takes
+ * it from here: the CPU loops (common/cpu/ew.c), the CUDA kernels (the op
+ * switch below), the CPU's and the CUDA backend's op x dtype tables (f32
+ * and f64: both run every row) and dsp_op_infer's dtype check
+ * (common/ops_ew.c). A new one is its row of DSP_OP_MAP, a row here and
+ * its function above; its gradient rule is in common/autodiff_rules.c. */
+#define DSP_SM_FLOAT_UNARY(X)                                                \
+  X(EXP, exp)                                                                \
+  X(LOG, log)                                                                \
+  X(SQRT, sqrt)                                                              \
+  X(SIGMOID, sigmoid)                                                        \
+  X(TANH, tanh)                                                              \
+  X(GELU, gelu)
+#define DSP__SM_ROW_COUNT_(OP, f) +1
+#define DSP_SM_N_FLOAT_UNARY (0 DSP_SM_FLOAT_UNARY(DSP__SM_ROW_COUNT_))
 
 /* ------------------------------------------------------------------ */
 /* op-switch forms (what a CUDA kernel calls per element)              */
@@ -180,20 +201,21 @@ DSP_HD int64_t dsp__sm_scalar_i64(int op, int64_t x, int64_t c) {
 #define DSP__SM_UNARY_BODY(S, L)                                             \
   switch (op) {                                                              \
     case DSP_OP_NEG: return -x;                                              \
-    case DSP_OP_EXP: return exp##L(x);                                       \
-    case DSP_OP_LOG: return log##L(x);                                       \
-    case DSP_OP_SQRT: return sqrt##L(x);                                     \
     case DSP_OP_ABS: return fabs##L(x);                                      \
     case DSP_OP_SIGN: return dsp__sm_sign_##S(x);                            \
     case DSP_OP_RELU: return dsp__sm_relu_##S(x);                            \
-    case DSP_OP_SIGMOID: return dsp__sm_sigmoid_##S(x);                      \
-    case DSP_OP_TANH: return tanh##L(x);                                     \
-    case DSP_OP_GELU: return dsp__sm_gelu_##S(x);                            \
+    DSP_SM_FLOAT_UNARY(DSP__SM_UNARY_CASE_##S)                               \
     default: return 0;                                                       \
   }
+#define DSP__SM_UNARY_CASE_f32(OP, f)                                        \
+  case DSP_OP_##OP: return dsp__sm_##f##_f32(x);
+#define DSP__SM_UNARY_CASE_f64(OP, f)                                        \
+  case DSP_OP_##OP: return dsp__sm_##f##_f64(x);
 DSP_HD float dsp__sm_unary_f32(int op, float x) { DSP__SM_UNARY_BODY(f32, f) }
 DSP_HD double dsp__sm_unary_f64(int op, double x) { DSP__SM_UNARY_BODY(f64, ) }
 #undef DSP__SM_UNARY_BODY
+#undef DSP__SM_UNARY_CASE_f32
+#undef DSP__SM_UNARY_CASE_f64
 /* i64 has neg, abs, sign and relu */
 DSP_HD int64_t dsp__sm_unary_i64(int op, int64_t x) {
   switch (op) {

@@ -7,6 +7,7 @@
 
 #include "cpu.h"
 #include "ops_plan.h"
+#include "scalar_math.h"
 
 /* Storage cache: a server that frees a large tensor and soon allocates
  * one of about the same size (uploads, step-by-step training) would
@@ -216,6 +217,7 @@ static void cpu_stage_release(void *bctx, void *token) {
 #define FD_ (F_ | D_)
 #define FDI_ (F_ | D_ | I_)
 #define ALL_ (F_ | D_ | I_ | B_)
+#define FLOAT_UNARY_ROW_(OP, f) {DSP_OP_##OP, FD_},
 static const struct cpu_row {
   dsp_opcode op;
   unsigned dtypes;
@@ -229,11 +231,11 @@ static const struct cpu_row {
     {DSP_OP_MUL_SCALAR, FDI_}, {DSP_OP_DIV_SCALAR, FD_},
     {DSP_OP_POW_SCALAR, FD_}, {DSP_OP_RSUB_SCALAR, FDI_},
     {DSP_OP_RDIV_SCALAR, FD_},
-    {DSP_OP_NEG, FDI_}, {DSP_OP_EXP, FD_}, {DSP_OP_LOG, FD_},
-    {DSP_OP_SQRT, FD_}, {DSP_OP_ABS, FDI_}, {DSP_OP_SIGN, FDI_},
-    {DSP_OP_RELU, FDI_}, {DSP_OP_SIGMOID, FD_}, {DSP_OP_TANH, FD_},
-    {DSP_OP_GELU, FD_}, {DSP_OP_RELU_BACKWARD, FDI_},
-    {DSP_OP_GELU_BACKWARD, FD_},
+    {DSP_OP_NEG, FDI_}, {DSP_OP_ABS, FDI_}, {DSP_OP_SIGN, FDI_},
+    {DSP_OP_RELU, FDI_},
+    /* run_unary: every float-only unary op of scalar_math.h */
+    DSP_SM_FLOAT_UNARY(FLOAT_UNARY_ROW_)
+    {DSP_OP_RELU_BACKWARD, FDI_}, {DSP_OP_GELU_BACKWARD, FD_},
     {DSP_OP_SUM, FDI_}, {DSP_OP_MEAN, FD_}, {DSP_OP_MAX, FDI_},
     {DSP_OP_ARGMAX, FDI_},
     {DSP_OP_RESHAPE, ALL_}, {DSP_OP_PERMUTE, ALL_}, {DSP_OP_TRANSPOSE, ALL_},

@@ -20,9 +20,13 @@
 #define is_cmp dsp__ew_is_cmp
 #define is_scalar dsp__ew_is_scalar
 
-_Static_assert(DSP__OPS_IN_FAMILY(EW) == 32,
-               "a new elementwise op needs a case in dsp__cpu_ew's loops and "
-               "a row in the CPU support table (common/cpu/backend.c)");
+/* the float-only unary ops come from scalar_math.h's rows; the others
+ * are written out below */
+_Static_assert(DSP__OPS_IN_FAMILY(EW) - DSP_SM_N_FLOAT_UNARY == 26,
+               "a new elementwise op that is not a row of "
+               "DSP_SM_FLOAT_UNARY (common/scalar_math.h) needs a case in "
+               "dsp__cpu_ew's loops and a row in the CPU support table "
+               "(common/cpu/backend.c)");
 
 /* ------------------------------------------------------------------ */
 /* binary kernels                                                      */
@@ -307,36 +311,32 @@ static int run_scalar(dsp_opcode op, dsp_dtype dt, const void *px, double s,
   return 0;
 }
 
+/* the float-only unary ops of common/scalar_math.h, one loop each */
+#define UNARY_CASE_f32(OP, f)                                                \
+  case DSP_OP_##OP: UN_LOOP(float, float, dsp__sm_##f##_f32(x)); break;
+#define UNARY_CASE_f64(OP, f)                                                \
+  case DSP_OP_##OP: UN_LOOP(double, double, dsp__sm_##f##_f64(x)); break;
+
 static int run_unary(dsp_opcode op, dsp_dtype dt, const void *px, void *po,
                      int64_t n) {
   switch (dt) {
     case DSP_F32:
       switch (op) {
         case DSP_OP_NEG: UN_LOOP(float, float, -x); break;
-        case DSP_OP_EXP: UN_LOOP(float, float, expf(x)); break;
-        case DSP_OP_LOG: UN_LOOP(float, float, logf(x)); break;
-        case DSP_OP_SQRT: UN_LOOP(float, float, sqrtf(x)); break;
         case DSP_OP_ABS: UN_LOOP(float, float, fabsf(x)); break;
         case DSP_OP_SIGN: UN_LOOP(float, float, dsp__sm_sign_f32(x)); break;
         case DSP_OP_RELU: UN_LOOP(float, float, dsp__sm_relu_f32(x)); break;
-        case DSP_OP_SIGMOID: UN_LOOP(float, float, dsp__sm_sigmoid_f32(x)); break;
-        case DSP_OP_TANH: UN_LOOP(float, float, tanhf(x)); break;
-        case DSP_OP_GELU: UN_LOOP(float, float, dsp__sm_gelu_f32(x)); break;
+        DSP_SM_FLOAT_UNARY(UNARY_CASE_f32)
         default: return -1;
       }
       break;
     case DSP_F64:
       switch (op) {
         case DSP_OP_NEG: UN_LOOP(double, double, -x); break;
-        case DSP_OP_EXP: UN_LOOP(double, double, exp(x)); break;
-        case DSP_OP_LOG: UN_LOOP(double, double, log(x)); break;
-        case DSP_OP_SQRT: UN_LOOP(double, double, sqrt(x)); break;
         case DSP_OP_ABS: UN_LOOP(double, double, fabs(x)); break;
         case DSP_OP_SIGN: UN_LOOP(double, double, dsp__sm_sign_f64(x)); break;
         case DSP_OP_RELU: UN_LOOP(double, double, dsp__sm_relu_f64(x)); break;
-        case DSP_OP_SIGMOID: UN_LOOP(double, double, dsp__sm_sigmoid_f64(x)); break;
-        case DSP_OP_TANH: UN_LOOP(double, double, tanh(x)); break;
-        case DSP_OP_GELU: UN_LOOP(double, double, dsp__sm_gelu_f64(x)); break;
+        DSP_SM_FLOAT_UNARY(UNARY_CASE_f64)
         default: return -1;
       }
       break;

@@ -11,6 +11,7 @@
  * pair claimed against the CPU. */
 #include "dsp_cuda.h"
 #include "ops_plan.h"
+#include "scalar_math.h"
 
 #define F_ (1u << DSP_F32)
 #define D_ (1u << DSP_F64)
@@ -19,6 +20,7 @@
 #define FD_ (F_ | D_)
 #define FDI_ (F_ | D_ | I_)
 #define ALL_ (F_ | D_ | I_ | B_)
+#define FLOAT_UNARY_ROW_(OP, f) {DSP_OP_##OP, FD_},
 static const struct cu_row {
   dsp_opcode op;
   unsigned dtypes;
@@ -39,12 +41,12 @@ static const struct cu_row {
     {DSP_OP_POW_SCALAR, FD_}, {DSP_OP_RSUB_SCALAR, FDI_},
     {DSP_OP_RDIV_SCALAR, FD_},
     /* k_map (dsp__sm_unary_*, dsp__sm_act_bw_*): i64 has neg, abs, sign,
-     * relu and relu_backward */
-    {DSP_OP_NEG, FDI_}, {DSP_OP_EXP, FD_}, {DSP_OP_LOG, FD_},
-    {DSP_OP_SQRT, FD_}, {DSP_OP_ABS, FDI_}, {DSP_OP_SIGN, FDI_},
-    {DSP_OP_RELU, FDI_}, {DSP_OP_SIGMOID, FD_}, {DSP_OP_TANH, FD_},
-    {DSP_OP_GELU, FD_}, {DSP_OP_RELU_BACKWARD, FDI_},
-    {DSP_OP_GELU_BACKWARD, FD_},
+     * relu and relu_backward; every float-only unary op of scalar_math.h
+     * is a case of dsp__sm_unary_f32/f64 */
+    {DSP_OP_NEG, FDI_}, {DSP_OP_ABS, FDI_}, {DSP_OP_SIGN, FDI_},
+    {DSP_OP_RELU, FDI_},
+    DSP_SM_FLOAT_UNARY(FLOAT_UNARY_ROW_)
+    {DSP_OP_RELU_BACKWARD, FDI_}, {DSP_OP_GELU_BACKWARD, FD_},
     /* dsp__cuk_reduce: RSum/RMaxF for f32/f64, RSumI/RMaxI for i64 */
     {DSP_OP_SUM, FDI_}, {DSP_OP_MEAN, FD_}, {DSP_OP_MAX, FDI_},
     {DSP_OP_ARGMAX, FDI_},
