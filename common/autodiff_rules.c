@@ -311,6 +311,13 @@ int dsp__autodiff_rule(dsp_ctx *ctx, const dsp_node *n, dsp_tensor *g,
     case DSP_OP_GELU:
       GRAD(0, bin(R, DSP_OP_GELU_BACKWARD, g, x));
       break;
+    case DSP_OP_SILU: { /* s (1 + x (1 - s)), s = sigmoid(x) */
+      dsp_tensor *s = un(R, DSP_OP_SIGMOID, x);
+      dsp_tensor *xs = bin(R, DSP_OP_MUL, x, sc(R, DSP_OP_RSUB_SCALAR, s, 1.0));
+      GRAD(0, bin(R, DSP_OP_MUL, g,
+                  bin(R, DSP_OP_MUL, s, sc(R, DSP_OP_ADD_SCALAR, xs, 1.0))));
+      break;
+    }
 
     /* ---------------------------------------------- reductions */
     case DSP_OP_SUM:

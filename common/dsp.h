@@ -451,6 +451,7 @@ int dsp__storage_prepare_write(dsp_ctx *ctx, dsp_tensor *t);
   X(SIGMOID, 28, sigmoid, 1, EW, UNARY, API)                                 \
   X(TANH, 29, tanh, 1, EW, UNARY, API)                                       \
   X(GELU, 30, gelu, 1, EW, UNARY, API) /* exact erf form */                  \
+  X(SILU, 33, silu, 1, EW, UNARY, API) /* x sigmoid(x) */                    \
   /* backward helpers: (grad, x) -> grad * f'(x), same shape */              \
   X(RELU_BACKWARD, 31, relu_backward, 2, EW, BINARY, BWD)                    \
   X(GELU_BACKWARD, 32, gelu_backward, 2, EW, BINARY, BWD)                    \

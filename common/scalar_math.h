@@ -105,7 +105,10 @@ DSP_HD int64_t dsp__sm_relu_bw_i64(int64_t g, int64_t x) {
   DSP_HD T dsp__sm_exp_##S(T x) { return exp##L(x); }                          \
   DSP_HD T dsp__sm_log_##S(T x) { return log##L(x); }                          \
   DSP_HD T dsp__sm_sqrt_##S(T x) { return sqrt##L(x); }                        \
-  DSP_HD T dsp__sm_tanh_##S(T x) { return tanh##L(x); }
+  DSP_HD T dsp__sm_tanh_##S(T x) { return tanh##L(x); }                        \
+  /* x sigmoid(x), through the sigmoid above (no e^-x = inf on the way)    \
+   */                                                                        \
+  DSP_HD T dsp__sm_silu_##S(T x) { return x * dsp__sm_sigmoid_##S(x); }
 DSP__SM_FLOAT(float, f32, f)
 DSP__SM_FLOAT(double, f64, )
 #undef DSP__SM_FLOAT
@@ -123,7 +126,8 @@ DSP__SM_FLOAT(double, f64, )
   X(SQRT, sqrt)                                                              \
   X(SIGMOID, sigmoid)                                                        \
   X(TANH, tanh)                                                              \
-  X(GELU, gelu)
+  X(GELU, gelu)                                                              \
+  X(SILU, silu)
 #define DSP__SM_ROW_COUNT_(OP, f) +1
 #define DSP_SM_N_FLOAT_UNARY (0 DSP_SM_FLOAT_UNARY(DSP__SM_ROW_COUNT_))
 

@@ -180,7 +180,7 @@ static int make_case(dsp_opcode op, dsp_dtype k, int v, tcase *c) {
       }
     case DSP_OP_NEG: case DSP_OP_EXP: case DSP_OP_LOG: case DSP_OP_SQRT:
     case DSP_OP_ABS: case DSP_OP_SIGN: case DSP_OP_RELU: case DSP_OP_SIGMOID:
-    case DSP_OP_TANH: case DSP_OP_GELU: {
+    case DSP_OP_TANH: case DSP_OP_GELU: case DSP_OP_SILU: {
       char d = (op == DSP_OP_LOG || op == DSP_OP_SQRT) ? 'p' : 'r';
       switch (v) {
         case 0: c->what = "[3,4]"; in_(c, k, d, 0, 2, 3, 4); return 0;
@@ -698,6 +698,7 @@ static double ew1(dsp_opcode op, dsp_dtype dt, double x, double y, double s) {
     case DSP_OP_SIGMOID: return 1 / (1 + exp(-x));
     case DSP_OP_TANH: return tanh(x);
     case DSP_OP_GELU: return x * phi_cdf(x);
+    case DSP_OP_SILU: return x / (1 + exp(-x));
     /* (grad, x): x is y here */
     case DSP_OP_RELU_BACKWARD: return y > 0 ? x : 0;
     case DSP_OP_GELU_BACKWARD:

@@ -246,6 +246,7 @@ Test(gradcheck, unary) {
       {DSP_OP_ABS, 0.05, 2, 1},   {DSP_OP_SIGN, 0.05, 2, 1},
       {DSP_OP_RELU, 0.05, 2, 1},  {DSP_OP_SIGMOID, -4, 4, 0},
       {DSP_OP_TANH, -2, 2, 0},    {DSP_OP_GELU, -3, 3, 0},
+      {DSP_OP_SILU, -4, 4, 0},
   };
   for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
     dsp_tensor *in[1] = {cases[k].away0

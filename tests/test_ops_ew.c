@@ -248,6 +248,8 @@ Test(ew, unary_math_f64_hand_values) {
                      0.9640275800758169}},
       {DSP_OP_GELU, {-0.15865525393145707, 0, 0.8413447460685429,
                      1.9544997361036416}},
+      {DSP_OP_SILU, {-0.2689414213699951, 0, 0.7310585786300049,
+                     1.7615941559557646}},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     dsp_tensor *o = tu_run(ctx, cases[i].op, NULL, 1, x, NULL, NULL);
@@ -274,6 +276,11 @@ Test(ew, unary_math_f32_and_large_sigmoid_inputs) {
   o = tu_run(ctx, DSP_OP_GELU, NULL, 1, x, NULL, NULL);
   tu_assert_f32(o, (float[]){-0.0f, -0.15865525f, 0.84134475f, 100}, 4, 1e-6f);
   dsp_tensor_unref(o);
+  /* silu = x sigmoid(x), at both ends of f32's sigmoid */
+  o = tu_run(ctx, DSP_OP_SILU, NULL, 1, x, NULL, NULL);
+  tu_assert_f32(o, (float[]){-3.7200760e-42f, -0.26894142f, 0.73105858f, 100},
+                4, 1e-6f);
+  dsp_tensor_unref(o);
   o = tu_run(ctx, DSP_OP_SIGN, NULL, 1, x, NULL, NULL);
   tu_assert_f32(o, (float[]){-1, -1, 1, 1}, 4, 0);
   dsp_tensor_unref(o);
@@ -293,6 +300,8 @@ Test(ew, unary_i64_and_dtype_errors) {
   dsp_tensor_unref(o);
   tu_run_fail(ctx, DSP_OP_EXP, NULL, 1, x, NULL, NULL, DISPATCH_EDTYPE,
               "exp: dtype i64 not supported");
+  tu_run_fail(ctx, DSP_OP_SILU, NULL, 1, x, NULL, NULL, DISPATCH_EDTYPE,
+              "silu: dtype i64 not supported");
   dsp_tensor *b = tu_bool(ctx, 1, S4, (uint8_t[]){0, 1, 1, 0});
   tu_run_fail(ctx, DSP_OP_LOG, NULL, 1, b, NULL, NULL, DISPATCH_EDTYPE,
               "log: dtype bool");

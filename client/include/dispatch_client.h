@@ -536,7 +536,8 @@ int dispatch_rsub_scalar(dispatch_tensor *x, double s, dispatch_tensor **out);
 DISPATCH_API
 int dispatch_rdiv_scalar(dispatch_tensor *x, double s, dispatch_tensor **out);
 
-/* Unary. gelu is the exact erf form. */
+/* Unary. gelu is the exact erf form; silu (swish) is x * sigmoid(x).
+ * exp, log, sqrt, sigmoid, tanh, gelu and silu take f32 and f64 only. */
 DISPATCH_API
 int dispatch_neg(dispatch_tensor *x, dispatch_tensor **out);
 DISPATCH_API
@@ -557,6 +558,8 @@ DISPATCH_API
 int dispatch_tanh(dispatch_tensor *x, dispatch_tensor **out);
 DISPATCH_API
 int dispatch_gelu(dispatch_tensor *x, dispatch_tensor **out);
+DISPATCH_API
+int dispatch_silu(dispatch_tensor *x, dispatch_tensor **out);
 
 /* ------------------------------------------------------------------ */
 /* reductions                                                          */
