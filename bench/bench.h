@@ -377,7 +377,7 @@ typedef enum bench_wait {
   /* blocking write() and read(): the thread sleeps in the kernel until
    * bytes arrive, no spinning */
   BENCH_WAIT_BLOCK = 0,
-  /* what libdispatch-client does (client/remote.c): non-blocking send
+  /* what libdispatch-client does (client/conn.c, wait.c): non-blocking send
    * that polls for POLLOUT when the buffer is full; before reading, and
    * again after every recv that finds nothing mid-payload, poll(0) in a
    * loop for DISPATCH_SPIN_US (default 50) and then sleep in poll() */

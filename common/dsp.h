@@ -369,8 +369,8 @@ int dsp__storage_prepare_write(dsp_ctx *ctx, dsp_tensor *t);
  * are given per op; every dim attribute may be negative (counted from the
  * end).
  *
- * name is the op's lower-case identifier: #name is its string (messages,
- * the wire's op names), dispatch_##name its client function. The last two
+ * name is the op's lower-case identifier: #name is its string (in error
+ * messages and the server's logs), dispatch_##name its client function. The last two
  * columns are the op's client surface, and this row is the only place it
  * is written: client/run.c expands the table into the function of every
  * row whose signature is not HAND, the build lists every API row in the

@@ -1,8 +1,8 @@
 /* The packed op records of a 1.3 Ops request (proto/README.md, "Op
  * records"): many small ops in one message, without a protobuf message per
- * op. The client writes them (client/remote.c), the server reads them
+ * op. The client writes them (client/call.c), the server reads them
  * (server/decode.c checks a whole message on the loop thread, then
- * server/session.c runs each record as it would an Op).
+ * server/handlers.c runs each record as it would an Op).
  *
  * One record, every field little-endian, sizes in bytes:
  *   0   1  op code (dsp_opcode)

@@ -1,6 +1,6 @@
 /* The one request encoder: builds each kind of Request and frames it
  * (header + packed message), for every program that speaks to a server —
- * the client library (client/remote.c), the raw-protocol test helper
+ * the client library (client/call.c, client/remote.c), the raw-protocol test helper
  * (tests/helpers/wire.c) and the fuzz harness (fuzz/fz_common.c).
  *
  * Beside frame.c this is the only common/ code that knows protobuf. No
