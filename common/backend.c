@@ -31,9 +31,9 @@ int dsp__backend_supports(const dsp_backend *be, dsp_opcode op,
   return be->supports_op && be->supports_op(be->bctx, op, in, n_in, out);
 }
 
-int dsp__backend_writes_every_element(const dsp_backend *be, dsp_opcode op) {
-  const dsp_op_info *info = dsp_op_lookup((int)op);
-  return info && ((be->writes_every_element >> info->family) & 1u);
+int dsp__backend_writes_every_element(const dsp_backend *be,
+                                      dsp_op_family fam) {
+  return (be->writes_every_element >> fam) & 1u;
 }
 
 int dsp__backend_run(const dsp_backend *be, dsp_ctx *ctx, dsp_opcode op,

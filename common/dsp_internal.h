@@ -36,10 +36,12 @@ int dsp__tensor_new_on(dsp_ctx *ctx, const dsp_backend *be, const dsp_meta *m,
  * claims nothing), and the kernel into the allocated out. */
 int dsp__backend_supports(const dsp_backend *be, dsp_opcode op,
                           const dsp_meta *in, int n_in, const dsp_meta *out);
-/* 1 when be's kernel for op writes every element of its result
- * (struct dsp_backend's writes_every_element), so the result need not be
- * zeroed first. */
-int dsp__backend_writes_every_element(const dsp_backend *be, dsp_opcode op);
+/* 1 when be's kernels of the op family fam write every element of their
+ * result (struct dsp_backend's writes_every_element), so the result need
+ * not be zeroed first. Takes the family, not the op, so that the backend
+ * code needs nothing of the op table. */
+int dsp__backend_writes_every_element(const dsp_backend *be,
+                                      dsp_op_family fam);
 int dsp__backend_run(const dsp_backend *be, dsp_ctx *ctx, dsp_opcode op,
                      dsp_tensor *const *in, int n_in, const dsp_attrs *a,
                      dsp_tensor *out);

@@ -213,7 +213,8 @@ int dsp_op_inferred(dsp_ctx *ctx, dsp_opcode op, dsp_tensor *const *in,
   } else {
     /* a kernel that writes every element of its result (or fails, and
      * the result goes) needs no zeroing first */
-    int zero = !dsp__backend_writes_every_element(be, op);
+    int zero = !dsp__backend_writes_every_element(
+        be, dsp_op_lookup((int)op)->family);
     rc = dsp__tensor_new_on(ctx, be, &om, zero, &t);
     if (rc < 0) return rc;
   }
