@@ -23,9 +23,7 @@ int dsp__cu_run_create(cu_be *b, dsp_ctx *ctx, dsp_opcode op,
                           a->floats[0], a->floats[1], dsp_tensor_data(out));
       break;
     default:
-      return dsp_seterr(ctx, DISPATCH_EUNSUPPORTED,
-                        "%s: no CUDA kernel (backend %s)", opname(op),
-                        b->table.name);
+      return dsp__cu_no_kernel(b, ctx, op);
   }
   return e ? dsp__cu_err(ctx, e, op, "kernel launch") : 0;
 }

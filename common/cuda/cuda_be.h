@@ -68,6 +68,10 @@ static inline const char *opname(dsp_opcode op) {
 int dsp__cu_code(cudaError_t e);
 int dsp__cu_err(dsp_ctx *ctx, int e, dsp_opcode op, const char *call);
 int dsp__cu_blas_err(dsp_ctx *ctx, cublasStatus_t s, dsp_opcode op);
+/* an op a family's dispatch has no kernel for: DISPATCH_EUNSUPPORTED,
+ * "OP: no CUDA kernel (backend NAME)" (the support table keeps such an op
+ * from getting here) */
+int dsp__cu_no_kernel(const cu_be *b, dsp_ctx *ctx, dsp_opcode op);
 
 /* storage.c: the table's storage and staging entries; device scratch of
  * n bytes charged to the device's and ctx's budgets; one i64 element of

@@ -52,6 +52,11 @@ int dsp__cu_err(dsp_ctx *ctx, int e, dsp_opcode op, const char *call) {
   int code = dsp_cuda_error(e, what, msg, sizeof msg);
   return dsp_seterr(ctx, code, "%s", msg);
 }
+int dsp__cu_no_kernel(const cu_be *b, dsp_ctx *ctx, dsp_opcode op) {
+  return dsp_seterr(ctx, DISPATCH_EUNSUPPORTED,
+                    "%s: no CUDA kernel (backend %s)", opname(op),
+                    b->table.name);
+}
 int dsp__cu_blas_err(dsp_ctx *ctx, cublasStatus_t s, dsp_opcode op) {
   char what[96], msg[400];
   snprintf(what, sizeof what, "cuda %s: cublas gemm", opname(op));

@@ -161,9 +161,7 @@ int dsp__cu_run_nn(cu_be *b, dsp_ctx *ctx, dsp_opcode op,
       break;
     }
     default:
-      return dsp_seterr(ctx, DISPATCH_EUNSUPPORTED,
-                        "%s: no CUDA kernel (backend %s)", opname(op),
-                        b->table.name);
+      return dsp__cu_no_kernel(b, ctx, op);
   }
   return e ? dsp__cu_err(ctx, e, op, "kernel launch") : 0;
 }

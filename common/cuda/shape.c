@@ -150,8 +150,6 @@ int dsp__cu_run_shape(cu_be *b, dsp_ctx *ctx, dsp_opcode op,
       return e ? dsp__cu_err(ctx, e, op, "kernel launch") : 0;
     }
     default:
-      return dsp_seterr(ctx, DISPATCH_EUNSUPPORTED,
-                        "%s: no CUDA kernel (backend %s)", opname(op),
-                        b->table.name);
+      return dsp__cu_no_kernel(b, ctx, op);
   }
 }
