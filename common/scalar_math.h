@@ -106,8 +106,7 @@ DSP_HD int64_t dsp__sm_relu_bw_i64(int64_t g, int64_t x) {
   DSP_HD T dsp__sm_log_##S(T x) { return log##L(x); }                          \
   DSP_HD T dsp__sm_sqrt_##S(T x) { return sqrt##L(x); }                        \
   DSP_HD T dsp__sm_tanh_##S(T x) { return tanh##L(x); }                        \
-  /* x sigmoid(x), through the sigmoid above (no e^-x = inf on the way)    \
-   */                                                                        \
+  /* x sigmoid(x), through the sigmoid above: no e^-x = inf on the way */  \
   DSP_HD T dsp__sm_silu_##S(T x) { return x * dsp__sm_sigmoid_##S(x); }
 DSP__SM_FLOAT(float, f32, f)
 DSP__SM_FLOAT(double, f64, )
