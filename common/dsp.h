@@ -452,6 +452,7 @@ int dsp__storage_prepare_write(dsp_ctx *ctx, dsp_tensor *t);
   X(TANH, 29, tanh, 1, EW, UNARY, API)                                       \
   X(GELU, 30, gelu, 1, EW, UNARY, API) /* exact erf form */                  \
   X(SILU, 33, silu, 1, EW, UNARY, API) /* x sigmoid(x) */                    \
+  /* issue 23 elementwise rows (codes 34-39) go here */                      \
   /* backward helpers: (grad, x) -> grad * f'(x), same shape */              \
   X(RELU_BACKWARD, 31, relu_backward, 2, EW, BINARY, BWD)                    \
   X(GELU_BACKWARD, 32, gelu_backward, 2, EW, BINARY, BWD)                    \
@@ -462,6 +463,7 @@ int dsp__storage_prepare_write(dsp_ctx *ctx, dsp_tensor *t);
   X(MEAN, 41, mean, 1, RED, RED, API)                                        \
   X(MAX, 42, max, 1, RED, RED, API)                                          \
   X(ARGMAX, 43, argmax, 1, RED, RED, API)                                    \
+  /* issue 23 reduction rows (codes 44-49) go here */                        \
   /* shape ops */                                                            \
   /* ints = new shape, one -1 ok */                                          \
   X(RESHAPE, 50, reshape, 1, SHAPE, SHAPEV, API)                             \
@@ -502,6 +504,7 @@ int dsp__storage_prepare_write(dsp_ctx *ctx, dsp_tensor *t);
   X(CROSS_ENTROPY_BACKWARD, 85, cross_entropy_backward, 3, NN, TERNARY, BWD) \
   /* mean((a-b)^2), same shape, scalar result */                             \
   X(MSE, 86, mse, 2, NN, BINARY, API)                                        \
+  /* issue 23 attention rows (codes 130-139) go here */                      \
   /* conv2d(x [N,C,H,W], w [O,C,kh,kw]): ints = {stride_h, stride_w,         \
    * pad_h, pad_w, dil_h, dil_w} (missing: 1,1,0,0,1,1); no bias */          \
   X(CONV2D, 87, conv2d, 2, NN, HAND, API)                                    \
@@ -521,6 +524,7 @@ int dsp__storage_prepare_write(dsp_ctx *ctx, dsp_tensor *t);
   /* dropout(x): floats[0] = p in [0,1), ints[0] = seed (as uint64); keeps   \
    * element i iff uniform(seed)[i] >= p and scales kept ones by 1/(1-p) */  \
   X(DROPOUT, 94, dropout, 1, NN, HAND, API)                                  \
+  /* issue 23 conv/pool/loss rows (95-99, 140-149) */                        \
   /* creation: ints[0] = dtype, ints[1..] = shape */                         \
   X(ZEROS, 100, zeros, 0, CREATE, CREATE, API)                               \
   X(ONES, 101, ones, 0, CREATE, CREATE, API)                                 \
@@ -531,6 +535,7 @@ int dsp__storage_prepare_write(dsp_ctx *ctx, dsp_tensor *t);
    * floats[1]; ints = {dtype, seed, shape...}; float dtypes only */         \
   X(UNIFORM, 104, uniform, 0, CREATE, RANDOM, API)                           \
   X(NORMAL, 105, normal, 0, CREATE, RANDOM, API)                             \
+  /* issue 23 embedding/norm rows (codes 120-129) */                         \
   /* in-place optimizer updates: inputs[0] is the parameter, updated in      \
    * place and also returned as the output (a new reference to it) */        \
   /* sgd(param, grad, velocity): floats = {lr, momentum, weight_decay} */    \
