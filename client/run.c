@@ -372,3 +372,27 @@ int dispatch_rms_norm(dispatch_tensor *x, int nlast, dispatch_tensor *weight,
                       double eps, dispatch_tensor **out) {
   return run_norm(DSP_OP_RMS_NORM, x, nlast, weight, NULL, 0, eps, out);
 }
+
+int dispatch_batch_norm(dispatch_tensor *x, dispatch_tensor *running_mean,
+                        dispatch_tensor *running_var, dispatch_tensor *weight,
+                        dispatch_tensor *bias, int training, double momentum,
+                        double eps, dispatch_tensor **out) {
+  if (out) *out = NULL;
+  if (!running_mean != !running_var) {
+    dispatch_tensor *t = x ? x : running_mean ? running_mean : running_var;
+    return dispatch__ret(t->dev, dsp_seterr(t->dev->ctx, DISPATCH_EINVAL,
+                                            "batch_norm: running_mean and "
+                                            "running_var go together"));
+  }
+  dispatch_tensor *in[5] = {x};
+  int n = 1;
+  if (running_mean) in[n++] = running_mean, in[n++] = running_var;
+  if (weight) in[n++] = weight;
+  if (bias) in[n++] = bias;
+  int64_t v[4] = {training != 0, running_mean != NULL, weight != NULL,
+                  bias != NULL};
+  dsp_attrs a = dsp_attrs_ints(4, v);
+  a.floats[0] = momentum, a.floats[1] = eps;
+  a.n_floats = 2;
+  return dispatch__run(NULL, DSP_OP_BATCH_NORM, in, n, &a, 1, out);
+}

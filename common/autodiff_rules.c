@@ -46,6 +46,19 @@ static dsp_tensor *rb_op(rb *r, dsp_opcode op, const dsp_attrs *a, int n,
   return rb_keep(r, out);
 }
 
+/* rb_op with n inputs (up to DSP_MAX_INPUTS) */
+static dsp_tensor *rb_opn(rb *r, dsp_opcode op, const dsp_attrs *a, int n,
+                          dsp_tensor *const *in) {
+  if (r->rc < 0) return NULL;
+  dsp_tensor *out;
+  int rc = dsp_op(r->ctx, op, in, n, a, &out);
+  if (rc < 0) {
+    r->rc = rc;
+    return NULL;
+  }
+  return rb_keep(r, out);
+}
+
 static dsp_tensor *un(rb *r, dsp_opcode op, dsp_tensor *x) {
   return rb_op(r, op, NULL, 1, x, NULL, NULL);
 }
@@ -516,6 +529,25 @@ int dsp__autodiff_rule(dsp_ctx *ctx, const dsp_node *n, dsp_tensor *g,
       }
       break;
     }
+    case DSP_OP_BATCH_NORM: {
+      /* (grad, x[, running stats in evaluation][, weight]); the running
+       * statistics get no gradient (buffers, as in PyTorch) */
+      const int train = (int)at->ints[0], run = (int)at->ints[1];
+      const int hw = (int)at->ints[2], hb = (int)at->ints[3];
+      dsp_tensor *bi[5] = {g, x};
+      int nb = 2, k = 1 + 2 * run;
+      if (run && !train) bi[nb++] = in[1], bi[nb++] = in[2];
+      if (hw) bi[nb++] = in[k];
+      dsp_tensor *flat = rb_opn(R, DSP_OP_BATCH_NORM_BACKWARD, at, nb, bi);
+      int64_t off = x->numel;
+      GRAD(0, reshape(R, slice(R, flat, 0, 0, off), &x->meta));
+      for (int i = k; i < k + hw + hb; i++) {
+        GRAD(i, reshape(R, slice(R, flat, 0, off, off + in[i]->numel),
+                        &in[i]->meta));
+        off += in[i]->numel;
+      }
+      break;
+    }
 
     /* ---------------------------------------------- no gradient */
     case DSP_OP_EQ:
@@ -551,6 +583,7 @@ int dsp__autodiff_rule(dsp_ctx *ctx, const dsp_node *n, dsp_tensor *g,
     case DSP_OP_EMBEDDING_BACKWARD:
     case DSP_OP_LAYER_NORM_BACKWARD:
     case DSP_OP_RMS_NORM_BACKWARD:
+    case DSP_OP_BATCH_NORM_BACKWARD:
       r.rc = dsp_seterr(ctx, DISPATCH_EUNSUPPORTED,
                         "backward: %s has no gradient rule (higher-order "
                         "gradients are not supported)", name);

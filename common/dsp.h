@@ -555,6 +555,17 @@ int dsp__storage_prepare_write(dsp_ctx *ctx, dsp_tensor *t);
   X(RMS_NORM, 124, rms_norm, -1, NN, HAND, API)                              \
   /* (grad, x[, weight]), the forward's attrs: flat dx then dweight */       \
   X(RMS_NORM_BACKWARD, 125, rms_norm_backward, -1, NN, NONE, NONE)           \
+  /* batch_norm(x [N,C,...][, running_mean, running_var][, weight][, bias])  \
+   * per channel over N and the trailing dims: ints = {training,             \
+   * has_running, has_weight, has_bias}, floats = {momentum, eps}; all [C].  \
+   * training: batch statistics (biased variance) normalise, and the        \
+   * running ones, when given, are updated IN PLACE (r = (1 - momentum) r   \
+   * + momentum * batch stat, unbiased variance); else the running ones     \
+   * normalise */                                                            \
+  X(BATCH_NORM, 126, batch_norm, -1, NN, HAND, API)                          \
+  /* (grad, x[, running_mean, running_var: evaluation only][, weight]),     \
+   * the forward's attrs: flat dx, then dweight, then dbias */               \
+  X(BATCH_NORM_BACKWARD, 127, batch_norm_backward, -1, NN, NONE, NONE)       \
   /* in-place optimizer updates: inputs[0] is the parameter, updated in      \
    * place and also returned as the output (a new reference to it) */        \
   /* sgd(param, grad, velocity): floats = {lr, momentum, weight_decay} */    \

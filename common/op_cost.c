@@ -96,9 +96,11 @@ static uint64_t work(dsp_opcode op, const dsp_meta *in, int n_in,
      * element and the weight/bias column sums backward */
     case DSP_OP_LAYER_NORM:
     case DSP_OP_RMS_NORM:
+    case DSP_OP_BATCH_NORM:
       return mul_sat(numel(&in[0]), 3);
     case DSP_OP_LAYER_NORM_BACKWARD:
     case DSP_OP_RMS_NORM_BACKWARD:
+    case DSP_OP_BATCH_NORM_BACKWARD:
       return mul_sat(numel(&in[1]), 5);
     default:
       return numel(&in[0]);

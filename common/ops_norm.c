@@ -1,5 +1,5 @@
 /* nn family, issue 23: shape inference and plans of embedding, layer_norm,
- * rms_norm and their backward ops (CPU kernels: common/cpu/norm.c, CUDA:
+ * rms_norm, batch_norm and their backward ops (CPU kernels: common/cpu/norm.c, CUDA:
  * common/cuda/norm.c). ops_nn.c hands these ops here. */
 #include <math.h>
 #include <stdint.h>
@@ -180,6 +180,107 @@ static int plan_norm(dsp_ctx *ctx, dsp_opcode op, const dsp_meta *in,
   return 0;
 }
 
+/* b has x's dtype and shape [C] (a running statistic or an affine
+ * parameter of batch_norm). */
+static int per_channel(dsp_ctx *ctx, dsp_opcode op, const char *what,
+                       const dsp_meta *b, const dsp_meta *x) {
+  if (b->dtype != x->dtype)
+    return dsp_seterr(ctx, DISPATCH_EDTYPE, "%s: %s is %s but x is %s",
+                      opname(op), what, dsp_dtype_name(b->dtype),
+                      dsp_dtype_name(x->dtype));
+  if (b->ndim != 1 || b->shape[0] != x->shape[1]) {
+    char s1[128];
+    return dsp_seterr(ctx, DISPATCH_ESHAPE,
+                      "%s: %s has shape %s, want [%lld] (the channels of x)",
+                      opname(op), what, dsp_shape_str(b, s1, sizeof s1),
+                      (long long)x->shape[1]);
+  }
+  return 0;
+}
+
+/* batch_norm (x[, rm, rv][, w][, b]) and batch_norm_backward (grad, x[,
+ * rm, rv in evaluation][, w]): ints {training, has_running, has_weight,
+ * has_bias}, floats {momentum, eps}. */
+static int plan_batch_norm(dsp_ctx *ctx, dsp_opcode op, const dsp_meta *in,
+                           int n_in, const dsp_attrs *a, dsp_meta *out,
+                           dsp_norm_geo *g) {
+  static const char *flags[4] = {"training", "has_running", "has_weight",
+                                 "has_bias"};
+  const int bw = op == DSP_OP_BATCH_NORM_BACKWARD;
+  int rc = dsp__want_attrs(ctx, op, a, 4, 2);
+  if (rc < 0) return rc;
+  memset(g, 0, sizeof *g);
+  g->pad = -1;
+  for (int i = 0; i < 4; i++)
+    if (a->ints[i] != 0 && a->ints[i] != 1)
+      return dsp_seterr(ctx, DISPATCH_EINVAL, "%s: %s flag is %lld, not 0 or 1",
+                        opname(op), flags[i], (long long)a->ints[i]);
+  g->training = (int)a->ints[0], g->has_run = (int)a->ints[1];
+  g->has_w = (int)a->ints[2], g->has_b = (int)a->ints[3];
+  g->momentum = a->floats[0], g->eps = a->floats[1];
+  if (!g->training && !g->has_run)
+    return dsp_seterr(ctx, DISPATCH_EINVAL,
+                      "%s: evaluation (training 0) needs running_mean and "
+                      "running_var",
+                      opname(op));
+  if (!(g->eps >= 0.0) || isinf(g->eps))
+    return dsp_seterr(ctx, DISPATCH_EINVAL, "%s: eps = %g must be finite and >= 0",
+                      opname(op), g->eps);
+  if (!(g->momentum >= 0.0 && g->momentum <= 1.0))
+    return dsp_seterr(ctx, DISPATCH_EINVAL, "%s: momentum = %g outside [0, 1]",
+                      opname(op), g->momentum);
+  /* the running statistics travel with the backward op only in
+   * evaluation, where they normalised */
+  const int run_in = g->has_run && (!bw || !g->training);
+  const int want = bw + 1 + 2 * run_in + g->has_w + (bw ? 0 : g->has_b);
+  if (n_in != want)
+    return dsp_seterr(ctx, DISPATCH_EINVAL,
+                      "%s: takes %d inputs with these flags (training %d, "
+                      "has_running %d, has_weight %d, has_bias %d), got %d",
+                      opname(op), want, g->training, g->has_run, g->has_w,
+                      g->has_b, n_in);
+  const dsp_meta *x = &in[bw];
+  if ((rc = need_float(ctx, op, "x", x)) < 0) return rc;
+  if (x->ndim < 2) {
+    char s[128];
+    return dsp_seterr(ctx, DISPATCH_ESHAPE,
+                      "%s: x must be [N, C, ...] (rank >= 2), got %s",
+                      opname(op), dsp_shape_str(x, s, sizeof s));
+  }
+  static const char *names[4] = {"running_mean", "running_var", "weight",
+                                 "bias"};
+  int k = bw + 1;
+  for (int i = 0; i < 4; i++) {
+    int present = i < 2 ? run_in : i == 2 ? g->has_w : (!bw && g->has_b);
+    if (!present) continue;
+    if ((rc = per_channel(ctx, op, names[i], &in[k++], x)) < 0) return rc;
+  }
+  g->rows = x->shape[0], g->C = x->shape[1], g->S = 1;
+  for (int i = 2; i < x->ndim; i++) g->S *= x->shape[i];
+  if (g->training && g->rows * g->S < 2)
+    return dsp_seterr(ctx, DISPATCH_EINVAL,
+                      "%s: training needs more than 1 value per channel, got "
+                      "%lld",
+                      opname(op), (long long)(g->rows * g->S));
+  if (!bw) {
+    *out = *x;
+    return 0;
+  }
+  if (!dsp_meta_equal(&in[0], x)) {
+    char s1[128], s2[128];
+    return dsp_seterr(ctx, DISPATCH_ESHAPE, "%s: grad %s differs from x %s",
+                      opname(op), dsp_shape_str(&in[0], s1, sizeof s1),
+                      dsp_shape_str(x, s2, sizeof s2));
+  }
+  int64_t n = g->rows * g->C * g->S, extra;
+  if (dsp_mul_overflow(g->C, g->has_w + g->has_b, &extra) ||
+      __builtin_add_overflow(n, extra, &n))
+    return dsp_seterr(ctx, DISPATCH_EOVERFLOW, "%s: result size overflows",
+                      opname(op));
+  *out = (dsp_meta){x->dtype, 1, {n}};
+  return 0;
+}
+
 int dsp__norm_plan(dsp_ctx *ctx, dsp_opcode op, const dsp_meta *in, int n_in,
                    const dsp_attrs *a, dsp_meta *out, dsp_norm_geo *g) {
   switch (op) {
@@ -191,6 +292,9 @@ int dsp__norm_plan(dsp_ctx *ctx, dsp_opcode op, const dsp_meta *in, int n_in,
     case DSP_OP_RMS_NORM:
     case DSP_OP_RMS_NORM_BACKWARD:
       return plan_norm(ctx, op, in, n_in, a, out, g);
+    case DSP_OP_BATCH_NORM:
+    case DSP_OP_BATCH_NORM_BACKWARD:
+      return plan_batch_norm(ctx, op, in, n_in, a, out, g);
     default:
       return dsp_seterr(ctx, DISPATCH_EUNSUPPORTED, "norm: op %s unknown",
                         opname(op));

@@ -399,6 +399,20 @@ static int make_case(dsp_opcode op, dsp_dtype k, int v, tcase *c) {
         case 1: c->what = "[2,3,4] nlast 3"; in_(c, k, 'r', 0, 3, 2, 3, 4); in_(c, k, 'r', 0, 3, 2, 3, 4); ints_(c, 2, 3, 0); fl_(c, 1, 1e-5); return 0;
         default: return -1;
       }
+    case DSP_OP_BATCH_NORM:
+      switch (v) {
+        case 0: c->what = "[4,3,5] training affine"; in_(c, k, 'r', 0, 3, 4, 3, 5); in_(c, k, 'r', 0, 1, 3); in_(c, k, 'r', 0, 1, 3); ints_(c, 4, 1, 0, 1, 1); fl_(c, 2, 0.1, 1e-5); return 0;
+        case 1: c->what = "[6,2] training, running stats"; in_(c, k, 'r', 0, 2, 6, 2); in_(c, k, 'r', 0, 1, 2); in_(c, k, 'p', 0, 1, 2); ints_(c, 4, 1, 1, 0, 0); fl_(c, 2, 0.3, 1e-5); return 0;
+        case 2: c->what = "[2,3,4] evaluation weight"; in_(c, k, 'r', 0, 3, 2, 3, 4); in_(c, k, 'r', 0, 1, 3); in_(c, k, 'p', 0, 1, 3); in_(c, k, 'r', 0, 1, 3); ints_(c, 4, 0, 1, 1, 0); fl_(c, 2, 0.1, 1e-5); return 0;
+        case 3: c->what = "zero-size [0,3,4] evaluation"; in_(c, k, 'r', 0, 3, 0, 3, 4); in_(c, k, 'r', 0, 1, 3); in_(c, k, 'p', 0, 1, 3); ints_(c, 4, 0, 1, 0, 0); fl_(c, 2, 0.1, 1e-5); return 0;
+        default: return -1;
+      }
+    case DSP_OP_BATCH_NORM_BACKWARD:
+      switch (v) {
+        case 0: c->what = "[4,3,5] training affine"; in_(c, k, 'r', 0, 3, 4, 3, 5); in_(c, k, 'r', 0, 3, 4, 3, 5); in_(c, k, 'r', 0, 1, 3); ints_(c, 4, 1, 0, 1, 1); fl_(c, 2, 0.1, 1e-5); return 0;
+        case 1: c->what = "[2,3,4] evaluation bias"; in_(c, k, 'r', 0, 3, 2, 3, 4); in_(c, k, 'r', 0, 3, 2, 3, 4); in_(c, k, 'r', 0, 1, 3); in_(c, k, 'p', 0, 1, 3); ints_(c, 4, 0, 1, 0, 1); fl_(c, 2, 0.1, 1e-5); return 0;
+        default: return -1;
+      }
     case DSP_OP_ZEROS: case DSP_OP_ONES: case DSP_OP_FULL:
       switch (v) {
         case 0: c->what = "[3,4]"; ints_(c, 3, k, 3, 4); break;

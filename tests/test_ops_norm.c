@@ -317,3 +317,109 @@ Test(norm, rms_norm_hand_values_and_backward) {
   dsp_tensor_unref(w1), dsp_tensor_unref(g1), dsp_tensor_unref(x1);
   dsp_tensor_unref(g), dsp_tensor_unref(w), dsp_tensor_unref(x);
 }
+
+/* ------------------------------------------------------------ batch_norm */
+
+/* ints {training, has_running, has_weight, has_bias}, floats {momentum,
+ * eps} */
+static dsp_attrs bn_attrs(int train, int run, int hw, int hb, double mom,
+                          double eps) {
+  int64_t v[4] = {train, run, hw, hb};
+  dsp_attrs a = dsp_attrs_ints(4, v);
+  a.floats[0] = mom, a.floats[1] = eps;
+  a.n_floats = 2;
+  return a;
+}
+
+/* x [N=2, C=2, 2]: channel 0 holds 1 2 3 4 (mean 2.5, biased var 1.25,
+ * unbiased 5/3), channel 1 holds 0 0 2 2 (mean 1, var 1, unbiased 4/3) */
+static const double BX[8] = {1, 2, 0, 0, 3, 4, 2, 2};
+
+Test(norm, batch_norm_training_updates_running_stats_in_place) {
+  dsp_tensor *x = tu_f64(ctx, SH(2, 2, 2), BX);
+  dsp_tensor *rm = tu_f64(ctx, SH(2), (double[]){0, 10});
+  dsp_tensor *rv = tu_f64(ctx, SH(2), (double[]){1, 1});
+  dsp_attrs a = bn_attrs(1, 1, 0, 0, 0.1, 0.0);
+  dsp_tensor *in[3] = {x, rm, rv}, *o = NULL;
+  cr_assert_eq(dsp_op(ctx, DSP_OP_BATCH_NORM, in, 3, &a, &o), 0, "%s",
+               dsp_ctx_errmsg(ctx));
+  const double r = 1 / sqrt(1.25);
+  tu_assert_f64(o, (double[]){-1.5 * r, -0.5 * r, -1, -1, 0.5 * r, 1.5 * r, 1, 1},
+                8, 1e-15);
+  tu_assert_f64(rm, (double[]){0.25, 9.1}, 2, 1e-15);
+  tu_assert_f64(rv, (double[]){0.9 + 0.1 * 5 / 3, 0.9 + 0.1 * 4 / 3}, 2, 1e-15);
+  dsp_tensor_unref(o);
+  /* without running statistics: the same output */
+  a = bn_attrs(1, 0, 0, 0, 0.1, 0.0);
+  o = tu_run(ctx, DSP_OP_BATCH_NORM, &a, 1, x, NULL, NULL);
+  tu_assert_f64(o, (double[]){-1.5 * r, -0.5 * r, -1, -1, 0.5 * r, 1.5 * r, 1, 1},
+                8, 1e-15);
+  dsp_tensor_unref(o);
+  dsp_tensor_unref(rv), dsp_tensor_unref(rm), dsp_tensor_unref(x);
+}
+
+Test(norm, batch_norm_evaluation_and_backward) {
+  dsp_tensor *x = tu_f64(ctx, SH(2, 2, 2), BX);
+  dsp_tensor *rm = tu_f64(ctx, SH(2), (double[]){1, 0});
+  dsp_tensor *rv = tu_f64(ctx, SH(2), (double[]){3, 0});
+  dsp_tensor *w = tu_f64(ctx, SH(2), (double[]){2, 1});
+  dsp_tensor *b = tu_f64(ctx, SH(2), (double[]){0, 1});
+  /* eps 1: rstd 0.5 and 1; y = (x - 1) * 0.5 * 2 and x + 1 */
+  dsp_attrs a = bn_attrs(0, 1, 1, 1, 0.1, 1.0);
+  dsp_tensor *in[5] = {x, rm, rv, w, b}, *o = NULL;
+  cr_assert_eq(dsp_op(ctx, DSP_OP_BATCH_NORM, in, 5, &a, &o), 0, "%s",
+               dsp_ctx_errmsg(ctx));
+  tu_assert_f64(o, (double[]){0, 1, 1, 1, 2, 3, 3, 3}, 8, 1e-15);
+  tu_assert_f64(rm, (double[]){1, 0}, 2, 0); /* evaluation: untouched */
+  dsp_tensor_unref(o);
+  /* backward in evaluation, grad of ones: dx = rstd w, dweight = sum of
+   * xhat, dbias = count */
+  dsp_tensor *g = tu_f64(ctx, SH(2, 2, 2), (double[]){1, 1, 1, 1, 1, 1, 1, 1});
+  dsp_tensor *bi[5] = {g, x, rm, rv, w};
+  cr_assert_eq(dsp_op(ctx, DSP_OP_BATCH_NORM_BACKWARD, bi, 5, &a, &o), 0, "%s",
+               dsp_ctx_errmsg(ctx));
+  tu_assert_f64(o, (double[]){1, 1, 1, 1, 1, 1, 1, 1, 3, 4, 4, 4}, 12, 1e-15);
+  dsp_tensor_unref(o);
+  /* backward in training, grad of ones: dx = 0, dweight = 0, dbias = 4 */
+  a = bn_attrs(1, 1, 1, 1, 0.1, 0.0);
+  dsp_tensor *bt[3] = {g, x, w};
+  cr_assert_eq(dsp_op(ctx, DSP_OP_BATCH_NORM_BACKWARD, bt, 3, &a, &o), 0, "%s",
+               dsp_ctx_errmsg(ctx));
+  tu_assert_f64(o, (double[]){0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 4, 4}, 12, 1e-14);
+  dsp_tensor_unref(o);
+  dsp_tensor_unref(g), dsp_tensor_unref(b), dsp_tensor_unref(w);
+  dsp_tensor_unref(rv), dsp_tensor_unref(rm), dsp_tensor_unref(x);
+}
+
+Test(norm, batch_norm_errors) {
+  dsp_tensor *x = tu_f64(ctx, SH(2, 2, 2), BX);
+  dsp_tensor *one = tu_f64(ctx, SH(1, 2), Z);
+  dsp_tensor *x1 = tu_f64(ctx, SH(4), Z);
+  dsp_tensor *r3 = tu_f64(ctx, SH(3), Z);
+  dsp_tensor *rf = tu_f32(ctx, SH(2), ZF);
+  dsp_attrs a = bn_attrs(0, 0, 0, 0, 0.1, 1e-5);
+  tu_run_fail(ctx, DSP_OP_BATCH_NORM, &a, 1, x, NULL, NULL, DISPATCH_EINVAL,
+              "batch_norm: evaluation (training 0) needs running_mean and "
+              "running_var");
+  a = bn_attrs(1, 0, 0, 0, 0.1, 1e-5);
+  tu_run_fail(ctx, DSP_OP_BATCH_NORM, &a, 1, one, NULL, NULL, DISPATCH_EINVAL,
+              "batch_norm: training needs more than 1 value per channel, got 1");
+  tu_run_fail(ctx, DSP_OP_BATCH_NORM, &a, 1, x1, NULL, NULL, DISPATCH_ESHAPE,
+              "batch_norm: x must be [N, C, ...] (rank >= 2), got [4]");
+  a = bn_attrs(1, 0, 1, 0, 0.1, 1e-5);
+  tu_run_fail(ctx, DSP_OP_BATCH_NORM, &a, 2, x, r3, NULL, DISPATCH_ESHAPE,
+              "batch_norm: weight has shape [3], want [2] (the channels of x)");
+  tu_run_fail(ctx, DSP_OP_BATCH_NORM, &a, 2, x, rf, NULL, DISPATCH_EDTYPE,
+              "batch_norm: weight is f32 but x is f64");
+  a = bn_attrs(1, 0, 0, 0, 2.0, 1e-5);
+  tu_run_fail(ctx, DSP_OP_BATCH_NORM, &a, 1, x, NULL, NULL, DISPATCH_EINVAL,
+              "batch_norm: momentum = 2 outside [0, 1]");
+  a = bn_attrs(1, 1, 0, 0, 0.1, 1e-5);
+  tu_run_fail(ctx, DSP_OP_BATCH_NORM, &a, 1, x, NULL, NULL, DISPATCH_EINVAL,
+              "batch_norm: takes 3 inputs with these flags");
+  a = bn_attrs(1, 3, 0, 0, 0.1, 1e-5);
+  tu_run_fail(ctx, DSP_OP_BATCH_NORM, &a, 1, x, NULL, NULL, DISPATCH_EINVAL,
+              "has_running flag is 3");
+  dsp_tensor_unref(rf), dsp_tensor_unref(r3), dsp_tensor_unref(x1);
+  dsp_tensor_unref(one), dsp_tensor_unref(x);
+}

@@ -701,6 +701,27 @@ int dispatch_layer_norm(dispatch_tensor *x, int nlast, dispatch_tensor *weight,
 DISPATCH_API
 int dispatch_rms_norm(dispatch_tensor *x, int nlast, dispatch_tensor *weight,
                       double eps, dispatch_tensor **out);
+/* Batch normalisation of x [N, C, ...] (f32 or f64) per channel, over N
+ * and the trailing dims, as torch.nn.functional.batch_norm: y = (x -
+ * mean) / sqrt(var + eps) * weight + bias, every per-channel tensor
+ * (running_mean, running_var, weight, bias) of shape [C] and x's dtype,
+ * weight and bias NULL ok, running_mean and running_var both or neither.
+ * training != 0: the batch's mean and biased variance normalise (more
+ * than one value per channel, else DISPATCH_EINVAL), and the running
+ * statistics, when given, are updated IN PLACE on their device: r = (1 -
+ * momentum) r + momentum * batch statistic, with the unbiased variance
+ * (REMOTE: on the server, in the op's turn; a read in flight keeps the old
+ * bytes). training == 0: the running statistics normalise (required). The
+ * gradient reaches x (through the batch statistics in training), weight
+ * and bias, never the running statistics. Statistics in double, two
+ * passes, as dispatch_layer_norm. momentum in [0, 1], eps finite >= 0
+ * (PyTorch: 0.1 and 1e-5). Borrows its inputs; *out is a new reference of
+ * x's shape. */
+DISPATCH_API
+int dispatch_batch_norm(dispatch_tensor *x, dispatch_tensor *running_mean,
+                        dispatch_tensor *running_var, dispatch_tensor *weight,
+                        dispatch_tensor *bias, int training, double momentum,
+                        double eps, dispatch_tensor **out);
 
 /* ------------------------------------------------------------------ */
 /* autodiff                                                            */

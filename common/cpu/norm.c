@@ -1,5 +1,5 @@
-/* issue 23 nn ops on the CPU: embedding, layer_norm, rms_norm and their
- * backward ops (inference and plans: common/ops_norm.c).
+/* issue 23 nn ops on the CPU: embedding, layer_norm, rms_norm, batch_norm
+ * and their backward ops (inference and plans: common/ops_norm.c).
  *
  * As the other nn kernels, values are loaded into double, combined in
  * double and rounded once when stored, for f32 as for f64. The norms take
@@ -164,11 +164,131 @@ static int k_norm_bw(dsp_ctx *ctx, dsp_opcode op, const dsp_norm_geo *g,
   return 0;
 }
 
+/* batch_norm: element (n, c, s) of x viewed as [rows, C, S] */
+static int64_t bn_at(const dsp_norm_geo *g, int64_t n, int64_t c, int64_t s) {
+  return (n * g->C + c) * g->S + s;
+}
+
+/* Channel c's mean and 1 / sqrt(var + eps): from the batch (two passes,
+ * biased variance; *sq gets the sum of squared deviations for the
+ * running update) in training, else from the running statistics. */
+static void bn_stats(const dsp_norm_geo *g, int f, const void *x,
+                     const void *rm, const void *rv, int64_t c, double *mean,
+                     double *rstd, double *sq) {
+  if (!g->training) {
+    *mean = dsp__ld(rm, f, c);
+    *rstd = 1.0 / sqrt(dsp__ld(rv, f, c) + g->eps);
+    *sq = 0.0;
+    return;
+  }
+  const double cnt = (double)(g->rows * g->S);
+  double m = 0.0, v = 0.0;
+  for (int64_t n = 0; n < g->rows; n++)
+    for (int64_t s = 0; s < g->S; s++) m += dsp__ld(x, f, bn_at(g, n, c, s));
+  m /= cnt;
+  for (int64_t n = 0; n < g->rows; n++)
+    for (int64_t s = 0; s < g->S; s++) {
+      double d = dsp__ld(x, f, bn_at(g, n, c, s)) - m;
+      v += d * d;
+    }
+  *mean = m, *sq = v;
+  *rstd = 1.0 / sqrt(v / cnt + g->eps);
+}
+
+/* y = (x - mean) * rstd [* w] [+ b] per channel; in training with
+ * running statistics, those are updated in place (unbiased variance, as
+ * PyTorch), after dsp__storage_prepare_write so a read in flight keeps
+ * the old bytes. */
+static int k_batch_norm(dsp_ctx *ctx, const dsp_norm_geo *g, int f,
+                        dsp_tensor *const *in, void *y) {
+  const void *x = dsp_tensor_data(in[0]);
+  void *rm = NULL, *rv = NULL;
+  int k = 1;
+  if (g->has_run) {
+    if (g->training) {
+      int rc = dsp__storage_prepare_write(ctx, in[1]);
+      if (rc == 0) rc = dsp__storage_prepare_write(ctx, in[2]);
+      if (rc < 0) return rc;
+    }
+    rm = dsp_tensor_data(in[1]), rv = dsp_tensor_data(in[2]);
+    k = 3;
+  }
+  const void *w = g->has_w ? dsp_tensor_data(in[k++]) : NULL;
+  const void *b = g->has_b ? dsp_tensor_data(in[k]) : NULL;
+  const double cnt = (double)(g->rows * g->S), mom = g->momentum;
+  int64_t pw = 0;
+  for (int64_t c = 0; c < g->C; c++) {
+    if (dsp__poll(ctx, &pw, 3 * g->rows * g->S + 1))
+      return dsp__cancelled_err(ctx, DSP_OP_BATCH_NORM);
+    double mean, rstd, sq;
+    bn_stats(g, f, x, rm, rv, c, &mean, &rstd, &sq);
+    if (g->training && rm) {
+      dsp__st(rm, f, c, (1.0 - mom) * dsp__ld(rm, f, c) + mom * mean);
+      dsp__st(rv, f, c, (1.0 - mom) * dsp__ld(rv, f, c) + mom * (sq / (cnt - 1.0)));
+    }
+    for (int64_t n = 0; n < g->rows; n++)
+      for (int64_t s = 0; s < g->S; s++) {
+        const int64_t i = bn_at(g, n, c, s);
+        double v = (dsp__ld(x, f, i) - mean) * rstd;
+        if (w) v *= dsp__ld(w, f, c);
+        if (b) v += dsp__ld(b, f, c);
+        dsp__st(y, f, i, v);
+      }
+  }
+  return 0;
+}
+
+/* The fused backward per channel, with xhat = (x - mean) * rstd, the sums
+ * G = sum grad and X = sum grad * xhat over the channel, and cnt its
+ * elements:
+ *   training:   dx = rstd * (grad w - w G / cnt - xhat w X / cnt)
+ *   evaluation: dx = rstd * grad w (the statistics are constants)
+ *   dweight = X, dbias = G; written flat as dx, dweight, dbias. */
+static int k_batch_norm_bw(dsp_ctx *ctx, const dsp_norm_geo *g, int f,
+                           dsp_tensor *const *in, void *o) {
+  const void *gr = dsp_tensor_data(in[0]), *x = dsp_tensor_data(in[1]);
+  const void *rm = NULL, *rv = NULL;
+  int k = 2;
+  if (g->has_run && !g->training) {
+    rm = dsp_tensor_data(in[2]), rv = dsp_tensor_data(in[3]);
+    k = 4;
+  }
+  const void *w = g->has_w ? dsp_tensor_data(in[k]) : NULL;
+  const int64_t nx = g->rows * g->C * g->S;
+  const double cnt = (double)(g->rows * g->S);
+  int64_t pw = 0;
+  for (int64_t c = 0; c < g->C; c++) {
+    if (dsp__poll(ctx, &pw, 5 * g->rows * g->S + 1))
+      return dsp__cancelled_err(ctx, DSP_OP_BATCH_NORM_BACKWARD);
+    double mean, rstd, sq, G = 0.0, X = 0.0;
+    bn_stats(g, f, x, rm, rv, c, &mean, &rstd, &sq);
+    for (int64_t n = 0; n < g->rows; n++)
+      for (int64_t s = 0; s < g->S; s++) {
+        const int64_t i = bn_at(g, n, c, s);
+        double gi = dsp__ld(gr, f, i);
+        G += gi;
+        X += gi * ((dsp__ld(x, f, i) - mean) * rstd);
+      }
+    const double wc = w ? dsp__ld(w, f, c) : 1.0;
+    const double s1 = g->training ? wc * G / cnt : 0.0;
+    const double s2 = g->training ? wc * X / cnt : 0.0;
+    for (int64_t n = 0; n < g->rows; n++)
+      for (int64_t s = 0; s < g->S; s++) {
+        const int64_t i = bn_at(g, n, c, s);
+        double xh = (dsp__ld(x, f, i) - mean) * rstd;
+        dsp__st(o, f, i, rstd * (dsp__ld(gr, f, i) * wc - s1 - xh * s2));
+      }
+    if (g->has_w) dsp__st(o, f, nx + c, X);
+    if (g->has_b) dsp__st(o, f, nx + g->has_w * g->C + c, G);
+  }
+  return 0;
+}
+
 int dsp__cpu_norm(dsp_ctx *ctx, dsp_opcode op, dsp_tensor *const *in,
                   int n_in, const dsp_attrs *a, dsp_tensor *out) {
   dsp_meta metas[DSP_MAX_INPUTS], om;
   dsp_norm_geo g;
-  if (n_in < 1 || n_in > 3)
+  if (n_in < 1 || n_in > 6)
     return dsp_seterr(ctx, DISPATCH_EINTERNAL, "%s: bad input count %d",
                       opname(op), n_in);
   for (int i = 0; i < n_in; i++) metas[i] = in[i]->meta;
@@ -199,6 +319,10 @@ int dsp__cpu_norm(dsp_ctx *ctx, dsp_opcode op, dsp_tensor *const *in,
     case DSP_OP_RMS_NORM_BACKWARD:
       return k_norm_bw(ctx, op, &g, f, dsp_tensor_data(in[0]), p1,
                        g.has_w ? p2 : NULL, o);
+    case DSP_OP_BATCH_NORM:
+      return k_batch_norm(ctx, &g, f, in, o);
+    case DSP_OP_BATCH_NORM_BACKWARD:
+      return k_batch_norm_bw(ctx, &g, f, in, o);
     default:
       return dsp__no_kernel(ctx, op, in, n_in, out);
   }

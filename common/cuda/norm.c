@@ -45,12 +45,50 @@ static int norm_bw(cu_be *b, dsp_ctx *ctx, dsp_opcode op, dsp_tensor *const *in,
   return e ? dsp__cu_err(ctx, e, op, "kernel launch") : 0;
 }
 
+/* batch_norm and its backward (inputs as in ops_norm.c's plan); the
+ * running statistics a training forward updates in place get
+ * dsp__storage_prepare_write first, as the optimizer steps' states do */
+static int batch_norm(cu_be *b, dsp_ctx *ctx, dsp_opcode op,
+                      dsp_tensor *const *in, const dsp_norm_geo *g,
+                      dsp_tensor *out) {
+  const int dt = (int)out->meta.dtype, bw = op == DSP_OP_BATCH_NORM_BACKWARD;
+  const int run_in = g->has_run && (!bw || !g->training);
+  int k = bw + 1;
+  void *rm = NULL, *rv = NULL;
+  if (run_in) {
+    if (!bw && g->training) {
+      int rc = dsp__storage_prepare_write(ctx, in[k]);
+      if (rc == 0) rc = dsp__storage_prepare_write(ctx, in[k + 1]);
+      if (rc < 0) return rc;
+    }
+    rm = dsp_tensor_data(in[k]), rv = dsp_tensor_data(in[k + 1]);
+    k += 2;
+  }
+  const void *w = g->has_w ? dsp_tensor_data(in[k++]) : NULL;
+  int e;
+  if (!bw) {
+    const void *bb = g->has_b ? dsp_tensor_data(in[k]) : NULL;
+    e = dsp__cuk_bn_fwd(b->stream, dt, g->training, g->rows, g->C, g->S, g->eps,
+                        g->momentum, dsp_tensor_data(in[0]), rm, rv, w, bb,
+                        dsp_tensor_data(out));
+  } else {
+    const size_t es = dsp_dtype_size(out->meta.dtype);
+    char *o = dsp_tensor_data(out);
+    const int64_t n = g->rows * g->C * g->S;
+    e = dsp__cuk_bn_bw(b->stream, dt, g->training, g->rows, g->C, g->S, g->eps,
+                       dsp_tensor_data(in[0]), dsp_tensor_data(in[1]), rm, rv, w, o,
+                       g->has_w ? o + (size_t)n * es : NULL,
+                       g->has_b ? o + (size_t)(n + g->has_w * g->C) * es : NULL);
+  }
+  return e ? dsp__cu_err(ctx, e, op, "kernel launch") : 0;
+}
+
 int dsp__cu_run_norm(cu_be *b, dsp_ctx *ctx, dsp_opcode op,
                      dsp_tensor *const *in, int n_in, const dsp_attrs *a,
                      dsp_tensor *out) {
-  dsp_meta ms[3], om;
+  dsp_meta ms[6], om;
   dsp_norm_geo g;
-  if (n_in < 1 || n_in > 3) return dsp__cu_no_kernel(b, ctx, op);
+  if (n_in < 1 || n_in > 6) return dsp__cu_no_kernel(b, ctx, op);
   for (int i = 0; i < n_in; i++) ms[i] = in[i]->meta;
   int rc = dsp__norm_plan(ctx, op, ms, n_in, a, &om, &g);
   if (rc < 0) return rc;
@@ -77,6 +115,9 @@ int dsp__cu_run_norm(cu_be *b, dsp_ctx *ctx, dsp_opcode op,
     case DSP_OP_LAYER_NORM_BACKWARD:
     case DSP_OP_RMS_NORM_BACKWARD:
       return norm_bw(b, ctx, op, in, &g, out);
+    case DSP_OP_BATCH_NORM:
+    case DSP_OP_BATCH_NORM_BACKWARD:
+      return batch_norm(b, ctx, op, in, &g, out);
     default:
       return dsp__cu_no_kernel(b, ctx, op);
   }

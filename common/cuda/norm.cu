@@ -153,3 +153,118 @@ extern "C" int dsp__cuk_norm_cols(cudaStream_t st, int dt, int64_t rows,
                                             stats, (double *)dw, (double *)db);
   return (int)cudaGetLastError();
 }
+
+/* ------------------------------------------------------------------ */
+/* batch_norm: x [N, C, S], one block per channel over its N * S elements */
+
+template <typename T>
+__device__ void chan_stats(int training, int64_t N, int64_t C, int64_t S,
+                           int64_t c, double eps, const T *x, const T *rm,
+                           const T *rv, double *mean, double *rstd,
+                           double *sq) {
+  if (!training) {
+    *mean = (double)rm[c];
+    *rstd = 1.0 / sqrt((double)rv[c] + eps);
+    *sq = 0.0;
+    return;
+  }
+  const int64_t cnt = N * S;
+  dsp__cu_ksum a = dsp__cu_ksum_zero();
+  for (int64_t j = threadIdx.x; j < cnt; j += blockDim.x)
+    dsp__cu_ksum_add(&a, (double)x[((j / S) * C + c) * S + j % S]);
+  const double m = block_ksum(a) / (double)cnt;
+  dsp__cu_ksum q = dsp__cu_ksum_zero();
+  for (int64_t j = threadIdx.x; j < cnt; j += blockDim.x) {
+    double d = (double)x[((j / S) * C + c) * S + j % S] - m;
+    dsp__cu_ksum_add(&q, d * d);
+  }
+  *sq = block_ksum(q);
+  *mean = m;
+  *rstd = dsp__cu_norm_rstd(*sq, cnt, eps);
+}
+
+template <typename T>
+__global__ void k_bn_fwd(int training, int64_t N, int64_t C, int64_t S,
+                         double eps, double mom, const T *x, T *rm, T *rv,
+                         const T *w, const T *b, T *y) {
+  const int f64 = sizeof(T) == 8;
+  const int64_t cnt = N * S;
+  for (int64_t c = blockIdx.x; c < C; c += gridDim.x) {
+    double mean, rstd, sq;
+    chan_stats(training, N, C, S, c, eps, x, rm, rv, &mean, &rstd, &sq);
+    if (training && rm && threadIdx.x == 0) {
+      rm[c] = (T)((1.0 - mom) * (double)rm[c] + mom * mean);
+      rv[c] = (T)((1.0 - mom) * (double)rv[c] + mom * (sq / ((double)cnt - 1.0)));
+    }
+    for (int64_t j = threadIdx.x; j < cnt; j += blockDim.x) {
+      const int64_t i = ((j / S) * C + c) * S + j % S;
+      y[i] = (T)dsp__cu_norm_y((double)x[i], mean, rstd, w, b, f64, c);
+    }
+  }
+}
+
+template <typename T>
+__global__ void k_bn_bw(int training, int64_t N, int64_t C, int64_t S,
+                        double eps, const T *g, const T *x, const T *rm,
+                        const T *rv, const T *w, T *dx, T *dw, T *db) {
+  const int64_t cnt = N * S;
+  for (int64_t c = blockIdx.x; c < C; c += gridDim.x) {
+    double mean, rstd, sq;
+    chan_stats(training, N, C, S, c, eps, x, rm, rv, &mean, &rstd, &sq);
+    dsp__cu_ksum ag = dsp__cu_ksum_zero(), ax = dsp__cu_ksum_zero();
+    for (int64_t j = threadIdx.x; j < cnt; j += blockDim.x) {
+      const int64_t i = ((j / S) * C + c) * S + j % S;
+      dsp__cu_ksum_add(&ag, (double)g[i]);
+      dsp__cu_ksum_add(&ax, (double)g[i] * (((double)x[i] - mean) * rstd));
+    }
+    const double G = block_ksum(ag), X = block_ksum(ax);
+    const double wc = w ? (double)w[c] : 1.0;
+    const double s1 = training ? wc * G / (double)cnt : 0.0;
+    const double s2 = training ? wc * X / (double)cnt : 0.0;
+    for (int64_t j = threadIdx.x; j < cnt; j += blockDim.x) {
+      const int64_t i = ((j / S) * C + c) * S + j % S;
+      double xh = ((double)x[i] - mean) * rstd;
+      dx[i] = (T)dsp__cu_norm_dx((double)g[i] * wc, xh, rstd, s1, s2);
+    }
+    if (threadIdx.x == 0) {
+      if (dw) dw[c] = (T)X;
+      if (db) db[c] = (T)G;
+    }
+  }
+}
+
+extern "C" int dsp__cuk_bn_fwd(cudaStream_t st, int dt, int training,
+                               int64_t N, int64_t C, int64_t S, double eps,
+                               double mom, const void *x, void *rm, void *rv,
+                               const void *w, const void *b, void *y) {
+  if (C <= 0 || N * S <= 0) return 0;
+  unsigned gr = grid_rows(C);
+  if (dt == DSP_F32)
+    k_bn_fwd<float><<<gr, TPB, 0, st>>>(training, N, C, S, eps, mom, (const float *)x,
+                                        (float *)rm, (float *)rv, (const float *)w,
+                                        (const float *)b, (float *)y);
+  else
+    k_bn_fwd<double><<<gr, TPB, 0, st>>>(training, N, C, S, eps, mom, (const double *)x,
+                                         (double *)rm, (double *)rv, (const double *)w,
+                                         (const double *)b, (double *)y);
+  return (int)cudaGetLastError();
+}
+
+extern "C" int dsp__cuk_bn_bw(cudaStream_t st, int dt, int training, int64_t N,
+                              int64_t C, int64_t S, double eps, const void *g,
+                              const void *x, const void *rm, const void *rv,
+                              const void *w, void *dx, void *dw, void *db) {
+  if (C <= 0) return 0;
+  unsigned gr = grid_rows(C);
+  if (dt == DSP_F32)
+    k_bn_bw<float><<<gr, TPB, 0, st>>>(training, N, C, S, eps, (const float *)g,
+                                       (const float *)x, (const float *)rm,
+                                       (const float *)rv, (const float *)w,
+                                       (float *)dx, (float *)dw, (float *)db);
+  else
+    k_bn_bw<double><<<gr, TPB, 0, st>>>(training, N, C, S, eps, (const double *)g,
+                                        (const double *)x, (const double *)rm,
+                                        (const double *)rv, (const double *)w,
+                                        (double *)dx, (double *)dw, (double *)db);
+  return (int)cudaGetLastError();
+}

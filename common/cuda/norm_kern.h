@@ -27,6 +27,18 @@ int dsp__cuk_norm_bw(cudaStream_t st, int dt, int centered, int64_t rows,
 int dsp__cuk_norm_cols(cudaStream_t st, int dt, int64_t rows, int64_t D,
                        const void *g, const void *x, const double *stats,
                        void *dw, void *db);
+/* batch_norm on x [N, C, S], one block per channel: training takes the
+ * batch statistics and, when rm is not NULL, updates rm and rv in place
+ * (momentum mom, unbiased variance); else rm and rv normalise */
+int dsp__cuk_bn_fwd(cudaStream_t st, int dt, int training, int64_t N,
+                    int64_t C, int64_t S, double eps, double mom,
+                    const void *x, void *rm, void *rv, const void *w,
+                    const void *b, void *y);
+/* its backward: dx, and dw / db (NULL: skipped) per channel */
+int dsp__cuk_bn_bw(cudaStream_t st, int dt, int training, int64_t N,
+                   int64_t C, int64_t S, double eps, const void *g,
+                   const void *x, const void *rm, const void *rv,
+                   const void *w, void *dx, void *dw, void *db);
 
 #ifdef __cplusplus
 }
