@@ -872,6 +872,26 @@ def rms_norm(input, normalized_shape, weight=None, eps=None):  # noqa: A002
     return x._dev._adopt(out[0])
 
 
+def batch_norm(input, running_mean, running_var, weight=None,  # noqa: A002
+               bias=None, training=False, momentum=0.1, eps=1e-5):
+    """Per-channel normalisation of input [N, C, ...], as
+    torch.nn.functional.batch_norm: training uses the batch statistics and
+    updates running_mean / running_var (Tensors, or None) in place on
+    their device; otherwise the running statistics normalise."""
+    x = _as_tensor(input)
+    rm, rv = (None if t is None else _as_tensor(t, x)
+              for t in (running_mean, running_var))
+    w, b = _affine(x, weight), _affine(x, bias)
+    out = _out()
+    rc = lib.dispatch_batch_norm(
+        _hd(x), *(_hd(t) if t is not None else ffi.NULL
+                  for t in (rm, rv, w, b)),
+        int(bool(training)), float(momentum), float(eps), out)
+    if rc < 0:
+        _fail(rc, x)
+    return x._dev._adopt(out[0])
+
+
 # ---------------------------------------------------------------- tensor
 
 class Tensor:

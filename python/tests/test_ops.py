@@ -280,3 +280,34 @@ def test_rms_norm_matches_numpy_and_errors(local, remote):
         dispatch.layer_norm(local.tensor(x), 4)
     with pytest.raises(dispatch.ESHAPE, match="weight has shape"):
         dispatch.rms_norm(local.tensor(x), 6, np.ones(5))
+
+
+@pytest.mark.parametrize("training", [True, False])
+def test_batch_norm_matches_torch(local, remote, training):
+    torch = _torch()
+    x = rng.standard_normal((4, 3, 5)) * 2 + 1
+    w = rng.standard_normal((3,)) + 1
+    b = rng.standard_normal((3,))
+    g = rng.standard_normal((4, 3, 5))
+    rm0, rv0 = rng.standard_normal((3,)), rng.random((3,)) + 0.5
+    res = []
+    for d in (local, remote):
+        rm, rv = d.tensor(rm0), d.tensor(rv0)
+        y, (gx, gw, gb) = _fwd_bwd(
+            d, lambda xt, wt, bt: dispatch.batch_norm(
+                xt, rm, rv, wt, bt, training=training, momentum=0.2),
+            [x, w, b], g)
+        res.append((y, gx, gw, gb, rm.numpy(), rv.numpy()))
+    for a, c in zip(*res):
+        assert np.array_equal(a, c)
+    ts = [torch.tensor(a, requires_grad=True) for a in (x, w, b)]
+    trm, trv = torch.tensor(rm0), torch.tensor(rv0)
+    ty = torch.nn.functional.batch_norm(ts[0], trm, trv, ts[1], ts[2],
+                                        training=training, momentum=0.2)
+    (ty * torch.tensor(g)).sum().backward()
+    want = [ty.detach().numpy()] + [t.grad.numpy() for t in ts] + \
+        [trm.numpy(), trv.numpy()]
+    for got, w_ in zip(res[0], want):
+        np.testing.assert_allclose(got, w_, rtol=1e-12, atol=1e-12)
+    with pytest.raises(dispatch.EINVAL, match="needs running_mean"):
+        dispatch.batch_norm(local.tensor(x), None, None)
