@@ -1032,6 +1032,94 @@ Test(cuda_host, layer_norm_and_rms_norm_match_cpu) {
   }
 }
 
+/* k_bn_fwd / k_bn_bw replayed: a channel's N * S elements in the
+ * kernel's order j = n S + s, summed by sim_ksum_of */
+static void check_bn(dsp_dtype dt, int train, int64_t N, int64_t C, int64_t S) {
+  const int f = dt == DSP_F64;
+  int64_t xs[3] = {N, C, S};
+  dsp_tensor *x = mk(dt, 3, xs, 0, 0), *g = mk(dt, 3, xs, 0, 0);
+  dsp_tensor *w = mk(dt, 1, &C, 0, 0), *b = mk(dt, 1, &C, 0, 0);
+  dsp_tensor *rm = mk(dt, 1, &C, 0, 0), *rv = mk(dt, 1, &C, 0, 0);
+  for (int64_t c = 0; c < C; c++) st_any(rv, c, fabs(ld(rv, c)) + 0.5);
+  double *RM = as_f64(rm), *RV = as_f64(rv), *X = as_f64(x), *G = as_f64(g);
+  int64_t v[4] = {train, 1, 1, 1};
+  dsp_attrs a = dsp_attrs_ints(4, v);
+  a.floats[0] = 0.1, a.floats[1] = 1e-5, a.n_floats = 2;
+  dsp_tensor *in[5] = {x, rm, rv, w, b};
+  dsp_tensor *want = run(DSP_OP_BATCH_NORM, &a, 5, in), *got = empty_like(want);
+  const int64_t cnt = N * S;
+  double *col = malloc(sizeof(double) * (size_t)cnt), *col2 = malloc(sizeof(double) * (size_t)cnt);
+  double *mean = malloc(sizeof(double) * (size_t)C), *rstd = malloc(sizeof(double) * (size_t)C);
+  for (int64_t c = 0; c < C; c++) {
+    for (int64_t j = 0; j < cnt; j++) col[j] = X[((j / S) * C + c) * S + j % S];
+    if (train) {
+      mean[c] = sim_ksum_of(col, cnt, 1) / (double)cnt;
+      for (int64_t j = 0; j < cnt; j++) col2[j] = (col[j] - mean[c]) * (col[j] - mean[c]);
+      double sq = sim_ksum_of(col2, cnt, 1);
+      rstd[c] = dsp__cu_norm_rstd(sq, cnt, 1e-5);
+      RM[c] = 0.9 * RM[c] + 0.1 * mean[c];
+      RV[c] = 0.9 * RV[c] + 0.1 * (sq / ((double)cnt - 1.0));
+    } else {
+      mean[c] = RM[c], rstd[c] = 1.0 / sqrt(RV[c] + 1e-5);
+    }
+    for (int64_t j = 0; j < cnt; j++)
+      st_any(got, ((j / S) * C + c) * S + j % S,
+             dsp__cu_norm_y(col[j], mean[c], rstd[c], dsp_tensor_data(w),
+                            dsp_tensor_data(b), f, c));
+  }
+  const double tol = f ? 64 * DBL_EPSILON : 4 * FLT_EPSILON;
+  assert_close(got, want, tol, NULL, "batch_norm");
+  for (int64_t c = 0; c < C; c++) { /* the in-place running statistics */
+    cr_assert(fabs(ld(rm, c) - RM[c]) <= tol * (1 + fabs(RM[c])), "running_mean %lld", (long long)c);
+    cr_assert(fabs(ld(rv, c) - RV[c]) <= tol * (1 + fabs(RV[c])), "running_var %lld", (long long)c);
+  }
+  /* backward (grad, x[, rm, rv in evaluation], w); eval reads the
+   * statistics the forward left, as the kernel would */
+  dsp_tensor *bi[5] = {g, x, rm, rv, w};
+  if (train) bi[2] = w;
+  dsp_tensor *wb = run(DSP_OP_BATCH_NORM_BACKWARD, &a, train ? 3 : 5, bi);
+  dsp_tensor *gb = empty_like(wb);
+  double *scale = malloc(sizeof(double) * (size_t)wb->numel);
+  const int64_t nx = N * C * S;
+  for (int64_t c = 0; c < C; c++) {
+    if (!train) mean[c] = ld(rm, c), rstd[c] = 1.0 / sqrt(ld(rv, c) + 1e-5);
+    double sg = 0;
+    for (int64_t j = 0; j < cnt; j++) {
+      const int64_t i = ((j / S) * C + c) * S + j % S;
+      col[j] = G[i];
+      col2[j] = G[i] * ((X[i] - mean[c]) * rstd[c]);
+      sg += fabs(G[i]);
+    }
+    const double Gs = sim_ksum_of(col, cnt, 1), Xs = sim_ksum_of(col2, cnt, 1);
+    const double wc = ld(w, c);
+    const double s1 = train ? wc * Gs / (double)cnt : 0, s2 = train ? wc * Xs / (double)cnt : 0;
+    for (int64_t j = 0; j < cnt; j++) {
+      const int64_t i = ((j / S) * C + c) * S + j % S;
+      st_any(gb, i, dsp__cu_norm_dx(G[i] * wc, (X[i] - mean[c]) * rstd[c], rstd[c], s1, s2));
+      scale[i] = 4 * rstd[c] * fabs(wc) * (fabs(G[i]) + sg / (double)cnt) + 1;
+    }
+    st_any(gb, nx + c, Xs), st_any(gb, nx + C + c, Gs);
+    scale[nx + c] = scale[nx + C + c] = 4 * sg;
+  }
+  assert_close(gb, wb, tol, scale, "batch_norm_backward");
+  free(scale), free(rstd), free(mean), free(col2), free(col);
+  free(G), free(X), free(RV), free(RM);
+  dsp_tensor_unref(gb), dsp_tensor_unref(wb), dsp_tensor_unref(got);
+  dsp_tensor_unref(want), dsp_tensor_unref(rv), dsp_tensor_unref(rm);
+  dsp_tensor_unref(b), dsp_tensor_unref(w), dsp_tensor_unref(g);
+  dsp_tensor_unref(x);
+}
+
+Test(cuda_host, batch_norm_matches_cpu) {
+  for (int f = 0; f < 2; f++) {
+    dsp_dtype dt = f ? DSP_F64 : DSP_F32;
+    check_bn(dt, 1, 4, 3, 5);
+    check_bn(dt, 1, 30, 2, 20); /* channels longer than a block */
+    check_bn(dt, 0, 4, 3, 5);
+    check_bn(dt, 1, 6, 4, 1);
+  }
+}
+
 /* ------------------------------------------------------------------ */
 /* random numbers, dropout, optimizer steps                            */
 

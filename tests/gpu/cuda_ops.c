@@ -425,6 +425,19 @@ int main(int argc, char **argv) {
       run_case(&rm);
       tcase rb = mkcase(DSP_OP_RMS_NORM_BACKWARD, 3, dt, 2, XN, 2, XN);
       rb.in[2] = meta(dt, 1, WN), rb.a = rm.a, run_case(&rb);
+      /* batch_norm: training with running statistics (updated in place
+       * on both sides; the output compared), evaluation, backward */
+      static const int64_t XB[] = {8, 3, 40}, CB[] = {3};
+      int64_t trv[4] = {1, 1, 1, 0}; /* (x, rm, rv, w): a case holds 4 */
+      tcase bn = mkcase(DSP_OP_BATCH_NORM, 4, dt, 3, XB, 1, CB);
+      bn.kind[2] = 3;
+      bn.a = dsp_attrs_ints(4, trv), bn.a.n_floats = 2;
+      bn.a.floats[0] = 0.1, bn.a.floats[1] = 1e-5;
+      run_case(&bn);
+      bn.a.ints[0] = 0, run_case(&bn);
+      tcase bb = mkcase(DSP_OP_BATCH_NORM_BACKWARD, 3, dt, 3, XB, 3, XB);
+      bb.in[2] = meta(dt, 1, CB), bb.a = bn.a, bb.a.ints[0] = 1;
+      run_case(&bb);
     }
     /* creation */
     for (int op = DSP_OP_ZEROS; op <= DSP_OP_NORMAL; op++) {
