@@ -364,6 +364,65 @@ Test(gradcheck, pooling_and_dropout) {
   check_op("dropout", DSP_OP_DROPOUT, dp, 1, e);
 }
 
+/* issue 23: embedding (repeated indices accumulate) and the norms' fused backward (dx, dweight, dbias sliced apart) */
+static dsp_attrs with_eps(dsp_attrs a, double eps) {
+  a.floats[0] = eps;
+  a.n_floats = 1;
+  return a;
+}
+
+Test(gradcheck, embedding_and_norms) {
+  int64_t idx[6] = {3, 0, 3, 1, 4, 3};
+  dsp_tensor *e[2] = {rnd(SHAPE(5, 3), -1, 1),
+                      tu_i64(ctx, 2, (int64_t[]){2, 3}, idx)};
+  check_op("embedding", DSP_OP_EMBEDDING, INTS(INT64_MIN), 2, e);
+  /* padding_idx departs from the derivative on purpose (its row gets no
+   * gradient, as in PyTorch): test_ops_norm checks it by hand */
+  dsp_tensor *a[3] = {rnd(SHAPE(3, 5), -2, 2), rnd(SHAPE(5), 0.5, 1.5),
+                      rnd(SHAPE(5), -1, 1)};
+  check_op("layer_norm affine", DSP_OP_LAYER_NORM, with_eps(INTS(1, 1, 1), 1e-5),
+           3, a);
+  dsp_tensor *b[1] = {rnd(SHAPE(2, 3, 4), -2, 2)};
+  check_op("layer_norm nlast 2", DSP_OP_LAYER_NORM, with_eps(INTS(2, 0, 0), 1e-5),
+           1, b);
+  dsp_tensor *c[2] = {rnd(SHAPE(2, 3, 4), -2, 2), rnd(SHAPE(3, 4), -1, 1)};
+  check_op("layer_norm bias only", DSP_OP_LAYER_NORM,
+           with_eps(INTS(2, 0, 1), 0.1), 2, c);
+  dsp_tensor *d[2] = {rnd(SHAPE(4, 6), -2, 2), rnd(SHAPE(6), 0.5, 1.5)};
+  check_op("rms_norm weight", DSP_OP_RMS_NORM, with_eps(INTS(1, 1), 1e-5), 2, d);
+  dsp_tensor *f[1] = {rnd(SHAPE(2, 2, 3), -2, 2)};
+  check_op("rms_norm nlast 3", DSP_OP_RMS_NORM, with_eps(INTS(3, 0), 1e-3), 1, f);
+}
+
+/* batch_norm in evaluation: the running statistics (ud) are constants,
+ * not inputs, so the checker does not differentiate them */
+static int bn_eval(dsp_tensor **in, const void *ud, dsp_tensor **out) {
+  dsp_tensor *const *run = ud;
+  dsp_tensor *all[5] = {in[0], run[0], run[1], in[1], in[2]};
+  int64_t v[4] = {0, 1, 1, 1};
+  dsp_attrs a = dsp_attrs_ints(4, v);
+  a.floats[0] = 0.1, a.floats[1] = 1e-5, a.n_floats = 2;
+  return dsp_op(ctx, DSP_OP_BATCH_NORM, all, 5, &a, out);
+}
+
+Test(gradcheck, batch_norm) {
+  dsp_attrs tr = INTS(1, 0, 1, 1);
+  tr.floats[0] = 0.1, tr.floats[1] = 1e-5, tr.n_floats = 2;
+  dsp_tensor *a[3] = {rnd(SHAPE(3, 2, 4), -2, 2), rnd(SHAPE(2), 0.5, 1.5),
+                      rnd(SHAPE(2), -1, 1)};
+  check_op("batch_norm training affine", DSP_OP_BATCH_NORM, tr, 3, a);
+  dsp_attrs t2 = INTS(1, 0, 0, 0);
+  t2.floats[0] = 0.1, t2.floats[1] = 1e-3, t2.n_floats = 2;
+  dsp_tensor *b[1] = {rnd(SHAPE(4, 3), -2, 2)};
+  check_op("batch_norm training [N, C]", DSP_OP_BATCH_NORM, t2, 1, b);
+  dsp_tensor *run[2] = {rnd(SHAPE(3), -1, 1), rnd(SHAPE(3), 0.5, 2)};
+  dsp_tensor *c[3] = {rnd(SHAPE(2, 3, 5), -2, 2), rnd(SHAPE(3), 0.5, 1.5),
+                      rnd(SHAPE(3), -1, 1)};
+  check("batch_norm evaluation", bn_eval, run, c, 3);
+  for (int i = 0; i < 3; i++) dsp_tensor_unref(c[i]);
+  dsp_tensor_unref(run[0]), dsp_tensor_unref(run[1]);
+}
+
 /* A composite: softmax(x @ W + b) weighted by x again through sigmoid, so
  * x feeds three ops and b is broadcast over rows. */
 static int mlp_like(dsp_tensor **in, const void *ud, dsp_tensor **out) {

@@ -660,6 +660,69 @@ DISPATCH_API
 int dispatch_dropout(dispatch_tensor *x, double p, uint64_t seed,
                      dispatch_tensor **out);
 
+/* issue 23: embedding/norm */
+
+/* No padding index for dispatch_embedding (PyTorch's padding_idx=None). */
+#define DISPATCH_NO_INDEX INT64_MIN
+
+/* Rows of a table: out = weight[idx], shape idx.shape + [D], for weight
+ * [V, D] f32 or f64 and idx i64 of any shape (rank at most
+ * DISPATCH_MAX_DIMS - 1; an empty idx gives an empty result). An index
+ * outside [0, V) is DISPATCH_EINDEX naming it and its position (REMOTE: at
+ * the next wait, as any op the server refuses). padding_idx is
+ * DISPATCH_NO_INDEX or a row in [-V, V) (negative counts from the end;
+ * else DISPATCH_EINVAL); that row is looked up as any other but gets no
+ * gradient, as in PyTorch. The gradient of weight adds the grad rows of
+ * repeated indices in index order (bit-identical run to run, LOCAL and
+ * REMOTE); idx gets none. Borrows weight and idx; *out is a new
+ * reference. */
+DISPATCH_API
+int dispatch_embedding(dispatch_tensor *weight, dispatch_tensor *idx,
+                       int64_t padding_idx, dispatch_tensor **out);
+/* Layer normalisation over the last nlast dims of x (1 <= nlast <=
+ * rank): y = (x - mean) / sqrt(var + eps) * weight + bias, mean and the
+ * biased variance (divided by the count, as PyTorch) taken per slice of
+ * the last nlast dims. weight and bias are NULL or of shape
+ * x.shape[-nlast:] and x's dtype (f32 or f64). The statistics are computed
+ * in double for both dtypes, in two passes (the mean, then the mean of
+ * squared deviations: no E[x^2] - E[x]^2 cancellation), and the result is
+ * rounded once. eps must be finite and >= 0 (PyTorch's default is 1e-5).
+ * Gradients reach x, weight and bias through one fused backward op.
+ * Errors: DISPATCH_EDTYPE, DISPATCH_ESHAPE (weight/bias shape), DISPATCH_EDIM
+ * (nlast), DISPATCH_EINVAL (eps). Borrows its inputs; *out is a new
+ * reference of x's shape. */
+DISPATCH_API
+int dispatch_layer_norm(dispatch_tensor *x, int nlast, dispatch_tensor *weight,
+                        dispatch_tensor *bias, double eps,
+                        dispatch_tensor **out);
+/* RMS normalisation over the last nlast dims: y = x / sqrt(mean(x^2) +
+ * eps) * weight, weight NULL or of shape x.shape[-nlast:]. Same
+ * conventions, precision and errors as dispatch_layer_norm. */
+DISPATCH_API
+int dispatch_rms_norm(dispatch_tensor *x, int nlast, dispatch_tensor *weight,
+                      double eps, dispatch_tensor **out);
+/* Batch normalisation of x [N, C, ...] (f32 or f64) per channel, over N
+ * and the trailing dims, as torch.nn.functional.batch_norm: y = (x -
+ * mean) / sqrt(var + eps) * weight + bias, every per-channel tensor
+ * (running_mean, running_var, weight, bias) of shape [C] and x's dtype,
+ * weight and bias NULL ok, running_mean and running_var both or neither.
+ * training != 0: the batch's mean and biased variance normalise (more
+ * than one value per channel, else DISPATCH_EINVAL), and the running
+ * statistics, when given, are updated IN PLACE on their device: r = (1 -
+ * momentum) r + momentum * batch statistic, with the unbiased variance
+ * (REMOTE: on the server, in the op's turn; a read in flight keeps the old
+ * bytes). training == 0: the running statistics normalise (required). The
+ * gradient reaches x (through the batch statistics in training), weight
+ * and bias, never the running statistics. Statistics in double, two
+ * passes, as dispatch_layer_norm. momentum in [0, 1], eps finite >= 0
+ * (PyTorch: 0.1 and 1e-5). Borrows its inputs; *out is a new reference of
+ * x's shape. */
+DISPATCH_API
+int dispatch_batch_norm(dispatch_tensor *x, dispatch_tensor *running_mean,
+                        dispatch_tensor *running_var, dispatch_tensor *weight,
+                        dispatch_tensor *bias, int training, double momentum,
+                        double eps, dispatch_tensor **out);
+
 /* ------------------------------------------------------------------ */
 /* autodiff                                                            */
 
