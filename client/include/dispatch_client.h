@@ -676,7 +676,8 @@ int dispatch_dropout(dispatch_tensor *x, double p, uint64_t seed,
  * output row of 0 and passes no gradient; PyTorch gives NaN there.
  * Memory: no [Tq, Tk] matrix per head; the CPU kernel holds scores for 64
  * query rows at a time (min(64, Tq) * Tk elements, twice that for the
- * gradient), the CUDA kernel one tile of keys per query block.
+ * gradient), the CUDA kernels one row's running softmax in registers (the
+ * gradient 16 bytes a query row of scratch).
  * Inputs are borrowed, *out is a new reference (scoped). Errors:
  * DISPATCH_EDTYPE (not float, mixed dtypes, key_mask not bool),
  * DISPATCH_ESHAPE (ranks or sizes that do not fit the shapes above),
