@@ -669,8 +669,9 @@ int dispatch_dropout(dispatch_tensor *x, double p, uint64_t seed,
  * key_mask: bool [B, Tk], true = attend (a padding mask shared by every
  *   head and query); NULL for none. It is never differentiated.
  * causal != 0: query i attends keys j <= i only, top-left aligned when
- *   Tq != Tk (as torch.tril(ones(Tq, Tk)) and PyTorch 2's
- *   scaled_dot_product_attention(is_causal=True)).
+ *   Tq != Tk (as torch.tril(ones(Tq, Tk)) and PyTorch's
+ *   scaled_dot_product_attention(is_causal=True): torch 1.13's private
+ *   _scaled_dot_product_attention and PyTorch 2's public one).
  * scale: the factor on q k^T; 0 means 1/sqrt(d).
  * A query that attends no key (all its keys masked, or Tk = 0) gives an
  * output row of 0 and passes no gradient; PyTorch gives NaN there.

@@ -5,9 +5,11 @@
  *
  * Conventions (the same on every backend):
  * - causal is top-left aligned: query i sees keys j <= i, as
- *   torch.tril(ones(Tq, Tk)) and PyTorch 2's
- *   F.scaled_dot_product_attention(is_causal=True) (torch 1.13 has no
- *   such function); with Tq > Tk the last queries see every key.
+ *   torch.tril(ones(Tq, Tk)) and F.scaled_dot_product_attention(
+ *   is_causal=True) of PyTorch 2 (torch 1.13 has only the private
+ *   F._scaled_dot_product_attention, whose is_causal is the same:
+ *   python/tests/test_ops.py checks it); with Tq > Tk the last queries see
+ *   every key.
  * - key_mask [B, Tk] (true = attend) drops keys for every head and query
  *   of its batch entry.
  * - A query that sees no key at all (every key masked, or Tk = 0) gets an

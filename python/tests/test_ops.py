@@ -257,6 +257,23 @@ def test_attention_matches_torch_composition(local):
     np.testing.assert_allclose(got, (s.softmax(-1) @ tv).numpy(), rtol=1e-12)
 
 
+@pytest.mark.parametrize("tq,tk", [(3, 5), (6, 4)])
+def test_attention_causal_alignment_is_torchs(local, tq, tk):
+    """torch 1.13 has no public scaled_dot_product_attention; its private
+    one's is_causal is top-left aligned when Tq != Tk, as ours."""
+    torch = pytest.importorskip("torch")
+    sdpa = getattr(torch.nn.functional, "_scaled_dot_product_attention", None)
+    if sdpa is None:
+        pytest.skip("torch without _scaled_dot_product_attention")
+    q = rng.standard_normal((2, 2, tq, 4))
+    k, v = rng.standard_normal((2, 2, tk, 4)), rng.standard_normal((2, 2, tk, 3))
+    got = dispatch.attention(local.tensor(q), local.tensor(k), local.tensor(v),
+                             is_causal=True).numpy()
+    want = sdpa(*(torch.from_numpy(x) for x in (q, k, v)), None, 0.0, False,
+                True)[0].numpy()
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-14)
+
+
 def test_attention_errors(local):
     q = local.tensor(np.zeros((1, 1, 2, 3), np.float32))
     with pytest.raises(dispatch.EDTYPE):  # v of another dtype
