@@ -11,6 +11,7 @@
 #include "dispatch_client.h"
 #include "dsp.h"
 #include "helpers/client_check.h"
+#include "helpers/failalloc.h"
 #include "helpers/tensor_util.h"
 
 static dsp_ctx *ctx;
@@ -482,4 +483,17 @@ Test(attn_client, local_and_remote_bit_identical) {
   dispatch_device_close(loc);
   dispatch_device_close(rem);
   sp_stop(&srv);
+}
+
+/* ---- allocation failure (no ctx of the suite: nothing else live) ---- */
+
+Test(attn_oom, every_allocation_failure_is_enomem_without_leaks) {
+  dsp_meta q = {DSP_F32, 4, {1, 2, 70, 3}}, k = {DSP_F32, 4, {1, 2, 5, 3}},
+           v = {DSP_F32, 4, {1, 2, 5, 2}}, g = {DSP_F32, 4, {1, 2, 70, 2}},
+           m = {DSP_BOOL, 2, {1, 5}};
+  dsp_attrs a = aattrs(1, 1, 0.0);
+  dsp_meta fwd[4] = {q, k, v, m}, bwd[5] = {g, q, k, v, m};
+  /* ctx, the inputs, the output and the scores scratch each fail once */
+  cr_assert(failalloc_walk_op(DSP_OP_ATTENTION, 4, fwd, &a) >= 7);
+  cr_assert(failalloc_walk_op(DSP_OP_ATTENTION_BACKWARD, 5, bwd, &a) >= 8);
 }
