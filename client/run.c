@@ -395,4 +395,16 @@ int dispatch_batch_norm(dispatch_tensor *x, dispatch_tensor *running_mean,
   a.floats[0] = momentum, a.floats[1] = eps;
   a.n_floats = 2;
   return dispatch__run(NULL, DSP_OP_BATCH_NORM, in, n, &a, 1, out);
+/* issue 23: attention */
+
+int dispatch_attention(dispatch_tensor *q, dispatch_tensor *k,
+                       dispatch_tensor *v, dispatch_tensor *key_mask,
+                       int causal, double scale, dispatch_tensor **out) {
+  dsp_attrs a = dsp_attrs_f1(scale);
+  a.ints[0] = causal != 0;
+  a.ints[1] = key_mask != NULL;
+  a.n_ints = 2;
+  dispatch_tensor *in[4] = {q, k, v, key_mask};
+  return dispatch__run(NULL, DSP_OP_ATTENTION, in, key_mask ? 4 : 3, &a, 1,
+                       out);
 }

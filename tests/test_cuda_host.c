@@ -20,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "attn_math.h"
 #include "cuda_math.h"
 #include "cuda_plan.h"
 #include "norm_math.h"
@@ -1344,6 +1345,155 @@ Test(cuda_host, pooling_forward_and_backward_gathers_match_cpu) {
         dsp_tensor_unref(gx), dsp_tensor_unref(dx), dsp_tensor_unref(up);
         dsp_tensor_unref(gy), dsp_tensor_unref(y), dsp_tensor_unref(x);
       }
+}
+
+
+/* ------------------------------------------------------------------ */
+/* issue 23: attention                                                 */
+
+/* one warp's dot product: 32 lane partials, then the butterfly */
+static double sim_warp_dot(const void *a, const void *b, int f64, int64_t n) {
+  double v[DSP__CU_ATTN_LANES];
+  for (int l = 0; l < DSP__CU_ATTN_LANES; l++)
+    v[l] = dsp__cu_attn_lane_dot(a, b, f64, n, l);
+  return dsp__cu_attn_butterfly(v);
+}
+
+static int sim_sees(const uint8_t *m, int64_t j) { return !m || m[j]; }
+
+/* k_attn_fwd replayed row by row (each lane's acc[] is one output dim) */
+static void sim_attn_fwd(const dsp__cu_attn_geo *g, int f64, const char *q,
+                         const char *k, const char *v, const uint8_t *mask,
+                         void *out) {
+  const size_t es = f64 ? 8 : 4;
+  for (int64_t r = 0; r < g->B * g->H * g->Tq; r++) {
+    const int64_t bh = r / g->Tq, i = r % g->Tq, ni = dsp__cu_attn_nkeys(g, i);
+    const uint8_t *mb = mask ? mask + (bh / g->H) * g->Tk : NULL;
+    const char *kh = k + (size_t)(bh * g->Tk * g->d) * es;
+    const char *vh = v + (size_t)(bh * g->Tk * g->dv) * es;
+    for (int64_t c = 0; c < g->dv; c++) {
+      double acc = 0.0, corr, p;
+      dsp__cu_osm o = dsp__cu_osm_init();
+      for (int64_t j = 0; j < ni; j++) {
+        if (!sim_sees(mb, j)) continue;
+        double s = sim_warp_dot(q + (size_t)(r * g->d) * es,
+                                kh + (size_t)(j * g->d) * es, f64, g->d) * g->scale;
+        dsp__cu_osm_add(&o, s, &corr, &p);
+        acc = acc * corr + p * dsp__cu_attn_ld(vh, f64, j * g->dv + c);
+      }
+      dsp__cu_attn_st(out, f64, r * g->dv + c, acc * dsp__cu_osm_inv(&o));
+    }
+  }
+}
+
+/* k_attn_bwd_q then k_attn_bwd_kv replayed into the packed [dq|dk|dv] */
+static void sim_attn_bwd(const dsp__cu_attn_geo *g, int f64, const char *go,
+                         const char *q, const char *k, const char *v,
+                         const uint8_t *mask, char *out) {
+  const size_t es = f64 ? 8 : 4;
+  const int64_t nq = g->B * g->H * g->Tq, nk = g->B * g->H * g->Tk;
+  double *lse = malloc(sizeof(double) * (size_t)(nq ? nq : 1));
+  double *D = malloc(sizeof(double) * (size_t)(nq ? nq : 1));
+  char *dk = out + (size_t)(nq * g->d) * es, *dv = dk + (size_t)(nk * g->d) * es;
+  for (int64_t r = 0; r < nq; r++) {
+    const int64_t bh = r / g->Tq, i = r % g->Tq, ni = dsp__cu_attn_nkeys(g, i);
+    const uint8_t *mb = mask ? mask + (bh / g->H) * g->Tk : NULL;
+    const char *qr = q + (size_t)(r * g->d) * es, *gr = go + (size_t)(r * g->dv) * es;
+    const char *kh = k + (size_t)(bh * g->Tk * g->d) * es;
+    const char *vh = v + (size_t)(bh * g->Tk * g->dv) * es;
+    dsp__cu_osm o = dsp__cu_osm_init();
+    double corr, p;
+    for (int64_t j = 0; j < ni; j++)
+      if (sim_sees(mb, j))
+        dsp__cu_osm_add(&o, sim_warp_dot(qr, kh + (size_t)(j * g->d) * es, f64, g->d) * g->scale,
+                        &corr, &p);
+    lse[r] = dsp__cu_osm_lse(&o), D[r] = 0.0;
+    for (int64_t j = 0; j < ni; j++)
+      if (sim_sees(mb, j))
+        D[r] += exp(sim_warp_dot(qr, kh + (size_t)(j * g->d) * es, f64, g->d) * g->scale - lse[r]) *
+                sim_warp_dot(gr, vh + (size_t)(j * g->dv) * es, f64, g->dv);
+    for (int64_t c = 0; c < g->d; c++) {
+      double acc = 0.0;
+      for (int64_t j = 0; j < ni; j++) {
+        if (!sim_sees(mb, j)) continue;
+        const char *kj = kh + (size_t)(j * g->d) * es;
+        double s = sim_warp_dot(qr, kj, f64, g->d) * g->scale;
+        double dp = sim_warp_dot(gr, vh + (size_t)(j * g->dv) * es, f64, g->dv);
+        acc += exp(s - lse[r]) * (dp - D[r]) * dsp__cu_attn_ld(kj, f64, c);
+      }
+      dsp__cu_attn_st(out, f64, r * g->d + c, acc * g->scale);
+    }
+  }
+  for (int64_t r = 0; r < nk; r++) {
+    const int64_t bh = r / g->Tk, j = r % g->Tk;
+    const int on = !mask || mask[(bh / g->H) * g->Tk + j];
+    const char *kj = k + (size_t)(r * g->d) * es, *vj = v + (size_t)(r * g->dv) * es;
+    double *ak = calloc((size_t)(g->d + 1), sizeof(double));
+    double *av = calloc((size_t)(g->dv + 1), sizeof(double));
+    for (int64_t i = g->causal ? j : 0; on && i < g->Tq; i++) {
+      const int64_t row = bh * g->Tq + i;
+      const char *qi = q + (size_t)(row * g->d) * es, *gi = go + (size_t)(row * g->dv) * es;
+      double p = exp(sim_warp_dot(qi, kj, f64, g->d) * g->scale - lse[row]);
+      double ds = p * (sim_warp_dot(gi, vj, f64, g->dv) - D[row]);
+      for (int64_t c = 0; c < g->d; c++) ak[c] += ds * dsp__cu_attn_ld(qi, f64, c);
+      for (int64_t c = 0; c < g->dv; c++) av[c] += p * dsp__cu_attn_ld(gi, f64, c);
+    }
+    for (int64_t c = 0; c < g->d; c++) dsp__cu_attn_st(dk, f64, r * g->d + c, ak[c] * g->scale);
+    for (int64_t c = 0; c < g->dv; c++) dsp__cu_attn_st(dv, f64, r * g->dv + c, av[c]);
+    free(ak), free(av);
+  }
+  free(lse), free(D);
+}
+
+static void check_attn(dsp_dtype dt, int64_t B, int64_t H, int64_t Tq,
+                       int64_t Tk, int64_t d, int64_t dv, int causal,
+                       int masked, double scale) {
+  int64_t sq[4] = {B, H, Tq, d}, sk[4] = {B, H, Tk, d}, sv[4] = {B, H, Tk, dv},
+          so[4] = {B, H, Tq, dv}, sm[2] = {B, Tk};
+  dsp_tensor *q = mk(dt, 4, sq, 0, 0), *k = mk(dt, 4, sk, 0, 0),
+             *v = mk(dt, 4, sv, 0, 0), *go = mk(dt, 4, so, 0, 0), *m = NULL;
+  if (masked) {
+    dsp_meta mm = meta_of(DSP_BOOL, 2, sm);
+    cr_assert_eq(dsp_tensor_new(ctx, &mm, &m), 0);
+    uint8_t *mb = dsp_tensor_data(m);
+    for (int64_t i = 0; i < B * Tk; i++) mb[i] = rnd() % 3 != 0;
+    for (int64_t j = 0; j < Tk; j++) mb[j] = 0; /* entry 0 sees no key */
+  }
+  dsp_attrs a = dsp_attrs_f1(scale);
+  a.ints[0] = causal, a.ints[1] = masked, a.n_ints = 2;
+  dsp_tensor *in[5] = {q, k, v, m, NULL}, *bin[5] = {go, q, k, v, m};
+  dsp_tensor *want = run(DSP_OP_ATTENTION, &a, 3 + masked, in);
+  dsp_tensor *wantb = run(DSP_OP_ATTENTION_BACKWARD, &a, 4 + masked, bin);
+  dsp_tensor *got = empty_like(want), *gotb = empty_like(wantb);
+  const dsp__cu_attn_geo g = {B, H, Tq, Tk, d, dv, causal,
+                              scale != 0.0 ? scale : 1.0 / sqrt((double)d)};
+  const int f = dt == DSP_F64;
+  const uint8_t *mb = m ? dsp_tensor_data(m) : NULL;
+  sim_attn_fwd(&g, f, dsp_tensor_data(q), dsp_tensor_data(k),
+               dsp_tensor_data(v), mb, dsp_tensor_data(got));
+  sim_attn_bwd(&g, f, dsp_tensor_data(go), dsp_tensor_data(q),
+               dsp_tensor_data(k), dsp_tensor_data(v), mb, dsp_tensor_data(gotb));
+  /* the CPU runs gemm blocks in f32 for f32 and the exact max-then-sum
+   * softmax; the kernels an online softmax in double */
+  double tol = f ? 1e-11 : 2e-5;
+  assert_close(got, want, tol, NULL, "attention");
+  assert_close(gotb, wantb, tol, NULL, "attention_backward");
+  if (masked) /* entry 0: output 0 and gradients 0, exactly */
+    for (int64_t i = 0; i < H * Tq * dv; i++) cr_assert_eq(ld(got, i), 0.0);
+  dsp_tensor *ts[] = {q, k, v, go, m, want, wantb, got, gotb};
+  for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) dsp_tensor_unref(ts[i]);
+}
+
+Test(cuda_host, attention_kernels_match_cpu) {
+  for (int f = 0; f < 2; f++) {
+    dsp_dtype dt = f ? DSP_F64 : DSP_F32;
+    check_attn(dt, 2, 2, 5, 7, 3, 4, 0, 0, 0.0);
+    check_attn(dt, 2, 1, 9, 4, 5, 2, 1, 0, 0.4); /* causal, Tq > Tk */
+    check_attn(dt, 1, 2, 3, 8, 4, 3, 1, 1, 0.0); /* causal, Tq < Tk, mask */
+    check_attn(dt, 2, 2, 6, 6, 40, 3, 0, 1, 0.0); /* d over 32: 2 lanes' dims */
+    check_attn(dt, 1, 1, 2, 3, 2, 300, 0, 0, 0.0); /* dv over one 256 chunk */
+    check_attn(dt, 1, 1, 3, 0, 2, 2, 1, 0, 0.0); /* no keys */
+  }
 }
 
 /* ------------------------------------------------------------------ */

@@ -102,6 +102,10 @@ int dsp__cu_run_matmul(cu_be *b, dsp_ctx *ctx, dsp_tensor *const *in,
 int dsp__cu_run_nn(cu_be *b, dsp_ctx *ctx, dsp_opcode op,
                    dsp_tensor *const *in, int n_in, const dsp_attrs *a,
                    dsp_tensor *out);
+/* attention and its backward op (attn.c), reached through dsp__cu_run_nn */
+int dsp__cu_run_attn(cu_be *b, dsp_ctx *ctx, dsp_opcode op,
+                     dsp_tensor *const *in, int n_in, const dsp_attrs *a,
+                     dsp_tensor *out);
 int dsp__cu_run_create(cu_be *b, dsp_ctx *ctx, dsp_opcode op,
                        const dsp_attrs *a, dsp_tensor *out);
 int dsp__cu_run_optim(cu_be *b, dsp_ctx *ctx, dsp_opcode op,

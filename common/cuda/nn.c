@@ -1,5 +1,5 @@
 /* nn family on CUDA: softmax and its backward ops, cross entropy, mse,
- * dropout, conv2d (im2col + cuBLAS) and pooling. */
+ * dropout, conv2d (im2col + cuBLAS), pooling and (attn.c) attention. */
 #include "cuda_be.h"
 
 /* Bytes of one im2col block: bounded whatever the image and kernel (a
@@ -147,6 +147,9 @@ int dsp__cu_run_nn(cu_be *b, dsp_ctx *ctx, dsp_opcode op,
     case DSP_OP_CONV2D_BACKWARD_INPUT:
     case DSP_OP_CONV2D_BACKWARD_WEIGHT:
       return run_conv(b, ctx, op, in, a, out);
+    case DSP_OP_ATTENTION:
+    case DSP_OP_ATTENTION_BACKWARD:
+      return dsp__cu_run_attn(b, ctx, op, in, n_in, a, out);
     case DSP_OP_MAX_POOL2D:
     case DSP_OP_AVG_POOL2D:
     case DSP_OP_MAX_POOL2D_BACKWARD:

@@ -76,6 +76,9 @@ static const struct cu_row {
     {DSP_OP_RMS_NORM, FD_}, {DSP_OP_RMS_NORM_BACKWARD, FD_},
     /* k_bn_fwd / k_bn_bw */
     {DSP_OP_BATCH_NORM, FD_}, {DSP_OP_BATCH_NORM_BACKWARD, FD_},
+    /* issue 23: k_attn_fwd, k_attn_bwd_q + k_attn_bwd_kv (attn.cu),
+     * computing in double for both */
+    {DSP_OP_ATTENTION, FD_}, {DSP_OP_ATTENTION_BACKWARD, FD_},
     /* zeroed storage; k_fill for every dtype; k_arange_i64/k_arange_f;
      * k_random float and double */
     {DSP_OP_ZEROS, ALL_}, {DSP_OP_ONES, ALL_}, {DSP_OP_FULL, ALL_},

@@ -97,9 +97,9 @@ static int close_enough(dsp_dtype dt, const void *g, const void *w, int64_t n,
 typedef struct tcase {
   dsp_opcode op;
   int n_in;
-  dsp_meta in[4];
-  int kind[4];
-  int64_t lim[4];
+  dsp_meta in[5]; /* attention_backward with a key mask takes 5 */
+  int kind[5];
+  int64_t lim[5];
   dsp_attrs a;
 } tcase;
 
@@ -110,7 +110,7 @@ static void row(const tcase *c, const char *res, const char *detail) {
 }
 
 static void run_case(const tcase *c) {
-  dsp_tensor *ci[4] = {0}, *gi[4] = {0}, *co = NULL, *go = NULL;
+  dsp_tensor *ci[5] = {0}, *gi[5] = {0}, *co = NULL, *go = NULL;
   dsp_meta om;
   if (dsp_op_infer(cpu, c->op, c->in, c->n_in, &c->a, &om) < 0) {
     if (on_cpu) row(c, "n/a", dsp_ctx_errmsg(cpu));
@@ -438,6 +438,26 @@ int main(int argc, char **argv) {
       tcase bb = mkcase(DSP_OP_BATCH_NORM_BACKWARD, 3, dt, 3, XB, 3, XB);
       bb.in[2] = meta(dt, 1, CB), bb.a = bn.a, bb.a.ints[0] = 1;
       run_case(&bb);
+    /* issue 23: attention plain, then causal with a key mask, Tq > Tk and
+     * dv over one 256-dim pass of the kernels; the backward op on both */
+    static const int64_t AQ[] = {2, 3, 70, 16}, AK[] = {2, 3, 50, 16},
+                         AV[] = {2, 3, 50, 8}, AO[] = {2, 3, 70, 8},
+                         BQ[] = {2, 2, 33, 5}, BK[] = {2, 2, 20, 5},
+                         BV[] = {2, 2, 20, 300}, BO[] = {2, 2, 33, 300},
+                         BM[] = {2, 20};
+    for (int variant = 0; variant < 2; variant++) {
+      const int64_t *q = variant ? BQ : AQ, *k = variant ? BK : AK,
+                    *v = variant ? BV : AV, *o = variant ? BO : AO;
+      for (int bw = 0; bw < 2; bw++) {
+        tcase at = mkcase(bw ? DSP_OP_ATTENTION_BACKWARD : DSP_OP_ATTENTION,
+                          3 + bw + variant, dt, 4, q, 4, k);
+        if (bw) at.in[0] = meta(dt, 4, o), at.in[1] = meta(dt, 4, q);
+        at.in[1 + bw] = meta(dt, 4, k), at.in[2 + bw] = meta(dt, 4, v);
+        if (variant) at.in[3 + bw] = meta(DSP_BOOL, 2, BM);
+        at.a = dsp_attrs_f1(variant ? 0.3 : 0.0);
+        at.a.ints[0] = variant, at.a.ints[1] = variant, at.a.n_ints = 2;
+        run_case(&at);
+      }
     }
     /* creation */
     for (int op = DSP_OP_ZEROS; op <= DSP_OP_NORMAL; op++) {
