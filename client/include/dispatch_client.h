@@ -794,14 +794,16 @@ void dispatch_optim_free(dispatch_optim *opt);
  * safetensors and PyTorch read and write it.
  *
  * Optimizer state goes under these names (parameter i of the optimizer,
- * in the order given to dispatch_sgd_new / dispatch_adam_new):
+ * in the order given to dispatch_sgd_new / dispatch_adam_new /
+ * dispatch_adamw_new):
  *   optim.<i>.momentum   SGD velocity, dtype and shape of parameter i
- *   optim.<i>.m          Adam first moment
- *   optim.<i>.v          Adam second moment
- *   optim.step           Adam's step count t, an I64 scalar (shape [])
- * and the metadata "dispatch.optim" ("sgd" or "adam") and
+ *   optim.<i>.m          Adam (and AdamW) first moment
+ *   optim.<i>.v          Adam (and AdamW) second moment
+ *   optim.step           their step count t, an I64 scalar (shape [])
+ * and the metadata "dispatch.optim" ("sgd", "adam" or "adamw") and
  * "dispatch.optim.params" (the parameter count). Hyperparameters (lr,
- * betas, ...) are not saved: the caller creates the optimizer again. */
+ * betas, weight decays, the clip's max_norm, ...) are not saved: the
+ * caller creates the optimizer again. */
 typedef struct dispatch_checkpoint dispatch_checkpoint;
 
 /* Writes tensors[0..n-1] under names[0..n-1] (unique, non-empty, UTF-8,
