@@ -12,6 +12,7 @@
 
 #include "dispatch_client.h"
 #include "dsp.h"
+#include "graph.h"
 #include "helpers/client_check.h"
 #include "helpers/server_proc.h"
 
@@ -322,6 +323,51 @@ Test(lr_cosine, warmup_cosine_and_floor) {
   /* no warmup */
   cr_assert_eq(dispatch_lr_cosine(0, 0, 10, 1.0, 0.0), 1.0);
   cr_assert_float_eq(dispatch_lr_cosine(5, 0, 10, 1.0, 0.0), 0.5, 1e-15);
+}
+
+/* A graph's STEP node carries the clip and decays as a Step does, and
+ * the definition check judges them (the server runs it on what arrives) */
+static int check_step_graph(int op, int flags_node, double max_norm,
+                            const double *wd, uint32_t n_wd,
+                            const char *want) {
+  dsp_ctx *ctx = dsp_ctx_new(dsp_cpu_backend());
+  dsp_graph *g = dsp_graph_new();
+  g->n_ext = 4, g->n_slots = 5; /* loss, param, m, v; the gradients */
+  uint32_t bw[1] = {0}, st[4] = {4, 1, 2, 3};
+  cr_assert_eq(dsp_graph_add(g, DSP_G_BACKWARD, 0, 0, bw, 1, 4, NULL), 0);
+  if (flags_node) /* the extras set on the backward node instead */
+    cr_assert_eq(dsp_graph_set_step(g, max_norm, wd, n_wd), 0);
+  dsp_attrs a = dsp_attrs_none();
+  cr_assert_eq(dsp_graph_add(g, DSP_G_STEP, op, 0, st,
+                             op == DSP_OP_SGD_STEP ? 3 : 4, 0, &a), 0);
+  if (!flags_node) cr_assert_eq(dsp_graph_set_step(g, max_norm, wd, n_wd), 0);
+  int rc = dsp_graph_check(ctx, g);
+  if (want)
+    cr_assert(rc == DISPATCH_EINVAL && strstr(dsp_ctx_errmsg(ctx), want),
+              "rc %d, message '%s' lacks '%s'", rc, dsp_ctx_errmsg(ctx), want);
+  else
+    cr_assert_eq(rc, 0, "%s", dsp_ctx_errmsg(ctx));
+  dsp_graph_free(g);
+  dsp_ctx_free(ctx);
+  return rc;
+}
+
+Test(clip, graph_step_extras_checked_at_definition) {
+  double one[1] = {0.1}, two[2] = {0.1, 0}, bad[1] = {INFINITY};
+  check_step_graph(DSP_OP_ADAMW_STEP, 0, 1.0, one, 1, NULL);
+  check_step_graph(DSP_OP_ADAMW_STEP, 0, 0.0, NULL, 0, NULL);
+  check_step_graph(DSP_OP_SGD_STEP, 0, 1.0, NULL, 0, NULL);
+  check_step_graph(DSP_OP_ADAMW_STEP, 0, 1.0, two, 2,
+                   "2 weight decays for 1 params");
+  check_step_graph(DSP_OP_SGD_STEP, 0, 0.0, one, 1,
+                   "1 weight decays for 1 params (adamw only");
+  check_step_graph(DSP_OP_ADAMW_STEP, 0, -1.0, NULL, 0,
+                   "max_norm = -1 is not finite and >= 0");
+  check_step_graph(DSP_OP_ADAMW_STEP, 0, NAN, NULL, 0, "max_norm = nan");
+  check_step_graph(DSP_OP_ADAMW_STEP, 0, 0.0, bad, 1,
+                   "weight decay 0 = inf is not finite");
+  check_step_graph(DSP_OP_ADAMW_STEP, 1, 1.0, NULL, 0,
+                   "a clip or weight decays outside a step");
 }
 
 /* ------------------------------------------------------------------ */

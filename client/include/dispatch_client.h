@@ -762,9 +762,9 @@ int dispatch_optim_set_lr(dispatch_optim *opt, double lr);
  * norm scales by NaN, so every parameter becomes NaN; an infinite one
  * scales by 0. max_norm 0 turns clipping off; negative, NaN or infinite:
  * DISPATCH_EINVAL. REMOTE needs a server of protocol 1.5 (an older one:
- * DISPATCH_EUNSUPPORTED at the step). A step inside a graph capture
- * cannot be clipped or AdamW yet: the capture fails with
- * DISPATCH_EUNSUPPORTED at dispatch_graph_end. */
+ * DISPATCH_EUNSUPPORTED at the step). A captured step keeps the clip
+ * (and AdamW's decays) it was captured with, and each replay takes the
+ * norm of that replay's gradients. */
 DISPATCH_API
 int dispatch_optim_set_clip(dispatch_optim *opt, double max_norm);
 
@@ -907,8 +907,11 @@ int dispatch_optim_load(dispatch_optim *opt, const dispatch_checkpoint *ck);
  * never collide with the session's tensors).
  * Not recorded: reads, syncs, work on other devices. Creation ops with a
  * seed (uniform, normal, dropout) repeat the same bits on every replay.
- * Adam: the k-th replay updates with step count t+k, t the count the
- * capture used; the optimizer handle's own count does not move.
+ * Adam and AdamW: the k-th replay updates with step count t+k, t the
+ * count the capture used; the optimizer handle's own count does not move.
+ * The learning rate, AdamW's decays and the clip's max_norm are those of
+ * the capture (dispatch_optim_set_lr after it does not reach a replay);
+ * a clipped step's norm is taken over each replay's own gradients.
  * One capture at a time per device; a graph belongs to its device and is
  * used from its thread. */
 typedef struct dispatch_graph dispatch_graph;
