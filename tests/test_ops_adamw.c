@@ -3,17 +3,22 @@
  * scale every step op takes, the norm and scale helpers the step runners
  * share, the client optimizer over several parameters (per-parameter
  * weight decay, clip active and inactive) against the same formula, and
- * LOCAL against REMOTE bit for bit over several clipped steps. Needs
- * DISPATCH_SERVER_BIN for the REMOTE test. */
+ * LOCAL against REMOTE bit for bit over several clipped steps, and a
+ * clipped step as one Step request (the server's request histogram). Needs
+ * DISPATCH_SERVER_BIN for the REMOTE tests. */
 #include <criterion/criterion.h>
+#include <errno.h>
 #include <math.h>
+#include <poll.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "dispatch_client.h"
 #include "dsp.h"
 #include "graph.h"
 #include "helpers/client_check.h"
+#include "helpers/http.h"
 #include "helpers/server_proc.h"
 
 /* ------------------------------------------------------------------ */
@@ -578,4 +583,52 @@ Test(adamw_client, local_and_remote_bit_identical_with_clipping,
                (unsigned long long)ops[0], (unsigned long long)ops[1]);
   cr_assert_eq(memcmp(pa[0], pa[1], sizeof pa[0]), 0, "a differs");
   cr_assert_eq(memcmp(pb[0], pb[1], sizeof pb[0]), 0, "b differs");
+}
+
+/* "dispatch-server metrics on 127.0.0.1:P", the line after the listening
+ * one (as tests/test_metrics.c reads it) */
+static int metrics_port(int fd) {
+  char line[256];
+  size_t len = 0;
+  while (len < sizeof line - 1) {
+    struct pollfd p = {.fd = fd, .events = POLLIN};
+    int r = poll(&p, 1, 60000);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) return -1;
+    if (read(fd, line + len, 1) <= 0) return -1;
+    if (line[len] == '\n') break;
+    len++;
+  }
+  line[len] = '\0';
+  const char *prefix = "dispatch-server metrics on 127.0.0.1:";
+  if (strncmp(line, prefix, strlen(prefix)) != 0) return -1;
+  return atoi(line + strlen(prefix));
+}
+
+/* Step requests the server has finished (its request histogram's count) */
+static double steps_done(int port) {
+  char *body = NULL, why[256];
+  int st = http_request(port, "GET", "/metrics", &body, why, sizeof why);
+  cr_assert_eq(st, 200, "GET /metrics: %d %s", st, why);
+  const char *series = "dispatch_request_duration_seconds_count{kind=\"step\"} ";
+  const char *p = strstr(body, series);
+  cr_assert_not_null(p, "no step count in the metrics");
+  double v = strtod(p + strlen(series), NULL);
+  free(body);
+  return v;
+}
+
+/* A clipped AdamW step over two parameters is one Step request: the norm
+ * is the server's, not a round trip of the gradients */
+Test(adamw_client, clipped_step_is_one_message, .fini = stop_server) {
+  const char *args[] = {"--metrics-listen", "127.0.0.1:0", NULL};
+  check_server_start(&g_srv, args);
+  int port = metrics_port(g_srv.out_fd);
+  cr_assert_gt(port, 0, "no metrics line");
+  dispatch_device *dev = open_dev(1);
+  double pa[NA], pb[NB];
+  double before = steps_done(port);
+  run_adamw(dev, 5, 1.0, 1, pa, pb); /* ends with reads: every step ran */
+  cr_assert_eq(steps_done(port) - before, 5.0);
+  dispatch_device_close(dev);
 }
