@@ -70,6 +70,9 @@ struct dispatch_optim {
   int64_t t; /* Adam step count */
   double *wd;      /* AdamW: n weight decays (NULL: none, all 0) */
   double max_norm; /* > 0: clip by global norm (dispatch_optim_set_clip) */
+  /* an f64 scalar on the device that each clipped step overwrites with
+   * its global norm (made by the first dispatch_optim_set_clip > 0) */
+  dispatch_tensor *norm;
   dispatch_optim *prev, *next;
 };
 

@@ -188,6 +188,8 @@ static int local_step(dispatch_optim *opt, dispatch_grads *grads,
   if (rc == 0 && clip) {
     rc = dsp_grads_sqnorm(dev->ctx, gs, (size_t)opt->n, &sq);
     scale = dsp_clip_scale(opt->max_norm, sqrt(sq));
+    if (rc == 0 && opt->norm)
+      rc = dsp_step_store_norm(dev->ctx, opt->norm->local, sqrt(sq));
   }
   for (int i = 0; i < opt->n && rc == 0; i++) {
     dsp_tensor *in[4], *res;

@@ -13,6 +13,7 @@ static void optim_destroy(dispatch_optim *o) {
     if (o->params) dispatch__tensor_unref(o->params[i]);
   for (int i = 0; i < o->n * o->k; i++)
     if (o->states) dispatch__tensor_unref(o->states[i]);
+  if (o->norm) dispatch__tensor_unref(o->norm);
   dsp_free(o->params);
   dsp_free(o->states);
   dsp_free(o->wd);
@@ -139,8 +140,26 @@ int dispatch_optim_set_clip(dispatch_optim *opt, double max_norm) {
                                     "optim_set_clip: max_norm = %g is not "
                                     "finite and >= 0",
                                     max_norm));
+  if (max_norm > 0.0 && !opt->norm) {
+    /* where the steps leave their norm: an f64 scalar, 0 until then */
+    dsp_attrs a = dsp_attrs_none();
+    a.ints[a.n_ints++] = DSP_F64;
+    int rc = dispatch__run(opt->dev, DSP_OP_ZEROS, NULL, 0, &a, 0, &opt->norm);
+    if (rc < 0) return rc;
+  }
   opt->max_norm = max_norm;
   return 0;
+}
+
+int dispatch_optim_last_norm(dispatch_optim *opt, double *norm) {
+  if (norm) *norm = NAN;
+  if (!opt || !norm) return DISPATCH_EINVAL;
+  if (!opt->norm)
+    return dispatch__ret(opt->dev,
+                         dsp_seterr(opt->dev->ctx, DISPATCH_EINVAL,
+                                    "optim_last_norm: the optimizer has "
+                                    "never clipped (dispatch_optim_set_clip)"));
+  return dispatch_tensor_read(opt->norm, norm, sizeof *norm);
 }
 
 double dispatch_lr_cosine(int64_t step, int64_t warmup, int64_t total,

@@ -122,17 +122,19 @@ static int req_grad(dispatch_device *dev, uint64_t grads, uint64_t tensor,
                          0);
 }
 
-/* wd: adamw's n weight decays (NULL: none); max_norm > 0: clip (1.5) */
+/* wd: adamw's n weight decays (NULL: none); max_norm > 0: clip, and the
+ * norm left in tensor id norm (0: none) (1.5) */
 static int req_step(dispatch_device *dev, dsp_opcode op, uint64_t grads,
                     const uint64_t *params, int n, const uint64_t *states,
                     int n_st, const dsp_attrs *a, const double *wd,
-                    double max_norm) {
+                    double max_norm, uint64_t norm) {
   dsp_wreq w;
   Dspwire__Request *req =
       dsp_wreq_step(&w, (int32_t)op, grads, params, (size_t)n, states,
                     (size_t)n_st, a->ints, (size_t)a->n_ints, a->floats,
                     (size_t)a->n_floats);
   w.body.step.max_norm = max_norm;
+  w.body.step.norm = norm;
   if (wd) {
     w.body.step.n_weight_decay = (size_t)n;
     w.body.step.weight_decay = (double *)wd;
@@ -478,7 +480,8 @@ static int remote_step(dispatch_optim *opt, dispatch_grads *grads,
   for (int i = 0; i < opt->n; i++) pids[i] = opt->params[i]->inner->id;
   for (int i = 0; i < opt->n * opt->k; i++) sids[i] = opt->states[i]->id;
   int rc = req_step(dev, opt->op, grads->id, pids, opt->n, sids,
-                    opt->n * opt->k, a, opt->wd, opt->max_norm);
+                    opt->n * opt->k, a, opt->wd, opt->max_norm,
+                    opt->max_norm > 0.0 && opt->norm ? opt->norm->id : 0);
   if (pids != pstack) {
     dsp_free(pids);
     dsp_free(sids);

@@ -757,6 +757,11 @@ int dsp_grads_sqnorm(dsp_ctx *ctx, dsp_tensor *const *g, size_t n, double *sq);
  * value propagates into the parameters). */
 double dsp_clip_scale(double max_norm, double norm);
 
+/* Writes norm into t, an f64 tensor of one element, in place on its
+ * backend (the last step's global norm, for dispatch_optim_last_norm). 0,
+ * or DISPATCH_EDTYPE / ESHAPE (t unchanged) / a backend's error. */
+int dsp_step_store_norm(dsp_ctx *ctx, dsp_tensor *t, double norm);
+
 /* The attributes parameter i's op runs with: the step's own `base` (lr,
  * betas, ..., the step count), then adamw's weight decay wd[i] (wd NULL:
  * 0), then, when clip is set, the gradient scale. */

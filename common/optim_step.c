@@ -4,6 +4,7 @@
  * backend whose memory is not host memory the gradients are copied out
  * first (one copy of every gradient per clipped step). */
 #include <math.h>
+#include <string.h>
 
 #include "dsp_internal.h"
 
@@ -68,6 +69,24 @@ int dsp_grads_sqnorm(dsp_ctx *ctx, dsp_tensor *const *g, size_t n,
   }
   *sq = total;
   return 0;
+}
+
+int dsp_step_store_norm(dsp_ctx *ctx, dsp_tensor *t, double norm) {
+  if (t->meta.dtype != DSP_F64 || t->numel != 1)
+    return dsp_seterr(ctx, t->meta.dtype != DSP_F64 ? DISPATCH_EDTYPE
+                                                    : DISPATCH_ESHAPE,
+                      "step: the norm's tensor must be one f64, got %s of "
+                      "%lld elements",
+                      dsp_dtype_name(t->meta.dtype), (long long)t->numel);
+  /* a reader still sending the old value keeps its own copy */
+  int rc = dsp__storage_prepare_write(ctx, t);
+  dsp_stage st;
+  if (rc == 0) rc = dsp_tensor_stage_in(ctx, t, &st);
+  if (rc < 0) return rc;
+  memcpy(st.host, &norm, sizeof norm);
+  rc = dsp_stage_commit(ctx, &st);
+  dsp_stage_release(&st);
+  return rc;
 }
 
 double dsp_clip_scale(double max_norm, double norm) {

@@ -324,6 +324,15 @@ int sv_exec_step(sv_session *s, sv_job *j, char *why, size_t len) {
   dsp_grads *g;
   rc = sv_get_grads(s, st->grads, why, len, &g);
   if (rc < 0) return rc;
+  dsp_tensor *norm_t = NULL; /* where the norm goes (1.5), judged first */
+  if (st->norm) {
+    rc = sv_get_tensor(s, st->norm, SV_LABEL("step: norm"), why, len, &norm_t);
+    if (rc < 0) return rc;
+    if (norm_t->meta.dtype != DSP_F64 || norm_t->numel != 1)
+      return sv_why(why, len, DISPATCH_EINVAL,
+                    "step %s: the norm's tensor (id %llu) must be one f64",
+                    name, (unsigned long long)st->norm);
+  }
   if (st->n_params == 0) return 0;
   dsp_tensor **args = dsp_calloc(st->n_params * (k + 2), sizeof *args);
   if (!args) return sv_why(why, len, DISPATCH_ENOMEM, "step: out of memory");
@@ -354,7 +363,7 @@ int sv_exec_step(sv_session *s, sv_job *j, char *why, size_t len) {
   /* the norm over every gradient, before the first parameter changes, in
    * the LOCAL device's order (dsp_grads_sqnorm) */
   double scale = 1.0;
-  if (rc == 0 && clip) {
+  if (rc == 0 && (clip || norm_t)) {
     double sq;
     dsp_tensor **gs = dsp_calloc(st->n_params, sizeof *gs);
     if (!gs) rc = sv_why(why, len, DISPATCH_ENOMEM, "step: out of memory");
@@ -362,7 +371,10 @@ int sv_exec_step(sv_session *s, sv_job *j, char *why, size_t len) {
     if (gs) {
       rc = dsp_grads_sqnorm(s->ctx, gs, st->n_params, &sq);
       if (rc < 0) rc = why_ctx(s, why, len, rc);
-      else scale = dsp_clip_scale(st->max_norm, sqrt(sq));
+      else if (clip) scale = dsp_clip_scale(st->max_norm, sqrt(sq));
+      if (rc == 0 && norm_t &&
+          (rc = dsp_step_store_norm(s->ctx, norm_t, sqrt(sq))) < 0)
+        rc = why_ctx(s, why, len, rc);
     }
     dsp_free(gs);
   }

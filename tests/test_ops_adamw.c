@@ -632,3 +632,40 @@ Test(adamw_client, clipped_step_is_one_message, .fini = stop_server) {
   cr_assert_eq(steps_done(port) - before, 5.0);
   dispatch_device_close(dev);
 }
+
+/* the last clipped step's norm, read back from the device: before the
+ * clip, torch's clip_grad_norm_ return value; LOCAL and REMOTE alike */
+Test(adamw_client, last_norm_is_the_unclipped_global_norm,
+     .fini = stop_server) {
+  check_server_start(&g_srv, NULL);
+  double got[2];
+  for (int r = 0; r < 2; r++) {
+    dispatch_device *dev = open_dev(r);
+    dispatch_tensor *a = leaf(dev, NA, g_a0), *b = leaf(dev, NB, g_b0);
+    dispatch_tensor *ca = plain(dev, NA, g_ca), *cb = plain(dev, NB, g_cb);
+    dispatch_tensor *ps[2] = {a, b};
+    dispatch_optim *opt;
+    OK(dev, dispatch_adamw_new(ps, 2, 0.01, 0.9, 0.999, 1e-8, NULL, &opt));
+    double v = 0;
+    cr_assert_eq(dispatch_optim_last_norm(opt, &v), DISPATCH_EINVAL);
+    cr_assert(isnan(v));
+    cr_assert(strstr(dispatch_device_errmsg(dev), "never clipped"));
+    OK(dev, dispatch_optim_set_clip(opt, 1.0));
+    OK(dev, dispatch_optim_last_norm(opt, &v));
+    cr_assert_eq(v, 0.0, "0 before the first clipped step");
+    one_step(dev, opt, a, b, ca, cb, 0);
+    OK(dev, dispatch_optim_last_norm(opt, &got[r]));
+    /* the linear loss's gradients are ca, cb: sqrt(7.08) */
+    cr_assert_float_eq(got[r], sqrt(7.08), 1e-15, "%.17g", got[r]);
+    /* clipping off: the norm stays the last clipped step's */
+    OK(dev, dispatch_optim_set_clip(opt, 0));
+    one_step(dev, opt, a, b, ca, cb, 1);
+    OK(dev, dispatch_optim_last_norm(opt, &v));
+    cr_assert_eq(v, got[r]);
+    dispatch_optim_free(opt);
+    dispatch_tensor_free(a), dispatch_tensor_free(b);
+    dispatch_tensor_free(ca), dispatch_tensor_free(cb);
+    dispatch_device_close(dev);
+  }
+  cr_assert_eq(memcmp(&got[0], &got[1], sizeof got[0]), 0);
+}

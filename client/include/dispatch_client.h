@@ -768,6 +768,16 @@ int dispatch_optim_set_lr(dispatch_optim *opt, double lr);
 DISPATCH_API
 int dispatch_optim_set_clip(dispatch_optim *opt, double max_norm);
 
+/* *norm = the global gradient norm (before clipping) of the last clipped
+ * step, as torch.nn.utils.clip_grad_norm_ returns it; 0 before the first
+ * one. It stays on the device (the first dispatch_optim_set_clip > 0
+ * makes an f64 scalar there that each clipped step overwrites, inside the
+ * same Step message): REMOTE, this read is one round trip, so call it
+ * only when logging. A replayed graph does not update it. An optimizer
+ * that never clipped: DISPATCH_EINVAL (*norm NaN). */
+DISPATCH_API
+int dispatch_optim_last_norm(dispatch_optim *opt, double *norm);
+
 /* Cosine learning rate with linear warmup, for step = 0, 1, ...:
  *   step < warmup:   lr_max * (step + 1) / warmup
  *   step >= total:   lr_min

@@ -59,6 +59,19 @@ class Optimizer:
         self._clip = None if not max_norm else float(max_norm)
 
     @property
+    def last_norm(self):
+        """The global gradient norm of the last clipped step, before
+        clipping (what torch.nn.utils.clip_grad_norm_ returns); 0.0 before
+        the first. Read from the device: remote, one round trip."""
+        if self._h is None or self._dev._state.h is None:
+            raise ValueError("the optimizer or its device was freed")
+        v = ffi.new("double *")
+        rc = lib.dispatch_optim_last_norm(self._h, v)
+        if rc < 0:
+            self._dev._raise(rc)
+        return v[0]
+
+    @property
     def lr(self):
         return self._lr
 

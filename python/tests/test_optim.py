@@ -147,7 +147,7 @@ def _dispatch_run(dev, steps, dtype, wd, clip, lr_of, groups=True):
     for s in range(steps):
         opt.lr = lr_of(s)
         opt.step(_model_loss(x, w, b).backward())
-    return w.numpy(), b.numpy()
+    return w.numpy(), b.numpy(), (opt.last_norm if clip else None)
 
 
 def _sched(s):
@@ -161,10 +161,12 @@ def test_adamw_and_clip_match_torch(dev, dtype, clip):
     tw, tb, norms = _torch_run(8, dtype, 0.1, clip, _sched)
     if clip == 0.5:
         assert min(norms) > 0.5  # the clip is active at every step
-    w, b = _dispatch_run(dev, 8, dtype, 0.1, clip, _sched)
+    w, b, last_norm = _dispatch_run(dev, 8, dtype, 0.1, clip, _sched)
     tol = 1e-11 if dtype == np.float64 else 2e-5
     np.testing.assert_allclose(w, tw, rtol=tol, atol=tol)
     np.testing.assert_allclose(b, tb, rtol=tol, atol=tol)
+    if clip is not None:  # clip_grad_norm_'s return value, last step
+        assert last_norm == pytest.approx(norms[-1], rel=tol)
 
 
 def test_adamw_decay_list_equals_groups(local):
@@ -208,6 +210,8 @@ def test_adamw_argument_errors(dev):
         dispatch.AdamW([w], weight_decay=float("inf"))
     opt = dispatch.AdamW([w])
     assert opt.weight_decay == [0.01]  # torch's default
+    with pytest.raises(dispatch.EINVAL, match="never clipped"):
+        opt.last_norm
     with pytest.raises(dispatch.EINVAL, match="max_norm"):
         opt.clip = -1.0
 
