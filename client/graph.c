@@ -175,7 +175,12 @@ void dispatch__graph_step(dispatch_optim *opt, dispatch_grads *g,
       in[1 + i] = slot_of(c, opt->params[i]->inner);
     for (uint32_t i = 0; i < n * k; i++)
       in[1 + n + i] = slot_of(c, opt->states[i]);
+    size_t before = c->g->n_nodes;
     add(c, DSP_G_STEP, (int)opt->op, 0, in, 1 + n + n * k, 0, a);
+    /* the clip and the decays replay with the node, as a Step carries them */
+    if (c->g->n_nodes > before &&
+        dsp_graph_set_step(c->g, opt->max_norm, opt->wd, opt->wd ? n : 0) < 0)
+      broken(c, DISPATCH_ENOMEM, "graph: out of memory for a step");
   }
   dsp_free(in);
 }
@@ -416,6 +421,20 @@ static int define_remote(dispatch_device *dev, dispatch_graph *gr) {
     w->ints = n->a.ints;
     w->n_floats = (size_t)n->a.n_floats;
     w->floats = n->a.floats;
+    w->max_norm = n->max_norm;
+    w->n_weight_decay = n->n_wd;
+    w->weight_decay = n->wd;
+    /* a 1.4 server would skip these two fields unread */
+    if (dev->conn->server_minor < 5 &&
+        (n->max_norm > 0.0 || n->op == DSP_OP_ADAMW_STEP) &&
+        n->kind == DSP_G_STEP) {
+      rc = dsp_seterr(dev->ctx, DISPATCH_EUNSUPPORTED,
+                      "graph_end: a %s step needs a server of protocol 1.5, "
+                      "\"%s\" speaks 1.%u",
+                      n->op == DSP_OP_ADAMW_STEP ? "adamw" : "clipped",
+                      dev->spec, dev->conn->server_minor);
+      goto out;
+    }
     np[i] = w;
   }
   d.graph = gr->id;

@@ -1,5 +1,6 @@
 /* Captured graphs: building, checking and running the node list (see
  * graph.h). */
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -12,7 +13,8 @@ static uint64_t add_sat(uint64_t a, uint64_t b) {
 
 /* The parameters a checked STEP node updates */
 static uint64_t step_params(const dsp_gnode *n) {
-  uint32_t k = n->op == DSP_OP_SGD_STEP ? 1 : 2;
+  uint32_t k = (uint32_t)dsp_step_states(n->op);
+  if (!k) return 0;
   return n->n_in > 0 ? (uint64_t)((n->n_in - 1) / (k + 1)) : 0;
 }
 
@@ -44,7 +46,10 @@ dsp_graph *dsp_graph_new(void) { return dsp_calloc(1, sizeof(dsp_graph)); }
 
 void dsp_graph_free(dsp_graph *g) {
   if (!g) return;
-  for (size_t i = 0; i < g->n_nodes; i++) dsp_free(g->nodes[i].in);
+  for (size_t i = 0; i < g->n_nodes; i++) {
+    dsp_free(g->nodes[i].in);
+    dsp_free(g->nodes[i].wd);
+  }
   dsp_free(g->nodes);
   dsp_free(g->input_meta);
   dsp_free(g->outputs);
@@ -79,11 +84,28 @@ int dsp_graph_add(dsp_graph *g, int kind, int op, int flags,
   return 0;
 }
 
+int dsp_graph_set_step(dsp_graph *g, double max_norm, const double *wd,
+                       uint32_t n_wd) {
+  dsp_gnode *n = &g->nodes[g->n_nodes - 1];
+  double *copy = NULL;
+  if (n_wd) {
+    copy = dsp_malloc(n_wd * sizeof *copy);
+    if (!copy) return DISPATCH_ENOMEM;
+    memcpy(copy, wd, n_wd * sizeof *copy);
+  }
+  dsp_free(n->wd);
+  n->wd = copy;
+  n->n_wd = n_wd;
+  n->max_norm = max_norm;
+  return 0;
+}
+
 uint64_t dsp_graph_bytes(const dsp_graph *g) {
   uint64_t b = sizeof *g + g->cap_nodes * sizeof(dsp_gnode) +
                (uint64_t)g->n_inputs * sizeof(dsp_meta) +
                (uint64_t)g->n_outputs * 4 + g->n_slots;
-  for (size_t i = 0; i < g->n_nodes; i++) b += (uint64_t)g->nodes[i].n_in * 4;
+  for (size_t i = 0; i < g->n_nodes; i++)
+    b += (uint64_t)g->nodes[i].n_in * 4 + (uint64_t)g->nodes[i].n_wd * 8;
   return b;
 }
 
@@ -131,6 +153,26 @@ static int want_new(dsp_ctx *ctx, const dsp_graph *g, const uint8_t *st,
   return 0;
 }
 
+/* A STEP's clip (finite, >= 0) and decays (none, or adamw's, one per
+ * parameter, each finite), judged at definition as a Step's are. */
+static int check_step_extras(dsp_ctx *ctx, const dsp_gnode *n, size_t k,
+                             const char *name, uint32_t np) {
+  if (!(n->max_norm >= 0.0) || isinf(n->max_norm))
+    return dsp_seterr(ctx, DISPATCH_EINVAL,
+                      "op %zu (%s): max_norm = %g is not finite and >= 0", k,
+                      name, n->max_norm);
+  if (n->n_wd && (n->op != DSP_OP_ADAMW_STEP || n->n_wd != np))
+    return dsp_seterr(ctx, DISPATCH_EINVAL,
+                      "op %zu (%s): %u weight decays for %u params (adamw "
+                      "only, one per param)", k, name, n->n_wd, np);
+  for (uint32_t i = 0; i < n->n_wd; i++)
+    if (!isfinite(n->wd[i]))
+      return dsp_seterr(ctx, DISPATCH_EINVAL,
+                        "op %zu (%s): weight decay %u = %g is not finite", k,
+                        name, i, n->wd[i]);
+  return 0;
+}
+
 int dsp_graph_check(dsp_ctx *ctx, dsp_graph *g) {
   if (g->n_slots > DSP_GRAPH_MAX_SLOTS || g->n_nodes > DSP_GRAPH_MAX_NODES ||
       (uint64_t)g->n_inputs + g->n_ext > g->n_slots)
@@ -161,6 +203,12 @@ int dsp_graph_check(dsp_ctx *ctx, dsp_graph *g) {
   for (size_t i = 0; i < g->n_nodes && rc == 0; i++) {
     const dsp_gnode *n = &g->nodes[i];
     const char *name = node_name(n);
+    if (n->kind != DSP_G_STEP && (n->max_norm != 0.0 || n->n_wd)) {
+      rc = dsp_seterr(ctx, DISPATCH_EINVAL,
+                      "op %zu (%s): a clip or weight decays outside a step",
+                      k, name);
+      break;
+    }
     switch (n->kind) {
       case DSP_G_OP: {
         const dsp_op_info *info = dsp_op_lookup(n->op);
@@ -220,16 +268,16 @@ int dsp_graph_check(dsp_ctx *ctx, dsp_graph *g) {
         if (rc == 0) st[n->out] = S_TENSOR;
         break;
       case DSP_G_STEP: {
-        uint32_t kk = n->op == DSP_OP_SGD_STEP    ? 1
-                      : n->op == DSP_OP_ADAM_STEP ? 2
-                                                  : 0;
+        uint32_t kk = (uint32_t)dsp_step_states(n->op);
         if (!kk || n->n_in < 1 || n->n_in > DSP_GRAPH_MAX_STEP_IN ||
             (n->n_in - 1) % (kk + 1) != 0) {
           rc = dsp_seterr(ctx, DISPATCH_EINVAL,
-                          "op %zu (%s): not an sgd or adam step over whole "
-                          "parameters (%u operands)", k, name, n->n_in);
+                          "op %zu (%s): not an sgd, adam or adamw step over "
+                          "whole parameters (%u operands)", k, name, n->n_in);
           break;
         }
+        rc = check_step_extras(ctx, n, k, name, (n->n_in - 1) / (kk + 1));
+        if (rc < 0) break;
         rc = want_live(ctx, g, st, k, name, "the gradients", n->in[0],
                        S_GRADS);
         for (uint32_t q = 1; q < n->n_in && rc == 0; q++)
@@ -300,10 +348,12 @@ static void release(const dsp_graph *g, void **vals, uint32_t s) {
  * with grad mode off, as the server's Step and the LOCAL optimizer do. */
 static int run_step(dsp_ctx *ctx, const dsp_gnode *n, void **vals,
                     int64_t adam_offset, uint64_t *n_ops) {
-  uint32_t k = n->op == DSP_OP_SGD_STEP ? 1 : 2;
+  uint32_t k = (uint32_t)dsp_step_states(n->op);
   uint32_t np = (n->n_in - 1) / (k + 1);
-  dsp_attrs a = n->a;
-  if (n->op == DSP_OP_ADAM_STEP && a.n_ints >= 1) a.ints[0] += adam_offset;
+  dsp_attrs a = n->a, pa;
+  if (n->op != DSP_OP_SGD_STEP && a.n_ints >= 1) a.ints[0] += adam_offset;
+  int clip = n->max_norm > 0.0;
+  const double *wd = n->n_wd ? n->wd : NULL;
   dsp_grads *g = vals[n->in[0]];
   dsp_tensor **gs = dsp_calloc(np ? np : 1, sizeof *gs);
   if (!gs) return dsp_seterr(ctx, DISPATCH_ENOMEM, "out of memory");
@@ -319,7 +369,15 @@ static int run_step(dsp_ctx *ctx, const dsp_gnode *n, void **vals,
     metas[1] = gs[i]->meta;
     for (uint32_t q = 0; q < k; q++)
       metas[2 + q] = ((dsp_tensor *)vals[n->in[1 + np + i * k + q]])->meta;
-    rc = dsp_op_infer(ctx, (dsp_opcode)n->op, metas, (int)(k + 2), &a, &om);
+    dsp_step_param_attrs(n->op, &a, wd, i, clip, 1.0, &pa);
+    rc = dsp_op_infer(ctx, (dsp_opcode)n->op, metas, (int)(k + 2), &pa, &om);
+  }
+  /* the norm over every gradient before the first update, as the
+   * server's Step and the LOCAL optimizer take it */
+  double scale = 1.0, sq;
+  if (rc == 0 && clip) {
+    rc = dsp_grads_sqnorm(ctx, gs, np, &sq);
+    if (rc == 0) scale = dsp_clip_scale(n->max_norm, sqrt(sq));
   }
   if (rc == 0) {
     int prev = dsp_set_grad_enabled(ctx, 0);
@@ -328,7 +386,8 @@ static int run_step(dsp_ctx *ctx, const dsp_gnode *n, void **vals,
       in[0] = vals[n->in[1 + i]];
       in[1] = gs[i];
       for (uint32_t q = 0; q < k; q++) in[2 + q] = vals[n->in[1 + np + i * k + q]];
-      rc = dsp_op(ctx, (dsp_opcode)n->op, in, (int)(k + 2), &a, &out);
+      dsp_step_param_attrs(n->op, &a, wd, i, clip, scale, &pa);
+      rc = dsp_op(ctx, (dsp_opcode)n->op, in, (int)(k + 2), &pa, &out);
       if (rc == 0) {
         dsp_tensor_unref(out);
         (*n_ops)++;

@@ -25,7 +25,8 @@ typedef enum dsp_gkind {
   DSP_G_BACKWARD = 2, /* in: [loss]; out: a gradient container; flags:
                          retain */
   DSP_G_GRAD = 3,     /* in: [container, leaf]; out: the leaf's gradient */
-  DSP_G_STEP = 4,     /* op sgd/adam; in: [container, params..., states...]
+  DSP_G_STEP = 4,     /* op sgd/adam/adamw; in: [container, params...,
+                         states...]
                          (k states per param, param i's at n+i*k) */
   DSP_G_FREE = 5      /* in: slots released here (internal or inputs) */
 } dsp_gkind;
@@ -46,6 +47,11 @@ typedef struct dsp_gnode {
   uint32_t *in; /* slots */
   uint32_t out; /* OP, BACKWARD, GRAD */
   dsp_attrs a;
+  /* STEP (wire 1.5): the clip's max_norm (0: none) and adamw's decays
+   * (n_wd: 0, all 0; else one per parameter), as in a Step message */
+  double max_norm;
+  uint32_t n_wd;
+  double *wd;
 } dsp_gnode;
 
 typedef struct dsp_graph {
@@ -76,6 +82,10 @@ void dsp_graph_free(dsp_graph *g);
 int dsp_graph_add(dsp_graph *g, int kind, int op, int flags,
                   const uint32_t *in, uint32_t n_in, uint32_t out,
                   const dsp_attrs *a);
+/* Sets the last node's (a STEP's) clip and decays, copying wd[0..n_wd-1];
+ * 0 or DISPATCH_ENOMEM (the node as it was). dsp_graph_check judges them. */
+int dsp_graph_set_step(dsp_graph *g, double max_norm, const double *wd,
+                       uint32_t n_wd);
 /* Bytes the graph holds, for quotas. */
 uint64_t dsp_graph_bytes(const dsp_graph *g);
 

@@ -67,7 +67,8 @@ int sv_graph_define(sv_session *s, sv_job *j, char *why, size_t len) {
                   (uint64_t)d->n_outputs * 4 +
                   (uint64_t)d->n_nodes * (sizeof(dsp_gnode) + 16);
   for (size_t i = 0; i < d->n_nodes; i++)
-    cost += (uint64_t)d->nodes[i]->n_inputs * 4;
+    cost += (uint64_t)d->nodes[i]->n_inputs * 4 +
+            (uint64_t)d->nodes[i]->n_weight_decay * 8;
   char refused[256];
   int rc = dsp_budget_charge_why(s->budget, cost, "", refused, sizeof refused);
   if (rc < 0)
@@ -118,7 +119,8 @@ int sv_graph_define(sv_session *s, sv_job *j, char *why, size_t len) {
     const Dspwire__GraphNode *n = d->nodes[i];
     dsp_attrs a;
     if (sv_attrs_from(n->n_ints, n->ints, n->n_floats, n->floats, &a) < 0 ||
-        n->n_inputs > DSP_GRAPH_MAX_STEP_IN) {
+        n->n_inputs > DSP_GRAPH_MAX_STEP_IN ||
+        n->n_weight_decay > DSP_GRAPH_MAX_STEP_IN) {
       rc = sv_why(why, len, DISPATCH_EINVAL,
                   "graph %llu: node %zu has %zu operands, %zu int and %zu "
                   "float attributes (at most %u, %d, %d)",
@@ -128,7 +130,10 @@ int sv_graph_define(sv_session *s, sv_job *j, char *why, size_t len) {
       goto fail;
     }
     if (dsp_graph_add(g, n->kind, n->op, n->flags, n->inputs,
-                      (uint32_t)n->n_inputs, n->output, &a) < 0) {
+                      (uint32_t)n->n_inputs, n->output, &a) < 0 ||
+        ((n->max_norm != 0.0 || n->n_weight_decay) &&
+         dsp_graph_set_step(g, n->max_norm, n->weight_decay,
+                            (uint32_t)n->n_weight_decay) < 0)) {
       rc = sv_why(why, len, DISPATCH_ENOMEM, "graph: out of memory");
       goto fail;
     }

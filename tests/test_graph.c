@@ -44,7 +44,9 @@ typedef struct model {
   dispatch_optim *opt;
 } model;
 
-static int g_adam; /* the optimizer of the models made next */
+/* the optimizer of the models made next: 0 sgd, 1 adam, 2 adamw with
+ * per-parameter decay and a global-norm clip */
+static int g_adam;
 
 static void model_init(model *m, dispatch_device *dev) {
   m->dev = dev;
@@ -58,7 +60,12 @@ static void model_init(model *m, dispatch_device *dev) {
     dispatch_keep(m->p[i]);
     dispatch_tensor_free(t);
   }
-  if (g_adam)
+  static const double wd[4] = {0.1, 0, 0.1, 0};
+  if (g_adam == 2) {
+    cr_assert_eq(dispatch_adamw_new(m->p, 4, 0.01, 0.9, 0.95, 1e-8, wd,
+                                    &m->opt), 0);
+    cr_assert_eq(dispatch_optim_set_clip(m->opt, 0.05), 0);
+  } else if (g_adam)
     cr_assert_eq(dispatch_adam_new(m->p, 4, 0.01, 0.9, 0.999, 1e-8, &m->opt),
                  0);
   else
@@ -208,6 +215,25 @@ Test(graph, adam_step_replayed_bit_identical, .fini = stop_server) {
                first_diff(rops, rgr));
   cr_assert_eq(first_diff(rgr, lgr), -1, "REMOTE/LOCAL Adam: byte %d differs",
                first_diff(rgr, lgr));
+}
+
+/* AdamW's decays and the clip travel with the captured step (GraphNode
+ * max_norm, weight_decay): each replay takes the norm of its own
+ * gradients, as the op-by-op step does. */
+Test(graph, adamw_clipped_step_replayed_bit_identical, .fini = stop_server) {
+  start_server(NULL);
+  g_adam = 2;
+  unsigned char lops[PBYTES], lgr[PBYTES], rops[PBYTES], rgr[PBYTES];
+  run_both(0, lops, lgr);
+  run_both(1, rops, rgr);
+  cr_assert_eq(first_diff(lops, lgr), -1, "LOCAL AdamW: byte %d differs",
+               first_diff(lops, lgr));
+  cr_assert_eq(first_diff(rops, rgr), -1, "REMOTE AdamW: byte %d differs",
+               first_diff(rops, rgr));
+  cr_assert_eq(first_diff(rgr, lgr), -1, "REMOTE/LOCAL AdamW: byte %d differs",
+               first_diff(rgr, lgr));
+  cr_assert_eq(first_diff(lops, rops), -1, "op by op: byte %d differs",
+               first_diff(lops, rops));
 }
 
 /* Replays leave nothing behind on the server: the session's tensor count
