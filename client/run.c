@@ -395,6 +395,8 @@ int dispatch_batch_norm(dispatch_tensor *x, dispatch_tensor *running_mean,
   a.floats[0] = momentum, a.floats[1] = eps;
   a.n_floats = 2;
   return dispatch__run(NULL, DSP_OP_BATCH_NORM, in, n, &a, 1, out);
+}
+
 /* issue 23: attention */
 
 int dispatch_attention(dispatch_tensor *q, dispatch_tensor *k,

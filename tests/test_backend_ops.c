@@ -411,6 +411,8 @@ static int make_case(dsp_opcode op, dsp_dtype k, int v, tcase *c) {
       switch (v) {
         case 0: c->what = "[4,3,5] training affine"; in_(c, k, 'r', 0, 3, 4, 3, 5); in_(c, k, 'r', 0, 3, 4, 3, 5); in_(c, k, 'r', 0, 1, 3); ints_(c, 4, 1, 0, 1, 1); fl_(c, 2, 0.1, 1e-5); return 0;
         case 1: c->what = "[2,3,4] evaluation bias"; in_(c, k, 'r', 0, 3, 2, 3, 4); in_(c, k, 'r', 0, 3, 2, 3, 4); in_(c, k, 'r', 0, 1, 3); in_(c, k, 'p', 0, 1, 3); ints_(c, 4, 0, 1, 0, 1); fl_(c, 2, 0.1, 1e-5); return 0;
+        default: return -1;
+      }
     case DSP_OP_ATTENTION:
       switch (v) {
         case 0: c->what = "q [2,2,5,3] k [2,2,4,3] v [2,2,4,2]"; in_(c, k, 'r', 0, 4, 2, 2, 5, 3); in_(c, k, 'r', 0, 4, 2, 2, 4, 3); in_(c, k, 'r', 0, 4, 2, 2, 4, 2); ints_(c, 2, 0, 0); fl_(c, 1, 0.0); return 0;

@@ -438,6 +438,7 @@ int main(int argc, char **argv) {
       tcase bb = mkcase(DSP_OP_BATCH_NORM_BACKWARD, 3, dt, 3, XB, 3, XB);
       bb.in[2] = meta(dt, 1, CB), bb.a = bn.a, bb.a.ints[0] = 1;
       run_case(&bb);
+    }
     /* issue 23: attention plain, then causal with a key mask, Tq > Tk and
      * dv over one 256-dim pass of the kernels; the backward op on both */
     static const int64_t AQ[] = {2, 3, 70, 16}, AK[] = {2, 3, 50, 16},
