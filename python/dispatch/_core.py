@@ -856,7 +856,21 @@ def std(x, dim=None, correction=1, keepdim=False):
     return _moments(lib.dispatch_std, x, dim, correction, keepdim)
 
 
-_ISSUE23_METHODS = ("clamp", "masked_fill", "var", "std")
+_gelu_exact = gelu  # noqa: F821 (made from the op table above)
+
+
+def gelu(x, approximate="none"):
+    """GELU as torch.nn.functional.gelu: the exact erf form, or with
+    approximate='tanh' the tanh approximation (the gelu_tanh op)."""
+    if approximate == "tanh":
+        return gelu_tanh(x)  # noqa: F821
+    if approximate != "none":
+        raise _error(_EINVAL, "gelu: approximate must be 'none' or 'tanh', "
+                     f"got {approximate!r}")
+    return _gelu_exact(x)
+
+
+_ISSUE23_METHODS = ("clamp", "masked_fill", "var", "std", "gelu")
 
 
 # ---------------------------------------------------------------- tensor

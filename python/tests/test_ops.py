@@ -83,6 +83,9 @@ CASES = [
      lambda a: np.where(a > 20, a, np.log1p(np.exp(a))), (A32 * 12,), False),
     ("gelu_tanh", lambda a: a.gelu_tanh(), lambda a: 0.5 * a * (1 + np.tanh(
         np.sqrt(2 / np.pi) * (a + 0.044715 * a ** 3))), (A64,), False),
+    ("gelu_approximate", lambda a: dispatch.gelu(a, approximate="tanh")
+     - a.gelu_tanh() + a.gelu(approximate="none") - dispatch.gelu(a),
+     lambda a: np.zeros_like(a), (A32,), True),
     ("clamp", lambda a: a.clamp(-0.5, 0.7),
      lambda a: np.clip(a, np.float32(-0.5), np.float32(0.7)), (A32,), True),
     ("clamp_min_only", lambda a: dispatch.clamp(a, min=0),
