@@ -10,7 +10,8 @@
  * They are the rows of DSP_OP_MAP (common/dsp.h) whose surface is BWD:
  * each is declared here from its row's signature (client/op_sigs.h), the
  * two irregular (HAND) ones by hand below.
- *   relu_backward, gelu_backward (grad, x): grad * f'(x), same shape
+ *   relu_backward, gelu_backward, softplus_backward, gelu_tanh_backward
+ *     (grad, x): grad * f'(x), same shape
  *   softmax_backward, log_softmax_backward (grad, y = the forward output,
  *     dim): the grad of the input
  *   cross_entropy_backward (grad, logits, labels)

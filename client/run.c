@@ -410,3 +410,43 @@ int dispatch_attention(dispatch_tensor *q, dispatch_tensor *k,
   return dispatch__run(NULL, DSP_OP_ATTENTION, in, key_mask ? 4 : 3, &a, 1,
                        out);
 }
+
+/* issue 23: elementwise and reductions */
+
+int dispatch_clamp(dispatch_tensor *x, double lo, double hi,
+                   dispatch_tensor **out) {
+  dsp_attrs a = dsp_attrs_none();
+  a.floats[0] = lo, a.floats[1] = hi;
+  a.n_floats = 2;
+  return run1(DSP_OP_CLAMP, x, &a, out);
+}
+
+int dispatch_masked_fill(dispatch_tensor *x, dispatch_tensor *mask,
+                         double value, dispatch_tensor **out) {
+  dsp_attrs a = dsp_attrs_f1(value);
+  return run2(DSP_OP_MASKED_FILL, x, mask, &a, out);
+}
+
+/* var and std: red_attrs plus floats[1] = correction */
+static int moments(dsp_opcode op, dispatch_tensor *x, int ndims,
+                   const int64_t *dims, int64_t correction, int keepdim,
+                   dispatch_tensor **out) {
+  dsp_attrs a;
+  if (out) *out = NULL;
+  int rc = red_attrs(x, dsp_op_lookup((int)op)->name, ndims, dims, keepdim,
+                     &a);
+  if (rc < 0) return rc;
+  a.floats[1] = (double)correction;
+  a.n_floats = 2;
+  return run1(op, x, &a, out);
+}
+
+int dispatch_var(dispatch_tensor *x, int ndims, const int64_t *dims,
+                 int64_t correction, int keepdim, dispatch_tensor **out) {
+  return moments(DSP_OP_VAR, x, ndims, dims, correction, keepdim, out);
+}
+
+int dispatch_std(dispatch_tensor *x, int ndims, const int64_t *dims,
+                 int64_t correction, int keepdim, dispatch_tensor **out) {
+  return moments(DSP_OP_STD, x, ndims, dims, correction, keepdim, out);
+}

@@ -4,9 +4,13 @@
  * dsp_op, so it runs on any backend.
  *
  * Tie conventions (gradients at non-differentiable points):
- * - maximum(a, b) gives the whole gradient to a where a >= b, minimum(a, b)
- *   to a where a <= b (ties go to the first input);
- * - max over dims splits the gradient evenly between tied maxima;
+ * - maximum(a, b) and minimum(a, b) split the gradient evenly where a == b
+ *   (g/2 to each) and give it whole to the larger (smaller) input
+ *   elsewhere, as PyTorch does;
+ * - max and min over dims split the gradient evenly between tied maxima
+ *   (minima);
+ * - clamp passes the gradient where lo <= x <= hi (both ends inclusive, as
+ *   PyTorch) and gives 0 outside;
  * - relu and abs have gradient 0 at 0 (the relu_backward and sign ops);
  * - sign has gradient 0 everywhere. */
 #include <string.h>
@@ -196,6 +200,31 @@ static void set_grad(rb *r, dsp_tensor **gin, int i, dsp_tensor *t) {
   if (r->rc == 0 && t) gin[i] = dsp_tensor_ref(t);
 }
 
+/* var: 2 (x - mean) g / (N - correction); std: var's over 2 std, so
+ * (x - mean) g / ((N - correction) std). N - correction is taken as
+ * max(0, .) as the forward does, and 0 gives inf/NaN there too. */
+static void var_grad(rb *R, const dsp_node *n, dsp_tensor *g,
+                     dsp_tensor **gin) {
+  dsp_tensor *x = n->in[0];
+  if (x->node == NULL) return;
+  dsp_meta keep;
+  dsp_attrs ka;
+  reduced_keep(n, &keep, &ka);
+  double N = 1;
+  for (int i = 0; i < ka.n_ints; i++) N *= (double)x->meta.shape[ka.ints[i]];
+  double corr = n->attrs.n_floats > 1 ? n->attrs.floats[1] : 1.0;
+  double den = N - corr > 0 ? N - corr : 0.0;
+  dsp_tensor *d = bin(R, DSP_OP_SUB, x, rb_op(R, DSP_OP_MEAN, &ka, 1, x,
+                                              NULL, NULL));
+  dsp_tensor *gk = reshape(R, g, &keep), *q;
+  if (n->op == DSP_OP_VAR)
+    q = sc(R, DSP_OP_MUL_SCALAR, gk, 2.0 / den);
+  else
+    q = bin(R, DSP_OP_DIV, gk,
+            sc(R, DSP_OP_MUL_SCALAR, reshape(R, n->out, &keep), den));
+  set_grad(R, gin, 0, bin(R, DSP_OP_MUL, d, q));
+}
+
 int dsp__autodiff_saves_output(dsp_opcode op) {
   switch (op) {
     case DSP_OP_EXP:
@@ -205,6 +234,9 @@ int dsp__autodiff_saves_output(dsp_opcode op) {
     case DSP_OP_SOFTMAX:
     case DSP_OP_LOG_SOFTMAX:
     case DSP_OP_MAX:
+    case DSP_OP_MIN:
+    case DSP_OP_CLAMP:
+    case DSP_OP_STD:
       return 1;
     default:
       return 0;
@@ -253,10 +285,16 @@ int dsp__autodiff_rule(dsp_ctx *ctx, const dsp_node *n, dsp_tensor *g,
     }
     case DSP_OP_MAXIMUM:
     case DSP_OP_MINIMUM: {
-      dsp_tensor *m = bin(R, n->op == DSP_OP_MAXIMUM ? DSP_OP_GE : DSP_OP_LE,
-                          in[0], in[1]);
-      GRAD(0, sum_to(R, keep_where(R, m, g), &in[0]->meta));
-      GRAD(1, sum_to(R, drop_where(R, m, g), &in[1]->meta));
+      /* PyTorch's form: g/2 where a == b, g elsewhere, then 0 for the
+       * input that lost (a < b for maximum's a, a > b for its b) */
+      int mx = n->op == DSP_OP_MAXIMUM;
+      dsp_tensor *split =
+          rb_op(R, DSP_OP_WHERE, NULL, 3, bin(R, DSP_OP_EQ, in[0], in[1]),
+                sc(R, DSP_OP_MUL_SCALAR, g, 0.5), g);
+      dsp_tensor *a_lost = bin(R, mx ? DSP_OP_LT : DSP_OP_GT, in[0], in[1]);
+      dsp_tensor *b_lost = bin(R, mx ? DSP_OP_GT : DSP_OP_LT, in[0], in[1]);
+      GRAD(0, sum_to(R, drop_where(R, a_lost, split), &in[0]->meta));
+      GRAD(1, sum_to(R, drop_where(R, b_lost, split), &in[1]->meta));
       break;
     }
     case DSP_OP_WHERE: /* the bool mask (input 0) is never tracked */
@@ -331,6 +369,21 @@ int dsp__autodiff_rule(dsp_ctx *ctx, const dsp_node *n, dsp_tensor *g,
                   bin(R, DSP_OP_MUL, s, sc(R, DSP_OP_ADD_SCALAR, xs, 1.0))));
       break;
     }
+    case DSP_OP_SOFTPLUS:
+      GRAD(0, bin(R, DSP_OP_SOFTPLUS_BACKWARD, g, x));
+      break;
+    case DSP_OP_GELU_TANH:
+      GRAD(0, bin(R, DSP_OP_GELU_TANH_BACKWARD, g, x));
+      break;
+    case DSP_OP_CLAMP: /* inside [lo, hi] exactly where clamp kept x */
+      if (at->floats[0] > at->floats[1])
+        GRAD(0, zeros_like(R, &x->meta));
+      else
+        GRAD(0, keep_where(R, bin(R, DSP_OP_EQ, y, x), g));
+      break;
+    case DSP_OP_MASKED_FILL: /* the bool mask (input 1) is never tracked */
+      GRAD(0, drop_where(R, in[1], g));
+      break;
 
     /* ---------------------------------------------- reductions */
     case DSP_OP_SUM:
@@ -345,8 +398,13 @@ int dsp__autodiff_rule(dsp_ctx *ctx, const dsp_node *n, dsp_tensor *g,
       GRAD(0, bcast(R, gk, &x->meta));
       break;
     }
-    case DSP_OP_MAX: {
-      /* every position equal to its slice's max shares that slice's
+    case DSP_OP_VAR:
+    case DSP_OP_STD:
+      var_grad(R, n, g, gin);
+      break;
+    case DSP_OP_MAX:
+    case DSP_OP_MIN: {
+      /* every position equal to its slice's max (min) shares that slice's
        * gradient evenly */
       dsp_meta keep;
       dsp_attrs ka;
@@ -571,6 +629,7 @@ int dsp__autodiff_rule(dsp_ctx *ctx, const dsp_node *n, dsp_tensor *g,
     case DSP_OP_GT:
     case DSP_OP_GE:
     case DSP_OP_ARGMAX:
+    case DSP_OP_ARGMIN:
     case DSP_OP_ZEROS:
     case DSP_OP_ONES:
     case DSP_OP_FULL:
@@ -586,6 +645,8 @@ int dsp__autodiff_rule(dsp_ctx *ctx, const dsp_node *n, dsp_tensor *g,
       break;
     case DSP_OP_RELU_BACKWARD:
     case DSP_OP_GELU_BACKWARD:
+    case DSP_OP_SOFTPLUS_BACKWARD:
+    case DSP_OP_GELU_TANH_BACKWARD:
     case DSP_OP_SLICE_BACKWARD:
     case DSP_OP_INDEX_SELECT_BACKWARD:
     case DSP_OP_SOFTMAX_BACKWARD:

@@ -455,6 +455,18 @@ int dsp__storage_prepare_write(dsp_ctx *ctx, dsp_tensor *t);
   X(GELU, 30, gelu, 1, EW, UNARY, API) /* exact erf form */                  \
   X(SILU, 33, silu, 1, EW, UNARY, API) /* x sigmoid(x) */                    \
   /* issue 23 elementwise rows (codes 34-39) go here */                      \
+  /* softplus: log(1 + e^x), x itself where x > 20 (PyTorch's beta 1,      \
+   * threshold 20); gelu_tanh: gelu's tanh approximation */                \
+  X(SOFTPLUS, 34, softplus, 1, EW, UNARY, API)                               \
+  X(GELU_TANH, 35, gelu_tanh, 1, EW, UNARY, API)                             \
+  /* clamp(x): floats = {lo, hi}: min(max(x, lo), hi) */                    \
+  X(CLAMP, 36, clamp, 1, EW, HAND, API)                                      \
+  /* masked_fill(x, mask bool broadcastable to x): floats = {value};        \
+   * x's shape */                                                           \
+  X(MASKED_FILL, 37, masked_fill, 2, EW, HAND, API)                          \
+  /* (grad, x) -> grad * f'(x), same shape */                               \
+  X(SOFTPLUS_BACKWARD, 38, softplus_backward, 2, EW, BINARY, BWD)            \
+  X(GELU_TANH_BACKWARD, 39, gelu_tanh_backward, 2, EW, BINARY, BWD)          \
   /* backward helpers: (grad, x) -> grad * f'(x), same shape */              \
   X(RELU_BACKWARD, 31, relu_backward, 2, EW, BINARY, BWD)                    \
   X(GELU_BACKWARD, 32, gelu_backward, 2, EW, BINARY, BWD)                    \
@@ -466,6 +478,13 @@ int dsp__storage_prepare_write(dsp_ctx *ctx, dsp_tensor *t);
   X(MAX, 42, max, 1, RED, RED, API)                                          \
   X(ARGMAX, 43, argmax, 1, RED, RED, API)                                    \
   /* issue 23 reduction rows (codes 44-49) go here */                        \
+  /* min/argmin as max/argmax (ties: the first index) */                    \
+  X(MIN, 44, min, 1, RED, RED, API)                                          \
+  X(ARGMIN, 45, argmin, 1, RED, RED, API)                                    \
+  /* var/std: ints = dims (none: all); floats = {keepdim, correction}:       \
+   * sum (x - mean)^2 / max(0, N - correction); f32/f64 */                  \
+  X(VAR, 46, var, 1, RED, HAND, API)                                         \
+  X(STD, 47, std, 1, RED, HAND, API)                                         \
   /* shape ops */                                                            \
   /* ints = new shape, one -1 ok */                                          \
   X(RESHAPE, 50, reshape, 1, SHAPE, SHAPEV, API)                             \

@@ -4,8 +4,8 @@
  *
  * dtypes: float math on f32 and f64 (f32 is computed in float with the
  * float libm functions); i64 for add/sub/mul/div/maximum/minimum, the
- * comparisons, neg/abs/sign/relu(+backward) and the integral scalar forms
- * add/sub/mul/rsub; bool for eq/ne and as where's mask. i64 arithmetic
+ * comparisons, neg/abs/sign/relu(+backward), clamp, masked_fill and the
+ * integral scalar forms add/sub/mul/rsub; bool for eq/ne and as where's mask. i64 arithmetic
  * wraps modulo 2^64 (never undefined behaviour); i64 div truncates toward
  * zero, INT64_MIN / -1 wraps to INT64_MIN, and a zero divisor is
  * DISPATCH_EINVAL. maximum/minimum/relu/sign propagate NaN.
@@ -40,6 +40,61 @@ static int bad_dtype(dsp_ctx *ctx, dsp_opcode op, dsp_dtype dt) {
 /* An i64 scalar form needs a scalar that is an exact int64. */
 static int scalar_is_i64(double s) {
   return isfinite(s) && s == trunc(s) && s >= -0x1p63 && s < 0x1p63;
+}
+
+/* clamp(x): floats {lo, hi}, neither NaN; an i64 tensor's bounds are
+ * integers or infinite (no bound on that side). */
+static int infer_clamp(dsp_ctx *ctx, const dsp_meta *in, const dsp_attrs *a,
+                       dsp_meta *out) {
+  int rc = dsp__want_attrs(ctx, DSP_OP_CLAMP, a, 0, 2);
+  if (rc < 0) return rc;
+  dsp_dtype dt = in[0].dtype;
+  if (!dsp_dtype_is_float(dt) && dt != DSP_I64)
+    return bad_dtype(ctx, DSP_OP_CLAMP, dt);
+  for (int i = 0; i < 2; i++) {
+    double b = a->floats[i];
+    if (isnan(b))
+      return dsp_seterr(ctx, DISPATCH_EINVAL, "clamp: %s bound is NaN",
+                        i ? "upper" : "lower");
+    if (dt == DSP_I64 && !isinf(b) && !scalar_is_i64(b))
+      return dsp_seterr(ctx, DISPATCH_EINVAL,
+                        "clamp: bound %g is not an integer for an i64 tensor",
+                        b);
+  }
+  *out = in[0];
+  return 0;
+}
+
+/* masked_fill(x, mask): a bool mask that broadcasts to x's shape (the
+ * output's), floats {value}; an i64 x takes an exact integer value. */
+static int infer_masked_fill(dsp_ctx *ctx, const dsp_meta *in,
+                             const dsp_attrs *a, dsp_meta *out) {
+  int rc = dsp__want_attrs(ctx, DSP_OP_MASKED_FILL, a, 0, 1);
+  if (rc < 0) return rc;
+  dsp_dtype dt = in[0].dtype;
+  if (!dsp_dtype_is_float(dt) && dt != DSP_I64)
+    return bad_dtype(ctx, DSP_OP_MASKED_FILL, dt);
+  if (in[1].dtype != DSP_BOOL)
+    return dsp_seterr(ctx, DISPATCH_EDTYPE,
+                      "masked_fill: mask must be bool, got %s",
+                      dsp_dtype_name(in[1].dtype));
+  if (dt == DSP_I64 && !scalar_is_i64(a->floats[0]))
+    return dsp_seterr(ctx, DISPATCH_EINVAL,
+                      "masked_fill: value %g is not an integer for an i64 "
+                      "tensor", a->floats[0]);
+  dsp_meta b;
+  if ((rc = dsp_broadcast_shapes(ctx, "masked_fill", &in[0], &in[1], &b)) < 0)
+    return rc;
+  b.dtype = dt;
+  if (!dsp_meta_equal(&b, &in[0])) {
+    char s1[128], s2[128];
+    return dsp_seterr(ctx, DISPATCH_ESHAPE,
+                      "masked_fill: mask shape %s does not broadcast to input "
+                      "shape %s", dsp_shape_str(&in[1], s1, sizeof s1),
+                      dsp_shape_str(&in[0], s2, sizeof s2));
+  }
+  *out = in[0];
+  return 0;
 }
 
 int dsp__infer_ew(dsp_ctx *ctx, dsp_opcode op, const dsp_meta *in, int n_in,
@@ -87,7 +142,9 @@ int dsp__infer_ew(dsp_ctx *ctx, dsp_opcode op, const dsp_meta *in, int n_in,
     *out = in[0];
     return 0;
   }
-  if (op == DSP_OP_RELU_BACKWARD || op == DSP_OP_GELU_BACKWARD) {
+  if (op == DSP_OP_CLAMP) return infer_clamp(ctx, in, a, out);
+  if (op == DSP_OP_MASKED_FILL) return infer_masked_fill(ctx, in, a, out);
+  if (dsp__sm_is_act_bw(op)) {
     if ((rc = dsp__want_attrs(ctx, op, a, 0, 0)) < 0) return rc;
     if ((rc = same_dtype(ctx, op, &in[0], &in[1])) < 0) return rc;
     if (!dsp_dtype_is_float(dt) && !(dt == DSP_I64 && op == DSP_OP_RELU_BACKWARD))

@@ -1,5 +1,9 @@
-/* red family, shape inference: sum, mean, max, argmax over a set of dims
- * or over all (CPU kernels: common/cpu/red.c).
+/* red family, shape inference: sum, mean, max, argmax, min, argmin, var,
+ * std over a set of dims or over all (CPU kernels: common/cpu/red.c).
+ * min/argmin mirror max/argmax. var/std (f32/f64) take floats {keepdim,
+ * correction} (correction an integer, 1 when missing) and divide the
+ * squared deviations from the mean by max(0, N - correction): 0 there
+ * gives inf or NaN, as PyTorch does.
  *
  * ints = dims to reduce (none: all), floats[0] != 0 keeps reduced dims as
  * size 1. sum works on f32/f64/i64 and gives the input dtype; an f32 sum
@@ -43,25 +47,36 @@ int dsp__infer_red(dsp_ctx *ctx, dsp_opcode op, const dsp_meta *in, int n_in,
   (void)n_in;
   const dsp_meta *x = &in[0];
   const char *name = opname(op);
-  if (x->dtype == DSP_BOOL || (op == DSP_OP_MEAN && x->dtype == DSP_I64))
+  const int float_only =
+      op == DSP_OP_MEAN || op == DSP_OP_VAR || op == DSP_OP_STD;
+  const int moments = op == DSP_OP_VAR || op == DSP_OP_STD;
+  const int arg = op == DSP_OP_ARGMAX || op == DSP_OP_ARGMIN;
+  if (x->dtype == DSP_BOOL || (float_only && x->dtype == DSP_I64))
     return dsp_seterr(ctx, DISPATCH_EDTYPE, "%s: dtype %s not supported%s",
                       name, dsp_dtype_name(x->dtype),
-                      op == DSP_OP_MEAN ? " (cast to a float dtype first)" : "");
-  if (a->n_floats > 1)
+                      float_only ? " (cast to a float dtype first)" : "");
+  if (a->n_floats > 1 + moments)
     return dsp_seterr(ctx, DISPATCH_EINVAL,
-                      "%s: takes at most 1 float attribute (keepdim), got %d",
-                      name, a->n_floats);
-  if (op == DSP_OP_ARGMAX && a->n_ints > 1)
+                      "%s: takes at most %d float attribute%s (%s), got %d",
+                      name, 1 + moments, moments ? "s" : "",
+                      moments ? "keepdim, correction" : "keepdim",
+                      a->n_floats);
+  if (moments && a->n_floats == 2 &&
+      !(isfinite(a->floats[1]) && a->floats[1] == trunc(a->floats[1])))
     return dsp_seterr(ctx, DISPATCH_EINVAL,
-                      "argmax: takes one dim or none, got %d", a->n_ints);
+                      "%s: correction %g is not an integer", name,
+                      a->floats[1]);
+  if (arg && a->n_ints > 1)
+    return dsp_seterr(ctx, DISPATCH_EINVAL,
+                      "%s: takes one dim or none, got %d", name, a->n_ints);
   if (a->n_ints > x->ndim)
     return dsp_seterr(ctx, DISPATCH_EDIM, "%s: %d dims given for rank %d",
                       name, a->n_ints, x->ndim);
   int red[DSP_MAX_DIMS];
   int rc = dsp__red_dims(ctx, op, a, x->ndim, red);
   if (rc < 0) return rc;
-  int keep = a->n_floats == 1 && a->floats[0] != 0;
-  if (op == DSP_OP_MAX || op == DSP_OP_ARGMAX) {
+  int keep = a->n_floats >= 1 && a->floats[0] != 0;
+  if (op == DSP_OP_MAX || op == DSP_OP_MIN || arg) {
     for (int d = 0; d < x->ndim; d++)
       if (red[d] && x->shape[d] == 0)
         return dsp_seterr(ctx, DISPATCH_ESHAPE,
@@ -69,7 +84,7 @@ int dsp__infer_red(dsp_ctx *ctx, dsp_opcode op, const dsp_meta *in, int n_in,
   }
   dsp_meta o;
   memset(&o, 0, sizeof o);
-  o.dtype = op == DSP_OP_ARGMAX ? DSP_I64 : x->dtype;
+  o.dtype = arg ? DSP_I64 : x->dtype;
   for (int d = 0; d < x->ndim; d++) {
     if (!red[d]) o.shape[o.ndim++] = x->shape[d];
     else if (keep) o.shape[o.ndim++] = 1;

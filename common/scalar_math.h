@@ -40,6 +40,8 @@ extern "C" {
 
 #define DSP__SM_SQRT1_2 0.70710678118654752440
 #define DSP__SM_INV_SQRT_2PI 0.39894228040143267794
+#define DSP__SM_SQRT_2_PI 0.79788456080286535588 /* sqrt(2 / pi) */
+#define DSP__SM_GELU_K 0.044715
 
 /* ------------------------------------------------------------------ */
 /* one function per op and dtype (what the CPU loops inline)           */
@@ -68,6 +70,9 @@ DSP_HD int64_t dsp__sm_sign_i64(int64_t x) {
 DSP_HD int64_t dsp__sm_relu_i64(int64_t x) { return x < 0 ? 0 : x; }
 DSP_HD int64_t dsp__sm_relu_bw_i64(int64_t g, int64_t x) {
   return x > 0 ? g : 0;
+}
+DSP_HD int64_t dsp__sm_clamp_i64(int64_t x, int64_t lo, int64_t hi) {
+  return dsp__sm_min_i64(dsp__sm_max_i64(x, lo), hi);
 }
 
 /* The float functions, once per float type: T the type, S its suffix,
@@ -107,7 +112,36 @@ DSP_HD int64_t dsp__sm_relu_bw_i64(int64_t g, int64_t x) {
   DSP_HD T dsp__sm_sqrt_##S(T x) { return sqrt##L(x); }                        \
   DSP_HD T dsp__sm_tanh_##S(T x) { return tanh##L(x); }                        \
   /* x sigmoid(x), through the sigmoid above: no e^-x = inf on the way */  \
-  DSP_HD T dsp__sm_silu_##S(T x) { return x * dsp__sm_sigmoid_##S(x); }
+  DSP_HD T dsp__sm_silu_##S(T x) { return x * dsp__sm_sigmoid_##S(x); }     \
+  /* PyTorch's forms (beta 1, threshold 20): above 20, log1p(e^x) is x to  \
+   * within f64's rounding, and e^x would soon overflow */                 \
+  DSP_HD T dsp__sm_softplus_##S(T x) {                                       \
+    return x > (T)20 ? x : log1p##L(exp##L(x));                              \
+  }                                                                          \
+  DSP_HD T dsp__sm_softplus_bw_##S(T g, T x) {                               \
+    if (x > (T)20) return g;                                                 \
+    T z = exp##L(x);                                                         \
+    return g * z / (z + (T)1);                                               \
+  }                                                                          \
+  /* 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), as PyTorch's         \
+   * approximate='tanh' */                                                  \
+  DSP_HD T dsp__sm_gelu_tanh_##S(T x) {                                      \
+    T inner = (T)DSP__SM_SQRT_2_PI * (x + (T)DSP__SM_GELU_K * x * x * x);    \
+    return (T)0.5 * x * ((T)1 + tanh##L(inner));                             \
+  }                                                                          \
+  DSP_HD T dsp__sm_gelu_tanh_bw_##S(T g, T x) {                              \
+    T x2 = x * x;                                                            \
+    T th = tanh##L((T)DSP__SM_SQRT_2_PI * (x + (T)DSP__SM_GELU_K * x2 * x)); \
+    T left = (T)0.5 * ((T)1 + th);                                           \
+    T right = (T)0.5 * x * ((T)1 - th * th) * (T)DSP__SM_SQRT_2_PI *         \
+              ((T)1 + (T)3 * (T)DSP__SM_GELU_K * x2);                        \
+    return g * (left + right);                                               \
+  }                                                                          \
+  /* min(max(x, lo), hi) with NaN-first max/min: a NaN x stays NaN, and    \
+   * lo > hi gives hi everywhere (PyTorch's clamp) */                       \
+  DSP_HD T dsp__sm_clamp_##S(T x, T lo, T hi) {                              \
+    return dsp__sm_min_##S(dsp__sm_max_##S(x, lo), hi);                      \
+  }
 DSP__SM_FLOAT(float, f32, f)
 DSP__SM_FLOAT(double, f64, )
 #undef DSP__SM_FLOAT
@@ -126,7 +160,9 @@ DSP__SM_FLOAT(double, f64, )
   X(SIGMOID, sigmoid)                                                        \
   X(TANH, tanh)                                                              \
   X(GELU, gelu)                                                              \
-  X(SILU, silu)
+  X(SILU, silu)                                                              \
+  X(SOFTPLUS, softplus)                                                      \
+  X(GELU_TANH, gelu_tanh)
 #define DSP__SM_ROW_COUNT_(OP, f) +1
 #define DSP_SM_N_FLOAT_UNARY (0 DSP_SM_FLOAT_UNARY(DSP__SM_ROW_COUNT_))
 
@@ -230,15 +266,27 @@ DSP_HD int64_t dsp__sm_unary_i64(int op, int64_t x) {
   }
 }
 
-/* (grad, x) -> grad * f'(x): relu_backward, gelu_backward (i64: relu) */
+/* The activation backward ops (grad, x) -> grad * f'(x); i64 has
+ * relu_backward only. */
+DSP_HD int dsp__sm_is_act_bw(int op) {
+  return op == DSP_OP_RELU_BACKWARD || op == DSP_OP_GELU_BACKWARD ||
+         op == DSP_OP_SOFTPLUS_BACKWARD || op == DSP_OP_GELU_TANH_BACKWARD;
+}
+#define DSP__SM_ACT_BW_BODY(S)                                               \
+  switch (op) {                                                              \
+    case DSP_OP_RELU_BACKWARD: return dsp__sm_relu_bw_##S(g, x);             \
+    case DSP_OP_GELU_BACKWARD: return dsp__sm_gelu_bw_##S(g, x);             \
+    case DSP_OP_SOFTPLUS_BACKWARD: return dsp__sm_softplus_bw_##S(g, x);     \
+    case DSP_OP_GELU_TANH_BACKWARD: return dsp__sm_gelu_tanh_bw_##S(g, x);   \
+    default: return 0;                                                       \
+  }
 DSP_HD float dsp__sm_act_bw_f32(int op, float g, float x) {
-  return op == DSP_OP_RELU_BACKWARD ? dsp__sm_relu_bw_f32(g, x)
-                                    : dsp__sm_gelu_bw_f32(g, x);
+  DSP__SM_ACT_BW_BODY(f32)
 }
 DSP_HD double dsp__sm_act_bw_f64(int op, double g, double x) {
-  return op == DSP_OP_RELU_BACKWARD ? dsp__sm_relu_bw_f64(g, x)
-                                    : dsp__sm_gelu_bw_f64(g, x);
+  DSP__SM_ACT_BW_BODY(f64)
 }
+#undef DSP__SM_ACT_BW_BODY
 DSP_HD int64_t dsp__sm_act_bw_i64(int op, int64_t g, int64_t x) {
   (void)op;
   return dsp__sm_relu_bw_i64(g, x);

@@ -180,7 +180,8 @@ static int make_case(dsp_opcode op, dsp_dtype k, int v, tcase *c) {
       }
     case DSP_OP_NEG: case DSP_OP_EXP: case DSP_OP_LOG: case DSP_OP_SQRT:
     case DSP_OP_ABS: case DSP_OP_SIGN: case DSP_OP_RELU: case DSP_OP_SIGMOID:
-    case DSP_OP_TANH: case DSP_OP_GELU: case DSP_OP_SILU: {
+    case DSP_OP_TANH: case DSP_OP_GELU: case DSP_OP_SILU:
+    case DSP_OP_SOFTPLUS: case DSP_OP_GELU_TANH: {
       char d = (op == DSP_OP_LOG || op == DSP_OP_SQRT) ? 'p' : 'r';
       switch (v) {
         case 0: c->what = "[3,4]"; in_(c, k, d, 0, 2, 3, 4); return 0;
@@ -188,18 +189,43 @@ static int make_case(dsp_opcode op, dsp_dtype k, int v, tcase *c) {
         default: return -1;
       }
     }
+    case DSP_OP_CLAMP: /* integral bounds, so i64 takes them too */
+      switch (v) {
+        case 0: c->what = "[3,4] to [-1, 1]"; in_(c, k, 'r', 0, 2, 3, 4); fl_(c, 2, -1.0, 1.0); return 0;
+        case 1: c->what = "[3,4] to [-inf, 0]"; in_(c, k, 'r', 0, 2, 3, 4); fl_(c, 2, -INFINITY, 0.0); return 0;
+        case 2: c->what = "[5] lo > hi"; in_(c, k, 'r', 0, 1, 5); fl_(c, 2, 2.0, -2.0); return 0;
+        case 3: c->what = "zero-size [2,0]"; in_(c, k, 'r', 0, 2, 2, 0); fl_(c, 2, -1.0, 1.0); return 0;
+        default: return -1;
+      }
+    case DSP_OP_MASKED_FILL:
+      switch (v) {
+        case 0: c->what = "same shape"; in_(c, k, 'r', 0, 2, 3, 4); in_(c, B, 'b', 0, 2, 3, 4); fl_(c, 1, -3.0); return 0;
+        case 1: c->what = "mask [3,1] to [2,3,4]"; in_(c, k, 'r', 0, 3, 2, 3, 4); in_(c, B, 'b', 0, 2, 3, 1); fl_(c, 1, 4.0); return 0;
+        case 2: c->what = "zero-size"; in_(c, k, 'r', 0, 2, 0, 4); in_(c, B, 'b', 0, 1, 4); fl_(c, 1, 1.0); return 0;
+        default: return -1;
+      }
+    case DSP_OP_VAR: case DSP_OP_STD:
+      switch (v) {
+        case 0: c->what = "[3,4,5] dim 1"; in_(c, k, 'r', 0, 3, 3, 4, 5); ints_(c, 1, 1); return 0;
+        case 1: c->what = "[3,4,5] dims 0,2 keepdim correction 0"; in_(c, k, 'r', 0, 3, 3, 4, 5); ints_(c, 2, 0, 2); fl_(c, 2, 1.0, 0.0); return 0;
+        case 2: c->what = "all dims correction 2"; in_(c, k, 'r', 0, 2, 4, 6); fl_(c, 2, 0.0, 2.0); return 0;
+        case 3: c->what = "zero-size [0,4] dim 1"; in_(c, k, 'r', 0, 2, 0, 4); ints_(c, 1, 1); return 0;
+        default: return -1;
+      }
     case DSP_OP_RELU_BACKWARD: case DSP_OP_GELU_BACKWARD:
+    case DSP_OP_SOFTPLUS_BACKWARD: case DSP_OP_GELU_TANH_BACKWARD:
       switch (v) {
         case 0: c->what = "[3,4]"; in_(c, k, 'r', 0, 2, 3, 4); in_(c, k, 'r', 0, 2, 3, 4); return 0;
         case 1: c->what = "zero-size"; in_(c, k, 'r', 0, 1, 0); in_(c, k, 'r', 0, 1, 0); return 0;
         default: return -1;
       }
     case DSP_OP_SUM: case DSP_OP_MEAN: case DSP_OP_MAX: case DSP_OP_ARGMAX:
+    case DSP_OP_MIN: case DSP_OP_ARGMIN:
       switch (v) {
         case 0: c->what = "[3,4,5] dim 1"; in_(c, k, 'r', 0, 3, 3, 4, 5); ints_(c, 1, 1); return 0;
         case 1:
           c->what = "[3,4,5] dims 0,2 keepdim"; in_(c, k, 'r', 0, 3, 3, 4, 5);
-          if (op == DSP_OP_ARGMAX) { c->what = "[3,4,5] dim -1 keepdim"; ints_(c, 1, -1); }
+          if (op == DSP_OP_ARGMAX || op == DSP_OP_ARGMIN) { c->what = "[3,4,5] dim -1 keepdim"; ints_(c, 1, -1); }
           else ints_(c, 2, 0, 2);
           fl_(c, 1, 1.0);
           return 0;
@@ -776,10 +802,20 @@ static double ew1(dsp_opcode op, dsp_dtype dt, double x, double y, double s) {
     case DSP_OP_TANH: return tanh(x);
     case DSP_OP_GELU: return x * phi_cdf(x);
     case DSP_OP_SILU: return x / (1 + exp(-x));
+    case DSP_OP_SOFTPLUS: return x > 20 ? x : log(1 + exp(x));
+    case DSP_OP_GELU_TANH:
+      return 0.5 * x * (1 + tanh(sqrt(2 / M_PI) * (x + 0.044715 * x * x * x)));
     /* (grad, x): x is y here */
     case DSP_OP_RELU_BACKWARD: return y > 0 ? x : 0;
     case DSP_OP_GELU_BACKWARD:
       return x * (phi_cdf(y) + y * exp(-0.5 * y * y) / sqrt(2 * M_PI));
+    case DSP_OP_SOFTPLUS_BACKWARD: return y > 20 ? x : x / (1 + exp(-y));
+    case DSP_OP_GELU_TANH_BACKWARD: {
+      /* d/dy of 0.5 y (1 + tanh(u)), u = sqrt(2/pi) (y + 0.044715 y^3) */
+      double k = sqrt(2 / M_PI), t = tanh(k * (y + 0.044715 * y * y * y));
+      return x * (0.5 * (1 + t) +
+                  0.5 * y * (1 - t * t) * k * (1 + 3 * 0.044715 * y * y));
+    }
     default: return NAN;
   }
 }
@@ -809,6 +845,12 @@ static int oracle(const tcase *c, double *const *vals, hostval *o) {
       double y = c->n_in > 1 ? vals[1][bcast_off(&c->in[1], oc, om.ndim)] : 0;
       if (op == DSP_OP_WHERE)
         o->v[i] = x ? y : vals[2][bcast_off(&c->in[2], oc, om.ndim)];
+      else if (op == DSP_OP_MASKED_FILL) /* (x, mask) */
+        o->v[i] = y ? (dt == DSP_F32 ? (double)(float)s : s) : x;
+      else if (op == DSP_OP_CLAMP) {
+        double lo = c->a.floats[0], hi = c->a.floats[1];
+        o->v[i] = fmin(fmax(x, lo), hi);
+      }
       else if (op == DSP_OP_CAST)
         o->v[i] = om.dtype == DSP_BOOL ? x != 0
                   : om.dtype == DSP_I64 ? trunc(x)
@@ -838,15 +880,39 @@ static int oracle(const tcase *c, double *const *vals, hostval *o) {
       else oi = oi * x->shape[d] + xc[d];
     }
     double v = vals[0][i];
-    if (op == DSP_OP_SUM || op == DSP_OP_MEAN) o->v[oi] += v;
-    else if (cnt[oi] == 0 || v > best[oi]) {
+    int mn = op == DSP_OP_MIN || op == DSP_OP_ARGMIN;
+    if (op == DSP_OP_SUM || op == DSP_OP_MEAN || op == DSP_OP_VAR ||
+        op == DSP_OP_STD)
+      o->v[oi] += v;
+    else if (cnt[oi] == 0 || (mn ? v < best[oi] : v > best[oi])) {
       best[oi] = v;
-      o->v[oi] = op == DSP_OP_MAX ? v : (double)k;
+      o->v[oi] = (op == DSP_OP_MAX || op == DSP_OP_MIN) ? v : (double)k;
     }
     cnt[oi]++;
   }
-  if (op == DSP_OP_MEAN)
+  if (op == DSP_OP_MEAN || op == DSP_OP_VAR || op == DSP_OP_STD)
     for (int64_t i = 0; i < o->n; i++) o->v[i] = cnt[i] ? o->v[i] / (double)cnt[i] : NAN;
+  if (op == DSP_OP_VAR || op == DSP_OP_STD) {
+    /* a second walk: the squared deviations from those means, over
+     * max(0, N - correction) */
+    double *ss = calloc((size_t)(o->n ? o->n : 1), sizeof(double));
+    cr_assert_not_null(ss);
+    for (int64_t i = 0; i < xn; i++) {
+      unflat(x, i, xc);
+      int64_t oi = 0;
+      for (int d = 0; d < x->ndim; d++)
+        if (!red[d]) oi = oi * x->shape[d] + xc[d];
+      double dv = vals[0][i] - o->v[oi];
+      ss[oi] += dv * dv;
+    }
+    double corr = c->a.n_floats > 1 ? c->a.floats[1] : 1;
+    for (int64_t i = 0; i < o->n; i++) {
+      double den = fmax(0.0, (double)cnt[i] - corr);
+      double var = cnt[i] ? ss[i] / den : NAN;
+      o->v[i] = op == DSP_OP_STD ? sqrt(var) : var;
+    }
+    free(ss);
+  }
   free(best);
   free(cnt);
   return 1;

@@ -268,7 +268,7 @@ Test(cuda_host, where_three_way_broadcast_matches_cpu) {
 static void sim_map(dsp_opcode op, const dsp_tensor *x, const dsp_tensor *y,
                     double s, dsp_tensor *o) {
   int sc = op >= DSP_OP_ADD_SCALAR && op <= DSP_OP_RDIV_SCALAR;
-  int bw = op == DSP_OP_RELU_BACKWARD || op == DSP_OP_GELU_BACKWARD;
+  int bw = dsp__sm_is_act_bw(op);
   for (int64_t i = 0; i < o->numel; i++) {
     switch (x->meta.dtype) {
       case DSP_F32: {
@@ -304,7 +304,9 @@ Test(cuda_host, scalar_unary_and_activation_backward_match_cpu) {
   static const double scal[] = {2.0, -3.0, 0.5, 0.0};
   int checked = 0;
   for (int di = 0; di < 3; di++)
-    for (int op = DSP_OP_ADD_SCALAR; op <= DSP_OP_GELU_BACKWARD; op++)
+    /* the scalar forms, unary ops (silu, softplus, gelu_tanh among them)
+     * and the activation backward ops: codes 14..39 */
+    for (int op = DSP_OP_ADD_SCALAR; op <= DSP_OP_GELU_TANH_BACKWARD; op++)
       for (int si = 0; si < 4; si++) {
         dsp_dtype dt = dts[di];
         int sc = op <= DSP_OP_RDIV_SCALAR;
@@ -323,7 +325,63 @@ Test(cuda_host, scalar_unary_and_activation_backward_match_cpu) {
         dsp_tensor_unref(got), dsp_tensor_unref(want);
         dsp_tensor_unref(in[0]), dsp_tensor_unref(in[1]);
       }
-  cr_assert_gt(checked, 60);
+  cr_assert_gt(checked, 70);
+}
+
+/* k_clamp and k_masked_fill, replayed */
+Test(cuda_host, clamp_and_masked_fill_match_cpu) {
+  static const int64_t S[] = {3, 41}, M[] = {3, 1};
+  static const dsp_dtype dts[] = {DSP_F32, DSP_F64, DSP_I64};
+  static const double B[][2] = {{-1, 2}, {-INFINITY, 0}, {3, -3}, {0, INFINITY}};
+  for (int di = 0; di < 3; di++) {
+    dsp_dtype dt = dts[di];
+    for (int bi = 0; bi < 4; bi++) {
+      dsp_tensor *x = mk(dt, 2, S, 1, 0);
+      dsp_attrs a = dsp_attrs_none();
+      a.floats[0] = B[bi][0], a.floats[1] = B[bi][1], a.n_floats = 2;
+      dsp_tensor *want = run(DSP_OP_CLAMP, &a, 1, &x);
+      dsp_tensor *got = empty_like(want);
+      for (int64_t i = 0; i < x->numel; i++) {
+        void *X = dsp_tensor_data(x), *G = dsp_tensor_data(got);
+        if (dt == DSP_F32)
+          ((float *)G)[i] = dsp__sm_clamp_f32(((float *)X)[i], (float)B[bi][0],
+                                              (float)B[bi][1]);
+        else if (dt == DSP_F64)
+          ((double *)G)[i] = dsp__sm_clamp_f64(((double *)X)[i], B[bi][0], B[bi][1]);
+        else {
+          /* k_clamp's bound conversion: infinite is the i64 end */
+          int64_t lo = B[bi][0] == -INFINITY ? INT64_MIN : (int64_t)B[bi][0];
+          int64_t hi = B[bi][1] == INFINITY ? INT64_MAX : (int64_t)B[bi][1];
+          ((int64_t *)G)[i] = dsp__sm_clamp_i64(((int64_t *)X)[i], lo, hi);
+        }
+      }
+      assert_same_bytes(got, want, "clamp");
+      dsp_tensor_unref(got), dsp_tensor_unref(want), dsp_tensor_unref(x);
+    }
+    dsp_tensor *in[2] = {mk(dt, 2, S, 1, 0), mk(DSP_BOOL, 2, M, 0, 0)};
+    dsp_attrs a = dsp_attrs_f1(-5);
+    dsp_tensor *want = run(DSP_OP_MASKED_FILL, &a, 2, in);
+    dsp_tensor *got = empty_like(want);
+    const dsp_meta *ms[2] = {&in[1]->meta, &in[0]->meta};
+    dsp__cu_index ix;
+    dsp__cu_plan_bcast(&ix, &got->meta, ms, 2);
+    size_t es = dsp_dtype_size(dt);
+    for (int64_t i = 0; i < got->numel; i++) {
+      int64_t off[3];
+      dsp__cu_offsets(&ix, i, off);
+      char *g = (char *)dsp_tensor_data(got) + i * es;
+      if (((uint8_t *)dsp_tensor_data(in[1]))[off[0]]) {
+        if (dt == DSP_F32) *(float *)g = -5.0f;
+        else if (dt == DSP_F64) *(double *)g = -5.0;
+        else *(int64_t *)g = -5;
+      } else {
+        memcpy(g, (char *)dsp_tensor_data(in[0]) + off[1] * es, es);
+      }
+    }
+    assert_same_bytes(got, want, "masked_fill");
+    dsp_tensor_unref(got), dsp_tensor_unref(want);
+    dsp_tensor_unref(in[0]), dsp_tensor_unref(in[1]);
+  }
 }
 
 /* ------------------------------------------------------------------ */
@@ -375,6 +433,14 @@ Test(cuda_host, scalar_unary_and_activation_backward_match_cpu) {
   ((a) = dsp__cu_amax_f_merge((a), (dsp__cu_amax_f){ld(x, i), (r)}))
 #define ADD_AMAXI(a, x, i, r) \
   ((a) = dsp__cu_amax_i_merge((a), (dsp__cu_amax_i){((int64_t *)dsp_tensor_data(x))[i], (r)}))
+#define ADD_AMINF(a, x, i, r) \
+  ((a) = dsp__cu_amin_f_merge((a), (dsp__cu_amax_f){ld(x, i), (r)}))
+#define ADD_AMINI(a, x, i, r) \
+  ((a) = dsp__cu_amin_i_merge((a), (dsp__cu_amax_i){((int64_t *)dsp_tensor_data(x))[i], (r)}))
+/* var's second pass: the deviation from the mean of the output at hand */
+static double g_mean;
+#define ADD_SQDEV(a, x, i, r) \
+  dsp__cu_ksum_add(&(a), (ld(x, i) - g_mean) * (ld(x, i) - g_mean))
 #define ADD_U64(a, x, i, r) ((a) += (uint64_t)((int64_t *)dsp_tensor_data(x))[i])
 #define MERGE_U64(a, b) ((a) + (b))
 
@@ -382,6 +448,9 @@ SIM_RED(sim_sum, dsp__cu_ksum, dsp__cu_ksum_zero(), ADD_KSUM, dsp__cu_ksum_merge
 SIM_RED(sim_amax_f, dsp__cu_amax_f, dsp__cu_amax_f_id(), ADD_AMAXF, dsp__cu_amax_f_merge)
 SIM_RED(sim_amax_i, dsp__cu_amax_i, dsp__cu_amax_i_id(), ADD_AMAXI, dsp__cu_amax_i_merge)
 SIM_RED(sim_sum_i, uint64_t, 0, ADD_U64, MERGE_U64)
+SIM_RED(sim_amin_f, dsp__cu_amax_f, dsp__cu_amin_f_id(), ADD_AMINF, dsp__cu_amin_f_merge)
+SIM_RED(sim_amin_i, dsp__cu_amax_i, dsp__cu_amin_i_id(), ADD_AMINI, dsp__cu_amin_i_merge)
+SIM_RED(sim_sqdev, dsp__cu_ksum, dsp__cu_ksum_zero(), ADD_SQDEV, dsp__cu_ksum_merge)
 
 static void check_reduction(dsp_opcode op, dsp_dtype dt, int nd,
                             const int64_t *sh, int nred, const int64_t *dims,
@@ -408,8 +477,10 @@ static void check_reduction(dsp_opcode op, dsp_dtype dt, int nd,
       if (op == DSP_OP_SUM) {
         ((int64_t *)G)[o] = (int64_t)sim_sum_i(x, &inner, oo[0], R, S);
       } else {
-        dsp__cu_amax_i b = sim_amax_i(x, &inner, oo[0], R, S);
-        ((int64_t *)G)[o] = op == DSP_OP_MAX ? b.v : b.i;
+        int mn = op == DSP_OP_MIN || op == DSP_OP_ARGMIN;
+        dsp__cu_amax_i b = mn ? sim_amin_i(x, &inner, oo[0], R, S)
+                              : sim_amax_i(x, &inner, oo[0], R, S);
+        ((int64_t *)G)[o] = (op == DSP_OP_MAX || op == DSP_OP_MIN) ? b.v : b.i;
       }
     } else if (op == DSP_OP_SUM || op == DSP_OP_MEAN) {
       double v = dsp__cu_ksum_value(sim_sum(x, &inner, oo[0], R, S));
@@ -422,8 +493,10 @@ static void check_reduction(dsp_opcode op, dsp_dtype dt, int nd,
         scale[o] += fabs(ld(x, oo[0] + io[0])) / (op == DSP_OP_MEAN ? (double)R : 1);
       }
     } else {
-      dsp__cu_amax_f b = sim_amax_f(x, &inner, oo[0], R, S);
-      if (op == DSP_OP_ARGMAX) ((int64_t *)G)[o] = b.i;
+      int mn = op == DSP_OP_MIN || op == DSP_OP_ARGMIN;
+      dsp__cu_amax_f b = mn ? sim_amin_f(x, &inner, oo[0], R, S)
+                            : sim_amax_f(x, &inner, oo[0], R, S);
+      if (op == DSP_OP_ARGMAX || op == DSP_OP_ARGMIN) ((int64_t *)G)[o] = b.i;
       else if (dt == DSP_F32) ((float *)G)[o] = (float)b.v;
       else ((double *)G)[o] = b.v;
     }
@@ -445,7 +518,7 @@ Test(cuda_host, reductions_match_cpu_on_every_split) {
   static const int64_t D0[] = {0}, D1[] = {1}, D2[] = {2}, D02[] = {0, 2},
                        Dm1[] = {-1}, D13[] = {1, 3};
   static const dsp_dtype dts[] = {DSP_F32, DSP_F64, DSP_I64};
-  for (int op = DSP_OP_SUM; op <= DSP_OP_ARGMAX; op++)
+  for (int op = DSP_OP_SUM; op <= DSP_OP_ARGMIN; op++)
     for (int di = 0; di < 3; di++) {
       dsp_dtype dt = dts[di];
       if (op == DSP_OP_MEAN && dt == DSP_I64) continue;
@@ -455,7 +528,7 @@ Test(cuda_host, reductions_match_cpu_on_every_split) {
           check_reduction(op, dt, 3, S3, 1, D1, keep, sp, NULL);
           check_reduction(op, dt, 3, S3, 1, D2, keep, sp, NULL);
           check_reduction(op, dt, 3, S3, 1, D0, keep, sp, NULL);
-          if (op != DSP_OP_ARGMAX) {
+          if (op != DSP_OP_ARGMAX && op != DSP_OP_ARGMIN) {
             check_reduction(op, dt, 3, S3, 2, D02, keep, sp, NULL);
             check_reduction(op, dt, 4, S4, 2, D13, keep, sp, NULL);
           }
@@ -470,15 +543,98 @@ Test(cuda_host, reductions_split_over_blocks_match_cpu) {
   static const int64_t L1[] = {70000}, L2[] = {3, 20000}, D1[] = {1};
   static const dsp_dtype dts[] = {DSP_F32, DSP_F64, DSP_I64};
   int split = 0;
-  for (int op = DSP_OP_SUM; op <= DSP_OP_ARGMAX; op++)
+  for (int op = DSP_OP_SUM; op <= DSP_OP_ARGMIN; op++)
     for (int di = 0; di < 3; di++) {
       if (op == DSP_OP_MEAN && dts[di] == DSP_I64) continue;
       check_reduction(op, dts[di], 1, L1, 0, NULL, 0, 0, &split);
       check_reduction(op, dts[di], 2, L2, 1, D1, 1, 1, &split);
     }
-  cr_assert_eq(split, 22, "every case took the split path (%d)", split);
+  cr_assert_eq(split, 34, "every case took the split path (%d)", split);
   cr_assert_eq(dsp__cu_red_split(1, 70000), 17);
   cr_assert_eq(dsp__cu_red_split(300, 1 << 20), 1);
+}
+
+/* dsp__cuk_var replayed: the mean as a compensated sum over R (stored as
+ * a double), then the squared deviations from it, through
+ * dsp__cu_var_final; against the CPU's sequential double sums */
+static void check_var(dsp_opcode op, dsp_dtype dt, int nd, const int64_t *sh,
+                      int nred, const int64_t *dims, double corr,
+                      int *split_seen) {
+  dsp_tensor *x = mk(dt, nd, sh, 0, 0);
+  dsp_attrs a = dsp_attrs_ints(nred, dims);
+  a.floats[0] = 0, a.floats[1] = corr, a.n_floats = 2;
+  dsp_tensor *want = run(op, &a, 1, &x);
+  dsp_tensor *got = empty_like(want);
+  int red[DSP_MAX_DIMS] = {0};
+  for (int d = 0; d < nd; d++) red[d] = nred == 0;
+  for (int i = 0; i < nred; i++) red[dims[i] < 0 ? dims[i] + nd : dims[i]] = 1;
+  dsp__cu_index outer, inner;
+  int64_t R;
+  dsp__cu_plan_red(&x->meta, red, &outer, &inner, &R);
+  const int64_t S = dsp__cu_red_split(got->numel, R);
+  if (split_seen && S > 1) (*split_seen)++;
+  double *scale = calloc((size_t)want->numel + 1, sizeof *scale);
+  for (int64_t o = 0; o < got->numel; o++) {
+    int64_t oo[3];
+    dsp__cu_offsets(&outer, o, oo);
+    g_mean = dsp__cu_ksum_value(sim_sum(x, &inner, oo[0], R, S)) / (double)R;
+    double v = dsp__cu_var_final(dsp__cu_ksum_value(sim_sqdev(x, &inner, oo[0], R, S)),
+                                 (double)R, corr, op == DSP_OP_STD);
+    if (dt == DSP_F32) ((float *)dsp_tensor_data(got))[o] = (float)v;
+    else ((double *)dsp_tensor_data(got))[o] = v;
+    scale[o] = fabs(v);
+  }
+  /* both sum in double: the CPU's plain sums drift by up to about R
+   * roundings of the result, the compensated ones by about one */
+  assert_close(got, want, dt == DSP_F32 ? 2 * FLT_EPSILON : (double)(2 * R + 8) * DBL_EPSILON,
+               scale, dsp_op_lookup(op)->name);
+  free(scale);
+  dsp_tensor_unref(got), dsp_tensor_unref(want), dsp_tensor_unref(x);
+}
+
+Test(cuda_host, var_std_match_cpu_on_every_split) {
+  static const int64_t S3[] = {3, 5, 7}, L1[] = {70000}, L2[] = {3, 20000};
+  static const int64_t D1[] = {1}, D02[] = {0, 2}, Dm1[] = {-1};
+  static const dsp_dtype dts[] = {DSP_F32, DSP_F64};
+  int split = 0;
+  for (int op = DSP_OP_VAR; op <= DSP_OP_STD; op++)
+    for (int di = 0; di < 2; di++) {
+      dsp_dtype dt = dts[di];
+      check_var(op, dt, 3, S3, 0, NULL, 1, NULL);
+      check_var(op, dt, 3, S3, 1, D1, 0, NULL);
+      check_var(op, dt, 3, S3, 2, D02, 1, NULL);
+      check_var(op, dt, 3, S3, 1, Dm1, 2, NULL);
+      check_var(op, dt, 1, L1, 0, NULL, 1, &split);
+      check_var(op, dt, 2, L2, 1, D1, 0, &split);
+    }
+  cr_assert_eq(split, 8, "the long cases took the split path (%d)", split);
+  /* N - correction <= 0: inf, or NaN for a zero sum, as the CPU */
+  cr_assert(isinf(dsp__cu_var_final(2.0, 2, 2, 0)));
+  cr_assert(isnan(dsp__cu_var_final(0.0, 1, 1, 1)));
+}
+
+Test(cuda_host, argmin_merge_is_order_independent) {
+  /* the first NaN wins, else the first minimum, in any merge order */
+  static const double v[] = {3, -5, 1, -5, NAN, 0, NAN};
+  static const double w[] = {3, -5, 1, -5, 2, 0, -5};
+  for (uint64_t trial = 0; trial < 200; trial++) {
+    int order[7] = {0, 1, 2, 3, 4, 5, 6};
+    for (int i = 6; i > 0; i--) {
+      int j = (int)(dsp_rng_u64(trial, (uint64_t)i) % (uint64_t)(i + 1));
+      int t = order[i];
+      order[i] = order[j], order[j] = t;
+    }
+    dsp__cu_amax_f acc = dsp__cu_amin_f_id(), acc2 = dsp__cu_amin_f_id();
+    for (int i = 0; i < 7; i++) {
+      dsp__cu_amax_f c = {v[order[i]], order[i]}, c2 = {w[order[i]], order[i]};
+      acc = dsp__cu_amin_f_merge(acc, c);
+      acc2 = dsp__cu_amin_f_merge(acc2, c2);
+    }
+    cr_assert_eq(acc.i, 4);
+    cr_assert(isnan(acc.v));
+    cr_assert_eq(acc2.i, 1);
+    cr_assert_eq(acc2.v, -5);
+  }
 }
 
 Test(cuda_host, compensated_sum_is_exact_where_the_naive_one_is_not) {

@@ -246,7 +246,8 @@ Test(gradcheck, unary) {
       {DSP_OP_ABS, 0.05, 2, 1},   {DSP_OP_SIGN, 0.05, 2, 1},
       {DSP_OP_RELU, 0.05, 2, 1},  {DSP_OP_SIGMOID, -4, 4, 0},
       {DSP_OP_TANH, -2, 2, 0},    {DSP_OP_GELU, -3, 3, 0},
-      {DSP_OP_SILU, -4, 4, 0},
+      {DSP_OP_SILU, -4, 4, 0},    {DSP_OP_SOFTPLUS, -4, 4, 0},
+      {DSP_OP_SOFTPLUS, 20.5, 30, 0}, {DSP_OP_GELU_TANH, -3, 3, 0},
   };
   for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
     dsp_tensor *in[1] = {cases[k].away0
@@ -258,8 +259,9 @@ Test(gradcheck, unary) {
 }
 
 Test(gradcheck, reductions_with_dims_and_keepdim) {
-  static const dsp_opcode ops[] = {DSP_OP_SUM, DSP_OP_MEAN, DSP_OP_MAX};
-  for (int k = 0; k < 3; k++) {
+  static const dsp_opcode ops[] = {DSP_OP_SUM, DSP_OP_MEAN, DSP_OP_MAX,
+                                   DSP_OP_MIN};
+  for (int k = 0; k < 4; k++) {
     const char *nm = dsp_op_lookup(ops[k])->name;
     dsp_attrs as[] = {dsp_attrs_none(), red(INTS(1), 0), red(INTS(1), 1),
                       red(INTS(0, 2), 1), red(INTS(-1), 0),
@@ -269,6 +271,48 @@ Test(gradcheck, reductions_with_dims_and_keepdim) {
       check_op(nm, ops[k], as[j], 1, in);
     }
   }
+}
+
+/* var and std: floats {keepdim, correction} */
+static dsp_attrs moments(dsp_attrs a, int keepdim, double correction) {
+  a.floats[0] = keepdim;
+  a.floats[1] = correction;
+  a.n_floats = 2;
+  return a;
+}
+
+Test(gradcheck, var_std_with_corrections) {
+  static const dsp_opcode ops[] = {DSP_OP_VAR, DSP_OP_STD};
+  for (int k = 0; k < 2; k++) {
+    const char *nm = dsp_op_lookup(ops[k])->name;
+    dsp_attrs as[] = {dsp_attrs_none(),        moments(INTS(1), 0, 1),
+                      moments(INTS(1), 1, 0),  moments(INTS(0, 2), 1, 1),
+                      moments(INTS(-1), 0, 2), moments(dsp_attrs_none(), 0, 0)};
+    for (size_t j = 0; j < sizeof as / sizeof as[0]; j++) {
+      dsp_tensor *in[1] = {rnd(SHAPE(2, 3, 4), -1, 1)};
+      check_op(nm, ops[k], as[j], 1, in);
+    }
+  }
+}
+
+Test(gradcheck, clamp_and_masked_fill) {
+  static const double b[][2] = {{-0.5, 0.7}, {-INFINITY, 0.2}, {0.1, INFINITY}};
+  for (size_t k = 0; k < sizeof b / sizeof b[0]; k++) {
+    dsp_tensor *x = rnd(SHAPE(3, 4), -1, 1);
+    /* keep every element 0.05 clear of a bound */
+    double *d = dsp_tensor_data(x);
+    for (int i = 0; i < 12; i++)
+      for (int j = 0; j < 2; j++)
+        if (fabs(d[i] - b[k][j]) < 0.05) d[i] = b[k][j] + 0.1;
+    dsp_attrs a = dsp_attrs_none();
+    a.floats[0] = b[k][0], a.floats[1] = b[k][1], a.n_floats = 2;
+    dsp_tensor *in[1] = {x};
+    check_op("clamp", DSP_OP_CLAMP, a, 1, in);
+  }
+  uint8_t mv[3] = {1, 0, 1};
+  dsp_tensor *in[2] = {rnd(SHAPE(2, 3), -1, 1),
+                       tu_bool(ctx, 1, (int64_t[]){3}, mv)};
+  check_op("masked_fill", DSP_OP_MASKED_FILL, dsp_attrs_f1(-2.5), 2, in);
 }
 
 Test(gradcheck, shape_ops) {

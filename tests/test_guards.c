@@ -109,7 +109,7 @@ Test(guards, slices_past_end_and_empty, .init = start_server,
 /* Ties: max_pool2d picks the first maximum and its backward sends the
  * whole gradient there; argmax picks the first index; max's backward
  * shares the gradient evenly between tied positions; maximum/minimum
- * send a tie's gradient to their first input. */
+ * split a tie's gradient evenly between their inputs (as PyTorch). */
 Test(guards, ties_forward_and_backward, .init = start_server,
      .fini = stop_server) {
   for (int k = 0; k < 2; k++) {
@@ -167,7 +167,7 @@ Test(guards, ties_forward_and_backward, .init = start_server,
     OK(dev, dispatch_grad(gr, xma, &gx));
     expect_f(dev, gx, (float[]){0, 0.5f, 0.5f}, 3, "max backward tie", k);
 
-    /* maximum / minimum with a tie at [0]: the tie goes to input a */
+    /* maximum / minimum with a tie at [0]: half to each input */
     for (int op = 0; op < 2; op++) {
       dispatch_tensor *a = vec(dev, (float[]){1, 2}, 2);
       dispatch_tensor *b = vec(dev, op ? (float[]){1, 0} : (float[]){1, 3}, 2);
@@ -181,8 +181,8 @@ Test(guards, ties_forward_and_backward, .init = start_server,
       OK(dev, dispatch_backward(l, &gr));
       OK(dev, dispatch_grad(gr, aa, &ga));
       OK(dev, dispatch_grad(gr, ba, &gb));
-      expect_f(dev, ga, (float[]){1, 0}, 2, op ? "minimum da" : "maximum da", k);
-      expect_f(dev, gb, (float[]){0, 1}, 2, op ? "minimum db" : "maximum db", k);
+      expect_f(dev, ga, (float[]){0.5f, 0}, 2, op ? "minimum da" : "maximum da", k);
+      expect_f(dev, gb, (float[]){0.5f, 1}, 2, op ? "minimum db" : "maximum db", k);
     }
     dispatch_device_close(dev);
   }

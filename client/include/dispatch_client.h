@@ -496,6 +496,9 @@ DISPATCH_API
 int dispatch_mul(dispatch_tensor *a, dispatch_tensor *b, dispatch_tensor **out);
 DISPATCH_API
 int dispatch_div(dispatch_tensor *a, dispatch_tensor *b, dispatch_tensor **out);
+/* maximum and minimum propagate a NaN (a's first). Their gradient, as
+ * PyTorch's: where a == b each input gets half of it (g/2), elsewhere the
+ * larger (maximum) or smaller (minimum) input gets all of it. */
 DISPATCH_API
 int dispatch_maximum(dispatch_tensor *a, dispatch_tensor *b,
                      dispatch_tensor **out);
@@ -750,6 +753,64 @@ DISPATCH_API
 int dispatch_attention(dispatch_tensor *q, dispatch_tensor *k,
                        dispatch_tensor *v, dispatch_tensor *key_mask,
                        int causal, double scale, dispatch_tensor **out);
+/* issue 23: elementwise and reductions */
+
+/* softplus(x) = log(1 + e^x), and x itself where x > 20 (PyTorch's
+ * softplus with beta 1, threshold 20; its gradient there is 1, elsewhere
+ * e^x / (1 + e^x)). gelu_tanh is PyTorch's gelu(approximate='tanh'):
+ * 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))). f32 and f64 only
+ * (DISPATCH_EDTYPE). */
+DISPATCH_API
+int dispatch_softplus(dispatch_tensor *x, dispatch_tensor **out);
+DISPATCH_API
+int dispatch_gelu_tanh(dispatch_tensor *x, dispatch_tensor **out);
+
+/* min(max(x, lo), hi) elementwise, as PyTorch's clamp: lo > hi gives hi
+ * everywhere, a NaN x stays NaN; -INFINITY / INFINITY leave that side
+ * open. f32, f64 (the bounds rounded to x's dtype) and i64 (finite bounds
+ * must be integers; DISPATCH_EINVAL otherwise); a NaN bound is
+ * DISPATCH_EINVAL, bool DISPATCH_EDTYPE. Gradient: g where lo <= x <= hi
+ * (both ends inclusive), 0 outside (and 0 everywhere when lo > hi). */
+DISPATCH_API
+int dispatch_clamp(dispatch_tensor *x, double lo, double hi,
+                   dispatch_tensor **out);
+
+/* x with value where mask is true: mask is bool and broadcasts to x's
+ * shape, which is the output's (DISPATCH_EDTYPE, DISPATCH_ESHAPE
+ * otherwise). f32, f64 (value rounded to the dtype; -inf and NaN fine)
+ * and i64 (value an exact integer, DISPATCH_EINVAL otherwise). Gradient to
+ * x: g where mask is false, 0 where it is true; the mask gets none. */
+DISPATCH_API
+int dispatch_masked_fill(dispatch_tensor *x, dispatch_tensor *mask,
+                         double value, dispatch_tensor **out);
+
+/* min and argmin mirror dispatch_max and dispatch_argmax: NaN wins (the
+ * first one), an empty reduced dim is DISPATCH_ESHAPE, argmin takes
+ * ndims 0 (flattened) or 1 and gives i64 with ties at the first index;
+ * min's gradient is split evenly between tied minima. */
+DISPATCH_API
+int dispatch_min(dispatch_tensor *x, int ndims, const int64_t *dims,
+                 int keepdim, dispatch_tensor **out);
+DISPATCH_API
+int dispatch_argmin(dispatch_tensor *x, int ndims, const int64_t *dims,
+                    int keepdim, dispatch_tensor **out);
+
+/* Variance over dims[0..ndims-1] (ndims 0: every dim) with a correction,
+ * as PyTorch's var(dim, correction=, keepdim=): sum((x - mean)^2) /
+ * max(0, N - correction), N the count of reduced elements (correction 1:
+ * the unbiased estimate, PyTorch's default; 0: the population variance).
+ * N - correction <= 0 divides by 0 and gives inf, or NaN where the sum
+ * is 0 (one element with correction 1, an empty reduction), as PyTorch.
+ * Computed in double (mean first, then the squared deviations; f32 is
+ * rounded once). std is the square root. f32 and f64 only
+ * (DISPATCH_EDTYPE). Gradients: var 2 (x - mean) g / (N - correction),
+ * std that over 2 std (NaN where std is 0, as PyTorch). */
+DISPATCH_API
+int dispatch_var(dispatch_tensor *x, int ndims, const int64_t *dims,
+                 int64_t correction, int keepdim, dispatch_tensor **out);
+DISPATCH_API
+int dispatch_std(dispatch_tensor *x, int ndims, const int64_t *dims,
+                 int64_t correction, int keepdim, dispatch_tensor **out);
 
 /* ------------------------------------------------------------------ */
 /* autodiff                                                            */

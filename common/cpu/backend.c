@@ -236,8 +236,11 @@ static const struct cpu_row {
     /* run_unary: every float-only unary op of scalar_math.h */
     DSP_SM_FLOAT_UNARY(FLOAT_UNARY_ROW_)
     {DSP_OP_RELU_BACKWARD, FDI_}, {DSP_OP_GELU_BACKWARD, FD_},
+    {DSP_OP_CLAMP, FDI_}, {DSP_OP_MASKED_FILL, FDI_},
+    {DSP_OP_SOFTPLUS_BACKWARD, FD_}, {DSP_OP_GELU_TANH_BACKWARD, FD_},
     {DSP_OP_SUM, FDI_}, {DSP_OP_MEAN, FD_}, {DSP_OP_MAX, FDI_},
-    {DSP_OP_ARGMAX, FDI_},
+    {DSP_OP_ARGMAX, FDI_}, {DSP_OP_MIN, FDI_}, {DSP_OP_ARGMIN, FDI_},
+    {DSP_OP_VAR, FD_}, {DSP_OP_STD, FD_},
     {DSP_OP_RESHAPE, ALL_}, {DSP_OP_PERMUTE, ALL_}, {DSP_OP_TRANSPOSE, ALL_},
     {DSP_OP_SLICE, ALL_}, {DSP_OP_CAT, ALL_}, {DSP_OP_STACK, ALL_},
     {DSP_OP_BROADCAST_TO, ALL_}, {DSP_OP_INDEX_SELECT, ALL_},

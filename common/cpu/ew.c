@@ -22,7 +22,7 @@
 
 /* the float-only unary ops come from scalar_math.h's rows; the others
  * are written out below */
-_Static_assert(DSP__OPS_IN_FAMILY(EW) - DSP_SM_N_FLOAT_UNARY == 26,
+_Static_assert(DSP__OPS_IN_FAMILY(EW) - DSP_SM_N_FLOAT_UNARY == 30,
                "a new elementwise op that is not a row of "
                "DSP_SM_FLOAT_UNARY (common/scalar_math.h) needs a case in "
                "dsp__cpu_ew's loops and a row in the CPU support table "
@@ -355,8 +355,6 @@ static int run_unary(dsp_opcode op, dsp_dtype dt, const void *px, void *po,
 }
 
 /* (grad, x) -> grad * f'(x); shapes are equal (checked by infer). */
-static int run_act_backward(dsp_opcode op, dsp_dtype dt, const void *pg,
-                            const void *px, void *po, int64_t n) {
 #define ACT_BW(T, EXPR)                                                      \
   do {                                                                       \
     const T *restrict G_ = pg, *restrict X_ = px;                            \
@@ -366,30 +364,103 @@ static int run_act_backward(dsp_opcode op, dsp_dtype dt, const void *pg,
       O_[i] = (EXPR);                                                        \
     }                                                                        \
   } while (0)
-  int relu = op == DSP_OP_RELU_BACKWARD;
+#define ACT_BW_CASES(T, S)                                                   \
+  switch (op) {                                                              \
+    case DSP_OP_RELU_BACKWARD: ACT_BW(T, dsp__sm_relu_bw_##S(gv, x)); break; \
+    case DSP_OP_GELU_BACKWARD: ACT_BW(T, dsp__sm_gelu_bw_##S(gv, x)); break; \
+    case DSP_OP_SOFTPLUS_BACKWARD:                                           \
+      ACT_BW(T, dsp__sm_softplus_bw_##S(gv, x));                             \
+      break;                                                                 \
+    case DSP_OP_GELU_TANH_BACKWARD:                                          \
+      ACT_BW(T, dsp__sm_gelu_tanh_bw_##S(gv, x));                            \
+      break;                                                                 \
+    default: return -1;                                                      \
+  }
+static int run_act_backward(dsp_opcode op, dsp_dtype dt, const void *pg,
+                            const void *px, void *po, int64_t n) {
   switch (dt) {
-    case DSP_F32:
-      if (relu) ACT_BW(float, dsp__sm_relu_bw_f32(gv, x));
-      else ACT_BW(float, dsp__sm_gelu_bw_f32(gv, x));
-      break;
-    case DSP_F64:
-      if (relu) ACT_BW(double, dsp__sm_relu_bw_f64(gv, x));
-      else ACT_BW(double, dsp__sm_gelu_bw_f64(gv, x));
-      break;
+    case DSP_F32: ACT_BW_CASES(float, f32) break;
+    case DSP_F64: ACT_BW_CASES(double, f64) break;
     case DSP_I64:
-      if (!relu) return -1;
+      if (op != DSP_OP_RELU_BACKWARD) return -1;
       ACT_BW(int64_t, dsp__sm_relu_bw_i64(gv, x));
       break;
     default: return -1;
   }
-#undef ACT_BW
   return 0;
+}
+#undef ACT_BW_CASES
+#undef ACT_BW
+
+/* clamp(x) to floats {lo, hi}, converted to x's dtype (inference checked
+ * that an i64 tensor's bounds are integers or infinite) */
+static int64_t bound_i64(double v) {
+  return v <= -0x1p63 ? INT64_MIN : v >= 0x1p63 ? INT64_MAX : (int64_t)v;
+}
+static int run_clamp(dsp_dtype dt, const void *px, double lo, double hi,
+                     void *po, int64_t n) {
+  switch (dt) {
+    case DSP_F32: {
+      const float l = (float)lo, h = (float)hi;
+      UN_LOOP(float, float, dsp__sm_clamp_f32(x, l, h));
+      break;
+    }
+    case DSP_F64: UN_LOOP(double, double, dsp__sm_clamp_f64(x, lo, hi)); break;
+    case DSP_I64: {
+      const int64_t l = bound_i64(lo), h = bound_i64(hi);
+      UN_LOOP(int64_t, int64_t, dsp__sm_clamp_i64(x, l, h));
+      break;
+    }
+    default: return -1;
+  }
+  return 0;
+}
+
+/* masked_fill(x, mask, value): x's shape, the mask broadcast to it. The
+ * value is stored in x's dtype (an i64 one is an exact integer: infer). */
+static int run_masked_fill(dsp_ctx *ctx, dsp_tensor *const *in, double v,
+                           dsp_tensor *out) {
+  const int64_t n = out->numel;
+  if (n == 0) return 0;
+  const uint8_t *m = dsp_tensor_data(in[1]);
+  const void *px = dsp_tensor_data(in[0]);
+  void *po = dsp_tensor_data(out);
+  const dsp_meta *ms[2] = {&in[1]->meta, &in[0]->meta};
+  dsp_iter it;
+  dsp__iter_bcast(&it, &out->meta, ms, 2);
+  int stop = 0;
+#define FILL_T(T, VAL)                                                       \
+  do {                                                                       \
+    const T *x_ = px;                                                        \
+    T *o_ = po;                                                              \
+    const T val = (VAL);                                                     \
+    int64_t idx[DSP_MAX_DIMS] = {0}, off[3] = {0, 0, 0}, pw = 0;             \
+    const int64_t sm = it.st[0][it.nd - 1], sx = it.st[1][it.nd - 1];        \
+    for (int64_t r = 0; r < it.rows && !stop; r++) {                         \
+      const uint8_t *mr = m + off[0];                                        \
+      const T *xr = x_ + off[1];                                             \
+      T *orow = o_ + r * it.inner;                                           \
+      for (int64_t j = 0; j < it.inner; j++)                                 \
+        orow[j] = mr[j * sm] ? val : xr[j * sx];                             \
+      dsp__iter_step(&it, idx, off);                                         \
+      stop = dsp__poll(ctx, &pw, it.inner);                                  \
+    }                                                                        \
+  } while (0)
+  switch (in[0]->meta.dtype) {
+    case DSP_F32: FILL_T(float, (float)v); break;
+    case DSP_F64: FILL_T(double, v); break;
+    case DSP_I64: FILL_T(int64_t, (int64_t)v); break;
+    default: return dsp__no_kernel(ctx, DSP_OP_MASKED_FILL, in, 2, out);
+  }
+#undef FILL_T
+  return stop ? dsp__cancelled_err(ctx, DSP_OP_MASKED_FILL) : 0;
 }
 
 int dsp__cpu_ew(dsp_ctx *ctx, dsp_opcode op, dsp_tensor *const *in, int n_in,
                 const dsp_attrs *a, dsp_tensor *out) {
   if (is_arith(op) || is_cmp(op)) return run_binary(ctx, op, in, out);
   if (op == DSP_OP_WHERE) return run_where(ctx, in, out);
+  if (op == DSP_OP_MASKED_FILL) return run_masked_fill(ctx, in, a->floats[0], out);
   /* the rest map element i to element i: blocks of DSP_POLL_WORK
    * elements with a look at the cancel flag before each */
   const dsp_dtype dt = in[0]->meta.dtype;
@@ -405,8 +476,10 @@ int dsp__cpu_ew(dsp_ctx *ctx, dsp_opcode op, dsp_tensor *const *in, int n_in,
     int r;
     if (is_scalar(op))
       r = run_scalar(op, dt, p0 + off, a->floats[0], po + off, nb);
-    else if (op == DSP_OP_RELU_BACKWARD || op == DSP_OP_GELU_BACKWARD)
+    else if (dsp__sm_is_act_bw(op))
       r = run_act_backward(op, dt, p0 + off, p1 + off, po + off, nb);
+    else if (op == DSP_OP_CLAMP)
+      r = run_clamp(dt, p0 + off, a->floats[0], a->floats[1], po + off, nb);
     else
       r = run_unary(op, dt, p0 + off, po + off, nb);
     /* the first block finds a missing kernel before anything is written */

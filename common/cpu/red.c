@@ -1,4 +1,6 @@
 /* red family, CPU kernels (inference and the dtype rules: common/ops_red.c).
+ * min/argmin are max/argmax's kernel with the order reversed (NaN still
+ * wins, ties still pick the first index); var/std have their own loop.
  *
  * An f32 sum is accumulated in double and rounded to float once at the
  * end, an f64 sum in double, an i64 sum wraps modulo 2^64; mean is that
@@ -12,7 +14,7 @@
 #include "kern_iter.h"
 #include "ops_plan.h"
 
-_Static_assert(DSP__OPS_IN_FAMILY(RED) == 4,
+_Static_assert(DSP__OPS_IN_FAMILY(RED) == 8,
                "a new reduction needs a case in dsp__cpu_red and a row in "
                "the CPU support table (common/cpu/backend.c)");
 
@@ -158,8 +160,47 @@ static void red_plan_init(red_plan *p, const dsp_meta *x, const int *red) {
     }                                                                        \
   } while (0)
 
+/* var/std: per output, the mean in double, then the squared deviations
+ * from it summed in double, over max(0, N - correction) (0/0 = NaN or
+ * x/0 = inf where that is 0, as PyTorch); std is the root of that. Both
+ * passes walk the reduced elements in row-major order. */
+#define VAR_KERNEL(T)                                                        \
+  do {                                                                       \
+    const T *X_ = (const T *)px;                                             \
+    T *O_ = (T *)po;                                                         \
+    double den = cnt - corr > 0 ? cnt - corr : 0.0;                          \
+    int64_t oidx[DSP_MAX_DIMS] = {0}, ooff[3] = {0, 0, 0}, o = 0;            \
+    const int64_t ost = pl.outer.st[0][pl.outer.nd - 1];                     \
+    const int64_t ist = pl.inner.st[0][pl.inner.nd - 1];                     \
+    for (int64_t orow = 0; orow < pl.outer.rows && !stop; orow++) {          \
+      for (int64_t oj = 0; oj < pl.outer.inner && !stop; oj++, o++) {        \
+        const T *base = X_ + ooff[0] + oj * ost;                             \
+        double acc = 0, ss = 0;                                              \
+        for (int pass = 0; pass < 2; pass++) {                               \
+          const double mean = acc / cnt;                                     \
+          int64_t iidx[DSP_MAX_DIMS] = {0}, ioff[3] = {0, 0, 0};             \
+          for (int64_t ir = 0; ir < pl.inner.rows; ir++) {                   \
+            const T *q = base + ioff[0];                                     \
+            for (int64_t j = 0; j < pl.inner.inner; j++) {                   \
+              double v = (double)q[j * ist];                                 \
+              if (pass == 0) acc += v;                                       \
+              else ss += (v - mean) * (v - mean);                            \
+            }                                                                \
+            dsp__iter_step(&pl.inner, iidx, ioff);                           \
+          }                                                                  \
+        }                                                                    \
+        double var = ss / den;                                               \
+        O_[o] = (T)(op == DSP_OP_STD ? sqrt(var) : var);                     \
+        stop = dsp__poll(ctx, &pw, 2 * pl.inner.rows * pl.inner.inner);      \
+      }                                                                      \
+      dsp__iter_step(&pl.outer, oidx, ooff);                                 \
+    }                                                                        \
+  } while (0)
+
 #define F_BETTER(v, b) ((v) > (b) || ((v) != (v) && (b) == (b)))
 #define I_BETTER(v, b) ((v) > (b))
+#define F_LESS(v, b) ((v) < (b) || ((v) != (v) && (b) == (b)))
+#define I_LESS(v, b) ((v) < (b))
 #define STORE_MAX(o, b, i) (O_[o] = (b), (void)(i))
 #define STORE_ARG(o, b, i) (OI_[o] = (i))
 #define FIN_F32(acc) ((float)(acc))
@@ -173,10 +214,13 @@ int dsp__cpu_red(dsp_ctx *ctx, dsp_opcode op, dsp_tensor *const *in, int n_in,
   const dsp_tensor *x = in[0];
   int red[DSP_MAX_DIMS];
   const dsp_dtype dt = x->meta.dtype;
-  /* the kernels below: sum/max/argmax on f32, f64, i64; mean on floats */
-  if ((op != DSP_OP_SUM && op != DSP_OP_MEAN && op != DSP_OP_MAX &&
-       op != DSP_OP_ARGMAX) ||
-      !(dt == DSP_F32 || dt == DSP_F64 || (dt == DSP_I64 && op != DSP_OP_MEAN)))
+  /* the kernels below: sum/max/argmax/min/argmin on f32, f64, i64;
+   * mean, var and std on floats */
+  const int float_only =
+      op == DSP_OP_MEAN || op == DSP_OP_VAR || op == DSP_OP_STD;
+  if ((op != DSP_OP_SUM && op != DSP_OP_MAX && op != DSP_OP_ARGMAX &&
+       op != DSP_OP_MIN && op != DSP_OP_ARGMIN && !float_only) ||
+      !(dt == DSP_F32 || dt == DSP_F64 || (dt == DSP_I64 && !float_only)))
     return dsp__no_kernel(ctx, op, in, n_in, out);
   int rc = dsp__red_dims(ctx, op, a, x->meta.ndim, red);
   if (rc < 0) return rc;
@@ -211,6 +255,31 @@ int dsp__cpu_red(dsp_ctx *ctx, dsp_opcode op, dsp_tensor *const *in, int n_in,
         else SUM_KERNEL(double, double, FIN_ID);
         break;
       case DSP_I64: SUM_KERNEL(int64_t, uint64_t, FIN_I64); break;
+      default: return dsp__no_kernel(ctx, op, in, n_in, out);
+    }
+    return stop ? dsp__cancelled_err(ctx, op) : 0;
+  }
+  if (op == DSP_OP_VAR || op == DSP_OP_STD) {
+    const double corr = a->n_floats > 1 ? a->floats[1] : 1.0;
+    if (dt == DSP_F32) VAR_KERNEL(float);
+    else VAR_KERNEL(double);
+    return stop ? dsp__cancelled_err(ctx, op) : 0;
+  }
+  if (op == DSP_OP_MIN) {
+    switch (x->meta.dtype) {
+      case DSP_F32: { float *O_ = po; MAX_KERNEL(float, F_LESS, STORE_MAX); break; }
+      case DSP_F64: { double *O_ = po; MAX_KERNEL(double, F_LESS, STORE_MAX); break; }
+      case DSP_I64: { int64_t *O_ = po; MAX_KERNEL(int64_t, I_LESS, STORE_MAX); break; }
+      default: return dsp__no_kernel(ctx, op, in, n_in, out);
+    }
+    return stop ? dsp__cancelled_err(ctx, op) : 0;
+  }
+  if (op == DSP_OP_ARGMIN) {
+    int64_t *OI_ = po;
+    switch (x->meta.dtype) {
+      case DSP_F32: MAX_KERNEL(float, F_LESS, STORE_ARG); break;
+      case DSP_F64: MAX_KERNEL(double, F_LESS, STORE_ARG); break;
+      case DSP_I64: MAX_KERNEL(int64_t, I_LESS, STORE_ARG); break;
       default: return dsp__no_kernel(ctx, op, in, n_in, out);
     }
     return stop ? dsp__cancelled_err(ctx, op) : 0;

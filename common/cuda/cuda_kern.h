@@ -29,18 +29,34 @@ int dsp__cuk_where(cudaStream_t st, int es, int64_t n, const dsp__cu_index *ix,
  * backward ops (x = grad, y = input) */
 int dsp__cuk_map(cudaStream_t st, int op, int dt, int64_t n, const void *x,
                  const void *y, double s, void *out);
+/* clamp: out[i] = min(max(x[i], lo), hi), the bounds converted to dt (an
+ * i64 tensor's infinite bounds to INT64_MIN / INT64_MAX) */
+int dsp__cuk_clamp(cudaStream_t st, int dt, int64_t n, const void *x,
+                   double lo, double hi, void *out);
+/* masked_fill: out[i] = m[off0(i)] ? v : x[off1(i)] (v converted to dt) */
+int dsp__cuk_masked_fill(cudaStream_t st, int dt, int64_t n,
+                         const dsp__cu_index *ix, const void *m,
+                         const void *x, double v, void *out);
 /* Smallest position k < n with v[k] outside [lo, hi) (zero_only: with
  * v[k] == 0), or -1, written to *host_pos; synchronises st. */
 int dsp__cuk_first_bad(cudaStream_t st, const int64_t *v, int64_t n,
                        int64_t lo, int64_t hi, int zero_only,
                        int64_t *host_pos);
-/* sum/mean/max/argmax: output element o reduces the R elements at
+/* sum/mean/max/argmax/min/argmin: output element o reduces the R elements at
  * x[outer(o) + inner(r)], r in row-major order of the reduced dims, in
  * S = dsp__cu_red_split(n_out, R) chunks; part holds n_out * S partials
  * of DSP__CU_RED_PART_BYTES each when S > 1 (else it may be NULL). */
 int dsp__cuk_reduce(cudaStream_t st, int op, int dt, int64_t n_out, int64_t S,
                     const dsp__cu_index *outer, const dsp__cu_index *inner,
                     int64_t R, const void *x, void *out, void *part);
+/* var (sq 0) or std (sq 1) of f32/f64 x with the given correction, as
+ * dsp__cuk_reduce's geometry: the n_out means land in mean (device
+ * doubles), then each output's squared deviations are summed; part as
+ * there, reused by both passes */
+int dsp__cuk_var(cudaStream_t st, int dt, int sq, double corr, int64_t n_out,
+                 int64_t S, const dsp__cu_index *outer,
+                 const dsp__cu_index *inner, int64_t R, const void *x,
+                 double *mean, void *out, void *part);
 /* softmax family along a dim split as [outer, len, inner]; y is the
  * forward output for the backward ops (x is then the grad) */
 int dsp__cuk_softmax(cudaStream_t st, int op, int dt, int64_t outer,

@@ -150,6 +150,42 @@ DSP_HD dsp__cu_amax_i dsp__cu_amax_i_id(void) {
   return z;
 }
 
+/* min/argmin: the same order with smaller values beating larger ones (a
+ * NaN still beats every number, ties still go to the first index), so the
+ * CPU's sequential min scan and any merge tree agree. Identity: (+inf or
+ * INT64_MAX, index INT64_MAX). */
+DSP_HD int dsp__cu_amin_f_beats(dsp__cu_amax_f b, dsp__cu_amax_f a) {
+  int an = a.v != a.v, bn = b.v != b.v;
+  if (an || bn) return (an && bn) ? b.i < a.i : bn;
+  if (b.v != a.v) return b.v < a.v;
+  return b.i < a.i;
+}
+DSP_HD dsp__cu_amax_f dsp__cu_amin_f_merge(dsp__cu_amax_f a, dsp__cu_amax_f b) {
+  return dsp__cu_amin_f_beats(b, a) ? b : a;
+}
+DSP_HD dsp__cu_amax_f dsp__cu_amin_f_id(void) {
+  dsp__cu_amax_f z;
+  z.v = INFINITY, z.i = INT64_MAX;
+  return z;
+}
+DSP_HD dsp__cu_amax_i dsp__cu_amin_i_merge(dsp__cu_amax_i a, dsp__cu_amax_i b) {
+  return (b.v < a.v || (b.v == a.v && b.i < a.i)) ? b : a;
+}
+DSP_HD dsp__cu_amax_i dsp__cu_amin_i_id(void) {
+  dsp__cu_amax_i z;
+  z.v = INT64_MAX, z.i = INT64_MAX;
+  return z;
+}
+
+/* var/std of one output from the compensated sum of its squared
+ * deviations: over max(0, N - correction), as the CPU (common/cpu/red.c);
+ * std is the root */
+DSP_HD double dsp__cu_var_final(double ss, double n, double corr, int sq) {
+  double den = n - corr > 0 ? n - corr : 0.0;
+  double v = ss / den;
+  return sq ? sqrt(v) : v;
+}
+
 /* Reductions run one block of DSP__CU_TPB threads per output, thread t
  * taking elements t, t + TPB, ... and the block merging its partials in a
  * halving tree. Few outputs over long rows would leave the device idle, so

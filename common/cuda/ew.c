@@ -1,5 +1,6 @@
-/* ew family on CUDA: broadcast binary ops and comparisons, where, and the
- * element maps (scalar forms, unary ops, activation backward) of
+/* ew family on CUDA: broadcast binary ops and comparisons, where,
+ * masked_fill, clamp, and the element maps (scalar forms, unary ops,
+ * activation backward) of
  * kernels.cu over the scalar math of common/scalar_math.h. */
 #include "cuda_be.h"
 
@@ -33,6 +34,16 @@ int dsp__cu_run_ew(cu_be *b, dsp_ctx *ctx, dsp_opcode op,
                           dsp_tensor_data(in[0]), dsp_tensor_data(in[1]),
                           dsp_tensor_data(out));
     }
+  } else if (op == DSP_OP_MASKED_FILL) {
+    const dsp_meta *ms[2] = {&in[1]->meta, &in[0]->meta};
+    dsp__cu_index ix;
+    dsp__cu_plan_bcast(&ix, &out->meta, ms, 2);
+    e = dsp__cuk_masked_fill(b->stream, (int)dt, n, &ix, dsp_tensor_data(in[1]),
+                             dsp_tensor_data(in[0]), a->floats[0],
+                             dsp_tensor_data(out));
+  } else if (op == DSP_OP_CLAMP) {
+    e = dsp__cuk_clamp(b->stream, (int)dt, n, dsp_tensor_data(in[0]),
+                       a->floats[0], a->floats[1], dsp_tensor_data(out));
   } else {
     e = dsp__cuk_map(b->stream, (int)op, (int)dt, n, dsp_tensor_data(in[0]),
                      n_in > 1 ? dsp_tensor_data(in[1]) : NULL,

@@ -33,18 +33,20 @@ __device__ inline uint8_t cmp(int op, double x, double y) { return dsp__sm_cmp_f
 __device__ inline uint8_t cmp(int op, int64_t x, int64_t y) { return dsp__sm_cmp_i64(op, x, y); }
 __device__ inline uint8_t cmp(int op, uint8_t x, uint8_t y) { return dsp__sm_cmp_u8(op, x, y); }
 
+__device__ inline float clampv(float x, float lo, float hi) { return dsp__sm_clamp_f32(x, lo, hi); }
+__device__ inline double clampv(double x, double lo, double hi) { return dsp__sm_clamp_f64(x, lo, hi); }
+__device__ inline int64_t clampv(int64_t x, int64_t lo, int64_t hi) { return dsp__sm_clamp_i64(x, lo, hi); }
+
 __device__ inline float map1(int op, float x, float y, double s) {
   if (op >= DSP_OP_ADD_SCALAR && op <= DSP_OP_RDIV_SCALAR)
     return dsp__sm_scalar_f32(op, x, (float)s);
-  if (op == DSP_OP_RELU_BACKWARD || op == DSP_OP_GELU_BACKWARD)
-    return dsp__sm_act_bw_f32(op, x, y);
+  if (dsp__sm_is_act_bw(op)) return dsp__sm_act_bw_f32(op, x, y);
   return dsp__sm_unary_f32(op, x);
 }
 __device__ inline double map1(int op, double x, double y, double s) {
   if (op >= DSP_OP_ADD_SCALAR && op <= DSP_OP_RDIV_SCALAR)
     return dsp__sm_scalar_f64(op, x, s);
-  if (op == DSP_OP_RELU_BACKWARD || op == DSP_OP_GELU_BACKWARD)
-    return dsp__sm_act_bw_f64(op, x, y);
+  if (dsp__sm_is_act_bw(op)) return dsp__sm_act_bw_f64(op, x, y);
   return dsp__sm_unary_f64(op, x);
 }
 __device__ inline int64_t map1(int op, int64_t x, int64_t y, double s) {
@@ -145,6 +147,54 @@ extern "C" int dsp__cuk_map(cudaStream_t st, int op, int dt, int64_t n,
   return (int)cudaGetLastError();
 }
 
+/* clamp: the bounds already in the tensor's type */
+template <typename T>
+__global__ void k_clamp(int64_t n, const T *x, T lo, T hi, T *out) {
+  GRID_LOOP(i, n) out[i] = clampv(x[i], lo, hi);
+}
+
+static int64_t bound_i64(double v) {
+  return v <= -0x1p63 ? INT64_MIN : v >= 0x1p63 ? INT64_MAX : (int64_t)v;
+}
+
+extern "C" int dsp__cuk_clamp(cudaStream_t st, int dt, int64_t n,
+                              const void *x, double lo, double hi, void *out) {
+  if (n <= 0) return 0;
+  unsigned g = grid_for(n);
+  switch (dt) {
+    case DSP_F32: k_clamp<float><<<g, TPB, 0, st>>>(n, (const float *)x, (float)lo, (float)hi, (float *)out); break;
+    case DSP_F64: k_clamp<double><<<g, TPB, 0, st>>>(n, (const double *)x, lo, hi, (double *)out); break;
+    default: k_clamp<int64_t><<<g, TPB, 0, st>>>(n, (const int64_t *)x, bound_i64(lo), bound_i64(hi), (int64_t *)out); break;
+  }
+  return (int)cudaGetLastError();
+}
+
+/* masked_fill: operand 0 of ix is the mask, operand 1 x (x's shape is
+ * the output's) */
+template <typename T>
+__global__ void k_masked_fill(int64_t n, dsp__cu_index ix, const uint8_t *m,
+                              const T *x, T v, T *out) {
+  GRID_LOOP(i, n) {
+    int64_t off[3];
+    dsp__cu_offsets(&ix, i, off);
+    out[i] = m[off[0]] ? v : x[off[1]];
+  }
+}
+
+extern "C" int dsp__cuk_masked_fill(cudaStream_t st, int dt, int64_t n,
+                                    const dsp__cu_index *ix, const void *m,
+                                    const void *x, double v, void *out) {
+  if (n <= 0) return 0;
+  unsigned g = grid_for(n);
+  const uint8_t *mm = (const uint8_t *)m;
+  switch (dt) {
+    case DSP_F32: k_masked_fill<float><<<g, TPB, 0, st>>>(n, *ix, mm, (const float *)x, (float)v, (float *)out); break;
+    case DSP_F64: k_masked_fill<double><<<g, TPB, 0, st>>>(n, *ix, mm, (const double *)x, v, (double *)out); break;
+    default: k_masked_fill<int64_t><<<g, TPB, 0, st>>>(n, *ix, mm, (const int64_t *)x, (int64_t)v, (int64_t *)out); break;
+  }
+  return (int)cudaGetLastError();
+}
+
 __global__ void k_first_bad(const int64_t *v, int64_t n, int64_t lo, int64_t hi,
                             int zero_only, unsigned long long *pos) {
   GRID_LOOP(i, n) {
@@ -200,17 +250,20 @@ struct RSumI {
     ((int64_t *)out)[o] = (int64_t)a;
   }
 };
+/* max/argmax, or min/argmin when mn is set */
 template <typename T>
 struct RMaxF {
   typedef dsp__cu_amax_f A;
-  int arg;
-  __device__ A id() const { return dsp__cu_amax_f_id(); }
+  int arg, mn;
+  __device__ A id() const { return mn ? dsp__cu_amin_f_id() : dsp__cu_amax_f_id(); }
+  __device__ A operator()(A a, A b) const {
+    return mn ? dsp__cu_amin_f_merge(a, b) : dsp__cu_amax_f_merge(a, b);
+  }
   __device__ void add(A &a, T v, int64_t r) const {
     A c;
     c.v = (double)v, c.i = r;
-    a = dsp__cu_amax_f_merge(a, c);
+    a = (*this)(a, c);
   }
-  __device__ A operator()(A a, A b) const { return dsp__cu_amax_f_merge(a, b); }
   __device__ void store(void *out, int64_t o, A a, int64_t) const {
     if (arg) ((int64_t *)out)[o] = a.i;
     else ((T *)out)[o] = (T)a.v;
@@ -218,16 +271,33 @@ struct RMaxF {
 };
 struct RMaxI {
   typedef dsp__cu_amax_i A;
-  int arg;
-  __device__ A id() const { return dsp__cu_amax_i_id(); }
+  int arg, mn;
+  __device__ A id() const { return mn ? dsp__cu_amin_i_id() : dsp__cu_amax_i_id(); }
+  __device__ A operator()(A a, A b) const {
+    return mn ? dsp__cu_amin_i_merge(a, b) : dsp__cu_amax_i_merge(a, b);
+  }
   __device__ void add(A &a, int64_t v, int64_t r) const {
     A c;
     c.v = v, c.i = r;
-    a = dsp__cu_amax_i_merge(a, c);
+    a = (*this)(a, c);
   }
-  __device__ A operator()(A a, A b) const { return dsp__cu_amax_i_merge(a, b); }
   __device__ void store(void *out, int64_t o, A a, int64_t) const {
     ((int64_t *)out)[o] = arg ? a.i : a.v;
+  }
+};
+
+/* var/std's second pass: the compensated sum of the squared deviations,
+ * stored through dsp__cu_var_final */
+template <typename T>
+struct RVar {
+  typedef dsp__cu_ksum A;
+  double corr;
+  int sq;
+  __device__ A id() const { return dsp__cu_ksum_zero(); }
+  __device__ void add(A &a, double v, int64_t) const { dsp__cu_ksum_add(&a, v); }
+  __device__ A operator()(A a, A b) const { return dsp__cu_ksum_merge(a, b); }
+  __device__ void store(void *out, int64_t o, A a, int64_t R) const {
+    ((T *)out)[o] = (T)dsp__cu_var_final(dsp__cu_ksum_value(a), (double)R, corr, sq);
   }
 };
 
@@ -236,17 +306,28 @@ static_assert(sizeof(dsp__cu_ksum) <= DSP__CU_RED_PART_BYTES &&
                   sizeof(dsp__cu_amax_i) <= DSP__CU_RED_PART_BYTES,
               "a reduction partial outgrew its scratch slot");
 
-/* element loaders: x[i], or mse's squared difference in double */
+/* element loaders, given the output o and the element offset i: x[i],
+ * mse's squared difference in double, or var's squared deviation from
+ * the mean of output o */
 template <typename T>
 struct LoadX {
   const T *x;
-  __device__ T operator()(int64_t i) const { return x[i]; }
+  __device__ T operator()(int64_t, int64_t i) const { return x[i]; }
 };
 template <typename T>
 struct LoadSqDiff {
   const T *a, *b;
-  __device__ double operator()(int64_t i) const {
+  __device__ double operator()(int64_t, int64_t i) const {
     double d = (double)a[i] - (double)b[i];
+    return d * d;
+  }
+};
+template <typename T>
+struct LoadSqDev {
+  const T *x;
+  const double *mean;
+  __device__ double operator()(int64_t o, int64_t i) const {
+    double d = (double)x[i] - mean[o];
     return d * d;
   }
 };
@@ -265,7 +346,7 @@ __global__ void k_red(P p, L ld, int64_t n_out, int64_t S, dsp__cu_index outer,
     for (int64_t r = lo + threadIdx.x; r < hi; r += blockDim.x) {
       int64_t io[3];
       dsp__cu_offsets(&inner, r, io);
-      p.add(acc, ld(oo[0] + io[0]), r);
+      p.add(acc, ld(o, oo[0] + io[0]), r);
     }
     acc = block_reduce(acc, p);
     if (threadIdx.x == 0) {
@@ -312,10 +393,31 @@ extern "C" int dsp__cuk_reduce(cudaStream_t st, int op, int dt, int64_t n_out,
     if (dt == DSP_F64) return red_launch(st, RSum<double>{mean}, LoadX<double>{xd}, n_out, S, outer, inner, R, out, part);
     return red_launch(st, RSumI{}, LoadX<int64_t>{xi}, n_out, S, outer, inner, R, out, part);
   }
-  int arg = op == DSP_OP_ARGMAX;
-  if (dt == DSP_F32) return red_launch(st, RMaxF<float>{arg}, LoadX<float>{xf}, n_out, S, outer, inner, R, out, part);
-  if (dt == DSP_F64) return red_launch(st, RMaxF<double>{arg}, LoadX<double>{xd}, n_out, S, outer, inner, R, out, part);
-  return red_launch(st, RMaxI{arg}, LoadX<int64_t>{xi}, n_out, S, outer, inner, R, out, part);
+  int arg = op == DSP_OP_ARGMAX || op == DSP_OP_ARGMIN;
+  int mn = op == DSP_OP_MIN || op == DSP_OP_ARGMIN;
+  if (dt == DSP_F32) return red_launch(st, RMaxF<float>{arg, mn}, LoadX<float>{xf}, n_out, S, outer, inner, R, out, part);
+  if (dt == DSP_F64) return red_launch(st, RMaxF<double>{arg, mn}, LoadX<double>{xd}, n_out, S, outer, inner, R, out, part);
+  return red_launch(st, RMaxI{arg, mn}, LoadX<int64_t>{xi}, n_out, S, outer, inner, R, out, part);
+}
+
+/* var/std: the means (in double, into mean[n_out]) as a reduction, then
+ * the squared deviations from them as a second one */
+extern "C" int dsp__cuk_var(cudaStream_t st, int dt, int sq, double corr,
+                            int64_t n_out, int64_t S, const dsp__cu_index *outer,
+                            const dsp__cu_index *inner, int64_t R, const void *x,
+                            double *mean, void *out, void *part) {
+  if (n_out <= 0) return 0;
+  int e;
+  if (dt == DSP_F32) {
+    const float *xf = (const float *)x;
+    e = red_launch(st, RSum<double>{1}, LoadX<float>{xf}, n_out, S, outer, inner, R, mean, part);
+    if (!e) e = red_launch(st, RVar<float>{corr, sq}, LoadSqDev<float>{xf, mean}, n_out, S, outer, inner, R, out, part);
+  } else {
+    const double *xd = (const double *)x;
+    e = red_launch(st, RSum<double>{1}, LoadX<double>{xd}, n_out, S, outer, inner, R, mean, part);
+    if (!e) e = red_launch(st, RVar<double>{corr, sq}, LoadSqDev<double>{xd, mean}, n_out, S, outer, inner, R, out, part);
+  }
+  return e;
 }
 
 /* mse: the mean of the n squared differences, one output reduced like a

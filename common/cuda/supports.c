@@ -47,9 +47,14 @@ static const struct cu_row {
     {DSP_OP_RELU, FDI_},
     DSP_SM_FLOAT_UNARY(FLOAT_UNARY_ROW_)
     {DSP_OP_RELU_BACKWARD, FDI_}, {DSP_OP_GELU_BACKWARD, FD_},
-    /* dsp__cuk_reduce: RSum/RMaxF for f32/f64, RSumI/RMaxI for i64 */
+    {DSP_OP_SOFTPLUS_BACKWARD, FD_}, {DSP_OP_GELU_TANH_BACKWARD, FD_},
+    /* k_clamp and k_masked_fill: float, double and int64_t instances */
+    {DSP_OP_CLAMP, FDI_}, {DSP_OP_MASKED_FILL, FDI_},
+    /* dsp__cuk_reduce: RSum/RMaxF for f32/f64, RSumI/RMaxI for i64 (min
+     * and argmin their mirrored forms); var/std: RVar after a mean pass */
     {DSP_OP_SUM, FDI_}, {DSP_OP_MEAN, FD_}, {DSP_OP_MAX, FDI_},
-    {DSP_OP_ARGMAX, FDI_},
+    {DSP_OP_ARGMAX, FDI_}, {DSP_OP_MIN, FDI_}, {DSP_OP_ARGMIN, FDI_},
+    {DSP_OP_VAR, FD_}, {DSP_OP_STD, FD_},
     /* copies and k_gather/k_scatter move elements by size; k_cast has
      * every source x target pair; k_index_select_bw sums f32/f64/i64 */
     {DSP_OP_RESHAPE, ALL_}, {DSP_OP_PERMUTE, ALL_}, {DSP_OP_TRANSPOSE, ALL_},

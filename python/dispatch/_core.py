@@ -16,6 +16,7 @@ Ownership, in one place:
 """
 import atexit
 import builtins
+import math
 import numbers
 import weakref
 
@@ -914,6 +915,73 @@ def batch_norm(input, running_mean, running_var, weight=None,  # noqa: A002
     return x._dev._adopt(out[0])
 
 
+# issue 23: elementwise and reductions
+
+def clamp(x, min=None, max=None):  # noqa: A002 (PyTorch's names)
+    """min(max(x, min), max) elementwise, as torch.clamp; None leaves a
+    side open. Gradient 1 on [min, max] (inclusive), 0 outside."""
+    x = _as_tensor(x)
+    lo = -math.inf if min is None else float(min)
+    hi = math.inf if max is None else float(max)
+    out = _out()
+    rc = lib.dispatch_clamp(_hd(x), lo, hi, out)
+    if rc < 0:
+        _fail(rc, x)
+    return x._dev._adopt(out[0])
+
+
+def masked_fill(x, mask, value):
+    """x with value where mask (bool, broadcast to x's shape) is true, as
+    torch.masked_fill; no gradient flows through the filled positions."""
+    x = _as_tensor(x)
+    if not isinstance(mask, Tensor):
+        mask = x._dev.tensor(np.asarray(mask, dtype=bool_))
+    out = _out()
+    rc = lib.dispatch_masked_fill(_hd(x), _hd(mask), float(value), out)
+    if rc < 0:
+        _fail(rc, x)
+    return x._dev._adopt(out[0])
+
+
+def _moments(cfn, x, dim, correction, keepdim):
+    x = _as_tensor(x)
+    n, dims = _dims_arg(dim)
+    out = _out()
+    rc = cfn(_hd(x), n, dims, int(correction), 1 if keepdim else 0, out)
+    if rc < 0:
+        _fail(rc, x)
+    return x._dev._adopt(out[0])
+
+
+def var(x, dim=None, correction=1, keepdim=False):
+    """Variance over dim (an int, a tuple or None: every dim), as
+    torch.var(dim, correction=, keepdim=): sum((x - mean)^2) /
+    max(0, N - correction); N - correction <= 0 gives inf or NaN."""
+    return _moments(lib.dispatch_var, x, dim, correction, keepdim)
+
+
+def std(x, dim=None, correction=1, keepdim=False):
+    """The square root of var(x, dim, correction, keepdim)."""
+    return _moments(lib.dispatch_std, x, dim, correction, keepdim)
+
+
+_gelu_exact = gelu  # noqa: F821 (made from the op table above)
+
+
+def gelu(x, approximate="none"):
+    """GELU as torch.nn.functional.gelu: the exact erf form, or with
+    approximate='tanh' the tanh approximation (the gelu_tanh op)."""
+    if approximate == "tanh":
+        return gelu_tanh(x)  # noqa: F821
+    if approximate != "none":
+        raise _error(_EINVAL, "gelu: approximate must be 'none' or 'tanh', "
+                     f"got {approximate!r}")
+    return _gelu_exact(x)
+
+
+_ISSUE23_METHODS = ("clamp", "masked_fill", "var", "std", "gelu")
+
+
 # ---------------------------------------------------------------- tensor
 
 class Tensor:
@@ -1253,6 +1321,8 @@ def _add_methods():
 
 
 _add_methods()
+for _name in _ISSUE23_METHODS:  # written out above, Tensor methods too
+    setattr(Tensor, _name, globals()[_name])
 # every op function of the package (made or written out), by name, for
 # the package namespace
 op_functions = {name: globals()[name] for name, sig, api in _ops

@@ -78,6 +78,36 @@ CASES = [
      lambda a: a - np.log(np.exp(a).sum(1, keepdims=True)), (A32,), False),
     ("mse", dispatch.mse, lambda a, b: ((a - b) ** 2).mean(), (A32, B32),
      False),
+    # issue 23: elementwise and reductions
+    ("softplus", dispatch.softplus,
+     lambda a: np.where(a > 20, a, np.log1p(np.exp(a))), (A32 * 12,), False),
+    ("gelu_tanh", lambda a: a.gelu_tanh(), lambda a: 0.5 * a * (1 + np.tanh(
+        np.sqrt(2 / np.pi) * (a + 0.044715 * a ** 3))), (A64,), False),
+    ("gelu_approximate", lambda a: dispatch.gelu(a, approximate="tanh")
+     - a.gelu_tanh() + a.gelu(approximate="none") - dispatch.gelu(a),
+     lambda a: np.zeros_like(a), (A32,), True),
+    ("clamp", lambda a: a.clamp(-0.5, 0.7),
+     lambda a: np.clip(a, np.float32(-0.5), np.float32(0.7)), (A32,), True),
+    ("clamp_min_only", lambda a: dispatch.clamp(a, min=0),
+     lambda a: np.maximum(a, np.float32(0)), (A32,), True),
+    ("clamp_i64", lambda a: a.clamp(-10, 20), lambda a: np.clip(a, -10, 20),
+     (I64,), True),
+    ("masked_fill", lambda a, b: a.masked_fill(b > 0, -1.5),
+     lambda a, b: np.where(b > 0, np.float32(-1.5), a), (A32, B32), True),
+    ("masked_fill_bcast", lambda a, r: dispatch.masked_fill(a, r > 0, 7),
+     lambda a, r: np.where(r > 0, np.float32(7), a), (A32, R32), True),
+    ("min", lambda a: a.min(1), lambda a: a.min(1), (A32,), True),
+    ("min_all", dispatch.min, lambda a: a.min(), (I64,), True),
+    ("argmin", lambda a: a.argmin(0), lambda a: a.argmin(0), (A32,), True),
+    ("var", lambda a: a.var(1), lambda a: a.var(1, ddof=1), (A64,), False),
+    ("var_all_pop", lambda a: dispatch.var(a, correction=0),
+     lambda a: a.var(), (A64,), False),
+    ("std_keepdim", lambda a: a.std(0, keepdim=True),
+     lambda a: a.std(0, ddof=1, keepdims=True), (A64,), False),
+    ("std_f32", lambda a: a.std((0, 1), correction=2),
+     lambda a: np.sqrt(((a.astype(np.float64) - a.mean(dtype=np.float64))
+                        ** 2).sum() / (a.size - 2)).astype(np.float32),
+     (A32,), False),
 ]
 
 
@@ -405,3 +435,51 @@ def test_attention_errors(local):
         dispatch.attention(q, q, local.tensor(np.zeros((1, 1, 2, 3))))
     with pytest.raises(dispatch.ESHAPE):
         dispatch.attention(q, q, q, key_mask=[[True, False, True]])
+
+
+# issue 23: the gradients of the new ops and of maximum's ties, LOCAL and
+# REMOTE bit for bit, against their formulas
+
+def _grad(dev, fn, x, *rest):
+    t = dev.tensor(x, requires_grad=True)
+    w = dev.tensor(np.linspace(-1, 1, x.size).reshape(x.shape))
+    (fn(t, *rest) * w).sum().backward()
+    return t.grad.numpy(), np.linspace(-1, 1, x.size).reshape(x.shape)
+
+
+def test_issue23_gradients(local, remote):
+    x = np.array([[-2.0, -0.5, 0.0, 0.7], [1.0, 3.0, 25.0, -1.0]])
+    k = np.sqrt(2 / np.pi)
+    th = np.tanh(k * (x + 0.044715 * x ** 3))
+    cases = [
+        (lambda t: t.clamp(-0.5, 1.0),  # both bounds pass the gradient
+         ((x >= -0.5) & (x <= 1.0)).astype(float)),
+        (lambda t: t.masked_fill(x > 0.5, 9.0), (x <= 0.5).astype(float)),
+        (dispatch.softplus, np.where(x > 20, 1.0, 1 / (1 + np.exp(-x)))),
+        (dispatch.gelu_tanh, 0.5 * (1 + th) + 0.5 * x * (1 - th ** 2) * k
+         * (1 + 3 * 0.044715 * x ** 2)),
+    ]
+    for fn, dfdx in cases:
+        gl, w = _grad(local, fn, x)
+        gr, _ = _grad(remote, fn, x)
+        assert np.array_equal(gl, gr)
+        np.testing.assert_allclose(gl, w * dfdx, rtol=1e-12, atol=1e-15)
+    # var / std over dim 1 (keepdim, so the weights broadcast): 2 (x -
+    # mean) / (N - 1), and that over 2 std
+    m = x.mean(1, keepdims=True)
+    sd = x.std(1, ddof=1, keepdims=True)
+    for fn, dfdx in ((lambda t: t.var(1, keepdim=True), 2 * (x - m) / 3),
+                     (lambda t: t.std(1, keepdim=True), (x - m) / (3 * sd))):
+        for d in (local, remote):
+            t = d.tensor(x, requires_grad=True)
+            wr = np.array([[0.5], [-2.0]])
+            (fn(t) * d.tensor(wr)).sum().backward()
+            np.testing.assert_allclose(t.grad.numpy(), wr * dfdx, rtol=1e-12,
+                                       atol=1e-15)
+    # maximum / minimum split a tie's gradient evenly, as PyTorch
+    for d in (local, remote):
+        a = d.tensor(np.array([1.0, 2.0, 3.0]), requires_grad=True)
+        b = d.tensor(np.array([1.0, 5.0, 0.0]), requires_grad=True)
+        (dispatch.maximum(a, b) + dispatch.minimum(a, b) * 2).sum().backward()
+        assert np.array_equal(a.grad.numpy(), [1.5, 2.0, 1.0])
+        assert np.array_equal(b.grad.numpy(), [1.5, 1.0, 2.0])

@@ -323,17 +323,37 @@ int main(int argc, char **argv) {
     tcase w = mkcase(DSP_OP_WHERE, 3, dt, 3, A, 2, B);
     w.in[0].dtype = DSP_BOOL, w.in[2] = meta(dt, 3, C);
     run_case(&w);
-    for (int op = DSP_OP_ADD_SCALAR; op <= DSP_OP_GELU_BACKWARD; op++) {
+    for (int op = DSP_OP_ADD_SCALAR; op <= DSP_OP_GELU_TANH_BACKWARD; op++) {
+      if (op == DSP_OP_CLAMP || op == DSP_OP_MASKED_FILL) continue; /* below */
       tcase c = mkcase((dsp_opcode)op, dsp_op_lookup(op)->n_inputs, dt, 3, C, 3, C);
       if (op <= DSP_OP_RDIV_SCALAR) c.a = dsp_attrs_f1(op == DSP_OP_POW_SCALAR ? 1.5 : 3);
       if (op == DSP_OP_LOG || op == DSP_OP_SQRT || op == DSP_OP_POW_SCALAR) c.kind[0] = 3;
       run_case(&c);
     }
-    for (int op = DSP_OP_SUM; op <= DSP_OP_ARGMAX; op++) {
+    /* clamp to [-1, 2] and [3, -3] (lo > hi); masked_fill with a mask
+     * broadcast from [5, 1] */
+    for (int k = 0; k < 2; k++) {
+      tcase cl = mkcase(DSP_OP_CLAMP, 1, dt, 3, C, 0, NULL);
+      cl.a.n_floats = 2, cl.a.floats[0] = k ? 3 : -1, cl.a.floats[1] = k ? -3 : 2;
+      run_case(&cl);
+    }
+    tcase mf = mkcase(DSP_OP_MASKED_FILL, 2, dt, 3, C, 2, B);
+    mf.in[1].dtype = DSP_BOOL, mf.a = dsp_attrs_f1(-4);
+    run_case(&mf);
+    for (int op = DSP_OP_SUM; op <= DSP_OP_ARGMIN; op++) {
       tcase c = mkcase((dsp_opcode)op, 1, dt, 3, C, 0, NULL);
       run_case(&c);
       int64_t d = 1;
       c.a = dsp_attrs_ints(1, &d);
+      run_case(&c);
+    }
+    /* var and std: every dim (correction 1), dims {0, 2} with correction 0 */
+    for (int op = DSP_OP_VAR; op <= DSP_OP_STD; op++) {
+      tcase c = mkcase((dsp_opcode)op, 1, dt, 3, C, 0, NULL);
+      run_case(&c);
+      int64_t d02[2] = {0, 2};
+      c.a = dsp_attrs_ints(2, d02);
+      c.a.n_floats = 2, c.a.floats[0] = 1, c.a.floats[1] = 0;
       run_case(&c);
     }
     /* shape ops */
