@@ -18,6 +18,8 @@
  *     input), conv2d_backward_weight (grad, x, conv ints, the 4 dims of
  *     the weight)
  *   max_pool2d_backward, avg_pool2d_backward (grad, x, pool ints)
+ *   cross_entropy_ex_backward (grad, logits, labels, the forward's
+ *     ignore_index, label_smoothing, reduction)
  *
  * Conventions as in dispatch_client.h: 0 or a negative DISPATCH_E* code,
  * *out is one new reference (or registered in the open scope), inputs are
@@ -45,5 +47,15 @@ int dispatch_slice_backward(dispatch_tensor *grad, int64_t dim,
 int dispatch_index_select_backward(dispatch_tensor *grad,
                                    dispatch_tensor *index, int64_t dim,
                                    int64_t dim_size, dispatch_tensor **out);
+
+/* issue 23: loss. The gradient of cross_entropy_ex w.r.t. the logits;
+ * grad has the forward output's shape, the other arguments are the
+ * forward's. */
+int dispatch_cross_entropy_ex_backward(dispatch_tensor *grad,
+                                       dispatch_tensor *logits,
+                                       dispatch_tensor *labels,
+                                       int64_t ignore_index,
+                                       double label_smoothing, int reduction,
+                                       dispatch_tensor **out);
 
 #endif

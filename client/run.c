@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "client_internal.h"
+#include "ops_plan.h"
 
 /* Wraps `inner` (whose reference is transferred) as AUTODIFF. On failure
  * inner is dropped. */
@@ -335,4 +336,37 @@ int dispatch_arange(dispatch_device *dev, dispatch_dtype dtype, double start,
                     double end, double step, dispatch_tensor **out) {
   double f[3] = {start, end, step};
   return create(dev, DSP_OP_ARANGE, dtype, 0, 0, 0, NULL, f, 3, out);
+}
+
+/* issue 23: loss */
+
+_Static_assert(DISPATCH_REDUCE_NONE == DSP_REDUCE_NONE &&
+                   DISPATCH_REDUCE_SUM == DSP_REDUCE_SUM &&
+                   DISPATCH_REDUCE_MEAN == DSP_REDUCE_MEAN,
+               "the public reductions are the op's attribute values");
+
+static dsp_attrs ce_ex_attrs(int64_t ignore_index, double label_smoothing,
+                             int reduction) {
+  int64_t v[2] = {ignore_index, (int64_t)reduction};
+  dsp_attrs a = dsp_attrs_ints(2, v);
+  a.floats[0] = label_smoothing;
+  a.n_floats = 1;
+  return a;
+}
+
+int dispatch_cross_entropy_ex(dispatch_tensor *logits, dispatch_tensor *labels,
+                              int64_t ignore_index, double label_smoothing,
+                              int reduction, dispatch_tensor **out) {
+  dsp_attrs a = ce_ex_attrs(ignore_index, label_smoothing, reduction);
+  return run2(DSP_OP_CROSS_ENTROPY_EX, logits, labels, &a, out);
+}
+
+int dispatch_cross_entropy_ex_backward(dispatch_tensor *grad,
+                                       dispatch_tensor *logits,
+                                       dispatch_tensor *labels,
+                                       int64_t ignore_index,
+                                       double label_smoothing, int reduction,
+                                       dispatch_tensor **out) {
+  dsp_attrs a = ce_ex_attrs(ignore_index, label_smoothing, reduction);
+  return run3(DSP_OP_CROSS_ENTROPY_EX_BACKWARD, grad, logits, labels, &a, out);
 }

@@ -450,6 +450,10 @@ int dsp__autodiff_rule(dsp_ctx *ctx, const dsp_node *n, dsp_tensor *g,
     case DSP_OP_CROSS_ENTROPY: /* labels (input 1) are i64, never tracked */
       GRAD(0, rb_op(R, DSP_OP_CROSS_ENTROPY_BACKWARD, at, 3, g, in[0], in[1]));
       break;
+    case DSP_OP_CROSS_ENTROPY_EX: /* the fused backward op, same attrs */
+      GRAD(0, rb_op(R, DSP_OP_CROSS_ENTROPY_EX_BACKWARD, at, 3, g, in[0],
+                    in[1]));
+      break;
     case DSP_OP_MSE: { /* d/da mean((a-b)^2) = 2 (a-b) / N */
       double k = x->numel > 0 ? 2.0 / (double)x->numel : 0.0;
       dsp_tensor *ga = bin(R, DSP_OP_MUL,
@@ -519,6 +523,7 @@ int dsp__autodiff_rule(dsp_ctx *ctx, const dsp_node *n, dsp_tensor *g,
     case DSP_OP_SOFTMAX_BACKWARD:
     case DSP_OP_LOG_SOFTMAX_BACKWARD:
     case DSP_OP_CROSS_ENTROPY_BACKWARD:
+    case DSP_OP_CROSS_ENTROPY_EX_BACKWARD:
     case DSP_OP_CONV2D_BACKWARD_INPUT:
     case DSP_OP_CONV2D_BACKWARD_WEIGHT:
     case DSP_OP_MAX_POOL2D_BACKWARD:

@@ -525,6 +525,15 @@ int dsp__storage_prepare_write(dsp_ctx *ctx, dsp_tensor *t);
    * element i iff uniform(seed)[i] >= p and scales kept ones by 1/(1-p) */  \
   X(DROPOUT, 94, dropout, 1, NN, HAND, API)                                  \
   /* issue 23 conv/pool/loss rows (95-99, 140-149) */                        \
+  /* cross_entropy_ex(logits [N,C,d1..] (or [C]) float, labels [N,d1..]      \
+   * (or []) i64) as torch's cross_entropy: ints = {ignore_index,            \
+   * reduction 0 none / 1 sum / 2 mean}, floats = {label_smoothing in        \
+   * [0,1]}; none gives the labels' shape (0 where ignored), mean divides    \
+   * by the non-ignored count (all ignored: NaN) */                          \
+  X(CROSS_ENTROPY_EX, 95, cross_entropy_ex, 2, NN, HAND, API)                \
+  /* (grad: the forward output's shape, logits, labels), same attrs */       \
+  X(CROSS_ENTROPY_EX_BACKWARD, 96, cross_entropy_ex_backward, 3, NN, HAND,   \
+    BWD)                                                                     \
   /* creation: ints[0] = dtype, ints[1..] = shape */                         \
   X(ZEROS, 100, zeros, 0, CREATE, CREATE, API)                               \
   X(ONES, 101, ones, 0, CREATE, CREATE, API)                                 \

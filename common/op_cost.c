@@ -53,7 +53,7 @@ static uint64_t work(dsp_opcode op, const dsp_meta *in, int n_in,
       break;
   }
   /* the nn ops are costed one by one: a new one needs its case here */
-  _Static_assert(DSP__OPS_IN_FAMILY(NN) == 15,
+  _Static_assert(DSP__OPS_IN_FAMILY(NN) == 17,
                  "a new nn op needs a cost decision in dsp_op_cost");
   switch (op) {
     case DSP_OP_SOFTMAX:
@@ -62,6 +62,8 @@ static uint64_t work(dsp_opcode op, const dsp_meta *in, int n_in,
     case DSP_OP_LOG_SOFTMAX_BACKWARD:
     case DSP_OP_CROSS_ENTROPY:
     case DSP_OP_CROSS_ENTROPY_BACKWARD:
+    case DSP_OP_CROSS_ENTROPY_EX:
+    case DSP_OP_CROSS_ENTROPY_EX_BACKWARD:
       /* a max pass, an exp-sum pass and a write pass over the input */
       return mul_sat(numel(&in[n_in == 3 ? 1 : 0]), 3);
     case DSP_OP_CONV2D:

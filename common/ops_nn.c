@@ -327,6 +327,11 @@ int dsp__nn_plan(dsp_ctx *ctx, dsp_opcode op, const dsp_meta *in, int n_in,
     case DSP_OP_CROSS_ENTROPY:
     case DSP_OP_CROSS_ENTROPY_BACKWARD:
       return infer_ce(ctx, op, in, n_in, a, out);
+    case DSP_OP_CROSS_ENTROPY_EX:
+    case DSP_OP_CROSS_ENTROPY_EX_BACKWARD: {
+      dsp_ce_geo ceg;
+      return dsp__ce_ex_plan(ctx, op, in, n_in, a, out, &ceg);
+    }
     case DSP_OP_MSE:
       if ((rc = dsp__want_attrs(ctx, op, a, 0, 0)) < 0) return rc;
       if ((rc = need_float(ctx, op, "input", &in[0])) < 0) return rc;

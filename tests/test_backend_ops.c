@@ -319,6 +319,21 @@ static int make_case(dsp_opcode op, dsp_dtype k, int v, tcase *c) {
       if (v) return -1;
       c->what = "[4,5]"; in_(c, k, 'r', 0, 0); in_(c, k, 'r', 0, 2, 4, 5); in_(c, I, 'i', 5, 1, 4);
       return 0;
+    /* issue 23: ignore_index 2 or 1 is a class, so random labels hit it */
+    case DSP_OP_CROSS_ENTROPY_EX:
+      switch (v) {
+        case 0: c->what = "[4,5] mean, ignore 2, smoothing 0.1"; in_(c, k, 'r', 0, 2, 4, 5); in_(c, I, 'i', 5, 1, 4); ints_(c, 2, 2, 2); fl_(c, 1, 0.1); return 0;
+        case 1: c->what = "[2,3,2,2] none, ignore 1"; in_(c, k, 'r', 0, 4, 2, 3, 2, 2); in_(c, I, 'i', 3, 3, 2, 2, 2); ints_(c, 2, 1, 0); fl_(c, 1, 0.0); return 0;
+        case 2: c->what = "[3,4,5] sum, smoothing 0.3"; in_(c, k, 'r', 0, 3, 3, 4, 5); in_(c, I, 'i', 4, 2, 3, 5); ints_(c, 2, -100, 1); fl_(c, 1, 0.3); return 0;
+        case 3: c->what = "zero-size [0,5] none"; in_(c, k, 'r', 0, 2, 0, 5); in_(c, I, 'i', 5, 1, 0); ints_(c, 2, -100, 0); fl_(c, 1, 0.0); return 0;
+        default: return -1;
+      }
+    case DSP_OP_CROSS_ENTROPY_EX_BACKWARD:
+      switch (v) {
+        case 0: c->what = "[4,5] mean, ignore 2, smoothing 0.1"; in_(c, k, 'r', 0, 0); in_(c, k, 'r', 0, 2, 4, 5); in_(c, I, 'i', 5, 1, 4); ints_(c, 2, 2, 2); fl_(c, 1, 0.1); return 0;
+        case 1: c->what = "[2,3,2,2] none, ignore 1"; in_(c, k, 'r', 0, 3, 2, 2, 2); in_(c, k, 'r', 0, 4, 2, 3, 2, 2); in_(c, I, 'i', 3, 3, 2, 2, 2); ints_(c, 2, 1, 0); fl_(c, 1, 0.2); return 0;
+        default: return -1;
+      }
     case DSP_OP_MSE:
       if (v) return -1;
       c->what = "[3,4]"; in_(c, k, 'r', 0, 2, 3, 4); in_(c, k, 'r', 0, 2, 3, 4);

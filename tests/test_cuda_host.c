@@ -22,6 +22,7 @@
 
 #include "cuda_math.h"
 #include "cuda_plan.h"
+#include "loss_math.h"
 #include "backend.h"
 #include "dsp.h"
 #include "helpers/tensor_util.h"
@@ -959,6 +960,81 @@ Test(cuda_host, optimizer_steps_are_bit_identical_to_cpu) {
     }
     free(P), free(G), free(M), free(V);
     dsp_tensor_unref(p), dsp_tensor_unref(g), dsp_tensor_unref(m), dsp_tensor_unref(v);
+  }
+}
+
+/* issue 23: loss. k_ce_ex_rows + k_ce_ex_total (common/cuda/loss.cu)
+ * replayed with the same block reductions and loss_math.h, against the CPU
+ * kernel of cross_entropy_ex and of its backward op, on logits viewed
+ * [outer, C, inner] with ignored labels (ignore may be a class). */
+static void check_ce_ex(dsp_dtype dt, int nd, const int64_t *xs,
+                        int64_t ignore, double eps, int red) {
+  dsp_tensor *x = mk(dt, nd, xs, 0, 0);
+  int64_t ls[DSP_MAX_DIMS], outer = nd > 1 ? xs[0] : 1, C = xs[nd > 1],
+          inner = dsp__cu_prod(xs, 2, nd > 2 ? nd : 2);
+  for (int d = 0, j = 0; d < nd; d++)
+    if (d != (nd > 1)) ls[j++] = xs[d];
+  dsp_meta lm = meta_of(DSP_I64, nd - 1, ls);
+  dsp_tensor *lab = NULL;
+  cr_assert_eq(dsp_tensor_new(ctx, &lm, &lab), 0);
+  int64_t *L = dsp_tensor_data(lab), n = outer * inner, kept = 0;
+  for (int64_t i = 0; i < n; i++) {
+    L[i] = rnd() % 4 == 0 ? ignore : (int64_t)(rnd() % (uint64_t)C);
+    kept += L[i] != ignore;
+  }
+  int64_t av[2] = {ignore, red};
+  dsp_attrs a = dsp_attrs_ints(2, av);
+  a.floats[0] = eps, a.n_floats = 1;
+  dsp_tensor *in2[2] = {x, lab};
+  dsp_tensor *loss = run(DSP_OP_CROSS_ENTROPY_EX, &a, 2, in2);
+  dsp_tensor *g = red ? mk(dt, 0, NULL, 0, 0) : mk(dt, nd - 1, ls, 0, 0);
+  if (red) st_any(g, 0, 0.75);
+  dsp_tensor *in3[3] = {g, x, lab};
+  dsp_tensor *grad = run(DSP_OP_CROSS_ENTROPY_EX_BACKWARD, &a, 3, in3);
+  double *X = as_f64(x), *rows = calloc((size_t)(n ? n : 1), sizeof(double));
+  dsp_tensor *gloss = empty_like(loss), *ggrad = empty_like(grad);
+  for (int64_t i = 0; i < n; i++) {
+    int64_t base = (i / inner) * C * inner + i % inner;
+    if (L[i] == ignore) {
+      if (!red) st_any(gloss, i, 0.0);
+      for (int64_t c = 0; c < C; c++) st_any(ggrad, base + c * inner, 0.0);
+      continue;
+    }
+    dsp__cu_lse l = sim_lse(X + base, C, inner);
+    double lse = l.m + log(l.s);
+    double sx = eps > 0 ? sim_ksum_of(X + base, C, inner) : 0.0;
+    double v = dsp__cu_ce_loss(lse, sx, X[base + L[i] * inner], C, eps);
+    if (red) rows[i] = v;
+    else st_any(gloss, i, v);
+    double w = red == 0 ? ld(g, i) : red == 1 ? ld(g, 0) : ld(g, 0) / (double)kept;
+    for (int64_t c = 0; c < C; c++)
+      st_any(ggrad, base + c * inner,
+             dsp__cu_ce_grad(X[base + c * inner], lse, c == L[i], C, eps, w));
+  }
+  if (red) {
+    double s = sim_ksum_of(rows, n, 1);
+    st_any(gloss, 0, red == 2 ? s / (double)kept : s);
+  }
+  double tol = dt == DSP_F32 ? 4 * FLT_EPSILON : 64 * DBL_EPSILON;
+  assert_close(gloss, loss, tol, NULL, "cross_entropy_ex");
+  assert_close(ggrad, grad, tol, NULL, "cross_entropy_ex_backward");
+  free(X), free(rows);
+  dsp_tensor_unref(gloss), dsp_tensor_unref(ggrad), dsp_tensor_unref(loss);
+  dsp_tensor_unref(grad), dsp_tensor_unref(g), dsp_tensor_unref(lab);
+  dsp_tensor_unref(x);
+}
+
+Test(cuda_host, cross_entropy_ex_matches_cpu) {
+  static const int64_t A[] = {6, 7}, B[] = {3, 5, 2, 4}, C1[] = {2, 700, 3},
+                       D[] = {9};
+  for (int f = 0; f < 2; f++) {
+    dsp_dtype dt = f ? DSP_F64 : DSP_F32;
+    for (int red = 0; red < 3; red++) {
+      check_ce_ex(dt, 2, A, -100, 0.0, red);
+      check_ce_ex(dt, 4, B, 1, 0.1, red);
+      check_ce_ex(dt, 3, C1, -100, 0.25, red);
+      check_ce_ex(dt, 1, D, -100, 0.5, red);
+    }
   }
 }
 

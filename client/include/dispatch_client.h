@@ -660,6 +660,40 @@ DISPATCH_API
 int dispatch_dropout(dispatch_tensor *x, double p, uint64_t seed,
                      dispatch_tensor **out);
 
+/* issue 23: loss, conv bias, pools */
+
+/* The reductions of dispatch_cross_entropy_ex. */
+#define DISPATCH_REDUCE_NONE 0
+#define DISPATCH_REDUCE_SUM 1
+#define DISPATCH_REDUCE_MEAN 2
+
+/* Cross entropy as torch.nn.functional.cross_entropy (PyTorch 1.13) with
+ * class indices: logits [N, C] or [N, C, d1, ...] (f32 or f64; also [C]
+ * with a 0-D label), labels i64 [N] or [N, d1, ...] (the logits' shape
+ * without the class dim 1). Per position with label y != ignore_index,
+ * loss = (1 - eps) (lse - x_y) + eps (lse - mean_c x_c) with lse the
+ * log-sum-exp of its C logits and eps = label_smoothing in [0, 1] (the
+ * second term is torch's eps/C sum_c -log p_c); a position whose label
+ * is ignore_index (-100 in PyTorch; any value, also a class index) has
+ * loss 0 and gradient 0. reduction: DISPATCH_REDUCE_NONE gives the
+ * per-position losses (the labels' shape, 0 where ignored),
+ * DISPATCH_REDUCE_SUM their sum, DISPATCH_REDUCE_MEAN their sum divided
+ * by the number of non-ignored labels (a scalar). A batch whose labels
+ * are all ignored (or that has none) gives NaN with MEAN (0/0, as
+ * PyTorch), 0 with SUM, and a zero gradient. Errors: DISPATCH_EINDEX
+ * for a label outside [0, C) that is not ignore_index (message names the
+ * label and its flat position); DISPATCH_ESHAPE for mismatched shapes or
+ * C = 0; DISPATCH_EDTYPE for non-float logits or non-i64 labels;
+ * DISPATCH_EINVAL for a reduction outside 0..2 or a smoothing outside
+ * [0, 1]. Differentiable in logits through one fused backward op.
+ * dispatch_cross_entropy(logits, labels) is the same as
+ * dispatch_cross_entropy_ex(logits, labels, -100, 0, DISPATCH_REDUCE_MEAN)
+ * for [N, C] logits and labels in [0, C), bit for bit. */
+DISPATCH_API
+int dispatch_cross_entropy_ex(dispatch_tensor *logits, dispatch_tensor *labels,
+                              int64_t ignore_index, double label_smoothing,
+                              int reduction, dispatch_tensor **out);
+
 /* ------------------------------------------------------------------ */
 /* autodiff                                                            */
 

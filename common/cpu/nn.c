@@ -16,7 +16,7 @@
 
 #define opname dsp__opname
 
-_Static_assert(DSP__OPS_IN_FAMILY(NN) == 15,
+_Static_assert(DSP__OPS_IN_FAMILY(NN) == 17,
                "a new nn op needs a case in dsp__cpu_nn and a row in the CPU "
                "support table (common/cpu/backend.c)");
 
@@ -180,6 +180,8 @@ int dsp__cpu_nn(dsp_ctx *ctx, dsp_opcode op, dsp_tensor *const *in, int n_in,
   if (n_in < 1 || n_in > 3)
     return dsp_seterr(ctx, DISPATCH_EINTERNAL, "%s: bad input count %d",
                       opname(op), n_in);
+  if (op == DSP_OP_CROSS_ENTROPY_EX || op == DSP_OP_CROSS_ENTROPY_EX_BACKWARD)
+    return dsp__cpu_ce_ex(ctx, op, in, n_in, a, out);
   for (int i = 0; i < n_in; i++) metas[i] = in[i]->meta;
   int rc = dsp__nn_plan(ctx, op, metas, n_in, a, &om, &cg, &pg);
   if (rc < 0) return rc;

@@ -124,6 +124,9 @@ int dsp__cu_run_nn(cu_be *b, dsp_ctx *ctx, dsp_opcode op,
       dsp__cu_scratch_put(b, ctx, sn, scratch);
       break;
     }
+    case DSP_OP_CROSS_ENTROPY_EX:
+    case DSP_OP_CROSS_ENTROPY_EX_BACKWARD:
+      return dsp__cu_run_ce_ex(b, ctx, op, in, n_in, a, out);
     case DSP_OP_MSE: {
       const int64_t n = in[0]->numel, S = dsp__cu_red_split(1, n);
       size_t pn = S > 1 ? (size_t)S * DSP__CU_RED_PART_BYTES : 0;

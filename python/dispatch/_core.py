@@ -735,9 +735,16 @@ def where(mask, a, b):
     return a._dev._adopt(out[0])
 
 
-def cross_entropy(logits, labels):
-    """logits [N, C] float, labels [N] int64: the mean loss (a scalar)."""
+def cross_entropy(logits, labels, ignore_index=-100, reduction="mean",
+                  label_smoothing=0.0):
+    """logits [N, C] float, labels [N] int64: the mean loss (a scalar).
+    With any of torch's ignore_index, reduction or label_smoothing given
+    (or logits [N, C, d1, ...]) it is cross_entropy_ex."""
     logits = _as_tensor(logits)
+    if (ignore_index != -100 or reduction != "mean" or label_smoothing != 0
+            or len(logits.shape) != 2):
+        return cross_entropy_ex(logits, labels, ignore_index,
+                                label_smoothing, reduction)
     if not isinstance(labels, Tensor):
         labels = logits._dev.tensor(np.asarray(labels), dtype=int64)
     out = _out()
@@ -803,6 +810,34 @@ def track(t):
     if rc < 0:
         _fail(rc, t)
     return t._dev._adopt(out[0])
+
+
+# issue 23: loss
+
+_REDUCTIONS = {"none": 0, "sum": 1, "mean": 2}
+
+
+def cross_entropy_ex(logits, labels, ignore_index=-100, label_smoothing=0.0,
+                     reduction="mean"):
+    """torch.nn.functional.cross_entropy with class indices: logits [N, C]
+    or [N, C, d1, ...] (or [C]), labels int64 [N] or [N, d1, ...];
+    reduction "none" (the labels' shape, 0 where ignored), "sum" or
+    "mean" (over the labels that are not ignore_index; NaN when all are),
+    label_smoothing in [0, 1]."""
+    logits = _as_tensor(logits)
+    if not isinstance(labels, Tensor):
+        labels = logits._dev.tensor(np.asarray(labels), dtype=int64)
+    if reduction not in _REDUCTIONS:
+        raise ValueError(f"cross_entropy_ex: reduction {reduction!r} is not "
+                         "'none', 'sum' or 'mean'")
+    out = _out()
+    rc = lib.dispatch_cross_entropy_ex(_hd(logits), _hd(labels),
+                                       int(ignore_index),
+                                       float(label_smoothing),
+                                       _REDUCTIONS[reduction], out)
+    if rc < 0:
+        _fail(rc, logits)
+    return logits._dev._adopt(out[0])
 
 
 # ---------------------------------------------------------------- tensor

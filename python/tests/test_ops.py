@@ -184,3 +184,57 @@ def test_slices_past_the_end_and_empty(dev):
         # the C API with the raw (unclamped) bounds gives the same
         raw = dispatch.slice(x, 0, key.start, key.stop, key.step or 1)
         assert raw.shape == (len(want),), (key, raw.shape)
+
+
+# issue 23: loss
+
+def _ce_case():
+    r = np.random.default_rng(23)
+    x = r.standard_normal((3, 5, 2, 4))
+    lab = r.integers(0, 5, (3, 2, 4))
+    lab[0, 1, 2] = lab[2, 0, 0] = -100
+    return x, lab
+
+
+@pytest.mark.parametrize("reduction", ["none", "sum", "mean"])
+def test_cross_entropy_ex_matches_torch(local, remote, reduction):
+    torch = pytest.importorskip("torch")
+    F = torch.nn.functional
+    x, lab = _ce_case()
+    got = []
+    for d in (local, remote):
+        xt = d.tensor(x, requires_grad=True)
+        loss = dispatch.cross_entropy(xt, lab, reduction=reduction,
+                                      label_smoothing=0.1)
+        g = (loss * d.tensor(np.full(loss.shape, 0.5))).sum().backward()
+        got.append((loss.numpy(), g[xt].numpy()))
+    assert np.array_equal(got[0][0], got[1][0])  # LOCAL == REMOTE
+    assert np.array_equal(got[0][1], got[1][1])
+    xt = torch.tensor(x, requires_grad=True)
+    want = F.cross_entropy(xt, torch.tensor(lab), reduction=reduction,
+                           label_smoothing=0.1)
+    (want * 0.5).sum().backward()
+    np.testing.assert_allclose(got[0][0], want.detach().numpy(), rtol=1e-12,
+                               atol=1e-14)
+    np.testing.assert_allclose(got[0][1], xt.grad.numpy(), rtol=1e-10,
+                               atol=1e-14)
+
+
+def test_cross_entropy_ex_ignored_and_errors(dev):
+    torch = pytest.importorskip("torch")
+    x = np.array([[1.0, 2.0, 3.0], [1.0, 1.0, 1.0]], np.float32)
+    lab = np.array([2, 0])
+    for ign in (0, 2, 5):
+        got = dispatch.cross_entropy_ex(dev.tensor(x), lab, ignore_index=ign,
+                                        reduction="mean").item()
+        want = torch.nn.functional.cross_entropy(
+            torch.tensor(x), torch.tensor(lab), ignore_index=ign).item()
+        np.testing.assert_allclose(got, want, rtol=1e-6)
+    # every label ignored: NaN with mean, as torch
+    allig = dispatch.cross_entropy_ex(dev.tensor(x), [-100, -100]).item()
+    assert np.isnan(allig)
+    with pytest.raises(dispatch.EINDEX):
+        dispatch.cross_entropy_ex(dev.tensor(x), [2, 3]).item()
+        dev.sync()
+    with pytest.raises(ValueError):
+        dispatch.cross_entropy_ex(dev.tensor(x), lab, reduction="avg")

@@ -378,6 +378,22 @@ int main(int argc, char **argv) {
     tcase ceb = mkcase(DSP_OP_CROSS_ENTROPY_BACKWARD, 3, dt, 0, NULL, 2, N2);
     ceb.in[2] = meta(DSP_I64, 1, NN), ceb.kind[2] = 2, ceb.lim[2] = 10;
     run_case(&ceb);
+    /* issue 23: cross_entropy_ex, [6,10] and [2,5,3,4], ignore_index 3 (a
+     * class, so random labels hit it), smoothing 0.1, each reduction */
+    static const int64_t X5[] = {2, 5, 3, 4}, L5[] = {2, 3, 4};
+    for (int r = 0; r < 3; r++) {
+      int64_t cv2[2] = {3, r};
+      tcase cx = mkcase(DSP_OP_CROSS_ENTROPY_EX, 2, dt, 2, N2, 1, NN);
+      cx.in[1].dtype = DSP_I64, cx.kind[1] = 2, cx.lim[1] = 10;
+      cx.a = dsp_attrs_ints(2, cv2), cx.a.n_floats = 1, cx.a.floats[0] = 0.1;
+      run_case(&cx);
+      tcase cs = mkcase(DSP_OP_CROSS_ENTROPY_EX, 2, dt, 4, X5, 3, L5);
+      cs.in[1].dtype = DSP_I64, cs.kind[1] = 2, cs.lim[1] = 5, cs.a = cx.a;
+      run_case(&cs);
+      tcase cb = mkcase(DSP_OP_CROSS_ENTROPY_EX_BACKWARD, 3, dt, r ? 0 : 3, L5, 4, X5);
+      cb.in[2] = meta(DSP_I64, 3, L5), cb.kind[2] = 2, cb.lim[2] = 5, cb.a = cx.a;
+      run_case(&cb);
+    }
     tcase mse = mkcase(DSP_OP_MSE, 2, dt, 3, C, 3, C);
     run_case(&mse);
     tcase dr = mkcase(DSP_OP_DROPOUT, 1, dt, 3, C, 0, NULL);

@@ -1,0 +1,352 @@
+/* issue 23: loss. cross_entropy_ex against values computed by hand and by
+ * torch.nn.functional.cross_entropy (PyTorch 1.13, f64, numbers pasted
+ * below), its fused backward op against torch's gradient and central
+ * finite differences, the all-ignored batch, the 1-D form, bit-identity
+ * with cross_entropy, the client function, and every validation error. */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <string.h>
+
+#include "dispatch_client.h"
+#include "dsp.h"
+#include "helpers/tensor_util.h"
+#include "ops_plan.h"
+
+static dsp_ctx *ctx;
+static void setup(void) { ctx = dsp_ctx_new(dsp_cpu_backend()); }
+static void teardown(void) { dsp_ctx_free(ctx); }
+TestSuite(ce_ex, .init = setup, .fini = teardown);
+
+#define IGN (-100)
+
+static dsp_attrs ce_attrs(int64_t ignore, double eps, int red) {
+  int64_t v[2] = {ignore, red};
+  dsp_attrs a = dsp_attrs_ints(2, v);
+  a.floats[0] = eps;
+  a.n_floats = 1;
+  return a;
+}
+
+static double at(const dsp_tensor *t, int64_t i) {
+  return t->meta.dtype == DSP_F32 ? ((const float *)dsp_tensor_data(t))[i]
+                                  : ((const double *)dsp_tensor_data(t))[i];
+}
+static void set(dsp_tensor *t, int64_t i, double v) {
+  if (t->meta.dtype == DSP_F32) ((float *)dsp_tensor_data(t))[i] = (float)v;
+  else ((double *)dsp_tensor_data(t))[i] = v;
+}
+
+static dsp_tensor *fl(dsp_dtype dt, int nd, const int64_t *sh, const double *v) {
+  dsp_meta m = {dt, nd, {0}};
+  for (int i = 0; i < nd; i++) m.shape[i] = sh[i];
+  dsp_tensor *t = NULL;
+  cr_assert_eq(dsp_tensor_new(ctx, &m, &t), 0, "%s", dsp_ctx_errmsg(ctx));
+  for (int64_t i = 0; i < t->numel; i++) set(t, i, v[i]);
+  return t;
+}
+
+static dsp_tensor *ce(dsp_tensor *x, dsp_tensor *lab, int64_t ignore,
+                      double eps, int red) {
+  dsp_attrs a = ce_attrs(ignore, eps, red);
+  return tu_run(ctx, DSP_OP_CROSS_ENTROPY_EX, &a, 2, x, lab, NULL);
+}
+static dsp_tensor *ce_bw(dsp_tensor *g, dsp_tensor *x, dsp_tensor *lab,
+                         int64_t ignore, double eps, int red) {
+  dsp_attrs a = ce_attrs(ignore, eps, red);
+  return tu_run(ctx, DSP_OP_CROSS_ENTROPY_EX_BACKWARD, &a, 3, g, x, lab);
+}
+
+/* x [2,3,2,2] = ((7i mod 11) - 5) / 3, labels [2,2,2] with two ignored */
+static const int64_t X4[4] = {2, 3, 2, 2}, L3[3] = {2, 2, 2};
+static const int64_t LAB4[8] = {0, 2, IGN, 1, 1, IGN, 2, 0};
+static void x4_values(double *v) {
+  for (int i = 0; i < 24; i++) v[i] = (double)((i * 7) % 11 - 5) / 3.0;
+}
+/* torch 1.13: F.cross_entropy(x, lab, label_smoothing=0.1, reduction=...) */
+static const double T_NONE[8] = {2.203038946565621,  0.6939718778275259,
+                                 0.0,                1.8692397664699238,
+                                 2.493971877827526,  0.0,
+                                 3.369239766469924,  0.9939718778275258};
+static const double T_SUM = 11.623434112988045, T_MEAN = 1.937239018831341;
+static const double T_GRAD_MEAN[24] = {
+    -0.1385221050858152,   0.05893174903473298,  0.0,
+    0.13054890863758983,   0.1203055655237126,   0.006624522974304661,
+    0.0,                   -0.12984874283219186, 0.018216539562102584,
+    -0.06555627200903766,  0.0,                  -0.0007001658053979341,
+    0.058931749034732986,  0.0,                  0.13054890863758983,
+    -0.09106825096526701,  -0.14337547702569534, 0.0,
+    0.020151257167808127,  0.006624522974304663, 0.08444372799096236,
+    0.0,                   -0.15070016580539794, 0.08444372799096236};
+
+Test(ce_ex, two_by_three_by_hand_with_an_ignored_class_index) {
+  double v[6] = {1, 2, 3, 1, 1, 1};
+  int64_t s[2] = {2, 3}, sl[1] = {2}, l[2] = {2, 0};
+  double l0 = log(exp(1) + exp(2) + exp(3)) - 3, l1 = log(3.0);
+  for (int d = 0; d < 2; d++) {
+    dsp_dtype dt = d ? DSP_F64 : DSP_F32;
+    double tol = d ? 1e-14 : 1e-6;
+    dsp_tensor *x = fl(dt, 2, s, v), *lab = tu_i64(ctx, 1, sl, l);
+    dsp_tensor *y = ce(x, lab, IGN, 0, DSP_REDUCE_NONE);
+    tu_assert_shape(y, 1, sl);
+    cr_assert_eq(y->meta.dtype, dt);
+    cr_assert_float_eq(at(y, 0), l0, tol);
+    cr_assert_float_eq(at(y, 1), l1, tol);
+    dsp_tensor_unref(y);
+    y = ce(x, lab, IGN, 0, DSP_REDUCE_SUM);
+    cr_assert_eq(y->meta.ndim, 0);
+    cr_assert_float_eq(at(y, 0), l0 + l1, tol);
+    dsp_tensor_unref(y);
+    /* ignore_index may be a class: label 0 of row 1 is ignored */
+    y = ce(x, lab, 0, 0, DSP_REDUCE_NONE);
+    cr_assert_float_eq(at(y, 0), l0, tol);
+    cr_assert_eq(at(y, 1), 0.0);
+    dsp_tensor_unref(y);
+    y = ce(x, lab, 0, 0, DSP_REDUCE_MEAN); /* over 1 label, not 2 */
+    cr_assert_float_eq(at(y, 0), l0, tol);
+    dsp_tensor_unref(y);
+    /* smoothing 1: the mean over classes of -log p */
+    y = ce(x, lab, IGN, 1.0, DSP_REDUCE_NONE);
+    cr_assert_float_eq(at(y, 0), l0 + 3 - 2, tol);
+    cr_assert_float_eq(at(y, 1), l1, tol);
+    dsp_tensor_unref(y);
+    dsp_tensor_unref(x), dsp_tensor_unref(lab);
+  }
+}
+
+Test(ce_ex, spatial_logits_with_smoothing_match_torch) {
+  double v[24];
+  x4_values(v);
+  for (int d = 0; d < 2; d++) {
+    dsp_dtype dt = d ? DSP_F64 : DSP_F32;
+    double tol = d ? 1e-13 : 2e-6;
+    dsp_tensor *x = fl(dt, 4, X4, v), *lab = tu_i64(ctx, 3, L3, LAB4);
+    dsp_tensor *y = ce(x, lab, IGN, 0.1, DSP_REDUCE_NONE);
+    tu_assert_shape(y, 3, L3);
+    for (int i = 0; i < 8; i++) cr_assert_float_eq(at(y, i), T_NONE[i], tol, "%d", i);
+    dsp_tensor_unref(y);
+    y = ce(x, lab, IGN, 0.1, DSP_REDUCE_SUM);
+    cr_assert_float_eq(at(y, 0), T_SUM, tol * 10);
+    dsp_tensor_unref(y);
+    y = ce(x, lab, IGN, 0.1, DSP_REDUCE_MEAN);
+    cr_assert_float_eq(at(y, 0), T_MEAN, tol);
+    dsp_tensor_unref(y);
+    double one = 1.0;
+    dsp_tensor *g = fl(dt, 0, NULL, &one);
+    dsp_tensor *gx = ce_bw(g, x, lab, IGN, 0.1, DSP_REDUCE_MEAN);
+    tu_assert_shape(gx, 4, X4);
+    for (int i = 0; i < 24; i++)
+      cr_assert_float_eq(at(gx, i), T_GRAD_MEAN[i], tol, "grad %d", i);
+    dsp_tensor_unref(gx), dsp_tensor_unref(g);
+    dsp_tensor_unref(x), dsp_tensor_unref(lab);
+  }
+}
+
+/* sum(cross_entropy_ex(x) * G) for the finite differences */
+typedef struct fd_ud {
+  dsp_tensor *x, *lab, *G;
+  int64_t ignore;
+  double eps;
+  int red;
+} fd_ud;
+static double fd_loss(fd_ud *u) {
+  dsp_tensor *y = ce(u->x, u->lab, u->ignore, u->eps, u->red);
+  double s = 0;
+  for (int64_t i = 0; i < y->numel; i++) s += at(y, i) * at(u->G, i);
+  dsp_tensor_unref(y);
+  return s;
+}
+
+Test(ce_ex, backward_matches_finite_differences_for_every_reduction) {
+  double v[24];
+  x4_values(v);
+  for (int red = 0; red < 3; red++)
+    for (int e = 0; e < 2; e++) {
+      dsp_tensor *x = fl(DSP_F64, 4, X4, v), *lab = tu_i64(ctx, 3, L3, LAB4);
+      double gv[8] = {0.5, -1.25, 2.0, 0.75, 1.5, -0.5, 1.0, 0.25};
+      dsp_tensor *G = fl(DSP_F64, red ? 0 : 3, L3, gv);
+      fd_ud u = {x, lab, G, IGN, e ? 0.3 : 0.0, red};
+      dsp_tensor *gx = ce_bw(G, x, lab, u.ignore, u.eps, red);
+      const double h = 1e-6;
+      for (int64_t i = 0; i < 24; i++) {
+        double x0 = at(x, i);
+        set(x, i, x0 + h);
+        double fp = fd_loss(&u);
+        set(x, i, x0 - h);
+        double fm = fd_loss(&u);
+        set(x, i, x0);
+        double num = (fp - fm) / (2 * h);
+        cr_assert(fabs(num - at(gx, i)) <= 1e-7 * (1 + fabs(num)),
+                  "red %d eps %g element %lld: analytic %.10g numeric %.10g",
+                  red, u.eps, (long long)i, at(gx, i), num);
+      }
+      dsp_tensor_unref(gx), dsp_tensor_unref(G);
+      dsp_tensor_unref(x), dsp_tensor_unref(lab);
+    }
+}
+
+Test(ce_ex, all_ignored_gives_nan_mean_zero_sum_and_zero_grad) {
+  double v[24];
+  x4_values(v);
+  int64_t l[8];
+  for (int i = 0; i < 8; i++) l[i] = IGN;
+  dsp_tensor *x = fl(DSP_F32, 4, X4, v), *lab = tu_i64(ctx, 3, L3, l);
+  dsp_tensor *y = ce(x, lab, IGN, 0.2, DSP_REDUCE_MEAN);
+  cr_assert(isnan(at(y, 0)), "mean of nothing is %g, want NaN", at(y, 0));
+  dsp_tensor_unref(y);
+  y = ce(x, lab, IGN, 0.2, DSP_REDUCE_SUM);
+  cr_assert_eq(at(y, 0), 0.0);
+  dsp_tensor_unref(y);
+  y = ce(x, lab, IGN, 0.2, DSP_REDUCE_NONE);
+  for (int i = 0; i < 8; i++) cr_assert_eq(at(y, i), 0.0);
+  dsp_tensor_unref(y);
+  double one = 1.0;
+  dsp_tensor *g = fl(DSP_F32, 0, NULL, &one);
+  dsp_tensor *gx = ce_bw(g, x, lab, IGN, 0.2, DSP_REDUCE_MEAN);
+  for (int i = 0; i < 24; i++) cr_assert_eq(at(gx, i), 0.0, "grad %d", i);
+  dsp_tensor_unref(gx), dsp_tensor_unref(g);
+  dsp_tensor_unref(x), dsp_tensor_unref(lab);
+}
+
+Test(ce_ex, one_d_logits_and_an_empty_batch) {
+  double v[3] = {1, 2, 3};
+  int64_t c3[1] = {3}, one = 1;
+  dsp_tensor *x = fl(DSP_F64, 1, c3, v), *lab = tu_i64(ctx, 0, NULL, &one);
+  dsp_tensor *y = ce(x, lab, IGN, 0, DSP_REDUCE_MEAN);
+  cr_assert_float_eq(at(y, 0), 1.4076059644443804, 1e-14); /* torch */
+  dsp_tensor_unref(y);
+  y = ce(x, lab, IGN, 0, DSP_REDUCE_NONE);
+  cr_assert_eq(y->meta.ndim, 0);
+  dsp_tensor_unref(y), dsp_tensor_unref(x), dsp_tensor_unref(lab);
+  /* N = 0: none is empty, sum 0, mean NaN (torch's answers) */
+  int64_t s0[2] = {0, 4}, n0[1] = {0};
+  dsp_tensor *xe = fl(DSP_F32, 2, s0, v), *le = tu_i64(ctx, 1, n0, NULL);
+  y = ce(xe, le, IGN, 0, DSP_REDUCE_NONE);
+  tu_assert_shape(y, 1, n0);
+  dsp_tensor_unref(y);
+  y = ce(xe, le, IGN, 0, DSP_REDUCE_SUM);
+  cr_assert_eq(at(y, 0), 0.0);
+  dsp_tensor_unref(y);
+  y = ce(xe, le, IGN, 0, DSP_REDUCE_MEAN);
+  cr_assert(isnan(at(y, 0)));
+  dsp_tensor_unref(y), dsp_tensor_unref(xe), dsp_tensor_unref(le);
+}
+
+Test(ce_ex, defaults_give_cross_entropy_bit_for_bit) {
+  int64_t s[2] = {7, 11}, sl[1] = {7}, l[7] = {0, 10, 3, 3, 5, 9, 1};
+  double v[77];
+  for (int i = 0; i < 77; i++) v[i] = sin(0.37 * i) * 4;
+  for (int d = 0; d < 2; d++) {
+    dsp_dtype dt = d ? DSP_F64 : DSP_F32;
+    dsp_tensor *x = fl(dt, 2, s, v), *lab = tu_i64(ctx, 1, sl, l);
+    dsp_attrs none = dsp_attrs_none();
+    dsp_tensor *old = tu_run(ctx, DSP_OP_CROSS_ENTROPY, &none, 2, x, lab, NULL);
+    dsp_tensor *y = ce(x, lab, IGN, 0, DSP_REDUCE_MEAN);
+    cr_assert_eq(memcmp(dsp_tensor_data(old), dsp_tensor_data(y),
+                        dsp_tensor_nbytes(y)), 0, "loss differs");
+    double gv = 0.625;
+    dsp_tensor *g = fl(dt, 0, NULL, &gv);
+    dsp_tensor *gold = tu_run(ctx, DSP_OP_CROSS_ENTROPY_BACKWARD, &none, 3, g, x, lab);
+    dsp_tensor *gnew = ce_bw(g, x, lab, IGN, 0, DSP_REDUCE_MEAN);
+    cr_assert_eq(memcmp(dsp_tensor_data(gold), dsp_tensor_data(gnew),
+                        dsp_tensor_nbytes(gnew)), 0, "gradient differs");
+    dsp_tensor_unref(g), dsp_tensor_unref(gold), dsp_tensor_unref(gnew);
+    dsp_tensor_unref(old), dsp_tensor_unref(y);
+    dsp_tensor_unref(x), dsp_tensor_unref(lab);
+  }
+}
+
+Test(ce_ex, autodiff_uses_the_fused_backward) {
+  double v[24];
+  x4_values(v);
+  dsp_tensor *x = fl(DSP_F64, 4, X4, v), *lab = tu_i64(ctx, 3, L3, LAB4);
+  cr_assert_eq(dsp_track(ctx, x), 0);
+  dsp_tensor *y = ce(x, lab, IGN, 0.1, DSP_REDUCE_MEAN);
+  dsp_grads *g = NULL;
+  cr_assert_eq(dsp_backward(ctx, y, 0, &g), 0, "%s", dsp_ctx_errmsg(ctx));
+  dsp_tensor *gx = NULL;
+  cr_assert_eq(dsp_grads_get(ctx, g, x, &gx), 0);
+  tu_assert_f64(gx, T_GRAD_MEAN, 24, 1e-13);
+  dsp_tensor_unref(gx), dsp_grads_free(g), dsp_tensor_unref(y);
+  dsp_tensor_unref(x), dsp_tensor_unref(lab);
+}
+
+Test(ce_ex, errors_name_the_problem) {
+  double v[24];
+  x4_values(v);
+  int64_t s[2] = {2, 3}, sl[1] = {2}, sl3[1] = {3}, c0[2] = {2, 0};
+  int64_t bad[2] = {1, 3}, neg[2] = {-1, 0}, ok[2] = {0, 1};
+  dsp_tensor *x = fl(DSP_F32, 2, s, v), *lb = tu_i64(ctx, 1, sl, bad);
+  dsp_tensor *ln = tu_i64(ctx, 1, sl, neg), *lok = tu_i64(ctx, 1, sl, ok);
+  dsp_tensor *l3 = tu_i64(ctx, 1, sl3, ok), *lf = fl(DSP_F32, 1, sl, v);
+  int64_t six[6] = {0};
+  dsp_tensor *xi = tu_i64(ctx, 2, s, six), *xc0 = fl(DSP_F32, 2, c0, v);
+  dsp_attrs a = ce_attrs(IGN, 0, DSP_REDUCE_MEAN);
+  tu_run_fail(ctx, DSP_OP_CROSS_ENTROPY_EX, &a, 2, x, lb, NULL, DISPATCH_EINDEX,
+              "label 3 at position 1 out of range for 3 classes");
+  tu_run_fail(ctx, DSP_OP_CROSS_ENTROPY_EX, &a, 2, x, ln, NULL, DISPATCH_EINDEX,
+              "label -1 at position 0");
+  /* -1 is fine when it is the ignore_index */
+  dsp_attrs am1 = ce_attrs(-1, 0, DSP_REDUCE_NONE);
+  dsp_tensor *y = tu_run(ctx, DSP_OP_CROSS_ENTROPY_EX, &am1, 2, x, ln, NULL);
+  cr_assert_eq(at(y, 0), 0.0);
+  dsp_tensor_unref(y);
+  tu_run_fail(ctx, DSP_OP_CROSS_ENTROPY_EX, &a, 2, x, l3, NULL, DISPATCH_ESHAPE,
+              "do not match logits");
+  tu_run_fail(ctx, DSP_OP_CROSS_ENTROPY_EX, &a, 2, x, lf, NULL, DISPATCH_EDTYPE,
+              "labels must be i64");
+  tu_run_fail(ctx, DSP_OP_CROSS_ENTROPY_EX, &a, 2, xi, lok, NULL, DISPATCH_EDTYPE,
+              "logits must be f32 or f64");
+  tu_run_fail(ctx, DSP_OP_CROSS_ENTROPY_EX, &a, 2, xc0, lok, NULL, DISPATCH_ESHAPE,
+              "no classes");
+  dsp_attrs r3 = ce_attrs(IGN, 0, 3), sm = ce_attrs(IGN, 1.5, 2),
+            snan = ce_attrs(IGN, NAN, 2), few = dsp_attrs_ints(1, sl);
+  tu_run_fail(ctx, DSP_OP_CROSS_ENTROPY_EX, &r3, 2, x, lok, NULL, DISPATCH_EINVAL,
+              "reduction 3");
+  tu_run_fail(ctx, DSP_OP_CROSS_ENTROPY_EX, &sm, 2, x, lok, NULL, DISPATCH_EINVAL,
+              "label_smoothing 1.5 outside [0, 1]");
+  tu_run_fail(ctx, DSP_OP_CROSS_ENTROPY_EX, &snan, 2, x, lok, NULL, DISPATCH_EINVAL,
+              "label_smoothing");
+  tu_run_fail(ctx, DSP_OP_CROSS_ENTROPY_EX, &few, 2, x, lok, NULL, DISPATCH_EINVAL,
+              "ignore_index, reduction");
+  /* backward: the grad must have the forward output's shape and dtype */
+  double gv[2] = {1, 1};
+  dsp_tensor *g0 = fl(DSP_F32, 0, NULL, gv), *g2 = fl(DSP_F32, 1, sl, gv);
+  dsp_tensor *g2d = fl(DSP_F64, 1, sl, gv);
+  dsp_attrs an = ce_attrs(IGN, 0, DSP_REDUCE_NONE);
+  tu_run_fail(ctx, DSP_OP_CROSS_ENTROPY_EX_BACKWARD, &a, 3, g2, x, lok,
+              DISPATCH_ESHAPE, "but the loss is");
+  tu_run_fail(ctx, DSP_OP_CROSS_ENTROPY_EX_BACKWARD, &an, 3, g0, x, lok,
+              DISPATCH_ESHAPE, "but the loss is");
+  tu_run_fail(ctx, DSP_OP_CROSS_ENTROPY_EX_BACKWARD, &an, 3, g2d, x, lok,
+              DISPATCH_EDTYPE, "grad is f64");
+  tu_run_fail(ctx, DSP_OP_CROSS_ENTROPY_EX_BACKWARD, &a, 3, g0, x, lb,
+              DISPATCH_EINDEX, "label 3");
+  dsp_tensor *gx = tu_run(ctx, DSP_OP_CROSS_ENTROPY_EX_BACKWARD, &an, 3, g2, x, lok);
+  tu_assert_shape(gx, 2, s);
+  dsp_tensor_unref(gx);
+  dsp_tensor_unref(g0), dsp_tensor_unref(g2), dsp_tensor_unref(g2d);
+  dsp_tensor_unref(x), dsp_tensor_unref(lb), dsp_tensor_unref(ln);
+  dsp_tensor_unref(lok), dsp_tensor_unref(l3), dsp_tensor_unref(lf);
+  dsp_tensor_unref(xi), dsp_tensor_unref(xc0);
+}
+
+/* The public function packs the attributes the op reads. */
+Test(ce_ex, client_function_local) {
+  dispatch_device *dev = NULL;
+  char err[256];
+  cr_assert_eq(dispatch_device_open("local", NULL, &dev, err, sizeof err), 0, "%s", err);
+  double v[24];
+  x4_values(v);
+  dispatch_tensor *x = NULL, *lab = NULL, *y = NULL;
+  cr_assert_eq(dispatch_tensor_from_data(dev, DISPATCH_F64, 4, X4, v, sizeof v, &x), 0);
+  cr_assert_eq(dispatch_tensor_from_data(dev, DISPATCH_I64, 3, L3, LAB4, sizeof LAB4, &lab), 0);
+  cr_assert_eq(dispatch_cross_entropy_ex(x, lab, IGN, 0.1, DISPATCH_REDUCE_NONE, &y), 0);
+  double got[8];
+  cr_assert_eq(dispatch_tensor_read(y, got, sizeof got), 0);
+  for (int i = 0; i < 8; i++) cr_assert_float_eq(got[i], T_NONE[i], 1e-13);
+  dispatch_tensor_free(y);
+  cr_assert_eq(dispatch_cross_entropy_ex(x, lab, IGN, 0.1, 7, &y), DISPATCH_EINVAL);
+  cr_assert_null(y);
+  dispatch_tensor_free(x), dispatch_tensor_free(lab);
+  dispatch_device_close(dev);
+}
