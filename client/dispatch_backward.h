@@ -17,7 +17,9 @@
  *   conv2d_backward_input (grad, w, conv ints, the 4 dims of the forward
  *     input), conv2d_backward_weight (grad, x, conv ints, the 4 dims of
  *     the weight)
- *   max_pool2d_backward, avg_pool2d_backward (grad, x, pool ints)
+ *   max_pool2d_backward, avg_pool2d_backward (grad, x, pool ints; the
+ *     op also takes avg_pool2d_ex's count_include_pad as a 7th int, which
+ *     autodiff passes and this helper does not)
  *   cross_entropy_ex_backward (grad, logits, labels, the forward's
  *     ignore_index, label_smoothing, reduction)
  *

@@ -370,3 +370,14 @@ int dispatch_cross_entropy_ex_backward(dispatch_tensor *grad,
   dsp_attrs a = ce_ex_attrs(ignore_index, label_smoothing, reduction);
   return run3(DSP_OP_CROSS_ENTROPY_EX_BACKWARD, grad, logits, labels, &a, out);
 }
+
+/* issue 23: pools */
+
+int dispatch_avg_pool2d_ex(dispatch_tensor *x, int64_t kh, int64_t kw,
+                           int64_t stride_h, int64_t stride_w, int64_t pad_h,
+                           int64_t pad_w, int count_include_pad,
+                           dispatch_tensor **out) {
+  dsp_attrs a = pool_attrs(kh, kw, stride_h, stride_w, pad_h, pad_w);
+  a.ints[a.n_ints++] = count_include_pad ? 1 : 0;
+  return run1(DSP_OP_AVG_POOL2D_EX, x, &a, out);
+}

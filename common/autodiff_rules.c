@@ -492,6 +492,9 @@ int dsp__autodiff_rule(dsp_ctx *ctx, const dsp_node *n, dsp_tensor *g,
                     &a, 2, g, x, NULL));
       break;
     }
+    case DSP_OP_AVG_POOL2D_EX: /* all 7 ints, count_include_pad last */
+      GRAD(0, rb_op(R, DSP_OP_AVG_POOL2D_BACKWARD, at, 2, g, x, NULL));
+      break;
     case DSP_OP_DROPOUT: /* the same seed gives the same mask and scale */
       GRAD(0, rb_op(R, DSP_OP_DROPOUT, at, 1, g, NULL, NULL));
       break;

@@ -53,7 +53,7 @@ static uint64_t work(dsp_opcode op, const dsp_meta *in, int n_in,
       break;
   }
   /* the nn ops are costed one by one: a new one needs its case here */
-  _Static_assert(DSP__OPS_IN_FAMILY(NN) == 17,
+  _Static_assert(DSP__OPS_IN_FAMILY(NN) == 18,
                  "a new nn op needs a cost decision in dsp_op_cost");
   switch (op) {
     case DSP_OP_SOFTMAX:
@@ -82,9 +82,11 @@ static uint64_t work(dsp_opcode op, const dsp_meta *in, int n_in,
     }
     case DSP_OP_MAX_POOL2D:
     case DSP_OP_AVG_POOL2D:
+    case DSP_OP_AVG_POOL2D_EX:
     case DSP_OP_MAX_POOL2D_BACKWARD:
     case DSP_OP_AVG_POOL2D_BACKWARD: {
-      uint64_t y = (op == DSP_OP_MAX_POOL2D || op == DSP_OP_AVG_POOL2D)
+      uint64_t y = (op == DSP_OP_MAX_POOL2D || op == DSP_OP_AVG_POOL2D ||
+                    op == DSP_OP_AVG_POOL2D_EX)
                        ? on
                        : numel(&in[0]);
       return mul_sat(y, mul_sat((uint64_t)a->ints[0], (uint64_t)a->ints[1]));

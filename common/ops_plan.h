@@ -96,6 +96,7 @@ typedef struct dsp_conv_geo {
 typedef struct dsp_pool_geo {
   int64_t N, C, H, W, KH, KW, OH, OW;
   int64_t sh, sw, ph, pw;
+  int exclude_pad; /* avg: divide by the window's non-padding elements */
 } dsp_pool_geo;
 /* nn: full validation of an nn op (as dsp__infer_nn) that also gives the
  * conv geometry (conv ops) or pool geometry (pool ops). */

@@ -363,10 +363,23 @@ static int make_case(dsp_opcode op, dsp_dtype k, int v, tcase *c) {
         default: return -1;
       }
     case DSP_OP_MAX_POOL2D_BACKWARD: case DSP_OP_AVG_POOL2D_BACKWARD:
+      if (v == 1 && op == DSP_OP_AVG_POOL2D_BACKWARD) { /* issue 23 */
+        c->what = "count_include_pad 0, 3x3 stride 2 pad 1"; in_(c, k, 'r', 0, 4, 1, 2, 4, 3); in_(c, k, 'r', 0, 4, 1, 2, 7, 6);
+        ints_(c, 7, 3, 3, 2, 2, 1, 1, 0);
+        return 0;
+      }
       if (v) return -1;
       c->what = "grad [2,3,3,3], x [2,3,6,6]"; in_(c, k, 'r', 0, 4, 2, 3, 3, 3); in_(c, k, 'r', 0, 4, 2, 3, 6, 6);
       ints_(c, 2, 2, 2);
       return 0;
+    /* issue 23: count_include_pad 0 and 1, stride 0 = kernel */
+    case DSP_OP_AVG_POOL2D_EX:
+      switch (v) {
+        case 0: c->what = "3x3 stride 2 pad 1, count_include_pad 0"; in_(c, k, 'r', 0, 4, 1, 2, 7, 6); ints_(c, 7, 3, 3, 2, 2, 1, 1, 0); return 0;
+        case 1: c->what = "3x2 stride 0 pad 1,0, count_include_pad 1"; in_(c, k, 'r', 0, 4, 2, 3, 6, 6); ints_(c, 7, 3, 2, 0, 0, 1, 0, 1); return 0;
+        case 2: c->what = "zero-size batch"; in_(c, k, 'r', 0, 4, 0, 3, 4, 4); ints_(c, 7, 2, 2, 0, 0, 0, 0, 0); return 0;
+        default: return -1;
+      }
     case DSP_OP_DROPOUT:
       switch (v) {
         case 0: c->what = "[6,7] p 0.3"; in_(c, k, 'r', 0, 2, 6, 7); ints_(c, 1, 42); fl_(c, 1, 0.3); return 0;

@@ -1145,39 +1145,47 @@ Test(cuda_host, conv2d_im2col_blocks_match_cpu) {
 
 Test(cuda_host, pooling_forward_and_backward_gathers_match_cpu) {
   static const int64_t X[] = {2, 3, 7, 9};
-  static const int64_t PI[][6] = {{2, 2, 2, 2, 0, 0}, {3, 3, 2, 1, 1, 1}, {3, 2, 1, 2, 1, 0}};
+  /* the 7th int: count_include_pad, avg only (issue 23: 0 divides by the
+   * window's elements inside the input; mx 2 is avg_pool2d_ex with it) */
+  static const int64_t PI[][7] = {{2, 2, 2, 2, 0, 0, 1}, {3, 3, 2, 1, 1, 1, 1},
+                                  {3, 2, 1, 2, 1, 0, 1}, {3, 3, 2, 1, 1, 1, 0},
+                                  {3, 2, 0, 2, 1, 0, 0}};
   for (int f = 0; f < 2; f++)
-    for (int pi = 0; pi < 3; pi++)
-      for (int mx = 0; mx < 2; mx++) {
+    for (int pi = 0; pi < 5; pi++)
+      for (int mx = 0; mx < 3; mx++) {
+        if ((mx == 2) != (PI[pi][6] == 0)) continue;
         dsp_dtype dt = f ? DSP_F64 : DSP_F32;
         dsp_tensor *x = mk(dt, 4, X, 1, 0); /* ties, NaN, inf */
-        dsp_attrs a = dsp_attrs_ints(6, PI[pi]);
-        dsp_tensor *y = run(mx ? DSP_OP_MAX_POOL2D : DSP_OP_AVG_POOL2D, &a, 1, &x);
+        dsp_attrs a = dsp_attrs_ints(mx == 2 ? 7 : 6, PI[pi]);
+        dsp_opcode fop = mx == 2 ? DSP_OP_AVG_POOL2D_EX
+                         : mx      ? DSP_OP_MAX_POOL2D : DSP_OP_AVG_POOL2D;
+        dsp_tensor *y = run(fop, &a, 1, &x);
         dsp__cu_geo g = {0};
-        cr_assert_eq(dsp__cu_plan_nn(ctx, mx ? DSP_OP_MAX_POOL2D : DSP_OP_AVG_POOL2D,
-                                     &x->meta, 1, &a, &g), 0);
+        cr_assert_eq(dsp__cu_plan_nn(ctx, fop, &x->meta, 1, &a, &g), 0);
+        cr_assert_eq(g.exclude_pad, mx == 2);
+        const int m = mx == 1; /* the replay below: max or avg */
         dsp_tensor *gy = empty_like(y);
         size_t es = f ? 8 : 4;
         for (int64_t e = 0; e < gy->numel; e++) { /* k_pool_fwd */
           int64_t ow = e % g.OW, oh = (e / g.OW) % g.OH, nc = e / (g.OW * g.OH), at;
           const char *xp = (const char *)dsp_tensor_data(x) + (size_t)(nc * g.H * g.W) * es;
-          st_any(gy, e, mx ? dsp__cu_pool_max(&g, xp, f, oh, ow, &at)
+          st_any(gy, e, m ? dsp__cu_pool_max(&g, xp, f, oh, ow, &at)
                            : dsp__cu_pool_avg(&g, xp, f, oh, ow));
         }
-        assert_same_bytes(gy, y, mx ? "max_pool2d" : "avg_pool2d");
+        assert_same_bytes(gy, y, m ? "max_pool2d" : "avg_pool2d");
         dsp_tensor *up = mk(dt, 4, y->meta.shape, 0, 0);
         dsp_tensor *in[2] = {up, x};
-        dsp_tensor *dx = run(mx ? DSP_OP_MAX_POOL2D_BACKWARD : DSP_OP_AVG_POOL2D_BACKWARD,
+        dsp_tensor *dx = run(m ? DSP_OP_MAX_POOL2D_BACKWARD : DSP_OP_AVG_POOL2D_BACKWARD,
                              &a, 2, in);
         dsp_tensor *gx = empty_like(dx);
         for (int64_t e = 0; e < gx->numel; e++) { /* k_pool_bw */
           int64_t w = e % g.W, h = (e / g.W) % g.H, nc = e / (g.W * g.H);
-          st_any(gx, e, dsp__cu_pool_bw_at(&g, mx,
+          st_any(gx, e, dsp__cu_pool_bw_at(&g, m,
                         (const char *)dsp_tensor_data(up) + (size_t)(nc * g.OH * g.OW) * es,
                         (const char *)dsp_tensor_data(x) + (size_t)(nc * g.H * g.W) * es,
                         f, h, w));
         }
-        assert_same_bytes(gx, dx, mx ? "max_pool2d_backward" : "avg_pool2d_backward");
+        assert_same_bytes(gx, dx, m ? "max_pool2d_backward" : "avg_pool2d_backward");
         dsp_tensor_unref(gx), dsp_tensor_unref(dx), dsp_tensor_unref(up);
         dsp_tensor_unref(gy), dsp_tensor_unref(y), dsp_tensor_unref(x);
       }

@@ -369,6 +369,12 @@ Test(gradcheck, pooling_and_dropout) {
   dsp_tensor *d[1] = {rnd(SHAPE(2, 1, 5, 5), -1, 1)};
   check_op("avg_pool2d stride 2 pad 1", DSP_OP_AVG_POOL2D,
            INTS(3, 3, 2, 2, 1, 1), 1, d);
+  /* issue 23: count_include_pad 0 and 1, stride 0 = kernel */
+  for (int cip = 0; cip < 2; cip++) {
+    dsp_tensor *e7[1] = {rnd(SHAPE(2, 1, 5, 6), -1, 1)};
+    check_op("avg_pool2d_ex", DSP_OP_AVG_POOL2D_EX,
+             INTS(3, 3, 2, 0, 1, 1, cip), 1, e7);
+  }
   dsp_attrs dp = INTS(1234);
   dp.floats[0] = 0.3;
   dp.n_floats = 1;

@@ -350,3 +350,137 @@ Test(ce_ex, client_function_local) {
   dispatch_tensor_free(x), dispatch_tensor_free(lab);
   dispatch_device_close(dev);
 }
+
+/* ---- pools: stride 0 = kernel, count_include_pad ------------------- */
+
+static dsp_attrs pool7(int64_t k, int64_t s, int64_t p, int64_t cip) {
+  int64_t v[7] = {k, k, s, s, p, p, cip};
+  return dsp_attrs_ints(7, v);
+}
+
+/* torch 1.13: F.avg_pool2d(arange(20).reshape(1,1,4,5), 3, stride=2,
+ * padding=1, count_include_pad=...), and the gradient of
+ * sum(y * [1..6]) */
+static const double T_AVG_INC[6] = {1.3333333333333333, 3.0, 2.6666666666666665,
+                                    7.0, 12.0, 9.0};
+static const double T_AVG_EXC[6] = {3.0, 4.5, 6.0, 10.5, 12.0, 13.5};
+static const double T_AVG_EXC_GRAD[20] = {
+    0.25, 0.5833333333333333, 0.3333333333333333, 1.0833333333333333, 0.75,
+    0.9166666666666666, 1.8055555555555556, 0.8888888888888888,
+    2.638888888888889, 1.75, 0.6666666666666666, 1.2222222222222223,
+    0.5555555555555556, 1.5555555555555556, 1.0, 0.6666666666666666,
+    1.2222222222222223, 0.5555555555555556, 1.5555555555555556, 1.0};
+
+Test(ce_ex, avg_pool2d_ex_count_include_pad_matches_torch) {
+  double v[20], gv[6] = {1, 2, 3, 4, 5, 6};
+  for (int i = 0; i < 20; i++) v[i] = i;
+  int64_t xs[4] = {1, 1, 4, 5}, ys[4] = {1, 1, 2, 3};
+  for (int d = 0; d < 2; d++) {
+    dsp_dtype dt = d ? DSP_F64 : DSP_F32;
+    double tol = d ? 1e-14 : 2e-6;
+    dsp_tensor *x = fl(dt, 4, xs, v);
+    for (int cip = 0; cip < 2; cip++) {
+      dsp_attrs a = pool7(3, 2, 1, cip);
+      dsp_tensor *y = tu_run(ctx, DSP_OP_AVG_POOL2D_EX, &a, 1, x, NULL, NULL);
+      tu_assert_shape(y, 4, ys);
+      for (int i = 0; i < 6; i++)
+        cr_assert_float_eq(at(y, i), cip ? T_AVG_INC[i] : T_AVG_EXC[i], tol,
+                           "cip %d y[%d]", cip, i);
+      if (cip) { /* the old op is the count_include_pad case, bit for bit */
+        dsp_attrs a6 = dsp_attrs_ints(6, a.ints);
+        dsp_tensor *y6 = tu_run(ctx, DSP_OP_AVG_POOL2D, &a6, 1, x, NULL, NULL);
+        cr_assert_eq(memcmp(dsp_tensor_data(y6), dsp_tensor_data(y),
+                            dsp_tensor_nbytes(y)), 0);
+        dsp_tensor_unref(y6);
+      } else {
+        dsp_tensor *g = fl(dt, 4, ys, gv);
+        dsp_tensor *gx = tu_run(ctx, DSP_OP_AVG_POOL2D_BACKWARD, &a, 2, g, x, NULL);
+        for (int i = 0; i < 20; i++)
+          cr_assert_float_eq(at(gx, i), T_AVG_EXC_GRAD[i], tol, "grad %d", i);
+        dsp_tensor_unref(gx), dsp_tensor_unref(g);
+      }
+      dsp_tensor_unref(y);
+    }
+    dsp_tensor_unref(x);
+  }
+}
+
+Test(ce_ex, avg_pool2d_ex_autodiff_uses_the_divisor) {
+  double v[20];
+  for (int i = 0; i < 20; i++) v[i] = i;
+  int64_t xs[4] = {1, 1, 4, 5}, ys[4] = {1, 1, 2, 3};
+  dsp_tensor *x = fl(DSP_F64, 4, xs, v);
+  cr_assert_eq(dsp_track(ctx, x), 0);
+  dsp_attrs a = pool7(3, 2, 1, 0);
+  dsp_tensor *y = tu_run(ctx, DSP_OP_AVG_POOL2D_EX, &a, 1, x, NULL, NULL);
+  double wv[6] = {1, 2, 3, 4, 5, 6};
+  dsp_tensor *w = fl(DSP_F64, 4, ys, wv);
+  dsp_tensor *p = tu_run(ctx, DSP_OP_MUL, NULL, 2, y, w, NULL);
+  dsp_tensor *l = tu_run(ctx, DSP_OP_SUM, NULL, 1, p, NULL, NULL);
+  dsp_grads *g = NULL;
+  cr_assert_eq(dsp_backward(ctx, l, 0, &g), 0, "%s", dsp_ctx_errmsg(ctx));
+  dsp_tensor *gx = NULL;
+  cr_assert_eq(dsp_grads_get(ctx, g, x, &gx), 0);
+  tu_assert_f64(gx, T_AVG_EXC_GRAD, 20, 1e-14);
+  dsp_tensor_unref(gx), dsp_grads_free(g), dsp_tensor_unref(l);
+  dsp_tensor_unref(p), dsp_tensor_unref(w), dsp_tensor_unref(y);
+  dsp_tensor_unref(x);
+}
+
+Test(ce_ex, pool_stride_0_is_the_kernel) {
+  double v[36];
+  for (int i = 0; i < 36; i++) v[i] = sin(i * 0.7);
+  int64_t xs[4] = {1, 1, 6, 6};
+  dsp_tensor *x = fl(DSP_F32, 4, xs, v);
+  int64_t z[6] = {3, 2, 0, 0, 1, 1}, k[6] = {3, 2, 3, 2, 1, 1};
+  dsp_attrs az = dsp_attrs_ints(6, z), ak = dsp_attrs_ints(6, k);
+  static const dsp_opcode ops[2] = {DSP_OP_MAX_POOL2D, DSP_OP_AVG_POOL2D};
+  for (int o = 0; o < 2; o++) {
+    dsp_tensor *y0 = tu_run(ctx, ops[o], &az, 1, x, NULL, NULL);
+    dsp_tensor *yk = tu_run(ctx, ops[o], &ak, 1, x, NULL, NULL);
+    int64_t ys[4] = {1, 1, 2, 4};
+    tu_assert_shape(y0, 4, ys);
+    cr_assert_eq(memcmp(dsp_tensor_data(y0), dsp_tensor_data(yk),
+                        dsp_tensor_nbytes(yk)), 0);
+    dsp_tensor_unref(y0), dsp_tensor_unref(yk);
+  }
+  dsp_tensor_unref(x);
+}
+
+Test(ce_ex, pool_ex_errors) {
+  double v[16] = {0};
+  int64_t xs[4] = {1, 1, 4, 4};
+  dsp_tensor *x = fl(DSP_F32, 4, xs, v);
+  dsp_attrs a2 = pool7(2, 2, 0, 2), a6 = dsp_attrs_ints(6, a2.ints);
+  tu_run_fail(ctx, DSP_OP_AVG_POOL2D_EX, &a2, 1, x, NULL, NULL, DISPATCH_EINVAL,
+              "count_include_pad = 2 is not 0 or 1");
+  tu_run_fail(ctx, DSP_OP_AVG_POOL2D_EX, &a6, 1, x, NULL, NULL, DISPATCH_EINVAL,
+              "takes 7..7 ints");
+  dsp_attrs a7 = pool7(2, 2, 0, 0);
+  tu_run_fail(ctx, DSP_OP_MAX_POOL2D, &a7, 1, x, NULL, NULL, DISPATCH_EINVAL,
+              "takes 2..6 ints");
+  dsp_attrs neg = pool7(2, -1, 0, 1);
+  tu_run_fail(ctx, DSP_OP_AVG_POOL2D_EX, &neg, 1, x, NULL, NULL, DISPATCH_EINVAL,
+              "stride -1x-1");
+  dsp_tensor_unref(x);
+}
+
+Test(ce_ex, client_avg_pool2d_ex_local) {
+  dispatch_device *dev = NULL;
+  char err[256];
+  cr_assert_eq(dispatch_device_open("local", NULL, &dev, err, sizeof err), 0, "%s", err);
+  double v[20], got[6];
+  for (int i = 0; i < 20; i++) v[i] = i;
+  int64_t xs[4] = {1, 1, 4, 5};
+  dispatch_tensor *x = NULL, *y = NULL;
+  cr_assert_eq(dispatch_tensor_from_data(dev, DISPATCH_F64, 4, xs, v, sizeof v, &x), 0);
+  cr_assert_eq(dispatch_avg_pool2d_ex(x, 3, 3, 2, 2, 1, 1, 0, &y), 0);
+  cr_assert_eq(dispatch_tensor_read(y, got, sizeof got), 0);
+  for (int i = 0; i < 6; i++) cr_assert_float_eq(got[i], T_AVG_EXC[i], 1e-14);
+  dispatch_tensor_free(y);
+  cr_assert_eq(dispatch_avg_pool2d_ex(x, 3, 3, 0, 0, 1, 1, 1, &y), 0);
+  cr_assert_eq(dispatch_tensor_read(y, got, sizeof(double) * 4), 0); /* 2x2 */
+  cr_assert_float_eq(got[0], 12.0 / 9.0, 1e-14); /* (0+1+5+6)/9 */
+  dispatch_tensor_free(y), dispatch_tensor_free(x);
+  dispatch_device_close(dev);
+}

@@ -645,7 +645,10 @@ DISPATCH_API
 int dispatch_conv2d(dispatch_tensor *x, dispatch_tensor *w, int64_t stride_h,
                     int64_t stride_w, int64_t pad_h, int64_t pad_w,
                     int64_t dil_h, int64_t dil_w, dispatch_tensor **out);
-/* Pools on [N, C, H, W]; avg counts padding. */
+/* Pools on [N, C, H, W] with a kh x kw window; a stride of 0 is the
+ * kernel size (PyTorch's default), padding at most half the kernel. avg
+ * counts padding in the divisor (dispatch_avg_pool2d_ex can leave it
+ * out). */
 DISPATCH_API
 int dispatch_max_pool2d(dispatch_tensor *x, int64_t kh, int64_t kw,
                         int64_t stride_h, int64_t stride_w, int64_t pad_h,
@@ -693,6 +696,20 @@ DISPATCH_API
 int dispatch_cross_entropy_ex(dispatch_tensor *logits, dispatch_tensor *labels,
                               int64_t ignore_index, double label_smoothing,
                               int reduction, dispatch_tensor **out);
+
+/* avg_pool2d as torch.nn.functional.avg_pool2d (ceil_mode False):
+ * dispatch_avg_pool2d with count_include_pad; nonzero (PyTorch's default,
+ * and dispatch_avg_pool2d's) divides every window by kh * kw, 0 by the
+ * number of its elements inside the input (never 0: padding is at most
+ * half the kernel). A stride of 0 is the kernel size. Differentiable;
+ * errors as dispatch_avg_pool2d's (DISPATCH_EINVAL for the kernel,
+ * stride, padding; DISPATCH_ESHAPE for an input that is not 4-D or an
+ * empty output). */
+DISPATCH_API
+int dispatch_avg_pool2d_ex(dispatch_tensor *x, int64_t kh, int64_t kw,
+                           int64_t stride_h, int64_t stride_w, int64_t pad_h,
+                           int64_t pad_w, int count_include_pad,
+                           dispatch_tensor **out);
 
 /* ------------------------------------------------------------------ */
 /* autodiff                                                            */

@@ -145,6 +145,7 @@ static inline int dsp__cu_plan_nn(dsp_ctx *ctx, dsp_opcode op,
     g->KH = pg.KH, g->KW = pg.KW, g->OH = pg.OH, g->OW = pg.OW;
     g->sh = pg.sh, g->sw = pg.sw, g->ph = pg.ph, g->pw = pg.pw;
     g->dh = g->dw = 1;
+    g->exclude_pad = pg.exclude_pad;
   }
   return 0;
 }

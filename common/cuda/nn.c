@@ -151,9 +151,11 @@ int dsp__cu_run_nn(cu_be *b, dsp_ctx *ctx, dsp_opcode op,
       return run_conv(b, ctx, op, in, a, out);
     case DSP_OP_MAX_POOL2D:
     case DSP_OP_AVG_POOL2D:
+    case DSP_OP_AVG_POOL2D_EX:
     case DSP_OP_MAX_POOL2D_BACKWARD:
     case DSP_OP_AVG_POOL2D_BACKWARD: {
-      int fwd = op == DSP_OP_MAX_POOL2D || op == DSP_OP_AVG_POOL2D;
+      int fwd = op == DSP_OP_MAX_POOL2D || op == DSP_OP_AVG_POOL2D ||
+                op == DSP_OP_AVG_POOL2D_EX;
       dsp__cu_geo g;
       const dsp_meta ms[2] = {in[0]->meta, n_in > 1 ? in[1]->meta : in[0]->meta};
       int rc = dsp__cu_plan_nn(ctx, op, ms, n_in, a, &g);

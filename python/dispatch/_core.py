@@ -840,6 +840,30 @@ def cross_entropy_ex(logits, labels, ignore_index=-100, label_smoothing=0.0,
     return logits._dev._adopt(out[0])
 
 
+# issue 23: pools (stride None or 0 is the kernel size, as torch's default)
+
+def avg_pool2d_ex(x, kernel, stride=None, padding=0, count_include_pad=True):
+    """torch.nn.functional.avg_pool2d: count_include_pad False divides each
+    window by its elements inside the input, True by kh * kw."""
+    x = _as_tensor(x)
+    kh, kw = _pair2(kernel)
+    sh, sw = _pair2(0 if stride is None else stride)
+    ph, pw = _pair2(padding)
+    out = _out()
+    rc = lib.dispatch_avg_pool2d_ex(_hd(x), kh, kw, sh, sw, ph, pw,
+                                    1 if count_include_pad else 0, out)
+    if rc < 0:
+        _fail(rc, x)
+    return x._dev._adopt(out[0])
+
+
+def avg_pool2d(x, kernel, stride=None, padding=0, count_include_pad=True):
+    """The avg pool; with count_include_pad False it is avg_pool2d_ex."""
+    if not count_include_pad:
+        return avg_pool2d_ex(x, kernel, stride, padding, False)
+    return _pool(lib.dispatch_avg_pool2d, x, kernel, stride, padding)
+
+
 # ---------------------------------------------------------------- tensor
 
 class Tensor:

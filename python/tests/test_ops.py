@@ -238,3 +238,39 @@ def test_cross_entropy_ex_ignored_and_errors(dev):
         dev.sync()
     with pytest.raises(ValueError):
         dispatch.cross_entropy_ex(dev.tensor(x), lab, reduction="avg")
+
+
+# issue 23: pools
+
+@pytest.mark.parametrize("cip", [True, False])
+def test_avg_pool2d_count_include_pad_matches_torch(local, remote, cip):
+    torch = pytest.importorskip("torch")
+    x = np.random.default_rng(5).standard_normal((2, 3, 7, 6))
+    w = np.random.default_rng(6).standard_normal((2, 3, 4, 3))
+    got = []
+    for d in (local, remote):
+        xt = d.tensor(x, requires_grad=True)
+        y = dispatch.avg_pool2d(xt, 3, stride=2, padding=1,
+                                count_include_pad=cip)
+        g = (y * d.tensor(w)).sum().backward()
+        got.append((y.numpy(), g[xt].numpy()))
+    assert np.array_equal(got[0][0], got[1][0])
+    assert np.array_equal(got[0][1], got[1][1])
+    xt = torch.tensor(x, requires_grad=True)
+    want = torch.nn.functional.avg_pool2d(xt, 3, stride=2, padding=1,
+                                          count_include_pad=cip)
+    (want * torch.tensor(w)).sum().backward()
+    np.testing.assert_allclose(got[0][0], want.detach().numpy(), rtol=1e-12)
+    np.testing.assert_allclose(got[0][1], xt.grad.numpy(), rtol=1e-12)
+
+
+def test_pool_stride_defaults_to_kernel(dev):
+    x = dev.tensor(np.arange(36, dtype=np.float32).reshape(1, 1, 6, 6))
+    for f in (dispatch.max_pool2d, dispatch.avg_pool2d):
+        a = f(x, (3, 2)).numpy()
+        b = f(x, (3, 2), stride=0).numpy()
+        c = f(x, (3, 2), stride=(3, 2)).numpy()
+        assert a.shape == (1, 1, 2, 3)
+        assert np.array_equal(a, b) and np.array_equal(a, c)
+    e = dispatch.avg_pool2d_ex(x, 2, count_include_pad=False).numpy()
+    assert np.array_equal(e, dispatch.avg_pool2d(x, 2).numpy())

@@ -418,6 +418,16 @@ int main(int argc, char **argv) {
     tcase pb = mkcase(DSP_OP_MAX_POOL2D_BACKWARD, 2, dt, 4, P4, 4, X4);
     pb.a = dsp_attrs_ints(2, pk), run_case(&pb);
     pb.op = DSP_OP_AVG_POOL2D_BACKWARD, run_case(&pb);
+    /* issue 23: avg_pool2d_ex (3x3 stride 2 pad 1) with count_include_pad
+     * 0 and 1, and the backward op with its 7th int */
+    static const int64_t P5[] = {2, 3, 4, 4};
+    for (int cip = 0; cip < 2; cip++) {
+      int64_t pe[7] = {3, 3, 2, 2, 1, 1, cip};
+      tcase pex = mkcase(DSP_OP_AVG_POOL2D_EX, 1, dt, 4, X4, 0, NULL);
+      pex.a = dsp_attrs_ints(7, pe), run_case(&pex);
+      tcase pbx = mkcase(DSP_OP_AVG_POOL2D_BACKWARD, 2, dt, 4, P5, 4, X4);
+      pbx.a = pex.a, run_case(&pbx);
+    }
     /* creation */
     for (int op = DSP_OP_ZEROS; op <= DSP_OP_NORMAL; op++) {
       tcase c = mkcase((dsp_opcode)op, 0, dt, 0, NULL, 0, NULL);
