@@ -381,3 +381,17 @@ int dispatch_avg_pool2d_ex(dispatch_tensor *x, int64_t kh, int64_t kw,
   a.ints[a.n_ints++] = count_include_pad ? 1 : 0;
   return run1(DSP_OP_AVG_POOL2D_EX, x, &a, out);
 }
+
+/* issue 23: conv bias */
+
+int dispatch_conv2d_bias(dispatch_tensor *x, dispatch_tensor *w,
+                         dispatch_tensor *bias, int64_t stride_h,
+                         int64_t stride_w, int64_t pad_h, int64_t pad_w,
+                         int64_t dil_h, int64_t dil_w, dispatch_tensor **out) {
+  if (!bias)
+    return dispatch_conv2d(x, w, stride_h, stride_w, pad_h, pad_w, dil_h,
+                           dil_w, out);
+  dsp_attrs a =
+      conv_attrs(stride_h, stride_w, pad_h, pad_w, dil_h, dil_w, NULL);
+  return run3(DSP_OP_CONV2D_BIAS, x, w, bias, &a, out);
+}

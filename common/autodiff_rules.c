@@ -464,7 +464,8 @@ int dsp__autodiff_rule(dsp_ctx *ctx, const dsp_node *n, dsp_tensor *g,
       GRAD(1, un(R, DSP_OP_NEG, ga));
       break;
     }
-    case DSP_OP_CONV2D: {
+    case DSP_OP_CONV2D:
+    case DSP_OP_CONV2D_BIAS: {
       static const int64_t defs[6] = {1, 1, 0, 0, 1, 1};
       dsp_attrs ai = dsp_attrs_none(), aw;
       for (int i = 0; i < 6; i++) ai.ints[i] = i < at->n_ints ? at->ints[i] : defs[i];
@@ -476,6 +477,11 @@ int dsp__autodiff_rule(dsp_ctx *ctx, const dsp_node *n, dsp_tensor *g,
       }
       GRAD(0, rb_op(R, DSP_OP_CONV2D_BACKWARD_INPUT, &ai, 2, g, in[1], NULL));
       GRAD(1, rb_op(R, DSP_OP_CONV2D_BACKWARD_WEIGHT, &aw, 2, g, in[0], NULL));
+      if (n->op == DSP_OP_CONV2D_BIAS) { /* d bias[o] = sum of g[:, o] */
+        static const int64_t nhw[3] = {0, 2, 3};
+        dsp_attrs ar = dsp_attrs_ints(3, nhw);
+        GRAD(2, rb_op(R, DSP_OP_SUM, &ar, 1, g, NULL, NULL));
+      }
       break;
     }
     case DSP_OP_MAX_POOL2D:

@@ -537,6 +537,10 @@ int dsp__storage_prepare_write(dsp_ctx *ctx, dsp_tensor *t);
   /* avg_pool2d_ex(x): ints = the 6 pool ints then count_include_pad (0 or   \
    * 1, all 7 given); 0 divides by the window's non-padding elements */      \
   X(AVG_POOL2D_EX, 97, avg_pool2d_ex, 1, NN, HAND, API)                      \
+  /* conv2d_bias(x [N,C,H,W], w [O,C,kh,kw], bias [O]): conv2d plus bias[o]  \
+   * on output channel o; ints as conv2d's. Gradients: conv2d's backward     \
+   * ops and the sum of grad over N, H, W */                                 \
+  X(CONV2D_BIAS, 98, conv2d_bias, 3, NN, HAND, API)                          \
   /* creation: ints[0] = dtype, ints[1..] = shape */                         \
   X(ZEROS, 100, zeros, 0, CREATE, CREATE, API)                               \
   X(ONES, 101, ones, 0, CREATE, CREATE, API)                                 \

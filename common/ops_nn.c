@@ -256,13 +256,24 @@ static int infer_conv(dsp_ctx *ctx, dsp_opcode op, const dsp_meta *in,
                       opname(op));
   if ((rc = need_float(ctx, op, "input", &in[0])) < 0) return rc;
   if ((rc = same_dtype(ctx, op, &in[0], &in[1])) < 0) return rc;
-  if (op == DSP_OP_CONV2D) {
+  if (op == DSP_OP_CONV2D || op == DSP_OP_CONV2D_BIAS) {
     if ((rc = need_rank(ctx, op, "input", &in[0], 4, "[N, C, H, W]")) < 0)
       return rc;
     if ((rc = need_rank(ctx, op, "weight", &in[1], 4, "[O, C, kh, kw]")) < 0)
       return rc;
     if ((rc = conv_attrs(ctx, op, a->ints, a->n_ints, g)) < 0) return rc;
     if ((rc = conv_geo(ctx, op, in[0].shape, in[1].shape, g)) < 0) return rc;
+    if (op == DSP_OP_CONV2D_BIAS) { /* issue 23: bias [O] */
+      if ((rc = same_dtype(ctx, op, &in[0], &in[2])) < 0) return rc;
+      if (in[2].ndim != 1 || in[2].shape[0] != g->O) {
+        char s[128];
+        return dsp_seterr(ctx, DISPATCH_ESHAPE,
+                          "%s: bias must be [%lld] (one per output channel), "
+                          "got %s",
+                          opname(op), (long long)g->O,
+                          dsp_shape_str(&in[2], s, sizeof s));
+      }
+    }
     *out = (dsp_meta){in[0].dtype, 4, {g->N, g->O, g->OH, g->OW}};
     return 0;
   }
@@ -355,6 +366,7 @@ int dsp__nn_plan(dsp_ctx *ctx, dsp_opcode op, const dsp_meta *in, int n_in,
       out->ndim = 0;
       return 0;
     case DSP_OP_CONV2D:
+    case DSP_OP_CONV2D_BIAS:
     case DSP_OP_CONV2D_BACKWARD_INPUT:
     case DSP_OP_CONV2D_BACKWARD_WEIGHT:
       return infer_conv(ctx, op, in, a, out, cg);

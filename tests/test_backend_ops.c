@@ -345,6 +345,13 @@ static int make_case(dsp_opcode op, dsp_dtype k, int v, tcase *c) {
         case 2: c->what = "zero-size batch"; in_(c, k, 'r', 0, 4, 0, 3, 6, 6); in_(c, k, 'r', 0, 4, 4, 3, 3, 3); return 0;
         default: return -1;
       }
+    case DSP_OP_CONV2D_BIAS: /* issue 23 */
+      switch (v) {
+        case 0: c->what = "[2,3,6,6] * [4,3,3,3] + [4]"; in_(c, k, 'r', 0, 4, 2, 3, 6, 6); in_(c, k, 'r', 0, 4, 4, 3, 3, 3); in_(c, k, 'r', 0, 1, 4); return 0;
+        case 1: c->what = "stride 2,1 pad 1,0 dil 1,2 + bias"; in_(c, k, 'r', 0, 4, 1, 2, 7, 7); in_(c, k, 'r', 0, 4, 3, 2, 3, 2); in_(c, k, 'r', 0, 1, 3); ints_(c, 6, 2, 1, 1, 0, 1, 2); return 0;
+        case 2: c->what = "zero-size batch"; in_(c, k, 'r', 0, 4, 0, 3, 6, 6); in_(c, k, 'r', 0, 4, 4, 3, 3, 3); in_(c, k, 'r', 0, 1, 4); return 0;
+        default: return -1;
+      }
     case DSP_OP_CONV2D_BACKWARD_INPUT:
       if (v) return -1;
       c->what = "grad [2,4,4,4], w [4,3,3,3]"; in_(c, k, 'r', 0, 4, 2, 4, 4, 4); in_(c, k, 'r', 0, 4, 4, 3, 3, 3);

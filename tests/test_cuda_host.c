@@ -1115,6 +1115,23 @@ Test(cuda_host, conv2d_im2col_blocks_match_cpu) {
         assert_close(gy, y, tol, NULL, "conv2d");
         dsp_tensor_unref(gy);
       }
+      { /* issue 23: conv2d_bias = the same conv, then k_bias_add */
+        int64_t O = W[0];
+        dsp_tensor *bias = mk(dt, 1, &O, 0, 0);
+        dsp_tensor *in3[3] = {x, w, bias};
+        dsp_tensor *yb = run(DSP_OP_CONV2D_BIAS, &a, 3, in3);
+        dsp__cu_geo gb = {0};
+        const dsp_meta bm[3] = {x->meta, w->meta, bias->meta};
+        cr_assert_eq(dsp__cu_plan_nn(ctx, DSP_OP_CONV2D_BIAS, bm, 3, &a, &gb), 0);
+        cr_assert(memcmp(&gb, &g, sizeof g) == 0, "conv2d_bias sees conv2d's geometry");
+        dsp_tensor *gy = empty_like(yb);
+        sim_conv(DSP_OP_CONV2D, &g, x, w, gy, 8);
+        int64_t hw = g.OH * g.OW;
+        for (int64_t i = 0; i < gy->numel; i++) /* k_bias_add */
+          st_any(gy, i, dsp__cu_bias_add(ld(gy, i), ld(bias, (i / hw) % O)));
+        assert_close(gy, yb, tol, NULL, "conv2d_bias");
+        dsp_tensor_unref(gy), dsp_tensor_unref(yb), dsp_tensor_unref(bias);
+      }
       /* both backward ops with a random upstream grad */
       dsp_tensor *dy = mk(dt, 4, y->meta.shape, 0, 0);
       int64_t bi[10], bw[10];

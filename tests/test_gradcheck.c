@@ -347,6 +347,11 @@ Test(gradcheck, softmax_family_and_losses) {
 }
 
 Test(gradcheck, conv2d) {
+  /* issue 23: conv2d_bias, all three inputs */
+  dsp_tensor *cb[3] = {rnd(SHAPE(2, 2, 5, 4), -1, 1),
+                       rnd(SHAPE(3, 2, 3, 2), -1, 1), rnd(SHAPE(3), -1, 1)};
+  check_op("conv2d_bias stride 2 pad 1", DSP_OP_CONV2D_BIAS, INTS(2, 1, 1, 1),
+           3, cb);
   dsp_tensor *a[2] = {rnd(SHAPE(2, 2, 5, 5), -1, 1),
                       rnd(SHAPE(3, 2, 3, 3), -1, 1)};
   check_op("conv2d default", DSP_OP_CONV2D, dsp_attrs_none(), 2, a);

@@ -484,3 +484,115 @@ Test(ce_ex, client_avg_pool2d_ex_local) {
   dispatch_tensor_free(y), dispatch_tensor_free(x);
   dispatch_device_close(dev);
 }
+
+/* ---- conv2d_bias ---------------------------------------------------- */
+
+static void fill_sin(dsp_tensor *t, double k) {
+  for (int64_t i = 0; i < t->numel; i++) set(t, i, sin(k * (double)(i + 1)));
+}
+static dsp_tensor *blank(dsp_dtype dt, int nd, const int64_t *sh) {
+  dsp_meta m = {dt, nd, {0}};
+  for (int i = 0; i < nd; i++) m.shape[i] = sh[i];
+  dsp_tensor *t = NULL;
+  cr_assert_eq(dsp_tensor_new(ctx, &m, &t), 0);
+  return t;
+}
+
+Test(ce_ex, conv2d_bias_is_conv2d_plus_bias_bit_for_bit) {
+  int64_t xs[4] = {2, 3, 6, 5}, ws[4] = {4, 3, 3, 2}, bs[1] = {4}, b4[4] = {1, 4, 1, 1};
+  int64_t ci[6] = {2, 1, 1, 0, 1, 2};
+  dsp_attrs a = dsp_attrs_ints(6, ci), r = dsp_attrs_ints(4, b4);
+  for (int d = 0; d < 2; d++) {
+    dsp_dtype dt = d ? DSP_F64 : DSP_F32;
+    dsp_tensor *x = blank(dt, 4, xs), *w = blank(dt, 4, ws), *b = blank(dt, 1, bs);
+    fill_sin(x, 0.37), fill_sin(w, 1.3), fill_sin(b, 2.1);
+    dsp_tensor *y = tu_run(ctx, DSP_OP_CONV2D_BIAS, &a, 3, x, w, b);
+    dsp_tensor *c = tu_run(ctx, DSP_OP_CONV2D, &a, 2, x, w, NULL);
+    dsp_tensor *br = tu_run(ctx, DSP_OP_RESHAPE, &r, 1, b, NULL, NULL);
+    dsp_tensor *want = tu_run(ctx, DSP_OP_ADD, NULL, 2, c, br, NULL);
+    cr_assert(dsp_meta_equal(&y->meta, &want->meta));
+    cr_assert_eq(memcmp(dsp_tensor_data(y), dsp_tensor_data(want),
+                        dsp_tensor_nbytes(y)), 0, "%s", dsp_dtype_name(dt));
+    dsp_tensor_unref(y), dsp_tensor_unref(c), dsp_tensor_unref(br);
+    dsp_tensor_unref(want), dsp_tensor_unref(x), dsp_tensor_unref(w);
+    dsp_tensor_unref(b);
+  }
+}
+
+Test(ce_ex, conv2d_bias_gradients) {
+  int64_t xs[4] = {2, 2, 5, 4}, ws[4] = {3, 2, 2, 2}, bs[1] = {3};
+  int64_t ci[6] = {1, 1, 1, 1, 1, 1};
+  dsp_attrs a = dsp_attrs_ints(6, ci);
+  dsp_tensor *x = blank(DSP_F64, 4, xs), *w = blank(DSP_F64, 4, ws),
+             *b = blank(DSP_F64, 1, bs);
+  fill_sin(x, 0.5), fill_sin(w, 0.9), fill_sin(b, 1.7);
+  dsp_tensor *ts[3] = {x, w, b};
+  for (int i = 0; i < 3; i++) cr_assert_eq(dsp_track(ctx, ts[i]), 0);
+  dsp_tensor *y = tu_run(ctx, DSP_OP_CONV2D_BIAS, &a, 3, x, w, b);
+  int64_t ys[4] = {2, 3, 6, 5};
+  tu_assert_shape(y, 4, ys);
+  dsp_tensor *G = blank(DSP_F64, 4, ys);
+  fill_sin(G, 0.11);
+  dsp_tensor *p = tu_run(ctx, DSP_OP_MUL, NULL, 2, y, G, NULL);
+  dsp_tensor *l = tu_run(ctx, DSP_OP_SUM, NULL, 1, p, NULL, NULL);
+  dsp_grads *g = NULL;
+  cr_assert_eq(dsp_backward(ctx, l, 0, &g), 0, "%s", dsp_ctx_errmsg(ctx));
+  dsp_tensor *gb = NULL, *gw = NULL, *gx = NULL;
+  cr_assert_eq(dsp_grads_get(ctx, g, b, &gb), 0);
+  cr_assert_eq(dsp_grads_get(ctx, g, w, &gw), 0);
+  cr_assert_eq(dsp_grads_get(ctx, g, x, &gx), 0);
+  double want[3] = {0, 0, 0};
+  for (int64_t i = 0; i < G->numel; i++) want[(i / 30) % 3] += at(G, i);
+  tu_assert_f64(gb, want, 3, 1e-12);
+  /* x and w get conv2d's gradients, bit for bit */
+  int64_t bi[10] = {1, 1, 1, 1, 1, 1, 2, 2, 5, 4}, bw[10] = {1, 1, 1, 1, 1, 1, 3, 2, 2, 2};
+  dsp_attrs ai = dsp_attrs_ints(10, bi), aw = dsp_attrs_ints(10, bw);
+  dsp_tensor *wx = tu_run(ctx, DSP_OP_CONV2D_BACKWARD_INPUT, &ai, 2, G, w, NULL);
+  dsp_tensor *ww = tu_run(ctx, DSP_OP_CONV2D_BACKWARD_WEIGHT, &aw, 2, G, x, NULL);
+  cr_assert_eq(memcmp(dsp_tensor_data(gx), dsp_tensor_data(wx), dsp_tensor_nbytes(wx)), 0);
+  cr_assert_eq(memcmp(dsp_tensor_data(gw), dsp_tensor_data(ww), dsp_tensor_nbytes(ww)), 0);
+  dsp_tensor_unref(wx), dsp_tensor_unref(ww);
+  dsp_tensor_unref(gb), dsp_tensor_unref(gw), dsp_tensor_unref(gx);
+  dsp_grads_free(g), dsp_tensor_unref(l), dsp_tensor_unref(p), dsp_tensor_unref(G);
+  dsp_tensor_unref(y), dsp_tensor_unref(x), dsp_tensor_unref(w), dsp_tensor_unref(b);
+}
+
+Test(ce_ex, conv2d_bias_errors) {
+  int64_t xs[4] = {1, 2, 4, 4}, ws[4] = {3, 2, 2, 2}, b2[1] = {2}, b3[1] = {3},
+          b13[2] = {1, 3};
+  dsp_tensor *x = blank(DSP_F32, 4, xs), *w = blank(DSP_F32, 4, ws);
+  dsp_tensor *bs = blank(DSP_F32, 1, b2), *bm = blank(DSP_F32, 2, b13),
+             *bd = blank(DSP_F64, 1, b3);
+  fill_sin(x, 1), fill_sin(w, 1), fill_sin(bs, 1), fill_sin(bm, 1), fill_sin(bd, 1);
+  dsp_attrs none = dsp_attrs_none();
+  tu_run_fail(ctx, DSP_OP_CONV2D_BIAS, &none, 3, x, w, bs, DISPATCH_ESHAPE,
+              "bias must be [3] (one per output channel), got [2]");
+  tu_run_fail(ctx, DSP_OP_CONV2D_BIAS, &none, 3, x, w, bm, DISPATCH_ESHAPE,
+              "bias must be [3]");
+  tu_run_fail(ctx, DSP_OP_CONV2D_BIAS, &none, 3, x, w, bd, DISPATCH_EDTYPE,
+              "dtypes f32 and f64 differ");
+  dsp_tensor_unref(x), dsp_tensor_unref(w), dsp_tensor_unref(bs);
+  dsp_tensor_unref(bm), dsp_tensor_unref(bd);
+}
+
+Test(ce_ex, client_conv2d_bias_local) {
+  dispatch_device *dev = NULL;
+  char err[256];
+  cr_assert_eq(dispatch_device_open("local", NULL, &dev, err, sizeof err), 0, "%s", err);
+  double xv[9] = {1, 2, 3, 4, 5, 6, 7, 8, 9}, wv[4] = {1, 0, 0, 1}, bv[1] = {0.5};
+  int64_t xs[4] = {1, 1, 3, 3}, ws[4] = {1, 1, 2, 2}, bs[1] = {1};
+  dispatch_tensor *x = NULL, *w = NULL, *b = NULL, *y = NULL, *y0 = NULL;
+  cr_assert_eq(dispatch_tensor_from_data(dev, DISPATCH_F64, 4, xs, xv, sizeof xv, &x), 0);
+  cr_assert_eq(dispatch_tensor_from_data(dev, DISPATCH_F64, 4, ws, wv, sizeof wv, &w), 0);
+  cr_assert_eq(dispatch_tensor_from_data(dev, DISPATCH_F64, 1, bs, bv, sizeof bv, &b), 0);
+  cr_assert_eq(dispatch_conv2d_bias(x, w, b, 1, 1, 0, 0, 1, 1, &y), 0);
+  double got[4], want[4] = {1 + 5 + 0.5, 2 + 6 + 0.5, 4 + 8 + 0.5, 5 + 9 + 0.5};
+  cr_assert_eq(dispatch_tensor_read(y, got, sizeof got), 0);
+  for (int i = 0; i < 4; i++) cr_assert_eq(got[i], want[i]);
+  cr_assert_eq(dispatch_conv2d_bias(x, w, NULL, 1, 1, 0, 0, 1, 1, &y0), 0);
+  cr_assert_eq(dispatch_tensor_read(y0, got, sizeof got), 0);
+  for (int i = 0; i < 4; i++) cr_assert_eq(got[i], want[i] - 0.5);
+  dispatch_tensor_free(y), dispatch_tensor_free(y0), dispatch_tensor_free(b);
+  dispatch_tensor_free(w), dispatch_tensor_free(x);
+  dispatch_device_close(dev);
+}

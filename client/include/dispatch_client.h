@@ -640,7 +640,8 @@ int dispatch_cross_entropy(dispatch_tensor *logits, dispatch_tensor *labels,
 DISPATCH_API
 int dispatch_mse(dispatch_tensor *a, dispatch_tensor *b,
                  dispatch_tensor **out);
-/* x [N, C, H, W], w [O, C, kh, kw], no bias. */
+/* x [N, C, H, W], w [O, C, kh, kw], no bias (dispatch_conv2d_bias has
+ * one). */
 DISPATCH_API
 int dispatch_conv2d(dispatch_tensor *x, dispatch_tensor *w, int64_t stride_h,
                     int64_t stride_w, int64_t pad_h, int64_t pad_w,
@@ -710,6 +711,19 @@ int dispatch_avg_pool2d_ex(dispatch_tensor *x, int64_t kh, int64_t kw,
                            int64_t stride_h, int64_t stride_w, int64_t pad_h,
                            int64_t pad_w, int count_include_pad,
                            dispatch_tensor **out);
+
+/* dispatch_conv2d plus a bias: out[n, o] = conv2d(x, w)[n, o] + bias[o],
+ * as torch.nn.functional.conv2d(x, w, bias) (groups 1). bias is [O] of
+ * w's dtype, or NULL (then this is dispatch_conv2d, the same op on the
+ * wire). One op; differentiable in x, w and bias (the bias gradient is
+ * the sum of the output gradient over N, H and W). Errors as
+ * dispatch_conv2d's, and DISPATCH_ESHAPE / DISPATCH_EDTYPE for a bias
+ * that is not [O] of the same dtype. */
+DISPATCH_API
+int dispatch_conv2d_bias(dispatch_tensor *x, dispatch_tensor *w,
+                         dispatch_tensor *bias, int64_t stride_h,
+                         int64_t stride_w, int64_t pad_h, int64_t pad_w,
+                         int64_t dil_h, int64_t dil_w, dispatch_tensor **out);
 
 /* ------------------------------------------------------------------ */
 /* autodiff                                                            */

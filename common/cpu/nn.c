@@ -16,7 +16,7 @@
 
 #define opname dsp__opname
 
-_Static_assert(DSP__OPS_IN_FAMILY(NN) == 18,
+_Static_assert(DSP__OPS_IN_FAMILY(NN) == 19,
                "a new nn op needs a case in dsp__cpu_nn and a row in the CPU "
                "support table (common/cpu/backend.c)");
 
@@ -229,6 +229,20 @@ int dsp__cpu_nn(dsp_ctx *ctx, dsp_opcode op, dsp_tensor *const *in, int n_in,
     case DSP_OP_CONV2D_BACKWARD_WEIGHT:
       return dsp__kern_conv2d(ctx, op, &cg, f, dsp_tensor_data(in[0]),
                               dsp_tensor_data(in[1]), o);
+    case DSP_OP_CONV2D_BIAS: { /* issue 23: the conv, then bias[o] per plane */
+      rc = dsp__kern_conv2d(ctx, DSP_OP_CONV2D, &cg, f, dsp_tensor_data(in[0]),
+                            dsp_tensor_data(in[1]), o);
+      if (rc < 0) return rc;
+      const void *pb = dsp_tensor_data(in[2]);
+      const int64_t hw = cg.OH * cg.OW;
+      for (int64_t p = 0; p < cg.N * cg.O; p++) {
+        if (dsp_ctx_cancelled(ctx)) return dsp__cancelled_err(ctx, op);
+        double bv = dsp__ld(pb, f, p % cg.O);
+        for (int64_t i = p * hw; i < (p + 1) * hw; i++)
+          dsp__st(o, f, i, dsp__ld(o, f, i) + bv);
+      }
+      return 0;
+    }
     case DSP_OP_MAX_POOL2D:
     case DSP_OP_AVG_POOL2D:
     case DSP_OP_AVG_POOL2D_EX:

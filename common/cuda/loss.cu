@@ -1,4 +1,5 @@
-/* issue 23: loss. CUDA kernels of cross_entropy_ex and its backward op:
+/* issue 23: loss, and conv2d_bias's bias add (k_bias_add, at the end).
+ * CUDA kernels of cross_entropy_ex and its backward op:
  * one block per label position (its C logits at stride inner), the row's
  * log-sum-exp and sum as block tree reductions, the per-position math of
  * loss_math.h; a one-block compensated sum for the sum and mean. */
@@ -154,7 +155,24 @@ void launch(cudaStream_t st, int64_t outer, int64_t C, int64_t inner,
     k_ce_ex_total<T><<<1, TPB, 0, st>>>(n, scratch, lab, ignore, red == 2, out);
 }
 
+template <typename T>
+__global__ void k_bias_add(int64_t n, int64_t O, int64_t hw, const T *b, T *out) {
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+       i += (int64_t)gridDim.x * blockDim.x)
+    out[i] = (T)dsp__cu_bias_add((double)out[i], (double)b[(i / hw) % O]);
+}
+
 }  // namespace
+
+extern "C" int dsp__cuk_bias_add(cudaStream_t st, int dt, int64_t n, int64_t O,
+                                 int64_t hw, const void *bias, void *out) {
+  if (n <= 0 || hw <= 0) return 0;
+  if (dt == DSP_F32)
+    k_bias_add<float><<<grid_for(n), TPB, 0, st>>>(n, O, hw, (const float *)bias, (float *)out);
+  else
+    k_bias_add<double><<<grid_for(n), TPB, 0, st>>>(n, O, hw, (const double *)bias, (double *)out);
+  return (int)cudaGetLastError();
+}
 
 extern "C" int dsp__cuk_ce_ex_bad(cudaStream_t st, const int64_t *lab, int64_t n,
                                   int64_t C, int64_t ignore, int64_t *host_pos) {

@@ -1,4 +1,5 @@
-/* issue 23: loss. Launchers of common/cuda/loss.cu (conventions of
+/* issue 23: loss (and conv2d_bias's bias add). Launchers of
+ * common/cuda/loss.cu (conventions of
  * cuda_kern.h: device pointers, the launch's cudaError_t as an int). */
 #ifndef DSP_CUDA_LOSS_KERN_H
 #define DSP_CUDA_LOSS_KERN_H
@@ -24,6 +25,10 @@ int dsp__cuk_ce_ex(cudaStream_t st, int dt, int64_t outer, int64_t C,
                    int64_t inner, int64_t ignore, int reduction, double eps,
                    const void *g, const void *x, const int64_t *lab,
                    double *scratch, void *out);
+
+/* issue 23: conv2d_bias. out [N, O, hw] (n elements) += bias[o]. */
+int dsp__cuk_bias_add(cudaStream_t st, int dt, int64_t n, int64_t O,
+                      int64_t hw, const void *bias, void *out);
 
 #ifdef __cplusplus
 }

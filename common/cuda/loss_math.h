@@ -27,4 +27,8 @@ DSP_HD double dsp__cu_ce_grad(double x, double lse, int is_y, int64_t C,
   return w * (p - t - eps / (double)C);
 }
 
+/* conv2d_bias: one output element v of channel plane with bias b, as the
+ * CPU kernel adds it (in double, rounded once when stored) */
+DSP_HD double dsp__cu_bias_add(double v, double b) { return v + b; }
+
 #endif

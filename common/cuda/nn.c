@@ -1,6 +1,7 @@
 /* nn family on CUDA: softmax and its backward ops, cross entropy, mse,
  * dropout, conv2d (im2col + cuBLAS) and pooling. */
 #include "cuda_be.h"
+#include "loss_kern.h"
 
 /* Bytes of one im2col block: bounded whatever the image and kernel (a
  * 1024x1024 input with a 64x64 kernel would need a 15 GiB col matrix), or
@@ -149,6 +150,14 @@ int dsp__cu_run_nn(cu_be *b, dsp_ctx *ctx, dsp_opcode op,
     case DSP_OP_CONV2D_BACKWARD_INPUT:
     case DSP_OP_CONV2D_BACKWARD_WEIGHT:
       return run_conv(b, ctx, op, in, a, out);
+    case DSP_OP_CONV2D_BIAS: { /* issue 23: the conv, then the bias add */
+      int rc = run_conv(b, ctx, DSP_OP_CONV2D, in, a, out);
+      if (rc < 0) return rc;
+      const int64_t *s = out->meta.shape;
+      e = dsp__cuk_bias_add(b->stream, dt, out->numel, s[1], s[2] * s[3],
+                            dsp_tensor_data(in[2]), dsp_tensor_data(out));
+      break;
+    }
     case DSP_OP_MAX_POOL2D:
     case DSP_OP_AVG_POOL2D:
     case DSP_OP_AVG_POOL2D_EX:

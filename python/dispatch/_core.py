@@ -590,8 +590,10 @@ def _pair2(v):
     return int(a), int(b)
 
 
-def conv2d(x, w, stride=1, padding=0, dilation=1):
-    """x [N, C, H, W], w [O, C, kh, kw], no bias."""
+def conv2d(x, w, stride=1, padding=0, dilation=1, bias=None):
+    """x [N, C, H, W], w [O, C, kh, kw]; bias [O] or None (conv2d_bias)."""
+    if bias is not None:
+        return conv2d_bias(x, w, bias, stride, padding, dilation)
     x, w = _pair(x, w)
     sh, sw = _pair2(stride)
     ph, pw = _pair2(padding)
@@ -862,6 +864,26 @@ def avg_pool2d(x, kernel, stride=None, padding=0, count_include_pad=True):
     if not count_include_pad:
         return avg_pool2d_ex(x, kernel, stride, padding, False)
     return _pool(lib.dispatch_avg_pool2d, x, kernel, stride, padding)
+
+
+# issue 23: conv bias
+
+def conv2d_bias(x, w, bias, stride=1, padding=0, dilation=1):
+    """conv2d(x, w) + bias[o] on each output channel o, one op; bias None
+    is conv2d."""
+    if bias is None:
+        return conv2d(x, w, stride, padding, dilation)
+    x, w = _pair(x, w)
+    bias = _as_tensor(bias, x)
+    sh, sw = _pair2(stride)
+    ph, pw = _pair2(padding)
+    dh, dw = _pair2(dilation)
+    out = _out()
+    rc = lib.dispatch_conv2d_bias(_hd(x), _hd(w), _hd(bias), sh, sw, ph, pw,
+                                  dh, dw, out)
+    if rc < 0:
+        _fail(rc, x)
+    return x._dev._adopt(out[0])
 
 
 # ---------------------------------------------------------------- tensor

@@ -274,3 +274,29 @@ def test_pool_stride_defaults_to_kernel(dev):
         assert np.array_equal(a, b) and np.array_equal(a, c)
     e = dispatch.avg_pool2d_ex(x, 2, count_include_pad=False).numpy()
     assert np.array_equal(e, dispatch.avg_pool2d(x, 2).numpy())
+
+
+# issue 23: conv bias
+
+def test_conv2d_bias_matches_torch(local, remote):
+    torch = pytest.importorskip("torch")
+    r = np.random.default_rng(9)
+    x = r.standard_normal((2, 3, 7, 6))
+    w = r.standard_normal((4, 3, 3, 2))
+    b = r.standard_normal((4,))
+    gup = r.standard_normal((2, 4, 4, 7))
+    got = []
+    for d in (local, remote):
+        ts = [d.tensor(v, requires_grad=True) for v in (x, w, b)]
+        y = dispatch.conv2d(ts[0], ts[1], stride=(2, 1), padding=1,
+                            bias=ts[2])
+        g = (y * d.tensor(gup)).sum().backward()
+        got.append([y.numpy()] + [g[t].numpy() for t in ts])
+    for a, c in zip(*got):
+        assert np.array_equal(a, c)  # LOCAL == REMOTE
+    ts = [torch.tensor(v, requires_grad=True) for v in (x, w, b)]
+    want = torch.nn.functional.conv2d(ts[0], ts[1], ts[2], stride=(2, 1),
+                                      padding=1)
+    (want * torch.tensor(gup)).sum().backward()
+    for a, c in zip(got[0], [want.detach()] + [t.grad for t in ts]):
+        np.testing.assert_allclose(a, c.numpy(), rtol=1e-10, atol=1e-12)

@@ -407,6 +407,10 @@ int main(int argc, char **argv) {
             cw[8] = {2, 2, 1, 1, 4, 3, 3, 3};
     tcase cv = mkcase(DSP_OP_CONV2D, 2, dt, 4, X4, 4, W4);
     cv.a = dsp_attrs_ints(4, ci), run_case(&cv);
+    /* issue 23: conv2d_bias (the same conv, bias [4]) */
+    static const int64_t B4[] = {4};
+    tcase cvb = mkcase(DSP_OP_CONV2D_BIAS, 3, dt, 4, X4, 4, W4);
+    cvb.in[2] = meta(dt, 1, B4), cvb.a = cv.a, run_case(&cvb);
     tcase cbi = mkcase(DSP_OP_CONV2D_BACKWARD_INPUT, 2, dt, 4, Y4, 4, W4);
     cbi.a = dsp_attrs_ints(8, cx), run_case(&cbi);
     tcase cbw = mkcase(DSP_OP_CONV2D_BACKWARD_WEIGHT, 2, dt, 4, Y4, 4, X4);
