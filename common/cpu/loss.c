@@ -56,18 +56,19 @@ static int64_t ce_count(const dsp_ce_geo *g, const int64_t *lab) {
 static int ce_forward(dsp_ctx *ctx, dsp_opcode op, const dsp_ce_geo *g, int f,
                       const void *x, const int64_t *lab, void *out) {
   double total = 0.0;
-  int64_t pw = 0;
-  for (int64_t o = 0; o < g->outer; o++)
-    for (int64_t s = 0; s < g->inner; s++) {
-      if (dsp__poll(ctx, &pw, 3 * g->C)) return dsp__cancelled_err(ctx, op);
-      int64_t pos = o * g->inner + s, y = lab[pos];
-      double l = 0.0;
-      if (y != g->ignore) l = ce_loss(g, x, f, o * g->C * g->inner + s, y);
-      if (g->reduction == DSP_REDUCE_NONE)
-        dsp__st(out, f, pos, l);
-      else
-        total += l;
-    }
+  int64_t pw = 0, n = g->outer * g->inner;
+  /* one flat loop over the positions: an empty inner dim under a huge
+   * outer one costs nothing */
+  for (int64_t pos = 0; pos < n; pos++) {
+    if (dsp__poll(ctx, &pw, 3 * g->C)) return dsp__cancelled_err(ctx, op);
+    int64_t o = pos / g->inner, s = pos % g->inner, y = lab[pos];
+    double l = 0.0;
+    if (y != g->ignore) l = ce_loss(g, x, f, o * g->C * g->inner + s, y);
+    if (g->reduction == DSP_REDUCE_NONE)
+      dsp__st(out, f, pos, l);
+    else
+      total += l;
+  }
   if (g->reduction == DSP_REDUCE_SUM) dsp__st(out, f, 0, total);
   /* all ignored: 0/0, NaN, as torch */
   if (g->reduction == DSP_REDUCE_MEAN)
@@ -82,26 +83,25 @@ static int ce_backward(dsp_ctx *ctx, dsp_opcode op, const dsp_ce_geo *g,
   if (g->reduction == DSP_REDUCE_SUM) w = dsp__ld(gr, f, 0);
   if (g->reduction == DSP_REDUCE_MEAN)
     w = dsp__ld(gr, f, 0) / (double)ce_count(g, lab);
-  int64_t pw = 0;
-  for (int64_t o = 0; o < g->outer; o++)
-    for (int64_t s = 0; s < g->inner; s++) {
-      if (dsp__poll(ctx, &pw, 3 * g->C)) return dsp__cancelled_err(ctx, op);
-      int64_t pos = o * g->inner + s, y = lab[pos];
-      int64_t base = o * g->C * g->inner + s;
-      if (y == g->ignore) {
-        for (int64_t c = 0; c < g->C; c++) dsp__st(out, f, base + c * g->inner, 0.0);
-        continue;
-      }
-      double lse, sx;
-      ce_stats(g, x, f, base, &lse, &sx);
-      double wp = g->reduction == DSP_REDUCE_NONE ? dsp__ld(gr, f, pos) : w;
-      for (int64_t c = 0; c < g->C; c++) {
-        int64_t i = base + c * g->inner;
-        double p = exp(dsp__ld(x, f, i) - lse);
-        double t = c == y ? 1.0 - g->smoothing : 0.0;
-        dsp__st(out, f, i, wp * (p - t - eps_c));
-      }
+  int64_t pw = 0, n = g->outer * g->inner;
+  for (int64_t pos = 0; pos < n; pos++) {
+    if (dsp__poll(ctx, &pw, 3 * g->C)) return dsp__cancelled_err(ctx, op);
+    int64_t y = lab[pos];
+    int64_t base = (pos / g->inner) * g->C * g->inner + pos % g->inner;
+    if (y == g->ignore) {
+      for (int64_t c = 0; c < g->C; c++) dsp__st(out, f, base + c * g->inner, 0.0);
+      continue;
     }
+    double lse, sx;
+    ce_stats(g, x, f, base, &lse, &sx);
+    double wp = g->reduction == DSP_REDUCE_NONE ? dsp__ld(gr, f, pos) : w;
+    for (int64_t c = 0; c < g->C; c++) {
+      int64_t i = base + c * g->inner;
+      double p = exp(dsp__ld(x, f, i) - lse);
+      double t = c == y ? 1.0 - g->smoothing : 0.0;
+      dsp__st(out, f, i, wp * (p - t - eps_c));
+    }
+  }
   return 0;
 }
 
