@@ -18,7 +18,11 @@
  *   conv2d_backward_input (grad, w, conv ints, the 4 dims of the forward
  *     input), conv2d_backward_weight (grad, x, conv ints, the 4 dims of
  *     the weight)
- *   max_pool2d_backward, avg_pool2d_backward (grad, x, pool ints)
+ *   max_pool2d_backward, avg_pool2d_backward (grad, x, pool ints; the
+ *     op also takes avg_pool2d_ex's count_include_pad as a 7th int, which
+ *     autodiff passes and this helper does not)
+ *   cross_entropy_ex_backward (grad, logits, labels, the forward's
+ *     ignore_index, label_smoothing, reduction)
  *
  * Conventions as in dispatch_client.h: 0 or a negative DISPATCH_E* code,
  * *out is one new reference (or registered in the open scope), inputs are
@@ -46,5 +50,15 @@ int dispatch_slice_backward(dispatch_tensor *grad, int64_t dim,
 int dispatch_index_select_backward(dispatch_tensor *grad,
                                    dispatch_tensor *index, int64_t dim,
                                    int64_t dim_size, dispatch_tensor **out);
+
+/* issue 23: loss. The gradient of cross_entropy_ex w.r.t. the logits;
+ * grad has the forward output's shape, the other arguments are the
+ * forward's. */
+int dispatch_cross_entropy_ex_backward(dispatch_tensor *grad,
+                                       dispatch_tensor *logits,
+                                       dispatch_tensor *labels,
+                                       int64_t ignore_index,
+                                       double label_smoothing, int reduction,
+                                       dispatch_tensor **out);
 
 #endif

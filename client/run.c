@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "client_internal.h"
+#include "ops_plan.h"
 
 /* Wraps `inner` (whose reference is transferred) as AUTODIFF. On failure
  * inner is dropped. */
@@ -449,4 +450,62 @@ int dispatch_var(dispatch_tensor *x, int ndims, const int64_t *dims,
 int dispatch_std(dispatch_tensor *x, int ndims, const int64_t *dims,
                  int64_t correction, int keepdim, dispatch_tensor **out) {
   return moments(DSP_OP_STD, x, ndims, dims, correction, keepdim, out);
+}
+
+/* issue 23: loss */
+
+_Static_assert(DISPATCH_REDUCE_NONE == DSP_REDUCE_NONE &&
+                   DISPATCH_REDUCE_SUM == DSP_REDUCE_SUM &&
+                   DISPATCH_REDUCE_MEAN == DSP_REDUCE_MEAN,
+               "the public reductions are the op's attribute values");
+
+static dsp_attrs ce_ex_attrs(int64_t ignore_index, double label_smoothing,
+                             int reduction) {
+  int64_t v[2] = {ignore_index, (int64_t)reduction};
+  dsp_attrs a = dsp_attrs_ints(2, v);
+  a.floats[0] = label_smoothing;
+  a.n_floats = 1;
+  return a;
+}
+
+int dispatch_cross_entropy_ex(dispatch_tensor *logits, dispatch_tensor *labels,
+                              int64_t ignore_index, double label_smoothing,
+                              int reduction, dispatch_tensor **out) {
+  dsp_attrs a = ce_ex_attrs(ignore_index, label_smoothing, reduction);
+  return run2(DSP_OP_CROSS_ENTROPY_EX, logits, labels, &a, out);
+}
+
+int dispatch_cross_entropy_ex_backward(dispatch_tensor *grad,
+                                       dispatch_tensor *logits,
+                                       dispatch_tensor *labels,
+                                       int64_t ignore_index,
+                                       double label_smoothing, int reduction,
+                                       dispatch_tensor **out) {
+  dsp_attrs a = ce_ex_attrs(ignore_index, label_smoothing, reduction);
+  return run3(DSP_OP_CROSS_ENTROPY_EX_BACKWARD, grad, logits, labels, &a, out);
+}
+
+/* issue 23: pools */
+
+int dispatch_avg_pool2d_ex(dispatch_tensor *x, int64_t kh, int64_t kw,
+                           int64_t stride_h, int64_t stride_w, int64_t pad_h,
+                           int64_t pad_w, int count_include_pad,
+                           dispatch_tensor **out) {
+  dsp_attrs a = pool_attrs(kh, kw, stride_h, stride_w, pad_h, pad_w);
+  a.ints[a.n_ints++] = count_include_pad ? 1 : 0;
+  return run1(DSP_OP_AVG_POOL2D_EX, x, &a, out);
+}
+
+/* issue 23: conv bias */
+
+int dispatch_conv2d_bias(dispatch_tensor *x, dispatch_tensor *w,
+                         dispatch_tensor *bias, int64_t stride_h,
+                         int64_t stride_w, int64_t pad_h, int64_t pad_w,
+                         int64_t dil_h, int64_t dil_w, dispatch_tensor **out) {
+  if (!bias)
+    return dispatch_conv2d(x, w, stride_h, stride_w, pad_h, pad_w, dil_h,
+                           dil_w, out);
+  dsp_attrs a =
+      conv_attrs(stride_h, stride_w, pad_h, pad_w, dil_h, dil_w, NULL);
+  return run3(DSP_OP_CONV2D_BIAS, x, w, bias, &a, out);
 }

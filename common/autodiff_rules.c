@@ -521,6 +521,10 @@ int dsp__autodiff_rule(dsp_ctx *ctx, const dsp_node *n, dsp_tensor *g,
     case DSP_OP_CROSS_ENTROPY: /* labels (input 1) are i64, never tracked */
       GRAD(0, rb_op(R, DSP_OP_CROSS_ENTROPY_BACKWARD, at, 3, g, in[0], in[1]));
       break;
+    case DSP_OP_CROSS_ENTROPY_EX: /* the fused backward op, same attrs */
+      GRAD(0, rb_op(R, DSP_OP_CROSS_ENTROPY_EX_BACKWARD, at, 3, g, in[0],
+                    in[1]));
+      break;
     case DSP_OP_MSE: { /* d/da mean((a-b)^2) = 2 (a-b) / N */
       double k = x->numel > 0 ? 2.0 / (double)x->numel : 0.0;
       dsp_tensor *ga = bin(R, DSP_OP_MUL,
@@ -531,7 +535,8 @@ int dsp__autodiff_rule(dsp_ctx *ctx, const dsp_node *n, dsp_tensor *g,
       GRAD(1, un(R, DSP_OP_NEG, ga));
       break;
     }
-    case DSP_OP_CONV2D: {
+    case DSP_OP_CONV2D:
+    case DSP_OP_CONV2D_BIAS: {
       static const int64_t defs[6] = {1, 1, 0, 0, 1, 1};
       dsp_attrs ai = dsp_attrs_none(), aw;
       for (int i = 0; i < 6; i++) ai.ints[i] = i < at->n_ints ? at->ints[i] : defs[i];
@@ -543,6 +548,11 @@ int dsp__autodiff_rule(dsp_ctx *ctx, const dsp_node *n, dsp_tensor *g,
       }
       GRAD(0, rb_op(R, DSP_OP_CONV2D_BACKWARD_INPUT, &ai, 2, g, in[1], NULL));
       GRAD(1, rb_op(R, DSP_OP_CONV2D_BACKWARD_WEIGHT, &aw, 2, g, in[0], NULL));
+      if (n->op == DSP_OP_CONV2D_BIAS) { /* d bias[o] = sum of g[:, o] */
+        static const int64_t nhw[3] = {0, 2, 3};
+        dsp_attrs ar = dsp_attrs_ints(3, nhw);
+        GRAD(2, rb_op(R, DSP_OP_SUM, &ar, 1, g, NULL, NULL));
+      }
       break;
     }
     case DSP_OP_MAX_POOL2D:
@@ -559,6 +569,9 @@ int dsp__autodiff_rule(dsp_ctx *ctx, const dsp_node *n, dsp_tensor *g,
                     &a, 2, g, x, NULL));
       break;
     }
+    case DSP_OP_AVG_POOL2D_EX: /* all 7 ints, count_include_pad last */
+      GRAD(0, rb_op(R, DSP_OP_AVG_POOL2D_BACKWARD, at, 2, g, x, NULL));
+      break;
     case DSP_OP_DROPOUT: /* the same seed gives the same mask and scale */
       GRAD(0, rb_op(R, DSP_OP_DROPOUT, at, 1, g, NULL, NULL));
       break;
@@ -652,6 +665,7 @@ int dsp__autodiff_rule(dsp_ctx *ctx, const dsp_node *n, dsp_tensor *g,
     case DSP_OP_SOFTMAX_BACKWARD:
     case DSP_OP_LOG_SOFTMAX_BACKWARD:
     case DSP_OP_CROSS_ENTROPY_BACKWARD:
+    case DSP_OP_CROSS_ENTROPY_EX_BACKWARD:
     case DSP_OP_CONV2D_BACKWARD_INPUT:
     case DSP_OP_CONV2D_BACKWARD_WEIGHT:
     case DSP_OP_MAX_POOL2D_BACKWARD:

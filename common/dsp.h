@@ -544,17 +544,33 @@ int dsp__storage_prepare_write(dsp_ctx *ctx, dsp_tensor *t);
   X(CONV2D_BACKWARD_WEIGHT, 89, conv2d_backward_weight, 2, NN, CONV_BWD,     \
     BWD)                                                                     \
   /* pools on [N,C,H,W]: ints = {kh, kw, stride_h, stride_w, pad_h, pad_w}   \
-   * (stride missing: = kernel; pad missing: 0). avg counts padding. */      \
+   * (stride missing or 0: = kernel; pad missing: 0). avg counts padding. */ \
   X(MAX_POOL2D, 90, max_pool2d, 1, NN, POOL, API)                            \
   X(AVG_POOL2D, 91, avg_pool2d, 1, NN, POOL, API)                            \
   /* (grad, x) */                                                            \
   X(MAX_POOL2D_BACKWARD, 92, max_pool2d_backward, 2, NN, POOL_BWD, BWD)      \
-  /* (grad, x) */                                                            \
+  /* (grad, x); a 7th int as avg_pool2d_ex's */                              \
   X(AVG_POOL2D_BACKWARD, 93, avg_pool2d_backward, 2, NN, POOL_BWD, BWD)      \
   /* dropout(x): floats[0] = p in [0,1), ints[0] = seed (as uint64); keeps   \
    * element i iff uniform(seed)[i] >= p and scales kept ones by 1/(1-p) */  \
   X(DROPOUT, 94, dropout, 1, NN, HAND, API)                                  \
   /* issue 23 conv/pool/loss rows (95-99, 140-149) */                        \
+  /* cross_entropy_ex(logits [N,C,d1..] (or [C]) float, labels [N,d1..]      \
+   * (or []) i64) as torch's cross_entropy: ints = {ignore_index,            \
+   * reduction 0 none / 1 sum / 2 mean}, floats = {label_smoothing in        \
+   * [0,1]}; none gives the labels' shape (0 where ignored), mean divides    \
+   * by the non-ignored count (all ignored: NaN) */                          \
+  X(CROSS_ENTROPY_EX, 95, cross_entropy_ex, 2, NN, HAND, API)                \
+  /* (grad: the forward output's shape, logits, labels), same attrs */       \
+  X(CROSS_ENTROPY_EX_BACKWARD, 96, cross_entropy_ex_backward, 3, NN, HAND,   \
+    BWD)                                                                     \
+  /* avg_pool2d_ex(x): ints = the 6 pool ints then count_include_pad (0 or   \
+   * 1, all 7 given); 0 divides by the window's non-padding elements */      \
+  X(AVG_POOL2D_EX, 97, avg_pool2d_ex, 1, NN, HAND, API)                      \
+  /* conv2d_bias(x [N,C,H,W], w [O,C,kh,kw], bias [O]): conv2d plus bias[o]  \
+   * on output channel o; ints as conv2d's. Gradients: conv2d's backward     \
+   * ops and the sum of grad over N, H, W */                                 \
+  X(CONV2D_BIAS, 98, conv2d_bias, 3, NN, HAND, API)                          \
   /* creation: ints[0] = dtype, ints[1..] = shape */                         \
   X(ZEROS, 100, zeros, 0, CREATE, CREATE, API)                               \
   X(ONES, 101, ones, 0, CREATE, CREATE, API)                                 \

@@ -53,7 +53,7 @@ static uint64_t work(dsp_opcode op, const dsp_meta *in, int n_in,
       break;
   }
   /* the nn ops are costed one by one: a new one needs its case here */
-  _Static_assert(DSP__OPS_IN_FAMILY(NN) - DSP__N_NORM_OPS == 17,
+  _Static_assert(DSP__OPS_IN_FAMILY(NN) - DSP__N_NORM_OPS == 21,
                  "a new nn op needs a cost decision in dsp_op_cost");
   switch (op) {
     case DSP_OP_SOFTMAX:
@@ -62,15 +62,20 @@ static uint64_t work(dsp_opcode op, const dsp_meta *in, int n_in,
     case DSP_OP_LOG_SOFTMAX_BACKWARD:
     case DSP_OP_CROSS_ENTROPY:
     case DSP_OP_CROSS_ENTROPY_BACKWARD:
+    case DSP_OP_CROSS_ENTROPY_EX:
+    case DSP_OP_CROSS_ENTROPY_EX_BACKWARD:
       /* a max pass, an exp-sum pass and a write pass over the input */
       return mul_sat(numel(&in[n_in == 3 ? 1 : 0]), 3);
     case DSP_OP_CONV2D:
+    case DSP_OP_CONV2D_BIAS: /* + one add per output: counted with it */
     case DSP_OP_CONV2D_BACKWARD_INPUT:
     case DSP_OP_CONV2D_BACKWARD_WEIGHT: {
       /* every output pixel of the forward conv is a C*kh*kw dot product;
        * the backward ops do the same products the other way round */
       const dsp_meta *w = op == DSP_OP_CONV2D_BACKWARD_WEIGHT ? out : &in[1];
-      uint64_t y = op == DSP_OP_CONV2D ? on : numel(&in[0]);
+      uint64_t y = op == DSP_OP_CONV2D || op == DSP_OP_CONV2D_BIAS
+                       ? on
+                       : numel(&in[0]);
       uint64_t ck = mul_sat(mul_sat((uint64_t)w->shape[1],
                                     (uint64_t)w->shape[2]),
                             (uint64_t)w->shape[3]);
@@ -80,9 +85,11 @@ static uint64_t work(dsp_opcode op, const dsp_meta *in, int n_in,
     }
     case DSP_OP_MAX_POOL2D:
     case DSP_OP_AVG_POOL2D:
+    case DSP_OP_AVG_POOL2D_EX:
     case DSP_OP_MAX_POOL2D_BACKWARD:
     case DSP_OP_AVG_POOL2D_BACKWARD: {
-      uint64_t y = (op == DSP_OP_MAX_POOL2D || op == DSP_OP_AVG_POOL2D)
+      uint64_t y = (op == DSP_OP_MAX_POOL2D || op == DSP_OP_AVG_POOL2D ||
+                    op == DSP_OP_AVG_POOL2D_EX)
                        ? on
                        : numel(&in[0]);
       return mul_sat(y, mul_sat((uint64_t)a->ints[0], (uint64_t)a->ints[1]));

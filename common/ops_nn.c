@@ -134,22 +134,33 @@ static int conv_geo(dsp_ctx *ctx, dsp_opcode op, const int64_t *xs,
 }
 
 /* Reads the pool ints {kh, kw, stride_h, stride_w, pad_h, pad_w}; a missing
- * stride equals the kernel size, a missing pad is 0. Padding is limited to
- * half the kernel so every window holds at least one input element. */
+ * or 0 stride equals the kernel size, a missing pad is 0. Padding is
+ * limited to half the kernel so every window holds at least one input
+ * element. avg_pool2d_ex takes all six and count_include_pad; the avg
+ * backward op takes that 7th int too. */
 static int pool_attrs(dsp_ctx *ctx, dsp_opcode op, const dsp_attrs *a,
                       dsp_pool_geo *g) {
-  if (a->n_ints < 2 || a->n_ints > 6 || a->n_floats != 0)
+  int lo = op == DSP_OP_AVG_POOL2D_EX ? 7 : 2;
+  int hi = op == DSP_OP_AVG_POOL2D_EX || op == DSP_OP_AVG_POOL2D_BACKWARD ? 7 : 6;
+  if (a->n_ints < lo || a->n_ints > hi || a->n_floats != 0)
     return dsp_seterr(ctx, DISPATCH_EINVAL,
-                      "%s: takes 2..6 ints {kh, kw, stride_h, stride_w, "
-                      "pad_h, pad_w} and no floats, got %d ints and %d floats",
-                      opname(op), a->n_ints, a->n_floats);
+                      "%s: takes %d..%d ints {kh, kw, stride_h, stride_w, "
+                      "pad_h, pad_w%s} and no floats, got %d ints and %d "
+                      "floats",
+                      opname(op), lo, hi, hi == 7 ? ", count_include_pad" : "",
+                      a->n_ints, a->n_floats);
   const int64_t *v = a->ints;
   int n = a->n_ints;
   g->KH = v[0], g->KW = v[1];
-  g->sh = n > 2 ? v[2] : g->KH;
-  g->sw = n > 3 ? v[3] : g->KW;
+  g->sh = n > 2 && v[2] != 0 ? v[2] : g->KH;
+  g->sw = n > 3 && v[3] != 0 ? v[3] : g->KW;
   g->ph = n > 4 ? v[4] : 0;
   g->pw = n > 5 ? v[5] : 0;
+  g->exclude_pad = n > 6 && v[6] == 0;
+  if (n > 6 && v[6] != 0 && v[6] != 1)
+    return dsp_seterr(ctx, DISPATCH_EINVAL,
+                      "%s: count_include_pad = %lld is not 0 or 1", opname(op),
+                      (long long)v[6]);
   if (g->KH < 1 || g->KW < 1 || g->KH > INT32_MAX || g->KW > INT32_MAX)
     return dsp_seterr(ctx, DISPATCH_EINVAL, "%s: kernel %lldx%lld must be >= 1",
                       opname(op), (long long)g->KH, (long long)g->KW);
@@ -245,13 +256,24 @@ static int infer_conv(dsp_ctx *ctx, dsp_opcode op, const dsp_meta *in,
                       opname(op));
   if ((rc = need_float(ctx, op, "input", &in[0])) < 0) return rc;
   if ((rc = same_dtype(ctx, op, &in[0], &in[1])) < 0) return rc;
-  if (op == DSP_OP_CONV2D) {
+  if (op == DSP_OP_CONV2D || op == DSP_OP_CONV2D_BIAS) {
     if ((rc = need_rank(ctx, op, "input", &in[0], 4, "[N, C, H, W]")) < 0)
       return rc;
     if ((rc = need_rank(ctx, op, "weight", &in[1], 4, "[O, C, kh, kw]")) < 0)
       return rc;
     if ((rc = conv_attrs(ctx, op, a->ints, a->n_ints, g)) < 0) return rc;
     if ((rc = conv_geo(ctx, op, in[0].shape, in[1].shape, g)) < 0) return rc;
+    if (op == DSP_OP_CONV2D_BIAS) { /* issue 23: bias [O] */
+      if ((rc = same_dtype(ctx, op, &in[0], &in[2])) < 0) return rc;
+      if (in[2].ndim != 1 || in[2].shape[0] != g->O) {
+        char s[128];
+        return dsp_seterr(ctx, DISPATCH_ESHAPE,
+                          "%s: bias must be [%lld] (one per output channel), "
+                          "got %s",
+                          opname(op), (long long)g->O,
+                          dsp_shape_str(&in[2], s, sizeof s));
+      }
+    }
     *out = (dsp_meta){in[0].dtype, 4, {g->N, g->O, g->OH, g->OW}};
     return 0;
   }
@@ -327,6 +349,11 @@ int dsp__nn_plan(dsp_ctx *ctx, dsp_opcode op, const dsp_meta *in, int n_in,
     case DSP_OP_CROSS_ENTROPY:
     case DSP_OP_CROSS_ENTROPY_BACKWARD:
       return infer_ce(ctx, op, in, n_in, a, out);
+    case DSP_OP_CROSS_ENTROPY_EX:
+    case DSP_OP_CROSS_ENTROPY_EX_BACKWARD: {
+      dsp_ce_geo ceg;
+      return dsp__ce_ex_plan(ctx, op, in, n_in, a, out, &ceg);
+    }
     case DSP_OP_MSE:
       if ((rc = dsp__want_attrs(ctx, op, a, 0, 0)) < 0) return rc;
       if ((rc = need_float(ctx, op, "input", &in[0])) < 0) return rc;
@@ -339,11 +366,13 @@ int dsp__nn_plan(dsp_ctx *ctx, dsp_opcode op, const dsp_meta *in, int n_in,
       out->ndim = 0;
       return 0;
     case DSP_OP_CONV2D:
+    case DSP_OP_CONV2D_BIAS:
     case DSP_OP_CONV2D_BACKWARD_INPUT:
     case DSP_OP_CONV2D_BACKWARD_WEIGHT:
       return infer_conv(ctx, op, in, a, out, cg);
     case DSP_OP_MAX_POOL2D:
     case DSP_OP_AVG_POOL2D:
+    case DSP_OP_AVG_POOL2D_EX:
     case DSP_OP_MAX_POOL2D_BACKWARD:
     case DSP_OP_AVG_POOL2D_BACKWARD:
       return infer_pool(ctx, op, in, n_in, a, out, pg);

@@ -96,6 +96,7 @@ typedef struct dsp_conv_geo {
 typedef struct dsp_pool_geo {
   int64_t N, C, H, W, KH, KW, OH, OW;
   int64_t sh, sw, ph, pw;
+  int exclude_pad; /* avg: divide by the window's non-padding elements */
 } dsp_pool_geo;
 /* nn: full validation of an nn op (as dsp__infer_nn) that also gives the
  * conv geometry (conv ops) or pool geometry (pool ops). */
@@ -165,5 +166,28 @@ int dsp__attn_plan(dsp_ctx *ctx, dsp_opcode op, const dsp_meta *in, int n_in,
 static inline int64_t dsp__attn_nkeys(const dsp_attn_geo *g, int64_t i) {
   return g->causal && i + 1 < g->Tk ? i + 1 : g->Tk;
 }
+/* issue 23: loss. cross_entropy_ex and its backward op on logits viewed
+ * as [outer, C, inner] (class dim 1, or 0 for 1-D logits) with labels
+ * [outer, inner]; reduction is one of DSP_REDUCE_* (the public
+ * DISPATCH_REDUCE_* values). */
+#define DSP_REDUCE_NONE 0
+#define DSP_REDUCE_SUM 1
+#define DSP_REDUCE_MEAN 2
+typedef struct dsp_ce_geo {
+  int64_t outer, C, inner;
+  int64_t ignore;
+  int reduction;
+  double smoothing;
+} dsp_ce_geo;
+/* Full validation (what dsp__infer_nn answers for these ops) and the
+ * plan. */
+int dsp__ce_ex_plan(dsp_ctx *ctx, dsp_opcode op, const dsp_meta *in,
+                    int n_in, const dsp_attrs *a, dsp_meta *out,
+                    dsp_ce_geo *g);
+/* Flat position of the first label that is neither g->ignore nor in
+ * [0, C), or -1; and the DISPATCH_EINDEX error naming it. */
+int64_t dsp__ce_ex_bad_label(const dsp_ce_geo *g, const int64_t *lab);
+int dsp__ce_ex_label_err(dsp_ctx *ctx, dsp_opcode op, const dsp_ce_geo *g,
+                         int64_t pos, int64_t v);
 
 #endif

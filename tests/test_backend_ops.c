@@ -345,6 +345,21 @@ static int make_case(dsp_opcode op, dsp_dtype k, int v, tcase *c) {
       if (v) return -1;
       c->what = "[4,5]"; in_(c, k, 'r', 0, 0); in_(c, k, 'r', 0, 2, 4, 5); in_(c, I, 'i', 5, 1, 4);
       return 0;
+    /* issue 23: ignore_index 2 or 1 is a class, so random labels hit it */
+    case DSP_OP_CROSS_ENTROPY_EX:
+      switch (v) {
+        case 0: c->what = "[4,5] mean, ignore 2, smoothing 0.1"; in_(c, k, 'r', 0, 2, 4, 5); in_(c, I, 'i', 5, 1, 4); ints_(c, 2, 2, 2); fl_(c, 1, 0.1); return 0;
+        case 1: c->what = "[2,3,2,2] none, ignore 1"; in_(c, k, 'r', 0, 4, 2, 3, 2, 2); in_(c, I, 'i', 3, 3, 2, 2, 2); ints_(c, 2, 1, 0); fl_(c, 1, 0.0); return 0;
+        case 2: c->what = "[3,4,5] sum, smoothing 0.3"; in_(c, k, 'r', 0, 3, 3, 4, 5); in_(c, I, 'i', 4, 2, 3, 5); ints_(c, 2, -100, 1); fl_(c, 1, 0.3); return 0;
+        case 3: c->what = "zero-size [0,5] none"; in_(c, k, 'r', 0, 2, 0, 5); in_(c, I, 'i', 5, 1, 0); ints_(c, 2, -100, 0); fl_(c, 1, 0.0); return 0;
+        default: return -1;
+      }
+    case DSP_OP_CROSS_ENTROPY_EX_BACKWARD:
+      switch (v) {
+        case 0: c->what = "[4,5] mean, ignore 2, smoothing 0.1"; in_(c, k, 'r', 0, 0); in_(c, k, 'r', 0, 2, 4, 5); in_(c, I, 'i', 5, 1, 4); ints_(c, 2, 2, 2); fl_(c, 1, 0.1); return 0;
+        case 1: c->what = "[2,3,2,2] none, ignore 1"; in_(c, k, 'r', 0, 3, 2, 2, 2); in_(c, k, 'r', 0, 4, 2, 3, 2, 2); in_(c, I, 'i', 3, 3, 2, 2, 2); ints_(c, 2, 1, 0); fl_(c, 1, 0.2); return 0;
+        default: return -1;
+      }
     case DSP_OP_MSE:
       if (v) return -1;
       c->what = "[3,4]"; in_(c, k, 'r', 0, 2, 3, 4); in_(c, k, 'r', 0, 2, 3, 4);
@@ -354,6 +369,13 @@ static int make_case(dsp_opcode op, dsp_dtype k, int v, tcase *c) {
         case 0: c->what = "[2,3,6,6] * [4,3,3,3]"; in_(c, k, 'r', 0, 4, 2, 3, 6, 6); in_(c, k, 'r', 0, 4, 4, 3, 3, 3); return 0;
         case 1: c->what = "stride 2,1 pad 1,0 dil 1,2"; in_(c, k, 'r', 0, 4, 1, 2, 7, 7); in_(c, k, 'r', 0, 4, 3, 2, 3, 2); ints_(c, 6, 2, 1, 1, 0, 1, 2); return 0;
         case 2: c->what = "zero-size batch"; in_(c, k, 'r', 0, 4, 0, 3, 6, 6); in_(c, k, 'r', 0, 4, 4, 3, 3, 3); return 0;
+        default: return -1;
+      }
+    case DSP_OP_CONV2D_BIAS: /* issue 23 */
+      switch (v) {
+        case 0: c->what = "[2,3,6,6] * [4,3,3,3] + [4]"; in_(c, k, 'r', 0, 4, 2, 3, 6, 6); in_(c, k, 'r', 0, 4, 4, 3, 3, 3); in_(c, k, 'r', 0, 1, 4); return 0;
+        case 1: c->what = "stride 2,1 pad 1,0 dil 1,2 + bias"; in_(c, k, 'r', 0, 4, 1, 2, 7, 7); in_(c, k, 'r', 0, 4, 3, 2, 3, 2); in_(c, k, 'r', 0, 1, 3); ints_(c, 6, 2, 1, 1, 0, 1, 2); return 0;
+        case 2: c->what = "zero-size batch"; in_(c, k, 'r', 0, 4, 0, 3, 6, 6); in_(c, k, 'r', 0, 4, 4, 3, 3, 3); in_(c, k, 'r', 0, 1, 4); return 0;
         default: return -1;
       }
     case DSP_OP_CONV2D_BACKWARD_INPUT:
@@ -374,10 +396,23 @@ static int make_case(dsp_opcode op, dsp_dtype k, int v, tcase *c) {
         default: return -1;
       }
     case DSP_OP_MAX_POOL2D_BACKWARD: case DSP_OP_AVG_POOL2D_BACKWARD:
+      if (v == 1 && op == DSP_OP_AVG_POOL2D_BACKWARD) { /* issue 23 */
+        c->what = "count_include_pad 0, 3x3 stride 2 pad 1"; in_(c, k, 'r', 0, 4, 1, 2, 4, 3); in_(c, k, 'r', 0, 4, 1, 2, 7, 6);
+        ints_(c, 7, 3, 3, 2, 2, 1, 1, 0);
+        return 0;
+      }
       if (v) return -1;
       c->what = "grad [2,3,3,3], x [2,3,6,6]"; in_(c, k, 'r', 0, 4, 2, 3, 3, 3); in_(c, k, 'r', 0, 4, 2, 3, 6, 6);
       ints_(c, 2, 2, 2);
       return 0;
+    /* issue 23: count_include_pad 0 and 1, stride 0 = kernel */
+    case DSP_OP_AVG_POOL2D_EX:
+      switch (v) {
+        case 0: c->what = "3x3 stride 2 pad 1, count_include_pad 0"; in_(c, k, 'r', 0, 4, 1, 2, 7, 6); ints_(c, 7, 3, 3, 2, 2, 1, 1, 0); return 0;
+        case 1: c->what = "3x2 stride 0 pad 1,0, count_include_pad 1"; in_(c, k, 'r', 0, 4, 2, 3, 6, 6); ints_(c, 7, 3, 2, 0, 0, 1, 0, 1); return 0;
+        case 2: c->what = "zero-size batch"; in_(c, k, 'r', 0, 4, 0, 3, 4, 4); ints_(c, 7, 2, 2, 0, 0, 0, 0, 0); return 0;
+        default: return -1;
+      }
     case DSP_OP_DROPOUT:
       switch (v) {
         case 0: c->what = "[6,7] p 0.3"; in_(c, k, 'r', 0, 2, 6, 7); ints_(c, 1, 42); fl_(c, 1, 0.3); return 0;

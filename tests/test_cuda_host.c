@@ -24,6 +24,7 @@
 #include "cuda_math.h"
 #include "cuda_plan.h"
 #include "norm_math.h"
+#include "loss_math.h"
 #include "backend.h"
 #include "dsp.h"
 #include "helpers/tensor_util.h"
@@ -1377,6 +1378,81 @@ Test(cuda_host, optimizer_steps_are_bit_identical_to_cpu) {
   }
 }
 
+/* issue 23: loss. k_ce_ex_rows + k_ce_ex_total (common/cuda/loss.cu)
+ * replayed with the same block reductions and loss_math.h, against the CPU
+ * kernel of cross_entropy_ex and of its backward op, on logits viewed
+ * [outer, C, inner] with ignored labels (ignore may be a class). */
+static void check_ce_ex(dsp_dtype dt, int nd, const int64_t *xs,
+                        int64_t ignore, double eps, int red) {
+  dsp_tensor *x = mk(dt, nd, xs, 0, 0);
+  int64_t ls[DSP_MAX_DIMS], outer = nd > 1 ? xs[0] : 1, C = xs[nd > 1],
+          inner = dsp__cu_prod(xs, 2, nd > 2 ? nd : 2);
+  for (int d = 0, j = 0; d < nd; d++)
+    if (d != (nd > 1)) ls[j++] = xs[d];
+  dsp_meta lm = meta_of(DSP_I64, nd - 1, ls);
+  dsp_tensor *lab = NULL;
+  cr_assert_eq(dsp_tensor_new(ctx, &lm, &lab), 0);
+  int64_t *L = dsp_tensor_data(lab), n = outer * inner, kept = 0;
+  for (int64_t i = 0; i < n; i++) {
+    L[i] = rnd() % 4 == 0 ? ignore : (int64_t)(rnd() % (uint64_t)C);
+    kept += L[i] != ignore;
+  }
+  int64_t av[2] = {ignore, red};
+  dsp_attrs a = dsp_attrs_ints(2, av);
+  a.floats[0] = eps, a.n_floats = 1;
+  dsp_tensor *in2[2] = {x, lab};
+  dsp_tensor *loss = run(DSP_OP_CROSS_ENTROPY_EX, &a, 2, in2);
+  dsp_tensor *g = red ? mk(dt, 0, NULL, 0, 0) : mk(dt, nd - 1, ls, 0, 0);
+  if (red) st_any(g, 0, 0.75);
+  dsp_tensor *in3[3] = {g, x, lab};
+  dsp_tensor *grad = run(DSP_OP_CROSS_ENTROPY_EX_BACKWARD, &a, 3, in3);
+  double *X = as_f64(x), *rows = calloc((size_t)(n ? n : 1), sizeof(double));
+  dsp_tensor *gloss = empty_like(loss), *ggrad = empty_like(grad);
+  for (int64_t i = 0; i < n; i++) {
+    int64_t base = (i / inner) * C * inner + i % inner;
+    if (L[i] == ignore) {
+      if (!red) st_any(gloss, i, 0.0);
+      for (int64_t c = 0; c < C; c++) st_any(ggrad, base + c * inner, 0.0);
+      continue;
+    }
+    dsp__cu_lse l = sim_lse(X + base, C, inner);
+    double lse = l.m + log(l.s);
+    double sx = eps > 0 ? sim_ksum_of(X + base, C, inner) : 0.0;
+    double v = dsp__cu_ce_loss(lse, sx, X[base + L[i] * inner], C, eps);
+    if (red) rows[i] = v;
+    else st_any(gloss, i, v);
+    double w = red == 0 ? ld(g, i) : red == 1 ? ld(g, 0) : ld(g, 0) / (double)kept;
+    for (int64_t c = 0; c < C; c++)
+      st_any(ggrad, base + c * inner,
+             dsp__cu_ce_grad(X[base + c * inner], lse, c == L[i], C, eps, w));
+  }
+  if (red) {
+    double s = sim_ksum_of(rows, n, 1);
+    st_any(gloss, 0, red == 2 ? s / (double)kept : s);
+  }
+  double tol = dt == DSP_F32 ? 4 * FLT_EPSILON : 64 * DBL_EPSILON;
+  assert_close(gloss, loss, tol, NULL, "cross_entropy_ex");
+  assert_close(ggrad, grad, tol, NULL, "cross_entropy_ex_backward");
+  free(X), free(rows);
+  dsp_tensor_unref(gloss), dsp_tensor_unref(ggrad), dsp_tensor_unref(loss);
+  dsp_tensor_unref(grad), dsp_tensor_unref(g), dsp_tensor_unref(lab);
+  dsp_tensor_unref(x);
+}
+
+Test(cuda_host, cross_entropy_ex_matches_cpu) {
+  static const int64_t A[] = {6, 7}, B[] = {3, 5, 2, 4}, C1[] = {2, 700, 3},
+                       D[] = {9};
+  for (int f = 0; f < 2; f++) {
+    dsp_dtype dt = f ? DSP_F64 : DSP_F32;
+    for (int red = 0; red < 3; red++) {
+      check_ce_ex(dt, 2, A, -100, 0.0, red);
+      check_ce_ex(dt, 4, B, 1, 0.1, red);
+      check_ce_ex(dt, 3, C1, -100, 0.25, red);
+      check_ce_ex(dt, 1, D, -100, 0.5, red);
+    }
+  }
+}
+
 /* ------------------------------------------------------------------ */
 /* conv2d (im2col blocks + gemm) and pooling                           */
 
@@ -1454,6 +1530,23 @@ Test(cuda_host, conv2d_im2col_blocks_match_cpu) {
         assert_close(gy, y, tol, NULL, "conv2d");
         dsp_tensor_unref(gy);
       }
+      { /* issue 23: conv2d_bias = the same conv, then k_bias_add */
+        int64_t O = W[0];
+        dsp_tensor *bias = mk(dt, 1, &O, 0, 0);
+        dsp_tensor *in3[3] = {x, w, bias};
+        dsp_tensor *yb = run(DSP_OP_CONV2D_BIAS, &a, 3, in3);
+        dsp__cu_geo gb = {0};
+        const dsp_meta bm[3] = {x->meta, w->meta, bias->meta};
+        cr_assert_eq(dsp__cu_plan_nn(ctx, DSP_OP_CONV2D_BIAS, bm, 3, &a, &gb), 0);
+        cr_assert(memcmp(&gb, &g, sizeof g) == 0, "conv2d_bias sees conv2d's geometry");
+        dsp_tensor *gy = empty_like(yb);
+        sim_conv(DSP_OP_CONV2D, &g, x, w, gy, 8);
+        int64_t hw = g.OH * g.OW;
+        for (int64_t i = 0; i < gy->numel; i++) /* k_bias_add */
+          st_any(gy, i, dsp__cu_bias_add(ld(gy, i), ld(bias, (i / hw) % O)));
+        assert_close(gy, yb, tol, NULL, "conv2d_bias");
+        dsp_tensor_unref(gy), dsp_tensor_unref(yb), dsp_tensor_unref(bias);
+      }
       /* both backward ops with a random upstream grad */
       dsp_tensor *dy = mk(dt, 4, y->meta.shape, 0, 0);
       int64_t bi[10], bw[10];
@@ -1484,39 +1577,47 @@ Test(cuda_host, conv2d_im2col_blocks_match_cpu) {
 
 Test(cuda_host, pooling_forward_and_backward_gathers_match_cpu) {
   static const int64_t X[] = {2, 3, 7, 9};
-  static const int64_t PI[][6] = {{2, 2, 2, 2, 0, 0}, {3, 3, 2, 1, 1, 1}, {3, 2, 1, 2, 1, 0}};
+  /* the 7th int: count_include_pad, avg only (issue 23: 0 divides by the
+   * window's elements inside the input; mx 2 is avg_pool2d_ex with it) */
+  static const int64_t PI[][7] = {{2, 2, 2, 2, 0, 0, 1}, {3, 3, 2, 1, 1, 1, 1},
+                                  {3, 2, 1, 2, 1, 0, 1}, {3, 3, 2, 1, 1, 1, 0},
+                                  {3, 2, 0, 2, 1, 0, 0}};
   for (int f = 0; f < 2; f++)
-    for (int pi = 0; pi < 3; pi++)
-      for (int mx = 0; mx < 2; mx++) {
+    for (int pi = 0; pi < 5; pi++)
+      for (int mx = 0; mx < 3; mx++) {
+        if ((mx == 2) != (PI[pi][6] == 0)) continue;
         dsp_dtype dt = f ? DSP_F64 : DSP_F32;
         dsp_tensor *x = mk(dt, 4, X, 1, 0); /* ties, NaN, inf */
-        dsp_attrs a = dsp_attrs_ints(6, PI[pi]);
-        dsp_tensor *y = run(mx ? DSP_OP_MAX_POOL2D : DSP_OP_AVG_POOL2D, &a, 1, &x);
+        dsp_attrs a = dsp_attrs_ints(mx == 2 ? 7 : 6, PI[pi]);
+        dsp_opcode fop = mx == 2 ? DSP_OP_AVG_POOL2D_EX
+                         : mx      ? DSP_OP_MAX_POOL2D : DSP_OP_AVG_POOL2D;
+        dsp_tensor *y = run(fop, &a, 1, &x);
         dsp__cu_geo g = {0};
-        cr_assert_eq(dsp__cu_plan_nn(ctx, mx ? DSP_OP_MAX_POOL2D : DSP_OP_AVG_POOL2D,
-                                     &x->meta, 1, &a, &g), 0);
+        cr_assert_eq(dsp__cu_plan_nn(ctx, fop, &x->meta, 1, &a, &g), 0);
+        cr_assert_eq(g.exclude_pad, mx == 2);
+        const int m = mx == 1; /* the replay below: max or avg */
         dsp_tensor *gy = empty_like(y);
         size_t es = f ? 8 : 4;
         for (int64_t e = 0; e < gy->numel; e++) { /* k_pool_fwd */
           int64_t ow = e % g.OW, oh = (e / g.OW) % g.OH, nc = e / (g.OW * g.OH), at;
           const char *xp = (const char *)dsp_tensor_data(x) + (size_t)(nc * g.H * g.W) * es;
-          st_any(gy, e, mx ? dsp__cu_pool_max(&g, xp, f, oh, ow, &at)
+          st_any(gy, e, m ? dsp__cu_pool_max(&g, xp, f, oh, ow, &at)
                            : dsp__cu_pool_avg(&g, xp, f, oh, ow));
         }
-        assert_same_bytes(gy, y, mx ? "max_pool2d" : "avg_pool2d");
+        assert_same_bytes(gy, y, m ? "max_pool2d" : "avg_pool2d");
         dsp_tensor *up = mk(dt, 4, y->meta.shape, 0, 0);
         dsp_tensor *in[2] = {up, x};
-        dsp_tensor *dx = run(mx ? DSP_OP_MAX_POOL2D_BACKWARD : DSP_OP_AVG_POOL2D_BACKWARD,
+        dsp_tensor *dx = run(m ? DSP_OP_MAX_POOL2D_BACKWARD : DSP_OP_AVG_POOL2D_BACKWARD,
                              &a, 2, in);
         dsp_tensor *gx = empty_like(dx);
         for (int64_t e = 0; e < gx->numel; e++) { /* k_pool_bw */
           int64_t w = e % g.W, h = (e / g.W) % g.H, nc = e / (g.W * g.H);
-          st_any(gx, e, dsp__cu_pool_bw_at(&g, mx,
+          st_any(gx, e, dsp__cu_pool_bw_at(&g, m,
                         (const char *)dsp_tensor_data(up) + (size_t)(nc * g.OH * g.OW) * es,
                         (const char *)dsp_tensor_data(x) + (size_t)(nc * g.H * g.W) * es,
                         f, h, w));
         }
-        assert_same_bytes(gx, dx, mx ? "max_pool2d_backward" : "avg_pool2d_backward");
+        assert_same_bytes(gx, dx, m ? "max_pool2d_backward" : "avg_pool2d_backward");
         dsp_tensor_unref(gx), dsp_tensor_unref(dx), dsp_tensor_unref(up);
         dsp_tensor_unref(gy), dsp_tensor_unref(y), dsp_tensor_unref(x);
       }

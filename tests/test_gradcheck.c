@@ -374,6 +374,18 @@ Test(gradcheck, softmax_family_and_losses) {
   dsp_tensor *d[2] = {rnd(SHAPE(4, 5), -2, 2),
                       tu_i64(ctx, 1, (int64_t[]){4}, lab)};
   check_op("cross_entropy", DSP_OP_CROSS_ENTROPY, dsp_attrs_none(), 2, d);
+  /* issue 23: cross_entropy_ex on [N, C, d1, d2] with ignored labels
+   * (-100, and 1 as ignore_index), smoothing, each reduction */
+  int64_t lab4[2][12] = {{2, -100, 0, 1, 3, 3, -100, 0, 2, 1, 1, 0},
+                         {2, 3, 0, 1, 3, 3, 2, 0, 2, 1, 1, 0}};
+  for (int r = 0; r < 3; r++) {
+    dsp_attrs ca = INTS(r == 1 ? 1 : -100, r);
+    ca.floats[0] = r == 0 ? 0.0 : 0.25;
+    ca.n_floats = 1;
+    dsp_tensor *f[2] = {rnd(SHAPE(2, 4, 3, 2), -2, 2),
+                        tu_i64(ctx, 3, (int64_t[]){2, 3, 2}, lab4[r == 1])};
+    check_op("cross_entropy_ex", DSP_OP_CROSS_ENTROPY_EX, ca, 2, f);
+  }
   dsp_tensor *e[2] = {rnd(SHAPE(2, 3), -1, 1), rnd(SHAPE(2, 3), -1, 1)};
   check_op("mse", DSP_OP_MSE, dsp_attrs_none(), 2, e);
 }
@@ -409,6 +421,11 @@ Test(gradcheck, attention) {
 }
 
 Test(gradcheck, conv2d) {
+  /* issue 23: conv2d_bias, all three inputs */
+  dsp_tensor *cb[3] = {rnd(SHAPE(2, 2, 5, 4), -1, 1),
+                       rnd(SHAPE(3, 2, 3, 2), -1, 1), rnd(SHAPE(3), -1, 1)};
+  check_op("conv2d_bias stride 2 pad 1", DSP_OP_CONV2D_BIAS, INTS(2, 1, 1, 1),
+           3, cb);
   dsp_tensor *a[2] = {rnd(SHAPE(2, 2, 5, 5), -1, 1),
                       rnd(SHAPE(3, 2, 3, 3), -1, 1)};
   check_op("conv2d default", DSP_OP_CONV2D, dsp_attrs_none(), 2, a);
@@ -431,6 +448,12 @@ Test(gradcheck, pooling_and_dropout) {
   dsp_tensor *d[1] = {rnd(SHAPE(2, 1, 5, 5), -1, 1)};
   check_op("avg_pool2d stride 2 pad 1", DSP_OP_AVG_POOL2D,
            INTS(3, 3, 2, 2, 1, 1), 1, d);
+  /* issue 23: count_include_pad 0 and 1, stride 0 = kernel */
+  for (int cip = 0; cip < 2; cip++) {
+    dsp_tensor *e7[1] = {rnd(SHAPE(2, 1, 5, 6), -1, 1)};
+    check_op("avg_pool2d_ex", DSP_OP_AVG_POOL2D_EX,
+             INTS(3, 3, 2, 0, 1, 1, cip), 1, e7);
+  }
   dsp_attrs dp = INTS(1234);
   dp.floats[0] = 0.3;
   dp.n_floats = 1;

@@ -606,7 +606,7 @@ Test(pool_errors, attrs_and_shapes) {
   dsp_tensor *x = mk(ctx, DSP_F32, 4, s, NULL), *x3 = mk(ctx, DSP_F32, 3, s3, NULL);
   dsp_tensor *g = mk(ctx, DSP_F32, 4, sg, NULL);
   dsp_attrs a;
-  int64_t k1[1] = {2}, k0[2] = {0, 2}, st0[3] = {2, 2, 0},
+  int64_t k1[1] = {2}, k0[2] = {0, 2}, st0[3] = {2, 2, -1},
           pbig[6] = {2, 2, 2, 2, 2, 0}, kbig[2] = {5, 2}, ok[2] = {2, 2};
   a = ints(1, k1);
   expect_err(ctx, DISPATCH_EINVAL, "takes 2..6 ints", DSP_OP_MAX_POOL2D, &a, x,
@@ -615,7 +615,7 @@ Test(pool_errors, attrs_and_shapes) {
   expect_err(ctx, DISPATCH_EINVAL, "kernel 0x2", DSP_OP_AVG_POOL2D, &a, x, NULL,
              NULL);
   a = ints(3, st0);
-  expect_err(ctx, DISPATCH_EINVAL, "stride 0x2", DSP_OP_MAX_POOL2D, &a, x, NULL,
+  expect_err(ctx, DISPATCH_EINVAL, "stride -1x2", DSP_OP_MAX_POOL2D, &a, x, NULL,
              NULL);
   a = ints(6, pbig);
   expect_err(ctx, DISPATCH_EINVAL, "padding 2x0", DSP_OP_MAX_POOL2D, &a, x, NULL,

@@ -643,12 +643,16 @@ int dispatch_cross_entropy(dispatch_tensor *logits, dispatch_tensor *labels,
 DISPATCH_API
 int dispatch_mse(dispatch_tensor *a, dispatch_tensor *b,
                  dispatch_tensor **out);
-/* x [N, C, H, W], w [O, C, kh, kw], no bias. */
+/* x [N, C, H, W], w [O, C, kh, kw], no bias (dispatch_conv2d_bias has
+ * one). */
 DISPATCH_API
 int dispatch_conv2d(dispatch_tensor *x, dispatch_tensor *w, int64_t stride_h,
                     int64_t stride_w, int64_t pad_h, int64_t pad_w,
                     int64_t dil_h, int64_t dil_w, dispatch_tensor **out);
-/* Pools on [N, C, H, W]; avg counts padding. */
+/* Pools on [N, C, H, W] with a kh x kw window; a stride of 0 is the
+ * kernel size (PyTorch's default), padding at most half the kernel. avg
+ * counts padding in the divisor (dispatch_avg_pool2d_ex can leave it
+ * out). */
 DISPATCH_API
 int dispatch_max_pool2d(dispatch_tensor *x, int64_t kh, int64_t kw,
                         int64_t stride_h, int64_t stride_w, int64_t pad_h,
@@ -811,6 +815,66 @@ int dispatch_var(dispatch_tensor *x, int ndims, const int64_t *dims,
 DISPATCH_API
 int dispatch_std(dispatch_tensor *x, int ndims, const int64_t *dims,
                  int64_t correction, int keepdim, dispatch_tensor **out);
+/* issue 23: loss, conv bias, pools */
+
+/* The reductions of dispatch_cross_entropy_ex. */
+#define DISPATCH_REDUCE_NONE 0
+#define DISPATCH_REDUCE_SUM 1
+#define DISPATCH_REDUCE_MEAN 2
+
+/* Cross entropy as torch.nn.functional.cross_entropy (PyTorch 1.13) with
+ * class indices: logits [N, C] or [N, C, d1, ...] (f32 or f64; also [C]
+ * with a 0-D label), labels i64 [N] or [N, d1, ...] (the logits' shape
+ * without the class dim 1). Per position with label y != ignore_index,
+ * loss = (1 - eps) (lse - x_y) + eps (lse - mean_c x_c) with lse the
+ * log-sum-exp of its C logits and eps = label_smoothing in [0, 1] (the
+ * second term is torch's eps/C sum_c -log p_c); a position whose label
+ * is ignore_index (-100 in PyTorch; any value, also a class index) has
+ * loss 0 and gradient 0. reduction: DISPATCH_REDUCE_NONE gives the
+ * per-position losses (the labels' shape, 0 where ignored),
+ * DISPATCH_REDUCE_SUM their sum, DISPATCH_REDUCE_MEAN their sum divided
+ * by the number of non-ignored labels (a scalar). A batch whose labels
+ * are all ignored (or that has none) gives NaN with MEAN (0/0, as
+ * PyTorch), 0 with SUM, and a zero gradient. Errors: DISPATCH_EINDEX
+ * for a label outside [0, C) that is not ignore_index (message names the
+ * label and its flat position); DISPATCH_ESHAPE for mismatched shapes or
+ * C = 0; DISPATCH_EDTYPE for non-float logits or non-i64 labels;
+ * DISPATCH_EINVAL for a reduction outside 0..2 or a smoothing outside
+ * [0, 1]. Differentiable in logits through one fused backward op.
+ * dispatch_cross_entropy(logits, labels) is the same as
+ * dispatch_cross_entropy_ex(logits, labels, -100, 0, DISPATCH_REDUCE_MEAN)
+ * for [N, C] logits and labels in [0, C), bit for bit. */
+DISPATCH_API
+int dispatch_cross_entropy_ex(dispatch_tensor *logits, dispatch_tensor *labels,
+                              int64_t ignore_index, double label_smoothing,
+                              int reduction, dispatch_tensor **out);
+
+/* avg_pool2d as torch.nn.functional.avg_pool2d (ceil_mode False):
+ * dispatch_avg_pool2d with count_include_pad; nonzero (PyTorch's default,
+ * and dispatch_avg_pool2d's) divides every window by kh * kw, 0 by the
+ * number of its elements inside the input (never 0: padding is at most
+ * half the kernel). A stride of 0 is the kernel size. Differentiable;
+ * errors as dispatch_avg_pool2d's (DISPATCH_EINVAL for the kernel,
+ * stride, padding; DISPATCH_ESHAPE for an input that is not 4-D or an
+ * empty output). */
+DISPATCH_API
+int dispatch_avg_pool2d_ex(dispatch_tensor *x, int64_t kh, int64_t kw,
+                           int64_t stride_h, int64_t stride_w, int64_t pad_h,
+                           int64_t pad_w, int count_include_pad,
+                           dispatch_tensor **out);
+
+/* dispatch_conv2d plus a bias: out[n, o] = conv2d(x, w)[n, o] + bias[o],
+ * as torch.nn.functional.conv2d(x, w, bias) (groups 1). bias is [O] of
+ * w's dtype, or NULL (then this is dispatch_conv2d, the same op on the
+ * wire). One op; differentiable in x, w and bias (the bias gradient is
+ * the sum of the output gradient over N, H and W). Errors as
+ * dispatch_conv2d's, and DISPATCH_ESHAPE / DISPATCH_EDTYPE for a bias
+ * that is not [O] of the same dtype. */
+DISPATCH_API
+int dispatch_conv2d_bias(dispatch_tensor *x, dispatch_tensor *w,
+                         dispatch_tensor *bias, int64_t stride_h,
+                         int64_t stride_w, int64_t pad_h, int64_t pad_w,
+                         int64_t dil_h, int64_t dil_w, dispatch_tensor **out);
 
 /* ------------------------------------------------------------------ */
 /* autodiff                                                            */

@@ -262,6 +262,9 @@ static const struct cpu_row {
     {DSP_OP_BATCH_NORM, FD_}, {DSP_OP_BATCH_NORM_BACKWARD, FD_},
     /* issue 23: attention (common/cpu/attn.c) */
     {DSP_OP_ATTENTION, FD_}, {DSP_OP_ATTENTION_BACKWARD, FD_},
+    /* issue 23: loss */
+    {DSP_OP_CROSS_ENTROPY_EX, FD_}, {DSP_OP_CROSS_ENTROPY_EX_BACKWARD, FD_},
+    {DSP_OP_AVG_POOL2D_EX, FD_}, {DSP_OP_CONV2D_BIAS, FD_},
     {DSP_OP_ZEROS, ALL_}, {DSP_OP_ONES, ALL_}, {DSP_OP_FULL, ALL_},
     {DSP_OP_ARANGE, FDI_}, {DSP_OP_UNIFORM, FD_}, {DSP_OP_NORMAL, FD_},
     {DSP_OP_SGD_STEP, FD_}, {DSP_OP_ADAM_STEP, FD_}, {DSP_OP_ADAMW_STEP, FD_},

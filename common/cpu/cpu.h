@@ -32,6 +32,9 @@ DSP_CPU_FAMILY_DECL_(linalg)
 DSP_CPU_FAMILY_DECL_(nn)
 DSP_CPU_FAMILY_DECL_(create)
 DSP_CPU_FAMILY_DECL_(optim)
+/* issue 23: loss (common/cpu/loss.c): cross_entropy_ex and its backward */
+int dsp__cpu_ce_ex(dsp_ctx *ctx, dsp_opcode op, dsp_tensor *const *in,
+                   int n_in, const dsp_attrs *a, dsp_tensor *out);
 #undef DSP_CPU_FAMILY_DECL_
 /* issue 23: embedding, layer_norm, rms_norm and their backward ops
  * (cpu/norm.c), reached through dsp__cpu_nn */

@@ -16,7 +16,7 @@
 
 #define opname dsp__opname
 
-_Static_assert(DSP__OPS_IN_FAMILY(NN) - DSP__N_NORM_OPS == 17,
+_Static_assert(DSP__OPS_IN_FAMILY(NN) - DSP__N_NORM_OPS == 21,
                "a new nn op needs a case in dsp__cpu_nn and a row in the CPU "
                "support table (common/cpu/backend.c)");
 
@@ -118,13 +118,16 @@ static int k_cross_entropy(dsp_ctx *ctx, dsp_opcode op, const dsp_tensor *g,
 
 /* max/avg pool forward and backward. The max picks the first largest
  * element of a window in row-major order (a NaN wins), and its backward
- * routes the grad to that same element. A window may be large, so the
- * cancel flag is polled after every window (returns 1 when cancelled). */
+ * routes the grad to that same element. The avg divides by the kernel
+ * area, or with exclude_pad by the window's elements inside the input. A
+ * window may be large, so the cancel flag is polled after every window
+ * (returns 1 when cancelled). */
 static int k_pool(dsp_ctx *ctx, dsp_opcode op, const dsp_pool_geo *g, int f,
                   const void *grad, const void *x, void *o) {
   int is_max = op == DSP_OP_MAX_POOL2D || op == DSP_OP_MAX_POOL2D_BACKWARD;
-  int fwd = op == DSP_OP_MAX_POOL2D || op == DSP_OP_AVG_POOL2D;
-  double area = (double)g->KH * (double)g->KW;
+  int fwd = op == DSP_OP_MAX_POOL2D || op == DSP_OP_AVG_POOL2D ||
+            op == DSP_OP_AVG_POOL2D_EX;
+  const double karea = (double)g->KH * (double)g->KW;
   int64_t pw = 0;
   for (int64_t nc = 0; nc < g->N * g->C; nc++) {
     int64_t xb = nc * g->H * g->W, yb = nc * g->OH * g->OW;
@@ -138,6 +141,7 @@ static int k_pool(dsp_ctx *ctx, dsp_opcode op, const dsp_pool_geo *g, int f,
         if (w1 > g->W) w1 = g->W;
         if (dsp__poll(ctx, &pw, (h1 - h0) * (w1 - w0) + 1)) return 1;
         int64_t yi = yb + oh * g->OW + ow;
+        double area = g->exclude_pad ? (double)((h1 - h0) * (w1 - w0)) : karea;
         if (is_max) {
           int64_t best_i = xb + h0 * g->W + w0;
           double best = dsp__ld(x, f, best_i);
@@ -184,6 +188,8 @@ int dsp__cpu_nn(dsp_ctx *ctx, dsp_opcode op, dsp_tensor *const *in, int n_in,
   if (n_in < 1 || n_in > 3)
     return dsp_seterr(ctx, DISPATCH_EINTERNAL, "%s: bad input count %d",
                       opname(op), n_in);
+  if (op == DSP_OP_CROSS_ENTROPY_EX || op == DSP_OP_CROSS_ENTROPY_EX_BACKWARD)
+    return dsp__cpu_ce_ex(ctx, op, in, n_in, a, out);
   for (int i = 0; i < n_in; i++) metas[i] = in[i]->meta;
   int rc = dsp__nn_plan(ctx, op, metas, n_in, a, &om, &cg, &pg);
   if (rc < 0) return rc;
@@ -227,8 +233,23 @@ int dsp__cpu_nn(dsp_ctx *ctx, dsp_opcode op, dsp_tensor *const *in, int n_in,
     case DSP_OP_CONV2D_BACKWARD_WEIGHT:
       return dsp__kern_conv2d(ctx, op, &cg, f, dsp_tensor_data(in[0]),
                               dsp_tensor_data(in[1]), o);
+    case DSP_OP_CONV2D_BIAS: { /* issue 23: the conv, then bias[o] per plane */
+      rc = dsp__kern_conv2d(ctx, DSP_OP_CONV2D, &cg, f, dsp_tensor_data(in[0]),
+                            dsp_tensor_data(in[1]), o);
+      if (rc < 0) return rc;
+      const void *pb = dsp_tensor_data(in[2]);
+      const int64_t hw = cg.OH * cg.OW;
+      for (int64_t p = 0; p < cg.N * cg.O; p++) {
+        if (dsp_ctx_cancelled(ctx)) return dsp__cancelled_err(ctx, op);
+        double bv = dsp__ld(pb, f, p % cg.O);
+        for (int64_t i = p * hw; i < (p + 1) * hw; i++)
+          dsp__st(o, f, i, dsp__ld(o, f, i) + bv);
+      }
+      return 0;
+    }
     case DSP_OP_MAX_POOL2D:
     case DSP_OP_AVG_POOL2D:
+    case DSP_OP_AVG_POOL2D_EX:
       if (k_pool(ctx, op, &pg, f, NULL, dsp_tensor_data(in[0]), o))
         return dsp__cancelled_err(ctx, op);
       return 0;

@@ -99,6 +99,10 @@ int dsp__cu_run_shape(cu_be *b, dsp_ctx *ctx, dsp_opcode op,
                       dsp_tensor *out);
 int dsp__cu_run_matmul(cu_be *b, dsp_ctx *ctx, dsp_tensor *const *in,
                        const dsp_attrs *at, dsp_tensor *out);
+/* issue 23: loss (loss.c): cross_entropy_ex and its backward op */
+int dsp__cu_run_ce_ex(cu_be *b, dsp_ctx *ctx, dsp_opcode op,
+                      dsp_tensor *const *in, int n_in, const dsp_attrs *a,
+                      dsp_tensor *out);
 int dsp__cu_run_nn(cu_be *b, dsp_ctx *ctx, dsp_opcode op,
                    dsp_tensor *const *in, int n_in, const dsp_attrs *a,
                    dsp_tensor *out);

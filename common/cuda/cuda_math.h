@@ -259,6 +259,7 @@ DSP_HD dsp__cu_lse dsp__cu_lse_final(dsp__cu_lse a) {
 typedef struct dsp__cu_geo {
   int64_t N, C, H, W, O, KH, KW, OH, OW;
   int64_t sh, sw, ph, pw, dh, dw;
+  int64_t exclude_pad; /* avg pool: count_include_pad = 0 */
 } dsp__cu_geo;
 
 DSP_HD double dsp__cu_ld(const void *p, int f64, int64_t i) {
@@ -335,7 +336,16 @@ DSP_HD double dsp__cu_pool_max(const dsp__cu_geo *g, const void *xp, int f64,
   return best;
 }
 
-/* Average of window (oh, ow): padding counts in the divisor. */
+/* The divisor of avg window (oh, ow): the kernel area (padding counts),
+ * or with exclude_pad its elements inside the input (the CPU's). */
+DSP_HD double dsp__cu_pool_div(const dsp__cu_geo *g, int64_t oh, int64_t ow) {
+  int64_t h0, h1, w0, w1;
+  if (!g->exclude_pad) return (double)g->KH * (double)g->KW;
+  dsp__cu_pool_window(g, oh, ow, &h0, &h1, &w0, &w1);
+  return (double)((h1 - h0) * (w1 - w0));
+}
+
+/* Average of window (oh, ow). */
 DSP_HD double dsp__cu_pool_avg(const dsp__cu_geo *g, const void *xp, int f64,
                                int64_t oh, int64_t ow) {
   int64_t h0, h1, w0, w1;
@@ -343,7 +353,7 @@ DSP_HD double dsp__cu_pool_avg(const dsp__cu_geo *g, const void *xp, int f64,
   double s = 0.0;
   for (int64_t h = h0; h < h1; h++)
     for (int64_t w = w0; w < w1; w++) s += dsp__cu_ld(xp, f64, h * g->W + w);
-  return s / ((double)g->KH * (double)g->KW);
+  return s / dsp__cu_pool_div(g, oh, ow);
 }
 
 /* Pool backward as a gather for input element (h, w) of one plane: the
@@ -354,7 +364,7 @@ DSP_HD double dsp__cu_pool_avg(const dsp__cu_geo *g, const void *xp, int f64,
 DSP_HD double dsp__cu_pool_bw_at(const dsp__cu_geo *g, int is_max,
                                  const void *gp, const void *xp, int f64,
                                  int64_t h, int64_t w) {
-  double acc = 0.0, area = (double)g->KH * (double)g->KW;
+  double acc = 0.0;
   int64_t oh_lo = h + g->ph - g->KH + 1, ow_lo = w + g->pw - g->KW + 1;
   oh_lo = oh_lo <= 0 ? 0 : (oh_lo + g->sh - 1) / g->sh;
   ow_lo = ow_lo <= 0 ? 0 : (ow_lo + g->sw - 1) / g->sw;
@@ -369,7 +379,7 @@ DSP_HD double dsp__cu_pool_bw_at(const dsp__cu_geo *g, int is_max,
         dsp__cu_pool_max(g, xp, f64, oh, ow, &at);
         if (at != h * g->W + w) continue;
       } else {
-        gv /= area;
+        gv /= dsp__cu_pool_div(g, oh, ow);
       }
       acc = f64 ? acc + gv : (double)(float)(acc + gv);
     }

@@ -134,7 +134,8 @@ static inline int dsp__cu_plan_nn(dsp_ctx *ctx, dsp_opcode op,
   int rc = dsp__nn_plan(ctx, op, in, n_in, a, &om, &cg, &pg);
   if (rc < 0) return rc;
   memset(g, 0, sizeof *g);
-  if (op == DSP_OP_CONV2D || op == DSP_OP_CONV2D_BACKWARD_INPUT ||
+  if (op == DSP_OP_CONV2D || op == DSP_OP_CONV2D_BIAS ||
+      op == DSP_OP_CONV2D_BACKWARD_INPUT ||
       op == DSP_OP_CONV2D_BACKWARD_WEIGHT) {
     g->N = cg.N, g->C = cg.C, g->H = cg.H, g->W = cg.W, g->O = cg.O;
     g->KH = cg.KH, g->KW = cg.KW, g->OH = cg.OH, g->OW = cg.OW;
@@ -145,6 +146,7 @@ static inline int dsp__cu_plan_nn(dsp_ctx *ctx, dsp_opcode op,
     g->KH = pg.KH, g->KW = pg.KW, g->OH = pg.OH, g->OW = pg.OW;
     g->sh = pg.sh, g->sw = pg.sw, g->ph = pg.ph, g->pw = pg.pw;
     g->dh = g->dw = 1;
+    g->exclude_pad = pg.exclude_pad;
   }
   return 0;
 }

@@ -835,7 +835,8 @@ extern "C" int dsp__cuk_pool(cudaStream_t st, int op, int f64,
                              const dsp__cu_geo *g, const void *grad,
                              const void *x, void *out) {
   int is_max = op == DSP_OP_MAX_POOL2D || op == DSP_OP_MAX_POOL2D_BACKWARD;
-  int fwd = op == DSP_OP_MAX_POOL2D || op == DSP_OP_AVG_POOL2D;
+  int fwd = op == DSP_OP_MAX_POOL2D || op == DSP_OP_AVG_POOL2D ||
+            op == DSP_OP_AVG_POOL2D_EX;
   int64_t n = g->N * g->C * (fwd ? g->OH * g->OW : g->H * g->W);
   if (n <= 0) return 0;
   unsigned gr = grid_for(n);

@@ -1,6 +1,7 @@
 /* nn family on CUDA: softmax and its backward ops, cross entropy, mse,
  * dropout, conv2d (im2col + cuBLAS), pooling and (attn.c) attention. */
 #include "cuda_be.h"
+#include "loss_kern.h"
 
 /* Bytes of one im2col block: bounded whatever the image and kernel (a
  * 1024x1024 input with a 64x64 kernel would need a 15 GiB col matrix), or
@@ -125,6 +126,9 @@ int dsp__cu_run_nn(cu_be *b, dsp_ctx *ctx, dsp_opcode op,
       dsp__cu_scratch_put(b, ctx, sn, scratch);
       break;
     }
+    case DSP_OP_CROSS_ENTROPY_EX:
+    case DSP_OP_CROSS_ENTROPY_EX_BACKWARD:
+      return dsp__cu_run_ce_ex(b, ctx, op, in, n_in, a, out);
     case DSP_OP_MSE: {
       const int64_t n = in[0]->numel, S = dsp__cu_red_split(1, n);
       size_t pn = S > 1 ? (size_t)S * DSP__CU_RED_PART_BYTES : 0;
@@ -150,11 +154,21 @@ int dsp__cu_run_nn(cu_be *b, dsp_ctx *ctx, dsp_opcode op,
     case DSP_OP_ATTENTION:
     case DSP_OP_ATTENTION_BACKWARD:
       return dsp__cu_run_attn(b, ctx, op, in, n_in, a, out);
+    case DSP_OP_CONV2D_BIAS: { /* issue 23: the conv, then the bias add */
+      int rc = run_conv(b, ctx, DSP_OP_CONV2D, in, a, out);
+      if (rc < 0) return rc;
+      const int64_t *s = out->meta.shape;
+      e = dsp__cuk_bias_add(b->stream, dt, out->numel, s[1], s[2] * s[3],
+                            dsp_tensor_data(in[2]), dsp_tensor_data(out));
+      break;
+    }
     case DSP_OP_MAX_POOL2D:
     case DSP_OP_AVG_POOL2D:
+    case DSP_OP_AVG_POOL2D_EX:
     case DSP_OP_MAX_POOL2D_BACKWARD:
     case DSP_OP_AVG_POOL2D_BACKWARD: {
-      int fwd = op == DSP_OP_MAX_POOL2D || op == DSP_OP_AVG_POOL2D;
+      int fwd = op == DSP_OP_MAX_POOL2D || op == DSP_OP_AVG_POOL2D ||
+                op == DSP_OP_AVG_POOL2D_EX;
       dsp__cu_geo g;
       const dsp_meta ms[2] = {in[0]->meta, n_in > 1 ? in[1]->meta : in[0]->meta};
       int rc = dsp__cu_plan_nn(ctx, op, ms, n_in, a, &g);

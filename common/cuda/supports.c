@@ -84,6 +84,12 @@ static const struct cu_row {
     /* issue 23: k_attn_fwd, k_attn_bwd_q + k_attn_bwd_kv (attn.cu),
      * computing in double for both */
     {DSP_OP_ATTENTION, FD_}, {DSP_OP_ATTENTION_BACKWARD, FD_},
+    /* issue 23: loss.cu's k_ce_ex_rows / k_ce_ex_total, float and double */
+    {DSP_OP_CROSS_ENTROPY_EX, FD_}, {DSP_OP_CROSS_ENTROPY_EX_BACKWARD, FD_},
+    /* k_pool_fwd with the count_include_pad divisor (dsp__cu_pool_div) */
+    {DSP_OP_AVG_POOL2D_EX, FD_},
+    /* im2col + gemm, then loss.cu's k_bias_add */
+    {DSP_OP_CONV2D_BIAS, FD_},
     /* zeroed storage; k_fill for every dtype; k_arange_i64/k_arange_f;
      * k_random float and double */
     {DSP_OP_ZEROS, ALL_}, {DSP_OP_ONES, ALL_}, {DSP_OP_FULL, ALL_},

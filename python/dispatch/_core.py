@@ -591,8 +591,10 @@ def _pair2(v):
     return int(a), int(b)
 
 
-def conv2d(x, w, stride=1, padding=0, dilation=1):
-    """x [N, C, H, W], w [O, C, kh, kw], no bias."""
+def conv2d(x, w, stride=1, padding=0, dilation=1, bias=None):
+    """x [N, C, H, W], w [O, C, kh, kw]; bias [O] or None (conv2d_bias)."""
+    if bias is not None:
+        return conv2d_bias(x, w, bias, stride, padding, dilation)
     x, w = _pair(x, w)
     sh, sw = _pair2(stride)
     ph, pw = _pair2(padding)
@@ -736,9 +738,16 @@ def where(mask, a, b):
     return a._dev._adopt(out[0])
 
 
-def cross_entropy(logits, labels):
-    """logits [N, C] float, labels [N] int64: the mean loss (a scalar)."""
+def cross_entropy(logits, labels, ignore_index=-100, reduction="mean",
+                  label_smoothing=0.0):
+    """logits [N, C] float, labels [N] int64: the mean loss (a scalar).
+    With any of torch's ignore_index, reduction or label_smoothing given
+    (or logits [N, C, d1, ...]) it is cross_entropy_ex."""
     logits = _as_tensor(logits)
+    if (ignore_index != -100 or reduction != "mean" or label_smoothing != 0
+            or len(logits.shape) != 2):
+        return cross_entropy_ex(logits, labels, ignore_index,
+                                label_smoothing, reduction)
     if not isinstance(labels, Tensor):
         labels = logits._dev.tensor(np.asarray(labels), dtype=int64)
     out = _out()
@@ -980,6 +989,78 @@ def gelu(x, approximate="none"):
 
 
 _ISSUE23_METHODS = ("clamp", "masked_fill", "var", "std", "gelu")
+
+
+# issue 23: loss
+
+_REDUCTIONS = {"none": 0, "sum": 1, "mean": 2}
+
+
+def cross_entropy_ex(logits, labels, ignore_index=-100, label_smoothing=0.0,
+                     reduction="mean"):
+    """torch.nn.functional.cross_entropy with class indices: logits [N, C]
+    or [N, C, d1, ...] (or [C]), labels int64 [N] or [N, d1, ...];
+    reduction "none" (the labels' shape, 0 where ignored), "sum" or
+    "mean" (over the labels that are not ignore_index; NaN when all are),
+    label_smoothing in [0, 1]."""
+    logits = _as_tensor(logits)
+    if not isinstance(labels, Tensor):
+        labels = logits._dev.tensor(np.asarray(labels), dtype=int64)
+    if reduction not in _REDUCTIONS:
+        raise ValueError(f"cross_entropy_ex: reduction {reduction!r} is not "
+                         "'none', 'sum' or 'mean'")
+    out = _out()
+    rc = lib.dispatch_cross_entropy_ex(_hd(logits), _hd(labels),
+                                       int(ignore_index),
+                                       float(label_smoothing),
+                                       _REDUCTIONS[reduction], out)
+    if rc < 0:
+        _fail(rc, logits)
+    return logits._dev._adopt(out[0])
+
+
+# issue 23: pools (stride None or 0 is the kernel size, as torch's default)
+
+def avg_pool2d_ex(x, kernel, stride=None, padding=0, count_include_pad=True):
+    """torch.nn.functional.avg_pool2d: count_include_pad False divides each
+    window by its elements inside the input, True by kh * kw."""
+    x = _as_tensor(x)
+    kh, kw = _pair2(kernel)
+    sh, sw = _pair2(0 if stride is None else stride)
+    ph, pw = _pair2(padding)
+    out = _out()
+    rc = lib.dispatch_avg_pool2d_ex(_hd(x), kh, kw, sh, sw, ph, pw,
+                                    1 if count_include_pad else 0, out)
+    if rc < 0:
+        _fail(rc, x)
+    return x._dev._adopt(out[0])
+
+
+def avg_pool2d(x, kernel, stride=None, padding=0, count_include_pad=True):
+    """The avg pool; with count_include_pad False it is avg_pool2d_ex."""
+    if not count_include_pad:
+        return avg_pool2d_ex(x, kernel, stride, padding, False)
+    return _pool(lib.dispatch_avg_pool2d, x, kernel, stride, padding)
+
+
+# issue 23: conv bias
+
+def conv2d_bias(x, w, bias, stride=1, padding=0, dilation=1):
+    """conv2d(x, w) + bias[o] on each output channel o, one op; bias None
+    is conv2d."""
+    if bias is None:
+        return conv2d(x, w, stride, padding, dilation)
+    x, w = _pair(x, w)
+    bias = _as_tensor(bias, x)
+    sh, sw = _pair2(stride)
+    ph, pw = _pair2(padding)
+    dh, dw = _pair2(dilation)
+    out = _out()
+    rc = lib.dispatch_conv2d_bias(_hd(x), _hd(w), _hd(bias), sh, sw, ph, pw,
+                                  dh, dw, out)
+    if rc < 0:
+        _fail(rc, x)
+    return x._dev._adopt(out[0])
 
 
 # ---------------------------------------------------------------- tensor

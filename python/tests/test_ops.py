@@ -483,3 +483,119 @@ def test_issue23_gradients(local, remote):
         (dispatch.maximum(a, b) + dispatch.minimum(a, b) * 2).sum().backward()
         assert np.array_equal(a.grad.numpy(), [1.5, 2.0, 1.0])
         assert np.array_equal(b.grad.numpy(), [1.5, 1.0, 2.0])
+
+
+# issue 23: loss
+
+def _ce_case():
+    r = np.random.default_rng(23)
+    x = r.standard_normal((3, 5, 2, 4))
+    lab = r.integers(0, 5, (3, 2, 4))
+    lab[0, 1, 2] = lab[2, 0, 0] = -100
+    return x, lab
+
+
+@pytest.mark.parametrize("reduction", ["none", "sum", "mean"])
+def test_cross_entropy_ex_matches_torch(local, remote, reduction):
+    torch = pytest.importorskip("torch")
+    F = torch.nn.functional
+    x, lab = _ce_case()
+    got = []
+    for d in (local, remote):
+        xt = d.tensor(x, requires_grad=True)
+        loss = dispatch.cross_entropy(xt, lab, reduction=reduction,
+                                      label_smoothing=0.1)
+        g = (loss * d.tensor(np.full(loss.shape, 0.5))).sum().backward()
+        got.append((loss.numpy(), g[xt].numpy()))
+    assert np.array_equal(got[0][0], got[1][0])  # LOCAL == REMOTE
+    assert np.array_equal(got[0][1], got[1][1])
+    xt = torch.tensor(x, requires_grad=True)
+    want = F.cross_entropy(xt, torch.tensor(lab), reduction=reduction,
+                           label_smoothing=0.1)
+    (want * 0.5).sum().backward()
+    np.testing.assert_allclose(got[0][0], want.detach().numpy(), rtol=1e-12,
+                               atol=1e-14)
+    np.testing.assert_allclose(got[0][1], xt.grad.numpy(), rtol=1e-10,
+                               atol=1e-14)
+
+
+def test_cross_entropy_ex_ignored_and_errors(dev):
+    torch = pytest.importorskip("torch")
+    x = np.array([[1.0, 2.0, 3.0], [1.0, 1.0, 1.0]], np.float32)
+    lab = np.array([2, 0])
+    for ign in (0, 2, 5):
+        got = dispatch.cross_entropy_ex(dev.tensor(x), lab, ignore_index=ign,
+                                        reduction="mean").item()
+        want = torch.nn.functional.cross_entropy(
+            torch.tensor(x), torch.tensor(lab), ignore_index=ign).item()
+        np.testing.assert_allclose(got, want, rtol=1e-6)
+    # every label ignored: NaN with mean, as torch
+    allig = dispatch.cross_entropy_ex(dev.tensor(x), [-100, -100]).item()
+    assert np.isnan(allig)
+    with pytest.raises(dispatch.EINDEX):
+        dispatch.cross_entropy_ex(dev.tensor(x), [2, 3]).item()
+        dev.sync()
+    with pytest.raises(ValueError):
+        dispatch.cross_entropy_ex(dev.tensor(x), lab, reduction="avg")
+
+
+# issue 23: pools
+
+@pytest.mark.parametrize("cip", [True, False])
+def test_avg_pool2d_count_include_pad_matches_torch(local, remote, cip):
+    torch = pytest.importorskip("torch")
+    x = np.random.default_rng(5).standard_normal((2, 3, 7, 6))
+    w = np.random.default_rng(6).standard_normal((2, 3, 4, 3))
+    got = []
+    for d in (local, remote):
+        xt = d.tensor(x, requires_grad=True)
+        y = dispatch.avg_pool2d(xt, 3, stride=2, padding=1,
+                                count_include_pad=cip)
+        g = (y * d.tensor(w)).sum().backward()
+        got.append((y.numpy(), g[xt].numpy()))
+    assert np.array_equal(got[0][0], got[1][0])
+    assert np.array_equal(got[0][1], got[1][1])
+    xt = torch.tensor(x, requires_grad=True)
+    want = torch.nn.functional.avg_pool2d(xt, 3, stride=2, padding=1,
+                                          count_include_pad=cip)
+    (want * torch.tensor(w)).sum().backward()
+    np.testing.assert_allclose(got[0][0], want.detach().numpy(), rtol=1e-12)
+    np.testing.assert_allclose(got[0][1], xt.grad.numpy(), rtol=1e-12)
+
+
+def test_pool_stride_defaults_to_kernel(dev):
+    x = dev.tensor(np.arange(36, dtype=np.float32).reshape(1, 1, 6, 6))
+    for f in (dispatch.max_pool2d, dispatch.avg_pool2d):
+        a = f(x, (3, 2)).numpy()
+        b = f(x, (3, 2), stride=0).numpy()
+        c = f(x, (3, 2), stride=(3, 2)).numpy()
+        assert a.shape == (1, 1, 2, 3)
+        assert np.array_equal(a, b) and np.array_equal(a, c)
+    e = dispatch.avg_pool2d_ex(x, 2, count_include_pad=False).numpy()
+    assert np.array_equal(e, dispatch.avg_pool2d(x, 2).numpy())
+
+
+# issue 23: conv bias
+
+def test_conv2d_bias_matches_torch(local, remote):
+    torch = pytest.importorskip("torch")
+    r = np.random.default_rng(9)
+    x = r.standard_normal((2, 3, 7, 6))
+    w = r.standard_normal((4, 3, 3, 2))
+    b = r.standard_normal((4,))
+    gup = r.standard_normal((2, 4, 4, 7))
+    got = []
+    for d in (local, remote):
+        ts = [d.tensor(v, requires_grad=True) for v in (x, w, b)]
+        y = dispatch.conv2d(ts[0], ts[1], stride=(2, 1), padding=1,
+                            bias=ts[2])
+        g = (y * d.tensor(gup)).sum().backward()
+        got.append([y.numpy()] + [g[t].numpy() for t in ts])
+    for a, c in zip(*got):
+        assert np.array_equal(a, c)  # LOCAL == REMOTE
+    ts = [torch.tensor(v, requires_grad=True) for v in (x, w, b)]
+    want = torch.nn.functional.conv2d(ts[0], ts[1], ts[2], stride=(2, 1),
+                                      padding=1)
+    (want * torch.tensor(gup)).sum().backward()
+    for a, c in zip(got[0], [want.detach()] + [t.grad for t in ts]):
+        np.testing.assert_allclose(a, c.numpy(), rtol=1e-10, atol=1e-12)

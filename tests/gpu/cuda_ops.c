@@ -398,6 +398,22 @@ int main(int argc, char **argv) {
     tcase ceb = mkcase(DSP_OP_CROSS_ENTROPY_BACKWARD, 3, dt, 0, NULL, 2, N2);
     ceb.in[2] = meta(DSP_I64, 1, NN), ceb.kind[2] = 2, ceb.lim[2] = 10;
     run_case(&ceb);
+    /* issue 23: cross_entropy_ex, [6,10] and [2,5,3,4], ignore_index 3 (a
+     * class, so random labels hit it), smoothing 0.1, each reduction */
+    static const int64_t X5[] = {2, 5, 3, 4}, L5[] = {2, 3, 4};
+    for (int r = 0; r < 3; r++) {
+      int64_t cv2[2] = {3, r};
+      tcase cx = mkcase(DSP_OP_CROSS_ENTROPY_EX, 2, dt, 2, N2, 1, NN);
+      cx.in[1].dtype = DSP_I64, cx.kind[1] = 2, cx.lim[1] = 10;
+      cx.a = dsp_attrs_ints(2, cv2), cx.a.n_floats = 1, cx.a.floats[0] = 0.1;
+      run_case(&cx);
+      tcase cs = mkcase(DSP_OP_CROSS_ENTROPY_EX, 2, dt, 4, X5, 3, L5);
+      cs.in[1].dtype = DSP_I64, cs.kind[1] = 2, cs.lim[1] = 5, cs.a = cx.a;
+      run_case(&cs);
+      tcase cb = mkcase(DSP_OP_CROSS_ENTROPY_EX_BACKWARD, 3, dt, r ? 0 : 3, L5, 4, X5);
+      cb.in[2] = meta(DSP_I64, 3, L5), cb.kind[2] = 2, cb.lim[2] = 5, cb.a = cx.a;
+      run_case(&cb);
+    }
     tcase mse = mkcase(DSP_OP_MSE, 2, dt, 3, C, 3, C);
     run_case(&mse);
     tcase dr = mkcase(DSP_OP_DROPOUT, 1, dt, 3, C, 0, NULL);
@@ -411,6 +427,10 @@ int main(int argc, char **argv) {
             cw[8] = {2, 2, 1, 1, 4, 3, 3, 3};
     tcase cv = mkcase(DSP_OP_CONV2D, 2, dt, 4, X4, 4, W4);
     cv.a = dsp_attrs_ints(4, ci), run_case(&cv);
+    /* issue 23: conv2d_bias (the same conv, bias [4]) */
+    static const int64_t B4[] = {4};
+    tcase cvb = mkcase(DSP_OP_CONV2D_BIAS, 3, dt, 4, X4, 4, W4);
+    cvb.in[2] = meta(dt, 1, B4), cvb.a = cv.a, run_case(&cvb);
     tcase cbi = mkcase(DSP_OP_CONV2D_BACKWARD_INPUT, 2, dt, 4, Y4, 4, W4);
     cbi.a = dsp_attrs_ints(8, cx), run_case(&cbi);
     tcase cbw = mkcase(DSP_OP_CONV2D_BACKWARD_WEIGHT, 2, dt, 4, Y4, 4, X4);
@@ -479,6 +499,16 @@ int main(int argc, char **argv) {
         at.a.ints[0] = variant, at.a.ints[1] = variant, at.a.n_ints = 2;
         run_case(&at);
       }
+    }
+    /* issue 23: avg_pool2d_ex (3x3 stride 2 pad 1) with count_include_pad
+     * 0 and 1, and the backward op with its 7th int */
+    static const int64_t P5[] = {2, 3, 4, 4};
+    for (int cip = 0; cip < 2; cip++) {
+      int64_t pe[7] = {3, 3, 2, 2, 1, 1, cip};
+      tcase pex = mkcase(DSP_OP_AVG_POOL2D_EX, 1, dt, 4, X4, 0, NULL);
+      pex.a = dsp_attrs_ints(7, pe), run_case(&pex);
+      tcase pbx = mkcase(DSP_OP_AVG_POOL2D_BACKWARD, 2, dt, 4, P5, 4, X4);
+      pbx.a = pex.a, run_case(&pbx);
     }
     /* creation */
     for (int op = DSP_OP_ZEROS; op <= DSP_OP_NORMAL; op++) {
