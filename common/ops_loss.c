@@ -109,6 +109,18 @@ int dsp__ce_ex_plan(dsp_ctx *ctx, dsp_opcode op, const dsp_meta *in,
   return 0;
 }
 
+/* A kernel's plan from its input tensors (the CPU and CUDA kernels
+ * re-derive it rather than trust inference's). */
+int dsp__ce_ex_kernel_plan(dsp_ctx *ctx, dsp_opcode op, dsp_tensor *const *in,
+                           int n_in, const dsp_attrs *a, dsp_ce_geo *g) {
+  dsp_meta ms[3], om;
+  if (n_in < 2 || n_in > 3)
+    return dsp_seterr(ctx, DISPATCH_EINTERNAL, "%s: bad input count %d",
+                      opname(op), n_in);
+  for (int i = 0; i < n_in; i++) ms[i] = in[i]->meta;
+  return dsp__ce_ex_plan(ctx, op, ms, n_in, a, &om, g);
+}
+
 /* The first label that is neither ignore_index nor a class, as its flat
  * position, or -1. */
 int64_t dsp__ce_ex_bad_label(const dsp_ce_geo *g, const int64_t *lab) {

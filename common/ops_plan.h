@@ -184,6 +184,9 @@ typedef struct dsp_ce_geo {
 int dsp__ce_ex_plan(dsp_ctx *ctx, dsp_opcode op, const dsp_meta *in,
                     int n_in, const dsp_attrs *a, dsp_meta *out,
                     dsp_ce_geo *g);
+/* the same from a kernel's input tensors (2 or 3, else EINTERNAL) */
+int dsp__ce_ex_kernel_plan(dsp_ctx *ctx, dsp_opcode op, dsp_tensor *const *in,
+                           int n_in, const dsp_attrs *a, dsp_ce_geo *g);
 /* Flat position of the first label that is neither g->ignore nor in
  * [0, C), or -1; and the DISPATCH_EINDEX error naming it. */
 int64_t dsp__ce_ex_bad_label(const dsp_ce_geo *g, const int64_t *lab);
