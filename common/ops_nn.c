@@ -13,8 +13,9 @@
 
 #define opname dsp__opname
 
-static int need_float(dsp_ctx *ctx, dsp_opcode op, const char *what,
-                      const dsp_meta *m) {
+/* shared with ops_norm.c (ops_plan.h) */
+int dsp__need_float(dsp_ctx *ctx, dsp_opcode op, const char *what,
+                    const dsp_meta *m) {
   if (!dsp_dtype_is_float(m->dtype))
     return dsp_seterr(ctx, DISPATCH_EDTYPE, "%s: %s must be f32 or f64, got %s",
                       opname(op), what, dsp_dtype_name(m->dtype));
@@ -181,7 +182,7 @@ static int pool_geo(dsp_ctx *ctx, dsp_opcode op, const dsp_meta *x,
                     const dsp_attrs *a, dsp_pool_geo *g) {
   int rc = need_rank(ctx, op, "input", x, 4, "[N, C, H, W]");
   if (rc < 0) return rc;
-  if ((rc = need_float(ctx, op, "input", x)) < 0) return rc;
+  if ((rc = dsp__need_float(ctx, op, "input", x)) < 0) return rc;
   if ((rc = pool_attrs(ctx, op, a, g)) < 0) return rc;
   g->N = x->shape[0], g->C = x->shape[1], g->H = x->shape[2],
   g->W = x->shape[3];
@@ -200,7 +201,7 @@ static int infer_softmax(dsp_ctx *ctx, dsp_opcode op, const dsp_meta *in,
                          int n_in, const dsp_attrs *a, dsp_meta *out) {
   int rc = dsp__want_attrs(ctx, op, a, 1, 0);
   if (rc < 0) return rc;
-  if ((rc = need_float(ctx, op, "input", &in[0])) < 0) return rc;
+  if ((rc = dsp__need_float(ctx, op, "input", &in[0])) < 0) return rc;
   if (n_in == 2) {
     if ((rc = same_dtype(ctx, op, &in[0], &in[1])) < 0) return rc;
     if ((rc = same_shape(ctx, op, &in[0], &in[1])) < 0) return rc;
@@ -218,7 +219,7 @@ static int infer_ce(dsp_ctx *ctx, dsp_opcode op, const dsp_meta *in, int n_in,
   if (rc < 0) return rc;
   const dsp_meta *g = n_in == 3 ? &in[0] : NULL;
   const dsp_meta *x = &in[n_in - 2], *lab = &in[n_in - 1];
-  if ((rc = need_float(ctx, op, "logits", x)) < 0) return rc;
+  if ((rc = dsp__need_float(ctx, op, "logits", x)) < 0) return rc;
   if ((rc = need_rank(ctx, op, "logits", x, 2, "[N, C]")) < 0) return rc;
   if (lab->dtype != DSP_I64)
     return dsp_seterr(ctx, DISPATCH_EDTYPE, "%s: labels must be i64, got %s",
@@ -254,7 +255,7 @@ static int infer_conv(dsp_ctx *ctx, dsp_opcode op, const dsp_meta *in,
   if (a->n_floats != 0)
     return dsp_seterr(ctx, DISPATCH_EINVAL, "%s: takes no float attributes",
                       opname(op));
-  if ((rc = need_float(ctx, op, "input", &in[0])) < 0) return rc;
+  if ((rc = dsp__need_float(ctx, op, "input", &in[0])) < 0) return rc;
   if ((rc = same_dtype(ctx, op, &in[0], &in[1])) < 0) return rc;
   if (op == DSP_OP_CONV2D || op == DSP_OP_CONV2D_BIAS) {
     if ((rc = need_rank(ctx, op, "input", &in[0], 4, "[N, C, H, W]")) < 0)
@@ -356,7 +357,7 @@ int dsp__nn_plan(dsp_ctx *ctx, dsp_opcode op, const dsp_meta *in, int n_in,
     }
     case DSP_OP_MSE:
       if ((rc = dsp__want_attrs(ctx, op, a, 0, 0)) < 0) return rc;
-      if ((rc = need_float(ctx, op, "input", &in[0])) < 0) return rc;
+      if ((rc = dsp__need_float(ctx, op, "input", &in[0])) < 0) return rc;
       if ((rc = same_dtype(ctx, op, &in[0], &in[1])) < 0) return rc;
       if ((rc = same_shape(ctx, op, &in[0], &in[1])) < 0) return rc;
       for (int i = 0; i < in[0].ndim; i++)
@@ -383,7 +384,7 @@ int dsp__nn_plan(dsp_ctx *ctx, dsp_opcode op, const dsp_meta *in, int n_in,
     }
     case DSP_OP_DROPOUT: {
       if ((rc = dsp__want_attrs(ctx, op, a, 1, 1)) < 0) return rc;
-      if ((rc = need_float(ctx, op, "input", &in[0])) < 0) return rc;
+      if ((rc = dsp__need_float(ctx, op, "input", &in[0])) < 0) return rc;
       double p = a->floats[0];
       if (!(p >= 0.0 && p < 1.0))
         return dsp_seterr(ctx, DISPATCH_EINVAL, "dropout: p = %g outside [0, 1)",

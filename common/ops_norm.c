@@ -10,14 +10,6 @@
 
 #define opname dsp__opname
 
-static int need_float(dsp_ctx *ctx, dsp_opcode op, const char *what,
-                      const dsp_meta *m) {
-  if (!dsp_dtype_is_float(m->dtype))
-    return dsp_seterr(ctx, DISPATCH_EDTYPE, "%s: %s must be f32 or f64, got %s",
-                      opname(op), what, dsp_dtype_name(m->dtype));
-  return 0;
-}
-
 static int need_i64(dsp_ctx *ctx, dsp_opcode op, const dsp_meta *m) {
   if (m->dtype != DSP_I64)
     return dsp_seterr(ctx, DISPATCH_EDTYPE, "%s: indices must be i64, got %s",
@@ -69,7 +61,7 @@ static int plan_embedding(dsp_ctx *ctx, dsp_opcode op, const dsp_meta *in,
   int rc = dsp__want_attrs(ctx, op, a, bw ? 2 : 1, 0);
   if (rc < 0) return rc;
   const dsp_meta *t = &in[0], *ix = &in[1];
-  if ((rc = need_float(ctx, op, bw ? "grad" : "weight", t)) < 0) return rc;
+  if ((rc = dsp__need_float(ctx, op, bw ? "grad" : "weight", t)) < 0) return rc;
   if ((rc = need_i64(ctx, op, ix)) < 0) return rc;
   if (ix->ndim + 1 > DSP_MAX_DIMS)
     return dsp_seterr(ctx, DISPATCH_ESHAPE,
@@ -142,7 +134,7 @@ static int plan_norm(dsp_ctx *ctx, dsp_opcode op, const dsp_meta *in,
     return dsp_seterr(ctx, DISPATCH_EINVAL, "%s: eps = %g must be finite and >= 0",
                       opname(op), g->eps);
   const dsp_meta *x = &in[bw];
-  if ((rc = need_float(ctx, op, "x", x)) < 0) return rc;
+  if ((rc = dsp__need_float(ctx, op, "x", x)) < 0) return rc;
   const int64_t nlast = a->ints[0];
   if (nlast < 1 || nlast > x->ndim)
     return dsp_seterr(ctx, DISPATCH_EDIM,
@@ -240,7 +232,7 @@ static int plan_batch_norm(dsp_ctx *ctx, dsp_opcode op, const dsp_meta *in,
                       opname(op), want, g->training, g->has_run, g->has_w,
                       g->has_b, n_in);
   const dsp_meta *x = &in[bw];
-  if ((rc = need_float(ctx, op, "x", x)) < 0) return rc;
+  if ((rc = dsp__need_float(ctx, op, "x", x)) < 0) return rc;
   if (x->ndim < 2) {
     char s[128];
     return dsp_seterr(ctx, DISPATCH_ESHAPE,

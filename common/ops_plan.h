@@ -14,6 +14,11 @@ static inline const char *dsp__opname(dsp_opcode op) {
   return i ? i->name : "?";
 }
 
+/* op's error unless m is f32 or f64 ("<op>: <what> must be f32 or f64,
+ * got <dtype>"); 0 if it is (common/ops_nn.c) */
+int dsp__need_float(dsp_ctx *ctx, dsp_opcode op, const char *what,
+                    const dsp_meta *m);
+
 /* Op counts as integer constant expressions, for _Static_assert guards
  * beside every switch or table over ops (the ggml habit): a new row in
  * DSP_OP_MAP breaks the build wherever a decision about it is owed (a
