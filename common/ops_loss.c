@@ -98,13 +98,7 @@ int dsp__ce_ex_plan(dsp_ctx *ctx, dsp_opcode op, const dsp_meta *in,
     return dsp_seterr(ctx, DISPATCH_EDTYPE, "%s: grad is %s but logits are %s",
                       opname(op), dsp_dtype_name(in[0].dtype),
                       dsp_dtype_name(y.dtype));
-  if (!dsp_meta_equal(&in[0], &y)) {
-    char s1[128], s2[128];
-    return dsp_seterr(ctx, DISPATCH_ESHAPE,
-                      "%s: grad is %s but the loss is %s", opname(op),
-                      dsp_shape_str(&in[0], s1, sizeof s1),
-                      dsp_shape_str(&y, s2, sizeof s2));
-  }
+  if ((rc = dsp__grad_shape(ctx, op, &in[0], &y, "loss")) < 0) return rc;
   *out = in[1];
   return 0;
 }

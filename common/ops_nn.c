@@ -22,6 +22,18 @@ int dsp__need_float(dsp_ctx *ctx, dsp_opcode op, const char *what,
   return 0;
 }
 
+/* shared with ops_loss.c (ops_plan.h) */
+int dsp__grad_shape(dsp_ctx *ctx, dsp_opcode op, const dsp_meta *grad,
+                    const dsp_meta *want, const char *what) {
+  if (!dsp_meta_equal(grad, want)) {
+    char s1[128], s2[128];
+    return dsp_seterr(ctx, DISPATCH_ESHAPE, "%s: grad is %s but the %s is %s",
+                      opname(op), dsp_shape_str(grad, s1, sizeof s1), what,
+                      dsp_shape_str(want, s2, sizeof s2));
+  }
+  return 0;
+}
+
 static int same_dtype(dsp_ctx *ctx, dsp_opcode op, const dsp_meta *a,
                       const dsp_meta *b) {
   if (a->dtype != b->dtype)
@@ -301,13 +313,8 @@ static int infer_conv(dsp_ctx *ctx, dsp_opcode op, const dsp_meta *in,
   const int64_t *ws = is_input ? in[1].shape : dims;
   if ((rc = conv_geo(ctx, op, xs, ws, g)) < 0) return rc;
   dsp_meta want = {in[0].dtype, 4, {g->N, g->O, g->OH, g->OW}};
-  if (!dsp_meta_equal(&want, &in[0])) {
-    char s1[128], s2[128];
-    return dsp_seterr(ctx, DISPATCH_ESHAPE,
-                      "%s: grad is %s but the conv output is %s", opname(op),
-                      dsp_shape_str(&in[0], s1, sizeof s1),
-                      dsp_shape_str(&want, s2, sizeof s2));
-  }
+  if ((rc = dsp__grad_shape(ctx, op, &in[0], &want, "conv output")) < 0)
+    return rc;
   *out = (dsp_meta){in[0].dtype, 4, {dims[0], dims[1], dims[2], dims[3]}};
   return 0;
 }
@@ -324,13 +331,8 @@ static int infer_pool(dsp_ctx *ctx, dsp_opcode op, const dsp_meta *in,
     return 0;
   }
   if ((rc = same_dtype(ctx, op, &in[0], x)) < 0) return rc;
-  if (!dsp_meta_equal(&in[0], &y)) {
-    char s1[128], s2[128];
-    return dsp_seterr(ctx, DISPATCH_ESHAPE,
-                      "%s: grad is %s but the pool output is %s", opname(op),
-                      dsp_shape_str(&in[0], s1, sizeof s1),
-                      dsp_shape_str(&y, s2, sizeof s2));
-  }
+  if ((rc = dsp__grad_shape(ctx, op, &in[0], &y, "pool output")) < 0)
+    return rc;
   *out = *x;
   return 0;
 }

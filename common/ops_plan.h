@@ -19,6 +19,11 @@ static inline const char *dsp__opname(dsp_opcode op) {
 int dsp__need_float(dsp_ctx *ctx, dsp_opcode op, const char *what,
                     const dsp_meta *m);
 
+/* op's ESHAPE error unless grad has want's shape ("<op>: grad is <shape>
+ * but the <what> is <shape>"); 0 if it has (common/ops_nn.c) */
+int dsp__grad_shape(dsp_ctx *ctx, dsp_opcode op, const dsp_meta *grad,
+                    const dsp_meta *want, const char *what);
+
 /* Op counts as integer constant expressions, for _Static_assert guards
  * beside every switch or table over ops (the ggml habit): a new row in
  * DSP_OP_MAP breaks the build wherever a decision about it is owed (a
