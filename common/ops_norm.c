@@ -17,6 +17,18 @@ static int need_i64(dsp_ctx *ctx, dsp_opcode op, const dsp_meta *m) {
   return 0;
 }
 
+/* a backward op's grad has x's meta */
+static int grad_like_x(dsp_ctx *ctx, dsp_opcode op, const dsp_meta *grad,
+                       const dsp_meta *x) {
+  if (!dsp_meta_equal(grad, x)) {
+    char s1[128], s2[128];
+    return dsp_seterr(ctx, DISPATCH_ESHAPE, "%s: grad %s differs from x %s",
+                      opname(op), dsp_shape_str(grad, s1, sizeof s1),
+                      dsp_shape_str(x, s2, sizeof s2));
+  }
+  return 0;
+}
+
 /* b has a's dtype and the shape of a's last n dims. */
 static int same_tail(dsp_ctx *ctx, dsp_opcode op, const char *what,
                      const dsp_meta *b, const dsp_meta *a, int n) {
@@ -155,12 +167,7 @@ static int plan_norm(dsp_ctx *ctx, dsp_opcode op, const dsp_meta *in,
     *out = *x;
     return 0;
   }
-  if (!dsp_meta_equal(&in[0], x)) {
-    char s1[128], s2[128];
-    return dsp_seterr(ctx, DISPATCH_ESHAPE, "%s: grad %s differs from x %s",
-                      opname(op), dsp_shape_str(&in[0], s1, sizeof s1),
-                      dsp_shape_str(x, s2, sizeof s2));
-  }
+  if ((rc = grad_like_x(ctx, op, &in[0], x)) < 0) return rc;
   /* dx, then dweight and dbias of D elements each: x's numel fits (a
    * valid meta), and D <= numel unless numel is 0 */
   int64_t n = g->rows * g->D, extra;
@@ -258,12 +265,7 @@ static int plan_batch_norm(dsp_ctx *ctx, dsp_opcode op, const dsp_meta *in,
     *out = *x;
     return 0;
   }
-  if (!dsp_meta_equal(&in[0], x)) {
-    char s1[128], s2[128];
-    return dsp_seterr(ctx, DISPATCH_ESHAPE, "%s: grad %s differs from x %s",
-                      opname(op), dsp_shape_str(&in[0], s1, sizeof s1),
-                      dsp_shape_str(x, s2, sizeof s2));
-  }
+  if ((rc = grad_like_x(ctx, op, &in[0], x)) < 0) return rc;
   int64_t n = g->rows * g->C * g->S, extra;
   if (dsp_mul_overflow(g->C, g->has_w + g->has_b, &extra) ||
       __builtin_add_overflow(n, extra, &n))
