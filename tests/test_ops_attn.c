@@ -47,11 +47,6 @@ static dsp_tensor *zeros(dsp_dtype dt, int nd, const int64_t *shape) {
   return t;
 }
 
-static double at(const dsp_tensor *t, int64_t i) {
-  return t->meta.dtype == DSP_F32 ? ((const float *)dsp_tensor_data(t))[i]
-                                  : ((const double *)dsp_tensor_data(t))[i];
-}
-
 static dsp_attrs aattrs(int causal, int has_mask, double scale) {
   dsp_attrs a = dsp_attrs_f1(scale);
   a.ints[0] = causal;
@@ -113,9 +108,9 @@ static void assert_near(const dsp_tensor *got, const dsp_tensor *want,
                         double tol, const char *what) {
   cr_assert(dsp_meta_equal(&got->meta, &want->meta), "%s: shapes differ", what);
   for (int64_t i = 0; i < got->numel; i++)
-    cr_assert(fabs(at(got, i) - at(want, i)) <= tol * (1 + fabs(at(want, i))),
+    cr_assert(fabs(tu_at(got, i) - tu_at(want, i)) <= tol * (1 + fabs(tu_at(want, i))),
               "%s: element %lld: %.12g, want %.12g", what, (long long)i,
-              at(got, i), at(want, i));
+              tu_at(got, i), tu_at(want, i));
 }
 
 static dsp_tensor *clone(dsp_tensor *t) {
@@ -295,17 +290,17 @@ Test(attn, all_masked_rows_give_zero_and_no_gradient) {
   dsp_tensor *m = mask_of(2, 4, mb);
   dsp_tensor *o = attn(q, k, v, m, 0, 0.0);
   const int64_t half = 2 * 5 * 2; /* entry 1 starts here */
-  for (int64_t i = half; i < o->numel; i++) cr_assert_eq(at(o, i), 0.0);
+  for (int64_t i = half; i < o->numel; i++) cr_assert_eq(tu_at(o, i), 0.0);
   double sc = 1.0 / sqrt(3.0);
   dsp_tensor *r = reference(q, k, v, mb, 0, sc);
   for (int64_t i = 0; i < half; i++)
-    cr_assert(fabs(at(o, i) - at(r, i)) < 1e-12);
+    cr_assert(fabs(tu_at(o, i) - tu_at(r, i)) < 1e-12);
   dsp_tensor *g[3];
   grads(1, q, k, v, mb, &c, W, g);
   const int64_t per[3] = {2 * 5 * 3, 2 * 4 * 3, 2 * 4 * 2};
   for (int t = 0; t < 3; t++) {
     for (int64_t i = per[t]; i < g[t]->numel; i++)
-      cr_assert_eq(at(g[t], i), 0.0, "grad %d element %lld", t, (long long)i);
+      cr_assert_eq(tu_at(g[t], i), 0.0, "grad %d element %lld", t, (long long)i);
     dsp_tensor_unref(g[t]);
   }
   dsp_tensor *ts[] = {q, k, v, W, m, o, r};
@@ -318,13 +313,13 @@ Test(attn, no_keys_gives_zero) {
              *v = rnd(DSP_F32, 1, 2, 0, 5);
   dsp_tensor *o = attn(q, k, v, NULL, 1, 0.0);
   tu_assert_shape(o, 4, (int64_t[]){1, 2, 3, 5});
-  for (int64_t i = 0; i < o->numel; i++) cr_assert_eq(at(o, i), 0.0);
+  for (int64_t i = 0; i < o->numel; i++) cr_assert_eq(tu_at(o, i), 0.0);
   dsp_tensor *g = rnd(DSP_F32, 1, 2, 3, 5), *out;
   dsp_attrs a = aattrs(1, 0, 0.0);
   dsp_tensor *in[4] = {g, q, k, v};
   cr_assert_eq(dsp_op(ctx, DSP_OP_ATTENTION_BACKWARD, in, 4, &a, &out), 0);
   tu_assert_shape(out, 1, (int64_t[]){24});
-  for (int64_t i = 0; i < out->numel; i++) cr_assert_eq(at(out, i), 0.0);
+  for (int64_t i = 0; i < out->numel; i++) cr_assert_eq(tu_at(out, i), 0.0);
   dsp_tensor *ts[] = {q, k, v, o, g, out};
   for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) dsp_tensor_unref(ts[i]);
 }

@@ -122,3 +122,13 @@ void tu_run_fail(dsp_ctx *ctx, dsp_opcode op, const dsp_attrs *a, int n_in,
   cr_assert_null(out, "op %d returned a tensor on failure", (int)op);
   tu_assert_err(ctx, rc, code, substr);
 }
+
+double tu_at(const dsp_tensor *t, int64_t i) {
+  return t->meta.dtype == DSP_F32 ? ((const float *)dsp_tensor_data(t))[i]
+                                  : ((const double *)dsp_tensor_data(t))[i];
+}
+
+void tu_set(dsp_tensor *t, int64_t i, double v) {
+  if (t->meta.dtype == DSP_F32) ((float *)dsp_tensor_data(t))[i] = (float)v;
+  else ((double *)dsp_tensor_data(t))[i] = v;
+}

@@ -22,6 +22,11 @@ dsp_tensor *tu_i64(dsp_ctx *ctx, int ndim, const int64_t *shape,
 dsp_tensor *tu_bool(dsp_ctx *ctx, int ndim, const int64_t *shape,
                     const uint8_t *data);
 
+/* Element i of an f32 or f64 tensor as a double, and its store (any
+ * other dtype is read and written as f64). */
+double tu_at(const dsp_tensor *t, int64_t i);
+void tu_set(dsp_tensor *t, int64_t i, double v);
+
 /* |got - expect| <= tol elementwise (NaN matches NaN). */
 void tu_assert_f32(const dsp_tensor *t, const float *expect, int n, float tol);
 void tu_assert_f64(const dsp_tensor *t, const double *expect, int n,
