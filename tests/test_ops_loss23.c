@@ -27,13 +27,24 @@ static dsp_attrs ce_attrs(int64_t ignore, double eps, int red) {
   return a;
 }
 
-static dsp_tensor *fl(dsp_dtype dt, int nd, const int64_t *sh, const double *v) {
+static dsp_tensor *blank(dsp_dtype dt, int nd, const int64_t *sh) {
   dsp_meta m = {dt, nd, {0}};
   for (int i = 0; i < nd; i++) m.shape[i] = sh[i];
   dsp_tensor *t = NULL;
   cr_assert_eq(dsp_tensor_new(ctx, &m, &t), 0, "%s", dsp_ctx_errmsg(ctx));
+  return t;
+}
+static dsp_tensor *fl(dsp_dtype dt, int nd, const int64_t *sh, const double *v) {
+  dsp_tensor *t = blank(dt, nd, sh);
   for (int64_t i = 0; i < t->numel; i++) tu_set(t, i, v[i]);
   return t;
+}
+/* the in-process device of the public API */
+static dispatch_device *open_local(void) {
+  dispatch_device *dev = NULL;
+  char err[256];
+  cr_assert_eq(dispatch_device_open("local", NULL, &dev, err, sizeof err), 0, "%s", err);
+  return dev;
 }
 
 static dsp_tensor *ce(dsp_tensor *x, dsp_tensor *lab, int64_t ignore,
@@ -329,9 +340,7 @@ Test(loss23, errors_name_the_problem) {
 
 /* The public function packs the attributes the op reads. */
 Test(loss23, client_function_local) {
-  dispatch_device *dev = NULL;
-  char err[256];
-  cr_assert_eq(dispatch_device_open("local", NULL, &dev, err, sizeof err), 0, "%s", err);
+  dispatch_device *dev = open_local();
   double v[24];
   x4_values(v);
   dispatch_tensor *x = NULL, *lab = NULL, *y = NULL;
@@ -463,9 +472,7 @@ Test(loss23, pool_ex_errors) {
 }
 
 Test(loss23, client_avg_pool2d_ex_local) {
-  dispatch_device *dev = NULL;
-  char err[256];
-  cr_assert_eq(dispatch_device_open("local", NULL, &dev, err, sizeof err), 0, "%s", err);
+  dispatch_device *dev = open_local();
   double v[20], got[6];
   for (int i = 0; i < 20; i++) v[i] = i;
   int64_t xs[4] = {1, 1, 4, 5};
@@ -486,13 +493,6 @@ Test(loss23, client_avg_pool2d_ex_local) {
 
 static void fill_sin(dsp_tensor *t, double k) {
   for (int64_t i = 0; i < t->numel; i++) tu_set(t, i, sin(k * (double)(i + 1)));
-}
-static dsp_tensor *blank(dsp_dtype dt, int nd, const int64_t *sh) {
-  dsp_meta m = {dt, nd, {0}};
-  for (int i = 0; i < nd; i++) m.shape[i] = sh[i];
-  dsp_tensor *t = NULL;
-  cr_assert_eq(dsp_tensor_new(ctx, &m, &t), 0);
-  return t;
 }
 
 Test(loss23, conv2d_bias_is_conv2d_plus_bias_bit_for_bit) {
@@ -573,9 +573,7 @@ Test(loss23, conv2d_bias_errors) {
 }
 
 Test(loss23, client_conv2d_bias_local) {
-  dispatch_device *dev = NULL;
-  char err[256];
-  cr_assert_eq(dispatch_device_open("local", NULL, &dev, err, sizeof err), 0, "%s", err);
+  dispatch_device *dev = open_local();
   double xv[9] = {1, 2, 3, 4, 5, 6, 7, 8, 9}, wv[4] = {1, 0, 0, 1}, bv[1] = {0.5};
   int64_t xs[4] = {1, 1, 3, 3}, ws[4] = {1, 1, 2, 2}, bs[1] = {1};
   dispatch_tensor *x = NULL, *w = NULL, *b = NULL, *y = NULL, *y0 = NULL;
