@@ -132,3 +132,11 @@ void tu_set(dsp_tensor *t, int64_t i, double v) {
   if (t->meta.dtype == DSP_F32) ((float *)dsp_tensor_data(t))[i] = (float)v;
   else ((double *)dsp_tensor_data(t))[i] = v;
 }
+
+dsp_tensor *tu_grad(dsp_ctx *ctx, const dsp_grads *g, const dsp_tensor *t) {
+  dsp_tensor *out = NULL;
+  int rc = dsp_grads_get(ctx, g, t, &out);
+  cr_assert_eq(rc, 0, "grads_get: %s (%s)", dispatch_err_name(rc),
+               dsp_ctx_errmsg(ctx));
+  return out;
+}

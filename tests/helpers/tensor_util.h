@@ -41,6 +41,9 @@ void tu_assert_shape(const dsp_tensor *t, int ndim, const int64_t *shape);
 dsp_tensor *tu_run(dsp_ctx *ctx, dsp_opcode op, const dsp_attrs *a, int n_in,
                    dsp_tensor *x0, dsp_tensor *x1, dsp_tensor *x2);
 
+/* t's gradient in g (a new reference), failing the test if it has none. */
+dsp_tensor *tu_grad(dsp_ctx *ctx, const dsp_grads *g, const dsp_tensor *t);
+
 /* rc must equal code and dsp_ctx_errmsg(ctx) must contain substr. */
 void tu_assert_err(dsp_ctx *ctx, int rc, int code, const char *substr);
 
