@@ -47,19 +47,11 @@ static dsp_tensor *zeros(dsp_dtype dt, int nd, const int64_t *shape) {
   return t;
 }
 
-static dsp_attrs aattrs(int causal, int has_mask, double scale) {
-  dsp_attrs a = dsp_attrs_f1(scale);
-  a.ints[0] = causal;
-  a.ints[1] = has_mask;
-  a.n_ints = 2;
-  return a;
-}
-
 static int attn_rc(dsp_tensor *q, dsp_tensor *k, dsp_tensor *v,
                    dsp_tensor *mask, int causal, double scale,
                    dsp_tensor **out) {
   dsp_tensor *in[4] = {q, k, v, mask};
-  dsp_attrs a = aattrs(causal, mask != NULL, scale);
+  dsp_attrs a = tu_attn_attrs(causal, mask != NULL, scale);
   return dsp_op(ctx, DSP_OP_ATTENTION, in, mask ? 4 : 3, &a, out);
 }
 
@@ -156,7 +148,7 @@ Test(attn, tiny_backward_by_hand) {
   dsp_tensor *k = tu_f64(ctx, 4, s, (double[]){1, 0});
   dsp_tensor *v = tu_f64(ctx, 4, s, (double[]){1, 3});
   dsp_tensor *g = tu_f64(ctx, 4, s, (double[]){0, 1});
-  dsp_attrs a = aattrs(0, 0, 0.0);
+  dsp_attrs a = tu_attn_attrs(0, 0, 0.0);
   dsp_tensor *in[4] = {g, q, k, v}, *out;
   cr_assert_eq(dsp_op(ctx, DSP_OP_ATTENTION_BACKWARD, in, 4, &a, &out), 0,
                "%s", dsp_ctx_errmsg(ctx));
@@ -315,7 +307,7 @@ Test(attn, no_keys_gives_zero) {
   tu_assert_shape(o, 4, (int64_t[]){1, 2, 3, 5});
   for (int64_t i = 0; i < o->numel; i++) cr_assert_eq(tu_at(o, i), 0.0);
   dsp_tensor *g = rnd(DSP_F32, 1, 2, 3, 5), *out;
-  dsp_attrs a = aattrs(1, 0, 0.0);
+  dsp_attrs a = tu_attn_attrs(1, 0, 0.0);
   dsp_tensor *in[4] = {g, q, k, v};
   cr_assert_eq(dsp_op(ctx, DSP_OP_ATTENTION_BACKWARD, in, 4, &a, &out), 0);
   tu_assert_shape(out, 1, (int64_t[]){24});
@@ -344,7 +336,7 @@ Test(attn, bad_shapes_dtypes_and_attributes) {
   uint8_t mb[12] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1};
   dsp_tensor *m = mask_of(2, 6, mb), *m5 = mask_of(2, 5, mb);
   dsp_tensor *mf = zeros(DSP_F32, 2, (int64_t[]){2, 6});
-  dsp_attrs ok = aattrs(0, 0, 0.0), okm = aattrs(0, 1, 0.0);
+  dsp_attrs ok = tu_attn_attrs(0, 0, 0.0), okm = tu_attn_attrs(0, 1, 0.0);
 #define IN(...) (dsp_tensor *[]){__VA_ARGS__}
   expect(DISPATCH_ESHAPE, "q is [3, 4, 5], want [B, H, Tq, d]",
          DSP_OP_ATTENTION, IN(q3, k, v), 3, ok);
@@ -366,9 +358,9 @@ Test(attn, bad_shapes_dtypes_and_attributes) {
   expect(DISPATCH_EINVAL, "takes 3 or 4 inputs", DSP_OP_ATTENTION,
          IN(q, k), 2, ok);
   expect(DISPATCH_EINVAL, "causal = 2, want 0 or 1", DSP_OP_ATTENTION,
-         IN(q, k, v), 3, aattrs(2, 0, 0.0));
+         IN(q, k, v), 3, tu_attn_attrs(2, 0, 0.0));
   expect(DISPATCH_EINVAL, "scale inf is not finite", DSP_OP_ATTENTION,
-         IN(q, k, v), 3, aattrs(0, 0, INFINITY));
+         IN(q, k, v), 3, tu_attn_attrs(0, 0, INFINITY));
   expect(DISPATCH_EINVAL, "attributes", DSP_OP_ATTENTION, IN(q, k, v), 3,
          dsp_attrs_none());
   /* backward: the grad must be the output's shape and dtype */
@@ -391,7 +383,7 @@ Test(attn, backward_op_is_not_differentiable) {
   dsp_tensor *q = rnd(DSP_F64, 1, 1, 2, 2), *k = rnd(DSP_F64, 1, 1, 2, 2),
              *v = rnd(DSP_F64, 1, 1, 2, 2), *g = rnd(DSP_F64, 1, 1, 2, 2);
   cr_assert_eq(dsp_track(ctx, g), 0);
-  dsp_attrs a = aattrs(0, 0, 0.0);
+  dsp_attrs a = tu_attn_attrs(0, 0, 0.0);
   dsp_tensor *in[4] = {g, q, k, v}, *out;
   cr_assert_eq(dsp_op(ctx, DSP_OP_ATTENTION_BACKWARD, in, 4, &a, &out), 0);
   dsp_tensor *l = tu_run(ctx, DSP_OP_SUM, NULL, 1, out, NULL, NULL);
@@ -486,7 +478,7 @@ Test(attn_oom, every_allocation_failure_is_enomem_without_leaks) {
   dsp_meta q = {DSP_F32, 4, {1, 2, 70, 3}}, k = {DSP_F32, 4, {1, 2, 5, 3}},
            v = {DSP_F32, 4, {1, 2, 5, 2}}, g = {DSP_F32, 4, {1, 2, 70, 2}},
            m = {DSP_BOOL, 2, {1, 5}};
-  dsp_attrs a = aattrs(1, 1, 0.0);
+  dsp_attrs a = tu_attn_attrs(1, 1, 0.0);
   dsp_meta fwd[4] = {q, k, v, m}, bwd[5] = {g, q, k, v, m};
   /* ctx, the inputs, the output and the scores scratch each fail once */
   cr_assert(failalloc_walk_op(DSP_OP_ATTENTION, 4, fwd, &a) >= 7);

@@ -140,3 +140,11 @@ dsp_tensor *tu_grad(dsp_ctx *ctx, const dsp_grads *g, const dsp_tensor *t) {
                dsp_ctx_errmsg(ctx));
   return out;
 }
+
+dsp_attrs tu_attn_attrs(int causal, int has_mask, double scale) {
+  dsp_attrs a = dsp_attrs_f1(scale);
+  a.ints[0] = causal;
+  a.ints[1] = has_mask;
+  a.n_ints = 2;
+  return a;
+}

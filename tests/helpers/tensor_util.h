@@ -44,6 +44,10 @@ dsp_tensor *tu_run(dsp_ctx *ctx, dsp_opcode op, const dsp_attrs *a, int n_in,
 /* t's gradient in g (a new reference), failing the test if it has none. */
 dsp_tensor *tu_grad(dsp_ctx *ctx, const dsp_grads *g, const dsp_tensor *t);
 
+/* The attributes DSP_OP_ATTENTION (and its backward op) read: ints
+ * {causal, has_mask}, floats {scale} (0 = 1/sqrt(d)). */
+dsp_attrs tu_attn_attrs(int causal, int has_mask, double scale);
+
 /* rc must equal code and dsp_ctx_errmsg(ctx) must contain substr. */
 void tu_assert_err(dsp_ctx *ctx, int rc, int code, const char *substr);
 
