@@ -282,7 +282,7 @@ Test(loss23, errors_name_the_problem) {
   double v[24];
   x4_values(v);
   int64_t s[2] = {2, 3}, sl[1] = {2}, sl3[1] = {3}, c0[2] = {2, 0};
-  int64_t bad[2] = {1, 3}, neg[2] = {-1, 0}, ok[2] = {0, 1};
+  int64_t bad[2] = {1, 3}, neg[2] = {-1, 0}, ok[3] = {0, 1, 0}; /* l3 reads all 3 */
   dsp_tensor *x = fl(DSP_F32, 2, s, v), *lb = tu_i64(ctx, 1, sl, bad);
   dsp_tensor *ln = tu_i64(ctx, 1, sl, neg), *lok = tu_i64(ctx, 1, sl, ok);
   dsp_tensor *l3 = tu_i64(ctx, 1, sl3, ok), *lf = fl(DSP_F32, 1, sl, v);
