@@ -29,9 +29,8 @@ static int check_qkv(dsp_ctx *ctx, dsp_opcode op, const dsp_meta *q,
   static const char *const layout[3] = {"[B, H, Tq, d]", "[B, H, Tk, d]",
                                         "[B, H, Tk, dv]"};
   for (int i = 0; i < 3; i++) {
-    if (!dsp_dtype_is_float(m[i]->dtype))
-      return dsp_seterr(ctx, DISPATCH_EDTYPE, "%s: %s must be f32 or f64, got %s",
-                        opname(op), names[i], dsp_dtype_name(m[i]->dtype));
+    int rc = dsp__need_float(ctx, op, names[i], m[i]);
+    if (rc < 0) return rc;
     if (m[i]->dtype != q->dtype)
       return dsp_seterr(ctx, DISPATCH_EDTYPE, "%s: q is %s but %s is %s",
                         opname(op), dsp_dtype_name(q->dtype), names[i],

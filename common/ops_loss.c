@@ -98,15 +98,21 @@ int dsp__ce_ex_plan(dsp_ctx *ctx, dsp_opcode op, const dsp_meta *in,
     return dsp_seterr(ctx, DISPATCH_EDTYPE, "%s: grad is %s but logits are %s",
                       opname(op), dsp_dtype_name(in[0].dtype),
                       dsp_dtype_name(y.dtype));
-  if (!dsp_meta_equal(&in[0], &y)) {
-    char s1[128], s2[128];
-    return dsp_seterr(ctx, DISPATCH_ESHAPE,
-                      "%s: grad is %s but the loss is %s", opname(op),
-                      dsp_shape_str(&in[0], s1, sizeof s1),
-                      dsp_shape_str(&y, s2, sizeof s2));
-  }
+  if ((rc = dsp__grad_shape(ctx, op, &in[0], &y, "loss")) < 0) return rc;
   *out = in[1];
   return 0;
+}
+
+/* A kernel's plan from its input tensors (the CPU and CUDA kernels
+ * re-derive it rather than trust inference's). */
+int dsp__ce_ex_kernel_plan(dsp_ctx *ctx, dsp_opcode op, dsp_tensor *const *in,
+                           int n_in, const dsp_attrs *a, dsp_ce_geo *g) {
+  dsp_meta ms[3], om;
+  if (n_in < 2 || n_in > 3)
+    return dsp_seterr(ctx, DISPATCH_EINTERNAL, "%s: bad input count %d",
+                      opname(op), n_in);
+  for (int i = 0; i < n_in; i++) ms[i] = in[i]->meta;
+  return dsp__ce_ex_plan(ctx, op, ms, n_in, a, &om, g);
 }
 
 /* The first label that is neither ignore_index nor a class, as its flat

@@ -13,11 +13,24 @@
 
 #define opname dsp__opname
 
-static int need_float(dsp_ctx *ctx, dsp_opcode op, const char *what,
-                      const dsp_meta *m) {
+/* shared with ops_norm.c (ops_plan.h) */
+int dsp__need_float(dsp_ctx *ctx, dsp_opcode op, const char *what,
+                    const dsp_meta *m) {
   if (!dsp_dtype_is_float(m->dtype))
     return dsp_seterr(ctx, DISPATCH_EDTYPE, "%s: %s must be f32 or f64, got %s",
                       opname(op), what, dsp_dtype_name(m->dtype));
+  return 0;
+}
+
+/* shared with ops_loss.c (ops_plan.h) */
+int dsp__grad_shape(dsp_ctx *ctx, dsp_opcode op, const dsp_meta *grad,
+                    const dsp_meta *want, const char *what) {
+  if (!dsp_meta_equal(grad, want)) {
+    char s1[128], s2[128];
+    return dsp_seterr(ctx, DISPATCH_ESHAPE, "%s: grad is %s but the %s is %s",
+                      opname(op), dsp_shape_str(grad, s1, sizeof s1), what,
+                      dsp_shape_str(want, s2, sizeof s2));
+  }
   return 0;
 }
 
@@ -181,7 +194,7 @@ static int pool_geo(dsp_ctx *ctx, dsp_opcode op, const dsp_meta *x,
                     const dsp_attrs *a, dsp_pool_geo *g) {
   int rc = need_rank(ctx, op, "input", x, 4, "[N, C, H, W]");
   if (rc < 0) return rc;
-  if ((rc = need_float(ctx, op, "input", x)) < 0) return rc;
+  if ((rc = dsp__need_float(ctx, op, "input", x)) < 0) return rc;
   if ((rc = pool_attrs(ctx, op, a, g)) < 0) return rc;
   g->N = x->shape[0], g->C = x->shape[1], g->H = x->shape[2],
   g->W = x->shape[3];
@@ -200,7 +213,7 @@ static int infer_softmax(dsp_ctx *ctx, dsp_opcode op, const dsp_meta *in,
                          int n_in, const dsp_attrs *a, dsp_meta *out) {
   int rc = dsp__want_attrs(ctx, op, a, 1, 0);
   if (rc < 0) return rc;
-  if ((rc = need_float(ctx, op, "input", &in[0])) < 0) return rc;
+  if ((rc = dsp__need_float(ctx, op, "input", &in[0])) < 0) return rc;
   if (n_in == 2) {
     if ((rc = same_dtype(ctx, op, &in[0], &in[1])) < 0) return rc;
     if ((rc = same_shape(ctx, op, &in[0], &in[1])) < 0) return rc;
@@ -218,7 +231,7 @@ static int infer_ce(dsp_ctx *ctx, dsp_opcode op, const dsp_meta *in, int n_in,
   if (rc < 0) return rc;
   const dsp_meta *g = n_in == 3 ? &in[0] : NULL;
   const dsp_meta *x = &in[n_in - 2], *lab = &in[n_in - 1];
-  if ((rc = need_float(ctx, op, "logits", x)) < 0) return rc;
+  if ((rc = dsp__need_float(ctx, op, "logits", x)) < 0) return rc;
   if ((rc = need_rank(ctx, op, "logits", x, 2, "[N, C]")) < 0) return rc;
   if (lab->dtype != DSP_I64)
     return dsp_seterr(ctx, DISPATCH_EDTYPE, "%s: labels must be i64, got %s",
@@ -254,7 +267,7 @@ static int infer_conv(dsp_ctx *ctx, dsp_opcode op, const dsp_meta *in,
   if (a->n_floats != 0)
     return dsp_seterr(ctx, DISPATCH_EINVAL, "%s: takes no float attributes",
                       opname(op));
-  if ((rc = need_float(ctx, op, "input", &in[0])) < 0) return rc;
+  if ((rc = dsp__need_float(ctx, op, "input", &in[0])) < 0) return rc;
   if ((rc = same_dtype(ctx, op, &in[0], &in[1])) < 0) return rc;
   if (op == DSP_OP_CONV2D || op == DSP_OP_CONV2D_BIAS) {
     if ((rc = need_rank(ctx, op, "input", &in[0], 4, "[N, C, H, W]")) < 0)
@@ -300,13 +313,8 @@ static int infer_conv(dsp_ctx *ctx, dsp_opcode op, const dsp_meta *in,
   const int64_t *ws = is_input ? in[1].shape : dims;
   if ((rc = conv_geo(ctx, op, xs, ws, g)) < 0) return rc;
   dsp_meta want = {in[0].dtype, 4, {g->N, g->O, g->OH, g->OW}};
-  if (!dsp_meta_equal(&want, &in[0])) {
-    char s1[128], s2[128];
-    return dsp_seterr(ctx, DISPATCH_ESHAPE,
-                      "%s: grad is %s but the conv output is %s", opname(op),
-                      dsp_shape_str(&in[0], s1, sizeof s1),
-                      dsp_shape_str(&want, s2, sizeof s2));
-  }
+  if ((rc = dsp__grad_shape(ctx, op, &in[0], &want, "conv output")) < 0)
+    return rc;
   *out = (dsp_meta){in[0].dtype, 4, {dims[0], dims[1], dims[2], dims[3]}};
   return 0;
 }
@@ -323,13 +331,8 @@ static int infer_pool(dsp_ctx *ctx, dsp_opcode op, const dsp_meta *in,
     return 0;
   }
   if ((rc = same_dtype(ctx, op, &in[0], x)) < 0) return rc;
-  if (!dsp_meta_equal(&in[0], &y)) {
-    char s1[128], s2[128];
-    return dsp_seterr(ctx, DISPATCH_ESHAPE,
-                      "%s: grad is %s but the pool output is %s", opname(op),
-                      dsp_shape_str(&in[0], s1, sizeof s1),
-                      dsp_shape_str(&y, s2, sizeof s2));
-  }
+  if ((rc = dsp__grad_shape(ctx, op, &in[0], &y, "pool output")) < 0)
+    return rc;
   *out = *x;
   return 0;
 }
@@ -356,7 +359,7 @@ int dsp__nn_plan(dsp_ctx *ctx, dsp_opcode op, const dsp_meta *in, int n_in,
     }
     case DSP_OP_MSE:
       if ((rc = dsp__want_attrs(ctx, op, a, 0, 0)) < 0) return rc;
-      if ((rc = need_float(ctx, op, "input", &in[0])) < 0) return rc;
+      if ((rc = dsp__need_float(ctx, op, "input", &in[0])) < 0) return rc;
       if ((rc = same_dtype(ctx, op, &in[0], &in[1])) < 0) return rc;
       if ((rc = same_shape(ctx, op, &in[0], &in[1])) < 0) return rc;
       for (int i = 0; i < in[0].ndim; i++)
@@ -383,7 +386,7 @@ int dsp__nn_plan(dsp_ctx *ctx, dsp_opcode op, const dsp_meta *in, int n_in,
     }
     case DSP_OP_DROPOUT: {
       if ((rc = dsp__want_attrs(ctx, op, a, 1, 1)) < 0) return rc;
-      if ((rc = need_float(ctx, op, "input", &in[0])) < 0) return rc;
+      if ((rc = dsp__need_float(ctx, op, "input", &in[0])) < 0) return rc;
       double p = a->floats[0];
       if (!(p >= 0.0 && p < 1.0))
         return dsp_seterr(ctx, DISPATCH_EINVAL, "dropout: p = %g outside [0, 1)",

@@ -10,18 +10,22 @@
 
 #define opname dsp__opname
 
-static int need_float(dsp_ctx *ctx, dsp_opcode op, const char *what,
-                      const dsp_meta *m) {
-  if (!dsp_dtype_is_float(m->dtype))
-    return dsp_seterr(ctx, DISPATCH_EDTYPE, "%s: %s must be f32 or f64, got %s",
-                      opname(op), what, dsp_dtype_name(m->dtype));
-  return 0;
-}
-
 static int need_i64(dsp_ctx *ctx, dsp_opcode op, const dsp_meta *m) {
   if (m->dtype != DSP_I64)
     return dsp_seterr(ctx, DISPATCH_EDTYPE, "%s: indices must be i64, got %s",
                       opname(op), dsp_dtype_name(m->dtype));
+  return 0;
+}
+
+/* a backward op's grad has x's meta */
+static int grad_like_x(dsp_ctx *ctx, dsp_opcode op, const dsp_meta *grad,
+                       const dsp_meta *x) {
+  if (!dsp_meta_equal(grad, x)) {
+    char s1[128], s2[128];
+    return dsp_seterr(ctx, DISPATCH_ESHAPE, "%s: grad %s differs from x %s",
+                      opname(op), dsp_shape_str(grad, s1, sizeof s1),
+                      dsp_shape_str(x, s2, sizeof s2));
+  }
   return 0;
 }
 
@@ -69,7 +73,7 @@ static int plan_embedding(dsp_ctx *ctx, dsp_opcode op, const dsp_meta *in,
   int rc = dsp__want_attrs(ctx, op, a, bw ? 2 : 1, 0);
   if (rc < 0) return rc;
   const dsp_meta *t = &in[0], *ix = &in[1];
-  if ((rc = need_float(ctx, op, bw ? "grad" : "weight", t)) < 0) return rc;
+  if ((rc = dsp__need_float(ctx, op, bw ? "grad" : "weight", t)) < 0) return rc;
   if ((rc = need_i64(ctx, op, ix)) < 0) return rc;
   if (ix->ndim + 1 > DSP_MAX_DIMS)
     return dsp_seterr(ctx, DISPATCH_ESHAPE,
@@ -142,7 +146,7 @@ static int plan_norm(dsp_ctx *ctx, dsp_opcode op, const dsp_meta *in,
     return dsp_seterr(ctx, DISPATCH_EINVAL, "%s: eps = %g must be finite and >= 0",
                       opname(op), g->eps);
   const dsp_meta *x = &in[bw];
-  if ((rc = need_float(ctx, op, "x", x)) < 0) return rc;
+  if ((rc = dsp__need_float(ctx, op, "x", x)) < 0) return rc;
   const int64_t nlast = a->ints[0];
   if (nlast < 1 || nlast > x->ndim)
     return dsp_seterr(ctx, DISPATCH_EDIM,
@@ -163,12 +167,7 @@ static int plan_norm(dsp_ctx *ctx, dsp_opcode op, const dsp_meta *in,
     *out = *x;
     return 0;
   }
-  if (!dsp_meta_equal(&in[0], x)) {
-    char s1[128], s2[128];
-    return dsp_seterr(ctx, DISPATCH_ESHAPE, "%s: grad %s differs from x %s",
-                      opname(op), dsp_shape_str(&in[0], s1, sizeof s1),
-                      dsp_shape_str(x, s2, sizeof s2));
-  }
+  if ((rc = grad_like_x(ctx, op, &in[0], x)) < 0) return rc;
   /* dx, then dweight and dbias of D elements each: x's numel fits (a
    * valid meta), and D <= numel unless numel is 0 */
   int64_t n = g->rows * g->D, extra;
@@ -240,7 +239,7 @@ static int plan_batch_norm(dsp_ctx *ctx, dsp_opcode op, const dsp_meta *in,
                       opname(op), want, g->training, g->has_run, g->has_w,
                       g->has_b, n_in);
   const dsp_meta *x = &in[bw];
-  if ((rc = need_float(ctx, op, "x", x)) < 0) return rc;
+  if ((rc = dsp__need_float(ctx, op, "x", x)) < 0) return rc;
   if (x->ndim < 2) {
     char s[128];
     return dsp_seterr(ctx, DISPATCH_ESHAPE,
@@ -266,12 +265,7 @@ static int plan_batch_norm(dsp_ctx *ctx, dsp_opcode op, const dsp_meta *in,
     *out = *x;
     return 0;
   }
-  if (!dsp_meta_equal(&in[0], x)) {
-    char s1[128], s2[128];
-    return dsp_seterr(ctx, DISPATCH_ESHAPE, "%s: grad %s differs from x %s",
-                      opname(op), dsp_shape_str(&in[0], s1, sizeof s1),
-                      dsp_shape_str(x, s2, sizeof s2));
-  }
+  if ((rc = grad_like_x(ctx, op, &in[0], x)) < 0) return rc;
   int64_t n = g->rows * g->C * g->S, extra;
   if (dsp_mul_overflow(g->C, g->has_w + g->has_b, &extra) ||
       __builtin_add_overflow(n, extra, &n))

@@ -14,6 +14,16 @@ static inline const char *dsp__opname(dsp_opcode op) {
   return i ? i->name : "?";
 }
 
+/* op's error unless m is f32 or f64 ("<op>: <what> must be f32 or f64,
+ * got <dtype>"); 0 if it is (common/ops_nn.c) */
+int dsp__need_float(dsp_ctx *ctx, dsp_opcode op, const char *what,
+                    const dsp_meta *m);
+
+/* op's ESHAPE error unless grad has want's shape ("<op>: grad is <shape>
+ * but the <what> is <shape>"); 0 if it has (common/ops_nn.c) */
+int dsp__grad_shape(dsp_ctx *ctx, dsp_opcode op, const dsp_meta *grad,
+                    const dsp_meta *want, const char *what);
+
 /* Op counts as integer constant expressions, for _Static_assert guards
  * beside every switch or table over ops (the ggml habit): a new row in
  * DSP_OP_MAP breaks the build wherever a decision about it is owed (a
@@ -184,6 +194,9 @@ typedef struct dsp_ce_geo {
 int dsp__ce_ex_plan(dsp_ctx *ctx, dsp_opcode op, const dsp_meta *in,
                     int n_in, const dsp_attrs *a, dsp_meta *out,
                     dsp_ce_geo *g);
+/* the same from a kernel's input tensors (2 or 3, else EINTERNAL) */
+int dsp__ce_ex_kernel_plan(dsp_ctx *ctx, dsp_opcode op, dsp_tensor *const *in,
+                           int n_in, const dsp_attrs *a, dsp_ce_geo *g);
 /* Flat position of the first label that is neither g->ignore nor in
  * [0, C), or -1; and the DISPATCH_EINDEX error naming it. */
 int64_t dsp__ce_ex_bad_label(const dsp_ce_geo *g, const int64_t *lab);

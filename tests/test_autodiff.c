@@ -21,14 +21,6 @@ static dsp_tensor *sum_all(dsp_tensor *x) {
   return tu_run(ctx, DSP_OP_SUM, NULL, 1, x, NULL, NULL);
 }
 
-static dsp_tensor *grad_of(const dsp_grads *g, const dsp_tensor *t) {
-  dsp_tensor *out = NULL;
-  int rc = dsp_grads_get(ctx, g, t, &out);
-  cr_assert_eq(rc, 0, "grads_get: %s (%s)", dispatch_err_name(rc),
-               dsp_ctx_errmsg(ctx));
-  return out;
-}
-
 Test(autodiff, tracking_twice_is_a_double_wrap) {
   double v[3] = {1, 2, 3};
   dsp_tensor *x = vec(v, 3);
@@ -94,7 +86,7 @@ Test(autodiff, grads_get_reports_unreached_and_untracked) {
   cr_assert_eq(dsp_grads_get(ctx, g, u, &out), DISPATCH_ENOTTRACKED);
   cr_assert_eq(dsp_grads_get(ctx, g, y, &out), DISPATCH_ENOGRAD);
   cr_assert_not_null(strstr(dsp_ctx_errmsg(ctx), "leaves"));
-  dsp_tensor *gx = grad_of(g, x);
+  dsp_tensor *gx = tu_grad(ctx, g, x);
   double e[2] = {2.718281828459045, 7.38905609893065};
   tu_assert_f64(gx, e, 2, 1e-12);
   dsp_tensor_unref(gx);
@@ -115,7 +107,7 @@ Test(autodiff, second_backward_needs_retain) {
   dsp_grads *g1, *g2, *g3;
   cr_assert_eq(dsp_backward(ctx, s, 1, &g1), 0);
   cr_assert_eq(dsp_backward(ctx, s, 0, &g2), 0); /* retained: works again */
-  dsp_tensor *a = grad_of(g1, x), *b = grad_of(g2, x);
+  dsp_tensor *a = tu_grad(ctx, g1, x), *b = tu_grad(ctx, g2, x);
   double e[3];
   for (int i = 0; i < 3; i++) e[i] = 1 - tanh(v[i]) * tanh(v[i]);
   tu_assert_f64(a, e, 3, 1e-12);
@@ -133,7 +125,7 @@ Test(autodiff, second_backward_needs_retain) {
   dsp_tensor *y2 = tu_run(ctx, DSP_OP_MUL, NULL, 2, x, x, NULL);
   dsp_tensor *s3 = sum_all(y2);
   cr_assert_eq(dsp_backward(ctx, s3, 0, &g3), 0);
-  dsp_tensor *c = grad_of(g3, x);
+  dsp_tensor *c = tu_grad(ctx, g3, x);
   double e2[3] = {1, -2, 4};
   tu_assert_f64(c, e2, 3, 0);
   dsp_tensor_unref(a);
@@ -200,7 +192,7 @@ Test(autodiff, x_times_x_accumulates_both_uses) {
   dsp_tensor *s = sum_all(y);
   dsp_grads *g;
   cr_assert_eq(dsp_backward(ctx, s, 0, &g), 0);
-  dsp_tensor *gx = grad_of(g, x);
+  dsp_tensor *gx = tu_grad(ctx, g, x);
   double e[3] = {2, -4, 7};
   tu_assert_f64(gx, e, 3, 0);
   cr_assert(!dsp_is_tracked(gx));
@@ -228,7 +220,7 @@ Test(autodiff, diamond_sums_the_paths) {
   dsp_grads *g;
   cr_assert_eq(dsp_backward(ctx, s, 0, &g), 0);
   cr_assert_eq(dsp_grads_count(g), 2);
-  dsp_tensor *gx = grad_of(g, x), *gw = grad_of(g, w);
+  dsp_tensor *gx = tu_grad(ctx, g, x), *gw = tu_grad(ctx, g, w);
   double ex[2], ew[2];
   for (int i = 0; i < 2; i++) {
     ex[i] = (12 * v[i] + 2) * wv[i];
@@ -251,7 +243,7 @@ Test(autodiff, broadcast_input_gets_summed_gradient) {
   dsp_tensor *s = sum_all(y);
   dsp_grads *g;
   cr_assert_eq(dsp_backward(ctx, s, 0, &g), 0);
-  dsp_tensor *gx = grad_of(g, x);
+  dsp_tensor *gx = tu_grad(ctx, g, x);
   double e[3] = {5, 7, 9};
   tu_assert_shape(gx, 1, (int64_t[]){3});
   tu_assert_f64(gx, e, 3, 0);
@@ -276,7 +268,7 @@ Test(autodiff, cast_between_floats_returns_leaf_dtype) {
   dsp_tensor *s = sum_all(z);
   dsp_grads *g;
   cr_assert_eq(dsp_backward(ctx, s, 0, &g), 0);
-  dsp_tensor *gx = grad_of(g, x);
+  dsp_tensor *gx = tu_grad(ctx, g, x);
   float e[3] = {0.25f, -1, 4};
   tu_assert_f32(gx, e, 3, 0);
   dsp_tensor *list[] = {gx, s, z, y, x, w};
@@ -291,7 +283,7 @@ Test(autodiff, scalar_leaf_is_its_own_loss) {
   cr_assert_eq(dsp_track(ctx, x), 0);
   dsp_grads *g;
   cr_assert_eq(dsp_backward(ctx, x, 0, &g), 0);
-  dsp_tensor *gx = grad_of(g, x);
+  dsp_tensor *gx = tu_grad(ctx, g, x);
   double one = 1;
   tu_assert_f64(gx, &one, 1, 0);
   dsp_tensor_unref(gx);
@@ -329,7 +321,7 @@ Test(autodiff, deep_chain_sorts_and_frees_without_recursion) {
   cr_assert_float_eq(((double *)dsp_tensor_data(y))[0], 200001.0, 0);
   dsp_grads *g;
   cr_assert_eq(dsp_backward(ctx, y, 1, &g), 0);
-  dsp_tensor *gx = grad_of(g, x);
+  dsp_tensor *gx = tu_grad(ctx, g, x);
   cr_assert_float_eq(((double *)dsp_tensor_data(gx))[0], 1.0, 0);
   dsp_tensor_unref(gx);
   dsp_grads_free(g);
@@ -348,7 +340,7 @@ Test(autodiff, ties_follow_the_documented_rules) {
   dsp_tensor *s = sum_all(m);
   dsp_grads *g;
   cr_assert_eq(dsp_backward(ctx, s, 0, &g), 0);
-  dsp_tensor *ga = grad_of(g, a), *gb = grad_of(g, b);
+  dsp_tensor *ga = tu_grad(ctx, g, a), *gb = tu_grad(ctx, g, b);
   tu_assert_f64(ga, (double[]){0.5, 0, 1}, 3, 0);
   tu_assert_f64(gb, (double[]){0.5, 1, 0}, 3, 0);
   dsp_tensor *list[] = {ga, gb, s, m};
@@ -364,7 +356,7 @@ Test(autodiff, ties_follow_the_documented_rules) {
   dsp_tensor *mx = tu_run(ctx, DSP_OP_MAX, &ra, 1, x, NULL, NULL);
   dsp_tensor *s2 = sum_all(mx);
   cr_assert_eq(dsp_backward(ctx, s2, 0, &g), 0);
-  dsp_tensor *gx = grad_of(g, x);
+  dsp_tensor *gx = tu_grad(ctx, g, x);
   tu_assert_f64(gx, (double[]){0.5, 0, 0.5, 0, 1, 0}, 6, 0);
   dsp_tensor *list2[] = {gx, s2, mx, x, a, b};
   for (size_t i = 0; i < sizeof list2 / sizeof list2[0]; i++)

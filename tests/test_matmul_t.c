@@ -13,6 +13,7 @@
 
 #include "dsp.h"
 #include "helpers/server_proc.h"
+#include "helpers/tensor_util.h"
 #include "helpers/wire.h"
 
 static uint64_t g_rng = 88172645463325252ull;
@@ -38,11 +39,6 @@ static dsp_tensor *mkn(dsp_ctx *ctx, dsp_dtype dt, int nd, const int64_t *s) {
 static dsp_tensor *mk(dsp_ctx *ctx, dsp_dtype dt, int64_t r, int64_t c) {
   const int64_t s[2] = {r, c};
   return mkn(ctx, dt, 2, s);
-}
-
-static double at(const dsp_tensor *t, int64_t i) {
-  return t->meta.dtype == DSP_F32 ? ((const float *)dsp_tensor_data(t))[i]
-                                  : ((const double *)dsp_tensor_data(t))[i];
 }
 
 static dsp_tensor *tr(dsp_ctx *ctx, dsp_tensor *x) {
@@ -74,9 +70,9 @@ static void check_against_copy(dsp_ctx *ctx, dsp_tensor *a, int ta,
   cr_assert(dsp_meta_equal(&out->meta, &ref->meta), "%s: shape", what);
   double tol = a->meta.dtype == DSP_F64 ? 1e-12 : 1e-5;
   for (int64_t i = 0; i < ref->numel; i++)
-    cr_assert(fabs(at(out, i) - at(ref, i)) <= tol * (1 + fabs(at(ref, i))),
+    cr_assert(fabs(tu_at(out, i) - tu_at(ref, i)) <= tol * (1 + fabs(tu_at(ref, i))),
               "%s ta=%d tb=%d [%lld]: %g vs %g", what, ta, tb, (long long)i,
-              at(out, i), at(ref, i));
+              tu_at(out, i), tu_at(ref, i));
   dsp_tensor_unref(in[0]), dsp_tensor_unref(in[1]);
   dsp_tensor_unref(out), dsp_tensor_unref(ref);
 }
@@ -139,7 +135,7 @@ Test(matmul_t, empty_inner_dim_gives_zeros) {
   dsp_tensor *a = mk(ctx, DSP_F32, 0, 3), *b = mk(ctx, DSP_F32, 0, 4), *out;
   cr_assert_eq(mm_t(ctx, a, 1, b, 0, &out), 0);
   cr_assert_eq(out->numel, 12);
-  for (int i = 0; i < 12; i++) cr_assert(at(out, i) == 0.0);
+  for (int i = 0; i < 12; i++) cr_assert(tu_at(out, i) == 0.0);
   dsp_tensor_unref(out), dsp_tensor_unref(a), dsp_tensor_unref(b);
   dsp_ctx_free(ctx);
 }
@@ -251,9 +247,9 @@ static void grads_of(dsp_ctx *ctx, dsp_tensor *a, int ta, dsp_tensor *b,
 static void same(const dsp_tensor *x, const dsp_tensor *y, const char *what) {
   cr_assert(dsp_meta_equal(&x->meta, &y->meta), "%s: shape", what);
   for (int64_t i = 0; i < x->numel; i++)
-    cr_assert(fabs(at(x, i) - at(y, i)) <= 1e-12 * (1 + fabs(at(y, i))),
-              "%s [%lld]: %.17g vs %.17g", what, (long long)i, at(x, i),
-              at(y, i));
+    cr_assert(fabs(tu_at(x, i) - tu_at(y, i)) <= 1e-12 * (1 + fabs(tu_at(y, i))),
+              "%s [%lld]: %.17g vs %.17g", what, (long long)i, tu_at(x, i),
+              tu_at(y, i));
 }
 
 Test(matmul_t, gradient_of_transposed_operands) {

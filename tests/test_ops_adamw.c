@@ -20,6 +20,7 @@
 #include "helpers/client_check.h"
 #include "helpers/http.h"
 #include "helpers/server_proc.h"
+#include "helpers/tensor_util.h"
 
 /* ------------------------------------------------------------------ */
 /* the op                                                              */
@@ -33,11 +34,6 @@ static dsp_tensor *mk(dsp_ctx *ctx, dsp_dtype dt, int n, const double *v) {
     else ((double *)dsp_tensor_data(t))[i] = v[i];
   }
   return t;
-}
-
-static double at(const dsp_tensor *t, int64_t i) {
-  return t->meta.dtype == DSP_F32 ? ((const float *)dsp_tensor_data(t))[i]
-                                  : ((const double *)dsp_tensor_data(t))[i];
 }
 
 static dsp_attrs adamw_attrs(double lr, double wd, int64_t t, int scaled,
@@ -89,15 +85,15 @@ Test(adamw_op, three_steps_match_the_formula) {
         ref_adamw(&rp[i], &rm[i], &rv[i], gv[i], 0.01, 0.9, 0.999, 1e-8, 0.1,
                   t);
         double tol = d ? 1e-14 : 1e-6;
-        cr_assert_float_eq(at(p, i), rp[i], tol, "t %d p[%d] %.17g vs %.17g",
-                           t, i, at(p, i), rp[i]);
-        cr_assert_float_eq(at(m, i), rm[i], tol);
-        cr_assert_float_eq(at(v, i), rv[i], tol);
+        cr_assert_float_eq(tu_at(p, i), rp[i], tol, "t %d p[%d] %.17g vs %.17g",
+                           t, i, tu_at(p, i), rp[i]);
+        cr_assert_float_eq(tu_at(m, i), rm[i], tol);
+        cr_assert_float_eq(tu_at(v, i), rv[i], tol);
       }
     }
     /* step 1 by hand: m = 0.1 g, v = 0.001 g^2, so the bias-corrected
      * step is lr * g / (|g| + eps) = lr * sign(g) (almost) */
-    cr_assert_float_eq(at(g, 0), 0.3, 1e-7, "grad untouched");
+    cr_assert_float_eq(tu_at(g, 0), 0.3, 1e-7, "grad untouched");
     dsp_tensor_unref(p), dsp_tensor_unref(g), dsp_tensor_unref(m),
         dsp_tensor_unref(v);
   }
@@ -113,9 +109,9 @@ Test(adamw_op, step_one_by_hand) {
   cr_assert_eq(run4(ctx, DSP_OP_ADAMW_STEP, &a, p, g, m, v), 0);
   /* decay: 2 * (1 - 0.05) = 1.9; m = 0.05, v = 0.00025; mh = 0.5,
    * vh = 0.25; p = 1.9 - 0.1 * 0.5 / (0.5 + 1e-8) */
-  cr_assert_float_eq(at(p, 0), 1.9 - 0.1 * 0.5 / (0.5 + 1e-8), 1e-15);
-  cr_assert_float_eq(at(m, 0), 0.05, 1e-16);
-  cr_assert_float_eq(at(v, 0), 0.00025, 1e-18);
+  cr_assert_float_eq(tu_at(p, 0), 1.9 - 0.1 * 0.5 / (0.5 + 1e-8), 1e-15);
+  cr_assert_float_eq(tu_at(m, 0), 0.05, 1e-16);
+  cr_assert_float_eq(tu_at(v, 0), 0.00025, 1e-18);
   dsp_tensor_unref(p), dsp_tensor_unref(g), dsp_tensor_unref(m),
       dsp_tensor_unref(v);
   dsp_ctx_free(ctx);
@@ -248,7 +244,7 @@ Test(adamw_op, errors) {
   dsp_attrs nan_s = adamw_attrs(0.1, 0, 1, 1, NAN);
   cr_assert_eq(run4(ctx, DSP_OP_ADAMW_STEP, &nan_s, p, g, m, m), 0, "%s",
                dsp_ctx_errmsg(ctx));
-  cr_assert(isnan(at(p, 0)));
+  cr_assert(isnan(tu_at(p, 0)));
   dsp_tensor_unref(p), dsp_tensor_unref(g), dsp_tensor_unref(m),
       dsp_tensor_unref(v2), dsp_tensor_unref(vd);
   dsp_ctx_free(ctx);

@@ -47,24 +47,11 @@ static dsp_tensor *zeros(dsp_dtype dt, int nd, const int64_t *shape) {
   return t;
 }
 
-static double at(const dsp_tensor *t, int64_t i) {
-  return t->meta.dtype == DSP_F32 ? ((const float *)dsp_tensor_data(t))[i]
-                                  : ((const double *)dsp_tensor_data(t))[i];
-}
-
-static dsp_attrs aattrs(int causal, int has_mask, double scale) {
-  dsp_attrs a = dsp_attrs_f1(scale);
-  a.ints[0] = causal;
-  a.ints[1] = has_mask;
-  a.n_ints = 2;
-  return a;
-}
-
 static int attn_rc(dsp_tensor *q, dsp_tensor *k, dsp_tensor *v,
                    dsp_tensor *mask, int causal, double scale,
                    dsp_tensor **out) {
   dsp_tensor *in[4] = {q, k, v, mask};
-  dsp_attrs a = aattrs(causal, mask != NULL, scale);
+  dsp_attrs a = tu_attn_attrs(causal, mask != NULL, scale);
   return dsp_op(ctx, DSP_OP_ATTENTION, in, mask ? 4 : 3, &a, out);
 }
 
@@ -113,9 +100,9 @@ static void assert_near(const dsp_tensor *got, const dsp_tensor *want,
                         double tol, const char *what) {
   cr_assert(dsp_meta_equal(&got->meta, &want->meta), "%s: shapes differ", what);
   for (int64_t i = 0; i < got->numel; i++)
-    cr_assert(fabs(at(got, i) - at(want, i)) <= tol * (1 + fabs(at(want, i))),
+    cr_assert(fabs(tu_at(got, i) - tu_at(want, i)) <= tol * (1 + fabs(tu_at(want, i))),
               "%s: element %lld: %.12g, want %.12g", what, (long long)i,
-              at(got, i), at(want, i));
+              tu_at(got, i), tu_at(want, i));
 }
 
 static dsp_tensor *clone(dsp_tensor *t) {
@@ -161,7 +148,7 @@ Test(attn, tiny_backward_by_hand) {
   dsp_tensor *k = tu_f64(ctx, 4, s, (double[]){1, 0});
   dsp_tensor *v = tu_f64(ctx, 4, s, (double[]){1, 3});
   dsp_tensor *g = tu_f64(ctx, 4, s, (double[]){0, 1});
-  dsp_attrs a = aattrs(0, 0, 0.0);
+  dsp_attrs a = tu_attn_attrs(0, 0, 0.0);
   dsp_tensor *in[4] = {g, q, k, v}, *out;
   cr_assert_eq(dsp_op(ctx, DSP_OP_ATTENTION_BACKWARD, in, 4, &a, &out), 0,
                "%s", dsp_ctx_errmsg(ctx));
@@ -295,17 +282,17 @@ Test(attn, all_masked_rows_give_zero_and_no_gradient) {
   dsp_tensor *m = mask_of(2, 4, mb);
   dsp_tensor *o = attn(q, k, v, m, 0, 0.0);
   const int64_t half = 2 * 5 * 2; /* entry 1 starts here */
-  for (int64_t i = half; i < o->numel; i++) cr_assert_eq(at(o, i), 0.0);
+  for (int64_t i = half; i < o->numel; i++) cr_assert_eq(tu_at(o, i), 0.0);
   double sc = 1.0 / sqrt(3.0);
   dsp_tensor *r = reference(q, k, v, mb, 0, sc);
   for (int64_t i = 0; i < half; i++)
-    cr_assert(fabs(at(o, i) - at(r, i)) < 1e-12);
+    cr_assert(fabs(tu_at(o, i) - tu_at(r, i)) < 1e-12);
   dsp_tensor *g[3];
   grads(1, q, k, v, mb, &c, W, g);
   const int64_t per[3] = {2 * 5 * 3, 2 * 4 * 3, 2 * 4 * 2};
   for (int t = 0; t < 3; t++) {
     for (int64_t i = per[t]; i < g[t]->numel; i++)
-      cr_assert_eq(at(g[t], i), 0.0, "grad %d element %lld", t, (long long)i);
+      cr_assert_eq(tu_at(g[t], i), 0.0, "grad %d element %lld", t, (long long)i);
     dsp_tensor_unref(g[t]);
   }
   dsp_tensor *ts[] = {q, k, v, W, m, o, r};
@@ -318,13 +305,13 @@ Test(attn, no_keys_gives_zero) {
              *v = rnd(DSP_F32, 1, 2, 0, 5);
   dsp_tensor *o = attn(q, k, v, NULL, 1, 0.0);
   tu_assert_shape(o, 4, (int64_t[]){1, 2, 3, 5});
-  for (int64_t i = 0; i < o->numel; i++) cr_assert_eq(at(o, i), 0.0);
+  for (int64_t i = 0; i < o->numel; i++) cr_assert_eq(tu_at(o, i), 0.0);
   dsp_tensor *g = rnd(DSP_F32, 1, 2, 3, 5), *out;
-  dsp_attrs a = aattrs(1, 0, 0.0);
+  dsp_attrs a = tu_attn_attrs(1, 0, 0.0);
   dsp_tensor *in[4] = {g, q, k, v};
   cr_assert_eq(dsp_op(ctx, DSP_OP_ATTENTION_BACKWARD, in, 4, &a, &out), 0);
   tu_assert_shape(out, 1, (int64_t[]){24});
-  for (int64_t i = 0; i < out->numel; i++) cr_assert_eq(at(out, i), 0.0);
+  for (int64_t i = 0; i < out->numel; i++) cr_assert_eq(tu_at(out, i), 0.0);
   dsp_tensor *ts[] = {q, k, v, o, g, out};
   for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) dsp_tensor_unref(ts[i]);
 }
@@ -349,7 +336,7 @@ Test(attn, bad_shapes_dtypes_and_attributes) {
   uint8_t mb[12] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1};
   dsp_tensor *m = mask_of(2, 6, mb), *m5 = mask_of(2, 5, mb);
   dsp_tensor *mf = zeros(DSP_F32, 2, (int64_t[]){2, 6});
-  dsp_attrs ok = aattrs(0, 0, 0.0), okm = aattrs(0, 1, 0.0);
+  dsp_attrs ok = tu_attn_attrs(0, 0, 0.0), okm = tu_attn_attrs(0, 1, 0.0);
 #define IN(...) (dsp_tensor *[]){__VA_ARGS__}
   expect(DISPATCH_ESHAPE, "q is [3, 4, 5], want [B, H, Tq, d]",
          DSP_OP_ATTENTION, IN(q3, k, v), 3, ok);
@@ -371,9 +358,9 @@ Test(attn, bad_shapes_dtypes_and_attributes) {
   expect(DISPATCH_EINVAL, "takes 3 or 4 inputs", DSP_OP_ATTENTION,
          IN(q, k), 2, ok);
   expect(DISPATCH_EINVAL, "causal = 2, want 0 or 1", DSP_OP_ATTENTION,
-         IN(q, k, v), 3, aattrs(2, 0, 0.0));
+         IN(q, k, v), 3, tu_attn_attrs(2, 0, 0.0));
   expect(DISPATCH_EINVAL, "scale inf is not finite", DSP_OP_ATTENTION,
-         IN(q, k, v), 3, aattrs(0, 0, INFINITY));
+         IN(q, k, v), 3, tu_attn_attrs(0, 0, INFINITY));
   expect(DISPATCH_EINVAL, "attributes", DSP_OP_ATTENTION, IN(q, k, v), 3,
          dsp_attrs_none());
   /* backward: the grad must be the output's shape and dtype */
@@ -396,7 +383,7 @@ Test(attn, backward_op_is_not_differentiable) {
   dsp_tensor *q = rnd(DSP_F64, 1, 1, 2, 2), *k = rnd(DSP_F64, 1, 1, 2, 2),
              *v = rnd(DSP_F64, 1, 1, 2, 2), *g = rnd(DSP_F64, 1, 1, 2, 2);
   cr_assert_eq(dsp_track(ctx, g), 0);
-  dsp_attrs a = aattrs(0, 0, 0.0);
+  dsp_attrs a = tu_attn_attrs(0, 0, 0.0);
   dsp_tensor *in[4] = {g, q, k, v}, *out;
   cr_assert_eq(dsp_op(ctx, DSP_OP_ATTENTION_BACKWARD, in, 4, &a, &out), 0);
   dsp_tensor *l = tu_run(ctx, DSP_OP_SUM, NULL, 1, out, NULL, NULL);
@@ -491,7 +478,7 @@ Test(attn_oom, every_allocation_failure_is_enomem_without_leaks) {
   dsp_meta q = {DSP_F32, 4, {1, 2, 70, 3}}, k = {DSP_F32, 4, {1, 2, 5, 3}},
            v = {DSP_F32, 4, {1, 2, 5, 2}}, g = {DSP_F32, 4, {1, 2, 70, 2}},
            m = {DSP_BOOL, 2, {1, 5}};
-  dsp_attrs a = aattrs(1, 1, 0.0);
+  dsp_attrs a = tu_attn_attrs(1, 1, 0.0);
   dsp_meta fwd[4] = {q, k, v, m}, bwd[5] = {g, q, k, v, m};
   /* ctx, the inputs, the output and the scores scratch each fail once */
   cr_assert(failalloc_walk_op(DSP_OP_ATTENTION, 4, fwd, &a) >= 7);

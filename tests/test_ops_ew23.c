@@ -35,14 +35,6 @@ static dsp_attrs red(int n, const int64_t *d, int keepdim, int nf,
   return a;
 }
 
-static dsp_tensor *grad_of(const dsp_grads *g, const dsp_tensor *t) {
-  dsp_tensor *out = NULL;
-  int rc = dsp_grads_get(ctx, g, t, &out);
-  cr_assert_eq(rc, 0, "grads_get: %s (%s)", dispatch_err_name(rc),
-               dsp_ctx_errmsg(ctx));
-  return out;
-}
-
 /* d sum(y) / d x, where y = op(x, extra) with attrs a */
 static dsp_tensor *grad_sum(dsp_opcode op, const dsp_attrs *a, dsp_tensor *x,
                             dsp_tensor *extra) {
@@ -52,7 +44,7 @@ static dsp_tensor *grad_sum(dsp_opcode op, const dsp_attrs *a, dsp_tensor *x,
   dsp_grads *g;
   cr_assert_eq(dsp_backward(ctx, s, 0, &g), 0, "backward: %s",
                dsp_ctx_errmsg(ctx));
-  dsp_tensor *gx = grad_of(g, x);
+  dsp_tensor *gx = tu_grad(ctx, g, x);
   dsp_grads_free(g);
   dsp_tensor_unref(s), dsp_tensor_unref(y);
   return gx;
@@ -262,7 +254,7 @@ Test(ew23, maximum_minimum_split_ties_evenly) {
     dsp_tensor *s = tu_run(ctx, DSP_OP_SUM, NULL, 1, m, NULL, NULL);
     dsp_grads *g;
     cr_assert_eq(dsp_backward(ctx, s, 0, &g), 0);
-    dsp_tensor *ga = grad_of(g, a), *gb = grad_of(g, b);
+    dsp_tensor *ga = tu_grad(ctx, g, a), *gb = tu_grad(ctx, g, b);
     tu_assert_f64(ga, ga_want[k], 3, 0);
     tu_assert_f64(gb, gb_want[k], 3, 0);
     dsp_tensor *list[] = {ga, gb, s, m, a, b};
@@ -278,7 +270,7 @@ Test(ew23, maximum_minimum_split_ties_evenly) {
   dsp_tensor *s = tu_run(ctx, DSP_OP_SUM, NULL, 1, m, NULL, NULL);
   dsp_grads *g;
   cr_assert_eq(dsp_backward(ctx, s, 0, &g), 0);
-  dsp_tensor *gb = grad_of(g, b);
+  dsp_tensor *gb = tu_grad(ctx, g, b);
   tu_assert_f64(gb, (double[]){2.5}, 1, 0);
   dsp_tensor *list[] = {gb, s, m, a, b};
   for (size_t i = 0; i < sizeof list / sizeof list[0]; i++)

@@ -6,6 +6,7 @@
 
 #include "dsp.h"
 #include "helpers/failalloc.h"
+#include "helpers/tensor_util.h"
 
 /* ---- small local helpers ------------------------------------------ */
 
@@ -30,11 +31,6 @@ static dsp_tensor *mk(dsp_ctx *ctx, dsp_dtype dt, int nd, const int64_t *shape,
     else if (dt == DSP_I64) ((int64_t *)dsp_tensor_data(t))[i] = (int64_t)x;
   }
   return t;
-}
-
-static double at(const dsp_tensor *t, int64_t i) {
-  return t->meta.dtype == DSP_F32 ? ((const float *)dsp_tensor_data(t))[i]
-                                  : ((const double *)dsp_tensor_data(t))[i];
 }
 
 static dsp_tensor *mm(dsp_ctx *ctx, dsp_tensor *a, dsp_tensor *b) {
@@ -89,8 +85,8 @@ static void naive(const dsp_tensor *a, const dsp_tensor *b, int a1d, int b1d,
       for (int64_t j = 0; j < N; j++) {
         double s = 0;
         for (int64_t k = 0; k < K; k++)
-          s += at(a, offa * M * K + i * K + k) * at(b, offb * K * N + k * N + j);
-        double got = at(out, e * M * N + i * N + j);
+          s += tu_at(a, offa * M * K + i * K + k) * tu_at(b, offb * K * N + k * N + j);
+        double got = tu_at(out, e * M * N + i * N + j);
         cr_assert(fabs(got - s) <= tol, "batch %lld [%lld,%lld]: got %.9g want %.9g",
                   (long long)e, (long long)i, (long long)j, got, s);
       }
@@ -108,7 +104,7 @@ Test(matmul, two_by_two_by_hand) {
   int64_t sc[2] = {2, 2};
   assert_shape(c, 2, sc);
   double want[4] = {58, 64, 139, 154};
-  for (int i = 0; i < 4; i++) cr_assert_eq(at(c, i), want[i]);
+  for (int i = 0; i < 4; i++) cr_assert_eq(tu_at(c, i), want[i]);
   dsp_tensor_unref(a), dsp_tensor_unref(b), dsp_tensor_unref(c);
   dsp_ctx_free(ctx);
 }
@@ -173,7 +169,7 @@ Test(matmul, one_d_operands_are_promoted_and_dropped) {
   dsp_tensor *a = mk(ctx, DSP_F64, 1, s4, v), *b = mk(ctx, DSP_F64, 1, s4, w);
   dsp_tensor *dot = mm(ctx, a, b);
   cr_assert_eq(dot->meta.ndim, 0);
-  cr_assert_eq(at(dot, 0), 70.0);
+  cr_assert_eq(tu_at(dot, 0), 70.0);
   dsp_tensor_unref(dot);
 
   int64_t smat[2] = {4, 3}, sbat[3] = {2, 4, 3}, sl[3] = {3, 2, 4};
@@ -210,7 +206,7 @@ Test(matmul, empty_inner_dim_gives_zeros_and_empty_rows_give_empty) {
   dsp_tensor *c = mm(ctx, a, b);
   int64_t e[2] = {2, 3};
   assert_shape(c, 2, e);
-  for (int i = 0; i < 6; i++) cr_assert_eq(at(c, i), 0.0);
+  for (int i = 0; i < 6; i++) cr_assert_eq(tu_at(c, i), 0.0);
   dsp_tensor *z = mk(ctx, DSP_F32, 2, sz, NULL), *w = mk(ctx, DSP_F32, 2, sw, NULL);
   dsp_tensor *c2 = mm(ctx, z, w);
   int64_t e2[2] = {0, 3};

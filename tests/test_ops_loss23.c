@@ -27,22 +27,24 @@ static dsp_attrs ce_attrs(int64_t ignore, double eps, int red) {
   return a;
 }
 
-static double at(const dsp_tensor *t, int64_t i) {
-  return t->meta.dtype == DSP_F32 ? ((const float *)dsp_tensor_data(t))[i]
-                                  : ((const double *)dsp_tensor_data(t))[i];
-}
-static void set(dsp_tensor *t, int64_t i, double v) {
-  if (t->meta.dtype == DSP_F32) ((float *)dsp_tensor_data(t))[i] = (float)v;
-  else ((double *)dsp_tensor_data(t))[i] = v;
-}
-
-static dsp_tensor *fl(dsp_dtype dt, int nd, const int64_t *sh, const double *v) {
+static dsp_tensor *blank(dsp_dtype dt, int nd, const int64_t *sh) {
   dsp_meta m = {dt, nd, {0}};
   for (int i = 0; i < nd; i++) m.shape[i] = sh[i];
   dsp_tensor *t = NULL;
   cr_assert_eq(dsp_tensor_new(ctx, &m, &t), 0, "%s", dsp_ctx_errmsg(ctx));
-  for (int64_t i = 0; i < t->numel; i++) set(t, i, v[i]);
   return t;
+}
+static dsp_tensor *fl(dsp_dtype dt, int nd, const int64_t *sh, const double *v) {
+  dsp_tensor *t = blank(dt, nd, sh);
+  for (int64_t i = 0; i < t->numel; i++) tu_set(t, i, v[i]);
+  return t;
+}
+/* the in-process device of the public API */
+static dispatch_device *open_local(void) {
+  dispatch_device *dev = NULL;
+  char err[256];
+  cr_assert_eq(dispatch_device_open("local", NULL, &dev, err, sizeof err), 0, "%s", err);
+  return dev;
 }
 
 static dsp_tensor *ce(dsp_tensor *x, dsp_tensor *lab, int64_t ignore,
@@ -89,25 +91,25 @@ Test(loss23, two_by_three_by_hand_with_an_ignored_class_index) {
     dsp_tensor *y = ce(x, lab, IGN, 0, DSP_REDUCE_NONE);
     tu_assert_shape(y, 1, sl);
     cr_assert_eq(y->meta.dtype, dt);
-    cr_assert_float_eq(at(y, 0), l0, tol);
-    cr_assert_float_eq(at(y, 1), l1, tol);
+    cr_assert_float_eq(tu_at(y, 0), l0, tol);
+    cr_assert_float_eq(tu_at(y, 1), l1, tol);
     dsp_tensor_unref(y);
     y = ce(x, lab, IGN, 0, DSP_REDUCE_SUM);
     cr_assert_eq(y->meta.ndim, 0);
-    cr_assert_float_eq(at(y, 0), l0 + l1, tol);
+    cr_assert_float_eq(tu_at(y, 0), l0 + l1, tol);
     dsp_tensor_unref(y);
     /* ignore_index may be a class: label 0 of row 1 is ignored */
     y = ce(x, lab, 0, 0, DSP_REDUCE_NONE);
-    cr_assert_float_eq(at(y, 0), l0, tol);
-    cr_assert_eq(at(y, 1), 0.0);
+    cr_assert_float_eq(tu_at(y, 0), l0, tol);
+    cr_assert_eq(tu_at(y, 1), 0.0);
     dsp_tensor_unref(y);
     y = ce(x, lab, 0, 0, DSP_REDUCE_MEAN); /* over 1 label, not 2 */
-    cr_assert_float_eq(at(y, 0), l0, tol);
+    cr_assert_float_eq(tu_at(y, 0), l0, tol);
     dsp_tensor_unref(y);
     /* smoothing 1: the mean over classes of -log p */
     y = ce(x, lab, IGN, 1.0, DSP_REDUCE_NONE);
-    cr_assert_float_eq(at(y, 0), l0 + 3 - 2, tol);
-    cr_assert_float_eq(at(y, 1), l1, tol);
+    cr_assert_float_eq(tu_at(y, 0), l0 + 3 - 2, tol);
+    cr_assert_float_eq(tu_at(y, 1), l1, tol);
     dsp_tensor_unref(y);
     dsp_tensor_unref(x), dsp_tensor_unref(lab);
   }
@@ -122,20 +124,20 @@ Test(loss23, spatial_logits_with_smoothing_match_torch) {
     dsp_tensor *x = fl(dt, 4, X4, v), *lab = tu_i64(ctx, 3, L3, LAB4);
     dsp_tensor *y = ce(x, lab, IGN, 0.1, DSP_REDUCE_NONE);
     tu_assert_shape(y, 3, L3);
-    for (int i = 0; i < 8; i++) cr_assert_float_eq(at(y, i), T_NONE[i], tol, "%d", i);
+    for (int i = 0; i < 8; i++) cr_assert_float_eq(tu_at(y, i), T_NONE[i], tol, "%d", i);
     dsp_tensor_unref(y);
     y = ce(x, lab, IGN, 0.1, DSP_REDUCE_SUM);
-    cr_assert_float_eq(at(y, 0), T_SUM, tol * 10);
+    cr_assert_float_eq(tu_at(y, 0), T_SUM, tol * 10);
     dsp_tensor_unref(y);
     y = ce(x, lab, IGN, 0.1, DSP_REDUCE_MEAN);
-    cr_assert_float_eq(at(y, 0), T_MEAN, tol);
+    cr_assert_float_eq(tu_at(y, 0), T_MEAN, tol);
     dsp_tensor_unref(y);
     double one = 1.0;
     dsp_tensor *g = fl(dt, 0, NULL, &one);
     dsp_tensor *gx = ce_bw(g, x, lab, IGN, 0.1, DSP_REDUCE_MEAN);
     tu_assert_shape(gx, 4, X4);
     for (int i = 0; i < 24; i++)
-      cr_assert_float_eq(at(gx, i), T_GRAD_MEAN[i], tol, "grad %d", i);
+      cr_assert_float_eq(tu_at(gx, i), T_GRAD_MEAN[i], tol, "grad %d", i);
     dsp_tensor_unref(gx), dsp_tensor_unref(g);
     dsp_tensor_unref(x), dsp_tensor_unref(lab);
   }
@@ -151,7 +153,7 @@ typedef struct fd_ud {
 static double fd_loss(fd_ud *u) {
   dsp_tensor *y = ce(u->x, u->lab, u->ignore, u->eps, u->red);
   double s = 0;
-  for (int64_t i = 0; i < y->numel; i++) s += at(y, i) * at(u->G, i);
+  for (int64_t i = 0; i < y->numel; i++) s += tu_at(y, i) * tu_at(u->G, i);
   dsp_tensor_unref(y);
   return s;
 }
@@ -168,16 +170,16 @@ Test(loss23, backward_matches_finite_differences_for_every_reduction) {
       dsp_tensor *gx = ce_bw(G, x, lab, u.ignore, u.eps, red);
       const double h = 1e-6;
       for (int64_t i = 0; i < 24; i++) {
-        double x0 = at(x, i);
-        set(x, i, x0 + h);
+        double x0 = tu_at(x, i);
+        tu_set(x, i, x0 + h);
         double fp = fd_loss(&u);
-        set(x, i, x0 - h);
+        tu_set(x, i, x0 - h);
         double fm = fd_loss(&u);
-        set(x, i, x0);
+        tu_set(x, i, x0);
         double num = (fp - fm) / (2 * h);
-        cr_assert(fabs(num - at(gx, i)) <= 1e-7 * (1 + fabs(num)),
+        cr_assert(fabs(num - tu_at(gx, i)) <= 1e-7 * (1 + fabs(num)),
                   "red %d eps %g element %lld: analytic %.10g numeric %.10g",
-                  red, u.eps, (long long)i, at(gx, i), num);
+                  red, u.eps, (long long)i, tu_at(gx, i), num);
       }
       dsp_tensor_unref(gx), dsp_tensor_unref(G);
       dsp_tensor_unref(x), dsp_tensor_unref(lab);
@@ -191,18 +193,18 @@ Test(loss23, all_ignored_gives_nan_mean_zero_sum_and_zero_grad) {
   for (int i = 0; i < 8; i++) l[i] = IGN;
   dsp_tensor *x = fl(DSP_F32, 4, X4, v), *lab = tu_i64(ctx, 3, L3, l);
   dsp_tensor *y = ce(x, lab, IGN, 0.2, DSP_REDUCE_MEAN);
-  cr_assert(isnan(at(y, 0)), "mean of nothing is %g, want NaN", at(y, 0));
+  cr_assert(isnan(tu_at(y, 0)), "mean of nothing is %g, want NaN", tu_at(y, 0));
   dsp_tensor_unref(y);
   y = ce(x, lab, IGN, 0.2, DSP_REDUCE_SUM);
-  cr_assert_eq(at(y, 0), 0.0);
+  cr_assert_eq(tu_at(y, 0), 0.0);
   dsp_tensor_unref(y);
   y = ce(x, lab, IGN, 0.2, DSP_REDUCE_NONE);
-  for (int i = 0; i < 8; i++) cr_assert_eq(at(y, i), 0.0);
+  for (int i = 0; i < 8; i++) cr_assert_eq(tu_at(y, i), 0.0);
   dsp_tensor_unref(y);
   double one = 1.0;
   dsp_tensor *g = fl(DSP_F32, 0, NULL, &one);
   dsp_tensor *gx = ce_bw(g, x, lab, IGN, 0.2, DSP_REDUCE_MEAN);
-  for (int i = 0; i < 24; i++) cr_assert_eq(at(gx, i), 0.0, "grad %d", i);
+  for (int i = 0; i < 24; i++) cr_assert_eq(tu_at(gx, i), 0.0, "grad %d", i);
   dsp_tensor_unref(gx), dsp_tensor_unref(g);
   dsp_tensor_unref(x), dsp_tensor_unref(lab);
 }
@@ -212,7 +214,7 @@ Test(loss23, one_d_logits_and_an_empty_batch) {
   int64_t c3[1] = {3}, one = 1;
   dsp_tensor *x = fl(DSP_F64, 1, c3, v), *lab = tu_i64(ctx, 0, NULL, &one);
   dsp_tensor *y = ce(x, lab, IGN, 0, DSP_REDUCE_MEAN);
-  cr_assert_float_eq(at(y, 0), 1.4076059644443804, 1e-14); /* torch */
+  cr_assert_float_eq(tu_at(y, 0), 1.4076059644443804, 1e-14); /* torch */
   dsp_tensor_unref(y);
   y = ce(x, lab, IGN, 0, DSP_REDUCE_NONE);
   cr_assert_eq(y->meta.ndim, 0);
@@ -224,16 +226,16 @@ Test(loss23, one_d_logits_and_an_empty_batch) {
   tu_assert_shape(y, 1, n0);
   dsp_tensor_unref(y);
   y = ce(xe, le, IGN, 0, DSP_REDUCE_SUM);
-  cr_assert_eq(at(y, 0), 0.0);
+  cr_assert_eq(tu_at(y, 0), 0.0);
   dsp_tensor_unref(y);
   y = ce(xe, le, IGN, 0, DSP_REDUCE_MEAN);
-  cr_assert(isnan(at(y, 0)));
+  cr_assert(isnan(tu_at(y, 0)));
   dsp_tensor_unref(y), dsp_tensor_unref(xe), dsp_tensor_unref(le);
   /* [2^40, 3, 0]: no position, and the huge dim is never walked */
   int64_t sh[3] = {(int64_t)1 << 40, 3, 0}, lh[2] = {(int64_t)1 << 40, 0};
   xe = fl(DSP_F32, 3, sh, v), le = tu_i64(ctx, 2, lh, NULL);
   y = ce(xe, le, IGN, 0.5, DSP_REDUCE_SUM);
-  cr_assert_eq(at(y, 0), 0.0);
+  cr_assert_eq(tu_at(y, 0), 0.0);
   dsp_tensor_unref(y), dsp_tensor_unref(xe), dsp_tensor_unref(le);
 }
 
@@ -280,7 +282,7 @@ Test(loss23, errors_name_the_problem) {
   double v[24];
   x4_values(v);
   int64_t s[2] = {2, 3}, sl[1] = {2}, sl3[1] = {3}, c0[2] = {2, 0};
-  int64_t bad[2] = {1, 3}, neg[2] = {-1, 0}, ok[2] = {0, 1};
+  int64_t bad[2] = {1, 3}, neg[2] = {-1, 0}, ok[3] = {0, 1, 0}; /* l3 reads all 3 */
   dsp_tensor *x = fl(DSP_F32, 2, s, v), *lb = tu_i64(ctx, 1, sl, bad);
   dsp_tensor *ln = tu_i64(ctx, 1, sl, neg), *lok = tu_i64(ctx, 1, sl, ok);
   dsp_tensor *l3 = tu_i64(ctx, 1, sl3, ok), *lf = fl(DSP_F32, 1, sl, v);
@@ -294,7 +296,7 @@ Test(loss23, errors_name_the_problem) {
   /* -1 is fine when it is the ignore_index */
   dsp_attrs am1 = ce_attrs(-1, 0, DSP_REDUCE_NONE);
   dsp_tensor *y = tu_run(ctx, DSP_OP_CROSS_ENTROPY_EX, &am1, 2, x, ln, NULL);
-  cr_assert_eq(at(y, 0), 0.0);
+  cr_assert_eq(tu_at(y, 0), 0.0);
   dsp_tensor_unref(y);
   tu_run_fail(ctx, DSP_OP_CROSS_ENTROPY_EX, &a, 2, x, l3, NULL, DISPATCH_ESHAPE,
               "do not match logits");
@@ -338,9 +340,7 @@ Test(loss23, errors_name_the_problem) {
 
 /* The public function packs the attributes the op reads. */
 Test(loss23, client_function_local) {
-  dispatch_device *dev = NULL;
-  char err[256];
-  cr_assert_eq(dispatch_device_open("local", NULL, &dev, err, sizeof err), 0, "%s", err);
+  dispatch_device *dev = open_local();
   double v[24];
   x4_values(v);
   dispatch_tensor *x = NULL, *lab = NULL, *y = NULL;
@@ -390,7 +390,7 @@ Test(loss23, avg_pool2d_ex_count_include_pad_matches_torch) {
       dsp_tensor *y = tu_run(ctx, DSP_OP_AVG_POOL2D_EX, &a, 1, x, NULL, NULL);
       tu_assert_shape(y, 4, ys);
       for (int i = 0; i < 6; i++)
-        cr_assert_float_eq(at(y, i), cip ? T_AVG_INC[i] : T_AVG_EXC[i], tol,
+        cr_assert_float_eq(tu_at(y, i), cip ? T_AVG_INC[i] : T_AVG_EXC[i], tol,
                            "cip %d y[%d]", cip, i);
       if (cip) { /* the old op is the count_include_pad case, bit for bit */
         dsp_attrs a6 = dsp_attrs_ints(6, a.ints);
@@ -402,7 +402,7 @@ Test(loss23, avg_pool2d_ex_count_include_pad_matches_torch) {
         dsp_tensor *g = fl(dt, 4, ys, gv);
         dsp_tensor *gx = tu_run(ctx, DSP_OP_AVG_POOL2D_BACKWARD, &a, 2, g, x, NULL);
         for (int i = 0; i < 20; i++)
-          cr_assert_float_eq(at(gx, i), T_AVG_EXC_GRAD[i], tol, "grad %d", i);
+          cr_assert_float_eq(tu_at(gx, i), T_AVG_EXC_GRAD[i], tol, "grad %d", i);
         dsp_tensor_unref(gx), dsp_tensor_unref(g);
       }
       dsp_tensor_unref(y);
@@ -472,9 +472,7 @@ Test(loss23, pool_ex_errors) {
 }
 
 Test(loss23, client_avg_pool2d_ex_local) {
-  dispatch_device *dev = NULL;
-  char err[256];
-  cr_assert_eq(dispatch_device_open("local", NULL, &dev, err, sizeof err), 0, "%s", err);
+  dispatch_device *dev = open_local();
   double v[20], got[6];
   for (int i = 0; i < 20; i++) v[i] = i;
   int64_t xs[4] = {1, 1, 4, 5};
@@ -494,14 +492,7 @@ Test(loss23, client_avg_pool2d_ex_local) {
 /* ---- conv2d_bias ---------------------------------------------------- */
 
 static void fill_sin(dsp_tensor *t, double k) {
-  for (int64_t i = 0; i < t->numel; i++) set(t, i, sin(k * (double)(i + 1)));
-}
-static dsp_tensor *blank(dsp_dtype dt, int nd, const int64_t *sh) {
-  dsp_meta m = {dt, nd, {0}};
-  for (int i = 0; i < nd; i++) m.shape[i] = sh[i];
-  dsp_tensor *t = NULL;
-  cr_assert_eq(dsp_tensor_new(ctx, &m, &t), 0);
-  return t;
+  for (int64_t i = 0; i < t->numel; i++) tu_set(t, i, sin(k * (double)(i + 1)));
 }
 
 Test(loss23, conv2d_bias_is_conv2d_plus_bias_bit_for_bit) {
@@ -548,7 +539,7 @@ Test(loss23, conv2d_bias_gradients) {
   cr_assert_eq(dsp_grads_get(ctx, g, w, &gw), 0);
   cr_assert_eq(dsp_grads_get(ctx, g, x, &gx), 0);
   double want[3] = {0, 0, 0};
-  for (int64_t i = 0; i < G->numel; i++) want[(i / 30) % 3] += at(G, i);
+  for (int64_t i = 0; i < G->numel; i++) want[(i / 30) % 3] += tu_at(G, i);
   tu_assert_f64(gb, want, 3, 1e-12);
   /* x and w get conv2d's gradients, bit for bit */
   int64_t bi[10] = {1, 1, 1, 1, 1, 1, 2, 2, 5, 4}, bw[10] = {1, 1, 1, 1, 1, 1, 3, 2, 2, 2};
@@ -582,9 +573,7 @@ Test(loss23, conv2d_bias_errors) {
 }
 
 Test(loss23, client_conv2d_bias_local) {
-  dispatch_device *dev = NULL;
-  char err[256];
-  cr_assert_eq(dispatch_device_open("local", NULL, &dev, err, sizeof err), 0, "%s", err);
+  dispatch_device *dev = open_local();
   double xv[9] = {1, 2, 3, 4, 5, 6, 7, 8, 9}, wv[4] = {1, 0, 0, 1}, bv[1] = {0.5};
   int64_t xs[4] = {1, 1, 3, 3}, ws[4] = {1, 1, 2, 2}, bs[1] = {1};
   dispatch_tensor *x = NULL, *w = NULL, *b = NULL, *y = NULL, *y0 = NULL;

@@ -7,6 +7,7 @@
 
 #include "dsp.h"
 #include "helpers/failalloc.h"
+#include "helpers/tensor_util.h"
 #include "rng.h"
 
 /* ---- small local helpers ------------------------------------------ */
@@ -32,15 +33,6 @@ static dsp_tensor *mk(dsp_ctx *ctx, dsp_dtype dt, int nd, const int64_t *shape,
     else if (dt == DSP_I64) ((int64_t *)dsp_tensor_data(t))[i] = (int64_t)x;
   }
   return t;
-}
-
-static double at(const dsp_tensor *t, int64_t i) {
-  return t->meta.dtype == DSP_F32 ? ((const float *)dsp_tensor_data(t))[i]
-                                  : ((const double *)dsp_tensor_data(t))[i];
-}
-static void set(dsp_tensor *t, int64_t i, double v) {
-  if (t->meta.dtype == DSP_F32) ((float *)dsp_tensor_data(t))[i] = (float)v;
-  else ((double *)dsp_tensor_data(t))[i] = v;
 }
 
 static int try_op(dsp_ctx *ctx, dsp_opcode op, const dsp_attrs *a,
@@ -81,8 +73,8 @@ static void assert_close(const dsp_tensor *t, const double *want, int64_t n,
   cr_assert_eq(t->numel, n, "numel %lld, want %lld", (long long)t->numel,
                (long long)n);
   for (int64_t i = 0; i < n; i++)
-    cr_assert(fabs(at(t, i) - want[i]) <= tol, "element %lld: got %.10g want %.10g",
-              (long long)i, at(t, i), want[i]);
+    cr_assert(fabs(tu_at(t, i) - want[i]) <= tol, "element %lld: got %.10g want %.10g",
+              (long long)i, tu_at(t, i), want[i]);
 }
 
 /* sum(f(x) * G) as a function of x, the scalar a finite difference needs */
@@ -94,16 +86,16 @@ static void fd_check(dsp_ctx *ctx, dsp_tensor *x, const dsp_tensor *grad,
   const double h = 1e-6;
   cr_assert_eq(x->numel, grad->numel);
   for (int64_t i = 0; i < x->numel; i++) {
-    double x0 = at(x, i);
-    set(x, i, x0 + h);
+    double x0 = tu_at(x, i);
+    tu_set(x, i, x0 + h);
     double fp = fn(ctx, ud);
-    set(x, i, x0 - h);
+    tu_set(x, i, x0 - h);
     double fm = fn(ctx, ud);
-    set(x, i, x0);
+    tu_set(x, i, x0);
     double num = (fp - fm) / (2 * h);
-    cr_assert(fabs(num - at(grad, i)) <= tol * (1 + fabs(num)),
+    cr_assert(fabs(num - tu_at(grad, i)) <= tol * (1 + fabs(num)),
               "element %lld: analytic %.10g numeric %.10g", (long long)i,
-              at(grad, i), num);
+              tu_at(grad, i), num);
   }
 }
 
@@ -118,7 +110,7 @@ static double fwd_dot(dsp_ctx *ctx, void *p) {
   fwd_ud *u = p;
   dsp_tensor *y = run(ctx, u->op, &u->a, u->x0, u->x1, NULL);
   double s = 0;
-  for (int64_t i = 0; i < y->numel; i++) s += at(y, i) * (u->G ? at(u->G, i) : 1.0);
+  for (int64_t i = 0; i < y->numel; i++) s += tu_at(y, i) * (u->G ? tu_at(u->G, i) : 1.0);
   dsp_tensor_unref(y);
   return s;
 }
@@ -152,11 +144,11 @@ Test(softmax, along_a_middle_dim_matches_naive) {
   for (int i = 0; i < 2; i++)
     for (int k = 0; k < 4; k++) {
       double z = 0;
-      for (int j = 0; j < 3; j++) z += exp(at(x, i * 12 + j * 4 + k));
+      for (int j = 0; j < 3; j++) z += exp(tu_at(x, i * 12 + j * 4 + k));
       for (int j = 0; j < 3; j++) {
         int64_t e = i * 12 + j * 4 + k;
-        cr_assert_float_eq(at(y, e), exp(at(x, e)) / z, 1e-14);
-        cr_assert_float_eq(at(ly, e), at(x, e) - log(z), 1e-14);
+        cr_assert_float_eq(tu_at(y, e), exp(tu_at(x, e)) / z, 1e-14);
+        cr_assert_float_eq(tu_at(ly, e), tu_at(x, e) - log(z), 1e-14);
       }
     }
   dsp_tensor_unref(x), dsp_tensor_unref(y), dsp_tensor_unref(ly);
@@ -228,7 +220,7 @@ Test(cross_entropy, mean_loss_by_hand) {
     cr_assert_eq(loss->meta.ndim, 0);
     cr_assert_eq(loss->meta.dtype, x->meta.dtype);
     double want = (log(exp(1) + exp(2) + exp(3)) - 3 + log(3.0)) / 2;
-    cr_assert_float_eq(at(loss, 0), want, d ? 1e-14 : 1e-6);
+    cr_assert_float_eq(tu_at(loss, 0), want, d ? 1e-14 : 1e-6);
     dsp_tensor_unref(x), dsp_tensor_unref(lab), dsp_tensor_unref(loss);
   }
   dsp_ctx_free(ctx);
@@ -241,7 +233,7 @@ static double ce_loss(dsp_ctx *ctx, void *p) {
   ce_ud *u = p;
   dsp_attrs none = dsp_attrs_none();
   dsp_tensor *y = run(ctx, DSP_OP_CROSS_ENTROPY, &none, u->x, u->lab, NULL);
-  double v = at(y, 0) * 1.7; /* the upstream grad below */
+  double v = tu_at(y, 0) * 1.7; /* the upstream grad below */
   dsp_tensor_unref(y);
   return v;
 }
@@ -309,7 +301,7 @@ Test(mse, by_hand_and_errors) {
   dsp_attrs none = dsp_attrs_none();
   dsp_tensor *l = run(ctx, DSP_OP_MSE, &none, ta, tb, NULL);
   cr_assert_eq(l->meta.ndim, 0);
-  cr_assert_float_eq(at(l, 0), 13.0 / 3.0, 1e-6);
+  cr_assert_float_eq(tu_at(l, 0), 13.0 / 3.0, 1e-6);
   dsp_tensor *tc = mk(ctx, DSP_F32, 2, s2, b), *td = mk(ctx, DSP_F64, 1, s, b);
   expect_err(ctx, DISPATCH_ESHAPE, "[3] and [3, 1]", DSP_OP_MSE, &none, ta, tc,
              NULL);
@@ -343,10 +335,10 @@ static void conv_naive(const dsp_tensor *x, const dsp_tensor *w, const int64_t *
                 int64_t h = oh * p[0] - p[2] + i * p[4];
                 int64_t ww = ow * p[1] - p[3] + j * p[5];
                 if (h < 0 || h >= H || ww < 0 || ww >= W) continue;
-                s += at(x, ((n * C + c) * H + h) * W + ww) *
-                     at(w, ((o * C + c) * KH + i) * KW + j);
+                s += tu_at(x, ((n * C + c) * H + h) * W + ww) *
+                     tu_at(w, ((o * C + c) * KH + i) * KW + j);
               }
-          double got = at(y, ((n * O + o) * OH + oh) * OW + ow);
+          double got = tu_at(y, ((n * O + o) * OH + oh) * OW + ow);
           cr_assert(fabs(got - s) <= tol, "y[%lld,%lld,%lld,%lld] = %.9g, want %.9g",
                     (long long)n, (long long)o, (long long)oh, (long long)ow, got, s);
         }
@@ -366,9 +358,9 @@ Test(conv2d, small_case_by_hand) {
   dsp_attrs pa = ints(4, pv);
   dsp_tensor *yp = run(ctx, DSP_OP_CONV2D, &pa, x, w, NULL);
   cr_assert_eq(yp->meta.shape[2], 4);
-  cr_assert_eq(at(yp, 0), 1.0);
-  cr_assert_eq(at(yp, 15), 9.0);
-  cr_assert_eq(at(yp, 5), 12.0);
+  cr_assert_eq(tu_at(yp, 0), 1.0);
+  cr_assert_eq(tu_at(yp, 15), 9.0);
+  cr_assert_eq(tu_at(yp, 5), 12.0);
   dsp_tensor_unref(x), dsp_tensor_unref(w), dsp_tensor_unref(y),
       dsp_tensor_unref(yp);
   dsp_ctx_free(ctx);
@@ -650,8 +642,8 @@ Test(dropout, mask_follows_the_counter_generator) {
   for (int64_t i = 0; i < x->numel; i++) {
     int keep = dsp_rng_uniform01(1234, (uint64_t)i) >= 0.3;
     kept += keep;
-    double want = keep ? (double)(float)(at(x, i) / 0.7) : 0.0;
-    cr_assert(fabs(at(y, i) - want) <= 1e-6, "element %lld", (long long)i);
+    double want = keep ? (double)(float)(tu_at(x, i) / 0.7) : 0.0;
+    cr_assert(fabs(tu_at(y, i) - want) <= 1e-6, "element %lld", (long long)i);
   }
   cr_assert(kept > 1300 && kept < 1500, "kept %d of 2000 at p = 0.3", kept);
   /* same seed: bit-identical; another seed: another mask */

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "dsp.h"
+#include "helpers/tensor_util.h"
 
 static dsp_tensor *mk(dsp_ctx *ctx, dsp_dtype dt, int n, const double *v) {
   dsp_meta m = {dt, 1, {n}};
@@ -16,11 +17,6 @@ static dsp_tensor *mk(dsp_ctx *ctx, dsp_dtype dt, int n, const double *v) {
     else ((int64_t *)dsp_tensor_data(t))[i] = (int64_t)v[i];
   }
   return t;
-}
-
-static double at(const dsp_tensor *t, int64_t i) {
-  return t->meta.dtype == DSP_F32 ? ((const float *)dsp_tensor_data(t))[i]
-                                  : ((const double *)dsp_tensor_data(t))[i];
 }
 
 static dsp_attrs floats(int n, const double *f, int n_ints, int64_t i0) {
@@ -54,16 +50,16 @@ Test(sgd, momentum_and_weight_decay_by_hand) {
     double tol = d ? 1e-15 : 1e-7;
     /* v = 0.9*0.1 + 0.5 + 0.01*1 = 0.6;  p = 1 - 0.1*0.6 = 0.94
      * v = 0.9*0.2 - 1 + 0.01*2 = -0.8;  p = 2 + 0.08 = 2.08 */
-    cr_assert_float_eq(at(v, 0), 0.6, tol);
-    cr_assert_float_eq(at(v, 1), -0.8, tol);
-    cr_assert_float_eq(at(p, 0), 0.94, tol);
-    cr_assert_float_eq(at(p, 1), 2.08, tol);
-    cr_assert_float_eq(at(g, 0), 0.5, 0, "grad untouched");
+    cr_assert_float_eq(tu_at(v, 0), 0.6, tol);
+    cr_assert_float_eq(tu_at(v, 1), -0.8, tol);
+    cr_assert_float_eq(tu_at(p, 0), 0.94, tol);
+    cr_assert_float_eq(tu_at(p, 1), 2.08, tol);
+    cr_assert_float_eq(tu_at(g, 0), 0.5, 0, "grad untouched");
     /* a second step keeps the velocity: v = 0.9*0.6 + 0.5 + 0.0094 */
     dsp_tensor_unref(out);
     cr_assert_eq(step(ctx, DSP_OP_SGD_STEP, &a, 3, p, g, v, NULL, &out), 0);
-    cr_assert_float_eq(at(v, 0), 0.54 + 0.5 + 0.0094, tol);
-    cr_assert_float_eq(at(p, 0), 0.94 - 0.1 * (0.54 + 0.5 + 0.0094), tol);
+    cr_assert_float_eq(tu_at(v, 0), 0.54 + 0.5 + 0.0094, tol);
+    cr_assert_float_eq(tu_at(p, 0), 0.94 - 0.1 * (0.54 + 0.5 + 0.0094), tol);
     dsp_tensor_unref(out);
     dsp_tensor_unref(p), dsp_tensor_unref(g), dsp_tensor_unref(v);
   }
@@ -92,14 +88,14 @@ Test(sgd, plain_step_is_p_minus_lr_g_rounded_once) {
     for (int s = 0; s < 2; s++) {
       double want[N];
       for (int i = 0; i < N; i++)
-        want[i] = d ? at(p, i) - lr * at(g, i)
-                    : (double)(float)(at(p, i) - lr * at(g, i));
+        want[i] = d ? tu_at(p, i) - lr * tu_at(g, i)
+                    : (double)(float)(tu_at(p, i) - lr * tu_at(g, i));
       cr_assert_eq(step(ctx, DSP_OP_SGD_STEP, &a, 3, p, g, v, NULL, &out), 0,
                    "%s", dsp_ctx_errmsg(ctx));
       for (int i = 0; i < N; i++) {
-        cr_assert(at(p, i) == want[i], "%s step %d p[%d] = %.17g, want %.17g",
-                  d ? "f64" : "f32", s, i, at(p, i), want[i]);
-        cr_assert(at(v, i) == at(g, i), "velocity[%d] is the gradient", i);
+        cr_assert(tu_at(p, i) == want[i], "%s step %d p[%d] = %.17g, want %.17g",
+                  d ? "f64" : "f32", s, i, tu_at(p, i), want[i]);
+        cr_assert(tu_at(v, i) == tu_at(g, i), "velocity[%d] is the gradient", i);
       }
       dsp_tensor_unref(out);
     }
@@ -132,11 +128,11 @@ Test(adam, bias_corrected_steps_by_hand) {
     dsp_tensor_unref(out);
     /* t = 1: the corrected moments are g and g^2, so p -= lr * sign(g) */
     double tol = d ? 1e-12 : 1e-6;
-    cr_assert_float_eq(at(p, 0), 1 - 0.1 * 0.5 / (0.5 + 1e-8), tol);
-    cr_assert_float_eq(at(p, 1), -2 + 0.1 * 2 / (2 + 1e-8), tol);
-    cr_assert_float_eq(at(p, 2), 0.5, 0);
-    cr_assert_float_eq(at(m, 0), 0.05, tol);
-    cr_assert_float_eq(at(v, 1), 0.004, tol);
+    cr_assert_float_eq(tu_at(p, 0), 1 - 0.1 * 0.5 / (0.5 + 1e-8), tol);
+    cr_assert_float_eq(tu_at(p, 1), -2 + 0.1 * 2 / (2 + 1e-8), tol);
+    cr_assert_float_eq(tu_at(p, 2), 0.5, 0);
+    cr_assert_float_eq(tu_at(m, 0), 0.05, tol);
+    cr_assert_float_eq(tu_at(v, 1), 0.004, tol);
     /* t = 2 with a new grad, against the reference formula */
     double rp[3], rm[3], rv[3], g2[3] = {-1, 0.25, 3};
     for (int i = 0; i < 3; i++) {
@@ -149,9 +145,9 @@ Test(adam, bias_corrected_steps_by_hand) {
     cr_assert_eq(step(ctx, DSP_OP_ADAM_STEP, &a, 4, p, gg, m, v, &out), 0);
     dsp_tensor_unref(out);
     for (int i = 0; i < 3; i++) {
-      cr_assert_float_eq(at(p, i), rp[i], tol, "p[%d]", i);
-      cr_assert_float_eq(at(m, i), rm[i], tol, "m[%d]", i);
-      cr_assert_float_eq(at(v, i), rv[i], tol, "v[%d]", i);
+      cr_assert_float_eq(tu_at(p, i), rp[i], tol, "p[%d]", i);
+      cr_assert_float_eq(tu_at(m, i), rm[i], tol, "m[%d]", i);
+      cr_assert_float_eq(tu_at(v, i), rv[i], tol, "v[%d]", i);
     }
     dsp_tensor_unref(p), dsp_tensor_unref(g), dsp_tensor_unref(m),
         dsp_tensor_unref(v), dsp_tensor_unref(gg);
@@ -212,7 +208,7 @@ Test(optim_errors, attrs_shapes_and_dtypes) {
   expect(ctx, step(ctx, DSP_OP_ADAM_STEP, &ad, 4, p, g, v2, v, &out),
          DISPATCH_ESHAPE, "m is [2] but param is [3]");
   /* nothing was touched by the failed calls */
-  for (int i = 0; i < 3; i++) cr_assert_eq(at(p, i), 0.0);
+  for (int i = 0; i < 3; i++) cr_assert_eq(tu_at(p, i), 0.0);
   dsp_tensor_unref(p), dsp_tensor_unref(g), dsp_tensor_unref(v),
       dsp_tensor_unref(v2), dsp_tensor_unref(gd), dsp_tensor_unref(pi);
   dsp_ctx_free(ctx);

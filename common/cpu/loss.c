@@ -107,13 +107,8 @@ static int ce_backward(dsp_ctx *ctx, dsp_opcode op, const dsp_ce_geo *g,
 
 int dsp__cpu_ce_ex(dsp_ctx *ctx, dsp_opcode op, dsp_tensor *const *in,
                    int n_in, const dsp_attrs *a, dsp_tensor *out) {
-  dsp_meta ms[3], om;
   dsp_ce_geo g;
-  if (n_in < 2 || n_in > 3)
-    return dsp_seterr(ctx, DISPATCH_EINTERNAL, "%s: bad input count %d",
-                      opname(op), n_in);
-  for (int i = 0; i < n_in; i++) ms[i] = in[i]->meta;
-  int rc = dsp__ce_ex_plan(ctx, op, ms, n_in, a, &om, &g);
+  int rc = dsp__ce_ex_kernel_plan(ctx, op, in, n_in, a, &g);
   if (rc < 0) return rc;
   int bw = op == DSP_OP_CROSS_ENTROPY_EX_BACKWARD;
   const int64_t *lab = dsp_tensor_data(in[bw + 1]);

@@ -203,6 +203,26 @@ static void red_plan_init(red_plan *p, const dsp_meta *x, const int *red) {
 #define I_LESS(v, b) ((v) < (b))
 #define STORE_MAX(o, b, i) (O_[o] = (b), (void)(i))
 #define STORE_ARG(o, b, i) (OI_[o] = (i))
+/* min, argmin, max or argmax by x's dtype, then return: O_ (the values)
+ * and OI_ (the indices) both view po, STORE writes one of them */
+#define EXTREME_CASE(T, BETTER, STORE)                                      \
+  {                                                                         \
+    T *O_ = po;                                                             \
+    int64_t *OI_ = po;                                                      \
+    (void)O_, (void)OI_;                                                    \
+    MAX_KERNEL(T, BETTER, STORE);                                           \
+    break;                                                                  \
+  }
+#define EXTREME_KERNEL(FBETTER, IBETTER, STORE)                             \
+  do {                                                                      \
+    switch (x->meta.dtype) {                                                \
+      case DSP_F32: EXTREME_CASE(float, FBETTER, STORE)                     \
+      case DSP_F64: EXTREME_CASE(double, FBETTER, STORE)                    \
+      case DSP_I64: EXTREME_CASE(int64_t, IBETTER, STORE)                   \
+      default: return dsp__no_kernel(ctx, op, in, n_in, out);               \
+    }                                                                       \
+    return stop ? dsp__cancelled_err(ctx, op) : 0;                          \
+  } while (0)
 #define FIN_F32(acc) ((float)(acc))
 #define FIN_F32_MEAN(acc) ((float)((acc) / cnt))
 #define FIN_ID(acc) (acc)
@@ -265,40 +285,8 @@ int dsp__cpu_red(dsp_ctx *ctx, dsp_opcode op, dsp_tensor *const *in, int n_in,
     else VAR_KERNEL(double);
     return stop ? dsp__cancelled_err(ctx, op) : 0;
   }
-  if (op == DSP_OP_MIN) {
-    switch (x->meta.dtype) {
-      case DSP_F32: { float *O_ = po; MAX_KERNEL(float, F_LESS, STORE_MAX); break; }
-      case DSP_F64: { double *O_ = po; MAX_KERNEL(double, F_LESS, STORE_MAX); break; }
-      case DSP_I64: { int64_t *O_ = po; MAX_KERNEL(int64_t, I_LESS, STORE_MAX); break; }
-      default: return dsp__no_kernel(ctx, op, in, n_in, out);
-    }
-    return stop ? dsp__cancelled_err(ctx, op) : 0;
-  }
-  if (op == DSP_OP_ARGMIN) {
-    int64_t *OI_ = po;
-    switch (x->meta.dtype) {
-      case DSP_F32: MAX_KERNEL(float, F_LESS, STORE_ARG); break;
-      case DSP_F64: MAX_KERNEL(double, F_LESS, STORE_ARG); break;
-      case DSP_I64: MAX_KERNEL(int64_t, I_LESS, STORE_ARG); break;
-      default: return dsp__no_kernel(ctx, op, in, n_in, out);
-    }
-    return stop ? dsp__cancelled_err(ctx, op) : 0;
-  }
-  if (op == DSP_OP_MAX) {
-    switch (x->meta.dtype) {
-      case DSP_F32: { float *O_ = po; MAX_KERNEL(float, F_BETTER, STORE_MAX); break; }
-      case DSP_F64: { double *O_ = po; MAX_KERNEL(double, F_BETTER, STORE_MAX); break; }
-      case DSP_I64: { int64_t *O_ = po; MAX_KERNEL(int64_t, I_BETTER, STORE_MAX); break; }
-      default: return dsp__no_kernel(ctx, op, in, n_in, out);
-    }
-    return stop ? dsp__cancelled_err(ctx, op) : 0;
-  }
-  int64_t *OI_ = po;
-  switch (x->meta.dtype) {
-    case DSP_F32: MAX_KERNEL(float, F_BETTER, STORE_ARG); break;
-    case DSP_F64: MAX_KERNEL(double, F_BETTER, STORE_ARG); break;
-    case DSP_I64: MAX_KERNEL(int64_t, I_BETTER, STORE_ARG); break;
-    default: return dsp__no_kernel(ctx, op, in, n_in, out);
-  }
-  return stop ? dsp__cancelled_err(ctx, op) : 0;
+  if (op == DSP_OP_MIN) EXTREME_KERNEL(F_LESS, I_LESS, STORE_MAX);
+  if (op == DSP_OP_ARGMIN) EXTREME_KERNEL(F_LESS, I_LESS, STORE_ARG);
+  if (op == DSP_OP_MAX) EXTREME_KERNEL(F_BETTER, I_BETTER, STORE_MAX);
+  EXTREME_KERNEL(F_BETTER, I_BETTER, STORE_ARG);
 }

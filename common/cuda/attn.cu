@@ -36,30 +36,47 @@ __device__ static int64_t warp_rows_stride(void) {
   return (int64_t)gridDim.x * DSP__CU_ATTN_WARPS;
 }
 
+/* A query row's view: the keys it may see (causal), its batch entry's
+ * key mask (NULL: none), its q row and its head's k and v, for the
+ * forward and the first backward pass alike. */
+struct qrow {
+  int64_t ni;
+  const uint8_t *mb;
+  const char *qr, *kh, *vh;
+};
+__device__ static qrow qrow_at(const dsp__cu_attn_geo &g, size_t es, int64_t r,
+                               const void *q, const void *k, const void *v,
+                               const uint8_t *mask) {
+  const int64_t bh = r / g.Tq, i = r % g.Tq;
+  qrow w;
+  w.ni = dsp__cu_attn_nkeys(&g, i);
+  w.mb = mask ? mask + (bh / g.H) * g.Tk : NULL;
+  w.qr = (const char *)q + (size_t)(r * g.d) * es;
+  w.kh = (const char *)k + (size_t)(bh * g.Tk * g.d) * es;
+  w.vh = (const char *)v + (size_t)(bh * g.Tk * g.dv) * es;
+  return w;
+}
+
 __global__ void k_attn_fwd(dsp__cu_attn_geo g, int f64, const void *q,
                            const void *k, const void *v, const uint8_t *mask,
                            void *out) {
   const int lane = threadIdx.x % DSP__CU_ATTN_LANES;
   const size_t es = f64 ? 8 : 4;
   for (int64_t r = warp_row0(); r < g.B * g.H * g.Tq; r += warp_rows_stride()) {
-    const int64_t bh = r / g.Tq, i = r % g.Tq, ni = dsp__cu_attn_nkeys(&g, i);
-    const uint8_t *mb = mask ? mask + (bh / g.H) * g.Tk : NULL;
-    const char *qr = (const char *)q + (size_t)(r * g.d) * es;
-    const char *kh = (const char *)k + (size_t)(bh * g.Tk * g.d) * es;
-    const char *vh = (const char *)v + (size_t)(bh * g.Tk * g.dv) * es;
+    const qrow w = qrow_at(g, es, r, q, k, v, mask);
     for (int64_t c0 = 0; c0 < g.dv; c0 += DSP__CU_ATTN_CHUNK) {
       double acc[DSP__CU_ATTN_REG];
       for (int t = 0; t < DSP__CU_ATTN_REG; t++) acc[t] = 0.0;
       dsp__cu_osm o = dsp__cu_osm_init();
-      for (int64_t j = 0; j < ni; j++) {
-        if (!sees(mb, j)) continue;
-        double s = warp_dot(qr, kh + (size_t)(j * g.d) * es, f64, g.d, lane) * g.scale;
+      for (int64_t j = 0; j < w.ni; j++) {
+        if (!sees(w.mb, j)) continue;
+        double s = warp_dot(w.qr, w.kh + (size_t)(j * g.d) * es, f64, g.d, lane) * g.scale;
         double corr, p;
         dsp__cu_osm_add(&o, s, &corr, &p);
         for (int t = 0; t < DSP__CU_ATTN_REG; t++) {
           int64_t c = c0 + lane + t * DSP__CU_ATTN_LANES;
           if (c < g.dv)
-            acc[t] = acc[t] * corr + p * dsp__cu_attn_ld(vh, f64, j * g.dv + c);
+            acc[t] = acc[t] * corr + p * dsp__cu_attn_ld(w.vh, f64, j * g.dv + c);
         }
       }
       const double inv = dsp__cu_osm_inv(&o);
@@ -80,35 +97,31 @@ __global__ void k_attn_bwd_q(dsp__cu_attn_geo g, int f64, const void *dout,
   const int lane = threadIdx.x % DSP__CU_ATTN_LANES;
   const size_t es = f64 ? 8 : 4;
   for (int64_t r = warp_row0(); r < g.B * g.H * g.Tq; r += warp_rows_stride()) {
-    const int64_t bh = r / g.Tq, i = r % g.Tq, ni = dsp__cu_attn_nkeys(&g, i);
-    const uint8_t *mb = mask ? mask + (bh / g.H) * g.Tk : NULL;
-    const char *qr = (const char *)q + (size_t)(r * g.d) * es;
+    const qrow w = qrow_at(g, es, r, q, k, v, mask);
     const char *gr = (const char *)dout + (size_t)(r * g.dv) * es;
-    const char *kh = (const char *)k + (size_t)(bh * g.Tk * g.d) * es;
-    const char *vh = (const char *)v + (size_t)(bh * g.Tk * g.dv) * es;
     dsp__cu_osm o = dsp__cu_osm_init();
-    for (int64_t j = 0; j < ni; j++) {
-      if (!sees(mb, j)) continue;
+    for (int64_t j = 0; j < w.ni; j++) {
+      if (!sees(w.mb, j)) continue;
       double corr, p;
-      dsp__cu_osm_add(&o, warp_dot(qr, kh + (size_t)(j * g.d) * es, f64, g.d, lane) * g.scale,
+      dsp__cu_osm_add(&o, warp_dot(w.qr, w.kh + (size_t)(j * g.d) * es, f64, g.d, lane) * g.scale,
                       &corr, &p);
     }
     const double L = dsp__cu_osm_lse(&o);
     double Dr = 0.0;
-    for (int64_t j = 0; j < ni; j++) {
-      if (!sees(mb, j)) continue;
-      double s = warp_dot(qr, kh + (size_t)(j * g.d) * es, f64, g.d, lane) * g.scale;
-      Dr += exp(s - L) * warp_dot(gr, vh + (size_t)(j * g.dv) * es, f64, g.dv, lane);
+    for (int64_t j = 0; j < w.ni; j++) {
+      if (!sees(w.mb, j)) continue;
+      double s = warp_dot(w.qr, w.kh + (size_t)(j * g.d) * es, f64, g.d, lane) * g.scale;
+      Dr += exp(s - L) * warp_dot(gr, w.vh + (size_t)(j * g.dv) * es, f64, g.dv, lane);
     }
     if (lane == 0) lse[r] = L, D[r] = Dr;
     for (int64_t c0 = 0; c0 < g.d; c0 += DSP__CU_ATTN_CHUNK) {
       double acc[DSP__CU_ATTN_REG];
       for (int t = 0; t < DSP__CU_ATTN_REG; t++) acc[t] = 0.0;
-      for (int64_t j = 0; j < ni; j++) {
-        if (!sees(mb, j)) continue;
-        const char *kj = kh + (size_t)(j * g.d) * es;
-        double s = warp_dot(qr, kj, f64, g.d, lane) * g.scale;
-        double dp = warp_dot(gr, vh + (size_t)(j * g.dv) * es, f64, g.dv, lane);
+      for (int64_t j = 0; j < w.ni; j++) {
+        if (!sees(w.mb, j)) continue;
+        const char *kj = w.kh + (size_t)(j * g.d) * es;
+        double s = warp_dot(w.qr, kj, f64, g.d, lane) * g.scale;
+        double dp = warp_dot(gr, w.vh + (size_t)(j * g.dv) * es, f64, g.dv, lane);
         double ds = exp(s - L) * (dp - Dr);
         for (int t = 0; t < DSP__CU_ATTN_REG; t++) {
           int64_t c = c0 + lane + t * DSP__CU_ATTN_LANES;

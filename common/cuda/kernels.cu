@@ -5,19 +5,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "cu_block.h"
 #include "cuda_kern.h"
-
-#define TPB DSP__CU_TPB
-#define MAX_GRID 65535
-
-static unsigned grid_for(int64_t n) {
-  int64_t g = (n + TPB - 1) / TPB;
-  if (g < 1) g = 1;
-  return (unsigned)(g > MAX_GRID ? MAX_GRID : g);
-}
-static unsigned grid_rows(int64_t rows) {
-  return (unsigned)(rows < 1 ? 1 : rows > MAX_GRID ? MAX_GRID : rows);
-}
 
 #define GRID_LOOP(i, n)                                                      \
   for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n); \
@@ -55,31 +44,6 @@ __device__ inline int64_t map1(int op, int64_t x, int64_t y, double s) {
   if (op == DSP_OP_RELU_BACKWARD) return dsp__sm_act_bw_i64(op, x, y);
   return dsp__sm_unary_i64(op, x);
 }
-
-/* One tree merge of a block's TPB partials; every thread gets the result. */
-template <typename A, typename M>
-__device__ A block_reduce(A v, M merge) {
-  __shared__ A sh[TPB];
-  sh[threadIdx.x] = v;
-  __syncthreads();
-  for (int w = TPB / 2; w > 0; w >>= 1) {
-    if ((int)threadIdx.x < w) sh[threadIdx.x] = merge(sh[threadIdx.x], sh[threadIdx.x + w]);
-    __syncthreads();
-  }
-  A r = sh[0];
-  __syncthreads();
-  return r;
-}
-struct ksum_merge {
-  __device__ dsp__cu_ksum operator()(dsp__cu_ksum a, dsp__cu_ksum b) const {
-    return dsp__cu_ksum_merge(a, b);
-  }
-};
-struct lse_merge {
-  __device__ dsp__cu_lse operator()(dsp__cu_lse a, dsp__cu_lse b) const {
-    return dsp__cu_lse_merge(a, b);
-  }
-};
 
 /* ------------------------------------------------------------------ */
 /* elementwise                                                         */

@@ -6,35 +6,14 @@
  * per column walking the rows in order. */
 #include <stdint.h>
 
+#include "cu_block.h"
 #include "norm_kern.h"
 #include "norm_math.h"
-
-#define TPB DSP__CU_TPB
-#define MAX_GRID 65535
-
-static unsigned grid_rows(int64_t rows) {
-  return (unsigned)(rows < 1 ? 1 : rows > MAX_GRID ? MAX_GRID : rows);
-}
-static unsigned grid_for(int64_t n) {
-  int64_t g = (n + TPB - 1) / TPB;
-  if (g < 1) g = 1;
-  return (unsigned)(g > MAX_GRID ? MAX_GRID : g);
-}
 
 /* the block's partials merged in a tree (the host test replays it); every
  * thread gets the value */
 __device__ double block_ksum(dsp__cu_ksum v) {
-  __shared__ dsp__cu_ksum sh[TPB];
-  sh[threadIdx.x] = v;
-  __syncthreads();
-  for (int w = TPB / 2; w > 0; w >>= 1) {
-    if ((int)threadIdx.x < w)
-      sh[threadIdx.x] = dsp__cu_ksum_merge(sh[threadIdx.x], sh[threadIdx.x + w]);
-    __syncthreads();
-  }
-  double r = dsp__cu_ksum_value(sh[0]);
-  __syncthreads();
-  return r;
+  return dsp__cu_ksum_value(block_reduce(v, ksum_merge()));
 }
 
 /* the row's mean (0 unless centered) and rstd, two passes */

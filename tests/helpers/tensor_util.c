@@ -122,3 +122,29 @@ void tu_run_fail(dsp_ctx *ctx, dsp_opcode op, const dsp_attrs *a, int n_in,
   cr_assert_null(out, "op %d returned a tensor on failure", (int)op);
   tu_assert_err(ctx, rc, code, substr);
 }
+
+double tu_at(const dsp_tensor *t, int64_t i) {
+  return t->meta.dtype == DSP_F32 ? ((const float *)dsp_tensor_data(t))[i]
+                                  : ((const double *)dsp_tensor_data(t))[i];
+}
+
+void tu_set(dsp_tensor *t, int64_t i, double v) {
+  if (t->meta.dtype == DSP_F32) ((float *)dsp_tensor_data(t))[i] = (float)v;
+  else ((double *)dsp_tensor_data(t))[i] = v;
+}
+
+dsp_tensor *tu_grad(dsp_ctx *ctx, const dsp_grads *g, const dsp_tensor *t) {
+  dsp_tensor *out = NULL;
+  int rc = dsp_grads_get(ctx, g, t, &out);
+  cr_assert_eq(rc, 0, "grads_get: %s (%s)", dispatch_err_name(rc),
+               dsp_ctx_errmsg(ctx));
+  return out;
+}
+
+dsp_attrs tu_attn_attrs(int causal, int has_mask, double scale) {
+  dsp_attrs a = dsp_attrs_f1(scale);
+  a.ints[0] = causal;
+  a.ints[1] = has_mask;
+  a.n_ints = 2;
+  return a;
+}
