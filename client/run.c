@@ -336,3 +336,39 @@ int dispatch_arange(dispatch_device *dev, dispatch_dtype dtype, double start,
   double f[3] = {start, end, step};
   return create(dev, DSP_OP_ARANGE, dtype, 0, 0, 0, NULL, f, 3, out);
 }
+
+/* issue 23: embedding/norm */
+
+int dispatch_embedding(dispatch_tensor *weight, dispatch_tensor *idx,
+                       int64_t padding_idx, dispatch_tensor **out) {
+  dsp_attrs a = dsp_attrs_ints(1, &padding_idx);
+  return run2(DSP_OP_EMBEDDING, weight, idx, &a, out);
+}
+
+/* x and the affine inputs that are present, in order; ints {nlast,
+ * has_weight[, has_bias]}, floats {eps}. A NULL x goes to dispatch__run,
+ * which answers with the error that made it. */
+static int run_norm(dsp_opcode op, dispatch_tensor *x, int nlast,
+                    dispatch_tensor *w, dispatch_tensor *b, int with_bias,
+                    double eps, dispatch_tensor **out) {
+  dispatch_tensor *in[3] = {x, NULL, NULL};
+  int n = 1;
+  if (w) in[n++] = w;
+  if (b) in[n++] = b;
+  int64_t v[3] = {nlast, w != NULL, b != NULL};
+  dsp_attrs a = dsp_attrs_ints(with_bias ? 3 : 2, v);
+  a.floats[0] = eps;
+  a.n_floats = 1;
+  return dispatch__run(NULL, op, in, n, &a, 1, out);
+}
+
+int dispatch_layer_norm(dispatch_tensor *x, int nlast, dispatch_tensor *weight,
+                        dispatch_tensor *bias, double eps,
+                        dispatch_tensor **out) {
+  return run_norm(DSP_OP_LAYER_NORM, x, nlast, weight, bias, 1, eps, out);
+}
+
+int dispatch_rms_norm(dispatch_tensor *x, int nlast, dispatch_tensor *weight,
+                      double eps, dispatch_tensor **out) {
+  return run_norm(DSP_OP_RMS_NORM, x, nlast, weight, NULL, 0, eps, out);
+}

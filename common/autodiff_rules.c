@@ -492,6 +492,31 @@ int dsp__autodiff_rule(dsp_ctx *ctx, const dsp_node *n, dsp_tensor *g,
       GRAD(0, rb_op(R, DSP_OP_DROPOUT, at, 1, g, NULL, NULL));
       break;
 
+    /* ---------------------------------------------- issue 23 embedding/norm */
+    case DSP_OP_EMBEDDING: { /* idx (input 1) is i64, never tracked */
+      int64_t v[2] = {x->meta.shape[0], at->ints[0]};
+      dsp_attrs a = dsp_attrs_ints(2, v);
+      GRAD(0, rb_op(R, DSP_OP_EMBEDDING_BACKWARD, &a, 2, g, in[1], NULL));
+      break;
+    }
+    case DSP_OP_LAYER_NORM:
+    case DSP_OP_RMS_NORM: {
+      /* one fused op gives dx, dweight and dbias flat, sliced apart here */
+      const int ln = n->op == DSP_OP_LAYER_NORM;
+      const int hw = (int)at->ints[1], hb = ln ? (int)at->ints[2] : 0;
+      dsp_tensor *flat = rb_op(R, ln ? DSP_OP_LAYER_NORM_BACKWARD
+                                     : DSP_OP_RMS_NORM_BACKWARD,
+                               at, 2 + hw, g, x, hw ? in[1] : NULL);
+      int64_t off = x->numel;
+      GRAD(0, reshape(R, slice(R, flat, 0, 0, off), &x->meta));
+      for (int i = 1; i <= hw + hb; i++) {
+        GRAD(i, reshape(R, slice(R, flat, 0, off, off + in[i]->numel),
+                        &in[i]->meta));
+        off += in[i]->numel;
+      }
+      break;
+    }
+
     /* ---------------------------------------------- no gradient */
     case DSP_OP_EQ:
     case DSP_OP_NE:
@@ -523,6 +548,9 @@ int dsp__autodiff_rule(dsp_ctx *ctx, const dsp_node *n, dsp_tensor *g,
     case DSP_OP_CONV2D_BACKWARD_WEIGHT:
     case DSP_OP_MAX_POOL2D_BACKWARD:
     case DSP_OP_AVG_POOL2D_BACKWARD:
+    case DSP_OP_EMBEDDING_BACKWARD:
+    case DSP_OP_LAYER_NORM_BACKWARD:
+    case DSP_OP_RMS_NORM_BACKWARD:
       r.rc = dsp_seterr(ctx, DISPATCH_EUNSUPPORTED,
                         "backward: %s has no gradient rule (higher-order "
                         "gradients are not supported)", name);

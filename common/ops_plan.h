@@ -103,4 +103,37 @@ int dsp__nn_plan(dsp_ctx *ctx, dsp_opcode op, const dsp_meta *in, int n_in,
                  const dsp_attrs *a, dsp_meta *out, dsp_conv_geo *cg,
                  dsp_pool_geo *pg);
 
+/* nn, issue 23 embedding/norm (common/ops_norm.c): embedding, layer_norm,
+ * rms_norm and their backward ops. The nn files hand these ops to
+ * ops_norm.c, cpu/norm.c and cuda/norm.c, so the family's static
+ * assertions count them apart (DSP__N_NORM_OPS). */
+static inline int dsp__is_norm_op(dsp_opcode op) {
+  switch (op) {
+    case DSP_OP_EMBEDDING:
+    case DSP_OP_EMBEDDING_BACKWARD:
+    case DSP_OP_LAYER_NORM:
+    case DSP_OP_LAYER_NORM_BACKWARD:
+    case DSP_OP_RMS_NORM:
+    case DSP_OP_RMS_NORM_BACKWARD:
+      return 1;
+    default:
+      return 0;
+  }
+}
+#define DSP__N_NORM_OPS 6
+/* The plan of an embedding/norm op. Embedding: rows = numel(idx), D the
+ * row width, V the table's rows, pad the normalised padding index (-1:
+ * none). Norms: rows x D is x viewed as [rows, D] (D = product of the
+ * last nlast dims), has_w / has_b the affine inputs, centered 1 for
+ * layer_norm (mean subtracted), 0 for rms_norm. */
+typedef struct dsp_norm_geo {
+  int64_t rows, D, V, pad;
+  int has_w, has_b, centered;
+  double eps;
+} dsp_norm_geo;
+/* Full validation of an embedding/norm op (as dsp__infer_nn) giving its
+ * plan. */
+int dsp__norm_plan(dsp_ctx *ctx, dsp_opcode op, const dsp_meta *in, int n_in,
+                   const dsp_attrs *a, dsp_meta *out, dsp_norm_geo *g);
+
 #endif

@@ -358,6 +358,47 @@ static int make_case(dsp_opcode op, dsp_dtype k, int v, tcase *c) {
         case 1: c->what = "zero-size"; in_(c, k, 'r', 0, 2, 0, 7); ints_(c, 1, 42); fl_(c, 1, 0.3); return 0;
         default: return -1;
       }
+    /* issue 23 embedding/norm: ints as in dsp.h, INT64_MIN = no padding */
+    case DSP_OP_EMBEDDING:
+      switch (v) {
+        case 0: c->what = "[5,3] idx [2,4]"; in_(c, k, 'r', 0, 2, 5, 3); in_(c, I, 'i', 5, 2, 2, 4); c->a.ints[0] = INT64_MIN; c->a.n_ints = 1; return 0;
+        case 1: c->what = "padding_idx 2, idx [7]"; in_(c, k, 'r', 0, 2, 5, 3); in_(c, I, 'i', 5, 1, 7); ints_(c, 1, 2); return 0;
+        case 2: c->what = "no indices"; in_(c, k, 'r', 0, 2, 5, 3); in_(c, I, 'i', 5, 1, 0); ints_(c, 1, -1); return 0;
+        default: return -1;
+      }
+    case DSP_OP_EMBEDDING_BACKWARD:
+      switch (v) {
+        case 0: c->what = "[2,4,3] into 5 rows"; in_(c, k, 'r', 0, 3, 2, 4, 3); in_(c, I, 'i', 5, 2, 2, 4); c->a.ints[0] = 5; c->a.ints[1] = INT64_MIN; c->a.n_ints = 2; return 0;
+        case 1: c->what = "padding_idx -1"; in_(c, k, 'r', 0, 2, 9, 3); in_(c, I, 'i', 5, 1, 9); ints_(c, 2, 5, -1); return 0;
+        default: return -1;
+      }
+    case DSP_OP_LAYER_NORM:
+      switch (v) {
+        case 0: c->what = "[4,6] affine"; in_(c, k, 'r', 0, 2, 4, 6); in_(c, k, 'r', 0, 1, 6); in_(c, k, 'r', 0, 1, 6); ints_(c, 3, 1, 1, 1); fl_(c, 1, 1e-5); return 0;
+        case 1: c->what = "[2,3,4] nlast 2"; in_(c, k, 'r', 0, 3, 2, 3, 4); ints_(c, 3, 2, 0, 0); fl_(c, 1, 1e-5); return 0;
+        case 2: c->what = "[3,5] weight only"; in_(c, k, 'r', 0, 2, 3, 5); in_(c, k, 'r', 0, 1, 5); ints_(c, 3, 1, 1, 0); fl_(c, 1, 0.1); return 0;
+        case 3: c->what = "zero-size [0,5] bias"; in_(c, k, 'r', 0, 2, 0, 5); in_(c, k, 'r', 0, 1, 5); ints_(c, 3, 1, 0, 1); fl_(c, 1, 1e-5); return 0;
+        default: return -1;
+      }
+    case DSP_OP_LAYER_NORM_BACKWARD:
+      switch (v) {
+        case 0: c->what = "[4,6] affine"; in_(c, k, 'r', 0, 2, 4, 6); in_(c, k, 'r', 0, 2, 4, 6); in_(c, k, 'r', 0, 1, 6); ints_(c, 3, 1, 1, 1); fl_(c, 1, 1e-5); return 0;
+        case 1: c->what = "[2,3,4] nlast 2"; in_(c, k, 'r', 0, 3, 2, 3, 4); in_(c, k, 'r', 0, 3, 2, 3, 4); ints_(c, 3, 2, 0, 0); fl_(c, 1, 1e-5); return 0;
+        default: return -1;
+      }
+    case DSP_OP_RMS_NORM:
+      switch (v) {
+        case 0: c->what = "[4,6] weight"; in_(c, k, 'r', 0, 2, 4, 6); in_(c, k, 'r', 0, 1, 6); ints_(c, 2, 1, 1); fl_(c, 1, 1e-5); return 0;
+        case 1: c->what = "[2,3,4] nlast 2"; in_(c, k, 'r', 0, 3, 2, 3, 4); ints_(c, 2, 2, 0); fl_(c, 1, 1e-5); return 0;
+        case 2: c->what = "zero-size [0,5]"; in_(c, k, 'r', 0, 2, 0, 5); ints_(c, 2, 1, 0); fl_(c, 1, 1e-5); return 0;
+        default: return -1;
+      }
+    case DSP_OP_RMS_NORM_BACKWARD:
+      switch (v) {
+        case 0: c->what = "[4,6] weight"; in_(c, k, 'r', 0, 2, 4, 6); in_(c, k, 'r', 0, 2, 4, 6); in_(c, k, 'r', 0, 1, 6); ints_(c, 2, 1, 1); fl_(c, 1, 1e-5); return 0;
+        case 1: c->what = "[2,3,4] nlast 3"; in_(c, k, 'r', 0, 3, 2, 3, 4); in_(c, k, 'r', 0, 3, 2, 3, 4); ints_(c, 2, 3, 0); fl_(c, 1, 1e-5); return 0;
+        default: return -1;
+      }
     case DSP_OP_ZEROS: case DSP_OP_ONES: case DSP_OP_FULL:
       switch (v) {
         case 0: c->what = "[3,4]"; ints_(c, 3, k, 3, 4); break;

@@ -22,6 +22,7 @@
 
 #include "cuda_math.h"
 #include "cuda_plan.h"
+#include "norm_math.h"
 #include "backend.h"
 #include "dsp.h"
 #include "helpers/tensor_util.h"
@@ -879,6 +880,156 @@ Test(cuda_host, index_select_and_backward_match_cpu) {
       dsp_tensor_unref(gb), dsp_tensor_unref(wb), dsp_tensor_unref(got);
       dsp_tensor_unref(want), dsp_tensor_unref(ix), dsp_tensor_unref(x);
     }
+}
+
+/* ------------------------------------------------------------------ */
+/* issue 23: embedding, layer_norm, rms_norm (common/cuda/norm.c, .cu)  */
+
+/* embedding is k_index_select over the table's rows (outer 1) and its
+ * backward the index_select_backward CSR gather, then the padding row
+ * zeroed: the CPU's bytes */
+Test(cuda_host, embedding_and_backward_match_cpu) {
+  static const int64_t V = 5, D = 3, IS[2] = {2, 4}, L = 8;
+  for (int f = 0; f < 2; f++)
+    for (int64_t pad = -1; pad < 2; pad++) {
+      dsp_dtype dt = f ? DSP_F64 : DSP_F32;
+      int64_t ws[2] = {V, D};
+      dsp_tensor *w = mk(dt, 2, ws, 0, 0), *ix = NULL;
+      dsp_meta im = meta_of(DSP_I64, 2, IS);
+      cr_assert_eq(dsp_tensor_new(ctx, &im, &ix), 0);
+      int64_t *I = dsp_tensor_data(ix);
+      for (int k = 0; k < L; k++) I[k] = (int64_t)(rnd() % (uint64_t)V);
+      I[1] = I[5] = 1; /* a repeat, and the padding row used */
+      int64_t pv = pad < 0 ? INT64_MIN : pad;
+      dsp_attrs a = dsp_attrs_ints(1, &pv);
+      dsp_tensor *in[2] = {w, ix};
+      dsp_tensor *want = run(DSP_OP_EMBEDDING, &a, 2, in), *got = empty_like(want);
+      size_t es = dsp_dtype_size(dt);
+      for (int64_t e = 0; e < got->numel; e++) { /* k_index_select */
+        int64_t j = e % D, k = e / D;
+        memcpy((char *)dsp_tensor_data(got) + e * es,
+               (char *)dsp_tensor_data(w) + (I[k] * D + j) * es, es);
+      }
+      assert_same_bytes(got, want, "embedding");
+      int64_t bv[2] = {V, pv};
+      dsp_attrs ab = dsp_attrs_ints(2, bv);
+      dsp_tensor *g = mk(dt, 3, (int64_t[]){2, 4, 3}, 0, 0);
+      dsp_tensor *bin2[2] = {g, ix};
+      dsp_tensor *wb = run(DSP_OP_EMBEDDING_BACKWARD, &ab, 2, bin2), *gb = empty_like(wb);
+      int64_t start[6], ks[8];
+      dsp__cu_csr_build(I, L, V, start, ks);
+      for (int64_t e = 0; e < gb->numel; e++) { /* k_index_select_bw */
+        int64_t j = e % D, r = e / D;
+        double acc = 0;
+        for (int64_t q = start[r]; q < start[r + 1]; q++) {
+          double gv = ld(g, ks[q] * D + j);
+          acc = f ? acc + gv : (double)((float)acc + (float)gv);
+        }
+        st_any(gb, e, r == pad ? 0.0 : acc); /* then the memset */
+      }
+      assert_same_bytes(gb, wb, "embedding_backward");
+      dsp_tensor_unref(gb), dsp_tensor_unref(wb), dsp_tensor_unref(g);
+      dsp_tensor_unref(got), dsp_tensor_unref(want), dsp_tensor_unref(ix);
+      dsp_tensor_unref(w);
+    }
+}
+
+/* k_norm_fwd / k_norm_bw / k_norm_cols replayed: the block sums of
+ * row_stats and the dx pass as sim_ksum_of's strided partials and tree,
+ * the per-element math from norm_math.h */
+static void sim_row_stats(const double *xr, int64_t D, int centered,
+                          double eps, double *mean, double *rstd) {
+  double m = centered ? sim_ksum_of(xr, D, 1) / (double)D : 0.0;
+  double *sq = malloc(sizeof(double) * (size_t)D);
+  for (int64_t j = 0; j < D; j++) sq[j] = (xr[j] - m) * (xr[j] - m);
+  *mean = m;
+  *rstd = dsp__cu_norm_rstd(sim_ksum_of(sq, D, 1), D, eps);
+  free(sq);
+}
+
+static void check_norm(dsp_dtype dt, int ln, int64_t rows, int64_t D, int hw,
+                       int hb, double offset) {
+  const int f = dt == DSP_F64;
+  int64_t xs[2] = {rows, D};
+  dsp_tensor *x = mk(dt, 2, xs, 0, 0), *w = mk(dt, 1, &D, 0, 0),
+             *b = mk(dt, 1, &D, 0, 0), *g = mk(dt, 2, xs, 0, 0);
+  for (int64_t i = 0; i < x->numel; i++) st_any(x, i, ld(x, i) + offset);
+  int64_t v[3] = {1, hw, hb};
+  dsp_attrs a = dsp_attrs_ints(ln ? 3 : 2, v);
+  a.floats[0] = 1e-5, a.n_floats = 1;
+  dsp_tensor *in[3] = {x, NULL, NULL};
+  int n = 1;
+  if (hw) in[n++] = w;
+  if (hb) in[n++] = b;
+  dsp_tensor *want = run(ln ? DSP_OP_LAYER_NORM : DSP_OP_RMS_NORM, &a, n, in);
+  dsp_tensor *got = empty_like(want);
+  double *X = as_f64(x), *G = as_f64(g);
+  double *st = malloc(sizeof(double) * (size_t)(2 * rows));
+  for (int64_t r = 0; r < rows; r++) {
+    sim_row_stats(X + r * D, D, ln, 1e-5, &st[2 * r], &st[2 * r + 1]);
+    for (int64_t j = 0; j < D; j++)
+      st_any(got, r * D + j,
+             dsp__cu_norm_y(X[r * D + j], st[2 * r], st[2 * r + 1],
+                            hw ? dsp_tensor_data(w) : NULL,
+                            hb ? dsp_tensor_data(b) : NULL, f, j));
+  }
+  const double tol = f ? 64 * DBL_EPSILON : 4 * FLT_EPSILON;
+  assert_close(got, want, tol, NULL, ln ? "layer_norm" : "rms_norm");
+  /* backward: (grad, x[, w]) */
+  dsp_tensor *bin3[3] = {g, x, w};
+  dsp_tensor *wb = run(ln ? DSP_OP_LAYER_NORM_BACKWARD : DSP_OP_RMS_NORM_BACKWARD,
+                       &a, 2 + hw, bin3);
+  dsp_tensor *gb = empty_like(wb);
+  double *gw = malloc(sizeof(double) * (size_t)D), *p2 = malloc(sizeof(double) * (size_t)D);
+  for (int64_t r = 0; r < rows; r++) {
+    const double mean = st[2 * r], rstd = st[2 * r + 1];
+    for (int64_t j = 0; j < D; j++) {
+      gw[j] = G[r * D + j] * (hw ? ld(w, j) : 1.0);
+      p2[j] = gw[j] * ((X[r * D + j] - mean) * rstd);
+    }
+    double s1 = ln ? sim_ksum_of(gw, D, 1) / (double)D : 0.0;
+    double s2 = sim_ksum_of(p2, D, 1) / (double)D;
+    for (int64_t j = 0; j < D; j++)
+      st_any(gb, r * D + j,
+             dsp__cu_norm_dx(gw[j], (X[r * D + j] - mean) * rstd, rstd, s1, s2));
+  }
+  for (int64_t j = 0; j < D; j++) { /* k_norm_cols */
+    double aw = 0, ab = 0;
+    for (int64_t r = 0; r < rows; r++) {
+      aw += G[r * D + j] * ((X[r * D + j] - st[2 * r]) * st[2 * r + 1]);
+      ab += G[r * D + j];
+    }
+    if (hw) st_any(gb, rows * D + j, aw);
+    if (hb) st_any(gb, rows * D + hw * D + j, ab);
+  }
+  /* dx is a difference of terms of the size of gw: scaled by rstd * |gw| */
+  double *scale = malloc(sizeof(double) * (size_t)wb->numel);
+  for (int64_t i = 0; i < wb->numel; i++) {
+    double sc = 0;
+    if (i < rows * D)
+      for (int64_t j = 0; j < D; j++)
+        sc += fabs(G[(i / D) * D + j]) * st[2 * (i / D) + 1] * 4;
+    else
+      for (int64_t r = 0; r < rows; r++) sc += fabs(G[r * D + i % D]) * 4;
+    scale[i] = sc;
+  }
+  assert_close(gb, wb, tol, scale, ln ? "layer_norm_backward" : "rms_norm_backward");
+  free(scale), free(p2), free(gw), free(st), free(G), free(X);
+  dsp_tensor_unref(gb), dsp_tensor_unref(wb), dsp_tensor_unref(got);
+  dsp_tensor_unref(want), dsp_tensor_unref(g), dsp_tensor_unref(b);
+  dsp_tensor_unref(w), dsp_tensor_unref(x);
+}
+
+Test(cuda_host, layer_norm_and_rms_norm_match_cpu) {
+  for (int f = 0; f < 2; f++) {
+    dsp_dtype dt = f ? DSP_F64 : DSP_F32;
+    check_norm(dt, 1, 3, 7, 1, 1, 0);
+    check_norm(dt, 1, 2, 600, 1, 0, 0);   /* rows longer than a block */
+    check_norm(dt, 1, 4, 5, 0, 1, 100);   /* a large common offset */
+    check_norm(dt, 1, 5, 3, 0, 0, 0);
+    check_norm(dt, 0, 3, 7, 1, 0, 0);
+    check_norm(dt, 0, 2, 700, 0, 0, 3);
+  }
 }
 
 /* ------------------------------------------------------------------ */

@@ -364,6 +364,36 @@ Test(gradcheck, pooling_and_dropout) {
   check_op("dropout", DSP_OP_DROPOUT, dp, 1, e);
 }
 
+/* issue 23: embedding (repeated indices accumulate) and the norms' fused backward (dx, dweight, dbias sliced apart) */
+static dsp_attrs with_eps(dsp_attrs a, double eps) {
+  a.floats[0] = eps;
+  a.n_floats = 1;
+  return a;
+}
+
+Test(gradcheck, embedding_and_norms) {
+  int64_t idx[6] = {3, 0, 3, 1, 4, 3};
+  dsp_tensor *e[2] = {rnd(SHAPE(5, 3), -1, 1),
+                      tu_i64(ctx, 2, (int64_t[]){2, 3}, idx)};
+  check_op("embedding", DSP_OP_EMBEDDING, INTS(INT64_MIN), 2, e);
+  /* padding_idx departs from the derivative on purpose (its row gets no
+   * gradient, as in PyTorch): test_ops_norm checks it by hand */
+  dsp_tensor *a[3] = {rnd(SHAPE(3, 5), -2, 2), rnd(SHAPE(5), 0.5, 1.5),
+                      rnd(SHAPE(5), -1, 1)};
+  check_op("layer_norm affine", DSP_OP_LAYER_NORM, with_eps(INTS(1, 1, 1), 1e-5),
+           3, a);
+  dsp_tensor *b[1] = {rnd(SHAPE(2, 3, 4), -2, 2)};
+  check_op("layer_norm nlast 2", DSP_OP_LAYER_NORM, with_eps(INTS(2, 0, 0), 1e-5),
+           1, b);
+  dsp_tensor *c[2] = {rnd(SHAPE(2, 3, 4), -2, 2), rnd(SHAPE(3, 4), -1, 1)};
+  check_op("layer_norm bias only", DSP_OP_LAYER_NORM,
+           with_eps(INTS(2, 0, 1), 0.1), 2, c);
+  dsp_tensor *d[2] = {rnd(SHAPE(4, 6), -2, 2), rnd(SHAPE(6), 0.5, 1.5)};
+  check_op("rms_norm weight", DSP_OP_RMS_NORM, with_eps(INTS(1, 1), 1e-5), 2, d);
+  dsp_tensor *f[1] = {rnd(SHAPE(2, 2, 3), -2, 2)};
+  check_op("rms_norm nlast 3", DSP_OP_RMS_NORM, with_eps(INTS(3, 0), 1e-3), 1, f);
+}
+
 /* A composite: softmax(x @ W + b) weighted by x again through sigmoid, so
  * x feeds three ops and b is broadcast over rows. */
 static int mlp_like(dsp_tensor **in, const void *ud, dsp_tensor **out) {

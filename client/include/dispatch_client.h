@@ -660,6 +660,48 @@ DISPATCH_API
 int dispatch_dropout(dispatch_tensor *x, double p, uint64_t seed,
                      dispatch_tensor **out);
 
+/* issue 23: embedding/norm */
+
+/* No padding index for dispatch_embedding (PyTorch's padding_idx=None). */
+#define DISPATCH_NO_INDEX INT64_MIN
+
+/* Rows of a table: out = weight[idx], shape idx.shape + [D], for weight
+ * [V, D] f32 or f64 and idx i64 of any shape (rank at most
+ * DISPATCH_MAX_DIMS - 1; an empty idx gives an empty result). An index
+ * outside [0, V) is DISPATCH_EINDEX naming it and its position (REMOTE: at
+ * the next wait, as any op the server refuses). padding_idx is
+ * DISPATCH_NO_INDEX or a row in [-V, V) (negative counts from the end;
+ * else DISPATCH_EINVAL); that row is looked up as any other but gets no
+ * gradient, as in PyTorch. The gradient of weight adds the grad rows of
+ * repeated indices in index order (bit-identical run to run, LOCAL and
+ * REMOTE); idx gets none. Borrows weight and idx; *out is a new
+ * reference. */
+DISPATCH_API
+int dispatch_embedding(dispatch_tensor *weight, dispatch_tensor *idx,
+                       int64_t padding_idx, dispatch_tensor **out);
+/* Layer normalisation over the last nlast dims of x (1 <= nlast <=
+ * rank): y = (x - mean) / sqrt(var + eps) * weight + bias, mean and the
+ * biased variance (divided by the count, as PyTorch) taken per slice of
+ * the last nlast dims. weight and bias are NULL or of shape
+ * x.shape[-nlast:] and x's dtype (f32 or f64). The statistics are computed
+ * in double for both dtypes, in two passes (the mean, then the mean of
+ * squared deviations: no E[x^2] - E[x]^2 cancellation), and the result is
+ * rounded once. eps must be finite and >= 0 (PyTorch's default is 1e-5).
+ * Gradients reach x, weight and bias through one fused backward op.
+ * Errors: DISPATCH_EDTYPE, DISPATCH_ESHAPE (weight/bias shape), DISPATCH_EDIM
+ * (nlast), DISPATCH_EINVAL (eps). Borrows its inputs; *out is a new
+ * reference of x's shape. */
+DISPATCH_API
+int dispatch_layer_norm(dispatch_tensor *x, int nlast, dispatch_tensor *weight,
+                        dispatch_tensor *bias, double eps,
+                        dispatch_tensor **out);
+/* RMS normalisation over the last nlast dims: y = x / sqrt(mean(x^2) +
+ * eps) * weight, weight NULL or of shape x.shape[-nlast:]. Same
+ * conventions, precision and errors as dispatch_layer_norm. */
+DISPATCH_API
+int dispatch_rms_norm(dispatch_tensor *x, int nlast, dispatch_tensor *weight,
+                      double eps, dispatch_tensor **out);
+
 /* ------------------------------------------------------------------ */
 /* autodiff                                                            */
 

@@ -16,7 +16,7 @@
 
 #define opname dsp__opname
 
-_Static_assert(DSP__OPS_IN_FAMILY(NN) == 15,
+_Static_assert(DSP__OPS_IN_FAMILY(NN) - DSP__N_NORM_OPS == 15,
                "a new nn op needs a case in dsp__cpu_nn and a row in the CPU "
                "support table (common/cpu/backend.c)");
 
@@ -177,6 +177,7 @@ int dsp__cpu_nn(dsp_ctx *ctx, dsp_opcode op, dsp_tensor *const *in, int n_in,
   dsp_meta metas[3], om;
   dsp_conv_geo cg;
   dsp_pool_geo pg;
+  if (dsp__is_norm_op(op)) return dsp__cpu_norm(ctx, op, in, n_in, a, out);
   if (n_in < 1 || n_in > 3)
     return dsp_seterr(ctx, DISPATCH_EINTERNAL, "%s: bad input count %d",
                       opname(op), n_in);

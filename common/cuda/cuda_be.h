@@ -108,4 +108,18 @@ int dsp__cu_run_optim(cu_be *b, dsp_ctx *ctx, dsp_opcode op,
                       dsp_tensor *const *in, const dsp_attrs *a,
                       dsp_tensor *out);
 
+/* shape.c, shared with embedding (norm.c): DISPATCH_EINDEX naming the
+ * first index of ix outside [0, size) (synchronises); grad rows in[0]
+ * [outer, L, blk] summed into out [outer, S, blk] at the indices in[1],
+ * in index order (the CPU's), no atomics */
+int dsp__cu_index_check(cu_be *b, dsp_ctx *ctx, dsp_opcode op,
+                        const dsp_tensor *ix, int dim, int64_t size);
+int dsp__cu_rows_scatter_add(cu_be *b, dsp_ctx *ctx, dsp_opcode op,
+                             dsp_tensor *const *in, int64_t outer, int64_t L,
+                             int64_t S, int64_t blk, dsp_tensor *out);
+/* issue 23: embedding, layer_norm, rms_norm and their backward ops */
+int dsp__cu_run_norm(cu_be *b, dsp_ctx *ctx, dsp_opcode op,
+                     dsp_tensor *const *in, int n_in, const dsp_attrs *a,
+                     dsp_tensor *out);
+
 #endif

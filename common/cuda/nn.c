@@ -81,6 +81,7 @@ int dsp__cu_run_nn(cu_be *b, dsp_ctx *ctx, dsp_opcode op,
                    dsp_tensor *out) {
   const int dt = (int)out->meta.dtype;
   int e = 0;
+  if (dsp__is_norm_op(op)) return dsp__cu_run_norm(b, ctx, op, in, n_in, a, out);
   switch (op) {
     case DSP_OP_SOFTMAX:
     case DSP_OP_LOG_SOFTMAX:

@@ -2,8 +2,8 @@
  * maps (cuda_plan.h), and index_select with its checked indices. */
 #include "cuda_be.h"
 
-static int index_check(cu_be *b, dsp_ctx *ctx, dsp_opcode op,
-                       const dsp_tensor *ix, int dim, int64_t size) {
+int dsp__cu_index_check(cu_be *b, dsp_ctx *ctx, dsp_opcode op,
+                        const dsp_tensor *ix, int dim, int64_t size) {
   int64_t pos, v;
   int e = dsp__cuk_first_bad(b->stream, dsp_tensor_data(ix), ix->numel, 0, size,
                              0, &pos);
@@ -21,16 +21,20 @@ static int index_check(cu_be *b, dsp_ctx *ctx, dsp_opcode op,
  * are sorted by destination row (dsp__cu_csr_build) and go back as a CSR,
  * so each output element gathers its rows in increasing k: the CPU's sum
  * order, no atomics, and work proportional to the grad, not to S * L.
- * Host and device scratch are charged to the ctx's budget. */
-static int index_select_bw(cu_be *b, dsp_ctx *ctx, dsp_tensor *const *in,
-                           int64_t outer, int64_t L, int64_t S, int64_t blk,
-                           dsp_tensor *out) {
-  const dsp_opcode op = DSP_OP_INDEX_SELECT_BACKWARD;
+ * Host and device scratch are charged to the ctx's budget. Also
+ * embedding_backward's scatter (op names the caller in errors). */
+int dsp__cu_rows_scatter_add(cu_be *b, dsp_ctx *ctx, dsp_opcode op,
+                             dsp_tensor *const *in, int64_t outer, int64_t L,
+                             int64_t S, int64_t blk, dsp_tensor *out) {
   const size_t hn = (size_t)(L + S + 1 + L) * sizeof(int64_t);
   const size_t dn = (size_t)(S + 1 + L) * sizeof(int64_t);
   int64_t *h = NULL;
   void *d = NULL;
-  int rc = dsp__scratch_alloc(ctx, hn, "index_select_backward: row lists", (void **)&h);
+  int rc = dsp__scratch_alloc(ctx, hn,
+                              op == DSP_OP_INDEX_SELECT_BACKWARD
+                                  ? "index_select_backward: row lists"
+                                  : "embedding_backward: row lists",
+                              (void **)&h);
   if (rc < 0) return rc;
   int64_t *hix = h, *start = h + L, *ks = start + S + 1;
   cudaError_t e = cudaSuccess;
@@ -139,11 +143,11 @@ int dsp__cu_run_shape(cu_be *b, dsp_ctx *ctx, dsp_opcode op,
       if ((rc = dsp_norm_dim(ctx, opname(op), a->ints[0], x->meta.ndim, &dim)) < 0)
         return rc;
       const int64_t S = bw ? a->ints[1] : x->meta.shape[dim], L = in[1]->numel;
-      if ((rc = index_check(b, ctx, op, in[1], dim, S)) < 0) return rc;
+      if ((rc = dsp__cu_index_check(b, ctx, op, in[1], dim, S)) < 0) return rc;
       if (out->numel == 0) return 0;
       const int64_t outer = dsp__cu_prod(x->meta.shape, 0, dim);
       const int64_t blk = dsp__cu_prod(x->meta.shape, dim + 1, x->meta.ndim);
-      if (bw) return index_select_bw(b, ctx, in, outer, L, S, blk, out);
+      if (bw) return dsp__cu_rows_scatter_add(b, ctx, op, in, outer, L, S, blk, out);
       e = dsp__cuk_index_select(b->stream, es, outer, L, S, blk,
                                 dsp_tensor_data(in[1]), dsp_tensor_data(x),
                                 dsp_tensor_data(out));

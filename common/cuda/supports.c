@@ -69,6 +69,11 @@ static const struct cu_row {
     {DSP_OP_MAX_POOL2D, FD_}, {DSP_OP_AVG_POOL2D, FD_},
     {DSP_OP_MAX_POOL2D_BACKWARD, FD_}, {DSP_OP_AVG_POOL2D_BACKWARD, FD_},
     {DSP_OP_DROPOUT, FD_},
+    /* issue 23 (cuda/norm.c): k_index_select / the index_select_backward
+     * CSR gather for embedding, k_norm_fwd / k_norm_bw / k_norm_cols */
+    {DSP_OP_EMBEDDING, FD_}, {DSP_OP_EMBEDDING_BACKWARD, FD_},
+    {DSP_OP_LAYER_NORM, FD_}, {DSP_OP_LAYER_NORM_BACKWARD, FD_},
+    {DSP_OP_RMS_NORM, FD_}, {DSP_OP_RMS_NORM_BACKWARD, FD_},
     /* zeroed storage; k_fill for every dtype; k_arange_i64/k_arange_f;
      * k_random float and double */
     {DSP_OP_ZEROS, ALL_}, {DSP_OP_ONES, ALL_}, {DSP_OP_FULL, ALL_},

@@ -805,6 +805,73 @@ def track(t):
     return t._dev._adopt(out[0])
 
 
+# issue 23: embedding/norm
+
+_NO_INDEX = -(2 ** 63)  # DISPATCH_NO_INDEX (INT64_MIN)
+
+
+def embedding(input, weight, padding_idx=None):  # noqa: A002
+    """Rows of weight [V, D] picked by input (int64, any shape): shape
+    input.shape + (D,), as torch.nn.functional.embedding. padding_idx
+    (None, or a row in [-V, V)) only stops that row's gradient."""
+    weight = _as_tensor(weight)
+    if not isinstance(input, Tensor):
+        input = weight._dev.tensor(np.asarray(input), dtype=int64)
+    pad = _NO_INDEX if padding_idx is None else int(padding_idx)
+    out = _out()
+    rc = lib.dispatch_embedding(_hd(weight), _hd(input), pad, out)
+    if rc < 0:
+        _fail(rc, weight)
+    return weight._dev._adopt(out[0])
+
+
+def _nlast(x, normalized_shape):
+    shape = (normalized_shape,) if isinstance(normalized_shape, int) \
+        else tuple(int(d) for d in normalized_shape)
+    if not shape or tuple(x.shape[len(x.shape) - len(shape):]) != shape:
+        raise ValueError(f"normalized_shape {shape} is not the last dims of "
+                         f"x's shape {tuple(x.shape)}")
+    return len(shape)
+
+
+def _affine(x, t):
+    return None if t is None else _as_tensor(t, x)
+
+
+def layer_norm(input, normalized_shape, weight=None, bias=None,  # noqa: A002
+               eps=1e-5):
+    """(x - mean) / sqrt(var + eps) * weight + bias over the last dims
+    normalized_shape (an int or a tuple), biased variance, as
+    torch.nn.functional.layer_norm."""
+    x = _as_tensor(input)
+    n = _nlast(x, normalized_shape)
+    w, b = _affine(x, weight), _affine(x, bias)
+    out = _out()
+    rc = lib.dispatch_layer_norm(_hd(x), n, _hd(w) if w is not None else
+                                 ffi.NULL, _hd(b) if b is not None else
+                                 ffi.NULL, float(eps), out)
+    if rc < 0:
+        _fail(rc, x)
+    return x._dev._adopt(out[0])
+
+
+def rms_norm(input, normalized_shape, weight=None, eps=None):  # noqa: A002
+    """x / sqrt(mean(x^2) + eps) * weight over the last dims
+    normalized_shape, as torch.nn.functional.rms_norm (eps None: the
+    dtype's machine epsilon)."""
+    x = _as_tensor(input)
+    n = _nlast(x, normalized_shape)
+    if eps is None:
+        eps = float(np.finfo(x.dtype).eps)
+    w = _affine(x, weight)
+    out = _out()
+    rc = lib.dispatch_rms_norm(_hd(x), n, _hd(w) if w is not None else
+                               ffi.NULL, float(eps), out)
+    if rc < 0:
+        _fail(rc, x)
+    return x._dev._adopt(out[0])
+
+
 # ---------------------------------------------------------------- tensor
 
 class Tensor:

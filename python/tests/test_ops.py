@@ -184,3 +184,99 @@ def test_slices_past_the_end_and_empty(dev):
         # the C API with the raw (unclamped) bounds gives the same
         raw = dispatch.slice(x, 0, key.start, key.stop, key.step or 1)
         assert raw.shape == (len(want),), (key, raw.shape)
+
+
+# issue 23: embedding/norm, against torch (1.13, CPU) where it has the op
+
+def _torch():
+    return pytest.importorskip("torch")
+
+
+def _fwd_bwd(dev, fn, arrays, g):
+    """fn over tracked tensors of arrays, and the gradients of
+    sum(fn(...) * g) of each array (None for non-float inputs)."""
+    ts = [dev.tensor(a, requires_grad=a.dtype.kind == "f") for a in arrays]
+    y = fn(*ts)
+    grads = (y * dev.tensor(g)).sum().backward()
+    return y.numpy(), [grads[t].numpy() if a.dtype.kind == "f" else None
+                       for t, a in zip(ts, arrays)]
+
+
+def test_embedding_matches_torch(local, remote):
+    torch = _torch()
+    w = rng.standard_normal((6, 4))
+    idx = np.array([[1, 5, 1], [0, 1, 3]])
+    g = rng.standard_normal((2, 3, 4))
+    for pad in (None, 1, -1):
+        res = [_fwd_bwd(d, lambda wt, it: dispatch.embedding(it, wt, pad),
+                        [w, idx], g) for d in (local, remote)]
+        assert np.array_equal(res[0][0], res[1][0])
+        assert np.array_equal(res[0][1][0], res[1][1][0])
+        tw = torch.tensor(w, requires_grad=True)
+        ty = torch.nn.functional.embedding(torch.tensor(idx), tw,
+                                           padding_idx=pad)
+        (ty * torch.tensor(g)).sum().backward()
+        np.testing.assert_array_equal(res[0][0], ty.detach().numpy())
+        np.testing.assert_allclose(res[0][1][0], tw.grad.numpy(), rtol=1e-15,
+                                   atol=1e-15)
+    with pytest.raises(dispatch.EINDEX, match="embedding: index 6"):
+        dispatch.embedding([6], local.tensor(w)).numpy()
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("affine", ["none", "weight", "both", "bias"])
+def test_layer_norm_matches_torch(local, remote, dtype, affine):
+    torch = _torch()
+    x = (rng.standard_normal((3, 2, 5)) * 3 + 2).astype(dtype)
+    w = (rng.standard_normal((2, 5)) + 1).astype(dtype)
+    b = rng.standard_normal((2, 5)).astype(dtype)
+    g = rng.standard_normal((3, 2, 5)).astype(dtype)
+    use_w, use_b = affine in ("weight", "both"), affine in ("bias", "both")
+    arrays = [x] + ([w] if use_w else []) + ([b] if use_b else [])
+
+    def fn(xt, *rest):
+        it = iter(rest)
+        wt = next(it) if use_w else None
+        bt = next(it) if use_b else None
+        return dispatch.layer_norm(xt, (2, 5), wt, bt, eps=1e-5)
+
+    res = [_fwd_bwd(d, fn, arrays, g) for d in (local, remote)]
+    assert np.array_equal(res[0][0], res[1][0])
+    for a, c in zip(res[0][1], res[1][1]):
+        assert np.array_equal(a, c)
+    ts = [torch.tensor(a, requires_grad=True) for a in arrays]
+    it = iter(ts[1:])
+    ty = torch.nn.functional.layer_norm(ts[0], (2, 5),
+                                        next(it) if use_w else None,
+                                        next(it) if use_b else None, 1e-5)
+    (ty * torch.tensor(g)).sum().backward()
+    tol = 1e-5 if dtype == np.float32 else 1e-12
+    np.testing.assert_allclose(res[0][0], ty.detach().numpy(), rtol=tol,
+                               atol=tol)
+    for got, t in zip(res[0][1], ts):
+        np.testing.assert_allclose(got, t.grad.numpy(), rtol=tol, atol=tol)
+
+
+def test_rms_norm_matches_numpy_and_errors(local, remote):
+    torch = _torch()
+    x = rng.standard_normal((4, 6))
+    w = rng.standard_normal((6,)) + 1
+    g = rng.standard_normal((4, 6))
+    res = [_fwd_bwd(d, lambda xt, wt: dispatch.rms_norm(xt, 6, wt, 1e-6),
+                    [x, w], g) for d in (local, remote)]
+    assert np.array_equal(res[0][0], res[1][0])
+    assert np.array_equal(res[0][1][0], res[1][1][0])
+    assert np.array_equal(res[0][1][1], res[1][1][1])
+    # torch 1.13 has no rms_norm: its autograd over the formula
+    tx, tw = (torch.tensor(a, requires_grad=True) for a in (x, w))
+    ty = tx / torch.sqrt((tx * tx).mean(-1, keepdim=True) + 1e-6) * tw
+    (ty * torch.tensor(g)).sum().backward()
+    np.testing.assert_allclose(res[0][0], ty.detach().numpy(), rtol=1e-12)
+    np.testing.assert_allclose(res[0][1][0], tx.grad.numpy(), rtol=1e-10,
+                               atol=1e-12)
+    np.testing.assert_allclose(res[0][1][1], tw.grad.numpy(), rtol=1e-10,
+                               atol=1e-12)
+    with pytest.raises(ValueError, match="normalized_shape"):
+        dispatch.layer_norm(local.tensor(x), 4)
+    with pytest.raises(dispatch.ESHAPE, match="weight has shape"):
+        dispatch.rms_norm(local.tensor(x), 6, np.ones(5))

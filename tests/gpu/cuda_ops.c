@@ -402,6 +402,30 @@ int main(int argc, char **argv) {
     tcase pb = mkcase(DSP_OP_MAX_POOL2D_BACKWARD, 2, dt, 4, P4, 4, X4);
     pb.a = dsp_attrs_ints(2, pk), run_case(&pb);
     pb.op = DSP_OP_AVG_POOL2D_BACKWARD, run_case(&pb);
+    /* issue 23: embedding (a repeated index, padding row 1) and the norms
+     * over rows longer than a block */
+    {
+      static const int64_t TV[] = {5, 3}, IX[] = {2, 4}, G3[] = {2, 4, 3},
+                           XN[] = {3, 300}, WN[] = {300};
+      int64_t pad = 1, ebv[2] = {5, 1}, lnv[3] = {1, 1, 1}, rmv[2] = {1, 1};
+      tcase em = mkcase(DSP_OP_EMBEDDING, 2, dt, 2, TV, 2, IX);
+      em.in[1].dtype = DSP_I64, em.kind[1] = 2, em.lim[1] = 5;
+      em.a = dsp_attrs_ints(1, &pad), run_case(&em);
+      tcase eb = mkcase(DSP_OP_EMBEDDING_BACKWARD, 2, dt, 3, G3, 2, IX);
+      eb.in[1].dtype = DSP_I64, eb.kind[1] = 2, eb.lim[1] = 5;
+      eb.a = dsp_attrs_ints(2, ebv), run_case(&eb);
+      tcase ln = mkcase(DSP_OP_LAYER_NORM, 3, dt, 2, XN, 1, WN);
+      ln.in[2] = meta(dt, 1, WN);
+      ln.a = dsp_attrs_ints(3, lnv), ln.a.n_floats = 1, ln.a.floats[0] = 1e-5;
+      run_case(&ln);
+      tcase lb = mkcase(DSP_OP_LAYER_NORM_BACKWARD, 3, dt, 2, XN, 2, XN);
+      lb.in[2] = meta(dt, 1, WN), lb.a = ln.a, run_case(&lb);
+      tcase rm = mkcase(DSP_OP_RMS_NORM, 2, dt, 2, XN, 1, WN);
+      rm.a = dsp_attrs_ints(2, rmv), rm.a.n_floats = 1, rm.a.floats[0] = 1e-5;
+      run_case(&rm);
+      tcase rb = mkcase(DSP_OP_RMS_NORM_BACKWARD, 3, dt, 2, XN, 2, XN);
+      rb.in[2] = meta(dt, 1, WN), rb.a = rm.a, run_case(&rb);
+    }
     /* creation */
     for (int op = DSP_OP_ZEROS; op <= DSP_OP_NORMAL; op++) {
       tcase c = mkcase((dsp_opcode)op, 0, dt, 0, NULL, 0, NULL);
