@@ -371,4 +371,16 @@ int dispatch_layer_norm(dispatch_tensor *x, int nlast, dispatch_tensor *weight,
 int dispatch_rms_norm(dispatch_tensor *x, int nlast, dispatch_tensor *weight,
                       double eps, dispatch_tensor **out) {
   return run_norm(DSP_OP_RMS_NORM, x, nlast, weight, NULL, 0, eps, out);
+/* issue 23: attention */
+
+int dispatch_attention(dispatch_tensor *q, dispatch_tensor *k,
+                       dispatch_tensor *v, dispatch_tensor *key_mask,
+                       int causal, double scale, dispatch_tensor **out) {
+  dsp_attrs a = dsp_attrs_f1(scale);
+  a.ints[0] = causal != 0;
+  a.ints[1] = key_mask != NULL;
+  a.n_ints = 2;
+  dispatch_tensor *in[4] = {q, k, v, key_mask};
+  return dispatch__run(NULL, DSP_OP_ATTENTION, in, key_mask ? 4 : 3, &a, 1,
+                       out);
 }

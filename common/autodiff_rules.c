@@ -46,6 +46,19 @@ static dsp_tensor *rb_op(rb *r, dsp_opcode op, const dsp_attrs *a, int n,
   return rb_keep(r, out);
 }
 
+/* rb_op for an op of up to DSP_MAX_INPUTS inputs. */
+static dsp_tensor *rb_opn(rb *r, dsp_opcode op, const dsp_attrs *a, int n,
+                          dsp_tensor *const *in) {
+  if (r->rc < 0) return NULL;
+  dsp_tensor *out;
+  int rc = dsp_op(r->ctx, op, in, n, a, &out);
+  if (rc < 0) {
+    r->rc = rc;
+    return NULL;
+  }
+  return rb_keep(r, out);
+}
+
 static dsp_tensor *un(rb *r, dsp_opcode op, dsp_tensor *x) {
   return rb_op(r, op, NULL, 1, x, NULL, NULL);
 }
@@ -491,6 +504,20 @@ int dsp__autodiff_rule(dsp_ctx *ctx, const dsp_node *n, dsp_tensor *g,
     case DSP_OP_DROPOUT: /* the same seed gives the same mask and scale */
       GRAD(0, rb_op(R, DSP_OP_DROPOUT, at, 1, g, NULL, NULL));
       break;
+    case DSP_OP_ATTENTION: {
+      /* one backward op gives [dq | dk | dv] flat; the bool key_mask
+       * (input 3) is never tracked */
+      dsp_tensor *bin_in[5] = {g, in[0], in[1], in[2], n->n_in > 3 ? in[3] : NULL};
+      dsp_tensor *all = rb_opn(R, DSP_OP_ATTENTION_BACKWARD, at, n->n_in + 1,
+                               bin_in);
+      int64_t off = 0;
+      for (int i = 0; i < 3; i++) {
+        GRAD(i, reshape(R, slice(R, all, 0, off, off + in[i]->numel),
+                        &in[i]->meta));
+        off += in[i]->numel;
+      }
+      break;
+    }
 
     /* ---------------------------------------------- issue 23 embedding/norm */
     case DSP_OP_EMBEDDING: { /* idx (input 1) is i64, never tracked */
@@ -551,6 +578,7 @@ int dsp__autodiff_rule(dsp_ctx *ctx, const dsp_node *n, dsp_tensor *g,
     case DSP_OP_EMBEDDING_BACKWARD:
     case DSP_OP_LAYER_NORM_BACKWARD:
     case DSP_OP_RMS_NORM_BACKWARD:
+    case DSP_OP_ATTENTION_BACKWARD:
       r.rc = dsp_seterr(ctx, DISPATCH_EUNSUPPORTED,
                         "backward: %s has no gradient rule (higher-order "
                         "gradients are not supported)", name);

@@ -505,6 +505,15 @@ int dsp__storage_prepare_write(dsp_ctx *ctx, dsp_tensor *t);
   /* mean((a-b)^2), same shape, scalar result */                             \
   X(MSE, 86, mse, 2, NN, BINARY, API)                                        \
   /* issue 23 attention rows (codes 130-139) go here */                      \
+  /* attention(q [B,H,Tq,d], k [B,H,Tk,d], v [B,H,Tk,dv], then key_mask    \
+   * bool [B,Tk] (true = attend) when ints[1] = 1): softmax(scale q k^T +   \
+   * mask) v -> [B,H,Tq,dv]; ints = {causal, has_mask}, floats = {scale}    \
+   * (0: 1/sqrt(d)). causal: query i sees keys j <= i (top-left). A query   \
+   * that sees no key gives 0 (common/cpu/attn.c) */                        \
+  X(ATTENTION, 130, attention, -1, NN, HAND, API)                            \
+  /* (grad [B,H,Tq,dv], q, k, v, [key_mask]), attention's attributes ->     \
+   * 1-D [dq | dk | dv], each flattened */                                  \
+  X(ATTENTION_BACKWARD, 131, attention_backward, -1, NN, NONE, NONE)         \
   /* conv2d(x [N,C,H,W], w [O,C,kh,kw]): ints = {stride_h, stride_w,         \
    * pad_h, pad_w, dil_h, dil_w} (missing: 1,1,0,0,1,1); no bias */          \
   X(CONV2D, 87, conv2d, 2, NN, HAND, API)                                    \

@@ -53,7 +53,7 @@ static uint64_t work(dsp_opcode op, const dsp_meta *in, int n_in,
       break;
   }
   /* the nn ops are costed one by one: a new one needs its case here */
-  _Static_assert(DSP__OPS_IN_FAMILY(NN) - DSP__N_NORM_OPS == 15,
+  _Static_assert(DSP__OPS_IN_FAMILY(NN) - DSP__N_NORM_OPS == 17,
                  "a new nn op needs a cost decision in dsp_op_cost");
   switch (op) {
     case DSP_OP_SOFTMAX:
@@ -100,6 +100,23 @@ static uint64_t work(dsp_opcode op, const dsp_meta *in, int n_in,
     case DSP_OP_LAYER_NORM_BACKWARD:
     case DSP_OP_RMS_NORM_BACKWARD:
       return mul_sat(numel(&in[1]), 5);
+    case DSP_OP_ATTENTION:
+    case DSP_OP_ATTENTION_BACKWARD: {
+      /* B*H*Tq*Tk scores, each a d-long product and a dv-long one forward
+       * plus the softmax passes; the backward recomputes them and does
+       * three more products (dq, dk: d each; dv: dv) */
+      const dsp_meta *q = &in[op == DSP_OP_ATTENTION_BACKWARD],
+                     *v = &in[(op == DSP_OP_ATTENTION_BACKWARD) + 2];
+      uint64_t sc = mul_sat(mul_sat(mul_sat((uint64_t)q->shape[0],
+                                            (uint64_t)q->shape[1]),
+                                    (uint64_t)q->shape[2]),
+                            (uint64_t)v->shape[2]);
+      uint64_t d = (uint64_t)q->shape[3], dv = (uint64_t)v->shape[3];
+      uint64_t per = op == DSP_OP_ATTENTION ? add_sat(add_sat(d, dv), 3)
+                                            : add_sat(add_sat(mul_sat(d, 3),
+                                                              mul_sat(dv, 2)), 4);
+      return mul_sat(sc, per);
+    }
     default:
       return numel(&in[0]);
   }

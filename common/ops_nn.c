@@ -347,6 +347,11 @@ int dsp__nn_plan(dsp_ctx *ctx, dsp_opcode op, const dsp_meta *in, int n_in,
     case DSP_OP_MAX_POOL2D_BACKWARD:
     case DSP_OP_AVG_POOL2D_BACKWARD:
       return infer_pool(ctx, op, in, n_in, a, out, pg);
+    case DSP_OP_ATTENTION:
+    case DSP_OP_ATTENTION_BACKWARD: {
+      dsp_attn_geo ag;
+      return dsp__attn_plan(ctx, op, in, n_in, a, out, &ag);
+    }
     case DSP_OP_DROPOUT: {
       if ((rc = dsp__want_attrs(ctx, op, a, 1, 1)) < 0) return rc;
       if ((rc = need_float(ctx, op, "input", &in[0])) < 0) return rc;

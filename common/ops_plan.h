@@ -135,5 +135,27 @@ typedef struct dsp_norm_geo {
  * plan. */
 int dsp__norm_plan(dsp_ctx *ctx, dsp_opcode op, const dsp_meta *in, int n_in,
                    const dsp_attrs *a, dsp_meta *out, dsp_norm_geo *g);
+/* nn: attention's geometry (common/ops_attn.c). q [B,H,Tq,d], k [B,H,Tk,d],
+ * v [B,H,Tk,dv], mask bool [B,Tk] when has_mask; every size fits an int and
+ * scale is the one the kernels use (floats[0], or 1/sqrt(d) for 0). The
+ * backward op's inputs are the forward's shifted by one (grad first). */
+typedef struct dsp_attn_geo {
+  int64_t B, H, Tq, Tk, d, dv;
+  int causal, has_mask;
+  double scale;
+} dsp_attn_geo;
+/* nn: validates attention or attention_backward (as dsp__infer_nn) and
+ * gives the geometry. */
+int dsp__attn_plan(dsp_ctx *ctx, dsp_opcode op, const dsp_meta *in, int n_in,
+                   const dsp_attrs *a, dsp_meta *out, dsp_attn_geo *g);
+/* How many query rows the kernels take at once (their scores scratch is
+ * this many rows of Tk). */
+#define DSP_ATTN_QBLOCK 64
+/* The keys query i of a block sees, counting from key 0 (causal: j <= i,
+ * top-left aligned, as torch.tril(ones(Tq, Tk))); a key_mask can drop some
+ * of these. */
+static inline int64_t dsp__attn_nkeys(const dsp_attn_geo *g, int64_t i) {
+  return g->causal && i + 1 < g->Tk ? i + 1 : g->Tk;
+}
 
 #endif

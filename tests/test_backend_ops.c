@@ -96,7 +96,7 @@ static dsp_ctx *ctx_on(const dsp_backend *be) {
 /* ------------------------------------------------------------------ */
 /* cases                                                               */
 
-#define MAXIN 4
+#define MAXIN 5 /* attention_backward with its key mask */
 typedef struct tcase {
   const char *what;
   dsp_opcode op;
@@ -397,6 +397,19 @@ static int make_case(dsp_opcode op, dsp_dtype k, int v, tcase *c) {
       switch (v) {
         case 0: c->what = "[4,6] weight"; in_(c, k, 'r', 0, 2, 4, 6); in_(c, k, 'r', 0, 2, 4, 6); in_(c, k, 'r', 0, 1, 6); ints_(c, 2, 1, 1); fl_(c, 1, 1e-5); return 0;
         case 1: c->what = "[2,3,4] nlast 3"; in_(c, k, 'r', 0, 3, 2, 3, 4); in_(c, k, 'r', 0, 3, 2, 3, 4); ints_(c, 2, 3, 0); fl_(c, 1, 1e-5); return 0;
+        default: return -1;
+      }
+    case DSP_OP_ATTENTION:
+      switch (v) {
+        case 0: c->what = "q [2,2,5,3] k [2,2,4,3] v [2,2,4,2]"; in_(c, k, 'r', 0, 4, 2, 2, 5, 3); in_(c, k, 'r', 0, 4, 2, 2, 4, 3); in_(c, k, 'r', 0, 4, 2, 2, 4, 2); ints_(c, 2, 0, 0); fl_(c, 1, 0.0); return 0;
+        case 1: c->what = "causal, key mask, scale 0.5, Tq 3 < Tk 6"; in_(c, k, 'r', 0, 4, 2, 1, 3, 4); in_(c, k, 'r', 0, 4, 2, 1, 6, 4); in_(c, k, 'r', 0, 4, 2, 1, 6, 3); in_(c, B, 'b', 0, 2, 2, 6); ints_(c, 2, 1, 1); fl_(c, 1, 0.5); return 0;
+        case 2: c->what = "zero-size Tq"; in_(c, k, 'r', 0, 4, 1, 2, 0, 3); in_(c, k, 'r', 0, 4, 1, 2, 4, 3); in_(c, k, 'r', 0, 4, 1, 2, 4, 2); ints_(c, 2, 1, 0); fl_(c, 1, 0.0); return 0;
+        default: return -1;
+      }
+    case DSP_OP_ATTENTION_BACKWARD:
+      switch (v) {
+        case 0: c->what = "grad [2,2,5,2]"; in_(c, k, 'r', 0, 4, 2, 2, 5, 2); in_(c, k, 'r', 0, 4, 2, 2, 5, 3); in_(c, k, 'r', 0, 4, 2, 2, 4, 3); in_(c, k, 'r', 0, 4, 2, 2, 4, 2); ints_(c, 2, 0, 0); fl_(c, 1, 0.0); return 0;
+        case 1: c->what = "causal, key mask, Tq 7 > Tk 5"; in_(c, k, 'r', 0, 4, 2, 1, 7, 3); in_(c, k, 'r', 0, 4, 2, 1, 7, 4); in_(c, k, 'r', 0, 4, 2, 1, 5, 4); in_(c, k, 'r', 0, 4, 2, 1, 5, 3); in_(c, B, 'b', 0, 2, 2, 5); ints_(c, 2, 1, 1); fl_(c, 1, 0.0); return 0;
         default: return -1;
       }
     case DSP_OP_ZEROS: case DSP_OP_ONES: case DSP_OP_FULL:

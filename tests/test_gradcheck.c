@@ -334,6 +334,36 @@ Test(gradcheck, softmax_family_and_losses) {
   check_op("mse", DSP_OP_MSE, dsp_attrs_none(), 2, e);
 }
 
+/* attention: q, k, v (the bool key mask is not differentiated); Tq = 3
+ * against Tk = 4 and 2, causal top-left, a mask dropping keys and one
+ * batch entry whose rows see no key at all (gradient 0) */
+static dsp_attrs attn_attrs(int causal, int has_mask, double scale) {
+  dsp_attrs a = dsp_attrs_f1(scale);
+  a.ints[0] = causal;
+  a.ints[1] = has_mask;
+  a.n_ints = 2;
+  return a;
+}
+
+Test(gradcheck, attention) {
+  dsp_tensor *a[3] = {rnd(SHAPE(2, 2, 3, 4), -1, 1),
+                      rnd(SHAPE(2, 2, 4, 4), -1, 1),
+                      rnd(SHAPE(2, 2, 4, 3), -1, 1)};
+  check_op("attention", DSP_OP_ATTENTION, attn_attrs(0, 0, 0.0), 3, a);
+  dsp_tensor *b[3] = {rnd(SHAPE(1, 2, 3, 2), -1, 1),
+                      rnd(SHAPE(1, 2, 2, 2), -1, 1),
+                      rnd(SHAPE(1, 2, 2, 3), -1, 1)};
+  check_op("attention causal Tq > Tk", DSP_OP_ATTENTION, attn_attrs(1, 0, 0.7),
+           3, b);
+  uint8_t m[8] = {1, 0, 1, 1, 0, 0, 0, 0};
+  dsp_tensor *c[4] = {rnd(SHAPE(2, 1, 3, 2), -1, 1),
+                      rnd(SHAPE(2, 1, 4, 2), -1, 1),
+                      rnd(SHAPE(2, 1, 4, 2), -1, 1),
+                      tu_bool(ctx, 2, (int64_t[]){2, 4}, m)};
+  check_op("attention causal, key mask", DSP_OP_ATTENTION,
+           attn_attrs(1, 1, 0.0), 4, c);
+}
+
 Test(gradcheck, conv2d) {
   dsp_tensor *a[2] = {rnd(SHAPE(2, 2, 5, 5), -1, 1),
                       rnd(SHAPE(3, 2, 3, 3), -1, 1)};

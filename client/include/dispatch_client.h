@@ -701,6 +701,32 @@ int dispatch_layer_norm(dispatch_tensor *x, int nlast, dispatch_tensor *weight,
 DISPATCH_API
 int dispatch_rms_norm(dispatch_tensor *x, int nlast, dispatch_tensor *weight,
                       double eps, dispatch_tensor **out);
+/* issue 23: attention */
+
+/* Fused scaled dot-product attention, softmax(scale q k^T + mask) v, per
+ * batch entry and head, in one op (its gradient is one fused op too):
+ *   q [B, H, Tq, d], k [B, H, Tk, d], v [B, H, Tk, dv], all f32 or all
+ *   f64 -> *out [B, H, Tq, dv] of the same dtype.
+ * key_mask: bool [B, Tk], true = attend (a padding mask shared by every
+ *   head and query); NULL for none. It is never differentiated.
+ * causal != 0: query i attends keys j <= i only, top-left aligned when
+ *   Tq != Tk (as torch.tril(ones(Tq, Tk)) and PyTorch 2's
+ *   scaled_dot_product_attention(is_causal=True)).
+ * scale: the factor on q k^T; 0 means 1/sqrt(d).
+ * A query that attends no key (all its keys masked, or Tk = 0) gives an
+ * output row of 0 and passes no gradient; PyTorch gives NaN there.
+ * Memory: no [Tq, Tk] matrix per head; the CPU kernel holds scores for 64
+ * query rows at a time (min(64, Tq) * Tk elements, twice that for the
+ * gradient), the CUDA kernel one tile of keys per query block.
+ * Inputs are borrowed, *out is a new reference (scoped). Errors:
+ * DISPATCH_EDTYPE (not float, mixed dtypes, key_mask not bool),
+ * DISPATCH_ESHAPE (ranks or sizes that do not fit the shapes above),
+ * DISPATCH_EINVAL (scale not finite), DISPATCH_EOVERFLOW (a dim over
+ * INT_MAX). */
+DISPATCH_API
+int dispatch_attention(dispatch_tensor *q, dispatch_tensor *k,
+                       dispatch_tensor *v, dispatch_tensor *key_mask,
+                       int causal, double scale, dispatch_tensor **out);
 
 /* ------------------------------------------------------------------ */
 /* autodiff                                                            */

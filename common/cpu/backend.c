@@ -256,6 +256,8 @@ static const struct cpu_row {
     {DSP_OP_EMBEDDING, FD_}, {DSP_OP_EMBEDDING_BACKWARD, FD_},
     {DSP_OP_LAYER_NORM, FD_}, {DSP_OP_LAYER_NORM_BACKWARD, FD_},
     {DSP_OP_RMS_NORM, FD_}, {DSP_OP_RMS_NORM_BACKWARD, FD_},
+    /* issue 23: attention (common/cpu/attn.c) */
+    {DSP_OP_ATTENTION, FD_}, {DSP_OP_ATTENTION_BACKWARD, FD_},
     {DSP_OP_ZEROS, ALL_}, {DSP_OP_ONES, ALL_}, {DSP_OP_FULL, ALL_},
     {DSP_OP_ARANGE, FDI_}, {DSP_OP_UNIFORM, FD_}, {DSP_OP_NORMAL, FD_},
     {DSP_OP_SGD_STEP, FD_}, {DSP_OP_ADAM_STEP, FD_},

@@ -16,7 +16,7 @@
 
 #define opname dsp__opname
 
-_Static_assert(DSP__OPS_IN_FAMILY(NN) - DSP__N_NORM_OPS == 15,
+_Static_assert(DSP__OPS_IN_FAMILY(NN) - DSP__N_NORM_OPS == 17,
                "a new nn op needs a case in dsp__cpu_nn and a row in the CPU "
                "support table (common/cpu/backend.c)");
 
@@ -178,6 +178,9 @@ int dsp__cpu_nn(dsp_ctx *ctx, dsp_opcode op, dsp_tensor *const *in, int n_in,
   dsp_conv_geo cg;
   dsp_pool_geo pg;
   if (dsp__is_norm_op(op)) return dsp__cpu_norm(ctx, op, in, n_in, a, out);
+  /* attention takes up to 5 inputs and has a file of its own */
+  if (op == DSP_OP_ATTENTION || op == DSP_OP_ATTENTION_BACKWARD)
+    return dsp__cpu_attn(ctx, op, in, n_in, a, out);
   if (n_in < 1 || n_in > 3)
     return dsp_seterr(ctx, DISPATCH_EINTERNAL, "%s: bad input count %d",
                       opname(op), n_in);

@@ -74,6 +74,8 @@ static const struct cu_row {
     {DSP_OP_EMBEDDING, FD_}, {DSP_OP_EMBEDDING_BACKWARD, FD_},
     {DSP_OP_LAYER_NORM, FD_}, {DSP_OP_LAYER_NORM_BACKWARD, FD_},
     {DSP_OP_RMS_NORM, FD_}, {DSP_OP_RMS_NORM_BACKWARD, FD_},
+    /* issue 23: attention, no CUDA kernel yet */
+    {DSP_OP_ATTENTION, 0}, {DSP_OP_ATTENTION_BACKWARD, 0},
     /* zeroed storage; k_fill for every dtype; k_arange_i64/k_arange_f;
      * k_random float and double */
     {DSP_OP_ZEROS, ALL_}, {DSP_OP_ONES, ALL_}, {DSP_OP_FULL, ALL_},

@@ -795,6 +795,28 @@ def dropout(x, p, seed):
     return x._dev._adopt(out[0])
 
 
+# issue 23: attention
+
+def attention(q, k, v, key_mask=None, is_causal=False, scale=None):
+    """Fused softmax(scale q k^T + mask) v: q [B, H, Tq, d], k [B, H, Tk, d],
+    v [B, H, Tk, dv] (one float dtype) -> [B, H, Tq, dv]. key_mask: bool
+    [B, Tk], True = attend (None: every key). is_causal: query i attends
+    keys j <= i (top-left aligned, as PyTorch's is_causal). scale: None or
+    0 for 1/sqrt(d). A query that attends no key gives 0 (PyTorch: NaN)."""
+    q = _as_tensor(q)
+    k, v = _as_tensor(k, q), _as_tensor(v, q)
+    if key_mask is not None and not isinstance(key_mask, Tensor):
+        key_mask = q._dev.tensor(np.asarray(key_mask, dtype=bool_))
+    out = _out()
+    rc = lib.dispatch_attention(_hd(q), _hd(k), _hd(v),
+                                _hd(key_mask) if key_mask is not None
+                                else ffi.NULL, 1 if is_causal else 0,
+                                float(scale or 0.0), out)
+    if rc < 0:
+        _fail(rc, q)
+    return q._dev._adopt(out[0])
+
+
 def track(t):
     """AUTODIFF(t): a tracked leaf wrapping t (float, not already tracked;
     otherwise EDOUBLEWRAP / EDTYPE). A new Tensor; t is unchanged."""

@@ -280,3 +280,80 @@ def test_rms_norm_matches_numpy_and_errors(local, remote):
         dispatch.layer_norm(local.tensor(x), 4)
     with pytest.raises(dispatch.ESHAPE, match="weight has shape"):
         dispatch.rms_norm(local.tensor(x), 6, np.ones(5))
+# issue 23: attention
+
+def _attn_ref(q, k, v, mask, causal, scale):
+    """numpy: softmax(scale q k^T + bias) v and its vjp for dO = w, in f64,
+    bias -inf where a key is not attended; rows attending nothing give 0."""
+    q, k, v = (x.astype(np.float64) for x in (q, k, v))
+    tq, tk = q.shape[2], k.shape[2]
+    ok = np.ones((q.shape[0], 1, tq, tk), bool)
+    if mask is not None:
+        ok &= mask[:, None, None, :]
+    if causal:
+        ok &= np.tril(np.ones((tq, tk), bool))
+    s = np.where(ok, scale * q @ k.swapaxes(-1, -2), -np.inf)
+    mx = np.where(ok.any(-1, keepdims=True), s.max(-1, keepdims=True), 0)
+    e = np.where(ok, np.exp(s - mx), 0)
+    den = e.sum(-1, keepdims=True)
+    p = np.divide(e, den, out=np.zeros_like(e), where=den > 0)
+    return p, p @ v
+
+
+def _attn_grads(q, k, v, mask, causal, scale, w):
+    p, _ = _attn_ref(q, k, v, mask, causal, scale)
+    q, k, v, w = (x.astype(np.float64) for x in (q, k, v, w))
+    dv = p.swapaxes(-1, -2) @ w
+    dp = w @ v.swapaxes(-1, -2)
+    ds = p * (dp - (p * dp).sum(-1, keepdims=True))
+    return scale * ds @ k, scale * ds.swapaxes(-1, -2) @ q, dv
+
+
+@pytest.mark.parametrize("dt,causal,masked,tol", [
+    (np.float32, False, False, 2e-5), (np.float32, True, True, 2e-5),
+    (np.float64, True, False, 1e-12), (np.float64, False, True, 1e-12)])
+def test_attention_against_numpy(local, remote, dt, causal, masked, tol):
+    b, h, tq, tk, d, dv = 2, 3, 70, 20, 8, 5
+    q = rng.standard_normal((b, h, tq, d)).astype(dt)
+    k = rng.standard_normal((b, h, tk, d)).astype(dt)
+    v = rng.standard_normal((b, h, tk, dv)).astype(dt)
+    w = rng.standard_normal((b, h, tq, dv)).astype(dt)
+    mask = rng.random((b, tk)) > 0.3 if masked else None
+    if masked:
+        mask[1] = False  # batch entry 1 attends nothing: 0, no gradient
+    scale = 1 / np.sqrt(d)
+    got = []
+    for dev in (local, remote):
+        ts = [dev.tensor(x, requires_grad=True) for x in (q, k, v)]
+        o = dispatch.attention(*ts, key_mask=mask, is_causal=causal)
+        grads = (o * dev.tensor(w)).sum().backward()
+        got.append([o.numpy()] + [grads[t].numpy() for t in ts])
+    for a, c in zip(*got):
+        assert a.dtype == dt and np.array_equal(a, c)  # LOCAL == REMOTE
+    _, want_o = _attn_ref(q, k, v, mask, causal, scale)
+    want = [want_o, *_attn_grads(q, k, v, mask, causal, scale, w)]
+    for name, a, c in zip(("out", "dq", "dk", "dv"), got[0], want):
+        np.testing.assert_allclose(a, c, rtol=tol, atol=tol, err_msg=name)
+    if masked:
+        assert not got[0][0][1].any() and not got[0][1][1].any()
+
+
+def test_attention_matches_torch_composition(local):
+    torch = pytest.importorskip("torch")
+    q, k, v = (rng.standard_normal((1, 2, 6, 4)) for _ in range(3))
+    got = dispatch.attention(local.tensor(q), local.tensor(k),
+                             local.tensor(v), is_causal=True,
+                             scale=0.3).numpy()
+    tq, tk, tv = (torch.from_numpy(x) for x in (q, k, v))
+    s = (tq @ tk.transpose(-1, -2)) * 0.3
+    s = s.masked_fill(~torch.ones(6, 6, dtype=torch.bool).tril(),
+                      float("-inf"))
+    np.testing.assert_allclose(got, (s.softmax(-1) @ tv).numpy(), rtol=1e-12)
+
+
+def test_attention_errors(local):
+    q = local.tensor(np.zeros((1, 1, 2, 3), np.float32))
+    with pytest.raises(dispatch.EDTYPE):  # v of another dtype
+        dispatch.attention(q, q, local.tensor(np.zeros((1, 1, 2, 3))))
+    with pytest.raises(dispatch.ESHAPE):
+        dispatch.attention(q, q, q, key_mask=[[True, False, True]])
