@@ -192,6 +192,17 @@ static int stream_tensor(dispatch_device *dev, int fd, ck_entry *e,
   return 0;
 }
 
+/* The metadata "dispatch.optim" names the optimizer; Adam and AdamW keep
+ * m, v and the step count t, SGD its velocity. */
+static const char *optim_kind(const dispatch_optim *o) {
+  return o->op == DSP_OP_SGD_STEP    ? "sgd"
+         : o->op == DSP_OP_ADAM_STEP ? "adam"
+                                     : "adamw";
+}
+static int optim_has_t(const dispatch_optim *o) {
+  return o->op != DSP_OP_SGD_STEP;
+}
+
 /* The header: {"__metadata__": {...}, name: {dtype, shape, data_offsets},
  * ...} in data order, padded with spaces so the data starts 8-aligned. */
 static char *build_header(const ck_entry *es, int n, const dispatch_optim *opt,
@@ -203,8 +214,7 @@ static char *build_header(const ck_entry *es, int n, const dispatch_optim *opt,
   if (ok && opt) {
     char nb[32];
     snprintf(nb, sizeof nb, "%d", opt->n);
-    ok = cJSON_AddStringToObject(meta, "dispatch.optim",
-                                 opt->op == DSP_OP_SGD_STEP ? "sgd" : "adam") &&
+    ok = cJSON_AddStringToObject(meta, "dispatch.optim", optim_kind(opt)) &&
          cJSON_AddStringToObject(meta, "dispatch.optim.params", nb);
   }
   for (int i = 0; ok && i < n; i++) {
@@ -283,7 +293,7 @@ int dispatch_save(dispatch_device *dev, const char *path,
   int per = opt ? opt->k : 0;
   int64_t total64 =
       (int64_t)n +
-      (opt ? (int64_t)opt->n * per + (opt->op == DSP_OP_ADAM_STEP) : 0);
+      (opt ? (int64_t)opt->n * per + optim_has_t(opt) : 0);
   if (total64 > INT32_MAX)
     return dispatch__ret(dev,
                          dsp_seterr(dev->ctx, DISPATCH_EINVAL,
@@ -320,7 +330,7 @@ int dispatch_save(dispatch_device *dev, const char *path,
     }
   }
   /* documented names: optim.<i>.momentum (SGD), optim.<i>.m and
-   * optim.<i>.v (Adam) for parameter i, and optim.step (Adam's t) */
+   * optim.<i>.v (Adam, AdamW) for parameter i, and optim.step (their t) */
   static const char *const sgd_names[] = {"momentum"};
   static const char *const adam_names[] = {"m", "v"};
   for (int i = 0; opt && rc == 0 && i < opt->n * per; i++) {
@@ -333,7 +343,7 @@ int dispatch_save(dispatch_device *dev, const char *path,
       rc = dsp_seterr(dev->ctx, DISPATCH_ENOMEM, "save: out of memory");
     ne++;
   }
-  if (opt && rc == 0 && opt->op == DSP_OP_ADAM_STEP) {
+  if (opt && rc == 0 && optim_has_t(opt)) {
     es[ne].name = dsp_strdup("optim.step");
     es[ne].meta.dtype = DSP_I64;
     es[ne].inline_i64 = opt->t;
@@ -829,7 +839,7 @@ const char *dispatch_checkpoint_meta(const dispatch_checkpoint *ck,
 /* ------------------------------------------------------------------ */
 /* optimizer state                                                     */
 
-/* Checks every state tensor (and Adam's step count) before it changes
+/* Checks every state tensor (and Adam's or AdamW's step count) before it changes
  * anything, then swaps the optimizer's state tensors for the checkpoint's. */
 int dispatch_optim_load(dispatch_optim *opt, const dispatch_checkpoint *ck) {
   if (!opt) return DISPATCH_EINVAL;
@@ -843,7 +853,7 @@ int dispatch_optim_load(dispatch_optim *opt, const dispatch_checkpoint *ck) {
                                          "optim_load: checkpoint lives on "
                                          "\"%s\", optimizer on \"%s\"",
                                          ck->dev->spec, dev->spec));
-  const char *kind = opt->op == DSP_OP_SGD_STEP ? "sgd" : "adam";
+  const char *kind = optim_kind(opt);
   const char *mk = dispatch_checkpoint_meta(ck, "dispatch.optim");
   const char *mn = dispatch_checkpoint_meta(ck, "dispatch.optim.params");
   char nb[32];
@@ -882,7 +892,7 @@ int dispatch_optim_load(dispatch_optim *opt, const dispatch_checkpoint *ck) {
     }
   }
   int64_t step = opt->t;
-  if (opt->op == DSP_OP_ADAM_STEP) {
+  if (optim_has_t(opt)) {
     dispatch_tensor *t = dispatch_checkpoint_get(ck, "optim.step");
     int rc = 0;
     if (!t || t->meta.dtype != DSP_I64 || t->meta.ndim != 0)

@@ -60,7 +60,7 @@ struct dispatch_grads {
 
 struct dispatch_optim {
   dispatch_device *dev;
-  dsp_opcode op; /* DSP_OP_SGD_STEP or DSP_OP_ADAM_STEP */
+  dsp_opcode op; /* DSP_OP_SGD_STEP, DSP_OP_ADAM_STEP or DSP_OP_ADAMW_STEP */
   int n;
   int k; /* state tensors per parameter */
   dispatch_tensor **params; /* AUTODIFF, one reference each */
@@ -68,6 +68,8 @@ struct dispatch_optim {
   double floats[DSP_MAX_ATTR_FLOATS];
   int n_floats;
   int64_t t; /* Adam step count */
+  double *wd;      /* AdamW: n weight decays (NULL: none, all 0) */
+  double max_norm; /* > 0: clip by global norm (dispatch_optim_set_clip) */
   dispatch_optim *prev, *next;
 };
 

@@ -164,6 +164,14 @@ void dispatch__graph_grad(dispatch_grads *g, dispatch_tensor *leaf,
 void dispatch__graph_step(dispatch_optim *opt, dispatch_grads *g,
                           const dsp_attrs *a) {
   struct dispatch__capture *c = opt->dev->capture;
+  /* a STEP node carries one attribute set and no norm: what it cannot
+   * replay is refused rather than replayed differently */
+  if (opt->op == DSP_OP_ADAMW_STEP || opt->max_norm > 0.0) {
+    broken(c, DISPATCH_EUNSUPPORTED,
+           "graph: a captured step cannot be adamw or clipped yet (run "
+           "that step outside the capture)");
+    return;
+  }
   uint32_t n = (uint32_t)opt->n, k = (uint32_t)opt->k;
   uint32_t *in = dsp_calloc(1 + n + n * k, sizeof *in);
   if (!in) {

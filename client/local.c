@@ -2,6 +2,7 @@
  * process, ops run now in the device's ctx on the CPU backend, and the
  * tape and gradients are common's engine (common/autodiff.c). The counters
  * a server keeps for a session are kept here in dev->local_stats. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -180,13 +181,23 @@ static int local_step(dispatch_optim *opt, dispatch_grads *grads,
                        &gs[i]);
     if (rc == 0) n_got = i + 1;
   }
+  /* the server's order: every gradient, then the norm over all of them,
+   * then the updates */
+  int clip = opt->max_norm > 0.0;
+  double scale = 1.0, sq = 0.0;
+  if (rc == 0 && clip) {
+    rc = dsp_grads_sqnorm(dev->ctx, gs, (size_t)opt->n, &sq);
+    scale = dsp_clip_scale(opt->max_norm, sqrt(sq));
+  }
   for (int i = 0; i < opt->n && rc == 0; i++) {
     dsp_tensor *in[4], *res;
     in[0] = opt->params[i]->inner->local;
     in[1] = gs[i];
     for (int j = 0; j < opt->k; j++)
       in[2 + j] = opt->states[i * opt->k + j]->local;
-    rc = dsp_op(dev->ctx, opt->op, in, 2 + opt->k, a, &res);
+    dsp_attrs pa;
+    dsp_step_param_attrs(opt->op, a, opt->wd, (size_t)i, clip, scale, &pa);
+    rc = dsp_op(dev->ctx, opt->op, in, 2 + opt->k, &pa, &res);
     if (rc == 0) {
       dsp_tensor_unref(res);
       dev->local_stats.ops++;

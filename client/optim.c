@@ -1,8 +1,11 @@
-/* Optimizers: in-place SGD and Adam updates where the parameters live.
- * LOCAL runs the SGD_STEP/ADAM_STEP ops through dsp_op; REMOTE sends one
- * Step message per step carrying every parameter (the kind's step). The
- * parameters stay the same tracked leaves: an in-place update never
- * re-wraps them. */
+/* Optimizers: in-place SGD, Adam and AdamW updates where the parameters
+ * live, optionally clipped by global norm. LOCAL runs the step ops through
+ * dsp_op; REMOTE sends one Step message per step carrying every parameter
+ * (the kind's step). The parameters stay the same tracked leaves: an
+ * in-place update never re-wraps them. Also the cosine learning-rate
+ * schedule (pure arithmetic, no device). */
+#include <math.h>
+
 #include "client_internal.h"
 
 static void optim_destroy(dispatch_optim *o) {
@@ -12,6 +15,7 @@ static void optim_destroy(dispatch_optim *o) {
     if (o->states) dispatch__tensor_unref(o->states[i]);
   dsp_free(o->params);
   dsp_free(o->states);
+  dsp_free(o->wd);
   dsp_free(o);
 }
 
@@ -21,7 +25,9 @@ static int optim_new(dsp_opcode op, int k, dispatch_tensor *const *params,
                      int n, const double *f, int nf, dispatch_optim **out) {
   if (out) *out = NULL;
   if (!params || n < 1 || !out) return DISPATCH_EINVAL;
-  const char *name = op == DSP_OP_SGD_STEP ? "sgd" : "adam";
+  const char *name = op == DSP_OP_SGD_STEP    ? "sgd"
+                     : op == DSP_OP_ADAM_STEP ? "adam"
+                                              : "adamw";
   dispatch_device *dev = NULL;
   for (int i = 0; i < n && !dev; i++)
     if (params[i]) dev = params[i]->dev;
@@ -93,6 +99,59 @@ int dispatch_adam_new(dispatch_tensor *const *params, int n, double lr,
   return optim_new(DSP_OP_ADAM_STEP, 2, params, n, f, 4, out);
 }
 
+/* The decays are checked here, where the error can name the parameter;
+ * lr, betas and eps are checked by the op at the first step, as Adam's. */
+int dispatch_adamw_new(dispatch_tensor *const *params, int n, double lr,
+                       double beta1, double beta2, double eps,
+                       const double *weight_decay, dispatch_optim **out) {
+  if (out) *out = NULL;
+  if (weight_decay && params && n > 0)
+    for (int i = 0; i < n; i++)
+      if (!isfinite(weight_decay[i])) {
+        dispatch_device *dev = params[0] ? params[0]->dev : NULL;
+        if (!dev) return DISPATCH_EINVAL;
+        return dispatch__ret(dev, dsp_seterr(dev->ctx, DISPATCH_EINVAL,
+                                             "adamw: weight_decay[%d] = %g "
+                                             "is not finite",
+                                             i, weight_decay[i]));
+      }
+  double f[4] = {lr, beta1, beta2, eps};
+  int rc = optim_new(DSP_OP_ADAMW_STEP, 2, params, n, f, 4, out);
+  if (rc < 0 || !weight_decay) return rc;
+  dispatch_optim *o = *out;
+  o->wd = dsp_calloc((size_t)n, sizeof *o->wd);
+  if (!o->wd) {
+    dispatch_device *dev = o->dev;
+    dispatch_optim_free(o);
+    *out = NULL;
+    return dispatch__ret(dev, dsp_seterr(dev->ctx, DISPATCH_ENOMEM,
+                                         "adamw: out of memory"));
+  }
+  for (int i = 0; i < n; i++) o->wd[i] = weight_decay[i];
+  return 0;
+}
+
+int dispatch_optim_set_clip(dispatch_optim *opt, double max_norm) {
+  if (!opt) return DISPATCH_EINVAL;
+  if (!(max_norm >= 0.0) || isinf(max_norm))
+    return dispatch__ret(opt->dev,
+                         dsp_seterr(opt->dev->ctx, DISPATCH_EINVAL,
+                                    "optim_set_clip: max_norm = %g is not "
+                                    "finite and >= 0",
+                                    max_norm));
+  opt->max_norm = max_norm;
+  return 0;
+}
+
+double dispatch_lr_cosine(int64_t step, int64_t warmup, int64_t total,
+                          double lr_max, double lr_min) {
+  if (step < warmup) return lr_max * (double)(step + 1) / (double)warmup;
+  if (step >= total) return lr_min;
+  double pi = 3.14159265358979323846;
+  double frac = (double)(step - warmup) / (double)(total - warmup);
+  return lr_min + 0.5 * (1.0 + cos(pi * frac)) * (lr_max - lr_min);
+}
+
 int dispatch_optim_set_lr(dispatch_optim *opt, double lr) {
   if (!opt) return DISPATCH_EINVAL;
   opt->floats[0] = lr;
@@ -118,7 +177,7 @@ int dispatch_optim_step(dispatch_optim *opt, dispatch_grads *grads) {
   dsp_attrs a = dsp_attrs_none();
   for (int i = 0; i < opt->n_floats; i++) a.floats[i] = opt->floats[i];
   a.n_floats = opt->n_floats;
-  if (opt->op == DSP_OP_ADAM_STEP) {
+  if (opt->op != DSP_OP_SGD_STEP) {
     a.ints[0] = opt->t + 1;
     a.n_ints = 1;
   }

@@ -122,15 +122,22 @@ static int req_grad(dispatch_device *dev, uint64_t grads, uint64_t tensor,
                          0);
 }
 
+/* wd: adamw's n weight decays (NULL: none); max_norm > 0: clip (1.5) */
 static int req_step(dispatch_device *dev, dsp_opcode op, uint64_t grads,
                     const uint64_t *params, int n, const uint64_t *states,
-                    int n_st, const dsp_attrs *a) {
+                    int n_st, const dsp_attrs *a, const double *wd,
+                    double max_norm) {
   dsp_wreq w;
-  return dispatch__queue(dev,
-               dsp_wreq_step(&w, (int32_t)op, grads, params, (size_t)n,
-                             states, (size_t)n_st, a->ints, (size_t)a->n_ints,
-                             a->floats, (size_t)a->n_floats),
-               0, NULL, 0);
+  Dspwire__Request *req =
+      dsp_wreq_step(&w, (int32_t)op, grads, params, (size_t)n, states,
+                    (size_t)n_st, a->ints, (size_t)a->n_ints, a->floats,
+                    (size_t)a->n_floats);
+  w.body.step.max_norm = max_norm;
+  if (wd) {
+    w.body.step.n_weight_decay = (size_t)n;
+    w.body.step.weight_decay = (double *)wd;
+  }
+  return dispatch__queue(dev, req, 0, NULL, 0);
 }
 
 static int req_read(dispatch_device *dev, uint64_t id, void *buf,
@@ -448,6 +455,15 @@ static void remote_grads_free(dispatch_grads *g) {
 static int remote_step(dispatch_optim *opt, dispatch_grads *grads,
                        const dsp_attrs *a) {
   dispatch_device *dev = opt->dev;
+  /* a 1.4 server would drop the clip unread and not know adamw: refused
+   * here rather than stepping differently from LOCAL */
+  if (dev->conn->server_minor < 5 &&
+      (opt->max_norm > 0.0 || opt->op == DSP_OP_ADAMW_STEP))
+    return dsp_seterr(dev->ctx, DISPATCH_EUNSUPPORTED,
+                      "optim_step: %s needs a server of protocol 1.5, "
+                      "\"%s\" speaks 1.%u",
+                      opt->op == DSP_OP_ADAMW_STEP ? "adamw" : "clipping",
+                      dev->spec, dev->conn->server_minor);
   uint64_t pstack[64], sstack[128];
   uint64_t *pids = pstack, *sids = sstack;
   if (opt->n > 64) {
@@ -462,7 +478,7 @@ static int remote_step(dispatch_optim *opt, dispatch_grads *grads,
   for (int i = 0; i < opt->n; i++) pids[i] = opt->params[i]->inner->id;
   for (int i = 0; i < opt->n * opt->k; i++) sids[i] = opt->states[i]->id;
   int rc = req_step(dev, opt->op, grads->id, pids, opt->n, sids,
-                                 opt->n * opt->k, a);
+                    opt->n * opt->k, a, opt->wd, opt->max_norm);
   if (pids != pstack) {
     dsp_free(pids);
     dsp_free(sids);

@@ -560,6 +560,7 @@ int dsp__autodiff_rule(dsp_ctx *ctx, const dsp_node *n, dsp_tensor *g,
     case DSP_OP_NORMAL:
     case DSP_OP_SGD_STEP:
     case DSP_OP_ADAM_STEP:
+    case DSP_OP_ADAMW_STEP:
       /* never recorded: non-float outputs, no inputs, or in place */
       r.rc = dsp_seterr(ctx, DISPATCH_EINTERNAL,
                         "backward: %s should never be on the tape", name);

@@ -27,7 +27,9 @@
 #define DSP_MAX_DIMS 8
 #define DSP_MAX_INPUTS 64      /* cat/stack take up to this many inputs */
 #define DSP_MAX_ATTR_INTS 16
-#define DSP_MAX_ATTR_FLOATS 4
+/* 8 since wire 1.5 (adamw with a clip scale takes 6); a peer that sends
+ * at most 4 is unaffected */
+#define DSP_MAX_ATTR_FLOATS 8
 
 /* ------------------------------------------------------------------ */
 /* allocator                                                           */
@@ -570,7 +572,13 @@ int dsp__storage_prepare_write(dsp_ctx *ctx, dsp_tensor *t);
   X(SGD_STEP, 110, sgd_step, 3, OPTIM, NONE, NONE)                           \
   /* adam(param, grad, m, v): floats = {lr, beta1, beta2, eps},              \
    * ints[0] = step t (>= 1) */                                              \
-  X(ADAM_STEP, 111, adam_step, 4, OPTIM, NONE, NONE)
+  X(ADAM_STEP, 111, adam_step, 4, OPTIM, NONE, NONE)                         \
+  /* adamw(param, grad, m, v): floats = {lr, beta1, beta2, eps,              \
+   * weight_decay}, ints[0] = step t (>= 1); p *= 1 - lr*wd, then adam's     \
+   * update (torch.optim.AdamW). Every step op takes one more optional       \
+   * float, the gradient scale in [0, 1] a global-norm clip computed (g is   \
+   * read as g*scale; absent: 1) */                                          \
+  X(ADAMW_STEP, 112, adamw_step, 4, OPTIM, NONE, NONE)
 
 typedef enum dsp_opcode {
 #define DSP_OP_ENUM_(NAME, code, ...) DSP_OP_##NAME = (code),
@@ -752,6 +760,37 @@ int dsp_detach(dsp_ctx *ctx, dsp_tensor *t, dsp_tensor **out);
 
 /* shape inference per family (common/ops_<family>.c); each backend's
  * kernels live in its own folder (CPU: common/cpu/) */
+/* ------------------------------------------------------------------ */
+/* optimizer steps (common/optim_step.c)                               */
+
+/* What the three runners of a step share (the LOCAL device, the server's
+ * Step, a replayed graph's STEP node), so that they agree bit for bit.
+ * A step over n parameters: every gradient is fetched, then (max_norm > 0)
+ * the global norm is taken over all of them, then each parameter runs its
+ * op with its own attributes (dsp_step_param_attrs). */
+
+/* State tensors per parameter of step op `op` (1 sgd, 2 adam and adamw),
+ * 0 when op is not a step op (any int is safe). */
+int dsp_step_states(int op);
+
+/* *sq = sum over g[0..n-1] of the sum of their squared elements, in double
+ * accumulation, tensor by tensor in order (f32 or f64; any backend: the
+ * bytes are read through a pin, no copy on host memory). 0, or
+ * DISPATCH_EDTYPE / ENOMEM. */
+int dsp_grads_sqnorm(dsp_ctx *ctx, dsp_tensor *const *g, size_t n, double *sq);
+
+/* torch.nn.utils.clip_grad_norm_'s scale: max_norm / (norm + 1e-6) when
+ * that is below 1, else 1. A NaN norm gives NaN and an infinite one 0
+ * (PyTorch without error_if_nonfinite: nothing is skipped, the non-finite
+ * value propagates into the parameters). */
+double dsp_clip_scale(double max_norm, double norm);
+
+/* The attributes parameter i's op runs with: the step's own `base` (lr,
+ * betas, ..., the step count), then adamw's weight decay wd[i] (wd NULL:
+ * 0), then, when clip is set, the gradient scale. */
+void dsp_step_param_attrs(int op, const dsp_attrs *base, const double *wd,
+                          size_t i, int clip, double scale, dsp_attrs *out);
+
 #define DSP_FAMILY_DECL_(fam)                                                \
   int dsp__infer_##fam(dsp_ctx *ctx, dsp_opcode op, const dsp_meta *in,      \
                        int n_in, const dsp_attrs *a, dsp_meta *out);

@@ -7,6 +7,7 @@
  * and poisons the output. */
 #include "handlers.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -284,14 +285,24 @@ int sv_exec_grad(sv_session *s, sv_job *j, char *why, size_t len) {
  * parameters in place with grad mode off (an update is not a graph op). */
 int sv_exec_step(sv_session *s, sv_job *j, char *why, size_t len) {
   Dspwire__Step *st = j->req->step;
-  size_t k;
-  if (st->op == DSP_OP_SGD_STEP) k = 1;
-  else if (st->op == DSP_OP_ADAM_STEP) k = 2;
-  else
+  size_t k = (size_t)dsp_step_states(st->op);
+  if (!k)
     return sv_why(why, len, DISPATCH_EINVAL,
-                  "step: op %d is not sgd_step (%d) or adam_step (%d)", st->op,
-                  DSP_OP_SGD_STEP, DSP_OP_ADAM_STEP);
+                  "step: op %d is not sgd_step (%d), adam_step (%d) or "
+                  "adamw_step (%d)",
+                  st->op, DSP_OP_SGD_STEP, DSP_OP_ADAM_STEP,
+                  DSP_OP_ADAMW_STEP);
   const char *name = dsp_op_lookup(st->op)->name;
+  if (!(st->max_norm >= 0.0) || isinf(st->max_norm))
+    return sv_why(why, len, DISPATCH_EINVAL,
+                  "step %s: max_norm = %g is not finite and >= 0", name,
+                  st->max_norm);
+  if (st->n_weight_decay &&
+      (st->op != DSP_OP_ADAMW_STEP || st->n_weight_decay != st->n_params))
+    return sv_why(why, len, DISPATCH_EINVAL,
+                  "step %s: %zu weight decays for %zu params (adamw_step "
+                  "only, one per param)",
+                  name, st->n_weight_decay, st->n_params);
   /* each parameter and state is a distinct live tensor in a real step, so
    * more parameters than tensors is refused before anything is allocated
    * for them (n_params comes from the network) */
@@ -304,10 +315,12 @@ int sv_exec_step(sv_session *s, sv_job *j, char *why, size_t len) {
     return sv_why(why, len, DISPATCH_EINVAL,
                   "step %s: %zu params need %zu state ids, got %zu", name,
                   st->n_params, k * st->n_params, st->n_states);
-  dsp_attrs a;
-  int rc = attrs_from(name, st->n_ints, st->ints, st->n_floats, st->floats, &a,
-                      why, len);
+  dsp_attrs base, a;
+  int rc = attrs_from(name, st->n_ints, st->ints, st->n_floats, st->floats,
+                      &base, why, len);
   if (rc < 0) return rc;
+  int clip = st->max_norm > 0.0;
+  const double *wd = st->n_weight_decay ? st->weight_decay : NULL;
   dsp_grads *g;
   rc = sv_get_grads(s, st->grads, why, len, &g);
   if (rc < 0) return rc;
@@ -332,13 +345,32 @@ int sv_exec_step(sv_session *s, sv_job *j, char *why, size_t len) {
     n_grads = i + 1;
     dsp_meta metas[4], om;
     for (size_t q = 0; q < k + 2; q++) metas[q] = row[q]->meta;
+    /* checked with the scale it may get: a clip gives every op one more
+     * float, so the counts are judged here, before anything changes */
+    dsp_step_param_attrs(st->op, &base, wd, i, clip, 1.0, &a);
     rc = dsp_op_infer(s->ctx, (dsp_opcode)st->op, metas, (int)(k + 2), &a, &om);
     if (rc < 0) rc = why_ctx(s, why, len, rc);
+  }
+  /* the norm over every gradient, before the first parameter changes, in
+   * the LOCAL device's order (dsp_grads_sqnorm) */
+  double scale = 1.0;
+  if (rc == 0 && clip) {
+    double sq;
+    dsp_tensor **gs = dsp_calloc(st->n_params, sizeof *gs);
+    if (!gs) rc = sv_why(why, len, DISPATCH_ENOMEM, "step: out of memory");
+    for (size_t i = 0; gs && i < st->n_params; i++) gs[i] = args[i * (k + 2) + 1];
+    if (gs) {
+      rc = dsp_grads_sqnorm(s->ctx, gs, st->n_params, &sq);
+      if (rc < 0) rc = why_ctx(s, why, len, rc);
+      else scale = dsp_clip_scale(st->max_norm, sqrt(sq));
+    }
+    dsp_free(gs);
   }
   if (rc == 0) {
     int prev = dsp_set_grad_enabled(s->ctx, 0);
     for (size_t i = 0; i < st->n_params && rc == 0; i++) {
       dsp_tensor *out;
+      dsp_step_param_attrs(st->op, &base, wd, i, clip, scale, &a);
       rc = dsp_op(s->ctx, (dsp_opcode)st->op, args + i * (k + 2), (int)(k + 2),
                   &a, &out);
       if (rc < 0) {

@@ -447,6 +447,15 @@ static int make_case(dsp_opcode op, dsp_dtype k, int v, tcase *c) {
       fl_(c, 4, 0.01, 0.9, 0.999, 1e-8);
       ints_(c, 1, 3);
       return 0;
+    case DSP_OP_ADAMW_STEP: /* decay, then with a clip's gradient scale */
+      if (v > 1) return -1;
+      c->what = v ? "[3,4] scale 0.5" : "[3,4]";
+      for (int i = 0; i < 3; i++) in_(c, k, 'r', 0, 2, 3, 4);
+      in_(c, k, 'p', 0, 2, 3, 4);
+      if (v) fl_(c, 6, 0.01, 0.9, 0.999, 1e-8, 0.1, 0.5);
+      else fl_(c, 5, 0.01, 0.9, 0.999, 1e-8, 0.1);
+      ints_(c, 1, 3);
+      return 0;
     default:
       /* an op without cases fails the suite (see run_pair) */
       return -1;

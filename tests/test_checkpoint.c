@@ -661,8 +661,14 @@ static void make_data(run_state *r) {
                                     &r->y));
 }
 
-static void make_optim(run_state *r, int adam) {
-  if (adam)
+/* which: 0 sgd, 1 adam, 2 adamw (decay on the weights only, clipped) */
+static void make_optim(run_state *r, int which) {
+  static const double wd[N_PARAMS] = {0.1, 0, 0.1, 0};
+  if (which == 2) {
+    OK(r->dev, dispatch_adamw_new(r->p, N_PARAMS, 0.01, 0.9, 0.95, 1e-8, wd,
+                                  &r->opt));
+    OK(r->dev, dispatch_optim_set_clip(r->opt, 0.5));
+  } else if (which == 1)
     OK(r->dev,
        dispatch_adam_new(r->p, N_PARAMS, 0.01, 0.9, 0.999, 1e-8, &r->opt));
   else
@@ -711,8 +717,10 @@ static void run_free(run_state *r) {
 /* Params after total steps uninterrupted vs. stopped at k, saved with the
  * optimizer, loaded on a new device (REMOTE: a restarted server) and
  * resumed: the bytes must be identical. */
-static void resume_case(const char *kind, int adam) {
+static void resume_case(const char *kind, int which) {
   const int k = 3, total = 7;
+  int adam = which != 0; /* m, v and a step count */
+  const char *name = which == 2 ? "adamw" : "adam";
   setup_dir();
   int remote = strcmp(kind, "remote") == 0;
   if (remote) start_server(NULL);
@@ -720,7 +728,7 @@ static void resume_case(const char *kind, int adam) {
   run_state a = {.dev = open_kind(kind)};
   make_data(&a);
   fresh_params(&a);
-  make_optim(&a, adam);
+  make_optim(&a, which);
   for (int s = 0; s < total; s++) train_step(&a);
   void *want[N_PARAMS];
   size_t wn[N_PARAMS];
@@ -730,7 +738,7 @@ static void resume_case(const char *kind, int adam) {
   run_state b = {.dev = open_kind(kind)};
   make_data(&b);
   fresh_params(&b);
-  make_optim(&b, adam);
+  make_optim(&b, which);
   for (int s = 0; s < k; s++) train_step(&b);
   char path[300];
   path_in_dir(path, sizeof path, "train.safetensors");
@@ -752,22 +760,28 @@ static void resume_case(const char *kind, int adam) {
     cr_assert_not_null(t);
     OK(c.dev, dispatch_autodiff(t, &c.p[i]));
   }
-  make_optim(&c, adam);
+  make_optim(&c, which);
   if (adam) {
     /* an SGD optimizer refuses Adam state and keeps its own */
     dispatch_optim *sgd;
     OK(c.dev, dispatch_sgd_new(c.p, N_PARAMS, 0.1, 0.9, 0, &sgd));
     cr_assert_eq(dispatch_optim_load(sgd, ck), DISPATCH_EINVAL);
-    cr_assert(strstr(dispatch_device_errmsg(c.dev),
-                     "holds \"adam\" state for 4 parameters; this optimizer "
-                     "is sgd over 4"),
-              "%s", dispatch_device_errmsg(c.dev));
+    char want[128];
+    snprintf(want, sizeof want,
+             "holds \"%s\" state for 4 parameters; this optimizer is sgd "
+             "over 4", name);
+    cr_assert(strstr(dispatch_device_errmsg(c.dev), want), "%s",
+              dispatch_device_errmsg(c.dev));
     dispatch_optim_free(sgd);
     /* parameters in another order: state shapes no longer match */
     dispatch_tensor *swapped[N_PARAMS] = {c.p[1], c.p[0], c.p[2], c.p[3]};
     dispatch_optim *adam2;
-    OK(c.dev,
-       dispatch_adam_new(swapped, N_PARAMS, 0.01, 0.9, 0.999, 1e-8, &adam2));
+    if (which == 2)
+      OK(c.dev, dispatch_adamw_new(swapped, N_PARAMS, 0.01, 0.9, 0.999, 1e-8,
+                                   NULL, &adam2));
+    else
+      OK(c.dev,
+         dispatch_adam_new(swapped, N_PARAMS, 0.01, 0.9, 0.999, 1e-8, &adam2));
     cr_assert_eq(dispatch_optim_load(adam2, ck), DISPATCH_ESHAPE);
     cr_assert(strstr(dispatch_device_errmsg(c.dev),
                      "\"optim.0.m\" is f32 [8, 16], parameter 0 is f32 [16]"),
@@ -802,6 +816,37 @@ Test(checkpoint, resume_sgd_remote_fresh_server, .fini = teardown) {
 }
 Test(checkpoint, resume_adam_local, .fini = teardown) {
   resume_case("local", 1);
+}
+Test(checkpoint, resume_adamw_clipped_local, .fini = teardown) {
+  resume_case("local", 2);
+}
+Test(checkpoint, resume_adamw_clipped_remote_fresh_server, .fini = teardown) {
+  resume_case("remote", 2);
+}
+/* Adam and AdamW state have the same names: the kind tells them apart */
+Test(checkpoint, adam_refuses_adamw_state, .fini = teardown) {
+  setup_dir();
+  run_state a = {.dev = open_kind("local")};
+  make_data(&a);
+  fresh_params(&a);
+  make_optim(&a, 2);
+  train_step(&a);
+  char path[300];
+  path_in_dir(path, sizeof path, "adamw.safetensors");
+  OK(a.dev, dispatch_save(a.dev, path, k_pnames, a.p, N_PARAMS, a.opt));
+  dispatch_checkpoint *ck;
+  OK(a.dev, dispatch_load(a.dev, path, &ck));
+  cr_assert_str_eq(dispatch_checkpoint_meta(ck, "dispatch.optim"), "adamw");
+  dispatch_optim *adam;
+  OK(a.dev, dispatch_adam_new(a.p, N_PARAMS, 0.01, 0.9, 0.999, 1e-8, &adam));
+  cr_assert_eq(dispatch_optim_load(adam, ck), DISPATCH_EINVAL);
+  cr_assert(strstr(dispatch_device_errmsg(a.dev),
+                   "holds \"adamw\" state for 4 parameters; this optimizer "
+                   "is adam over 4"),
+            "%s", dispatch_device_errmsg(a.dev));
+  dispatch_optim_free(adam);
+  dispatch_checkpoint_free(ck);
+  run_free(&a);
 }
 
 /* ------------------------------------------------------------------ */

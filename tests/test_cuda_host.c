@@ -1107,6 +1107,25 @@ Test(cuda_host, optimizer_steps_are_bit_identical_to_cpu) {
       cr_assert(f ? pi == ld(p, i) && vi == ld(v, i)
                   : (float)pi == (float)ld(p, i) && (float)vi == (float)ld(v, i),
                 "adam element %lld", (long long)i);
+      P[i] = ld(p, i), M[i] = ld(m, i), V[i] = ld(v, i);
+    }
+    /* adamw step 4 with decay 0.1 and a clip's gradient scale 0.375 */
+    int64_t t4 = 4;
+    dsp_attrs w = dsp_attrs_ints(1, &t4);
+    w.n_floats = 6, w.floats[0] = 1e-2, w.floats[1] = 0.9,
+    w.floats[2] = 0.999, w.floats[3] = 1e-8, w.floats[4] = 0.1,
+    w.floats[5] = 0.375;
+    dsp_tensor_unref(run(DSP_OP_ADAMW_STEP, &w, 4, in4));
+    for (int64_t i = 0; i < p->numel; i++) {
+      double pi = P[i], mi = M[i], vi = V[i];
+      dsp__cu_adamw(&pi, &mi, &vi, G[i], 1e-2, 0.9, 0.999, 1e-8,
+                    1.0 - pow(0.9, 4.0), 1.0 - pow(0.999, 4.0),
+                    1.0 - 1e-2 * 0.1, 0.375);
+      cr_assert(f ? pi == ld(p, i) && mi == ld(m, i) && vi == ld(v, i)
+                  : (float)pi == (float)ld(p, i) &&
+                        (float)mi == (float)ld(m, i) &&
+                        (float)vi == (float)ld(v, i),
+                "adamw element %lld", (long long)i);
     }
     free(P), free(G), free(M), free(V);
     dsp_tensor_unref(p), dsp_tensor_unref(g), dsp_tensor_unref(m), dsp_tensor_unref(v);

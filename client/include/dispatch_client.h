@@ -786,6 +786,19 @@ DISPATCH_API
 int dispatch_adam_new(dispatch_tensor *const *params, int n, double lr,
                       double beta1, double beta2, double eps,
                       dispatch_optim **out);
+/* AdamW (torch.optim.AdamW): decoupled weight decay, then Adam's update
+ * with the same bias correction: p *= 1 - lr * wd[i]; m = b1 m + (1-b1) g;
+ * v = b2 v + (1-b2) g^2; p -= lr (m / (1-b1^t)) / (sqrt(v / (1-b2^t)) +
+ * eps), in double, rounded once into the parameter's dtype. weight_decay
+ * holds n values, one per parameter (copied; 0 excludes a norm's gain or
+ * a bias), NULL: all 0. A non-finite decay is DISPATCH_EINVAL here; lr,
+ * betas ([0, 1)) and eps (>= 0) are checked at the first step, as Adam's.
+ * State: m and v in the parameter's dtype. REMOTE needs a server of
+ * protocol 1.5 (an older one: DISPATCH_EUNSUPPORTED at the step). */
+DISPATCH_API
+int dispatch_adamw_new(dispatch_tensor *const *params, int n, double lr,
+                       double beta1, double beta2, double eps,
+                       const double *weight_decay, dispatch_optim **out);
 
 /* One update of every parameter in place, on the device where it lives,
  * with its gradient from grads. Parameters stay the same AUTODIFF leaves
@@ -804,6 +817,36 @@ int dispatch_optim_step(dispatch_optim *opt, dispatch_grads *grads);
 DISPATCH_API
 int dispatch_optim_set_lr(dispatch_optim *opt, double lr);
 
+/* Clips later steps by global norm (any optimizer), as
+ * torch.nn.utils.clip_grad_norm_ before the step: norm = sqrt(sum over
+ * every parameter of the optimizer of sum g^2), accumulated in double,
+ * parameter by parameter in the optimizer's order; when c = max_norm /
+ * (norm + 1e-6) is below 1 every gradient is read as g * c (in double,
+ * inside the update: the gradient tensors themselves are not changed).
+ * The norm is taken inside the step: REMOTE still one Step message, the
+ * server computes it over every gradient before the first update, and
+ * LOCAL and REMOTE give the same bits. A non-finite norm is not an
+ * error and nothing is skipped (PyTorch without error_if_nonfinite): a NaN
+ * norm scales by NaN, so every parameter becomes NaN; an infinite one
+ * scales by 0. max_norm 0 turns clipping off; negative, NaN or infinite:
+ * DISPATCH_EINVAL. REMOTE needs a server of protocol 1.5 (an older one:
+ * DISPATCH_EUNSUPPORTED at the step). A step inside a graph capture
+ * cannot be clipped or AdamW yet: the capture fails with
+ * DISPATCH_EUNSUPPORTED at dispatch_graph_end. */
+DISPATCH_API
+int dispatch_optim_set_clip(dispatch_optim *opt, double max_norm);
+
+/* Cosine learning rate with linear warmup, for step = 0, 1, ...:
+ *   step < warmup:   lr_max * (step + 1) / warmup
+ *   step >= total:   lr_min
+ *   otherwise:       lr_min + 0.5 (1 + cos(pi (step - warmup) /
+ *                    (total - warmup))) (lr_max - lr_min)
+ * Pure arithmetic (no device, no error). Pass it to
+ * dispatch_optim_set_lr before each step. */
+DISPATCH_API
+double dispatch_lr_cosine(int64_t step, int64_t warmup, int64_t total,
+                          double lr_max, double lr_min);
+
 /* Frees the optimizer, its state and its parameter references. NULL ok. */
 DISPATCH_API
 void dispatch_optim_free(dispatch_optim *opt);
@@ -819,14 +862,16 @@ void dispatch_optim_free(dispatch_optim *opt);
  * safetensors and PyTorch read and write it.
  *
  * Optimizer state goes under these names (parameter i of the optimizer,
- * in the order given to dispatch_sgd_new / dispatch_adam_new):
+ * in the order given to dispatch_sgd_new / dispatch_adam_new /
+ * dispatch_adamw_new):
  *   optim.<i>.momentum   SGD velocity, dtype and shape of parameter i
- *   optim.<i>.m          Adam first moment
- *   optim.<i>.v          Adam second moment
- *   optim.step           Adam's step count t, an I64 scalar (shape [])
- * and the metadata "dispatch.optim" ("sgd" or "adam") and
+ *   optim.<i>.m          Adam (and AdamW) first moment
+ *   optim.<i>.v          Adam (and AdamW) second moment
+ *   optim.step           their step count t, an I64 scalar (shape [])
+ * and the metadata "dispatch.optim" ("sgd", "adam" or "adamw") and
  * "dispatch.optim.params" (the parameter count). Hyperparameters (lr,
- * betas, ...) are not saved: the caller creates the optimizer again. */
+ * betas, weight decays, the clip's max_norm, ...) are not saved: the
+ * caller creates the optimizer again. */
 typedef struct dispatch_checkpoint dispatch_checkpoint;
 
 /* Writes tensors[0..n-1] under names[0..n-1] (unique, non-empty, UTF-8,

@@ -260,7 +260,7 @@ static const struct cpu_row {
     {DSP_OP_ATTENTION, FD_}, {DSP_OP_ATTENTION_BACKWARD, FD_},
     {DSP_OP_ZEROS, ALL_}, {DSP_OP_ONES, ALL_}, {DSP_OP_FULL, ALL_},
     {DSP_OP_ARANGE, FDI_}, {DSP_OP_UNIFORM, FD_}, {DSP_OP_NORMAL, FD_},
-    {DSP_OP_SGD_STEP, FD_}, {DSP_OP_ADAM_STEP, FD_},
+    {DSP_OP_SGD_STEP, FD_}, {DSP_OP_ADAM_STEP, FD_}, {DSP_OP_ADAMW_STEP, FD_},
 };
 _Static_assert(sizeof g_cpu_ops / sizeof g_cpu_ops[0] == DSP__OP_COUNT,
                "every op in DSP_OP_MAP needs a row in the CPU support table");

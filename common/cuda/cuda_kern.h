@@ -83,11 +83,13 @@ int dsp__cuk_index_select_bw(cudaStream_t st, int dt, int64_t outer,
                              int64_t L, int64_t S, int64_t blk,
                              const int64_t *start, const int64_t *ks,
                              const void *g, void *out);
+/* gs: the clip's gradient scale (1: none); dk: adamw's decay factor
+ * 1 - lr*wd (1: adam) */
 int dsp__cuk_sgd(cudaStream_t st, int dt, int64_t n, void *p, const void *g,
-                 void *v, double lr, double mom, double wd);
+                 void *v, double lr, double mom, double wd, double gs);
 int dsp__cuk_adam(cudaStream_t st, int dt, int64_t n, void *p, const void *g,
                   void *m, void *v, double lr, double b1, double b2,
-                  double eps, double bc1, double bc2);
+                  double eps, double bc1, double bc2, double dk, double gs);
 /* conv2d blocks: one sample's im2col columns p0..p0+np-1 into col
  * [C*KH*KW, np], and the col2im gather that adds such a block into the
  * sample's input gradient xn [C, H, W] */

@@ -394,5 +394,15 @@ DSP_HD void dsp__cu_adam(double *p, double *m, double *v, double g, double lr,
   *v = b2 * *v + (1.0 - b2) * g * g;
   *p = *p - lr * (*m / bc1) / (sqrt(*v / bc2) + eps);
 }
+/* adam and adamw as the CPU runs them: p *= dk (adamw's decoupled decay
+ * 1 - lr*wd, computed once on the host; 1 for adam, which leaves p as it
+ * is), g read as g * gs (the clip's gradient scale; 1 when none), then
+ * adam's update */
+DSP_HD void dsp__cu_adamw(double *p, double *m, double *v, double g, double lr,
+                          double b1, double b2, double eps, double bc1,
+                          double bc2, double dk, double gs) {
+  *p = *p * dk;
+  dsp__cu_adam(p, m, v, g * gs, lr, b1, b2, eps, bc1, bc2);
+}
 
 #endif

@@ -625,10 +625,10 @@ extern "C" int dsp__cuk_index_select_bw(cudaStream_t st, int dt, int64_t outer,
 
 template <typename T>
 __global__ void k_sgd(int64_t n, T *p, const T *g, T *v, double lr, double mom,
-                      double wd) {
+                      double wd, double gs) {
   GRID_LOOP(i, n) {
     double pi = (double)p[i], vi = (double)v[i];
-    dsp__cu_sgd(&pi, &vi, (double)g[i], lr, mom, wd);
+    dsp__cu_sgd(&pi, &vi, (double)g[i] * gs, lr, mom, wd);
     v[i] = (T)vi;
     p[i] = (T)pi;
   }
@@ -636,19 +636,21 @@ __global__ void k_sgd(int64_t n, T *p, const T *g, T *v, double lr, double mom,
 
 extern "C" int dsp__cuk_sgd(cudaStream_t st, int dt, int64_t n, void *p,
                             const void *g, void *v, double lr, double mom,
-                            double wd) {
+                            double wd, double gs) {
   if (n <= 0) return 0;
-  if (dt == DSP_F32) k_sgd<float><<<grid_for(n), TPB, 0, st>>>(n, (float *)p, (const float *)g, (float *)v, lr, mom, wd);
-  else k_sgd<double><<<grid_for(n), TPB, 0, st>>>(n, (double *)p, (const double *)g, (double *)v, lr, mom, wd);
+  if (dt == DSP_F32) k_sgd<float><<<grid_for(n), TPB, 0, st>>>(n, (float *)p, (const float *)g, (float *)v, lr, mom, wd, gs);
+  else k_sgd<double><<<grid_for(n), TPB, 0, st>>>(n, (double *)p, (const double *)g, (double *)v, lr, mom, wd, gs);
   return (int)cudaGetLastError();
 }
 
 template <typename T>
 __global__ void k_adam(int64_t n, T *p, const T *g, T *m, T *v, double lr,
-                       double b1, double b2, double eps, double bc1, double bc2) {
+                       double b1, double b2, double eps, double bc1, double bc2,
+                       double dk, double gs) {
   GRID_LOOP(i, n) {
     double pi = (double)p[i], mi = (double)m[i], vi = (double)v[i];
-    dsp__cu_adam(&pi, &mi, &vi, (double)g[i], lr, b1, b2, eps, bc1, bc2);
+    dsp__cu_adamw(&pi, &mi, &vi, (double)g[i], lr, b1, b2, eps, bc1, bc2, dk,
+                  gs);
     m[i] = (T)mi;
     v[i] = (T)vi;
     p[i] = (T)pi;
@@ -658,10 +660,10 @@ __global__ void k_adam(int64_t n, T *p, const T *g, T *m, T *v, double lr,
 extern "C" int dsp__cuk_adam(cudaStream_t st, int dt, int64_t n, void *p,
                              const void *g, void *m, void *v, double lr,
                              double b1, double b2, double eps, double bc1,
-                             double bc2) {
+                             double bc2, double dk, double gs) {
   if (n <= 0) return 0;
-  if (dt == DSP_F32) k_adam<float><<<grid_for(n), TPB, 0, st>>>(n, (float *)p, (const float *)g, (float *)m, (float *)v, lr, b1, b2, eps, bc1, bc2);
-  else k_adam<double><<<grid_for(n), TPB, 0, st>>>(n, (double *)p, (const double *)g, (double *)m, (double *)v, lr, b1, b2, eps, bc1, bc2);
+  if (dt == DSP_F32) k_adam<float><<<grid_for(n), TPB, 0, st>>>(n, (float *)p, (const float *)g, (float *)m, (float *)v, lr, b1, b2, eps, bc1, bc2, dk, gs);
+  else k_adam<double><<<grid_for(n), TPB, 0, st>>>(n, (double *)p, (const double *)g, (double *)m, (double *)v, lr, b1, b2, eps, bc1, bc2, dk, gs);
   return (int)cudaGetLastError();
 }
 

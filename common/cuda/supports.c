@@ -81,7 +81,7 @@ static const struct cu_row {
     {DSP_OP_ZEROS, ALL_}, {DSP_OP_ONES, ALL_}, {DSP_OP_FULL, ALL_},
     {DSP_OP_ARANGE, FDI_}, {DSP_OP_UNIFORM, FD_}, {DSP_OP_NORMAL, FD_},
     /* k_sgd, k_adam */
-    {DSP_OP_SGD_STEP, FD_}, {DSP_OP_ADAM_STEP, FD_},
+    {DSP_OP_SGD_STEP, FD_}, {DSP_OP_ADAM_STEP, FD_}, {DSP_OP_ADAMW_STEP, FD_},
 };
 _Static_assert(sizeof g_cu_ops / sizeof g_cu_ops[0] == DSP__OP_COUNT,
                "every op in DSP_OP_MAP needs a row in the CUDA support table "

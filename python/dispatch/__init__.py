@@ -19,7 +19,7 @@ from ._core import (  # noqa: F401
 from ._core import op_functions as _op_functions
 from ._core import _as_tensor
 from ._lib import ffi as _ffi, lib as _lib, path as library_path
-from .optim import SGD, Adam, Optimizer  # noqa: F401
+from .optim import SGD, Adam, AdamW, Optimizer, lr_cosine  # noqa: F401
 
 __version__ = _ffi.string(_lib.dispatch_version()).decode()
 

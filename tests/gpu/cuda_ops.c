@@ -454,6 +454,13 @@ int main(int argc, char **argv) {
     ad.a.n_floats = 4, ad.a.floats[0] = 0.01, ad.a.floats[1] = 0.9,
     ad.a.floats[2] = 0.999, ad.a.floats[3] = 1e-8;
     run_case(&ad);
+    /* adamw: decay 0.1, then with a clip's gradient scale 0.4 */
+    tcase aw = ad;
+    aw.op = DSP_OP_ADAMW_STEP;
+    aw.a.n_floats = 5, aw.a.floats[4] = 0.1;
+    run_case(&aw);
+    aw.a.n_floats = 6, aw.a.floats[5] = 0.4;
+    run_case(&aw);
   }
   mlp_backward_case(DSP_F32);
   mlp_backward_case(DSP_F64);
