@@ -371,6 +371,8 @@ int dispatch_layer_norm(dispatch_tensor *x, int nlast, dispatch_tensor *weight,
 int dispatch_rms_norm(dispatch_tensor *x, int nlast, dispatch_tensor *weight,
                       double eps, dispatch_tensor **out) {
   return run_norm(DSP_OP_RMS_NORM, x, nlast, weight, NULL, 0, eps, out);
+}
+
 /* issue 23: attention */
 
 int dispatch_attention(dispatch_tensor *q, dispatch_tensor *k,

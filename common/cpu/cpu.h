@@ -36,6 +36,7 @@ DSP_CPU_FAMILY_DECL_(optim)
 /* issue 23: embedding, layer_norm, rms_norm and their backward ops
  * (cpu/norm.c), reached through dsp__cpu_nn */
 int dsp__cpu_norm(dsp_ctx *ctx, dsp_opcode op, dsp_tensor *const *in,
+                  int n_in, const dsp_attrs *a, dsp_tensor *out);
 /* attention and attention_backward (common/cpu/attn.c), part of nn */
 int dsp__cpu_attn(dsp_ctx *ctx, dsp_opcode op, dsp_tensor *const *in,
                   int n_in, const dsp_attrs *a, dsp_tensor *out);

@@ -280,6 +280,8 @@ def test_rms_norm_matches_numpy_and_errors(local, remote):
         dispatch.layer_norm(local.tensor(x), 4)
     with pytest.raises(dispatch.ESHAPE, match="weight has shape"):
         dispatch.rms_norm(local.tensor(x), 6, np.ones(5))
+
+
 # issue 23: attention
 
 def _attn_ref(q, k, v, mask, causal, scale):
