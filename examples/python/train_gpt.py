@@ -66,25 +66,25 @@ class GPT:
         p = self.p if train else {n: t.inner for n, t in self.p.items()}
         B, T = idx.shape
         D, H = G.D_MODEL, G.N_HEAD
-        x = dispatch.embedding(p["wte"], idx) + \
+        x = dispatch.embedding(idx, p["wte"]) + \
             dispatch.slice(p["wpe"], 0, 0, T)
         for layer in range(G.N_LAYER):
             q = f"h{layer}."
-            h = dispatch.layer_norm(x, 1, p[q + "ln1.w"], p[q + "ln1.b"],
+            h = dispatch.layer_norm(x, D, p[q + "ln1.w"], p[q + "ln1.b"],
                                     1e-5)
 
             def heads(m, h=h, q=q):
                 y = h @ p[q + "w" + m] + p[q + "b" + m]
                 return y.reshape(B, T, H, D // H).permute(0, 2, 1, 3)
             a = dispatch.attention(heads("q"), heads("k"), heads("v"),
-                                   causal=True)
+                                   is_causal=True)
             a = a.permute(0, 2, 1, 3).reshape(B, T, D)
             x = x + (a @ p[q + "wo"] + p[q + "bo"])
-            h = dispatch.layer_norm(x, 1, p[q + "ln2.w"], p[q + "ln2.b"],
+            h = dispatch.layer_norm(x, D, p[q + "ln2.w"], p[q + "ln2.b"],
                                     1e-5)
             h = dispatch.gelu(h @ p[q + "w1"] + p[q + "b1"])
             x = x + (h @ p[q + "w2"] + p[q + "b2"])
-        x = dispatch.layer_norm(x, 1, p["lnf.w"], p["lnf.b"], 1e-5)
+        x = dispatch.layer_norm(x, D, p["lnf.w"], p["lnf.b"], 1e-5)
         return (x @ p["wout"] + p["bout"]).reshape(B * T, self.vocab_size)
 
 
