@@ -58,12 +58,21 @@ def test_gpt_recipe_streams_match_the_c_copy():
 
 @pytest.mark.skipif(not os.path.isdir(gpt_data.CORPUS_DIR),
                     reason="no fortunes corpus (Debian fortunes, fortunes-min)")
-def test_train_gpt_example(server):
-    r = subprocess.run(
-        [sys.executable, str(ROOT / "examples" / "python" / "train_gpt.py"),
-         "--device", server.spec, "--steps", "2", "--log-every", "1",
-         "--sample", "5"],
-        capture_output=True, text=True, timeout=300)
+def test_train_gpt_example():
+    # a server of its own: a step holds about 70 MB of activations, more
+    # than the suite's server allows a session
+    from conftest import Server
+    server = Server(["--max-session-bytes", str(512 << 20),
+                     "--max-memory", str(1 << 30)])
+    try:
+        r = subprocess.run(
+            [sys.executable,
+             str(ROOT / "examples" / "python" / "train_gpt.py"),
+             "--device", server.spec, "--steps", "2", "--log-every", "1",
+             "--sample", "5"],
+            capture_output=True, text=True, timeout=300)
+    finally:
+        assert server.stop() == 0, server.stderr()
     assert r.returncode == 0, r.stderr
     losses = [float(x) for x in re.findall(r"loss ([\d.]+)", r.stdout)]
     assert len(losses) == 3, r.stdout  # 2 steps and the validation
