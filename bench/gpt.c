@@ -78,24 +78,26 @@ static double run_torch(variant *v, int block) {
     v->ready = 0;
     return NAN;
   }
+  char last[256] = "";
   while (fgets(line, sizeof line, f))
-    if (sscanf(line, "torch_step_ms %lf", &ms) != 1 && isnan(ms))
-      snprintf(v->why, sizeof v->why, "%.200s", line);
+    if (sscanf(line, "torch_step_ms %lf", &ms) != 1)
+      snprintf(last, sizeof last, "%s", line); /* the error, on failure */
   int st = pclose(f);
   if (st != 0 || isnan(ms)) {
-    if (!v->why[0]) snprintf(v->why, sizeof v->why, "python exit %d", st);
+    snprintf(v->why, sizeof v->why, "python exit %d: %.200s", st, last);
     v->ready = 0;
     return NAN;
   }
   return ms / 1000.0;
 }
 
-static int setup(variant *v, const char *spec) {
-  dispatch_device *dev = spec ? bench_open(spec, v->why, sizeof v->why)
-                              : NULL;
+/* remote: on spec (NULL: no server, the variant stays unmeasured) */
+static int setup(variant *v, int remote, const char *spec) {
+  dispatch_device *dev = remote ? bench_open(spec, v->why, sizeof v->why)
+                                : NULL;
   char err[256] = "";
   v->rng = GR_BATCH_SEED;
-  if (!spec) {
+  if (!remote) {
     int rc = dispatch_device_open("local", NULL, &dev, err, sizeof err);
     if (rc < 0) {
       snprintf(v->why, sizeof v->why, "open local: %s", err);
@@ -165,8 +167,8 @@ int main(void) {
     emit(vs, 1);
     return 0;
   }
-  setup(&vs[LOCAL], NULL);
-  setup(&vs[REMOTE], bench_remote_spec());
+  setup(&vs[LOCAL], 0, NULL);
+  setup(&vs[REMOTE], 1, bench_remote_spec());
   vs[TORCH].ready = 1;
   /* warm-up: first steps pay allocation and server-side setup */
   for (int k = 0; k < TORCH; k++)
