@@ -17,6 +17,12 @@ Prints the training loss of every 100th step, the validation loss at
 steps 1000 and 2000 (and at the last step), the add-one bigram and unigram
 baselines, tokens/s over the training steps, and a 300-character sample
 (seeded sampling from "\\n"). --bench N times N steps only (bench/gpt.c).
+
+Reference run (torch 1.13.1 Debian, 2 threads, 2 cores shared with other
+builds): training loss 2.6610 @100, 1.9306 @1000, 1.6333 @2000; validation
+1.8986 @1000 and 1.7405 @2000; bigram 2.6172, unigram 3.3777 (vocab 114,
+2,576,674 bytes, 2,319,007 train). Step 1's loss, 4.748587, is the C
+program's to the printed digit (same weights, same batch).
 """
 import argparse
 import math
