@@ -121,8 +121,12 @@ static void teardown(variant *v) {
 }
 
 static void emit(const variant *vs, int n) {
+  /* local is no limit here: the remote client queues the step's ops
+   * while the server runs the earlier ones (two processes on two cores),
+   * which LOCAL, running each op in the caller, cannot; on a quiet
+   * machine the remote step measured 0.95x the local one */
   static const bench_def remote_def = {
-      "gpt", "GPT train step remote vs local", "ms", 1, "local step", 1,
+      "gpt", "GPT train step remote vs local", "ms", 1, "local step", 0,
       BENCH_GOAL_RATIO_LE, GOAL_REMOTE};
   static const bench_def torch_def = {
       "gpt", "GPT train step local vs PyTorch (2 threads)", "ms", 1,
