@@ -3,6 +3,7 @@
 #   make test       install missing packages, build, run every Criterion suite
 #   make sanitize   the same suites built with -fsanitize=address,undefined
 #   make demo       train the example MLP through a local dispatch-server
+#   make demo-gpt   train the character-level GPT through a local dispatch-server
 #   make bench      benchmarks, each figure beside its limit
 #   make bench-quick  every benchmark row at tiny sizes, CSV checked (CI)
 #   make fuzz       libFuzzer targets for a bounded time
@@ -138,7 +139,7 @@ SERVER_A := $(BUILD)/libdspserver.a
 # keep objects and generated headers that make would treat as intermediate
 .SECONDARY:
 
-.PHONY: all deps test test-run python-test deploy-test container sanitize demo bench bench-quick mutate fuzz install uninstall clean test-gpu bench-gpu
+.PHONY: all deps test test-run python-test deploy-test container sanitize demo demo-gpt bench bench-quick mutate fuzz install uninstall clean test-gpu bench-gpu
 all: $(if $(wildcard server/main.c),$(SERVER_BIN)) $(CLIENT_A) $(CLIENT_SO) $(TEST_BIN) $(EXAMPLE_BIN) $(BENCH_BIN) $(CUDA_BIN)
 
 deps:
@@ -380,6 +381,12 @@ bench-gpu:
 demo: deps
 	@$(MAKE) --no-print-directory all
 	@BUILD=$(BUILD) scripts/demo.sh
+
+# the character-level GPT (examples/train_gpt.c) trained through a server
+# on loopback, 2000 steps (GPT_STEPS=N; GPT_LOCAL=1 also trains it LOCAL)
+demo-gpt: deps
+	@$(MAKE) --no-print-directory $(SERVER_BIN) $(BUILD)/examples/train_gpt
+	@BUILD=$(BUILD) scripts/demo-gpt.sh
 
 # the programs and the server, then scripts/bench.sh runs them and writes
 # bench/results.csv

@@ -197,12 +197,12 @@ run_python_mlp() {
 
 # BENCH_ONLY="latency bulk": those programs alone (python and memory are
 # names too), for working on one benchmark; the CSV then holds their rows
-only=" ${BENCH_ONLY:-latency ops bulk devices matmul mlp graph attention python memory load} "
+only=" ${BENCH_ONLY:-latency ops bulk devices matmul mlp gpt graph attention python memory load} "
 want() { [[ $only == *" $1 "* ]]; }
 start=$(date +%s)
 start_server
 start_tls_server
-for b in latency ops bulk devices matmul mlp graph attention; do want "$b" && run "$b"; done
+for b in latency ops bulk devices matmul mlp gpt graph attention; do want "$b" && run "$b"; done
 want python && run_python_mlp
 stop_tls_server
 stop_server

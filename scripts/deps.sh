@@ -8,11 +8,15 @@ libmicrohttpd-dev prometheus
 systemd python3-yaml python3-jsonschema
 dataset-fashion-mnist clang libclang-rt-14-dev valgrind
 python3 python3-cffi python3-numpy python3-pytest
-binutils cmake g++ groff-base"
+binutils cmake g++ groff-base
+fortunes fortunes-min"
 missing=""
 for p in $pkgs; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
 done
+# optional: PyTorch for bench/gpt.c's reference row (skipped without it)
+dpkg-query -W -f='${Status}' python3-torch 2>/dev/null | grep -q "install ok installed" ||
+  echo "deps: optional python3-torch not installed (bench/gpt.c skips its PyTorch row)" >&2
 [ -z "$missing" ] && exit 0
 if [ "$(id -u)" = 0 ]; then
   echo "deps: installing$missing"

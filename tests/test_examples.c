@@ -346,3 +346,122 @@ Test(examples, first_program_reports_the_servers_first_error,
   cr_assert_null(strstr(out, "is NULL"), "%s", out);
   cr_assert_null(strstr(out, "dloss"), "%s", out);
 }
+
+/* ------------------------------------------------------------------ */
+/* examples/train_gpt.c: the character-level GPT (issue 23)            */
+
+#include "../examples/lib/gpt_data.c"
+#include "../examples/lib/gpt_model.c"
+#define main train_gpt_main
+#include "../examples/train_gpt.c"
+#undef main
+
+/* The first values of the recipe's streams, as examples/python/gpt_data.py
+ * (the Python copy) computes them: both copies must keep agreeing, or the
+ * PyTorch reference no longer starts from the C program's weights. */
+Test(examples, gpt_recipe_streams_match_the_python_copy) {
+  static const float want[4] = {0.008294395171105862f, -0.017837723717093468f,
+                                0.03459186106920242f, 0.01091240905225277f};
+  gr_param_spec spec[GR_NPARAMS], four;
+  uint64_t s = GR_INIT_SEED;
+  float w[4];
+  gr_param_specs(114, spec);
+  cr_assert_str_eq(spec[0].name, "wte");
+  cr_assert_str_eq(spec[GR_NPARAMS - 2].name, "wout");
+  cr_assert_eq(spec[GR_NPARAMS - 2].shape[1], 114);
+  four = spec[0];
+  four.shape[0] = 1;
+  four.shape[1] = 4;
+  gr_param_fill(&four, &s, w);
+  for (int i = 0; i < 4; i++)
+    cr_assert_eq(w[i], want[i], "init %d: %.9g, python %.9g", i, w[i],
+                 want[i]);
+  s = GR_BATCH_SEED;
+  cr_assert_eq(gr_next(&s), 0xb6a8a9b313caa00bull);
+  cr_assert_eq(gr_next(&s), 0xcb7f284b67d605c9ull);
+  s = GR_SAMPLE_SEED;
+  cr_assert_eq(gr_uniform(&s), 0.3898297483912715);
+}
+
+/* Runs train_gpt for a few steps on spec; its stdout and stderr together
+ * into out, the exit status returned. */
+static int run_train_gpt(const char *spec, char *out, size_t len) {
+  char *argv[] = {"train_gpt", "--device", (char *)spec, "--steps", "3",
+                  "--log-every", "1", "--sample", "8", NULL};
+  fflush(stdout);
+  fflush(stderr);
+  FILE *tmp = tmpfile();
+  cr_assert_not_null(tmp);
+  int o = dup(1), e = dup(2);
+  cr_assert(o >= 0 && e >= 0);
+  dup2(fileno(tmp), 1);
+  dup2(fileno(tmp), 2);
+  int status = train_gpt_main(9, argv);
+  fflush(stdout);
+  fflush(stderr);
+  dup2(o, 1);
+  dup2(e, 2);
+  close(o);
+  close(e);
+  rewind(tmp);
+  size_t n = fread(out, 1, len - 1, tmp);
+  out[n] = '\0';
+  fclose(tmp);
+  return status;
+}
+
+/* The lines that must not depend on the device: the losses and the
+ * sample (the device line and tokens/s do). Checks each loss is finite. */
+static void gpt_losses(const char *out, char *keep, size_t len, int *nloss) {
+  const char *p = out;
+  size_t k = 0;
+  *nloss = 0;
+  keep[0] = '\0';
+  while (*p) {
+    const char *nl = strchr(p, '\n');
+    size_t n = nl ? (size_t)(nl - p) + 1 : strlen(p);
+    const char *l = strstr(p, "loss ");
+    if (!strncmp(p, "train_gpt: device", 17) || !strncmp(p, "tokens/s", 8)) {
+      p += n;
+      continue;
+    }
+    if (l && l < p + n) {
+      double v = strtod(l + 5, NULL);
+      cr_assert(isfinite(v) && v > 0 && v < 10, "loss %f in: %.*s", v,
+                (int)n, p);
+      (*nloss)++;
+    }
+    cr_assert_lt(k + n, len);
+    memcpy(keep + k, p, n);
+    k += n;
+    keep[k] = '\0';
+    p += n;
+  }
+}
+
+static int have_corpus(void) {
+  gr_corpus c;
+  char err[256];
+  if (gr_corpus_load(NULL, &c, err, sizeof err) < 0) return 0;
+  gr_corpus_free(&c);
+  return 1;
+}
+
+/* A few steps LOCAL and REMOTE: the same losses, digit for digit (the
+ * server runs the same CPU kernels on the same bits), all finite. */
+Test(examples, gpt_remote_prints_the_local_losses, .init = setup_remote,
+     .fini = teardown_remote, .timeout = 300) {
+  static char loc[16384], rem[16384], kl[16384], kr[16384];
+  char spec[64];
+  int nl, nr;
+  if (!have_corpus()) cr_skip_test("no fortunes corpus (make deps)");
+  int st = run_train_gpt("local", loc, sizeof loc);
+  cr_assert_eq(st, 0, "local exit %d: %s", st, loc);
+  snprintf(spec, sizeof spec, "tcp://127.0.0.1:%d", g_srv.port);
+  st = run_train_gpt(spec, rem, sizeof rem);
+  cr_assert_eq(st, 0, "remote exit %d: %s", st, rem);
+  gpt_losses(loc, kl, sizeof kl, &nl);
+  gpt_losses(rem, kr, sizeof kr, &nr);
+  cr_assert_eq(nl, 4, "3 step losses and 1 val loss expected: %s", loc);
+  cr_assert_str_eq(kl, kr, "local:\n%s\nremote:\n%s", loc, rem);
+}
