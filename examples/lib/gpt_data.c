@@ -171,7 +171,7 @@ static void gr_spec(gr_param_spec *s, const char *name, int ndim, int64_t d0,
 void gr_param_specs(int nvocab, gr_param_spec *s) {
   const int64_t D = GR_D_MODEL, V = nvocab, M = GR_D_MLP;
   static const char mats[4] = {'q', 'k', 'v', 'o'};
-  char nm[16];
+  char nm[32]; /* "h%d.ln2.w" for any int l */
   int i = 0;
   gr_spec(&s[i++], "wte", 2, V, D, GR_NORMAL);
   gr_spec(&s[i++], "wpe", 2, GR_CTX, D, GR_NORMAL);

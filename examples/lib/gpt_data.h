@@ -76,7 +76,7 @@ typedef struct gr_corpus {
 enum gr_init { GR_NORMAL, GR_ZEROS, GR_ONES };
 
 typedef struct gr_param_spec {
-  char name[16];
+  char name[32];
   int ndim;
   int64_t shape[2];
   enum gr_init init;
