@@ -367,7 +367,14 @@ sanitize: deps
 GPU_TEST_BIN = $(BUILD)/tests/gpu/cuda_ops $(BUILD)/tests/gpu/cuda_server \
   $(BUILD)/tests/test_backend_ops $(SERVER_BIN) $(BUILD)/dispatch-server-cuda
 GPU_BENCH_BIN = $(BUILD)/tests/gpu/cuda_ops $(BUILD)/bench/gpu/matmul_cuda \
-  $(BUILD)/bench/bulk $(BUILD)/bench/mlp $(BUILD)/dispatch-server-cuda
+  $(BUILD)/bench/bulk $(BUILD)/bench/mlp $(BUILD)/bench/gpt \
+  $(BUILD)/dispatch-server-cuda $(BUILD)/fortunes
+
+# the GPT bench's corpus, copied for a GPU host that has no Debian packages
+# (scripts/gpu.sh falls back to it); empty when this machine has none either
+$(BUILD)/fortunes:
+	mkdir -p $@
+	-cp -p /usr/share/games/fortunes/* $@/ 2>/dev/null
 test-gpu:
 	@if [ "$(CUDA)" != 1 ]; then echo "cuda: skipped (backend not built: no nvcc, or CUDA=0)"; exit 0; fi; \
 	$(MAKE) -s --no-print-directory $(GPU_TEST_BIN) || exit 1; \

@@ -12,7 +12,12 @@
 #                          (256 MiB upload and read beside the raw socket)
 #                          and bench/mlp (the MLP step remote on cuda:0
 #                          beside the same step on the local CPU), both
-#                          against dispatch-server-cuda on cuda:0
+#                          against dispatch-server-cuda on cuda:0, and
+#                          bench/gpt (the char-GPT training step remote on
+#                          cuda:0 beside the same step on the local CPU;
+#                          its corpus is GPT_CORPUS_DIR, else the system's
+#                          fortunes, else the copy make puts in
+#                          $BUILD/fortunes for a host without Debian's)
 # Without a GPU (or without the backend) it prints "cuda: skipped (no GPU):
 # REASON" and exits 0, claiming nothing. Expects the programs built (the
 # Makefile targets build them first). Exits 1 when anything fails.
@@ -88,6 +93,12 @@ case "$mode" in
       echo "section,metric,ours,unit,reference,ref_value,ratio,goal,met,note"
       DISPATCH_BENCH_REMOTE=$DISPATCH_GPU_REMOTE step "$BUILD/bench/bulk"
       DISPATCH_BENCH_REMOTE=$DISPATCH_GPU_REMOTE step "$BUILD/bench/mlp"
+      if [ -z "${GPT_CORPUS_DIR:-}" ] && [ ! -d /usr/share/games/fortunes ] &&
+        [ -d "$BUILD/fortunes" ]; then
+        export GPT_CORPUS_DIR=$PWD/$BUILD/fortunes
+      fi
+      echo "== bench/gpt: 'remote' is the step on cuda:0, 'local' the CPU"
+      DISPATCH_BENCH_REMOTE=$DISPATCH_GPU_REMOTE step "$BUILD/bench/gpt"
       stop_server
     else
       status=1
