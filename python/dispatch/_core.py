@@ -282,7 +282,12 @@ class Device:
             self._raise(rc)
         return {k: getattr(s, k) for k in _STATS_FIELDS}
 
-    def set_timeout(self, timeout_ms):
+    def set_timeout(self, timeout_ms: int) -> None:
+        """Bounds every later network wait at timeout_ms (0: no bound;
+        negative: EINVAL). A wait past it on a server that is alive and
+        busy raises TimeoutError (dispatch.ETIMEDOUT) and the session goes
+        on: the request stays queued and the next wait waits for it; a
+        server that sends nothing that long is a lost connection."""
         rc = lib.dispatch_device_set_timeout(self._handle(), int(timeout_ms))
         if rc < 0:
             self._raise(rc)
@@ -418,7 +423,7 @@ def default_device():
     return _default
 
 
-def device(spec=None, **options):
+def device(spec: "str | None" = None, **options) -> Device:
     """Opens a device. spec: "local", "tcp://HOST:PORT", "tls://HOST:PORT",
     or None for env DISPATCH_DEVICE, else "local". options: token,
     timeout_ms, ca_file, cert_file, key_file, server_name, client_name."""
