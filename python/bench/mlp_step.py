@@ -147,21 +147,21 @@ class CModel:
         self.name, self.proc, self.index = name, proc, index
         self.times, self.loss, self.err = [], math.nan, ""
 
+    def ask(self, request):
+        """The driver's reply to one request line, less its "ok"."""
+        self.proc.stdin.write(request + "\n")
+        self.proc.stdin.flush()
+        reply = self.proc.stdout.readline().split()
+        if not reply or reply[0] != "ok":
+            raise ValueError("C driver: " + (" ".join(reply[1:]) or "no reply"))
+        return reply
+
     def op_block(self, n):
         """Seconds per dispatch_add call from C, n calls."""
-        self.proc.stdin.write(f"op {n}\n")
-        self.proc.stdin.flush()
-        reply = self.proc.stdout.readline().split()
-        if not reply or reply[0] != "ok":
-            raise ValueError("C driver: " + (" ".join(reply[1:]) or "no reply"))
-        return float(reply[1])
+        return float(self.ask(f"op {n}")[1])
 
     def step_block(self, n, record):
-        self.proc.stdin.write(f"{self.index} {n}\n")
-        self.proc.stdin.flush()
-        reply = self.proc.stdout.readline().split()
-        if not reply or reply[0] != "ok":
-            raise ValueError("C driver: " + (" ".join(reply[1:]) or "no reply"))
+        reply = self.ask(f"{self.index} {n}")
         self.loss = float(reply[1])
         if record:
             self.times.extend(float(t) for t in reply[2:])
