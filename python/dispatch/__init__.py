@@ -20,6 +20,7 @@ from ._core import op_functions as _op_functions
 from ._core import _as_tensor
 from ._lib import ffi as _ffi, lib as _lib, path as library_path
 from .optim import SGD, Adam, AdamW, Optimizer, lr_cosine  # noqa: F401
+from . import nn, optim  # noqa: F401,E402 (dispatch.nn, dispatch.optim)
 
 __version__ = _ffi.string(_lib.dispatch_version()).decode()
 
