@@ -13,3 +13,8 @@ from .layers import (  # noqa: F401
     CausalSelfAttention, Conv2d, CrossEntropyLoss, Dropout, Embedding, GELU,
     LayerNorm, Linear, ModuleList, MSELoss, ReLU, RMSNorm, Sequential, SiLU)
 from .module import Module, Parameter  # noqa: F401
+
+__all__ = ["functional", "init", "utils", "Module", "Parameter",
+           "CausalSelfAttention", "Conv2d", "CrossEntropyLoss", "Dropout",
+           "Embedding", "GELU", "LayerNorm", "Linear", "ModuleList",
+           "MSELoss", "ReLU", "RMSNorm", "Sequential", "SiLU"]
