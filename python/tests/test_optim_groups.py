@@ -188,6 +188,7 @@ def test_clip_grad_norm_needs_its_optimizer(local):
     want = np.sqrt(sum((grads[p].numpy().astype(np.float64) ** 2).sum()
                        for p in ps))
     assert float(norm) == pytest.approx(want, rel=1e-12)
+    assert f"{norm:.3e}" == f"{want:.3e}"
     assert opt.clip is None  # for that step only
     nn.utils.clip_grad_norm_(ps, 1e-3)
     opt.step(grads)

@@ -181,11 +181,13 @@ class Module:
         return OrderedDict((n, p.detach()) for n, p in
                            self._all_named_parameters())
 
-    def _all_named_parameters(self):
-        # state_dict lists a shared parameter under every name, as torch
-        for pre, m in self.named_modules():
-            for n, p in m._parameters.items():
-                yield (pre + "." if pre else "") + n, p
+    def _all_named_parameters(self, prefix=""):
+        # state_dict lists a shared parameter or module under every name,
+        # as torch's does (no deduplication)
+        for n, p in self._parameters.items():
+            yield prefix + n, p
+        for n, m in self._modules.items():
+            yield from m._all_named_parameters(prefix + n + ".")
 
     def load_state_dict(self, state_dict, strict=True):
         """Copies state_dict's values (dispatch Tensors, numpy arrays or

@@ -34,6 +34,9 @@ class GradNorm:
     def __float__(self):
         return float(self.item())
 
+    def __format__(self, spec):
+        return format(float(self), spec)
+
     def __repr__(self):
         if self._value is None and self._opt._clipped < self._step:
             return f"GradNorm(<after the next step>, max_norm={self.max_norm})"
