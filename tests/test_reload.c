@@ -1,6 +1,7 @@
 /* SIGHUP on a running dispatch-server, on 127.0.0.1 only: a rotated TLS
  * certificate (made by deploy/make-certs.sh in temp dirs) serves new
- * handshakes while a client connected before goes on; a rotated token is
+ * handshakes while a client connected before goes on, and so does a
+ * rotated client CA (mutual TLS); a rotated token is
  * required of new connections while a connected session goes on and a
  * detached one resumes with the new token only; a bad new file (key not
  * matching, not PEM, missing, empty token) is refused with a log line
@@ -156,19 +157,41 @@ static void stop_checked(void) {
   free(log);
 }
 
-static int open_dev(const char *scheme, const char *ca, const char *token,
-                    dispatch_device **d, char *msg, size_t len) {
+/* Opens scheme://127.0.0.1:PORT with o (its timeout and no_resume set
+ * here: a refusal must not be retried). */
+static int open_with(const char *scheme, dispatch_options *o,
+                     dispatch_device **d, char *msg, size_t len) {
   char spec[64];
   snprintf(spec, sizeof spec, "%s://127.0.0.1:%d", scheme, g_srv.port);
+  o->timeout_ms = 60000;
+  o->no_resume = 1;
+  *d = NULL;
+  *msg = '\0';
+  return dispatch_device_open(spec, o, d, msg, len);
+}
+
+static int open_dev(const char *scheme, const char *ca, const char *token,
+                    dispatch_device **d, char *msg, size_t len) {
   dispatch_options o;
   dispatch_options_init(&o);
   o.ca_file = ca;
   o.token = token;
-  o.timeout_ms = 60000;
-  o.no_resume = 1; /* a refusal must not be retried */
-  *d = NULL;
-  *msg = '\0';
-  return dispatch_device_open(spec, &o, d, msg, len);
+  return open_with(scheme, &o, d, msg, len);
+}
+
+/* TLS verifying the server against ca, with the client certificate
+ * make-certs.sh made in dir (mutual TLS). */
+static int open_mtls(const char *ca, const char *dir, dispatch_device **d,
+                     char *msg, size_t len) {
+  char cert[256], key[256];
+  snprintf(cert, sizeof cert, "%s", path(dir, "client.pem"));
+  snprintf(key, sizeof key, "%s", path(dir, "client.key"));
+  dispatch_options o;
+  dispatch_options_init(&o);
+  o.ca_file = ca;
+  o.cert_file = cert;
+  o.key_file = key;
+  return open_with("tls", &o, d, msg, len);
 }
 
 static const float k_x[4] = {1, 2, 3, 4};
@@ -238,6 +261,48 @@ Test(reload, tls_certificate_rotates_for_new_handshakes, .fini = cleanup,
   dispatch_tensor_free(x2);
   dispatch_tensor_free(x);
   dispatch_device_close(after);
+  dispatch_device_close(before);
+  stop_checked();
+}
+
+/* Mutual TLS: the --tls-client-ca file is replaced by another CA and
+ * SIGHUP sent: a client certificate of the new CA passes, one of the old
+ * CA is refused, and the client connected with the old one goes on. */
+Test(reload, client_ca_rotates_for_new_handshakes, .fini = cleanup,
+     .timeout = 120) {
+  make_certs(g_ca1, sizeof g_ca1);
+  make_certs(g_ca2, sizeof g_ca2);
+  new_dir(g_dir, sizeof g_dir);
+  char client_ca[256], server_ca[256];
+  snprintf(client_ca, sizeof client_ca, "%s", path(g_dir, "client-ca.pem"));
+  snprintf(server_ca, sizeof server_ca, "%s", path(g_ca1, "ca.pem"));
+  copy_file(path(g_ca1, "ca.pem"), client_ca);
+  const char *args[] = {"--tls-cert",      path(g_ca1, "server.pem"),
+                        "--tls-key",       path(g_ca1, "server.key"),
+                        "--tls-client-ca", client_ca,
+                        NULL};
+  start_logged(args);
+  char msg[512];
+  dispatch_device *before, *d;
+  int rc = open_mtls(server_ca, g_ca1, &before, msg, sizeof msg);
+  cr_assert_eq(rc, 0, "ca1's client: %s: %s", dispatch_err_name(rc), msg);
+  dispatch_tensor *x = upload(before);
+  rc = open_mtls(server_ca, g_ca2, &d, msg, sizeof msg);
+  cr_assert_neq(rc, 0, "ca2's client before the rotation passed");
+
+  copy_file(path(g_ca2, "ca.pem"), client_ca);
+  char *log = hup(1);
+  cr_assert(strstr(log, "--tls-client-ca"), "%s", log);
+  cr_assert(strstr(log, "done: 1 reloaded, 0 refused"), "%s", log);
+  free(log);
+  rc = open_mtls(server_ca, g_ca2, &d, msg, sizeof msg);
+  cr_assert_eq(rc, 0, "ca2's client after the rotation: %s: %s",
+               dispatch_err_name(rc), msg);
+  dispatch_device_close(d);
+  rc = open_mtls(server_ca, g_ca1, &d, msg, sizeof msg);
+  cr_assert_neq(rc, 0, "ca1's client after the rotation passed");
+  still_works(before, x);
+  dispatch_tensor_free(x);
   dispatch_device_close(before);
   stop_checked();
 }
