@@ -504,7 +504,7 @@ uninstall: uninstall-python
 # picks other kernels, so the server's sums no longer match the local
 # process bit for bit, which that suite asserts.)
 VALGRIND_SUITES = $(filter $(BUILD)/tests/test_server_% $(BUILD)/tests/test_auth \
-  $(BUILD)/tests/test_limits $(BUILD)/tests/test_tls \
+  $(BUILD)/tests/test_limits $(BUILD)/tests/test_tls $(BUILD)/tests/test_reload \
   $(BUILD)/tests/test_zero_size $(BUILD)/tests/test_memory \
   $(BUILD)/tests/test_wire_req,$(TEST_BIN))
 valgrind: $(VALGRIND_SUITES) $(SERVER_BIN)
