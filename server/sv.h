@@ -97,6 +97,10 @@ typedef struct sv_config {
   int metrics_port;
   struct sockaddr_storage metrics_addr; /* resolved, as listen_addr */
   int log_format;            /* SV_LOG_TEXT or SV_LOG_JSON */
+  /* --checkpoint-dir (points into argv; NULL: off) and the directory
+   * opened by sv_config_parse (-1: none), closed by sv_config_release */
+  const char *checkpoint_dir;
+  int checkpoint_fd;
 } sv_config;
 
 /* Fills the documented defaults. */
