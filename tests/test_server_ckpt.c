@@ -290,6 +290,17 @@ Test(server_ckpt, path_escapes_refused) {
     cr_assert_null(ck);
     cr_assert_eq(live_tensors(dev), live, "\"%.40s\" left tensors", bad[i]);
   }
+  /* the message says what was wrong */
+  cr_assert_eq(dispatch_save_on_server(dev, "/etc/passwd", t_names, r, N_T,
+                                       NULL),
+               DISPATCH_EINVAL);
+  cr_assert(strstr(dispatch_device_errmsg(dev), "an absolute name"), "%s",
+            dispatch_device_errmsg(dev));
+  cr_assert_eq(dispatch_save_on_server(dev, "linkdir/x", t_names, r, N_T,
+                                       NULL),
+               DISPATCH_EINVAL);
+  cr_assert(strstr(dispatch_device_errmsg(dev), "symbolic link"), "%s",
+            dispatch_device_errmsg(dev));
   /* outside: only the victim, unchanged; inside: only the two links */
   cr_assert_eq(count_entries(g_out, NULL), 1);
   struct stat vs1;
