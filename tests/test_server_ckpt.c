@@ -507,3 +507,58 @@ Test(server_ckpt, bad_directory_refused_at_start) {
   cr_assert_neq(st, 0, "started: %s", out);
   cr_assert(strstr(out, "--checkpoint-dir"), "%s", out);
 }
+
+/* Raw requests a hostile client may send: each is refused with its code,
+ * no file is left, no tensor is made, and the session goes on. */
+static int raw_code(wire_conn *c, Dspwire__Request *req) {
+  req->req_id = c->next_req_id++;
+  cr_assert_eq(wire_send(c, req, NULL, 0), 0);
+  Dspwire__Reply *rep;
+  void *bulk;
+  size_t bl;
+  cr_assert_eq(wire_recv(c, &rep, &bulk, &bl), 0);
+  int code = rep->error ? rep->error->code : 0;
+  wire_reply_free(rep, bulk);
+  return code;
+}
+
+Test(server_ckpt, hostile_requests_refused) {
+  start(1, NULL);
+  wire_conn c;
+  cr_assert_eq(wire_connect(&c, g_srv.port), 0);
+  cr_assert_eq(wire_hello(&c, "hostile"), 0);
+  c.next_req_id = 100;
+  float v[2] = {1, 2};
+  int64_t s1[1] = {2};
+  wire_upload(&c, 1, DISPATCH_F32, 1, s1, v, sizeof v);
+  dsp_wreq w;
+  const char *two[2] = {"a", "b"}, *one[1] = {"a"};
+  const char *fmt[1] = {"format"}, *val[1] = {"x"};
+  uint64_t id1[1] = {1}, id9[1] = {9};
+  /* two names, one id */
+  Dspwire__Request *r =
+      dsp_wreq_ckpt_save(&w, "f", 1, two, id1, 1, NULL, NULL, 0);
+  w.body.ckpt_save.n_names = 2;
+  cr_assert_eq(raw_code(&c, r), DISPATCH_EINVAL);
+  /* an id the session does not have */
+  r = dsp_wreq_ckpt_save(&w, "f", 1, one, id9, 1, NULL, NULL, 0);
+  cr_assert_eq(raw_code(&c, r), DISPATCH_ENOID);
+  /* the server's own metadata key; keys without values */
+  r = dsp_wreq_ckpt_save(&w, "f", 1, one, id1, 1, fmt, val, 1);
+  cr_assert_eq(raw_code(&c, r), DISPATCH_EINVAL);
+  r = dsp_wreq_ckpt_save(&w, "f", 1, one, id1, 1, val, val, 1);
+  w.body.ckpt_save.n_meta_values = 0;
+  cr_assert_eq(raw_code(&c, r), DISPATCH_EINVAL);
+  cr_assert_eq(count_entries(g_dir, NULL), 0, "nothing written");
+  /* a good save; then loads onto an id in use and past 2^64 */
+  r = dsp_wreq_ckpt_save(&w, "f", 1, one, id1, 1, NULL, NULL, 0);
+  cr_assert_eq(raw_code(&c, r), 0);
+  r = dsp_wreq_ckpt_load(&w, "f", 1, 1);
+  cr_assert_eq(raw_code(&c, r), DISPATCH_EIDINUSE);
+  r = dsp_wreq_ckpt_load(&w, "f", 1, UINT64_MAX);
+  cr_assert_eq(raw_code(&c, r), 0, "one tensor fits at 2^64 - 1");
+  Dspwire__StatsReply st;
+  cr_assert_eq(wire_get_stats(&c, &st), 0);
+  cr_assert_eq(st.tensors, 2);
+  wire_close(&c);
+}
