@@ -249,24 +249,31 @@ static int ckpt_reply_take(dispatch_device *dev, const Dspwire__CkptReply *c,
   return 0;
 }
 
+/* ids a load sets aside: the most tensors one file may hold here */
+#define DISPATCH__CKPT_IDS ((uint64_t)1 << 24)
+
 int dispatch__remote_ckpt_load(dispatch_device *dev, const char *file,
                                uint64_t *first, dsp_st_file *f) {
   dsp_wreq w;
   Dspwire__Reply *r;
   memset(f, 0, sizeof *f);
-  /* the tensors get the ids from here on; none is handed out while the
-   * call waits, and they are taken once the server says how many */
+  /* the tensors get ids from here on: a block set aside before the call,
+   * so a load whose reply is late (a timeout) still has its ids, which no
+   * later call hands out */
   uint64_t id0 = dev->conn->next_id;
+  dev->conn->next_id += DISPATCH__CKPT_IDS;
   *first = id0;
-  int rc = dispatch__call(dev, dsp_wreq_ckpt_load(&w, file, strlen(file), id0),
-                          NULL, 0, 0, &r);
+  int rc = dispatch__call(
+      dev,
+      dsp_wreq_ckpt_load(&w, file, strlen(file), id0,
+                         (uint32_t)DISPATCH__CKPT_IDS),
+      NULL, 0, 0, &r);
   if (rc == 0 && r->body_case != DSPWIRE__REPLY__BODY_CKPT)
     rc = dsp_seterr(dev->ctx, DISPATCH_EPROTO,
                     "load_on_server: the server's reply carries no "
                     "checkpoint");
   if (rc == 0) {
     uint64_t end = id0 + r->ckpt->n_names;
-    if (end > dev->conn->next_id) dev->conn->next_id = end;
     rc = ckpt_reply_take(dev, r->ckpt, f);
     if (rc < 0) { /* the server made them: nothing here will name them */
       for (uint64_t id = id0; id < end; id++)

@@ -189,12 +189,14 @@ Dspwire__Request *dsp_wreq_ckpt_save(dsp_wreq *w, const char *file,
 }
 
 Dspwire__Request *dsp_wreq_ckpt_load(dsp_wreq *w, const char *file,
-                                      size_t file_len, uint64_t first_id) {
+                                      size_t file_len, uint64_t first_id,
+                                      uint32_t max_tensors) {
   Dspwire__CkptLoad *m = &w->body.ckpt_load;
   *m = (Dspwire__CkptLoad)DSPWIRE__CKPT_LOAD__INIT;
   m->file.data = (uint8_t *)file;
   m->file.len = file_len;
   m->first_id = first_id;
+  m->max_tensors = max_tensors;
   begin(w, DSPWIRE__REQUEST__BODY_CKPT_LOAD)->ckpt_load = m;
   return &w->req;
 }

@@ -92,7 +92,8 @@ Dspwire__Request *dsp_wreq_ckpt_save(dsp_wreq *w, const char *file,
                                       const char *const *values,
                                       size_t n_meta);
 Dspwire__Request *dsp_wreq_ckpt_load(dsp_wreq *w, const char *file,
-                                      size_t file_len, uint64_t first_id);
+                                      size_t file_len, uint64_t first_id,
+                                      uint32_t max_tensors);
 
 /* Bytes dsp_req_frame_encode writes for req: the header and the packed
  * message (the bulk is not counted: the caller sends it after). */

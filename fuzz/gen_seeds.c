@@ -776,7 +776,7 @@ static void ckpt_seeds(void) {
   save("stream", "ckpt_save_no_dir.err-EUNSUPPORTED", &b);
   fz_buf_free(&b);
   g_rid = 1;
-  put(&b, dsp_wreq_ckpt_load(&w, "run/a.safetensors", 17, UINT64_MAX));
+  put(&b, dsp_wreq_ckpt_load(&w, "run/a.safetensors", 17, UINT64_MAX, 0));
   save("frame", "ckpt_load_no_dir.err-EUNSUPPORTED", &b);
   fz_buf_free(&b);
 }

@@ -15,6 +15,7 @@
  * table gives them no loop flag and no inline cost). */
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -74,6 +75,10 @@ static int check_name(const ProtobufCBinaryData *f, ckpt_path *p, char *why,
                     "checkpoint \"%s\": a component is empty, \".\" or "
                     "\"..\"; names stay inside --checkpoint-dir",
                     p->shown);
+    if (n > NAME_MAX)
+      return sv_why(why, len, DISPATCH_EINVAL,
+                    "checkpoint \"%s\": a component of %zu bytes passes %d",
+                    p->shown, n, NAME_MAX);
     if (!slash) break;
     c = slash + 1;
   }
@@ -404,6 +409,11 @@ static int load(sv_session *s, sv_job *j, ckpt_path *p, char *why,
   if (rc == 0 && (rc = dsp_st_read_header(s->ctx, fd, (uint64_t)st.st_size,
                                           p->shown, &f)) < 0)
     rc = sv_why(why, len, rc, "checkpoint %s", dsp_ctx_errmsg(s->ctx));
+  if (rc == 0 && m->max_tensors && (uint64_t)f.n > m->max_tensors)
+    rc = sv_why(why, len, DISPATCH_EINVAL,
+                "checkpoint load \"%s\": %d tensors, the request set aside "
+                "ids for %u",
+                p->shown, f.n, m->max_tensors);
   if (rc == 0 && f.n > 0 && m->first_id > UINT64_MAX - (uint64_t)(f.n - 1))
     rc = sv_why(why, len, DISPATCH_EINVAL,
                 "checkpoint load \"%s\": %d ids from %llu pass 2^64",

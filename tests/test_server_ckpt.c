@@ -259,8 +259,9 @@ Test(server_ckpt, path_escapes_refused) {
   struct stat vs0;
   cr_assert_eq(stat(victim, &vs0), 0);
 
-  static char huge[3000];
+  static char huge[3000], longc[300];
   memset(huge, 'a', sizeof huge - 1);
+  memset(longc, 'b', sizeof longc - 1); /* one component past NAME_MAX */
   const char *bad[] = {"../x.safetensors",
                        "/etc/passwd",
                        "a/../../x",
@@ -274,6 +275,7 @@ Test(server_ckpt, path_escapes_refused) {
                        "link.safetensors",
                        "linkdir/victim.safetensors",
                        "linkdir/new.safetensors",
+                       longc,
                        huge};
   dispatch_device *dev = check_open(&g_srv, 1);
   dispatch_tensor *r[N_T];
@@ -334,7 +336,7 @@ Test(server_ckpt, nul_in_name_refused) {
   for (int load = 0; load < 2; load++) {
     dsp_wreq w;
     Dspwire__Request *req =
-        load ? dsp_wreq_ckpt_load(&w, name, sizeof name - 1, 1)
+        load ? dsp_wreq_ckpt_load(&w, name, sizeof name - 1, 1, 0)
              : dsp_wreq_ckpt_save(&w, name, sizeof name - 1, NULL, NULL, 0,
                                   NULL, NULL, 0);
     req->req_id = 10 + (uint64_t)load;
@@ -469,7 +471,7 @@ Test(server_ckpt, disabled_and_local_refused) {
   cr_assert_eq(wire_connect(&c, g_srv.port), 0);
   cr_assert_eq(wire_hello(&c, "raw"), 0);
   dsp_wreq w;
-  Dspwire__Request *req = dsp_wreq_ckpt_load(&w, "x", 1, 1);
+  Dspwire__Request *req = dsp_wreq_ckpt_load(&w, "x", 1, 1, 0);
   req->req_id = 5;
   cr_assert_eq(wire_send(&c, req, NULL, 0), 0);
   Dspwire__Reply *rep;
@@ -553,12 +555,20 @@ Test(server_ckpt, hostile_requests_refused) {
   /* a good save; then loads onto an id in use and past 2^64 */
   r = dsp_wreq_ckpt_save(&w, "f", 1, one, id1, 1, NULL, NULL, 0);
   cr_assert_eq(raw_code(&c, r), 0);
-  r = dsp_wreq_ckpt_load(&w, "f", 1, 1);
+  r = dsp_wreq_ckpt_load(&w, "f", 1, 1, 0);
   cr_assert_eq(raw_code(&c, r), DISPATCH_EIDINUSE);
-  r = dsp_wreq_ckpt_load(&w, "f", 1, UINT64_MAX);
+  r = dsp_wreq_ckpt_load(&w, "f", 1, UINT64_MAX, 0);
   cr_assert_eq(raw_code(&c, r), 0, "one tensor fits at 2^64 - 1");
+  /* a file of more tensors than the ids the request set aside */
+  uint64_t id11[2] = {1, 1};
+  r = dsp_wreq_ckpt_save(&w, "g", 1, two, id11, 2, NULL, NULL, 0);
+  cr_assert_eq(raw_code(&c, r), 0);
+  r = dsp_wreq_ckpt_load(&w, "g", 1, 50, 1);
+  cr_assert_eq(raw_code(&c, r), DISPATCH_EINVAL);
+  r = dsp_wreq_ckpt_load(&w, "g", 1, 50, 2);
+  cr_assert_eq(raw_code(&c, r), 0);
   Dspwire__StatsReply st;
   cr_assert_eq(wire_get_stats(&c, &st), 0);
-  cr_assert_eq(st.tensors, 2);
+  cr_assert_eq(st.tensors, 4);
   wire_close(&c);
 }
