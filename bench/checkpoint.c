@@ -136,13 +136,15 @@ int main(void) {
     na(fail);
   } else {
     bench_emit(&d_save, ss, sc, reps,
-               "%d x %zu KiB f32; fsync and rename included; the client "
+               "%d x %zu %s f32; fsync and rename included; the client "
                "reads 1 MiB pieces",
-               N_TENSORS, each >> 10);
+               N_TENSORS, each >= (1u << 20) ? each >> 20 : each >> 10,
+               each >= (1u << 20) ? "MiB" : "KiB");
     bench_emit(&d_load, ls, lc, reps,
-               "%d x %zu KiB f32 in the server's page cache; the client "
+               "%d x %zu %s f32 in the server's page cache; the client "
                "uploads each and syncs",
-               N_TENSORS, each >> 10);
+               N_TENSORS, each >= (1u << 20) ? each >> 20 : each >> 10,
+               each >= (1u << 20) ? "MiB" : "KiB");
   }
   for (int i = 0; i < N_TENSORS; i++) dispatch_tensor_free(t[i]);
   dispatch_device_close(dev);
