@@ -3,7 +3,8 @@
  * name, and the directory is fsync-ed after the rename, so a crash leaves
  * the old file or the whole new one. fsync and renameat are interposed
  * here (this binary links the server's archive, so its calls land in
- * these definitions) and record what they were called on. */
+ * these definitions) and record what they were called on. Also: the
+ * kinds table runs both checkpoint requests on a worker. */
 #include <criterion/criterion.h>
 #include <dlfcn.h>
 #include <fcntl.h>
@@ -111,4 +112,21 @@ Test(ckpt_durable, fsync_file_rename_fsync_dir) {
   char cmd[96];
   snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
   cr_assert_eq(system(cmd), 0);
+}
+
+/* A checkpoint may write or read a GiB: its kinds never run on the
+ * network thread (no loop flag, no inline cost), always on a worker, and
+ * each ends its worker turn. */
+Test(ckpt_durable, checkpoint_kinds_run_on_workers) {
+  const int bcs[2] = {DSPWIRE__REQUEST__BODY_CKPT_SAVE,
+                      DSPWIRE__REQUEST__BODY_CKPT_LOAD};
+  for (int i = 0; i < 2; i++) {
+    const sv_req_kind *k = sv_req_kind_of((Dspwire__Request__BodyCase)bcs[i]);
+    cr_assert_not_null(k->exec, "%s", k->name);
+    cr_assert(k->waits, "%s", k->name);
+    cr_assert(!k->on_loop, "%s", k->name);
+    cr_assert_null(k->inline_cost, "%s", k->name);
+    cr_assert(k->own_turn, "%s", k->name);
+    cr_assert_null(k->bulk, "%s", k->name);
+  }
 }
