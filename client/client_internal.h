@@ -182,6 +182,7 @@ typedef struct dispatch__conn {
   int ops_n;
   int ops_limit;        /* records that close the open batch */
   uint32_t server_minor; /* the hello's: what the server understands */
+  int server_checkpoints; /* the hello's (1.6): it has --checkpoint-dir */
   /* 1.4 keepalive (call.c, conn.c): while the server works on the session's
    * requests it sends a keepalive every ka_ms when it writes nothing else,
    * so a wait tells a busy server (DISPATCH_ETIMEDOUT at its deadline, the
@@ -375,8 +376,27 @@ DISPATCH__HIDDEN int dispatch__remote_check_device(dispatch_device *dev);
 /* Ids for tensors, gradient containers, graphs and requests, from the
  * device's connection (call.c). */
 DISPATCH__HIDDEN uint64_t dispatch__remote_new_id(dispatch_device *dev);
+/* Frees never fail towards the caller: the id is queued and batched
+ * (call.c). */
+DISPATCH__HIDDEN void dispatch__remote_free(dispatch_device *dev, uint64_t id,
+                                            int is_grads);
 /* One Sync round trip: the session's deferred error, if any (remote.c). */
 DISPATCH__HIDDEN int dispatch__remote_sync(dispatch_device *dev);
+/* remote.c, protocol 1.6: the server writes tensors ids[i] under names[i]
+ * (and the metadata pairs) into file of its --checkpoint-dir (one round
+ * trip); or reads file into new tensors *first, *first + 1, ... of the
+ * session, whose names, metas and metadata fill *f (the caller's,
+ * dsp_st_file_release; the ids are the caller's to give handles or
+ * free). 0, or the server's code with its message in dev->ctx. */
+struct dsp_st_file;
+DISPATCH__HIDDEN int dispatch__remote_ckpt_save(
+    dispatch_device *dev, const char *file, const char *const *names,
+    const uint64_t *ids, int n, const char *const *keys,
+    const char *const *vals, int n_meta);
+DISPATCH__HIDDEN int dispatch__remote_ckpt_load(dispatch_device *dev,
+                                                const char *file,
+                                                uint64_t *first,
+                                                struct dsp_st_file *f);
 
 /* graph.c: capture hooks. Each records what its caller just did on a
  * device with an open capture (callers test dev->capture first); they

@@ -103,9 +103,6 @@ DISPATCH__HIDDEN int dispatch__put_record(dispatch_device *dev, dsp_opcode op,
                                           const uint64_t *in, int n_in,
                                           const dsp_attrs *a, uint64_t out,
                                           int no_grad);
-/* Frees never fail towards the caller: the id is queued and batched. */
-DISPATCH__HIDDEN void dispatch__remote_free(dispatch_device *dev, uint64_t id,
-                                            int is_grads);
 
 /* replay.c */
 /* Appends one frame to the replay log; 0 or -1 when out of memory. */

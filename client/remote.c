@@ -12,6 +12,7 @@
 
 #include "conn.h"
 #include "op_record.h"
+#include "safetensors.h"
 #include "wire_req.h"
 
 static int req_op(dispatch_device *dev, dsp_opcode op, const uint64_t *in,
@@ -183,6 +184,107 @@ int dispatch__remote_sync(dispatch_device *dev) {
   return rc;
 }
 
+int dispatch__remote_ckpt_save(dispatch_device *dev, const char *file,
+                               const char *const *names, const uint64_t *ids,
+                               int n, const char *const *keys,
+                               const char *const *vals, int n_meta) {
+  dsp_wreq w;
+  Dspwire__Reply *r;
+  int rc = dispatch__call(dev,
+                          dsp_wreq_ckpt_save(&w, file, strlen(file), names,
+                                             ids, (size_t)n, keys, vals,
+                                             (size_t)n_meta),
+                          NULL, 0, 0, &r);
+  if (r) dspwire__reply__free_unpacked(r, &dispatch__pb_alloc);
+  return rc;
+}
+
+/* The reply's names, metas and metadata into f, each meta checked as an
+ * upload's would be (a server is not trusted to send a sane one). */
+static int ckpt_reply_take(dispatch_device *dev, const Dspwire__CkptReply *c,
+                           dsp_st_file *f) {
+  if (c->n_names != c->n_metas || c->n_meta_keys != c->n_meta_values ||
+      c->n_names > INT32_MAX || c->n_meta_keys > INT32_MAX)
+    return dsp_seterr(dev->ctx, DISPATCH_EPROTO,
+                      "load_on_server: the server's reply has %zu names, %zu "
+                      "metas, %zu keys, %zu values",
+                      c->n_names, c->n_metas, c->n_meta_keys,
+                      c->n_meta_values);
+  size_t n = c->n_names, nm = c->n_meta_keys;
+  f->es = dsp_calloc(n ? n : 1, sizeof *f->es);
+  f->keys = dsp_calloc(nm ? nm : 1, sizeof *f->keys);
+  f->vals = dsp_calloc(nm ? nm : 1, sizeof *f->vals);
+  if (!f->es || !f->keys || !f->vals)
+    return dsp_seterr(dev->ctx, DISPATCH_ENOMEM,
+                      "load_on_server: out of memory");
+  for (size_t i = 0; i < n; i++) {
+    const Dspwire__TensorMeta *m = c->metas[i];
+    dsp_meta *dm = &f->es[i].meta;
+    int64_t numel;
+    if (!m || !dsp_dtype_valid(m->dtype) || m->n_shape > DSP_MAX_DIMS)
+      return dsp_seterr(dev->ctx, DISPATCH_EPROTO,
+                        "load_on_server: the server's meta %zu is malformed",
+                        i);
+    memset(dm, 0, sizeof *dm);
+    dm->dtype = (dsp_dtype)m->dtype;
+    dm->ndim = (int)m->n_shape;
+    for (int d = 0; d < dm->ndim; d++) dm->shape[d] = m->shape[d];
+    if (dsp_meta_numel(dev->ctx, dm, &numel) < 0)
+      return dsp_st_prefix_err(dev->ctx, DISPATCH_EPROTO,
+                               "load_on_server: the server's meta %zu", i);
+    f->n = (int)i + 1;
+    if (!(f->es[i].name = dsp_strdup(c->names[i])))
+      return dsp_seterr(dev->ctx, DISPATCH_ENOMEM,
+                        "load_on_server: out of memory");
+  }
+  f->n = (int)n;
+  for (size_t i = 0; i < nm; i++) {
+    f->keys[i] = dsp_strdup(c->meta_keys[i]);
+    f->vals[i] = dsp_strdup(c->meta_values[i]);
+    f->n_meta = (int)i + 1;
+    if (!f->keys[i] || !f->vals[i])
+      return dsp_seterr(dev->ctx, DISPATCH_ENOMEM,
+                        "load_on_server: out of memory");
+  }
+  return 0;
+}
+
+/* ids a load sets aside: the most tensors one file may hold here */
+#define DISPATCH__CKPT_IDS ((uint64_t)1 << 24)
+
+int dispatch__remote_ckpt_load(dispatch_device *dev, const char *file,
+                               uint64_t *first, dsp_st_file *f) {
+  dsp_wreq w;
+  Dspwire__Reply *r;
+  memset(f, 0, sizeof *f);
+  /* the tensors get ids from here on: a block set aside before the call,
+   * so a load whose reply is late (a timeout) still has its ids, which no
+   * later call hands out */
+  uint64_t id0 = dev->conn->next_id;
+  dev->conn->next_id += DISPATCH__CKPT_IDS;
+  *first = id0;
+  int rc = dispatch__call(
+      dev,
+      dsp_wreq_ckpt_load(&w, file, strlen(file), id0,
+                         (uint32_t)DISPATCH__CKPT_IDS),
+      NULL, 0, 0, &r);
+  if (rc == 0 && r->body_case != DSPWIRE__REPLY__BODY_CKPT)
+    rc = dsp_seterr(dev->ctx, DISPATCH_EPROTO,
+                    "load_on_server: the server's reply carries no "
+                    "checkpoint");
+  if (rc == 0) {
+    uint64_t end = id0 + r->ckpt->n_names;
+    rc = ckpt_reply_take(dev, r->ckpt, f);
+    if (rc < 0) { /* the server made them: nothing here will name them */
+      for (uint64_t id = id0; id < end; id++)
+        dispatch__remote_free(dev, id, 0);
+      dsp_st_file_release(f);
+    }
+  }
+  if (r) dspwire__reply__free_unpacked(r, &dispatch__pb_alloc);
+  return rc;
+}
+
 static int req_stats(dispatch_device *dev, dispatch_stats *out) {
   dsp_wreq w;
   Dspwire__Reply *r;
@@ -253,6 +355,7 @@ static int remote_open(dispatch_device *dev, const char *host, const char *port,
      * for its message) turns batching off rather than refuse the batch */
     const char *b = getenv("DISPATCH_OPS_BATCH");
     dev->conn->server_minor = r->hello->minor;
+    dev->conn->server_checkpoints = r->hello->checkpoints; /* 1.6 */
     dev->conn->ka_ms = r->hello->keepalive_ms; /* 0: an older server */
     dev->conn->ops_limit = DISPATCH__OPS_FIRST;
     dev->conn->batch_ops = r->hello->minor >= 3 &&

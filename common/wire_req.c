@@ -167,6 +167,40 @@ Dspwire__Request *dsp_wreq_ops(dsp_wreq *w, const uint8_t *records,
   return &w->req;
 }
 
+Dspwire__Request *dsp_wreq_ckpt_save(dsp_wreq *w, const char *file,
+                                      size_t file_len,
+                                      const char *const *names,
+                                      const uint64_t *ids, size_t n,
+                                      const char *const *keys,
+                                      const char *const *values,
+                                      size_t n_meta) {
+  Dspwire__CkptSave *m = &w->body.ckpt_save;
+  *m = (Dspwire__CkptSave)DSPWIRE__CKPT_SAVE__INIT;
+  m->file.data = (uint8_t *)file;
+  m->file.len = file_len;
+  m->n_names = m->n_ids = n;
+  m->names = (char **)names;
+  m->ids = (uint64_t *)ids;
+  m->n_meta_keys = m->n_meta_values = n_meta;
+  m->meta_keys = (char **)keys;
+  m->meta_values = (char **)values;
+  begin(w, DSPWIRE__REQUEST__BODY_CKPT_SAVE)->ckpt_save = m;
+  return &w->req;
+}
+
+Dspwire__Request *dsp_wreq_ckpt_load(dsp_wreq *w, const char *file,
+                                      size_t file_len, uint64_t first_id,
+                                      uint32_t max_tensors) {
+  Dspwire__CkptLoad *m = &w->body.ckpt_load;
+  *m = (Dspwire__CkptLoad)DSPWIRE__CKPT_LOAD__INIT;
+  m->file.data = (uint8_t *)file;
+  m->file.len = file_len;
+  m->first_id = first_id;
+  m->max_tensors = max_tensors;
+  begin(w, DSPWIRE__REQUEST__BODY_CKPT_LOAD)->ckpt_load = m;
+  return &w->req;
+}
+
 size_t dsp_req_frame_size(const Dspwire__Request *req) {
   return DSP_FRAME_HEADER_SIZE + dspwire__request__get_packed_size(req);
 }

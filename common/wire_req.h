@@ -41,6 +41,8 @@ typedef struct dsp_wreq {
     Dspwire__Bye bye;
     Dspwire__ToDevice to_device;
     Dspwire__Ops ops;
+    Dspwire__CkptSave ckpt_save;
+    Dspwire__CkptLoad ckpt_load;
   } body;
 } dsp_wreq;
 
@@ -78,6 +80,20 @@ Dspwire__Request *dsp_wreq_ops(dsp_wreq *w, const uint8_t *records,
                                 size_t len);
 Dspwire__Request *dsp_wreq_to_device(dsp_wreq *w, uint64_t id, uint64_t out,
                                       const char *device);
+
+/* 1.6: a checkpoint the server writes into (CkptSave) or reads from
+ * (CkptLoad) its --checkpoint-dir: file is file_len bytes (a test may put
+ * a NUL in it); names, ids, keys and values as many as their counts. */
+Dspwire__Request *dsp_wreq_ckpt_save(dsp_wreq *w, const char *file,
+                                      size_t file_len,
+                                      const char *const *names,
+                                      const uint64_t *ids, size_t n,
+                                      const char *const *keys,
+                                      const char *const *values,
+                                      size_t n_meta);
+Dspwire__Request *dsp_wreq_ckpt_load(dsp_wreq *w, const char *file,
+                                      size_t file_len, uint64_t first_id,
+                                      uint32_t max_tensors);
 
 /* Bytes dsp_req_frame_encode writes for req: the header and the packed
  * message (the bulk is not counted: the caller sends it after). */

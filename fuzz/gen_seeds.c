@@ -760,6 +760,27 @@ static void recipes(void) {
   }
 }
 
+/* 1.6: checkpoints; the fuzzers' sessions have no --checkpoint-dir, so
+ * both are refused after their decode (a hostile name included) */
+static void ckpt_seeds(void) {
+  fz_buf b = {0};
+  g_rid = 1;
+  hello(&b, DSP_PROTO_MAJOR);
+  u23(&b, 1);
+  const char *names[1] = {"w"};
+  uint64_t ids[1] = {1};
+  const char *keys[1] = {"k"}, *vals[1] = {"v"};
+  dsp_wreq w;
+  put(&b, dsp_wreq_ckpt_save(&w, "../x\0y", 6, names, ids, 1, keys, vals,
+                             1));
+  save("stream", "ckpt_save_no_dir.err-EUNSUPPORTED", &b);
+  fz_buf_free(&b);
+  g_rid = 1;
+  put(&b, dsp_wreq_ckpt_load(&w, "run/a.safetensors", 17, UINT64_MAX, 0));
+  save("frame", "ckpt_load_no_dir.err-EUNSUPPORTED", &b);
+  fz_buf_free(&b);
+}
+
 int main(int argc, char **argv) {
   g_dir = argc > 1 ? argv[1] : "tests/fuzz_corpus";
   streams();
@@ -767,5 +788,6 @@ int main(int argc, char **argv) {
   graph_seeds();
   ops_seeds();
   recipes();
+  ckpt_seeds();
   return 0;
 }

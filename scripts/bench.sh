@@ -55,6 +55,10 @@ fi
 rows=$(mktemp)
 log=$(mktemp)
 raw_log=$(mktemp)
+# the server's --checkpoint-dir; the checkpoint benchmark writes its
+# client-side files there too, so both go to the same file system
+ckpt_dir=$(mktemp -d)
+export DISPATCH_BENCH_CKPT_DIR="$ckpt_dir"
 pid=""
 raw_pid=""
 cleanup() {
@@ -62,6 +66,7 @@ cleanup() {
   [ -n "$raw_pid" ] && kill "$raw_pid" 2>/dev/null
   [ -n "${tls_pid:-}" ] && kill "$tls_pid" 2>/dev/null
   [ -n "${tls_dir:-}" ] && rm -rf "$tls_dir"
+  rm -rf "$ckpt_dir"
   rm -f "$rows" "$log" "$raw_log"
 }
 trap cleanup EXIT
@@ -108,9 +113,10 @@ start_server() {
     echo "bench: no $BUILD/dispatch-server: remote rows will be n/a" >&2
   else
     # two CPU devices for the devices benchmark; cpu:0, the first, is every
-    # other program's
+    # other program's; a checkpoint directory for the checkpoint benchmark
     start_proc "$log" dispatch-server "$BUILD/dispatch-server" \
-      --listen 127.0.0.1:0 --device cpu:0 --device cpu:1
+      --listen 127.0.0.1:0 --device cpu:0 --device cpu:1 \
+      --checkpoint-dir "$ckpt_dir"
     if [ -n "$proc_port" ]; then
       pid=$proc_pid
       export DISPATCH_BENCH_REMOTE="tcp://127.0.0.1:$proc_port"
@@ -197,12 +203,12 @@ run_python_mlp() {
 
 # BENCH_ONLY="latency bulk": those programs alone (python and memory are
 # names too), for working on one benchmark; the CSV then holds their rows
-only=" ${BENCH_ONLY:-latency ops bulk devices matmul mlp gpt graph attention python memory load} "
+only=" ${BENCH_ONLY:-latency ops bulk devices checkpoint matmul mlp gpt graph attention python memory load} "
 want() { [[ $only == *" $1 "* ]]; }
 start=$(date +%s)
 start_server
 start_tls_server
-for b in latency ops bulk devices matmul mlp gpt graph attention; do want "$b" && run "$b"; done
+for b in latency ops bulk devices checkpoint matmul mlp gpt graph attention; do want "$b" && run "$b"; done
 want python && run_python_mlp
 stop_tls_server
 stop_server

@@ -1,5 +1,6 @@
 /* Command line of dispatch-server. */
 #include <errno.h>
+#include <fcntl.h>
 #include <getopt.h>
 #include <stddef.h>
 #include <stdarg.h>
@@ -9,6 +10,7 @@
 #include <arpa/inet.h>
 #include <netdb.h>
 #include <netinet/in.h>
+#include <unistd.h>
 #include <uv.h>
 
 #include "sv.h"
@@ -25,6 +27,8 @@ void sv_secret_free(char **s, size_t *len) {
 void sv_config_release(sv_config *c) {
   sv_secret_free(&c->token, &c->token_len);
   sv_secret_free(&c->metrics_token, &c->metrics_token_len);
+  if (c->checkpoint_fd >= 0) close(c->checkpoint_fd);
+  c->checkpoint_fd = -1;
 }
 
 int sv_addr_is_loopback(const struct sockaddr *sa) {
@@ -547,6 +551,12 @@ static const opt_row g_rows[] = {
      .help = "/metrics answers 401 unless the request has\n"
              "\"Authorization: Bearer TOKEN\", TOKEN this\n"
              "file's contents (reread on SIGHUP)"},
+    /* server-side checkpoints (server/checkpoint.c) */
+    {"checkpoint-dir", "DIR", OPT_PATH,
+     .off = offsetof(sv_config, checkpoint_dir),
+     .help = "let clients save and load checkpoints\n"
+             "here, by names confined to DIR (default:\n"
+             "off, such requests are refused)"},
     {"version", NULL, OPT_FN, .set = set_version,
      .help = "print the version and exit"},
     {"help", NULL, OPT_FN, .set = set_help, .help = "this text"},
@@ -640,6 +650,7 @@ void sv_config_defaults(sv_config *c) {
       store(c, o, o->dflt_fn ? o->dflt_fn() : o->dflt);
   }
   c->max_msg = 16ULL << 20; /* 16 MiB of protobuf: not an option */
+  c->checkpoint_fd = -1;
 }
 
 /* The getopt_long table of the rows (built once: the rows are const). */
@@ -705,6 +716,17 @@ int sv_config_parse(sv_config *c, int argc, char **argv) {
   if (c->tls_client_ca && !c->tls_cert) {
     put_err("--tls-client-ca needs --tls-cert and --tls-key");
     return -1;
+  }
+  if (c->checkpoint_dir) {
+    /* opened once: every name is resolved beneath this descriptor, so a
+     * rename of the path later changes nothing the server writes */
+    if (c->checkpoint_fd >= 0) close(c->checkpoint_fd);
+    c->checkpoint_fd =
+        open(c->checkpoint_dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (c->checkpoint_fd < 0) {
+      put_err("--checkpoint-dir %s: %s", c->checkpoint_dir, strerror(errno));
+      return -1;
+    }
   }
   int loopback;
   char names[256];

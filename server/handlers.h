@@ -88,5 +88,8 @@ int sv_exec_read(sv_session *s, sv_job *j, char *why, size_t len);
 int sv_exec_sync(sv_session *s, sv_job *j, char *why, size_t len);
 int sv_exec_stats(sv_session *s, sv_job *j, char *why, size_t len);
 int sv_exec_bye(sv_session *s, sv_job *j, char *why, size_t len);
+/* checkpoint.c: CkptSave and CkptLoad (1.6) in --checkpoint-dir */
+int sv_exec_ckpt_save(sv_session *s, sv_job *j, char *why, size_t len);
+int sv_exec_ckpt_load(sv_session *s, sv_job *j, char *why, size_t len);
 
 #endif

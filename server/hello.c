@@ -133,6 +133,7 @@ void sv_hello(sv_conn *c, Dspwire__Request *req) {
   hr.n_devices = sv_device_infos(g, infos, ip);
   hr.devices = ip;
   hr.session_device = dev ? (char *)dev->name : (char *)dsp_backend_name(be);
+  hr.checkpoints = cfg->checkpoint_fd >= 0; /* 1.6 */
   if (c->sess->rs) {
     hr.resume_token.data = c->sess->rs->token;
     hr.resume_token.len = SV_RESUME_TOKEN;

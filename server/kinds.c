@@ -141,6 +141,29 @@ static void describe_graph_replay(const Dspwire__Request *r, char *buf,
            (unsigned long long)r->graph_replay->graph);
 }
 
+/* the file name as a log line may quote it: at most 64 bytes, escaped */
+static void describe_ckpt(const char *what, const ProtobufCBinaryData *f,
+                          char *buf, size_t len) {
+  char name[SV_LOG_STR_MAX + 1], shown[4 * SV_LOG_STR_MAX + 8];
+  size_t n = f->len < SV_LOG_STR_MAX ? f->len : SV_LOG_STR_MAX;
+  size_t k = 0;
+  for (; k < n && f->data[k]; k++) name[k] = (char)f->data[k];
+  name[k] = '\0';
+  snprintf(buf, len, "%s \"%s\"%s", what,
+           sv_log_str(shown, sizeof shown, name, SV_LOG_STR_MAX),
+           k < f->len ? "..." : "");
+}
+
+static void describe_ckpt_save(const Dspwire__Request *r, char *buf,
+                               size_t len) {
+  describe_ckpt("checkpoint save", &r->ckpt_save->file, buf, len);
+}
+
+static void describe_ckpt_load(const Dspwire__Request *r, char *buf,
+                               size_t len) {
+  describe_ckpt("checkpoint load", &r->ckpt_load->file, buf, len);
+}
+
 void sv_describe(const Dspwire__Request *r, char *buf, size_t len) {
   const sv_req_kind *k = sv_req_kind_of(r->body_case);
   if (k->describe) k->describe(r, buf, len);
@@ -202,6 +225,13 @@ static const sv_req_kind g_kinds[] = {
         .describe = describe_graph_replay),
     ROW(DSPWIRE__REQUEST__BODY_OPS, .name = "ops", .check = sv_check_ops,
         .exec = sv_exec_ops, .describe = describe_ops),
+    /* 1.6, server/checkpoint.c: file I/O, so never on the loop */
+    ROW(DSPWIRE__REQUEST__BODY_CKPT_SAVE, .name = "ckpt_save", .waits = 1,
+        .own_turn = 1, .exec = sv_exec_ckpt_save,
+        .describe = describe_ckpt_save),
+    ROW(DSPWIRE__REQUEST__BODY_CKPT_LOAD, .name = "ckpt_load", .waits = 1,
+        .own_turn = 1, .exec = sv_exec_ckpt_load,
+        .describe = describe_ckpt_load),
 };
 
 const sv_req_kind *sv_req_kind_of(Dspwire__Request__BodyCase bc) {

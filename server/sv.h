@@ -106,6 +106,10 @@ typedef struct sv_config {
   size_t metrics_token_len;
   const char *metrics_token_file; /* its path, reread on SIGHUP */
   int log_format;            /* SV_LOG_TEXT or SV_LOG_JSON */
+  /* --checkpoint-dir (points into argv; NULL: off) and the directory
+   * opened by sv_config_parse (-1: none), closed by sv_config_release */
+  const char *checkpoint_dir;
+  int checkpoint_fd;
 } sv_config;
 
 /* Fills the documented defaults. */

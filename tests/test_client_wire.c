@@ -283,3 +283,31 @@ Test(client_wire, connection_refused_is_econn) {
                DISPATCH_ECONN);
   cr_assert(strstr(msg, "cannot connect") != NULL, "%s", msg);
 }
+
+/* A server older than protocol 1.6 (the fake answers hello with minor 0)
+ * would take a checkpoint request for one without a body and close the
+ * connection: the library refuses it with DISPATCH_EUNSUPPORTED, naming
+ * the version, and sends nothing; the session goes on. */
+Test(client_wire, checkpoints_on_an_old_server_are_refused_unsent) {
+  fake *f = fake_start(0);
+  dispatch_device *dev = open_fake(f, "sesame");
+  int64_t sh[1] = {4};
+  dispatch_tensor *x;
+  OK(dev, dispatch_zeros(dev, DISPATCH_F32, 1, sh, &x));
+  const char *names[1] = {"x"};
+  int rc = dispatch_save_on_server(dev, "a.safetensors", names, &x, 1, NULL);
+  cr_assert_eq(rc, DISPATCH_EUNSUPPORTED, "%s", dispatch_err_name(rc));
+  cr_assert(strstr(dispatch_device_errmsg(dev), "protocol 1.6"), "%s",
+            dispatch_device_errmsg(dev));
+  dispatch_checkpoint *ck = NULL;
+  rc = dispatch_load_on_server(dev, "a.safetensors", &ck);
+  cr_assert_eq(rc, DISPATCH_EUNSUPPORTED, "%s", dispatch_err_name(rc));
+  cr_assert_null(ck);
+  OK(dev, dispatch_device_sync(dev));
+  cr_assert_eq(count_kind(f, DSPWIRE__REQUEST__BODY_CKPT_SAVE) +
+                   count_kind(f, DSPWIRE__REQUEST__BODY_CKPT_LOAD),
+               0);
+  dispatch_tensor_free(x);
+  dispatch_device_close(dev);
+  fake_stop(f);
+}

@@ -1071,6 +1071,51 @@ DISPATCH_API
 int dispatch_load(dispatch_device *dev, const char *path,
                   dispatch_checkpoint **out);
 
+/* Checkpoints the server writes and reads itself, for a REMOTE device
+ * whose server runs with --checkpoint-dir DIR: a model of tens of GiB on
+ * a GPU host is saved next to it, and loaded from there, without its
+ * bytes crossing the network. The file is the one dispatch_save writes
+ * (safetensors; optimizer state under the same names), so a file the
+ * server wrote is one dispatch_load reads from DIR, and a file
+ * dispatch_save wrote and someone copied into DIR is one
+ * dispatch_load_on_server reads.
+ *
+ * file names a file inside DIR: relative, at most 1024 bytes, components
+ * joined by '/' (the directories must exist on the server), none empty,
+ * "." or "..", no control character, UTF-8; the server follows no
+ * symbolic link anywhere on the way (the last component included) and
+ * refuses all of these with DISPATCH_EINVAL, creating nothing.
+ *
+ * dispatch_save_on_server: as dispatch_save (same arguments and checks,
+ * every tensor and opt live on dev, borrowed), but the server writes the
+ * tensors' bytes from its own memory: a temporary file in the file's
+ * directory, fsync-ed, renamed over file, the directory fsync-ed. One
+ * round trip, which the server spends on a worker thread (other sessions
+ * go on); an earlier deferred error of the session is returned instead,
+ * as at any wait. Returns 0, DISPATCH_EINVAL (a name above, or a tensor
+ * name dispatch_save refuses), DISPATCH_EDEVICE, DISPATCH_ENOTREMOTE (a
+ * LOCAL dev), DISPATCH_EUNSUPPORTED (a server older than protocol 1.6, or
+ * without --checkpoint-dir: nothing is sent), DISPATCH_EIO (the server's
+ * file system; no file is left), DISPATCH_EPOISONED (a tensor a failed
+ * request made). */
+DISPATCH_API
+int dispatch_save_on_server(dispatch_device *dev, const char *file,
+                            const char *const *names,
+                            dispatch_tensor *const *tensors, int n,
+                            const dispatch_optim *opt);
+
+/* dispatch_load_on_server: as dispatch_load, but the server reads file
+ * (named as above) into new tensors of dev's session; *out is the
+ * caller's (dispatch_checkpoint_free), its tensors REMOTE on dev, in the
+ * file's data order. The server checks the whole header first, as
+ * dispatch_load does (same codes), and makes every tensor or none: a
+ * missing file is DISPATCH_EIO, tensors past the session's
+ * --max-session-bytes DISPATCH_EQUOTA, each leaving nothing behind. Also
+ * DISPATCH_ENOTREMOTE and DISPATCH_EUNSUPPORTED as above. */
+DISPATCH_API
+int dispatch_load_on_server(dispatch_device *dev, const char *file,
+                            dispatch_checkpoint **out);
+
 /* Number of tensors; the name and tensor of entry i (0..count-1), or NULL
  * out of range. Both are borrowed from ck: dispatch_tensor_ref a tensor to
  * keep it after dispatch_checkpoint_free. The tensors are plain (LOCAL or
