@@ -14,6 +14,11 @@ from ._core import (  # noqa: F401
     Device, DispatchError, Grads, Scope, Tensor, bool_, codes,
     default_device, device, error_classes, float32, float64, int64, keep,
     track)
+# torch-like tensors (issue 26): grad mode, seeds, the operators' functions
+from ._core import (  # noqa: F401
+    MaxMin, enable_grad, floor_divide, is_grad_enabled, manual_seed,
+    no_grad, pow, remainder, set_grad_enabled)
+from ._core import _resolve_device
 # the op functions, one per row of the op table (dispatch.add, .relu,
 # .sum, .conv2d, ...): see _core.op_functions
 from ._core import op_functions as _op_functions
@@ -29,25 +34,55 @@ globals().update(error_classes)
 
 
 def tensor(data, dtype=None, requires_grad=False, device=None):
-    """A tensor holding a copy of data on device (default: the device of
-    env DISPATCH_DEVICE, else local). See Device.tensor."""
-    return (device or default_device()).tensor(data, dtype, requires_grad)
+    """A tensor holding a copy of data on device (a Device or a spec;
+    default: the device of env DISPATCH_DEVICE, else local). See
+    Device.tensor."""
+    return _dev(device).tensor(data, dtype, requires_grad)
 
 
-def zeros(shape, dtype=float32, device=None):
-    return (device or default_device()).zeros(shape, dtype)
+def _dev(device):
+    return default_device() if device is None else _resolve_device(device)
 
 
-def ones(shape, dtype=float32, device=None):
-    return (device or default_device()).ones(shape, dtype)
+def zeros(*size, dtype=float32, device=None, requires_grad=False):
+    """zeros(3, 4) or zeros((3, 4)) on device (a Device or a spec; default:
+    the default device)."""
+    return _dev(device).zeros(*size, dtype=dtype, requires_grad=requires_grad)
 
 
-def full(shape, value, dtype=float32, device=None):
-    return (device or default_device()).full(shape, value, dtype)
+def ones(*size, dtype=float32, device=None, requires_grad=False):
+    return _dev(device).ones(*size, dtype=dtype, requires_grad=requires_grad)
 
 
-def arange(start, end=None, step=1, dtype=float32, device=None):
-    return (device or default_device()).arange(start, end, step, dtype)
+empty = zeros
+
+
+def full(size, fill_value, dtype=float32, device=None, requires_grad=False):
+    return _dev(device).full(size, fill_value, dtype, requires_grad)
+
+
+def arange(start, end=None, step=1, dtype=None, device=None):
+    return _dev(device).arange(start, end, step, dtype)
+
+
+def rand(*size, dtype=float32, device=None, seed=None, requires_grad=False):
+    """Uniform in [0, 1), from manual_seed's stream unless seed is given
+    (the same numbers on every device; not torch's numbers)."""
+    return _dev(device).rand(*size, dtype=dtype, seed=seed,
+                             requires_grad=requires_grad)
+
+
+def randn(*size, dtype=float32, device=None, seed=None, requires_grad=False):
+    """Standard normal, from manual_seed's stream unless seed is given."""
+    return _dev(device).randn(*size, dtype=dtype, seed=seed,
+                              requires_grad=requires_grad)
+
+
+def randint(low, high=None, size=(), dtype=int64, device=None, seed=None):
+    """randint(high, size) or randint(low, high, size), as torch's."""
+    if high is not None and not isinstance(high, int) and size == ():
+        low, high, size = 0, low, high  # randint(high, size)
+    return _dev(device).randint(low, high, size, dtype, seed)
 
 
 def uniform(shape, low=0.0, high=1.0, seed=0, dtype=float32, device=None):
