@@ -1473,7 +1473,11 @@ def _floor_div_same(a, b):
     """floor(a / b) for two tensors of one dtype, recording nothing."""
     with no_grad():
         if a.dtype.kind == "f":
-            return _floor(div(a, b))  # noqa: F821
+            # torch's float // goes through fmod: inf // finite is NaN
+            q = _floor(div(a, b))  # noqa: F821
+            nan = _full_like0(q, math.nan)
+            return where(eq(abs(a), _full_like0(a, math.inf)),  # noqa: F821
+                         where(eq(b, _full_like0(b, 0)), q, nan), q)  # noqa
         if a.dtype == bool_:
             a, b = a.astype(int64), b.astype(int64)
         q = div(a, b)  # noqa: F821  (truncates toward zero)
@@ -1541,7 +1545,9 @@ def pow(a, b):  # noqa: A001
             if bool(lt(b, _full_like0(b, 0)).astype(int64).max()):  # noqa: F821
                 raise _error(_EINVAL, "Integers to negative integer powers "
                              "are not allowed")
-        return _pow_f64(a.astype(float64), b.astype(float64)).astype(int64)
+        r = _pow_f64(a.astype(float64), b.astype(float64))
+        with no_grad():  # an exact integer, up to the rounding of exp/log
+            return _floor(r + 0.5).astype(int64)
     return _pow_f64(a.astype(float64), b.astype(float64)).astype(dt)
 
 
