@@ -2167,6 +2167,15 @@ def _value_for(x, value):
     return x._dev.tensor(np.asarray(value, dtype=x.dtype))
 
 
+def _fill(x, mask, value):
+    """x with the number value where mask: masked_fill, or for a bool x
+    (which masked_fill does not take) where with a 0-d value."""
+    v = np.asarray(value).item()
+    if x.dtype == bool_:
+        return where(mask, x._dev.full((), v, bool_), x)  # noqa: F821
+    return masked_fill(x, mask, v)
+
+
 def _setitem(x, key, value):
     """The new tensor for x[key] = value (see Tensor.__setitem__)."""
     items = _index_items(x, key)
@@ -2204,7 +2213,7 @@ def _setitem(x, key, value):
     if _is_number(value):
         if mask is None:
             return dev.full(shape, np.asarray(value).item(), x.dtype)
-        return masked_fill(x, mask.astype(bool_), np.asarray(value).item())
+        return _fill(x, mask.astype(bool_), value)
     v = _value_for(x, value)
     v = reshape(broadcast_to(v, tuple(region)), tuple(keep))  # noqa: F821
     for d, p in picked:  # spread the region over x's positions
@@ -2230,7 +2239,7 @@ def _setitem_advanced(x, items, adv, value):
                              f"leading dims {shape[:m]}")
         mb = reshape(k, k.shape + (1,) * (len(shape) - m))
         if _is_number(value):
-            return masked_fill(x, mb, np.asarray(value).item())
+            return _fill(x, mb, value)
         v = _value_for(x, value)
         if v.size == 1:
             return where(mb, reshape(v, ()), x)  # noqa: F821
