@@ -166,24 +166,18 @@ def _ops():
     ]
 
 
+@pytest.mark.parametrize("a,b,numbers", [(I, J, (3, -3, 2.5, -2.5)),
+                                          (F, G, (2, -2, 0.5, -4.0))],
+                         ids=["int64", "float32"])
 @pytest.mark.parametrize("name,op", _ops(), ids=[n for n, _ in _ops()])
-def test_int_operators_as_torch(dev, name, op):
-    x, y = dev.tensor(I), dev.tensor(J)
-    same(op(x, y), op(T(I), T(J)))
-    for s in (3, -3, 2.5, -2.5):
-        same(op(x, s), op(T(I), s))
+def test_operators_as_torch(dev, name, op, a, b, numbers):
+    x, y = dev.tensor(a), dev.tensor(b)
+    same(op(x, y), op(T(a), T(b)))
+    for s in numbers:
+        same(op(x, s), op(T(a), s))
         # torch's s / t is t.reciprocal() * s (off by an ulp at times): the
         # reference is torch's division of a 0-d tensor, which rounds once
-        same(op(s, y), op(torch.tensor(s), T(J)))
-
-
-@pytest.mark.parametrize("name,op", _ops(), ids=[n for n, _ in _ops()])
-def test_float_operators_as_torch(dev, name, op):
-    x, y = dev.tensor(F), dev.tensor(G)
-    same(op(x, y), op(T(F), T(G)))
-    for s in (2, -2, 0.5, -4.0):
-        same(op(x, s), op(T(F), s))
-        same(op(s, y), op(torch.tensor(s), T(G)))
+        same(op(s, y), op(torch.tensor(s), T(b)))
 
 
 def test_mixed_dtype_promotion_as_torch(dev):
