@@ -1411,13 +1411,14 @@ def _is_number(v):
         isinstance(v, np.ndarray) and v.ndim == 0 and v.dtype != object)
 
 
-# operator -> (tensor op, scalar op for x OP s, for s OP x, takes int64)
+# operator -> (scalar op for x OP s, for s OP x, takes int64)
 _SCALAR_FORMS = {
-    "add": ("add_scalar", "add_scalar", True),
-    "sub": ("sub_scalar", "rsub_scalar", True),
-    "mul": ("mul_scalar", "mul_scalar", True),
-    "div": ("div_scalar", "rdiv_scalar", False),
+    "add": (lib.dispatch_add_scalar, lib.dispatch_add_scalar, True),
+    "sub": (lib.dispatch_sub_scalar, lib.dispatch_rsub_scalar, True),
+    "mul": (lib.dispatch_mul_scalar, lib.dispatch_mul_scalar, True),
+    "div": (lib.dispatch_div_scalar, lib.dispatch_rdiv_scalar, False),
 }
+_FLOATS = (float32, float64)
 
 
 def _binop(name, a, b, dt=None):
@@ -1425,6 +1426,18 @@ def _binop(name, a, b, dt=None):
     dtype as torch does (dt: that dtype instead), a number uses the op's
     scalar form where the dtype has one, else a 0-d tensor made on the
     device (full); a numpy array or list is uploaded."""
+    fn = globals()[name]
+    if dt is None:  # the common cases first: same dtypes, float and number
+        if type(a) is Tensor:
+            da = a.dtype
+            if type(b) is Tensor:
+                if b.dtype == da:
+                    return fn(a, b)
+            elif type(b) is float and da in _FLOATS and name in _SCALAR_FORMS:
+                return _scalar_op(_SCALAR_FORMS[name][0], a, b)
+        elif type(a) is float and type(b) is Tensor and b.dtype in _FLOATS \
+                and name in _SCALAR_FORMS:
+            return _scalar_op(_SCALAR_FORMS[name][1], b, a)
     t = a if isinstance(a, Tensor) else b
     other = b if t is a else a
     if not isinstance(other, Tensor) and not _is_number(other):
@@ -1432,7 +1445,6 @@ def _binop(name, a, b, dt=None):
                            else other, t)
         return _binop(name, t, other, dt) if t is a \
             else _binop(name, other, t, dt)
-    fn = globals()[name]
     if isinstance(other, Tensor):
         dt = dt or _result_dtype(a, b)
         return fn(_cast(a, dt), _cast(b, dt))
@@ -1443,8 +1455,7 @@ def _binop(name, a, b, dt=None):
     forms = _SCALAR_FORMS.get(name)
     if forms is not None and (dt.kind == "f" or forms[2]) \
             and dt != bool_:
-        cfn = getattr(lib, "dispatch_" + forms[0 if t is a else 1])
-        return _scalar_op(cfn, x, other)
+        return _scalar_op(forms[0 if t is a else 1], x, other)
     s = x._dev.full((), other, dt)
     return fn(x, s) if t is a else fn(s, x)
 
@@ -2120,6 +2131,10 @@ def _merge_dims(t, d, m):
 
 
 def _getitem(x, key):
+    if type(key) is _slice_type and x.shape and (key.step or 1) > 0:
+        start, stop, step = key.indices(x.shape[0])  # the common x[a:b]
+        if (start, stop, step) != (0, x.shape[0], 1):
+            return slice(x, 0, start, stop, step)
     items = _index_items(x, key)
     t, d, out = x, 0, []
     for kind, k in items:
@@ -2157,7 +2172,10 @@ def _getitem(x, key):
             out.append(len(pos))
         d += 1
     out.extend(t.shape[d:])
-    return reshape(t, tuple(out))
+    out = tuple(out)
+    if t is not x and out == t.shape:
+        return t
+    return reshape(t, out)  # (a copy of x when no op ran)
 
 
 def _value_for(x, value):
