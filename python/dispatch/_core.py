@@ -700,7 +700,12 @@ def _hraw(t):
     return h
 
 
-def _hd(t):
+# _hd: the handle as it is, for what must see the AUTODIFF tensor itself
+# (optimizers, graphs, checkpoints); the op functions take theirs by _hin
+_hd = _hraw
+
+
+def _hin(t):
     """The live C handle of Tensor t as an op's input, or raises: inside
     no_grad, the tensor an AUTODIFF one wraps (borrowed), so the op records
     nothing."""
@@ -722,7 +727,7 @@ def _out():
 
 def _scalar_op(cfn, x, s):
     out = _out()
-    rc = cfn(_hd(x), float(s), out)
+    rc = cfn(_hin(x), float(s), out)
     if rc < 0:
         _fail(rc, x)
     return x._dev._adopt(out[0])
@@ -762,7 +767,7 @@ def _reduce(cfn, x, dim, keepdim):
     x = _as_tensor(x)
     n, dims = _dims_arg(dim)
     out = _out()
-    rc = cfn(_hd(x), n, dims, 1 if keepdim else 0, out)
+    rc = cfn(_hin(x), n, dims, 1 if keepdim else 0, out)
     if rc < 0:
         _fail(rc, x)
     return x._dev._adopt(out[0])
@@ -771,7 +776,7 @@ def _reduce(cfn, x, dim, keepdim):
 def _dim_op(cfn, x, dim):
     x = _as_tensor(x)
     out = _out()
-    rc = cfn(_hd(x), int(dim), out)
+    rc = cfn(_hin(x), int(dim), out)
     if rc < 0:
         _fail(rc, x)
     return x._dev._adopt(out[0])
@@ -781,7 +786,7 @@ def _shape_op(cfn, x, shape):
     x = _as_tensor(x)
     n, s = _shape_arg(shape)
     out = _out()
-    rc = cfn(_hd(x), n, s, out)
+    rc = cfn(_hin(x), n, s, out)
     if rc < 0:
         _fail(rc, x)
     return x._dev._adopt(out[0])
@@ -793,7 +798,7 @@ def _join(cfn, tensors, dim):
         raise _error(_EINVAL, "no tensors to join")
     first = _as_tensor(tensors[0])
     ts = [first] + [_as_tensor(t, first) for t in tensors[1:]]
-    arr = ffi.new("dispatch_tensor *[]", [_hd(t) for t in ts])
+    arr = ffi.new("dispatch_tensor *[]", [_hin(t) for t in ts])
     out = _out()
     rc = cfn(arr, len(ts), int(dim), out)
     if rc < 0:
@@ -817,7 +822,7 @@ def conv2d(x, w, stride=1, padding=0, dilation=1, bias=None):
     ph, pw = _pair2(padding)
     dh, dw = _pair2(dilation)
     out = _out()
-    rc = lib.dispatch_conv2d(_hd(x), _hd(w), sh, sw, ph, pw, dh, dw, out)
+    rc = lib.dispatch_conv2d(_hin(x), _hin(w), sh, sw, ph, pw, dh, dw, out)
     if rc < 0:
         _fail(rc, x)
     return x._dev._adopt(out[0])
@@ -829,7 +834,7 @@ def _pool(cfn, x, kernel, stride, padding):
     sh, sw = _pair2(kernel if stride is None else stride)
     ph, pw = _pair2(padding)
     out = _out()
-    rc = cfn(_hd(x), kh, kw, sh, sw, ph, pw, out)
+    rc = cfn(_hin(x), kh, kw, sh, sw, ph, pw, out)
     if rc < 0:
         _fail(rc, x)
     return x._dev._adopt(out[0])
@@ -846,7 +851,7 @@ def _unary(cfn):
     def op(x):
         x = _as_tensor(x)
         out = _out()
-        rc = cfn(_hd(x), out)
+        rc = cfn(_hin(x), out)
         if rc < 0:
             _fail(rc, x)
         return x._dev._adopt(out[0])
@@ -857,7 +862,7 @@ def _binary(cfn):
     def op(a, b):
         a, b = _pair(a, b)
         out = _out()
-        rc = cfn(_hd(a), _hd(b), out)
+        rc = cfn(_hin(a), _hin(b), out)
         if rc < 0:
             _fail(rc, a)
         return a._dev._adopt(out[0])
@@ -869,7 +874,7 @@ def _ternary(cfn):
         first = next((t for t in (a, b, c) if isinstance(t, Tensor)), None)
         a, b, c = (_as_tensor(t, first) for t in (a, b, c))
         out = _out()
-        rc = cfn(_hd(a), _hd(b), _hd(c), out)
+        rc = cfn(_hin(a), _hin(b), _hin(c), out)
         if rc < 0:
             _fail(rc, a)
         return a._dev._adopt(out[0])
@@ -949,7 +954,7 @@ def where(mask, a, b):
     if not isinstance(mask, Tensor):
         mask = a._dev.tensor(np.asarray(mask, dtype=bool_))
     out = _out()
-    rc = lib.dispatch_where(_hd(mask), _hd(a), _hd(b), out)
+    rc = lib.dispatch_where(_hin(mask), _hin(a), _hin(b), out)
     if rc < 0:
         _fail(rc, a)
     return a._dev._adopt(out[0])
@@ -968,7 +973,7 @@ def cross_entropy(logits, labels, ignore_index=-100, reduction="mean",
     if not isinstance(labels, Tensor):
         labels = logits._dev.tensor(np.asarray(labels), dtype=int64)
     out = _out()
-    rc = lib.dispatch_cross_entropy(_hd(logits), _hd(labels), out)
+    rc = lib.dispatch_cross_entropy(_hin(logits), _hin(labels), out)
     if rc < 0:
         _fail(rc, logits)
     return logits._dev._adopt(out[0])
@@ -981,7 +986,7 @@ def permute(x, dims):
 def transpose(x, dim0=0, dim1=1):
     x = _as_tensor(x)
     out = _out()
-    rc = lib.dispatch_transpose(_hd(x), int(dim0), int(dim1), out)
+    rc = lib.dispatch_transpose(_hin(x), int(dim0), int(dim1), out)
     if rc < 0:
         _fail(rc, x)
     return x._dev._adopt(out[0])
@@ -993,7 +998,7 @@ def slice(x, dim, start=0, end=None, step=1):  # noqa: A001
     if end is None:
         end = 2 ** 62
     out = _out()
-    rc = lib.dispatch_slice(_hd(x), int(dim), int(start), int(end), int(step),
+    rc = lib.dispatch_slice(_hin(x), int(dim), int(start), int(end), int(step),
                             out)
     if rc < 0:
         _fail(rc, x)
@@ -1006,7 +1011,7 @@ def index_select(x, dim, index):
     if not isinstance(index, Tensor):
         index = x._dev.tensor(np.asarray(index), dtype=int64)
     out = _out()
-    rc = lib.dispatch_index_select(_hd(x), int(dim), _hd(index), out)
+    rc = lib.dispatch_index_select(_hin(x), int(dim), _hin(index), out)
     if rc < 0:
         _fail(rc, x)
     return x._dev._adopt(out[0])
@@ -1016,7 +1021,7 @@ def dropout(x, p, seed):
     """Keeps element i iff uniform(seed)[i] >= p, scaled by 1/(1-p)."""
     x = _as_tensor(x)
     out = _out()
-    rc = lib.dispatch_dropout(_hd(x), float(p), int(seed), out)
+    rc = lib.dispatch_dropout(_hin(x), float(p), int(seed), out)
     if rc < 0:
         _fail(rc, x)
     return x._dev._adopt(out[0])
@@ -1035,8 +1040,8 @@ def attention(q, k, v, key_mask=None, is_causal=False, scale=None):
     if key_mask is not None and not isinstance(key_mask, Tensor):
         key_mask = q._dev.tensor(np.asarray(key_mask, dtype=bool_))
     out = _out()
-    rc = lib.dispatch_attention(_hd(q), _hd(k), _hd(v),
-                                _hd(key_mask) if key_mask is not None
+    rc = lib.dispatch_attention(_hin(q), _hin(k), _hin(v),
+                                _hin(key_mask) if key_mask is not None
                                 else ffi.NULL, 1 if is_causal else 0,
                                 float(scale or 0.0), out)
     if rc < 0:
@@ -1070,7 +1075,7 @@ def embedding(input, weight, padding_idx=None):  # noqa: A002
         input = weight._dev.tensor(np.asarray(input), dtype=int64)
     pad = _NO_INDEX if padding_idx is None else int(padding_idx)
     out = _out()
-    rc = lib.dispatch_embedding(_hd(weight), _hd(input), pad, out)
+    rc = lib.dispatch_embedding(_hin(weight), _hin(input), pad, out)
     if rc < 0:
         _fail(rc, weight)
     return weight._dev._adopt(out[0])
@@ -1098,8 +1103,8 @@ def layer_norm(input, normalized_shape, weight=None, bias=None,  # noqa: A002
     n = _nlast(x, normalized_shape)
     w, b = _affine(x, weight), _affine(x, bias)
     out = _out()
-    rc = lib.dispatch_layer_norm(_hd(x), n, _hd(w) if w is not None else
-                                 ffi.NULL, _hd(b) if b is not None else
+    rc = lib.dispatch_layer_norm(_hin(x), n, _hin(w) if w is not None else
+                                 ffi.NULL, _hin(b) if b is not None else
                                  ffi.NULL, float(eps), out)
     if rc < 0:
         _fail(rc, x)
@@ -1116,7 +1121,7 @@ def rms_norm(input, normalized_shape, weight=None, eps=None):  # noqa: A002
         eps = float(np.finfo(x.dtype).eps)
     w = _affine(x, weight)
     out = _out()
-    rc = lib.dispatch_rms_norm(_hd(x), n, _hd(w) if w is not None else
+    rc = lib.dispatch_rms_norm(_hin(x), n, _hin(w) if w is not None else
                                ffi.NULL, float(eps), out)
     if rc < 0:
         _fail(rc, x)
@@ -1135,7 +1140,7 @@ def batch_norm(input, running_mean, running_var, weight=None,  # noqa: A002
     w, b = _affine(x, weight), _affine(x, bias)
     out = _out()
     rc = lib.dispatch_batch_norm(
-        _hd(x), *(_hd(t) if t is not None else ffi.NULL
+        _hin(x), *(_hin(t) if t is not None else ffi.NULL
                   for t in (rm, rv, w, b)),
         int(bool(training)), float(momentum), float(eps), out)
     if rc < 0:
@@ -1152,7 +1157,7 @@ def clamp(x, min=None, max=None):  # noqa: A002 (PyTorch's names)
     lo = -math.inf if min is None else float(min)
     hi = math.inf if max is None else float(max)
     out = _out()
-    rc = lib.dispatch_clamp(_hd(x), lo, hi, out)
+    rc = lib.dispatch_clamp(_hin(x), lo, hi, out)
     if rc < 0:
         _fail(rc, x)
     return x._dev._adopt(out[0])
@@ -1165,7 +1170,7 @@ def masked_fill(x, mask, value):
     if not isinstance(mask, Tensor):
         mask = x._dev.tensor(np.asarray(mask, dtype=bool_))
     out = _out()
-    rc = lib.dispatch_masked_fill(_hd(x), _hd(mask), float(value), out)
+    rc = lib.dispatch_masked_fill(_hin(x), _hin(mask), float(value), out)
     if rc < 0:
         _fail(rc, x)
     return x._dev._adopt(out[0])
@@ -1175,7 +1180,7 @@ def _moments(cfn, x, dim, correction, keepdim):
     x = _as_tensor(x)
     n, dims = _dims_arg(dim)
     out = _out()
-    rc = cfn(_hd(x), n, dims, int(correction), 1 if keepdim else 0, out)
+    rc = cfn(_hin(x), n, dims, int(correction), 1 if keepdim else 0, out)
     if rc < 0:
         _fail(rc, x)
     return x._dev._adopt(out[0])
@@ -1229,7 +1234,7 @@ def cross_entropy_ex(logits, labels, ignore_index=-100, label_smoothing=0.0,
         raise ValueError(f"cross_entropy_ex: reduction {reduction!r} is not "
                          "'none', 'sum' or 'mean'")
     out = _out()
-    rc = lib.dispatch_cross_entropy_ex(_hd(logits), _hd(labels),
+    rc = lib.dispatch_cross_entropy_ex(_hin(logits), _hin(labels),
                                        int(ignore_index),
                                        float(label_smoothing),
                                        _REDUCTIONS[reduction], out)
@@ -1248,7 +1253,7 @@ def avg_pool2d_ex(x, kernel, stride=None, padding=0, count_include_pad=True):
     sh, sw = _pair2(0 if stride is None else stride)
     ph, pw = _pair2(padding)
     out = _out()
-    rc = lib.dispatch_avg_pool2d_ex(_hd(x), kh, kw, sh, sw, ph, pw,
+    rc = lib.dispatch_avg_pool2d_ex(_hin(x), kh, kw, sh, sw, ph, pw,
                                     1 if count_include_pad else 0, out)
     if rc < 0:
         _fail(rc, x)
@@ -1275,7 +1280,7 @@ def conv2d_bias(x, w, bias, stride=1, padding=0, dilation=1):
     ph, pw = _pair2(padding)
     dh, dw = _pair2(dilation)
     out = _out()
-    rc = lib.dispatch_conv2d_bias(_hd(x), _hd(w), _hd(bias), sh, sw, ph, pw,
+    rc = lib.dispatch_conv2d_bias(_hin(x), _hin(w), _hin(bias), sh, sw, ph, pw,
                                   dh, dw, out)
     if rc < 0:
         _fail(rc, x)
@@ -1601,7 +1606,7 @@ class Tensor:
     def shape(self):
         s = self._shape
         if s is None:
-            h = _hd(self)
+            h = _hin(self)
             n = lib.dispatch_tensor_ndim(h)
             p = lib.dispatch_tensor_shape(h)
             s = self._shape = tuple(p[i] for i in range(n))
@@ -1615,10 +1620,10 @@ class Tensor:
     def size(self):
         """The number of elements, as numpy's size; called, the shape, as
         torch's: t.size() is t.shape, t.size(d) is t.shape[d]."""
-        return _Size(lib.dispatch_tensor_numel(_hd(self)), self.shape)
+        return _Size(lib.dispatch_tensor_numel(_hin(self)), self.shape)
 
     def numel(self):
-        return lib.dispatch_tensor_numel(_hd(self))
+        return lib.dispatch_tensor_numel(_hin(self))
 
     def dim(self):
         """The number of dims (ndim), as torch's t.dim()."""
@@ -1626,7 +1631,7 @@ class Tensor:
 
     @property
     def dtype(self):
-        return _C_TO_NP[lib.dispatch_tensor_dtype(_hd(self))]
+        return _C_TO_NP[lib.dispatch_tensor_dtype(_hin(self))]
 
     @property
     def kind(self):
@@ -1689,7 +1694,7 @@ class Tensor:
     def status(self):
         """0, or the error code that poisoned this tensor (a failed remote
         op whose error has surfaced at a wait)."""
-        return lib.dispatch_tensor_status(_hd(self))
+        return lib.dispatch_tensor_status(_hin(self))
 
     def __len__(self):
         s = self.shape
@@ -1727,7 +1732,7 @@ class Tensor:
     def numpy(self):
         """A fresh numpy array with a copy of the data (remote: one read
         round trip, where deferred errors surface)."""
-        h = _hd(self)
+        h = _hin(self)
         arr = np.empty(self.shape, dtype=self.dtype)
         rc = lib.dispatch_tensor_read(h, ffi.from_buffer(arr), arr.nbytes)
         if rc < 0:
@@ -1777,7 +1782,7 @@ class Tensor:
             dev = _resolve_device(device)
             if dev is not self._dev:
                 out = _out()
-                rc = lib.dispatch_to_device(_hd(self), dev._handle(), out)
+                rc = lib.dispatch_to_device(_hin(self), dev._handle(), out)
                 if rc < 0:
                     _fail(rc, self)
                 t = dev._adopt(out[0])
@@ -1803,7 +1808,7 @@ class Tensor:
 
     def astype(self, dtype):
         out = _out()
-        rc = lib.dispatch_cast(_hd(self), _NP_TO_C[_dtype(dtype)], out)
+        rc = lib.dispatch_cast(_hin(self), _NP_TO_C[_dtype(dtype)], out)
         if rc < 0:
             _fail(rc, self)
         return self._dev._adopt(out[0])

@@ -53,6 +53,15 @@ def test_no_grad_results_are_plain_and_backward_still_works(dev):
     with dispatch.no_grad():
         g = loss.backward()[w]
     assert np.array_equal(g.numpy(), 2 * F)
+    # optimizers are made and step inside no_grad too
+    with dispatch.no_grad():
+        opt = dispatch.SGD([w], lr=0.5)
+        loss = (w * w).sum()
+    with dispatch.enable_grad():
+        loss = (w * w).sum()
+    with dispatch.no_grad():
+        opt.step(loss.backward())
+    assert np.array_equal(w.numpy(), F - np.float32(0.5) * 2 * F)
     # the values computed inside no_grad are the same as outside
     with dispatch.no_grad():
         assert np.array_equal((w * 2 + 1).numpy(), (w * 2 + 1).numpy())
