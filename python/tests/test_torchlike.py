@@ -96,6 +96,18 @@ def test_no_grad_as_decorator_and_set_grad_enabled(dev):
     assert dispatch.is_grad_enabled()
 
 
+def test_grad_mode_is_per_thread(dev):
+    import threading
+    seen = []
+    with dispatch.no_grad():
+        t = threading.Thread(target=lambda: seen.append(
+            dispatch.is_grad_enabled()))
+        t.start()
+        t.join()
+        assert not dispatch.is_grad_enabled()
+    assert seen == [True]
+
+
 def test_requires_grad_in_place(dev):
     x = dev.tensor(F)
     assert not x.requires_grad and x.is_leaf and x.grad is None
