@@ -96,7 +96,7 @@ def test_no_grad_as_decorator_and_set_grad_enabled(dev):
     assert dispatch.is_grad_enabled()
 
 
-def test_grad_mode_is_per_thread(dev):
+def test_grad_mode_is_per_thread():
     import threading
     seen = []
     with dispatch.no_grad():
