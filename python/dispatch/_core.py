@@ -1436,7 +1436,7 @@ def _binop(name, a, b, dt=None):
         if type(a) is Tensor:
             da = a.dtype
             if type(b) is Tensor:
-                if b.dtype == da:
+                if b.dtype == da and da is not bool_:
                     return fn(a, b)
             elif type(b) is float and da in _FLOATS and name in _SCALAR_FORMS:
                 return _scalar_op(_SCALAR_FORMS[name][0], a, b)
@@ -1452,7 +1452,7 @@ def _binop(name, a, b, dt=None):
             else _binop(name, other, t, dt)
     if isinstance(other, Tensor):
         dt = dt or _result_dtype(a, b)
-        return fn(_cast(a, dt), _cast(b, dt))
+        return _apply(name, fn, _cast(a, dt), _cast(b, dt))
     if isinstance(other, np.ndarray):
         other = other.item()
     dt = dt or _result_dtype(t, other)
@@ -1462,7 +1462,20 @@ def _binop(name, a, b, dt=None):
             and dt != bool_:
         return _scalar_op(forms[0 if t is a else 1], x, other)
     s = x._dev.full((), other, dt)
-    return fn(x, s) if t is a else fn(s, x)
+    return _apply(name, fn, x, s) if t is a else _apply(name, fn, s, x)
+
+
+def _apply(name, fn, a, b):
+    """fn(a, b) for two tensors of one dtype; bool ones (which the C ops
+    take only for eq / ne) as torch's: + is or, * is and, the comparisons
+    and maximum / minimum as on 0 and 1."""
+    if a.dtype != bool_ or name in ("eq", "ne"):
+        return fn(a, b)
+    if name == "sub":
+        raise _error(_EDTYPE, "sub: subtraction of two bool tensors is not "
+                     "supported (as in torch): use ^ or ~")
+    r = fn(a.astype(int64), b.astype(int64))
+    return r if r.dtype == bool_ else r.astype(bool_)
 
 
 def _true_div(a, b):
@@ -1540,7 +1553,8 @@ def remainder(a, b):
 def pow(a, b):  # noqa: A001
     """a ** b as torch.pow. A number exponent of a float tensor is the
     pow_scalar op; int64 ** int >= 0 is computed in float64 and cast back
-    (exact below 2^53). A tensor exponent (or base number, s ** t) is
+    (exact below 2^53); a negative int64 tensor exponent gives torch's
+    integer results (1 for a base of 1, +-1 for -1, else 0). A tensor exponent (or base number, s ** t) is
     composed: exp(b log|a|) computed in float64, negated for a negative
     base with an odd integer exponent, NaN for a negative base with a
     fractional one, 1 for b == 0; float32 results are rounded from it."""
@@ -1557,13 +1571,18 @@ def pow(a, b):  # noqa: A001
     a, b = _operands(a, b)
     dt = a.dtype
     if dt.kind != "f":
-        with no_grad():
-            if bool(lt(b, _full_like0(b, 0)).astype(int64).max()):  # noqa: F821
-                raise _error(_EINVAL, "Integers to negative integer powers "
-                             "are not allowed")
+        if dt == bool_:
+            a, b = a.astype(int64), b.astype(int64)
         r = _pow_f64(a.astype(float64), b.astype(float64))
         with no_grad():  # an exact integer, up to the rounding of exp/log
-            return _floor(r + 0.5).astype(int64)
+            r = _floor(r + 0.5).astype(int64)
+            # a negative exponent: torch's integer pow gives 1 for a base
+            # of 1, +-1 for -1 (the exponent's parity), else 0
+            zero, one = _full_like0(a, 0), _full_like0(a, 1)
+            odd = ne(remainder(b, 2), zero)  # noqa: F821
+            small = where(eq(a, one), one, where(  # noqa: F821
+                eq(a, -one), where(odd, -one, one), zero))  # noqa: F821
+            return where(ge(b, zero), r, small)  # noqa: F821
     return _pow_f64(a.astype(float64), b.astype(float64)).astype(dt)
 
 

@@ -219,6 +219,44 @@ def test_mixed_dtype_promotion_as_torch(dev):
     same(dev.tensor(b) * 1.5, T(b) * 1.5)
 
 
+def test_operator_dtype_grid_as_torch(dev):
+    """Every operator on every pair of bool / int64 / float32 / float64
+    tensors, 0-d tensors and numbers that torch accepts: torch's dtype,
+    shape and values (floats within 1e-6: s / t and ** differ in the last
+    bits, see the README)."""
+    vals = [np.array([True, False, True]), np.array([-7, 3, 5]),
+            np.array([-2.5, 0.5, 3.0], np.float32), np.array([1.5, -3.25, 2.0])]
+    operands = []
+    for v in vals:
+        operands.append((dev.tensor(v), T(v)))
+        z = v[1:2].reshape(())
+        operands.append((dev.tensor(z), T(z)))
+    operands += [(n, n) for n in (2, -3, 1.5, True)]
+    ops = [lambda a, b: a + b, lambda a, b: a - b, lambda a, b: a * b,
+           lambda a, b: a / b, lambda a, b: a // b, lambda a, b: a % b,
+           lambda a, b: a < b, lambda a, b: a >= b, lambda a, b: a == b,
+           lambda a, b: a ** b]
+    checked = 0
+    for (da, ta), (db, tb) in ((p, q) for p in operands for q in operands):
+        if not (isinstance(da, dispatch.Tensor) or
+                isinstance(db, dispatch.Tensor)):
+            continue
+        for op in ops:
+            try:
+                want = op(ta, tb)
+            except RuntimeError:
+                continue  # torch refuses it (bool - bool, int ** -1)
+            got = op(da, db).numpy()
+            w = want.numpy()
+            assert got.dtype == w.dtype and got.shape == w.shape
+            if w.dtype.kind == "f":
+                np.testing.assert_allclose(got, w, rtol=1e-6)
+            else:
+                assert np.array_equal(got, w), (got, w)
+            checked += 1
+    assert checked > 1000
+
+
 def test_floor_division_and_remainder_signs(dev):
     # torch's rules: // rounds toward -inf and % takes the divisor's sign
     # (C's / and % truncate and take the dividend's sign)
