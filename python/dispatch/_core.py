@@ -220,7 +220,9 @@ class Device:
         self._scopes = []       # Python scopes, innermost last
         self._last_grads = None  # for Tensor.grad
         self.spec = ffi.string(lib.dispatch_device_spec(out[0])).decode()
-        _devices_by_spec.setdefault(self.spec, self)
+        known = _devices_by_spec.get(self.spec)
+        if known is None or known.closed:
+            _devices_by_spec[self.spec] = self  # for t.to(spec)
 
     # -- state
 
@@ -1771,6 +1773,14 @@ class Tensor:
         return float(self.item())
 
     def __int__(self):
+        return int(self.item())
+
+    def __index__(self):
+        """A one-element int64 (or bool) tensor as a Python index, as
+        torch's (reads it)."""
+        if self.dtype.kind not in "ib":
+            raise TypeError("only integer tensors of a single element can "
+                            "be converted to an index")
         return int(self.item())
 
     def __bool__(self):

@@ -408,6 +408,10 @@ def test_to_numpy_item_tolist(dev, local):
     same(dev.tensor(I).double(), T(I).double())
     same(dev.tensor(I).bool(), T(I).bool())
     assert dev.tensor([[1.5]]).item() == 1.5
+    assert [10, 11, 12][dev.tensor(2)] == 12 and list(range(dev.tensor([3]))) \
+        == [0, 1, 2]
+    with pytest.raises(TypeError):
+        [1][dev.tensor(0.0)]
     assert dev.tensor(I).tolist() == I.tolist()
     assert [t.item() for t in dev.tensor(I)] == I.tolist()
     with pytest.raises(TypeError):
