@@ -1795,9 +1795,10 @@ class Tensor:
     def to(self, *args, device=None, dtype=None):
         """As torch's: t.to(device), t.to(dtype), t.to(device, dtype),
         t.to(other_tensor); device a Device or a spec ("local",
-        "tcp://HOST:PORT": an open device of that spec, else one opened
-        for it and kept until exit). self when nothing changes; a copy to
-        another device is never autodiff (track it again if needed)."""
+        "tcp://HOST:PORT": self's device when its spec is that, else an
+        open device of that spec, else one opened for it and kept until
+        exit). self when nothing changes; a copy to another device is
+        never autodiff (track it again if needed)."""
         for a in args:
             if isinstance(a, Tensor):
                 device, dtype = a._dev, a.dtype
@@ -1808,7 +1809,8 @@ class Tensor:
                 dtype = a
         t = self
         if device is not None:
-            dev = _resolve_device(device)
+            dev = self._dev if isinstance(device, str) and \
+                device == self._dev.spec else _resolve_device(device)
             if dev is not self._dev:
                 out = _out()
                 rc = lib.dispatch_to_device(_hin(self), dev._handle(), out)
