@@ -1343,8 +1343,9 @@ def _extreme(op, argop, pair, x, dim, keepdim):
     if dim is None:
         r = op(v)
         return r.astype(bool_) if is_bool else r
-    if not isinstance(dim, numbers.Integral):
-        raise TypeError(f"dim must be an int (torch's max/min), got {dim!r}")
+    if not isinstance(dim, numbers.Integral):  # dims: values only (amax)
+        r = op(v, tuple(dim), keepdim)
+        return r.astype(bool_) if is_bool else r
     values = op(v, dim, keepdim)
     return MaxMin(values.astype(bool_) if is_bool else values,
                   argop(v, dim, keepdim))
@@ -1353,7 +1354,8 @@ def _extreme(op, argop, pair, x, dim, keepdim):
 def max(x, dim=None, keepdim=False):  # noqa: A001
     """As torch.max: without dim the largest element (a 0-d tensor); with
     an int dim the named tuple (values, indices) (ties: the first index);
-    with a tensor, the elementwise maximum."""
+    with a tensor, the elementwise maximum. A tuple of dims gives the
+    values alone, as torch.amax."""
     return _extreme(_max_op, _argmax_op, "maximum", x, dim, keepdim)
 
 
@@ -1822,7 +1824,7 @@ class Tensor:
         return t
 
     def cpu(self):
-        """The tensor on the shared local device, as t.to("local")."""
+        """t.to("local"): t itself on a local device, else a copy on one."""
         return self.to("local")
 
     def float(self):  # noqa: A003

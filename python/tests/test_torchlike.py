@@ -164,6 +164,8 @@ def test_max_min_with_dim_named_tuple(dev):
              getattr(T(a), "arg" + name)())
         same(getattr(dev.tensor(a), "arg" + name)(1, keepdim=True),
              getattr(T(a), "arg" + name)(1, keepdim=True))
+    same(dev.tensor(a).max((0, 1)), torch.amax(T(a), (0, 1)))
+    same(dev.tensor(a).min([1], keepdim=True), torch.amin(T(a), [1], True))
     b = np.array([[True, False], [False, False]])
     same(dev.tensor(b).max(), T(b).max())
     same(dev.tensor(b).max(1).values, T(b).max(1).values)
