@@ -16,8 +16,8 @@ from ._core import (  # noqa: F401
     track)
 # torch-like tensors (issue 26): grad mode, seeds, the operators' functions
 from ._core import (  # noqa: F401
-    MaxMin, enable_grad, floor_divide, is_grad_enabled, manual_seed,
-    no_grad, pow, remainder, set_grad_enabled)
+    MaxMin, all, any, enable_grad, floor_divide, is_grad_enabled,
+    manual_seed, no_grad, pow, remainder, set_grad_enabled)
 from ._core import _resolve_device
 # the op functions, one per row of the op table (dispatch.add, .relu,
 # .sum, .conv2d, ...): see _core.op_functions

@@ -602,7 +602,7 @@ def keep(*tensors):
     them; see Scope.keep."""
     for t in tensors:
         for s in reversed(t._dev._scopes):
-            if any(x is t for x in s._tensors):
+            if builtins.any(x is t for x in s._tensors):
                 s.keep(t)
                 break
     return tensors[0] if len(tensors) == 1 else tensors
@@ -1330,6 +1330,28 @@ def mean(x, dim=None, keepdim=False, dtype=None):
     return _mean_op(x, dim, keepdim)
 
 
+def _nonzero_count(x, dim, keepdim, want):
+    x = _as_tensor(x)
+    b = x if x.dtype == bool_ else ne(x, x._dev.full((), 0, x.dtype))  # noqa
+    if not want:
+        b = eq(b, x._dev.full((), 0, bool_))  # noqa: F821
+    return _sum_op(b.astype(int64), dim, keepdim)
+
+
+def any(x, dim=None, keepdim=False):  # noqa: A001
+    """True where some element over dim is nonzero, as torch.any (bool;
+    an empty reduction is False)."""
+    c = _nonzero_count(x, dim, keepdim, True)
+    return gt(c, c._dev.full((), 0, int64))  # noqa: F821
+
+
+def all(x, dim=None, keepdim=False):  # noqa: A001
+    """True where every element over dim is nonzero, as torch.all (bool;
+    an empty reduction is True)."""
+    c = _nonzero_count(x, dim, keepdim, False)
+    return eq(c, c._dev.full((), 0, int64))  # noqa: F821
+
+
 # torch.return_types.max / .min: a named tuple (values, indices)
 MaxMin = collections.namedtuple("MaxMin", ["values", "indices"])
 
@@ -1949,6 +1971,12 @@ class Tensor:
         shape = tuple(s[i - lead] if n == -1 and i >= lead else int(n)
                       for i, n in enumerate(sizes))
         return broadcast_to(self, shape)  # noqa: F821
+
+    def any(self, dim=None, keepdim=False):  # noqa: A003
+        return any(self, dim, keepdim)
+
+    def all(self, dim=None, keepdim=False):  # noqa: A003
+        return all(self, dim, keepdim)
 
     def view_as(self, other):
         return reshape(self, other.shape)

@@ -147,6 +147,18 @@ def test_sum_mean_dtypes_as_torch(dev):
             T(bad).mean()  # torch refuses it too
 
 
+def test_any_all_as_torch(dev):
+    for a in (I > 0, I, F, np.zeros((0, 3), np.float32),
+              np.array([[True, True], [False, True]])):
+        x, t = dev.tensor(a), T(a)
+        for name in ("any", "all"):
+            same(getattr(x, name)(), getattr(t, name)())
+            if a.ndim == 2:
+                for d in (0, 1):
+                    same(getattr(dispatch, name)(x, d, True),
+                         getattr(torch, name)(t, d, keepdim=True))
+
+
 def test_max_min_with_dim_named_tuple(dev):
     a = np.array([[3.0, -1.0, 7.0], [2.0, 9.0, -4.0]], np.float32)
     for name in ("max", "min"):
