@@ -2285,28 +2285,46 @@ def _setitem(x, key, value):
         pos_of.append(p)
         d += 1
     picked = [(d, p) for d, p in enumerate(pos_of) if p is not None]
-    # the mask of the selected positions: a product of per-dim 0/1 vectors
-    mask = None
-    for d, p in picked:
-        v = np.zeros(shape[d], np.int64)
-        v[p] = 1
-        vt = dev.tensor(v.reshape((1,) * d + (-1,) + (1,) * (len(shape) - d - 1)))
-        mask = vt if mask is None else mul(mask, vt)  # noqa: F821
     if builtins.any(not p for _, p in picked):
         return x  # an empty selection: nothing changes
+    # the mask of the selected positions: the per-dim ones broadcast and
+    # and-ed; each dim's also says which region row a position takes
+    mask, srcs = None, []
+    for d, p in picked:
+        m, src = _pick(dev, shape[d], p)
+        srcs.append(src)
+        m = reshape(m, (1,) * d + (-1,) + (1,) * (len(shape) - d - 1))
+        mask = m if mask is None else mask & m
     if _is_number(value):
         if mask is None:
             return dev.full(shape, np.asarray(value).item(), x.dtype)
-        return _fill(x, mask.astype(bool_), value)
+        return _fill(x, mask, value)
     v = _value_for(x, value)
     v = reshape(broadcast_to(v, tuple(region)), tuple(keep))  # noqa: F821
-    for d, p in picked:  # spread the region over x's positions
-        src = np.zeros(shape[d], np.int64)
-        src[p] = np.arange(len(p))
-        v = index_select(v, d, dev.tensor(src))
+    for (d, _), src in zip(picked, srcs):  # spread the region over x
+        v = index_select(v, d, src)
     if mask is None:
         return v
-    return where(mask.astype(bool_), v, x)  # noqa: F821
+    return where(mask, v, x)  # noqa: F821
+
+
+def _pick(dev, n, p):
+    """For the positions p (range(...) of a slice or [i], not empty) of a
+    dim of size n, made on the device from arange: the bool [n] of the
+    picked positions and the int64 [n] of the region row each takes (an
+    index of the region, whatever it is elsewhere). No data travels, so a
+    captured step can hold it."""
+    first, count = p[0], len(p)
+    step = p[1] - p[0] if count > 1 else 1
+    ar = dev.arange(0, n, 1, int64)
+    off = ar - first if step > 0 else first - ar  # steps from first
+    step = builtins.abs(step)
+    if step == 1:
+        row, picked = off, (off >= 0) & (off < count)
+    else:
+        row = div(off, dev.full((), step, int64))  # noqa: F821 (off >= 0)
+        picked = (off >= 0) & (off - row * step == 0) & (row < count)
+    return picked, clamp(row, 0, count - 1)
 
 
 def _setitem_advanced(x, items, adv, value):
