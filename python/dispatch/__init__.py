@@ -16,6 +16,11 @@ from ._core import (  # noqa: F401
     Device, DispatchError, Grads, Scope, Tensor, bool_, codes,
     default_device, device, error_classes, float32, float64, int64, keep,
     track)
+# torch-like tensors (issue 26): grad mode, seeds, the operators' functions
+from ._core import (  # noqa: F401
+    MaxMin, all, any, enable_grad, floor_divide, is_grad_enabled,
+    manual_seed, no_grad, pow, remainder, set_grad_enabled)
+from ._core import _resolve_device
 # the op functions, one per row of the op table (dispatch.add, .relu,
 # .sum, .conv2d, ...): see _core.op_functions
 from ._core import op_functions as _op_functions
@@ -29,6 +34,7 @@ from . import nn, optim  # noqa: F401,E402 (dispatch.nn, dispatch.optim)
 # the public functions' annotations
 _Shape = Union[int, Sequence[int]]
 _DType = Any  # a numpy dtype or type, or a name such as "float32"
+_DevArg = Union[None, str, Device]  # a Device or a spec such as "local"
 
 __version__: str = _ffi.string(_lib.dispatch_version()).decode()
 
@@ -38,35 +44,67 @@ globals().update(error_classes)
 
 
 def tensor(data: Any, dtype: _DType = None, requires_grad: bool = False,
-           device: Optional[Device] = None) -> Tensor:
-    """A tensor holding a copy of data on device (default: the device of
-    env DISPATCH_DEVICE, else local). See Device.tensor."""
-    return (device or default_device()).tensor(data, dtype, requires_grad)
+           device: _DevArg = None) -> Tensor:
+    """A tensor holding a copy of data on device (a Device or a spec;
+    default: the device of env DISPATCH_DEVICE, else local). See
+    Device.tensor."""
+    return _dev(device).tensor(data, dtype, requires_grad)
 
 
-def zeros(shape: _Shape, dtype: _DType = float32,
-          device: Optional[Device] = None) -> Tensor:
-    """A tensor of zeros (see Device.zeros)."""
-    return (device or default_device()).zeros(shape, dtype)
+def _dev(device: _DevArg) -> Device:
+    return default_device() if device is None else _resolve_device(device)
 
 
-def ones(shape: _Shape, dtype: _DType = float32,
-         device: Optional[Device] = None) -> Tensor:
-    """A tensor of ones (see Device.ones)."""
-    return (device or default_device()).ones(shape, dtype)
+def zeros(*size: _Shape, dtype: _DType = float32, device: _DevArg = None,
+          requires_grad: bool = False) -> Tensor:
+    """zeros(3, 4) or zeros((3, 4)) on device (a Device or a spec; default:
+    the default device)."""
+    return _dev(device).zeros(*size, dtype=dtype, requires_grad=requires_grad)
 
 
-def full(shape: _Shape, value: float, dtype: _DType = float32,
-         device: Optional[Device] = None) -> Tensor:
-    """A tensor filled with value (see Device.full)."""
-    return (device or default_device()).full(shape, value, dtype)
+def ones(*size: _Shape, dtype: _DType = float32, device: _DevArg = None,
+         requires_grad: bool = False) -> Tensor:
+    """ones(3, 4) or ones((3, 4)) on device (see zeros)."""
+    return _dev(device).ones(*size, dtype=dtype, requires_grad=requires_grad)
+
+
+empty = zeros
+
+
+def full(size: _Shape, fill_value: float, dtype: _DType = float32,
+         device: _DevArg = None, requires_grad: bool = False) -> Tensor:
+    """A tensor of size filled with fill_value on device."""
+    return _dev(device).full(size, fill_value, dtype, requires_grad)
 
 
 def arange(start: float, end: Optional[float] = None, step: float = 1,
-           dtype: _DType = float32,
-           device: Optional[Device] = None) -> Tensor:
-    """start, start + step, ... up to end, excluded (see Device.arange)."""
-    return (device or default_device()).arange(start, end, step, dtype)
+           dtype: _DType = None, device: _DevArg = None) -> Tensor:
+    """start, start + step, ... up to end, excluded; int64 when all three
+    are ints and no dtype is given, as torch's."""
+    return _dev(device).arange(start, end, step, dtype)
+
+
+def rand(*size: _Shape, dtype: _DType = float32, device: _DevArg = None,
+         seed: Optional[int] = None, requires_grad: bool = False) -> Tensor:
+    """Uniform in [0, 1), from manual_seed's stream unless seed is given
+    (the same numbers on every device; not torch's numbers)."""
+    return _dev(device).rand(*size, dtype=dtype, seed=seed,
+                             requires_grad=requires_grad)
+
+
+def randn(*size: _Shape, dtype: _DType = float32, device: _DevArg = None,
+          seed: Optional[int] = None, requires_grad: bool = False) -> Tensor:
+    """Standard normal, from manual_seed's stream unless seed is given."""
+    return _dev(device).randn(*size, dtype=dtype, seed=seed,
+                              requires_grad=requires_grad)
+
+
+def randint(low: int, high: Any = None, size: _Shape = (), dtype: _DType = int64,
+            device: _DevArg = None, seed: Optional[int] = None) -> Tensor:
+    """randint(high, size) or randint(low, high, size), as torch's."""
+    if high is not None and not isinstance(high, int) and size == ():
+        low, high, size = 0, low, high  # randint(high, size)
+    return _dev(device).randint(low, high, size, dtype, seed)
 
 
 def uniform(shape: _Shape, low: float = 0.0, high: float = 1.0,
