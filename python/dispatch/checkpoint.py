@@ -56,7 +56,7 @@ def _optim_handle(optimizer):
 
 def save(path: _PathLike,
          tensors: Union[Mapping, Iterable[Tensor]],
-         optimizer=None) -> None:
+         optimizer=None, *, on_server: bool = False) -> None:
     """Writes tensors, and optimizer's state when given, to the
     safetensors file at path.
 
@@ -75,6 +75,13 @@ def save(path: _PathLike,
     dispatch.EIO (file system), EINVAL (bad name), EDEVICE, or the error
     of a read of a remote tensor.
 
+    on_server=True: the server writes the file from its own memory, in
+    the directory it was started with (--checkpoint-dir DIR); path is a
+    name relative to DIR (no "..", no absolute path, no symbolic link
+    followed: EINVAL) and no tensor byte crosses the network. Raises
+    ENOTREMOTE on a local device and EUNSUPPORTED when the server has no
+    --checkpoint-dir (or is older than protocol 1.6).
+
         dispatch.save("model.safetensors", {"w": w, "b": b}, optimizer=opt)
     """
     named = _named(tensors)
@@ -91,8 +98,9 @@ def save(path: _PathLike,
     c_names = ffi.new("char *[]", names) if names else ffi.NULL
     c_tensors = ffi.new("dispatch_tensor *[]", handles) if handles \
         else ffi.NULL
-    rc = lib.dispatch_save(dev._handle(), os.fsencode(path), c_names,
-                           c_tensors, len(handles), opt_h)
+    fn = lib.dispatch_save_on_server if on_server else lib.dispatch_save
+    rc = fn(dev._handle(), os.fsencode(path), c_names, c_tensors,
+            len(handles), opt_h)
     if rc < 0:
         dev._raise(rc)
 
@@ -104,7 +112,7 @@ def _is_optim_state(name: str) -> bool:
 
 
 def load(path: _PathLike, device: Device,
-         optimizer=None) -> Dict[str, Tensor]:
+         optimizer=None, *, on_server: bool = False) -> Dict[str, Tensor]:
     """Reads the safetensors file at path (written by save() or by a C
     program's dispatch_save) into new tensors on device, and returns them
     as a dict name -> Tensor in the file's order. The tensors are plain
@@ -129,6 +137,11 @@ def load(path: _PathLike, device: Device,
     kind of optimizer or parameter count) or ESHAPE / EDEVICE (its
     parameters differ from the saved ones, or live on another device).
     Nothing is left behind on a failure, and the optimizer is unchanged.
+
+    on_server=True: the server reads path, a name inside its
+    --checkpoint-dir (see save), into new tensors of the session without
+    sending their bytes here; a load past the session's memory limit is
+    EQUOTA and leaves nothing behind.
     """
     if not isinstance(device, Device):
         raise TypeError(f"load(): device is a dispatch Device, not "
@@ -141,7 +154,8 @@ def load(path: _PathLike, device: Device,
                 f"load(): the optimizer lives on {opt_dev.spec}, not on "
                 f"{device.spec}, where the file is loaded")
     out = ffi.new("dispatch_checkpoint **")
-    rc = lib.dispatch_load(device._handle(), os.fsencode(path), out)
+    fn = lib.dispatch_load_on_server if on_server else lib.dispatch_load
+    rc = fn(device._handle(), os.fsencode(path), out)
     if rc < 0:
         device._raise(rc)
     ck = out[0]

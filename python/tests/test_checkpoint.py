@@ -244,3 +244,58 @@ def test_wrong_device_is_refused(server, tmp_path):
         with pytest.raises(dispatch.EDEVICE):
             dispatch.save(tmp_path / "y", {"w": b.ones((2,))}, optimizer=opt)
     assert not (tmp_path / "x").exists()
+
+
+def test_on_server_writes_in_its_directory_and_reads_back(tmp_path):
+    """save/load(on_server=True): the server writes the file inside its
+    --checkpoint-dir (the same layout: a local load of that file reads the
+    same bits), loads it back with Adam's state, and refuses a name that
+    leaves the directory; a server without the option and a local device
+    refuse with their codes."""
+    from conftest import Server
+    ckdir = tmp_path / "ck"
+    ckdir.mkdir()
+    srv = Server(["--checkpoint-dir", str(ckdir)])
+    try:
+        with dispatch.device(srv.spec) as dev, \
+                dispatch.device("local") as loc:
+            ts = sample(dev)
+            w = dev.tensor(np.array([1.0, -2.0], np.float32)).track()
+            opt = dispatch.Adam([w], lr=0.1)
+            opt.step((w * w).sum().backward())
+            dispatch.save("a.safetensors",
+                          dict(ts, w=w), optimizer=opt, on_server=True)
+            assert (ckdir / "a.safetensors").is_file()
+            here = dispatch.load(ckdir / "a.safetensors", loc)
+            back = dispatch.load("a.safetensors", dev, on_server=True)
+            assert list(back) == list(ts) + ["w"] == list(here)
+            for k in back:
+                a, b = back[k].numpy(), here[k].numpy()
+                assert a.dtype == b.dtype and a.tobytes() == b.tobytes(), k
+            for k, t in ts.items():
+                assert back[k].numpy().tobytes() == t.numpy().tobytes(), k
+            # Adam's moments and step come back: the next step is the same
+            w2 = back["w"].track()
+            opt2 = dispatch.Adam([w2], lr=0.1)
+            dispatch.load("a.safetensors", dev, optimizer=opt2,
+                          on_server=True)
+            opt.step((w * w).sum().backward())
+            opt2.step((w2 * w2).sum().backward())
+            assert w.numpy().tobytes() == w2.numpy().tobytes()
+            for bad in ("../x", "/etc/passwd", "a/../../x", ""):
+                with pytest.raises(dispatch.EINVAL):
+                    dispatch.save(bad, {"w": w}, on_server=True)
+            assert sorted(p.name for p in tmp_path.iterdir()) == ["ck"]
+            with pytest.raises(dispatch.EIO):
+                dispatch.load("missing.safetensors", dev, on_server=True)
+            with pytest.raises(dispatch.ENOTREMOTE):
+                dispatch.save("b", {"x": loc.ones((1,))}, on_server=True)
+    finally:
+        assert srv.stop() == 0, srv.stderr()
+
+
+def test_on_server_without_a_checkpoint_dir_is_unsupported(remote):
+    with pytest.raises(dispatch.EUNSUPPORTED):
+        dispatch.save("a", {"x": remote.ones((1,))}, on_server=True)
+    with pytest.raises(dispatch.EUNSUPPORTED):
+        dispatch.load("a", remote, on_server=True)
