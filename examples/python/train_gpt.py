@@ -16,7 +16,6 @@ every --log-every steps, the validation loss at step 1000 and at the end
 beside the add-one bigram and unigram baselines, tokens/s and a sample.
 """
 import argparse
-import contextlib
 import os
 import pathlib
 import re
@@ -117,27 +116,12 @@ def recipe_state_dict(vocab_size):
     return sd
 
 
-@contextlib.contextmanager
-def untracked(model):
-    """Runs the model's forward on the parameters' plain tensors (shared
-    storage), so evaluation records nothing for a backward."""
-    saved = [(m, dict(m._parameters)) for m in model.modules()]
-    for m, params in saved:
-        for n, p in params.items():
-            m._parameters[n] = p.detach()
-    try:
-        yield model
-    finally:
-        for m, params in saved:
-            m._parameters.update(params)
-
-
 def val_loss(dev, model, toks, n_train):
     offs = G.val_offsets(len(toks), n_train)
     total = 0.0
     for i in range(0, len(offs), G.BATCH):
         x, y = G.windows(toks, n_train, offs[i:i + G.BATCH])
-        with dev.scope(), untracked(model):
+        with dev.scope(), dispatch.no_grad():
             lg = model(dev.tensor(x))
             total += dispatch.cross_entropy(
                 lg, dev.tensor(y.ravel())).item() * len(x)
@@ -150,7 +134,7 @@ def sample(dev, model, vocab, n):
     out = []
     for _ in range(n):
         c = ctx[-G.CTX:]
-        with dev.scope(), untracked(model):
+        with dev.scope(), dispatch.no_grad():
             lg = model(dev.tensor(np.array([c], np.int64)))
             last = lg[len(c) - 1].numpy().astype(np.float64)
         e = np.exp(last - last.max())
