@@ -322,6 +322,9 @@ test-run: $(TEST_BIN) $(CLIENT_A) $(CLIENT_SO) $(if $(wildcard server/main.c),$(
 	BUILD=$(BUILD) CC=$(CC) \
 	  SAN_FLAGS="$(if $(filter 1,$(SAN)),-fsanitize=address$(comma)undefined)" \
 	  tests/install/check-install.sh || fail=1; \
+	echo "== tests/install/check-python.sh"; \
+	BUILD=$(BUILD) PYTHON=$(PYTHON) SAN_PRELOAD="$(PY_SAN_PRELOAD)" \
+	  tests/install/check-python.sh || fail=1; \
 	$(MAKE) --no-print-directory python-test || fail=1; \
 	if [ $$fail -ne 0 ]; then echo "TESTS FAILED"; exit 1; fi; echo "ALL SUITES PASSED"
 
@@ -332,15 +335,24 @@ test-run: $(TEST_BIN) $(CLIENT_A) $(CLIENT_SO) $(if $(wildcard server/main.c),$(
 # are not ours: leak detection off); a binding that freed a tensor twice or
 # used a closed device's memory fails here.
 PYTHON ?= /usr/bin/python3
-PY_SAN_ENV = $(if $(filter 1,$(SAN)),LD_PRELOAD="$(shell $(CC) -print-file-name=libasan.so) \
-  $(shell $(CC) -print-file-name=libubsan.so)" \
+PY_SAN_PRELOAD = $(if $(filter 1,$(SAN)),$(shell $(CC) -print-file-name=libasan.so) \
+  $(shell $(CC) -print-file-name=libubsan.so))
+PY_SAN_ENV = $(if $(filter 1,$(SAN)),LD_PRELOAD="$(PY_SAN_PRELOAD)" \
   ASAN_OPTIONS=detect_leaks=0:log_path=$$log.asan UBSAN_OPTIONS=log_path=$$log.ubsan)
-python-test: $(CLIENT_SO) $(if $(wildcard server/main.c),$(SERVER_BIN))
-	@echo "== python/tests (pytest$(if $(filter 1,$(SAN)), with the ASan library))"; \
+# The package is the one pip installs: python/ goes into a throwaway
+# virtual environment, $(BUILD)/pyvenv (--system-site-packages: numpy,
+# cffi, pytest, torch are Debian's), and the suite runs with its
+# interpreter; conftest stops the run if dispatch comes from the source tree.
+PYVENV = $(BUILD)/pyvenv
+python-test: $(CLIENT_SO) $(BUILD)/tests/ckpt_tool $(if $(wildcard server/main.c),$(SERVER_BIN))
+	@echo "== python/tests (pytest$(if $(filter 1,$(SAN)), with the ASan library), the package pip-installed in $(PYVENV))"; \
+	PYTHON=$(PYTHON) scripts/python-package.sh venv $(PYVENV) || exit 1; \
 	log=$$(mktemp); \
 	$(PY_SAN_ENV) DISPATCH_SERVER_BIN=$(abspath $(SERVER_BIN)) \
 	DISPATCH_CLIENT_LIB=$(abspath $(BUILD)/libdispatch-client.so) \
-	PYTHONDONTWRITEBYTECODE=1 $(PYTHON) -m pytest -q -p no:cacheprovider \
+	DISPATCH_CKPT_TOOL=$(abspath $(BUILD)/tests/ckpt_tool) \
+	DISPATCH_TEST_INSTALLED=1 \
+	PYTHONDONTWRITEBYTECODE=1 $(PYVENV)/bin/python -m pytest -q -p no:cacheprovider \
 	  python/tests >$$log 2>&1; rc=$$?; \
 	if [ $$rc -ne 0 ]; then cat $$log $$log.*san.* 2>/dev/null; \
 	else tail -n 1 $$log; fi; \
@@ -510,6 +522,19 @@ uninstall:
 	  $(DESTDIR)$(DOCDIR)/deploy $(DESTDIR)$(DOCDIR) 2>/dev/null
 	@$(RUN_LDCONFIG)
 
+# make install-python [PREFIX=/usr/local] [DESTDIR=/staging]: the Python
+# package (python/) with pip for $(PYTHON), offline, into PREFIX's
+# site-packages, where it finds PREFIX/lib/libdispatch-client.so.0 and
+# PREFIX/share/dispatch of make install by itself; make uninstall-python
+# removes exactly the files pip recorded (scripts/python-package.sh).
+.PHONY: install-python uninstall-python
+install-python:
+	@PYTHON=$(PYTHON) scripts/python-package.sh install "$(PREFIX)" "$(DESTDIR)"
+uninstall-python:
+	@PYTHON=$(PYTHON) scripts/python-package.sh uninstall "$(PREFIX)" "$(DESTDIR)"
+install: install-python
+uninstall: uninstall-python
+
 # The server integration suites with dispatch-server under valgrind
 # (server_proc.c honours DISPATCH_SERVER_WRAP); a leak or memory error makes
 # the server exit 99, which the suites' exit-status checks catch.
@@ -518,7 +543,7 @@ uninstall:
 # picks other kernels, so the server's sums no longer match the local
 # process bit for bit, which that suite asserts.)
 VALGRIND_SUITES = $(filter $(BUILD)/tests/test_server_% $(BUILD)/tests/test_auth \
-  $(BUILD)/tests/test_limits $(BUILD)/tests/test_tls \
+  $(BUILD)/tests/test_limits $(BUILD)/tests/test_tls $(BUILD)/tests/test_reload \
   $(BUILD)/tests/test_zero_size $(BUILD)/tests/test_memory \
   $(BUILD)/tests/test_wire_req,$(TEST_BIN))
 valgrind: $(VALGRIND_SUITES) $(SERVER_BIN)

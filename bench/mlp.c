@@ -253,7 +253,28 @@ static void model_free(model *m) {
  * DISPATCH_BENCH_REMOTE is set, the remote one (both with optim_step), then
  * answers each stdin line "MODEL N" (0 local, 1 remote, N <= MAX_STEPS) by
  * running N recorded steps and printing "ok LOSS T1 ... TN" (seconds), or
- * "error MESSAGE". Idle (blocked on stdin) while Python measures. */
+ * "error MESSAGE". Idle (blocked on stdin) while Python measures.
+ * "op N" times the binding's per-op row instead: N calls of dispatch_add
+ * on two 16-element f32 LOCAL tensors, each result freed, and prints
+ * "ok SECONDS_PER_CALL". */
+static double add_calls(dispatch_device *dev, int n, char *err, size_t len) {
+  int64_t shape[1] = {16};
+  dispatch_tensor *a = NULL, *b = NULL, *c;
+  double per = -1;
+  if (dispatch_ones(dev, DISPATCH_F32, 1, shape, &a) == 0 &&
+      dispatch_ones(dev, DISPATCH_F32, 1, shape, &b) == 0) {
+    double t0 = bench_now();
+    int k;
+    for (k = 0; k < n && dispatch_add(a, b, &c) == 0; k++)
+      dispatch_tensor_free(c);
+    if (k == n) per = (bench_now() - t0) / n;
+  }
+  if (per < 0) snprintf(err, len, "add: %s", dispatch_device_errmsg(dev));
+  dispatch_tensor_free(a);
+  dispatch_tensor_free(b);
+  return per;
+}
+
 static int steps_on_stdin(void) {
   model ms[2] = {{.name = "local"}, {.name = "remote"}};
   const char *specs[2] = {"local", bench_remote_spec()};
@@ -265,7 +286,14 @@ static int steps_on_stdin(void) {
   char line[64];
   while (fgets(line, sizeof line, stdin)) {
     int i, n;
-    if (sscanf(line, "%d %d", &i, &n) != 2 || i < 0 || i > 1 || n < 1 ||
+    if (sscanf(line, "op %d", &n) == 1 && n > 0) {
+      char err[256] = "";
+      double per = live[0] ? add_calls(ms[0].dev, n, err, sizeof err) : -1;
+      if (per < 0)
+        printf("error %s\n", live[0] ? err : ms[0].err);
+      else
+        printf("ok %.9g\n", per);
+    } else if (sscanf(line, "%d %d", &i, &n) != 2 || i < 0 || i > 1 || n < 1 ||
         n > MAX_STEPS) {
       printf("error bad request\n");
     } else if (!live[i]) {

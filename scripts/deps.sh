@@ -8,6 +8,7 @@ libmicrohttpd-dev prometheus
 systemd python3-yaml python3-jsonschema
 dataset-fashion-mnist clang libclang-rt-14-dev valgrind
 python3 python3-cffi python3-numpy python3-pytest
+python3-pip python3-setuptools python3-wheel python3-venv
 binutils cmake g++ groff-base
 fortunes fortunes-min"
 missing=""

@@ -13,13 +13,18 @@
 
 #include "sv.h"
 
-void sv_config_release(sv_config *c) {
-  if (c->token) {
-    memset(c->token, 0, c->token_len);
-    dsp_free(c->token);
+void sv_secret_free(char **s, size_t *len) {
+  if (*s) {
+    memset(*s, 0, *len);
+    dsp_free(*s);
   }
-  c->token = NULL;
-  c->token_len = 0;
+  *s = NULL;
+  *len = 0;
+}
+
+void sv_config_release(sv_config *c) {
+  sv_secret_free(&c->token, &c->token_len);
+  sv_secret_free(&c->metrics_token, &c->metrics_token_len);
 }
 
 int sv_addr_is_loopback(const struct sockaddr *sa) {
@@ -35,13 +40,13 @@ int sv_addr_is_loopback(const struct sockaddr *sa) {
   return 0;
 }
 
-/* Reads the token file: its contents less one trailing newline (and a
- * CR before it). An empty token would accept anyone, so it is refused. */
-static int read_token(sv_config *c, const char *path) {
+/* A token file: its contents less one trailing newline (and a CR before
+ * it). An empty token would accept anyone, so it is refused. */
+int sv_secret_read(const char *path, char **out, size_t *out_len, char *why,
+                   size_t len) {
   FILE *f = fopen(path, "rb");
   if (!f) {
-    fprintf(stderr, "dispatch-server: --token-file %s: %s\n", path,
-            strerror(errno));
+    snprintf(why, len, "%s: %s", path, strerror(errno));
     return -1;
   }
   char buf[4097];
@@ -49,27 +54,56 @@ static int read_token(sv_config *c, const char *path) {
   int err = ferror(f);
   fclose(f);
   if (err || n == sizeof buf) {
-    fprintf(stderr, "dispatch-server: --token-file %s: %s\n", path,
-            err ? "read error" : "longer than 4096 bytes");
+    snprintf(why, len, "%s: %s", path,
+             err ? "read error" : "longer than 4096 bytes");
+    memset(buf, 0, sizeof buf);
     return -1;
   }
   if (n > 0 && buf[n - 1] == '\n') n--;
   if (n > 0 && buf[n - 1] == '\r') n--;
   if (n == 0) {
-    fprintf(stderr, "dispatch-server: --token-file %s is empty\n", path);
+    snprintf(why, len, "%s is empty", path);
     return -1;
   }
-  sv_config_release(c);
-  c->token = dsp_malloc(n + 1);
-  if (!c->token) {
-    fprintf(stderr, "dispatch-server: out of memory reading the token\n");
+  char *t = dsp_malloc(n + 1);
+  if (!t) {
+    snprintf(why, len, "%s: out of memory reading the token", path);
+    memset(buf, 0, sizeof buf);
     return -1;
   }
-  memcpy(c->token, buf, n);
-  c->token[n] = '\0';
-  c->token_len = n;
+  memcpy(t, buf, n);
+  t[n] = '\0';
   memset(buf, 0, sizeof buf);
+  *out = t;
+  *out_len = n;
   return 0;
+}
+
+/* --token-file and --metrics-token-file: the file is read now (a bad one
+ * stops the server before it binds) and its path kept for SIGHUP. */
+static int set_secret(const char *opt, const char *path, const char **file,
+                      char **tok, size_t *tok_len) {
+  char why[600], *t;
+  size_t n;
+  if (sv_secret_read(path, &t, &n, why, sizeof why) < 0) {
+    fprintf(stderr, "dispatch-server: %s %s\n", opt, why);
+    return -1;
+  }
+  sv_secret_free(tok, tok_len);
+  *tok = t;
+  *tok_len = n;
+  *file = path;
+  return 0;
+}
+
+static int read_token(sv_config *c, const char *path) {
+  return set_secret("--token-file", path, &c->token_file, &c->token,
+                    &c->token_len);
+}
+
+static int read_metrics_token(sv_config *c, const char *path) {
+  return set_secret("--metrics-token-file", path, &c->metrics_token_file,
+                    &c->metrics_token, &c->metrics_token_len);
 }
 
 static void put_err(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
@@ -483,11 +517,12 @@ static const opt_row g_rows[] = {
      .help = "mutual TLS: require a client certificate\n"
              "signed by this CA"},
     {"token-file", "FILE", OPT_FN, .set = read_token,
-     .help = "clients must send this token in hello"},
+     .help = "clients must send this token in hello\n"
+             "(reread on SIGHUP, as are the --tls-* files)"},
     {"insecure", NULL, OPT_FLAG, .off = offsetof(sv_config, insecure),
      .help = "allow a non-loopback --listen without both\n"
-             "TLS and a token, and a non-loopback\n"
-             "--metrics-listen"},
+             "TLS and a token (not --metrics-listen: see\n"
+             "--metrics-public)"},
     {"log-level", "error|warn|info|debug", OPT_FN, .set = set_log_level,
      .dflt_value = "info", .help = "stderr log level (default info)"},
     {"log-format", "text|json", OPT_FN, .set = set_log_format,
@@ -500,7 +535,18 @@ static const opt_row g_rows[] = {
      .help = "serve Prometheus metrics over HTTP at\n"
              "/metrics (default: off; port 0 picks a free\n"
              "port, printed on stdout); HOST as for\n"
-             "--listen, loopback only unless --insecure"},
+             "--listen, loopback only unless\n"
+             "--metrics-public"},
+    /* srvops: the metrics endpoint beyond loopback, and its token */
+    {"metrics-public", NULL, OPT_FLAG,
+     .off = offsetof(sv_config, metrics_public),
+     .help = "allow a non-loopback --metrics-listen (plain\n"
+             "HTTP: add --metrics-token-file, or a\n"
+             "firewall that admits only the scraper)"},
+    {"metrics-token-file", "FILE", OPT_FN, .set = read_metrics_token,
+     .help = "/metrics answers 401 unless the request has\n"
+             "\"Authorization: Bearer TOKEN\", TOKEN this\n"
+             "file's contents (reread on SIGHUP)"},
     {"version", NULL, OPT_FN, .set = set_version,
      .help = "print the version and exit"},
     {"help", NULL, OPT_FN, .set = set_help, .help = "this text"},
@@ -680,23 +726,34 @@ int sv_config_parse(sv_config *c, int argc, char **argv) {
   if (!loopback && !(c->tls_cert && c->token))
     put_err("warning: --insecure: listening on %s without %s", shown,
             c->tls_cert ? "a token" : c->token ? "TLS" : "TLS or a token");
-  if (!c->metrics_host[0]) return 0;
-  /* the metrics endpoint is plain HTTP with no authentication: the same
-   * rule as a plain --listen, with the same override */
+  if (!c->metrics_host[0]) {
+    if (c->metrics_public || c->metrics_token_file) {
+      put_err("%s needs --metrics-listen",
+              c->metrics_public ? "--metrics-public" : "--metrics-token-file");
+      return -1;
+    }
+    return 0;
+  }
+  /* the metrics endpoint is plain HTTP: beyond loopback only when asked
+   * for by its own flag (--insecure is about --listen alone) */
   if (resolve_host("--metrics-listen", c->metrics_host, c->metrics_port,
                    &c->metrics_addr, &loopback, names, sizeof names) < 0)
     return -1;
   shown_name(c->metrics_host, names, shown, sizeof shown);
-  if (!loopback && !c->insecure) {
+  if (!loopback && !c->metrics_public) {
     put_err("refusing to serve metrics on %s: the endpoint is plain HTTP "
-            "without authentication and tells anyone who reaches it how the "
-            "server is used. Use a loopback address (127.0.0.1:9090) and a "
-            "local scraper or proxy, or pass --insecure to accept the risk.",
-            shown);
+            "and tells anyone who reaches it how the server is used. Use a "
+            "loopback address (127.0.0.1:9090) and a local scraper or "
+            "proxy, or pass --metrics-public (with --metrics-token-file or a "
+            "firewall that admits only the scraper) to serve it there%s.",
+            shown,
+            c->insecure ? " (--insecure covers --listen only)" : "");
     return -1;
   }
   if (!loopback)
-    put_err("warning: --insecure: serving metrics on %s without TLS or "
-            "authentication", shown);
+    put_err("warning: --metrics-public: serving metrics on %s over plain "
+            "HTTP%s", shown,
+            c->metrics_token ? ", a bearer token required"
+                             : " without authentication");
   return 0;
 }

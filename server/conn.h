@@ -174,6 +174,12 @@ struct sv_server {
   pthread_t loop_thread; /* the one that runs loop (sv_run's) */
   uv_tcp_t listener;
   uv_signal_t sigint, sigterm;
+  uv_signal_t sighup; /* reload.c */
+  int sighup_open;
+  /* the token a hello must present: --token-file's, replaced on SIGHUP
+   * (reload.c); NULL: none required */
+  char *token;
+  size_t token_len;
   uv_timer_t drain; /* --drain-timeout, from the first signal */
   /* --loop-spin-us: while active, the loop polls without sleeping (net.c
    * sv_loop_spin), until spin_until (uv_hrtime) */
@@ -235,6 +241,8 @@ typedef struct sv_resume {
   sv_conn *conn;           /* attached to; NULL while detached */
   uint8_t token[SV_RESUME_TOKEN];
   uint8_t cred[SV_RESUME_CRED]; /* digest of the opening credentials */
+  uint8_t cert[32];        /* the client certificate's digest (zeros:
+                              none), to bind cred to a new token */
   uint64_t last_seq;       /* highest seq received in full */
   uint64_t deadline;       /* detached: uv_now() when it is freed */
   sv_job *teardown;        /* detached: the session's teardown job */
@@ -259,6 +267,12 @@ int sv_resume_detach(sv_conn *c);
  * DISPATCH_ESESSION / DISPATCH_EAUTH with the reason in msg. */
 int sv_resume_attach(sv_conn *c, const Dspwire__Hello *h, sv_session **fresh,
                      char *msg, size_t len);
+/* SIGHUP replaced the server's token old with fresh: every session
+ * opened with old is bound to fresh instead (its client certificate
+ * still counts), so a detached one resumes with the token the server now
+ * asks for (and old, refused at the hello, resumes nothing). Returns how
+ * many were rebound. */
+int sv_resume_rebind(sv_server *srv, const char *old, const char *fresh);
 /* Queues every kept reply after the hello reply of a resume. */
 void sv_resume_push(sv_conn *c);
 /* Keeps a waiting request's reply until acknowledged: a copy of the
@@ -386,5 +400,21 @@ void sv_metrics_loop_close(sv_server *srv);
 void sv_metrics_stop(sv_server *srv);
 /* A request of body case bc took ns from decode to its result (loop). */
 void sv_metrics_observe(sv_server *srv, int bc, uint64_t ns);
+/* SIGHUP (loop): /metrics wants token (len bytes, dsp_malloc'd) from now
+ * on; takes it over (freed here when the endpoint is off) and wipes the
+ * one it replaces. */
+void sv_metrics_set_token(sv_server *srv, char *token, size_t len);
+
+/* reload.c: SIGHUP rereads --token-file, --metrics-token-file and the
+ * --tls-* files; each one that cannot be used is refused and the one in
+ * use kept. */
+/* Copies --token-file's token for the hellos: 0 or DISPATCH_ENOMEM. */
+int sv_reload_start(sv_server *srv);
+/* Starts the SIGHUP handle (loop thread, before the port is announced). */
+void sv_reload_listen(sv_server *srv);
+/* Closes the SIGHUP handle (shutdown: the loop then ends). */
+void sv_reload_close(sv_server *srv);
+/* After the loop ended: wipes the token. */
+void sv_reload_free(sv_server *srv);
 
 #endif

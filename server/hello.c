@@ -7,15 +7,15 @@
 
 #include "conn.h"
 
-/* Compares the hello's token with the configured one in time that does
- * not depend on where they differ: a token of another length is compared
- * against the expected token itself, and the results are combined
- * without branching on content. */
-static int token_matches(const sv_config *cfg, const char *tok) {
+/* Compares a token with the configured one in time that does not depend
+ * on where they differ: a token of another length is compared against
+ * the expected token itself, and the results are combined without
+ * branching on content. */
+int sv_token_matches(const char *want, size_t want_len, const char *tok) {
   size_t n = tok ? strlen(tok) : 0;
-  int same_len = n == cfg->token_len;
-  const char *cmp = same_len ? tok : cfg->token;
-  int diff = CRYPTO_memcmp(cmp, cfg->token, cfg->token_len);
+  int same_len = n == want_len;
+  const char *cmp = same_len ? tok : want;
+  int diff = CRYPTO_memcmp(cmp, want, want_len);
   return same_len & (diff == 0);
 }
 
@@ -33,7 +33,9 @@ void sv_hello(sv_conn *c, Dspwire__Request *req) {
     sv_refuse(c, req->req_id, DISPATCH_EVERSION, msg);
     return;
   }
-  if (cfg->token && !token_matches(cfg, h->token)) {
+  /* the server's copy: SIGHUP may have replaced --token-file's */
+  sv_server *srv = c->srv;
+  if (srv->token && !sv_token_matches(srv->token, srv->token_len, h->token)) {
     int none = !h->token || !*h->token;
     atomic_fetch_add(&c->srv->g.protocol_errors, 1);
     char name[4 * SV_LOG_STR_MAX + 8];

@@ -21,6 +21,9 @@ int main(int argc, char **argv) {
     return rc > 0 ? 0 : 2;
   }
   signal(SIGPIPE, SIG_IGN);
+  /* a reload asked for while the server starts must not end it: the loop
+   * takes SIGHUP over before the port is announced (reload.c) */
+  signal(SIGHUP, SIG_IGN);
   int procs = openblas_get_num_procs();
   openblas_set_num_threads(procs < 1 ? 1 : procs);
   dsp_cpu_cache_set_limit((size_t)cfg.storage_cache);

@@ -19,6 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <time.h>
 
 #include "conn.h"
@@ -158,6 +159,11 @@ typedef struct sv_metrics {
   } conns[MAX_SCRAPES];
   int guard_stop, guard_on;
   pthread_t guard;
+  /* --metrics-token-file's token (NULL: none asked for); SIGHUP replaces
+   * it from the loop while MHD's thread reads it */
+  pthread_mutex_t tmu;
+  char *token;
+  size_t token_len;
 } sv_metrics;
 
 /* Loop thread: the connections' state, summed, published. */
@@ -316,6 +322,13 @@ static void render(sv_metrics *m, FILE *f) {
          "or a wrong token.");
   fprintf(f, "dispatch_protocol_errors_total %lld\n",
           ld(&g->protocol_errors));
+  family(f, "dispatch_reloads_total", "counter",
+         "SIGHUP reloads of the token and TLS files: ok when every file "
+         "was taken, refused when one was kept as it was.");
+  fprintf(f, "dispatch_reloads_total{result=\"ok\"} %lld\n",
+          ld(&g->m.reloads[0]));
+  fprintf(f, "dispatch_reloads_total{result=\"refused\"} %lld\n",
+          ld(&g->m.reloads[1]));
   family(f, "dispatch_limit_violations_total", "counter",
          "Requests or connections refused by a server limit, by limit.");
   for (int i = 0; i < SV_LIM_COUNT; i++)
@@ -383,6 +396,9 @@ static enum MHD_Result reply(struct MHD_Connection *conn, unsigned status,
                           "text/plain; charset=utf-8");
   if (status == MHD_HTTP_METHOD_NOT_ALLOWED)
     MHD_add_response_header(r, MHD_HTTP_HEADER_ALLOW, "GET, HEAD");
+  if (status == MHD_HTTP_UNAUTHORIZED)
+    MHD_add_response_header(r, MHD_HTTP_HEADER_WWW_AUTHENTICATE,
+                            "Bearer realm=\"dispatch-server metrics\"");
   enum MHD_Result rc = MHD_queue_response(conn, status, r);
   MHD_destroy_response(r);
   return rc;
@@ -467,7 +483,38 @@ static void *guard_main(void *arg) {
   return NULL;
 }
 
-/* GET /metrics: the exposition; anything else a short error. A request
+/* MHD's thread: 1 when no token is configured, or the request says
+ * "Authorization: Bearer TOKEN" with the token (the scheme's case does not
+ * matter, RFC 7235; compared as the hello's token is, sv_token_matches). */
+static int authorized(sv_metrics *m, struct MHD_Connection *conn) {
+  const char *h = MHD_lookup_connection_value(conn, MHD_HEADER_KIND,
+                                              MHD_HTTP_HEADER_AUTHORIZATION);
+  const char *tok = NULL;
+  if (h && strncasecmp(h, "Bearer ", 7) == 0)
+    for (tok = h + 7; *tok == ' ';) tok++;
+  pthread_mutex_lock(&m->tmu);
+  int ok = !m->token || sv_token_matches(m->token, m->token_len, tok);
+  pthread_mutex_unlock(&m->tmu);
+  return ok;
+}
+
+void sv_metrics_set_token(sv_server *srv, char *token, size_t len) {
+  sv_metrics *m = srv->metrics;
+  if (!m) {
+    sv_secret_free(&token, &len);
+    return;
+  }
+  pthread_mutex_lock(&m->tmu);
+  char *old = m->token;
+  size_t old_len = m->token_len;
+  m->token = token;
+  m->token_len = len;
+  pthread_mutex_unlock(&m->tmu);
+  sv_secret_free(&old, &old_len);
+}
+
+/* GET /metrics: the exposition; anything else a short error, and
+ * everything 401 without the token when one is configured. A request
  * body is read and ignored (MHD calls once more per piece of it). */
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn,
                                   const char *url, const char *method,
@@ -485,6 +532,10 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn,
     *upload_data_size = 0;
     return MHD_YES;
   }
+  if (!authorized(cls, conn))
+    return reply(conn, MHD_HTTP_UNAUTHORIZED,
+                 "unauthorized: send \"Authorization: Bearer TOKEN\" with "
+                 "the token of --metrics-token-file\n");
   if (strcmp(method, MHD_HTTP_METHOD_GET) != 0 &&
       strcmp(method, MHD_HTTP_METHOD_HEAD) != 0)
     return reply(conn, MHD_HTTP_METHOD_NOT_ALLOWED,
@@ -529,6 +580,8 @@ static void mhd_log(void *cls, const char *fmt, va_list ap) {
 /* ------------------------------------------------------------ lifecycle */
 
 static void free_metrics(sv_metrics *m) {
+  sv_secret_free(&m->token, &m->token_len);
+  pthread_mutex_destroy(&m->tmu);
   pthread_cond_destroy(&m->ccv);
   pthread_mutex_destroy(&m->cmu);
   pthread_cond_destroy(&m->cv);
@@ -542,6 +595,15 @@ int sv_metrics_start(sv_server *srv) {
   sv_metrics *m = dsp_calloc(1, sizeof *m);
   if (!m) return DISPATCH_ENOMEM;
   m->srv = srv;
+  if (cfg->metrics_token) {
+    m->token = dsp_malloc(cfg->metrics_token_len + 1);
+    if (!m->token) {
+      dsp_free(m);
+      return DISPATCH_ENOMEM;
+    }
+    memcpy(m->token, cfg->metrics_token, cfg->metrics_token_len + 1);
+    m->token_len = cfg->metrics_token_len;
+  }
   struct timespec now;
   clock_gettime(CLOCK_REALTIME, &now);
   m->start_time = (double)now.tv_sec + (double)now.tv_nsec / 1e9;
@@ -552,6 +614,7 @@ int sv_metrics_start(sv_server *srv) {
   pthread_cond_init(&m->cv, &ca);
   pthread_mutex_init(&m->cmu, NULL);
   pthread_cond_init(&m->ccv, &ca);
+  pthread_mutex_init(&m->tmu, NULL);
   pthread_condattr_destroy(&ca);
   if (uv_async_init(&srv->loop, &m->async, on_snapshot) != 0) {
     free_metrics(m);

@@ -41,6 +41,7 @@ static void finish_shutdown(sv_server *srv) {
     uv_close((uv_handle_t *)&srv->spin, NULL);
     uv_close((uv_handle_t *)&srv->sigint, NULL);
     uv_close((uv_handle_t *)&srv->sigterm, NULL);
+    sv_reload_close(srv);
     sv_metrics_loop_close(srv); /* scrapes are answered until here */
   }
 }
@@ -654,9 +655,10 @@ int sv_run(const sv_config *cfg) {
   if (srv->pool && (err = sv_devices_open(cfg, &srv->g, why, sizeof why)) < 0) {
     fprintf(stderr, "dispatch-server: %s\n", why);
     sv_start_reason_printed = 1; /* one line, not also main's */
-  } else if (cfg->tls_cert) {
-    srv->tls = sv_tls_ctx_new(cfg);
-    if (!srv->tls) err = DISPATCH_ETLS;
+  } else if (cfg->tls_cert && !(srv->tls = sv_tls_ctx_new(cfg))) {
+    err = DISPATCH_ETLS;
+  } else if ((err = sv_reload_start(srv)) < 0) {
+    sv_log(SV_LOG_ERROR, "out of memory for the token");
   }
   if (err < 0) {
     /* the reason is on stderr already */
@@ -690,6 +692,7 @@ int sv_run(const sv_config *cfg) {
     sv_devices_close(&srv->g);
     dsp_budget_unref(srv->g.mem);
     sv_tls_ctx_free(srv->tls);
+    sv_reload_free(srv);
     dsp_free(srv);
     return err;
   }
@@ -716,6 +719,7 @@ int sv_run(const sv_config *cfg) {
   srv->sigint.data = srv->sigterm.data = srv;
   uv_signal_start(&srv->sigint, on_signal, SIGINT);
   uv_signal_start(&srv->sigterm, on_signal, SIGTERM);
+  sv_reload_listen(srv); /* SIGHUP */
   printf("dispatch-server listening on %s:%d\n", ip, port);
   sv_log(SV_LOG_INFO, "listening on %s:%d with %d worker threads%s%s%s", ip,
          port, cfg->threads,
@@ -742,6 +746,7 @@ int sv_run(const sv_config *cfg) {
   sv_devices_close(&srv->g);
   dsp_budget_unref(srv->g.mem);
   sv_tls_ctx_free(srv->tls);
+  sv_reload_free(srv);
   dsp_free(srv);
   sv_log(SV_LOG_INFO, "shut down cleanly (storage cache held %zu bytes)",
          dsp_cpu_cache_bytes());

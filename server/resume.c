@@ -28,20 +28,26 @@
 #include "conn.h"
 
 /* The credentials a session was opened with, as one digest: the hello's
- * token and the client certificate (its DER digest; none over plain TCP). */
-static void cred_digest(sv_conn *c, const char *token,
-                        uint8_t out[SV_RESUME_CRED]) {
-  uint8_t cert[32];
+ * token and the client certificate's digest (zeros over plain TCP). */
+static void cred_of(const char *token, const uint8_t cert[32],
+                    uint8_t out[SV_RESUME_CRED]) {
   unsigned n = SV_RESUME_CRED;
-  sv_transport_peer_digest(c, cert);
   EVP_MD_CTX *m = EVP_MD_CTX_new();
   int ok = m && EVP_DigestInit_ex(m, EVP_sha256(), NULL) &&
            EVP_DigestUpdate(m, token ? token : "", token ? strlen(token) : 0) &&
            EVP_DigestUpdate(m, "\0", 1) &&
-           EVP_DigestUpdate(m, cert, sizeof cert) &&
+           EVP_DigestUpdate(m, cert, 32) &&
            EVP_DigestFinal_ex(m, out, &n);
   EVP_MD_CTX_free(m);
   if (!ok) memset(out, 0xff, SV_RESUME_CRED); /* matches no real digest */
+}
+
+/* ... of connection c, whose hello sent token. */
+static void cred_digest(sv_conn *c, const char *token,
+                        uint8_t out[SV_RESUME_CRED]) {
+  uint8_t cert[32];
+  sv_transport_peer_digest(c, cert);
+  cred_of(token, cert, out);
 }
 
 int sv_resume_open(sv_conn *c, const char *token) {
@@ -53,7 +59,8 @@ int sv_resume_open(sv_conn *c, const char *token) {
     dsp_free(rs);
     return DISPATCH_EINTERNAL;
   }
-  cred_digest(c, token, rs->cred);
+  sv_transport_peer_digest(c, rs->cert);
+  cred_of(token, rs->cert, rs->cred);
   rs->srv = srv;
   rs->sess = c->sess;
   rs->conn = c;
@@ -286,6 +293,18 @@ int sv_resume_detach(sv_conn *c) {
          "resume (%u requests still queued)", c->id, c->peer,
          srv->cfg->session_grace_s, rs->inflight);
   return 1;
+}
+
+int sv_resume_rebind(sv_server *srv, const char *old, const char *fresh) {
+  int n = 0;
+  for (sv_resume *rs = srv->resumable; rs; rs = rs->next) {
+    uint8_t was[SV_RESUME_CRED];
+    cred_of(old, rs->cert, was);
+    if (CRYPTO_memcmp(was, rs->cred, sizeof was) != 0) continue;
+    cred_of(fresh, rs->cert, rs->cred);
+    n++;
+  }
+  return n;
 }
 
 int sv_resume_attach(sv_conn *c, const Dspwire__Hello *h, sv_session **out,

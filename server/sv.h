@@ -76,8 +76,11 @@ typedef struct sv_config {
   const char *tls_key;
   const char *tls_client_ca; /* set: mutual TLS, a client certificate is
                                 required and verified against this CA */
-  char *token;               /* from --token-file (dsp_malloc), NULL: none */
+  char *token;               /* from --token-file (dsp_malloc), NULL: none;
+                                the server copies it (SIGHUP replaces its
+                                copy, reload.c) */
   size_t token_len;
+  const char *token_file;    /* --token-file's path, reread on SIGHUP */
   int handshake_timeout_s;   /* TLS handshake + hello, 0: never */
   int drain_timeout_s;       /* SIGTERM: how long received work may still
                                 run before it is cancelled; 0: none */
@@ -89,13 +92,19 @@ typedef struct sv_config {
   int n_devices;
   uint64_t device_memory;    /* each device's own budget; 0: none beyond
                                 --max-memory (still counted per device) */
-  int insecure;              /* allow a non-loopback bind without TLS+token,
-                                and a non-loopback --metrics-listen */
+  int insecure;              /* allow a non-loopback bind without TLS+token
+                                (--listen only) */
   /* --metrics-listen: the Prometheus endpoint (metrics.c); off when
    * metrics_host is empty */
   char metrics_host[256];
   int metrics_port;
   struct sockaddr_storage metrics_addr; /* resolved, as listen_addr */
+  int metrics_public;        /* --metrics-public: a non-loopback
+                                --metrics-listen is allowed */
+  char *metrics_token;       /* --metrics-token-file's contents (dsp_malloc),
+                                NULL: /metrics needs no token */
+  size_t metrics_token_len;
+  const char *metrics_token_file; /* its path, reread on SIGHUP */
   int log_format;            /* SV_LOG_TEXT or SV_LOG_JSON */
 } sv_config;
 
@@ -104,8 +113,20 @@ void sv_config_defaults(sv_config *c);
 /* Parses argv into c; returns 0, 1 for --help (usage printed to stdout), or
  * -1 with a message on stderr. */
 int sv_config_parse(sv_config *c, int argc, char **argv);
-/* Frees what parsing allocated (the token). */
+/* Frees what parsing allocated (the tokens). */
 void sv_config_release(sv_config *c);
+/* Reads a token file (--token-file, --metrics-token-file): its contents
+ * less one trailing newline (and a CR before it), at most 4096 bytes, not
+ * empty. 0 with *out (dsp_malloc'd, NUL-terminated; the caller gives it
+ * back with sv_secret_free) and *out_len; -1 with nothing allocated and
+ * the reason, starting with path, in why[0..len-1]. */
+int sv_secret_read(const char *path, char **out, size_t *out_len, char *why,
+                   size_t len);
+/* Wipes and frees *s (NULL is fine) and sets *s = NULL, *len = 0. */
+void sv_secret_free(char **s, size_t *len);
+/* 1 when got (NUL-terminated, NULL: none sent) equals want (want_len
+ * bytes), in time that does not depend on where they differ (hello.c). */
+int sv_token_matches(const char *want, size_t want_len, const char *got);
 /* 1 when sa is a loopback address: 127.0.0.0/8, ::1 or ::ffff:127.x.
  * Names are judged by what they resolve to (sv_config_parse resolves
  * --listen and requires every address to pass for a plain bind). */
@@ -197,6 +218,8 @@ typedef struct sv_counters {
    * [0] the server had closed their connection for a limit, [1] the
    * oldest of those a client dropped */
   atomic_llong evicted[2];
+  /* SIGHUP reloads (reload.c): [0] every file taken, [1] one refused */
+  atomic_llong reloads[2];
 } sv_counters;
 
 typedef struct sv_global {
@@ -746,6 +769,12 @@ typedef struct sv_tls sv_tls;
 /* Loads cert, key and optional client CA; NULL with a message on stderr
  * (naming the file and OpenSSL's reason) when any cannot be used. */
 sv_tls_ctx *sv_tls_ctx_new(const sv_config *cfg);
+/* SIGHUP (loop thread): loads the same files again into a new context
+ * that the next sv_tls_new uses; connections already made keep the old
+ * one until they end. 0, or DISPATCH_ETLS with t unchanged and the reason
+ * ("cannot load the private key FILE: ...") in why[0..len-1]. */
+int sv_tls_ctx_reload(sv_tls_ctx *t, const sv_config *cfg, char *why,
+                      size_t len);
 void sv_tls_ctx_free(sv_tls_ctx *t);
 sv_tls *sv_tls_new(sv_tls_ctx *t);
 void sv_tls_free(sv_tls *s);

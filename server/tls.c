@@ -32,52 +32,71 @@ static void ssl_reason(char *buf, size_t len) {
   ERR_clear_error();
 }
 
-/* TLS 1.2 at least (1.3 preferred: OpenSSL negotiates the highest both
- * sides speak). With a client CA, a client must present a certificate it
- * signed, or the handshake fails. */
-sv_tls_ctx *sv_tls_ctx_new(const sv_config *cfg) {
-  char why[256];
+/* A new SSL_CTX from the config's files: TLS 1.2 at least (1.3
+ * preferred: OpenSSL negotiates the highest both sides speak). With a
+ * client CA, a client must present a certificate it signed, or the
+ * handshake fails. NULL with "cannot STEP FILE: REASON" in why. */
+static SSL_CTX *build_ctx(const sv_config *cfg, char *why, size_t len) {
+  char r[256];
   const char *what = "create the TLS context";
   const char *file = "";
+  SSL_CTX *ctx = SSL_CTX_new(TLS_server_method());
+  if (!ctx) goto fail;
+  what = "set the minimum TLS version";
+  if (!SSL_CTX_set_min_proto_version(ctx, TLS1_2_VERSION)) goto fail;
+  SSL_CTX_set_options(ctx, SSL_OP_NO_RENEGOTIATION);
+  what = "load the certificate chain";
+  file = cfg->tls_cert;
+  if (SSL_CTX_use_certificate_chain_file(ctx, cfg->tls_cert) != 1) goto fail;
+  what = "load the private key";
+  file = cfg->tls_key;
+  if (SSL_CTX_use_PrivateKey_file(ctx, cfg->tls_key, SSL_FILETYPE_PEM) != 1)
+    goto fail;
+  what = "match the private key to the certificate";
+  if (SSL_CTX_check_private_key(ctx) != 1) goto fail;
+  if (cfg->tls_client_ca) {
+    what = "load the client CA";
+    file = cfg->tls_client_ca;
+    if (SSL_CTX_load_verify_locations(ctx, cfg->tls_client_ca, NULL) != 1)
+      goto fail;
+    STACK_OF(X509_NAME) *names = SSL_load_client_CA_file(cfg->tls_client_ca);
+    if (names) SSL_CTX_set_client_CA_list(ctx, names);
+    SSL_CTX_set_verify(ctx, SSL_VERIFY_PEER | SSL_VERIFY_FAIL_IF_NO_PEER_CERT,
+                       NULL);
+  }
+  return ctx;
+fail:
+  ssl_reason(r, sizeof r);
+  snprintf(why, len, "cannot %s%s%s: %s", what, *file ? " " : "", file, r);
+  SSL_CTX_free(ctx);
+  return NULL;
+}
+
+sv_tls_ctx *sv_tls_ctx_new(const sv_config *cfg) {
+  char why[1024];
   sv_tls_ctx *t = dsp_calloc(1, sizeof *t);
   if (!t) {
     fprintf(stderr, "dispatch-server: out of memory for the TLS context\n");
     return NULL;
   }
-  t->ctx = SSL_CTX_new(TLS_server_method());
-  if (!t->ctx) goto fail;
-  what = "set the minimum TLS version";
-  if (!SSL_CTX_set_min_proto_version(t->ctx, TLS1_2_VERSION)) goto fail;
-  SSL_CTX_set_options(t->ctx, SSL_OP_NO_RENEGOTIATION);
-  what = "load the certificate chain";
-  file = cfg->tls_cert;
-  if (SSL_CTX_use_certificate_chain_file(t->ctx, cfg->tls_cert) != 1)
-    goto fail;
-  what = "load the private key";
-  file = cfg->tls_key;
-  if (SSL_CTX_use_PrivateKey_file(t->ctx, cfg->tls_key, SSL_FILETYPE_PEM) !=
-      1)
-    goto fail;
-  what = "match the private key to the certificate";
-  if (SSL_CTX_check_private_key(t->ctx) != 1) goto fail;
-  if (cfg->tls_client_ca) {
-    what = "load the client CA";
-    file = cfg->tls_client_ca;
-    if (SSL_CTX_load_verify_locations(t->ctx, cfg->tls_client_ca, NULL) != 1)
-      goto fail;
-    STACK_OF(X509_NAME) *names = SSL_load_client_CA_file(cfg->tls_client_ca);
-    if (names) SSL_CTX_set_client_CA_list(t->ctx, names);
-    SSL_CTX_set_verify(t->ctx,
-                       SSL_VERIFY_PEER | SSL_VERIFY_FAIL_IF_NO_PEER_CERT,
-                       NULL);
+  t->ctx = build_ctx(cfg, why, sizeof why);
+  if (!t->ctx) {
+    fprintf(stderr, "dispatch-server: TLS: %s\n", why);
+    dsp_free(t);
+    return NULL;
   }
   return t;
-fail:
-  ssl_reason(why, sizeof why);
-  fprintf(stderr, "dispatch-server: TLS: cannot %s%s%s: %s\n", what,
-          *file ? " " : "", file, why);
-  sv_tls_ctx_free(t);
-  return NULL;
+}
+
+/* Connections made so far hold their own reference to the old SSL_CTX
+ * (SSL_new takes one), so it lives until the last of them is freed. */
+int sv_tls_ctx_reload(sv_tls_ctx *t, const sv_config *cfg, char *why,
+                      size_t len) {
+  SSL_CTX *fresh = build_ctx(cfg, why, len);
+  if (!fresh) return DISPATCH_ETLS;
+  SSL_CTX_free(t->ctx);
+  t->ctx = fresh;
+  return 0;
 }
 
 void sv_tls_ctx_free(sv_tls_ctx *t) {

@@ -13,6 +13,7 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <pthread.h>
+#include <signal.h>
 #include <regex.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -343,9 +344,10 @@ Test(metrics, other_paths_and_methods_are_refused) {
   free(body);
 }
 
-/* --metrics-listen follows --listen's rule: a non-loopback address is
- * refused before anything binds, unless --insecure; a malformed address or
- * an unknown --log-format stops the server with a line naming it. */
+/* --metrics-listen beyond loopback needs --metrics-public (--insecure
+ * covers --listen only, and says so): refused before anything binds; a
+ * malformed address or an unknown --log-format stops the server with a
+ * line naming it. */
 Test(metrics, non_loopback_metrics_address_is_refused) {
   need_bin();
   char out[4096];
@@ -355,7 +357,14 @@ Test(metrics, non_loopback_metrics_address_is_refused) {
   cr_assert_eq(st, 2, "exit status %d, output: %s", st, out);
   cr_assert_null(strstr(out, "listening"), "it must not bind: %s", out);
   cr_assert(strstr(out, "refusing to serve metrics on 0.0.0.0"), "%s", out);
-  cr_assert(strstr(out, "--insecure"), "%s", out);
+  cr_assert(strstr(out, "--metrics-public"), "%s", out);
+  const char *a4[] = {"--listen", "127.0.0.1:0", "--insecure",
+                      "--metrics-listen", "0.0.0.0:0", NULL};
+  st = sp_run_capture(a4, out, sizeof out);
+  cr_assert_eq(st, 2, "--insecure alone: exit status %d, output: %s", st,
+               out);
+  cr_assert(strstr(out, "refusing to serve metrics on 0.0.0.0"), "%s", out);
+  cr_assert(strstr(out, "(--insecure covers --listen only)"), "%s", out);
   const char *a2[] = {"--listen", "127.0.0.1:0", "--metrics-listen",
                       "127.0.0.1", NULL};
   st = sp_run_capture(a2, out, sizeof out);
@@ -367,6 +376,96 @@ Test(metrics, non_loopback_metrics_address_is_refused) {
   cr_assert_eq(st, 2, "%s", out);
   cr_assert(strstr(out, "--log-format takes text or json, got 'xml'"), "%s",
             out);
+  const char *a5[] = {"--listen", "127.0.0.1:0", "--metrics-public", NULL};
+  st = sp_run_capture(a5, out, sizeof out);
+  cr_assert_eq(st, 2, "%s", out);
+  cr_assert(strstr(out, "--metrics-public needs --metrics-listen"), "%s", out);
+}
+
+/* --metrics-public passes a non-loopback address on to the bind, with a
+ * warning naming it. The address is TEST-NET-1 (192.0.2.1, RFC 5737),
+ * which no interface here has: the bind fails after the check, so the
+ * test serves nothing beyond loopback. */
+Test(metrics, metrics_public_allows_a_non_loopback_address) {
+  need_bin();
+  char out[4096];
+  const char *a[] = {"--listen", "127.0.0.1:0", "--metrics-listen",
+                     "192.0.2.1:0", "--metrics-public", NULL};
+  int st = sp_run_capture(a, out, sizeof out);
+  cr_assert_null(strstr(out, "refusing"), "%s", out);
+  cr_assert(strstr(out, "warning: --metrics-public: serving metrics on "
+                        "192.0.2.1 over plain HTTP without authentication"),
+            "%s", out);
+  cr_assert(strstr(out, "cannot serve metrics on 192.0.2.1"), "%s", out);
+  cr_assert_eq(st, 1, "exit status %d, output: %s", st, out);
+}
+
+/* One request with "Authorization: Bearer token" (NULL: no header). */
+static int http_bearer(const char *path, const char *token, char **body) {
+  char why[256], hdr[256];
+  snprintf(hdr, sizeof hdr, "Authorization: Bearer %s\r\n",
+           token ? token : "");
+  int st = http_request_hdr(g_mport, "GET", path, token ? hdr : NULL, body,
+                            why, sizeof why);
+  cr_assert_geq(st, 0, "GET %s: %s", path, why);
+  return st;
+}
+
+static void write_token(const char *p, const char *text) {
+  FILE *f = fopen(p, "w");
+  cr_assert_not_null(f);
+  fputs(text, f);
+  cr_assert_eq(fclose(f), 0);
+}
+
+/* --metrics-token-file: 401 without the token, with another one, or with
+ * it under another scheme; 200 with it. SIGHUP reads the file again: the
+ * new token is then the one that passes, and the reload is counted. */
+Test(metrics, bearer_token_guards_the_endpoint_and_reloads) {
+  char tf[] = "/tmp/dsp-mtoken-XXXXXX";
+  int fd = mkstemp(tf);
+  cr_assert_geq(fd, 0);
+  close(fd);
+  write_token(tf, "scrape-1\n");
+  const char *args[] = {"--metrics-token-file", tf, NULL};
+  start(args, 0);
+  char *body;
+  cr_assert_eq(http_bearer("/metrics", NULL, &body), 401, "%s", body);
+  cr_assert(strstr(body, "Authorization: Bearer"), "%s", body);
+  free(body);
+  cr_assert_eq(http_bearer("/metrics", "scrape-2", &body), 401, "%s", body);
+  free(body);
+  cr_assert_eq(http_bearer("/metrics", "scrape-", &body), 401, "%s", body);
+  free(body);
+  cr_assert_eq(http_bearer("/other", "scrape-2", &body), 401, "%s", body);
+  free(body);
+  char why[256];
+  int st = http_request_hdr(g_mport, "GET", "/metrics",
+                            "Authorization: Basic scrape-1\r\n", &body, why,
+                            sizeof why);
+  cr_assert_eq(st, 401, "another scheme: %d %s", st, body ? body : why);
+  free(body);
+  cr_assert_eq(http_bearer("/metrics", "scrape-1", &body), 200, "%s", body);
+  cr_assert_eq(value(body, "dispatch_reloads_total{result=\"ok\"}"), 0);
+  free(body);
+
+  write_token(tf, "scrape-2\n");
+  cr_assert_eq(sp_signal(&g_srv, SIGHUP), 0);
+  /* bounded: the loop handles the signal soon after */
+  for (int i = 0; i < 3000; i++) {
+    st = http_bearer("/metrics", "scrape-2", &body);
+    if (st == 200) break;
+    free(body);
+    body = NULL;
+    usleep(20000);
+  }
+  cr_assert_eq(st, 200, "the new token never passed");
+  cr_assert_eq(value(body, "dispatch_reloads_total{result=\"ok\"}"), 1);
+  cr_assert_eq(value(body, "dispatch_reloads_total{result=\"refused\"}"), 0);
+  free(body);
+  cr_assert_eq(http_bearer("/metrics", "scrape-1", &body), 401, "%s", body);
+  free(body);
+  unlink(tf);
 }
 
 /* ------------------------------------------------------------ logs */

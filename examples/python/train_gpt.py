@@ -1,7 +1,10 @@
 #!/usr/bin/python3
 """train_gpt.py: the character-level GPT of examples/train_gpt.c, written
-in Python against the dispatch package (the same model, recipe, batches
-and initial weights: gpt_data.py, the copy of examples/lib/gpt_data.h):
+in Python with dispatch.nn modules, dispatch.optim.AdamW with parameter
+groups, the CosineWithWarmup schedule and nn.utils.clip_grad_norm_ (the
+same model, recipe, batches and initial weights: gpt_data.py, the copy of
+examples/lib/gpt_data.h, loaded through load_state_dict). For the same
+seed it prints the same losses as the C example:
 
     examples/python/train_gpt.py                  # starts its own server
     examples/python/train_gpt.py --device local --steps 200
@@ -13,6 +16,7 @@ every --log-every steps, the validation loss at step 1000 and at the end
 beside the add-one bigram and unigram baselines, tokens/s and a sample.
 """
 import argparse
+import contextlib
 import os
 import pathlib
 import re
@@ -27,6 +31,9 @@ ROOT = HERE.parents[1]
 sys.path.insert(0, str(ROOT / "python"))
 sys.path.insert(0, str(HERE))
 import dispatch  # noqa: E402
+import dispatch.nn as nn  # noqa: E402
+import dispatch.nn.functional as F  # noqa: E402
+from dispatch.optim import lr_scheduler  # noqa: E402
 import gpt_data as G  # noqa: E402
 
 
@@ -46,46 +53,83 @@ def start_server():
     return proc, "tcp://" + m.group(1)
 
 
-class GPT:
-    """Parameters as tracked leaves in gpt_data.param_specs order."""
+class Block(nn.Module):
+    """Pre-LayerNorm transformer block: x + attn(ln1(x)), then
+    x + mlp(ln2(x)) with an exact-GELU MLP."""
+
+    def __init__(self, dev):
+        super().__init__()
+        D = G.D_MODEL
+        self.ln1 = nn.LayerNorm(D, device=dev)
+        self.attn = nn.CausalSelfAttention(D, G.N_HEAD, device=dev)
+        self.ln2 = nn.LayerNorm(D, device=dev)
+        self.mlp = nn.Sequential(nn.Linear(D, G.D_MLP, device=dev),
+                                 nn.GELU(),
+                                 nn.Linear(G.D_MLP, D, device=dev))
+
+    def forward(self, x):
+        x = x + self.attn(self.ln1(x))
+        return x + self.mlp(self.ln2(x))
+
+
+class GPT(nn.Module):
+    """Token and learned positional embeddings, N_LAYER blocks, a final
+    LayerNorm and the head: the C example's model, with torch's layout
+    (Linear weights [out, in]) and parameter names."""
 
     def __init__(self, dev, vocab_size):
-        arrays = G.init_params(vocab_size)
-        self.specs = G.param_specs(vocab_size)
+        super().__init__()
+        D = G.D_MODEL
         self.vocab_size = vocab_size
-        self.params = [dev.tensor(arrays[n]).track()
-                       for n, _, _ in self.specs]
-        self.p = {n: t for (n, _, _), t in zip(self.specs, self.params)}
+        self.wte = nn.Embedding(vocab_size, D, device=dev)
+        self.wpe = nn.Embedding(G.CTX, D, device=dev)
+        self.h = nn.ModuleList(Block(dev) for _ in range(G.N_LAYER))
+        self.ln_f = nn.LayerNorm(D, device=dev)
+        self.head = nn.Linear(D, vocab_size, device=dev)
 
-    def decay(self):
-        return [G.WEIGHT_DECAY if len(s) == 2 else 0.0
-                for _, s, _ in self.specs]
-
-    def logits(self, idx, train=True):
+    def forward(self, idx):
         """idx [B, T] int64 -> logits [B * T, V]."""
-        p = self.p if train else {n: t.inner for n, t in self.p.items()}
         B, T = idx.shape
-        D, H = G.D_MODEL, G.N_HEAD
-        x = dispatch.embedding(idx, p["wte"]) + \
-            dispatch.slice(p["wpe"], 0, 0, T)
-        for layer in range(G.N_LAYER):
-            q = f"h{layer}."
-            h = dispatch.layer_norm(x, D, p[q + "ln1.w"], p[q + "ln1.b"],
-                                    1e-5)
+        # positions 0..T-1 are the first T rows of wpe
+        x = self.wte(idx) + dispatch.slice(self.wpe.weight, 0, 0, T)
+        for block in self.h:
+            x = block(x)
+        return self.head(self.ln_f(x)).reshape(B * T, self.vocab_size)
 
-            def heads(m, h=h, q=q):
-                y = h @ p[q + "w" + m] + p[q + "b" + m]
-                return y.reshape(B, T, H, D // H).permute(0, 2, 1, 3)
-            a = dispatch.attention(heads("q"), heads("k"), heads("v"),
-                                   is_causal=True)
-            a = a.permute(0, 2, 1, 3).reshape(B, T, D)
-            x = x + (a @ p[q + "wo"] + p[q + "bo"])
-            h = dispatch.layer_norm(x, D, p[q + "ln2.w"], p[q + "ln2.b"],
-                                    1e-5)
-            h = dispatch.gelu(h @ p[q + "w1"] + p[q + "b1"])
-            x = x + (h @ p[q + "w2"] + p[q + "b2"])
-        x = dispatch.layer_norm(x, D, p["lnf.w"], p["lnf.b"], 1e-5)
-        return (x @ p["wout"] + p["bout"]).reshape(B * T, self.vocab_size)
+
+def recipe_state_dict(vocab_size):
+    """gpt_data's initial weights (its names, matrices [in, out]) under the
+    module's names, matrices transposed to [out, in]."""
+    arrays = G.init_params(vocab_size)
+    sd = {"wte.weight": arrays["wte"], "wpe.weight": arrays["wpe"]}
+    proj = {"q": "attn.q_proj", "k": "attn.k_proj", "v": "attn.v_proj",
+            "o": "attn.out_proj", "1": "mlp.0", "2": "mlp.2"}
+    for layer in range(G.N_LAYER):
+        c, m = f"h{layer}.", f"h.{layer}."
+        for ln in ("ln1", "ln2"):
+            sd[m + ln + ".weight"] = arrays[c + ln + ".w"]
+            sd[m + ln + ".bias"] = arrays[c + ln + ".b"]
+        for k, name in proj.items():
+            sd[m + name + ".weight"] = arrays[c + "w" + k].T
+            sd[m + name + ".bias"] = arrays[c + "b" + k]
+    sd.update({"ln_f.weight": arrays["lnf.w"], "ln_f.bias": arrays["lnf.b"],
+               "head.weight": arrays["wout"].T, "head.bias": arrays["bout"]})
+    return sd
+
+
+@contextlib.contextmanager
+def untracked(model):
+    """Runs the model's forward on the parameters' plain tensors (shared
+    storage), so evaluation records nothing for a backward."""
+    saved = [(m, dict(m._parameters)) for m in model.modules()]
+    for m, params in saved:
+        for n, p in params.items():
+            m._parameters[n] = p.detach()
+    try:
+        yield model
+    finally:
+        for m, params in saved:
+            m._parameters.update(params)
 
 
 def val_loss(dev, model, toks, n_train):
@@ -93,8 +137,8 @@ def val_loss(dev, model, toks, n_train):
     total = 0.0
     for i in range(0, len(offs), G.BATCH):
         x, y = G.windows(toks, n_train, offs[i:i + G.BATCH])
-        with dev.scope():
-            lg = model.logits(dev.tensor(x), train=False)
+        with dev.scope(), untracked(model):
+            lg = model(dev.tensor(x))
             total += dispatch.cross_entropy(
                 lg, dev.tensor(y.ravel())).item() * len(x)
     return total / len(offs)
@@ -106,9 +150,8 @@ def sample(dev, model, vocab, n):
     out = []
     for _ in range(n):
         c = ctx[-G.CTX:]
-        with dev.scope():
-            lg = model.logits(dev.tensor(np.array([c], np.int64)),
-                              train=False)
+        with dev.scope(), untracked(model):
+            lg = model(dev.tensor(np.array([c], np.int64)))
             last = lg[len(c) - 1].numpy().astype(np.float64)
         e = np.exp(last - last.max())
         t = G.sample_pick(rng, e / e.sum())
@@ -119,31 +162,40 @@ def sample(dev, model, vocab, n):
 
 def train(dev, args, toks, vocab, n_train):
     model = GPT(dev, len(vocab))
-    opt = dispatch.AdamW(model.params, lr=G.LR_MAX, betas=G.BETAS,
-                         eps=G.ADAM_EPS, weight_decay=model.decay(),
-                         clip=G.CLIP)
+    model.load_state_dict(recipe_state_dict(len(vocab)))
+    params = list(model.parameters())
+    # weight decay on the matrices and embeddings (2-D) only
+    opt = dispatch.optim.AdamW(
+        [{"params": [p for p in params if p.ndim == 2],
+          "weight_decay": G.WEIGHT_DECAY},
+         {"params": [p for p in params if p.ndim != 2],
+          "weight_decay": 0.0}],
+        lr=G.LR_MAX, betas=G.BETAS, eps=G.ADAM_EPS)
+    sched = lr_scheduler.CosineWithWarmup(opt, G.WARMUP, G.TOTAL,
+                                          lr_min=G.LR_MIN)
     print(f"== training on {dev.spec}: "
-          f"{sum(int(np.prod(s)) for _, s, _ in model.specs)} parameters, "
+          f"{sum(p.size for p in params)} parameters, "
           f"{args.steps} steps of {G.BATCH} x {G.CTX}", flush=True)
     rng = G.Rng(G.BATCH_SEED)
     train_s = 0.0
     for step in range(args.steps):
         x, y = G.windows(toks, 0, G.batch_offsets(rng, n_train))
         t0 = time.perf_counter()
+        lr = sched.get_last_lr()[0]
         with dev.scope():
-            loss = dispatch.cross_entropy(model.logits(dev.tensor(x)),
-                                          dev.tensor(y.ravel()))
+            loss = F.cross_entropy(model(dev.tensor(x)),
+                                   dev.tensor(y.ravel()))
             grads = loss.backward()
-            opt.lr = dispatch.lr_cosine(step, G.WARMUP, G.TOTAL, G.LR_MAX,
-                                        G.LR_MIN)
+            nn.utils.clip_grad_norm_(params, G.CLIP)  # inside the step
             opt.step(grads)
             lv = loss.item()  # remote: waits for the step
+        sched.step()
         train_s += time.perf_counter() - t0
         if not np.isfinite(lv):
             sys.exit(f"train_gpt: step {step + 1}: loss {lv}")
         if args.log_every and (step + 1) % args.log_every == 0:
-            print(f"step {step + 1:5d}  loss {lv:.6f}  "
-                  f"lr {G.lr_cosine(step):.2e}", flush=True)
+            print(f"step {step + 1:5d}  loss {lv:.6f}  lr {lr:.2e}",
+                  flush=True)
         if step + 1 == G.TOTAL // 2 and step + 1 < args.steps:
             print(f"step {step + 1:5d}  val loss "
                   f"{val_loss(dev, model, toks, n_train):.6f}", flush=True)

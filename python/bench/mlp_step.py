@@ -12,8 +12,14 @@ remote) take blocks of 10 steps in turn with a pause between, as
 bench/mlp.c does with its models, so load from the rest of the machine
 falls on all alike, in an order that rotates every round. Rows: the
 median over rounds of the Python block's median step over the C block's
-(goal at most 1.3x), with the spread, judged as bench/bench.h judges
-(the C step is a limit: Python beating it by more than 5% is REF SUSPECT).
+(goal at most 1.1x: the binding's overhead at most 10% of the step, the
+note says how much it is), with the spread, judged as bench/bench.h
+judges (the C step is a limit: Python beating it by more than 5% is REF
+SUSPECT). A third row is the binding's own cost per op: OPS calls of
+a + b on two 16-element f32 local tensors (each result dropped) from
+Python, against the same dispatch_add calls from C in the driver ("op N"),
+blocks in turn, the row's value the per-round difference in microseconds
+(no goal: a figure to read beside the step rows).
 Same data and seeds on all four, so all four must end at the same loss;
 a difference is reported in the note. BENCH_QUICK=1: two rounds of one
 step, nothing judged.
@@ -36,7 +42,8 @@ BATCH, NIN, NHID, NOUT, LR = 128, 784, 256, 10, 0.05
 QUICK = os.environ.get("BENCH_QUICK", "") not in ("", "0")
 WARMUP, MAX_ROUNDS, MIN_ROUNDS, BUDGET, BLOCK, GAP = \
     (1, 2, 2, 0.0, 1, 0.001) if QUICK else (3, 20, 6, 15.0, 6, 0.1)
-GOAL, SUSPECT, MIN_VERDICT_REPS = 1.3, 1.05, 5
+GOAL, SUSPECT, MIN_VERDICT_REPS = 1.1, 1.05, 5
+OPS, OP_ROUNDS = (100, 2) if QUICK else (5000, 10)
 
 
 class Model:
@@ -119,15 +126,16 @@ def unsettled(ratios):
     return v == "unclear"
 
 
-def row(metric, ours, ref, note):
-    """ours, ref: per-round medians (ms), paired by round."""
+def row(metric, ours, ref, note, unit="ms", ref_name="same step driven "
+        "from C", goal=f"ratio<={GOAL}", judged=True):
+    """ours, ref: per-round figures, paired by round."""
     ratios = [o / r for o, r in zip(ours, ref) if r]
     fields = ["python", metric, num(quantile(ours, 0.5)),
-              num(quantile(ours, 0)), num(quantile(ours, 1)), "ms",
-              "same step driven from C", num(quantile(ref, 0.5)),
+              num(quantile(ours, 0)), num(quantile(ours, 1)), unit,
+              ref_name, num(quantile(ref, 0.5)),
               num(quantile(ratios, 0.5)), num(quantile(ratios, 0.25)),
               num(quantile(ratios, 0.75)), str(len(ratios)),
-              f"ratio<={GOAL}", verdict(ratios), note]
+              goal, verdict(ratios) if judged else "", note]
     print(",".join(f.replace(",", ";").replace("\n", ";") for f in fields),
           flush=True)
 
@@ -139,12 +147,21 @@ class CModel:
         self.name, self.proc, self.index = name, proc, index
         self.times, self.loss, self.err = [], math.nan, ""
 
-    def step_block(self, n, record):
-        self.proc.stdin.write(f"{self.index} {n}\n")
+    def ask(self, request):
+        """The driver's reply to one request line, less its "ok"."""
+        self.proc.stdin.write(request + "\n")
         self.proc.stdin.flush()
         reply = self.proc.stdout.readline().split()
         if not reply or reply[0] != "ok":
             raise ValueError("C driver: " + (" ".join(reply[1:]) or "no reply"))
+        return reply
+
+    def op_block(self, n):
+        """Seconds per dispatch_add call from C, n calls."""
+        return float(self.ask(f"op {n}")[1])
+
+    def step_block(self, n, record):
+        reply = self.ask(f"{self.index} {n}")
         self.loss = float(reply[1])
         if record:
             self.times.extend(float(t) for t in reply[2:])
@@ -200,6 +217,11 @@ def main():
                 got = models[i].times[first:]
                 if live[i] and got:
                     meds[i].append(quantile(got, 0.5) * 1e3)
+    op_c, op_py, op_err = [], [], ""
+    try:
+        op_c, op_py = op_overhead(models[0])
+    except (dispatch.DispatchError, ValueError) as e:
+        op_err = f"per-op: {e}"
     proc.stdin.close()
     proc.wait()
     for m in models:
@@ -215,11 +237,50 @@ def main():
         agree = "losses differ: " + "; ".join(
             f"{m.name} {m.loss:.6f}" for m in ok)
     for py, c, what in ((3, 2, "remote"), (1, 0, "local")):
-        note = "; ".join(x for x in (models[c].err, models[py].err, agree)
-                         if x)
+        ours, ref = (meds[py] if live[py] else []), \
+            (meds[c] if live[c] else [])
+        share = quantile([o / r - 1 for o, r in zip(ours, ref) if r], 0.5)
+        note = "; ".join(x for x in (
+            models[c].err, models[py].err, agree,
+            f"Python overhead {100 * share:.1f}% of the C step (goal <= "
+            f"{100 * (GOAL - 1):.0f}%)" if share is not None else "") if x)
         row(f"train step 784-256-10 b128 {what}; driven from Python",
-            meds[py] if live[py] else [], meds[c] if live[c] else [], note)
+            ours, ref, note)
+    over = [(p - c) * 1e6 for p, c in zip(op_py, op_c)]
+    py_us = quantile([p * 1e6 for p in op_py], 0.5)
+    row("binding overhead per op (a + b; 16xf32 local): Python call minus "
+        "C call", over, [c * 1e6 for c in op_c],
+        op_err or f"the Python call {num(py_us)} us; {OPS} calls a block",
+        unit="us", ref_name="the C call (dispatch_add)", goal="",
+        judged=False)
     return 0
+
+
+def op_overhead(cmodel):
+    """Per-round seconds per call: (C, Python), OP_ROUNDS rounds of OPS
+    calls each, C and Python in turns that swap every round."""
+    dev = dispatch.device("local")
+    a, b = dev.ones((16,)), dev.ones((16,))
+    c_times, py_times = [], []
+
+    def py_block(n):
+        t0 = time.perf_counter()
+        for _ in range(n):
+            c = a + b  # noqa: F841 (the previous result is dropped here)
+        return (time.perf_counter() - t0) / n
+
+    py_block(OPS)  # warm-up of both
+    cmodel.op_block(OPS)
+    for r in range(OP_ROUNDS):
+        time.sleep(GAP)
+        if r % 2:
+            py_times.append(py_block(OPS))
+            c_times.append(cmodel.op_block(OPS))
+        else:
+            c_times.append(cmodel.op_block(OPS))
+            py_times.append(py_block(OPS))
+    dev.close()
+    return c_times, py_times
 
 
 if __name__ == "__main__":

@@ -221,7 +221,7 @@ class Device:
     # -- state
 
     @property
-    def kind(self):
+    def kind(self) -> str:
         """"local" or "remote"."""
         return _KIND_NAMES[lib.dispatch_device_kind(self._handle())]
 
@@ -243,7 +243,7 @@ class Device:
             errors="replace") if h is not None else ""
         raise _error(rc, msg)
 
-    def close(self):
+    def close(self) -> None:
         """Closes the device (a remote one says bye): every tensor, grads
         and optimizer of it becomes unusable. Closing twice is fine."""
         self._last_grads = None
@@ -259,14 +259,14 @@ class Device:
     def __repr__(self):
         return f"dispatch.Device({self.spec!r}{', closed' if self.closed else ''})"
 
-    def sync(self):
+    def sync(self) -> None:
         """Waits until the server ran everything queued; raises the first
         deferred error of the session. Local: returns at once."""
         rc = lib.dispatch_device_sync(self._handle())
         if rc < 0:
             self._raise(rc)
 
-    def stats(self):
+    def stats(self) -> "dict[str, int]":
         """The device's counters as a dict (remote: one round trip): the
         session's tensors, bytes, ops, errors, grads, held_bytes,
         session_limit, queued_bytes, batches, and the server-wide
@@ -282,7 +282,12 @@ class Device:
             self._raise(rc)
         return {k: getattr(s, k) for k in _STATS_FIELDS}
 
-    def set_timeout(self, timeout_ms):
+    def set_timeout(self, timeout_ms: int) -> None:
+        """Bounds every later network wait at timeout_ms (0: no bound;
+        negative: EINVAL). A wait past it on a server that is alive and
+        busy raises TimeoutError (dispatch.ETIMEDOUT) and the session goes
+        on: the request stays queued and the next wait waits for it; a
+        server that sends nothing that long is a lost connection."""
         rc = lib.dispatch_device_set_timeout(self._handle(), int(timeout_ms))
         if rc < 0:
             self._raise(rc)
@@ -323,7 +328,8 @@ class Device:
             self._raise(rc)
         return self._adopt(out[0])
 
-    def tensor(self, data, dtype=None, requires_grad=False):
+    def tensor(self, data, dtype=None,
+               requires_grad: bool = False) -> "Tensor":
         """A tensor holding a copy of data (a numpy array, a nested list or
         a number). A C-contiguous numpy array of a supported dtype is handed
         to the library as it is (its buffer is read once, no copy in
@@ -418,7 +424,7 @@ def default_device():
     return _default
 
 
-def device(spec=None, **options):
+def device(spec: "str | None" = None, **options) -> Device:
     """Opens a device. spec: "local", "tcp://HOST:PORT", "tls://HOST:PORT",
     or None for env DISPATCH_DEVICE, else "local". options: token,
     timeout_ms, ca_file, cert_file, key_file, server_name, client_name."""
@@ -1081,11 +1087,11 @@ class Tensor:
     # -- what it is
 
     @property
-    def device(self):
+    def device(self) -> Device:
         return self._dev
 
     @property
-    def shape(self):
+    def shape(self) -> "tuple[int, ...]":
         s = self._shape
         if s is None:
             h = _hd(self)
@@ -1095,7 +1101,7 @@ class Tensor:
         return s
 
     @property
-    def ndim(self):
+    def ndim(self) -> int:
         return len(self.shape)
 
     @property
@@ -1104,11 +1110,11 @@ class Tensor:
         return lib.dispatch_tensor_numel(_hd(self))
 
     @property
-    def dtype(self):
+    def dtype(self) -> np.dtype:
         return _C_TO_NP[lib.dispatch_tensor_dtype(_hd(self))]
 
     @property
-    def kind(self):
+    def kind(self) -> str:
         """"local", "remote" or "autodiff"."""
         return _KIND_NAMES[lib.dispatch_kind(_hd(self))]
 
@@ -1140,7 +1146,7 @@ class Tensor:
 
     # -- data out
 
-    def numpy(self):
+    def numpy(self) -> np.ndarray:
         """A fresh numpy array with a copy of the data (remote: one read
         round trip, where deferred errors surface)."""
         h = _hd(self)
@@ -1154,7 +1160,7 @@ class Tensor:
         a = self.numpy()
         return a if dtype is None else a.astype(dtype)
 
-    def item(self):
+    def item(self) -> "float | int | bool":
         if self.size != 1:
             raise ValueError(f"item() needs one element, not {self.size}")
         return self.numpy().reshape(()).item()
@@ -1208,7 +1214,7 @@ class Tensor:
     def detach(self):
         return self.inner
 
-    def backward(self, retain_graph=False):
+    def backward(self, retain_graph: bool = False) -> "Grads":
         """Reverse pass from this one-element autodiff tensor to every
         tracked leaf reachable from it. Returns the Grads (remote: one
         request, pipelined like an op by a server of protocol 1.3, whose

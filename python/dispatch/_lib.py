@@ -23,15 +23,35 @@ import cffi
 LIB_NAME = "libdispatch-client"
 
 
+def _installed_library(here):
+    """PREFIX/lib/libdispatch-client.so.0 for a package installed under
+    PREFIX (make install-python puts it in PREFIX/lib/python3.X/...
+    beside make install's library): the library of the same prefix,
+    found from this file's place, so no loader path or environment
+    variable is needed (a staged DESTDIR tree works alike). None when
+    the package is not below a lib folder (the nearest one counts)."""
+    for anc in here.parents:
+        if anc.name in ("lib", "lib64"):
+            return str(anc / (LIB_NAME + ".so.0"))
+    return None
+
+
 def _candidates():
     """Where the library is looked for, first match wins: the path in
     DISPATCH_CLIENT_LIB, the build/ folder of the checkout this package
-    sits in, then the system loader's search path (make install)."""
+    sits in, the lib folder of the prefix it is installed in (make
+    install-python), then the system loader's search path."""
     env = os.environ.get("DISPATCH_CLIENT_LIB")
     if env:
         return [env]
-    root = pathlib.Path(__file__).resolve().parents[2]
-    return [str(root / "build" / (LIB_NAME + ".so")), LIB_NAME + ".so.0"]
+    here = pathlib.Path(__file__).resolve().parent
+    found = []
+    if here.parent.name == "python":  # python/dispatch of a checkout
+        found.append(str(here.parents[1] / "build" / (LIB_NAME + ".so")))
+    installed = _installed_library(here)
+    if installed:
+        found.append(installed)
+    return found + [LIB_NAME + ".so.0"]
 
 
 def _loaded_path(name):

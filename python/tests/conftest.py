@@ -4,7 +4,14 @@ stdout, as tests/helpers/server_proc.c does), and devices on it and local.
 
 The server binary is $DISPATCH_SERVER_BIN, else build/dispatch-server of
 this checkout; the library is found as the package finds it
-($DISPATCH_CLIENT_LIB, else build/libdispatch-client.so)."""
+($DISPATCH_CLIENT_LIB, else build/libdispatch-client.so).
+
+The package under test: with DISPATCH_TEST_INSTALLED=1 (make python-test,
+which pip-installs python/ into a virtual environment and runs the suite
+with its interpreter) the one the interpreter has installed, and the run
+stops at once if that is the source tree's; otherwise python/ of this
+checkout, put first on the path. Child processes get PACKAGE_ENV, which
+points them at the same package."""
 import ctypes
 import os
 import pathlib
@@ -18,9 +25,21 @@ import tempfile
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "python"))
+INSTALLED = os.environ.get("DISPATCH_TEST_INSTALLED") == "1"
+if not INSTALLED:
+    sys.path.insert(0, str(ROOT / "python"))
 
 import dispatch  # noqa: E402
+
+# the folder the package under test was imported from
+PACKAGE_DIR = pathlib.Path(dispatch.__file__).resolve().parents[1]
+if INSTALLED and PACKAGE_DIR == ROOT / "python":
+    raise RuntimeError(f"DISPATCH_TEST_INSTALLED=1 but dispatch comes from "
+                       f"the source tree ({dispatch.__file__})")
+# for child Python processes: the same package as this one
+PACKAGE_ENV = dict(os.environ, PYTHONPATH=os.pathsep.join(
+    [str(PACKAGE_DIR)] + [p for p in os.environ.get(
+        "PYTHONPATH", "").split(os.pathsep) if p]))
 
 # small budgets: the suite's tensors are tiny, and the machine is shared
 SERVER_ARGS = ["--max-session-bytes", str(64 << 20),

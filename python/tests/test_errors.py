@@ -84,7 +84,9 @@ def test_unsupported_dtype_op(dev):
     assert ei.value.message == "exp: dtype i64 not supported"
 
 
-def test_wait_that_times_out_raises_timeout_error():
+@pytest.mark.parametrize("how", ["timeout_ms", "set_timeout"])
+def test_wait_that_times_out_raises_timeout_error(how):
+    # the bound given when the device is opened, or by dev.set_timeout:
     # a sync behind more work than its timeout: the server is alive (it
     # sends keepalives), so the wait raises TimeoutError and the session
     # goes on; the work doubles until a sync gives up on it. Its own
@@ -94,13 +96,16 @@ def test_wait_that_times_out_raises_timeout_error():
     server = Server(["--max-session-bytes", str(1 << 30),
                      "--max-memory", str(1 << 30)])
     try:
-        run_until_a_sync_times_out(server.spec)
+        run_until_a_sync_times_out(server.spec, how)
     finally:
         assert server.stop() == 0, server.stderr()
 
 
-def run_until_a_sync_times_out(spec):
-    with dispatch.device(spec, timeout_ms=600) as d:
+def run_until_a_sync_times_out(spec, how="timeout_ms"):
+    with dispatch.device(spec, timeout_ms=600 if how == "timeout_ms"
+                         else None) as d:
+        if how == "set_timeout":
+            d.set_timeout(600)
         x = d.full((512, 512), 1.0 / 512)
         k = 16
         while True:

@@ -1,20 +1,18 @@
 """The READMEs' Python blocks run as written against the session's server:
 python/README.md's first program, then its error example (which uses the
 program's names), and the top-level README's block."""
-import os
 import re
 import subprocess
 import sys
 
-from conftest import ROOT
+from conftest import PACKAGE_ENV, ROOT
 
 
 def test_readme_program(server):
     text = (ROOT / "python" / "README.md").read_text()
     blocks = re.findall(r"```python\n(.*?)```", text, re.S)
     assert len(blocks) == 2
-    env = dict(os.environ, DISPATCH_DEVICE=server.spec,
-               PYTHONPATH=str(ROOT / "python"))
+    env = dict(PACKAGE_ENV, DISPATCH_DEVICE=server.spec)
     r = subprocess.run([sys.executable, "-c", "".join(blocks)], env=env,
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
@@ -27,8 +25,7 @@ def test_top_readme_python_block(server):
     text = (ROOT / "README.md").read_text()
     blocks = re.findall(r"```python\n(.*?)```", text, re.S)
     assert len(blocks) == 1
-    env = dict(os.environ, DISPATCH_DEVICE=server.spec,
-               PYTHONPATH=str(ROOT / "python"))
+    env = dict(PACKAGE_ENV, DISPATCH_DEVICE=server.spec)
     r = subprocess.run([sys.executable, "-c", blocks[0]], env=env,
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr

@@ -21,6 +21,12 @@ static int fail(int fd, char *buf, char *why, size_t why_len,
 
 int http_request(int port, const char *method, const char *path,
                  char **body, char *why, size_t why_len) {
+  return http_request_hdr(port, method, path, NULL, body, why, why_len);
+}
+
+int http_request_hdr(int port, const char *method, const char *path,
+                     const char *headers, char **body, char *why,
+                     size_t why_len) {
   *body = NULL;
   int fd = socket(AF_INET, SOCK_STREAM, 0);
   if (fd < 0) return fail(fd, NULL, why, why_len, strerror(errno));
@@ -29,9 +35,10 @@ int http_request(int port, const char *method, const char *path,
   inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
   if (connect(fd, (struct sockaddr *)&a, sizeof a) != 0)
     return fail(fd, NULL, why, why_len, strerror(errno));
-  char req[256];
+  char req[1024];
   int n = snprintf(req, sizeof req,
-                   "%s %s HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n", method, path);
+                   "%s %s HTTP/1.0\r\nHost: 127.0.0.1\r\n%s\r\n", method, path,
+                   headers ? headers : "");
   if (n < 0 || (size_t)n >= sizeof req || write(fd, req, (size_t)n) != n)
     return fail(fd, NULL, why, why_len, "cannot send the request");
   size_t cap = 1 << 17, len = 0;

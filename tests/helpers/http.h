@@ -15,4 +15,10 @@
 int http_request(int port, const char *method, const char *path,
                  char **body, char *why, size_t why_len);
 
+/* The same with extra header lines (each ending in "\r\n", e.g.
+ * "Authorization: Bearer T\r\n"); headers NULL: none. */
+int http_request_hdr(int port, const char *method, const char *path,
+                     const char *headers, char **body, char *why,
+                     size_t why_len);
+
 #endif
