@@ -102,6 +102,14 @@ chroot --userspec="$2" "$1" /usr/local/bin/dispatch-probe \
   --ca /etc/dispatch/ca.pem --token-file /etc/dispatch/token \
   --server-name localhost "tls://127.0.0.1:$port"
 rc=$?
+if [ -n "${5:-}" ]; then
+  # what the probe says of the server's first GPU (on a machine without
+  # one it fails, naming what is missing; shown, not judged)
+  chroot --userspec="$2" "$1" /usr/local/bin/dispatch-probe \
+    --ca /etc/dispatch/ca.pem --token-file /etc/dispatch/token \
+    --server-name localhost "tls://127.0.0.1:$port/cuda:0"
+  echo "(exit status $?)"
+fi
 kill "$srv"; wait "$srv"
 echo "server's log:"; sed 's/^/  | /' "$4/err"
 exit $rc
