@@ -370,6 +370,13 @@ deploy-test: $(if $(wildcard server/main.c),$(SERVER_BIN)) $(BUILD)/dispatch-pro
 container:
 	@deploy/container-build.sh
 
+# the same, then deploy/Containerfile.cuda on top (the CUDA plugin and the
+# toolkit's runtime libraries), checked with every library resolved in the
+# image but the driver's libcuda.so.1
+.PHONY: container-cuda
+container-cuda:
+	@deploy/container-build.sh --cuda
+
 sanitize: deps
 	@$(MAKE) --no-print-directory BUILD=build-san SAN=1 OPT=-O1 test-run
 
@@ -432,29 +439,49 @@ FUZZ_SECONDS ?= 60
 fuzz: deps
 	@FUZZ_SECONDS=$(FUZZ_SECONDS) fuzz/run.sh
 
-# make install [PREFIX=/usr/local] [DESTDIR=/staging]: dispatch-server,
-# libdispatch-client (shared with its soname links, static), the public
-# headers of include/ and client/include/ side by side in one folder
-# (self-contained: -I PREFIX/include is all a program needs), the
-# pkg-config file, the CMake package and the man pages. Files with @VERSION@/@MAJOR@/@PREFIX@ get them filled in here.
-# make uninstall removes exactly these files.
+# make install [PREFIX=/usr/local] [DESTDIR=/staging]: dispatch-server and
+# dispatch-probe, the CUDA backend plugin when it is built
+# (PREFIX/lib/dispatch/dispatch-cuda.so, where the server and the library
+# look for it), libdispatch-client (shared with its soname links, static),
+# the public headers of include/ and client/include/ side by side in one
+# folder (self-contained: -I PREFIX/include is all a program needs), the
+# pkg-config file, the CMake package, the man pages, and in
+# PREFIX/share/doc/dispatch the READMEs and docs/server.md, with deploy/'s
+# systemd unit (its paths moved to PREFIX) and make-certs.sh: the files
+# the unit's Documentation= names. Files with @VERSION@/@MAJOR@/@PREFIX@
+# get them filled in here. Into the running system (DESTDIR empty) as
+# root it then runs ldconfig, so the new library is found at once
+# (LDCONFIG= skips it; a PREFIX whose lib/ is not in /etc/ld.so.conf needs
+# a line there). make uninstall removes exactly these files.
 BINDIR = $(PREFIX)/bin
 LIBDIR = $(PREFIX)/lib
 INCDIR = $(PREFIX)/include
 MANDIR = $(PREFIX)/share/man
+DOCDIR = $(PREFIX)/share/doc/dispatch
+PLUGINDIR = $(LIBDIR)/dispatch
 # the Python package's declarations and op table (python/dispatch/_lib.py
 # looks for them in ../share/dispatch of the library's folder)
 PYDATADIR = $(PREFIX)/share/dispatch
 CMAKEDIR = $(LIBDIR)/cmake/dispatch-client
 PUBLIC_H := $(wildcard include/*.h client/include/*.h)
 MAN_PAGES := docs/man/dispatch-server.1 docs/man/libdispatch-client.3
+DOC_FILES := README.md docs/server.md
+LDCONFIG ?= ldconfig
+INSTALL_PLUGIN := $(BUILD)/dispatch-cuda.so
 SUBST = sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@VERSION@|$(VERSION)|g' \
   -e 's|@MAJOR@|$(VERSION_MAJOR)|g'
-install: $(if $(wildcard server/main.c),$(SERVER_BIN)) $(CLIENT_A) $(CLIENT_SO)
+# ldconfig when installing into (or removing from) the running system as root
+RUN_LDCONFIG = if [ -z "$(DESTDIR)" ] && [ -n "$(LDCONFIG)" ] && [ "$$(id -u)" = 0 ]; then \
+  echo "$(LDCONFIG)"; $(LDCONFIG); fi
+install: $(if $(wildcard server/main.c),$(SERVER_BIN)) $(BUILD)/dispatch-probe $(CLIENT_A) $(CLIENT_SO) $(PLUGIN_DEP)
 	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(LIBDIR)/pkgconfig \
 	  $(DESTDIR)$(INCDIR) $(DESTDIR)$(CMAKEDIR) \
-	  $(DESTDIR)$(MANDIR)/man1 $(DESTDIR)$(MANDIR)/man3 $(DESTDIR)$(PYDATADIR)
+	  $(DESTDIR)$(MANDIR)/man1 $(DESTDIR)$(MANDIR)/man3 $(DESTDIR)$(PYDATADIR) \
+	  $(DESTDIR)$(DOCDIR)/deploy
 	$(if $(wildcard server/main.c),install -m 755 $(SERVER_BIN) $(DESTDIR)$(BINDIR)/)
+	install -m 755 $(BUILD)/dispatch-probe $(DESTDIR)$(BINDIR)/
+	if [ -f $(INSTALL_PLUGIN) ]; then install -d $(DESTDIR)$(PLUGINDIR) && \
+	  install -m 755 $(INSTALL_PLUGIN) $(DESTDIR)$(PLUGINDIR)/; fi
 	install -m 644 $(CLIENT_A) $(DESTDIR)$(LIBDIR)/
 	install -m 755 $(CLIENT_SO) $(DESTDIR)$(LIBDIR)/
 	ln -sf $(notdir $(CLIENT_SO)) $(DESTDIR)$(LIBDIR)/$(CLIENT_SONAME)
@@ -466,9 +493,17 @@ install: $(if $(wildcard server/main.c),$(SERVER_BIN)) $(CLIENT_A) $(CLIENT_SO)
 	$(SUBST) client/dispatch-clientConfigVersion.cmake.in > $(DESTDIR)$(CMAKEDIR)/dispatch-clientConfigVersion.cmake
 	$(SUBST) docs/man/dispatch-server.1 > $(DESTDIR)$(MANDIR)/man1/dispatch-server.1
 	$(SUBST) docs/man/libdispatch-client.3 > $(DESTDIR)$(MANDIR)/man3/libdispatch-client.3
+	install -m 644 $(DOC_FILES) $(DESTDIR)$(DOCDIR)/
+	install -m 644 deploy/README.md $(DESTDIR)$(DOCDIR)/deploy/
+	install -m 755 deploy/make-certs.sh $(DESTDIR)$(DOCDIR)/deploy/
+	sed 's|/usr/local/|$(PREFIX)/|g' deploy/dispatch-server.service \
+	  > $(DESTDIR)$(DOCDIR)/deploy/dispatch-server.service
+	@$(RUN_LDCONFIG)
 
 uninstall:
 	rm -f $(DESTDIR)$(BINDIR)/dispatch-server \
+	  $(DESTDIR)$(BINDIR)/dispatch-probe \
+	  $(DESTDIR)$(PLUGINDIR)/dispatch-cuda.so \
 	  $(DESTDIR)$(LIBDIR)/libdispatch-client.a \
 	  $(DESTDIR)$(LIBDIR)/$(notdir $(CLIENT_SO)) \
 	  $(DESTDIR)$(LIBDIR)/$(CLIENT_SONAME) \
@@ -480,8 +515,12 @@ uninstall:
 	  $(DESTDIR)$(MANDIR)/man1/dispatch-server.1 \
 	  $(DESTDIR)$(MANDIR)/man3/libdispatch-client.3 \
 	  $(DESTDIR)$(PYDATADIR)/$(notdir $(PY_CDEF)) \
-	  $(DESTDIR)$(PYDATADIR)/$(notdir $(OPS_TXT))
-	-rmdir $(DESTDIR)$(CMAKEDIR) $(DESTDIR)$(PYDATADIR) 2>/dev/null
+	  $(DESTDIR)$(PYDATADIR)/$(notdir $(OPS_TXT)) \
+	  $(addprefix $(DESTDIR)$(DOCDIR)/,$(notdir $(DOC_FILES))) \
+	  $(addprefix $(DESTDIR)$(DOCDIR)/deploy/,README.md make-certs.sh dispatch-server.service)
+	-rmdir $(DESTDIR)$(CMAKEDIR) $(DESTDIR)$(PYDATADIR) $(DESTDIR)$(PLUGINDIR) \
+	  $(DESTDIR)$(DOCDIR)/deploy $(DESTDIR)$(DOCDIR) 2>/dev/null
+	@$(RUN_LDCONFIG)
 
 # make install-python [PREFIX=/usr/local] [DESTDIR=/staging]: the Python
 # package (python/) with pip for $(PYTHON), offline, into PREFIX's

@@ -7,7 +7,10 @@
 #           key, certificate and token with LoadCredential= and passes
 #           them as %d paths, runs as DynamicUser=, and keeps its
 #           hardening (`systemd-analyze security --offline` exposure at
-#           most 2.0). Its ExecStart line, %d expanded to a directory laid
+#           most 2.0); its TimeoutStopSec= exceeds its explicit
+#           --drain-timeout by at least 10 s. dispatch-server-gpu.conf
+#           passes verify as its drop-in, its ExecStart the unit's plus
+#           --device all. Its ExecStart line, %d expanded to a directory laid
 #           out as systemd lays out credentials (dir 0500, files 0400,
 #           owned by the service's user), is started as nobody and serves.
 #  files    deploy/make-certs.sh --group nogroup writes server.key and
@@ -105,8 +108,25 @@ execstart=$(sed -n '/^ExecStart=/,/[^\\]$/p' "$tmp/dispatch-server.service" | se
 check "ExecStart reads key, certificate and token from %d" \
   bash -c '[[ "$0" == *"--tls-cert %d/server.pem"* && "$0" == *"--tls-key %d/server.key"* && "$0" == *"--token-file %d/token"* ]]' "$execstart"
 check "$unit runs as DynamicUser=yes" grep -q '^DynamicUser=yes$' "$unit"
+drain=$(sed -n 's/.*--drain-timeout \([0-9][0-9]*\).*/\1/p' <<<"$execstart")
+stop=$(sed -n 's/^TimeoutStopSec=\([0-9][0-9]*\)$/\1/p' "$unit")
+check "TimeoutStopSec ($stop s) is an explicit --drain-timeout ($drain s) plus at least 10 s" \
+  bash -c '[ -n "$0" ] && [ -n "$1" ] && [ "$1" -ge $(($0 + 10)) ]' "$drain" "$stop"
 check "systemd-analyze security --offline: exposure at most 2.0" \
   systemd-analyze security --offline=yes --threshold=20 "$tmp/dispatch-server.service"
+# the GPU host's drop-in: verified with the unit, and its ExecStart is the
+# unit's with --device all added (the two cannot drift apart)
+gpu=deploy/dispatch-server-gpu.conf
+mkdir "$tmp/dispatch-server.service.d"
+sed "s|/usr/local/bin/dispatch-server|$tmp/bin/dispatch-server|" "$gpu" \
+  >"$tmp/dispatch-server.service.d/gpu.conf"
+check "systemd-analyze verify with $gpu as a drop-in: no error, no warning" \
+  verify_quiet "$tmp/dispatch-server.service"
+gpu_exec=$(sed -n '/^ExecStart=./,/[^\\]$/p' "$tmp/dispatch-server.service.d/gpu.conf" |
+           sed 's/\\$//' | tr -s ' \n' ' ' | sed 's/^ExecStart=//')
+check "$gpu: ExecStart= reset, then the unit's ExecStart plus --device all" \
+  bash -c 'grep -q "^ExecStart=\$" "$2" && [ "${0% }" = "${1% } --device all" ] ||
+           { echo "drop-in: $0"; echo "unit:    $1"; exit 1; }' "$gpu_exec" "$execstart" "$gpu"
 
 # ------------------------------------------------------------ files
 certs=$tmp/etc

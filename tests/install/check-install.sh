@@ -6,9 +6,17 @@
 #  - a CMake project (tests/install/cmake) finds the package with
 #    find_package(dispatch-client 0.1), builds against the shared and the
 #    static library and runs; asking for another major version fails;
-#  - the installed dispatch-server prints the version;
+#  - the installed dispatch-server prints the version and serves on
+#    127.0.0.1, and the installed dispatch-probe passes against it;
+#  - the CUDA plugin, when this build has one, is at lib/dispatch/;
+#  - the docs are installed, and every Documentation= of the installed
+#    systemd unit names an installed file or man page;
 #  - the man pages render with groff -man -ww (no warning, a NAME section);
-#  - make uninstall leaves no file behind.
+#  - ldconfig (LDCONFIG, a stand-in here) runs when installing into the
+#    running system (DESTDIR empty) as root, and only then; the unit's
+#    paths follow PREFIX;
+#  - make uninstall leaves no file and no folder of ours behind.
+# Prints the installed files.
 # BUILD (default build) names the build tree; SAN_FLAGS are added to
 # every compile and link (make sanitize installs the ASan build).
 set -eu
@@ -24,17 +32,58 @@ prefix=/usr/local
 inst=$root$prefix
 fail() { echo "install: FAIL: $*" >&2; exit 1; }
 
+# a stand-in for ldconfig that records each call
+cat >"$tmp/ldconfig" <<EOF
+#!/bin/sh
+echo "ldconfig \$*" >>"$tmp/ldconfig.calls"
+EOF
+chmod +x "$tmp/ldconfig"
+ldconfig_calls() { if [ -f "$tmp/ldconfig.calls" ]; then wc -l <"$tmp/ldconfig.calls"; else echo 0; fi; }
+
 make -s --no-print-directory install BUILD="$BUILD" DESTDIR="$root" \
-  PREFIX="$prefix" >"$tmp/install.log" 2>&1 ||
+  PREFIX="$prefix" LDCONFIG="$tmp/ldconfig" >"$tmp/install.log" 2>&1 ||
   { cat "$tmp/install.log" >&2; fail "make install"; }
+[ "$(ldconfig_calls)" = 0 ] || fail "make install DESTDIR=... ran ldconfig"
+echo "install: files under DESTDIR$prefix:"
+(cd "$inst" && find . -type f -o -type l | sed 's|^\./|  |' | sort)
 version=$(sed -n 's/^Version: //p' "$inst/lib/pkgconfig/dispatch-client.pc")
 [ -n "$version" ] || fail "no Version in the installed .pc"
-for f in bin/dispatch-server include/dispatch_client.h \
+docdir=share/doc/dispatch
+for f in bin/dispatch-server bin/dispatch-probe include/dispatch_client.h \
          include/dispatch_errors.h include/dispatch_version.h \
          lib/libdispatch-client.a "lib/libdispatch-client.so.$version" \
          lib/cmake/dispatch-client/dispatch-clientConfig.cmake \
-         share/man/man1/dispatch-server.1 share/man/man3/libdispatch-client.3
+         share/man/man1/dispatch-server.1 share/man/man3/libdispatch-client.3 \
+         $docdir/README.md $docdir/server.md $docdir/deploy/README.md \
+         $docdir/deploy/make-certs.sh $docdir/deploy/dispatch-server.service
 do [ -f "$inst/$f" ] || fail "$prefix/$f not installed"; done
+[ -x "$inst/$docdir/deploy/make-certs.sh" ] || fail "make-certs.sh installed without x"
+
+# the plugin when this build has one (make CUDA=1), else none
+plugin=lib/dispatch/dispatch-cuda.so
+if [ -f "$BUILD/dispatch-cuda.so" ]; then
+  cmp -s "$BUILD/dispatch-cuda.so" "$inst/$plugin" || fail "$prefix/$plugin is not $BUILD/dispatch-cuda.so"
+  echo "install: the CUDA plugin is $prefix/$plugin"
+else
+  [ ! -e "$inst/$plugin" ] || fail "$prefix/$plugin installed, but $BUILD has no plugin"
+  echo "install: $BUILD/dispatch-cuda.so not built (CUDA=0, or a tree before the plugin): none installed"
+fi
+
+# every Documentation= of the installed unit is installed (man:NAME(S), or
+# file://PATH), and its ExecStart is the installed server
+unit=$inst/$docdir/deploy/dispatch-server.service
+docs=$(sed -n 's/^Documentation=//p' "$unit" | tr ' ' '\n' | sed '/^$/d')
+[ -n "$docs" ] || fail "the installed unit has no Documentation="
+for d in $docs; do
+  case $d in
+    man:*) page=${d#man:}; sec=${page##*(}; sec=${sec%)}; page=${page%(*}
+           [ -f "$inst/share/man/man$sec/$page.$sec" ] || fail "unit's $d is not installed" ;;
+    file://*) [ -f "$root${d#file://}" ] || fail "unit's $d is not installed" ;;
+    *) fail "unit's Documentation=$d is neither man: nor file://" ;;
+  esac
+done
+grep -q "^ExecStart=$prefix/bin/dispatch-server " "$unit" || fail "unit's ExecStart is not $prefix/bin/dispatch-server"
+echo "install: the unit's Documentation= ($(echo $docs)) all installed"
 major=${version%%.*}
 [ "$(readlink "$inst/lib/libdispatch-client.so")" = "libdispatch-client.so.$major" ] ||
   fail "libdispatch-client.so does not point at the soname"
@@ -107,6 +156,21 @@ fi
 
 out=$("$inst/bin/dispatch-server" --version)
 [ "$out" = "dispatch-server $version" ] || fail "dispatch-server --version: '$out'"
+# the installed server on loopback, the installed probe against it
+"$inst/bin/dispatch-server" --listen 127.0.0.1:0 >"$tmp/srv.out" 2>"$tmp/srv.err" &
+srv=$!
+port=
+for _ in $(seq 200); do
+  port=$(sed -n 's/^dispatch-server listening on 127\.0\.0\.1:\([0-9]*\)$/\1/p' "$tmp/srv.out")
+  [ -n "$port" ] && break
+  kill -0 "$srv" 2>/dev/null || break
+  sleep 0.05
+done
+[ -n "$port" ] || { kill "$srv" 2>/dev/null; cat "$tmp/srv.err" >&2; fail "the installed server did not start"; }
+out=$("$inst/bin/dispatch-probe" "tcp://127.0.0.1:$port" 2>&1) && rc=0 || rc=$?
+kill "$srv"; wait "$srv" 2>/dev/null || true
+[ $rc = 0 ] || fail "installed dispatch-probe against the installed server: rc $rc, $out"
+echo "install: the installed dispatch-probe passes against the installed server ($out)"
 
 for m in man1/dispatch-server.1 man3/libdispatch-client.3; do
   warn=$(LC_ALL=C.UTF-8 groff -man -Tutf8 -ww -z "$inst/share/man/$m" 2>&1)
@@ -127,7 +191,32 @@ done
 echo "install: dispatch-server(1) documents every option of --help"
 
 make -s --no-print-directory uninstall BUILD="$BUILD" DESTDIR="$root" \
-  PREFIX="$prefix" >/dev/null 2>&1 || fail "make uninstall"
+  PREFIX="$prefix" LDCONFIG="$tmp/ldconfig" >/dev/null 2>&1 || fail "make uninstall"
+[ "$(ldconfig_calls)" = 0 ] || fail "make uninstall DESTDIR=... ran ldconfig"
 left=$(find "$root" -type f -o -type l)
 [ -z "$left" ] || fail "left after make uninstall: $left"
+left=$(find "$inst" -type d -name '*dispatch*')
+[ -z "$left" ] || fail "folders left after make uninstall: $left"
+
+# into the running system (DESTDIR empty), as root: ldconfig once after
+# install and once after uninstall; the unit's paths follow PREFIX
+if [ "$(id -u)" = 0 ]; then
+  sys=$tmp/sys
+  make -s --no-print-directory install BUILD="$BUILD" PREFIX="$sys" \
+    LDCONFIG="$tmp/ldconfig" >"$tmp/install.log" 2>&1 ||
+    { cat "$tmp/install.log" >&2; fail "make install PREFIX=$sys"; }
+  [ "$(ldconfig_calls)" = 1 ] ||
+    fail "make install as root with DESTDIR empty: ldconfig ran $(ldconfig_calls) times"
+  sysunit=$sys/$docdir/deploy/dispatch-server.service
+  grep -q "^ExecStart=$sys/bin/dispatch-server " "$sysunit" &&
+    grep -q "^Documentation=file://$sys/$docdir/deploy/README.md\$" "$sysunit" ||
+    fail "the unit installed with PREFIX=$sys does not name $sys"
+  make -s --no-print-directory uninstall BUILD="$BUILD" PREFIX="$sys" \
+    LDCONFIG="$tmp/ldconfig" >/dev/null 2>&1 || fail "make uninstall PREFIX=$sys"
+  [ "$(ldconfig_calls)" = 2 ] || fail "make uninstall as root with DESTDIR empty: ldconfig not run"
+  left=$(find "$sys" -type f -o -type l)
+  [ -z "$left" ] || fail "left after make uninstall PREFIX=$sys: $left"
+  echo "install: as root with DESTDIR empty, ldconfig runs after install and after uninstall" \
+       "(with DESTDIR: never); the unit's paths follow PREFIX"
+fi
 echo "install: $version installs, builds programs (pkg-config, -I/-L, CMake) and uninstalls"
