@@ -9,10 +9,15 @@
 #   make fuzz       libFuzzer targets for a bounded time
 #   make mutate     tests/mutations.txt, one mutation at a time: killed or survived
 #   make test-gpu   on a GPU: the CUDA backend against the CPU op by op, and
-#                   dispatch-server-cuda on cuda:0 through the client
+#                   dispatch-server --device all on cuda:0 through the client,
+#                   the MLP demo on local:cuda:0 and on the server's cuda:0
 #   make bench-gpu  on a GPU: matmul beside cuBLAS, upload/read beside the
 #                   raw socket, the MLP step on cuda:0 beside the local CPU
-#   (CUDA=0 skips the CUDA backend; by default it is built when nvcc is found)
+#   make gpu-bundle  build/gpu-bundle.tar.xz: the GPU programs, their
+#                   libraries and data for a GPU host without the packages
+#                   (make gpu-bundle-check: unpacked and run here, no GPU)
+#   (CUDA=0 skips the CUDA backend, the plugin build/dispatch-cuda.so; by
+#   default it is built when nvcc is found; CUDA_ARCHS=90 builds one arch)
 #   make install PREFIX=/usr/local [DESTDIR=...]   (make uninstall: the same files)
 #   make clean
 
@@ -155,7 +160,7 @@ SERVER_A := $(BUILD)/libdspserver.a
 # keep objects and generated headers that make would treat as intermediate
 .SECONDARY:
 
-.PHONY: all deps test test-run python-test deploy-test container sanitize demo demo-gpt bench bench-quick mutate fuzz install uninstall clean test-gpu bench-gpu
+.PHONY: all deps test test-run python-test deploy-test container sanitize demo demo-gpt bench bench-quick mutate fuzz install uninstall clean test-gpu bench-gpu gpu-bundle gpu-bundle-check
 all: $(if $(wildcard server/main.c),$(SERVER_BIN)) $(CLIENT_A) $(CLIENT_SO) $(TEST_BIN) $(EXAMPLE_BIN) $(BENCH_BIN) $(CUDA_BIN)
 
 deps:
@@ -402,11 +407,31 @@ sanitize: deps
 # GPU runs, one script each (scripts/gpu.sh): every program prints
 # "cuda: skipped (no GPU)" and exits 0 when no device can be opened; it
 # never reports a pass it did not run.
-GPU_TEST_BIN = $(BUILD)/tests/gpu/cuda_ops $(BUILD)/tests/gpu/cuda_server \
-  $(BUILD)/tests/test_backend_ops $(SERVER_BIN) $(BUILD)/dispatch-server-cuda
-GPU_BENCH_BIN = $(BUILD)/tests/gpu/cuda_ops $(BUILD)/bench/gpu/matmul_cuda \
+GPU_TEST_BIN = $(CUDA_PLUGIN) $(BUILD)/tests/gpu/cuda_ops $(BUILD)/tests/gpu/cuda_server \
+  $(BUILD)/tests/test_backend_ops $(SERVER_BIN) $(BUILD)/examples/train_mlp
+GPU_BENCH_BIN = $(CUDA_PLUGIN) $(BUILD)/tests/gpu/cuda_ops $(BUILD)/bench/gpu/matmul_cuda \
   $(BUILD)/bench/bulk $(BUILD)/bench/mlp $(BUILD)/bench/gpt \
-  $(BUILD)/dispatch-server-cuda $(BUILD)/fortunes
+  $(SERVER_BIN) $(BUILD)/fortunes
+
+# make gpu-bundle: $(BUILD)/gpu-bundle.tar.xz, the GPU programs with the
+# shared libraries they load and their data, for a GPU host without the
+# Debian packages (scripts/gpu-bundle.sh says what it holds); unpacked
+# there, dispatch-gpu/run.sh runs scripts/gpu.sh with no build step.
+# make gpu-bundle-check unpacks it into an empty folder and runs it here
+# (no GPU: every program up to its "cuda: skipped (no GPU)" or refusal),
+# each program's libraries resolved from the bundle with the loader's
+# cache off (scripts/gpu-bundle-check.sh).
+GPU_BUNDLE_BIN = $(CUDA_PLUGIN) $(SERVER_BIN) $(BUILD)/tests/gpu/cuda_ops \
+  $(BUILD)/tests/gpu/cuda_server $(BUILD)/tests/test_backend_ops \
+  $(BUILD)/bench/gpu/matmul_cuda $(BUILD)/bench/bulk $(BUILD)/bench/mlp \
+  $(BUILD)/bench/gpt $(BUILD)/examples/train_mlp $(BUILD)/fortunes
+gpu-bundle:
+	@if [ "$(CUDA)" != 1 ]; then echo "gpu-bundle: no nvcc (or CUDA=0): nothing to bundle"; exit 1; fi
+	@$(MAKE) --no-print-directory $(GPU_BUNDLE_BIN)
+	@BUILD=$(BUILD) PYTHON=$(PYTHON) scripts/gpu-bundle.sh
+
+gpu-bundle-check: gpu-bundle
+	@BUILD=$(BUILD) scripts/gpu-bundle-check.sh
 
 # the GPT bench's corpus, copied for a GPU host that has no Debian packages
 # (scripts/gpu.sh falls back to it); empty when this machine has none either
