@@ -9,10 +9,15 @@
 #   make fuzz       libFuzzer targets for a bounded time
 #   make mutate     tests/mutations.txt, one mutation at a time: killed or survived
 #   make test-gpu   on a GPU: the CUDA backend against the CPU op by op, and
-#                   dispatch-server-cuda on cuda:0 through the client
+#                   dispatch-server --device all on cuda:0 through the client,
+#                   the MLP demo on local:cuda:0 and on the server's cuda:0
 #   make bench-gpu  on a GPU: matmul beside cuBLAS, upload/read beside the
 #                   raw socket, the MLP step on cuda:0 beside the local CPU
-#   (CUDA=0 skips the CUDA backend; by default it is built when nvcc is found)
+#   make gpu-bundle  build/gpu-bundle.tar.xz: the GPU programs, their
+#                   libraries and data for a GPU host without the packages
+#                   (make gpu-bundle-check: unpacked and run here, no GPU)
+#   (CUDA=0 skips the CUDA backend, the plugin build/dispatch-cuda.so; by
+#   default it is built when nvcc is found; CUDA_ARCHS=90 builds one arch)
 #   make install PREFIX=/usr/local [DESTDIR=...]   (make uninstall: the same files)
 #   make clean
 
@@ -66,24 +71,40 @@ INCLUDES := -Icommon -Iinclude -Iclient/include -Iclient -Iserver -I$(BUILD)/gen
 ALL_CFLAGS = $(CFLAGS_BASE) $(INCLUDES) $(BLAS_CFLAGS) $(PKG_CFLAGS) $(CFLAGS)
 LIBS = $(PKG_LIBS) $(BLAS_LIBS) -lm -pthread
 
-# CUDA backend (common/cuda/): built into its own archive whenever nvcc is
-# found, so every CI run compiles it; CUDA=0 skips it. dispatch-server and
-# libdispatch-client never link it (no libcudart dependency on a host
-# without the toolkit); dispatch-server-cuda is the same server linked with
-# it (the server finds dsp_cuda_backend_open through a weak reference, see
-# common/cuda/dsp_cuda.h). Any other program links $(CUDA_A) $(CUDA_LIBS).
+# CUDA backend (common/cuda/): built whenever nvcc is found, so every CI
+# run compiles it; CUDA=0 skips it. It is the plugin $(BUILD)/dispatch-cuda.so
+# (common/cuda_plugin.h), which dispatch-server, libdispatch-client and the
+# GPU programs load at run time for a cuda device: none of them links
+# CUDA, one server binary serves CPU and GPU hosts. dispatch-server-cuda is
+# kept as a link to dispatch-server for scripts that name it.
+# $(CUDA_A), the backend's objects in an archive, is linked directly only
+# by tests/test_cuda_host (the kernels' host-side math).
 NVCC ?= $(firstword $(shell command -v nvcc 2>/dev/null) $(wildcard /usr/local/cuda/bin/nvcc))
 CUDA ?= $(if $(NVCC),1,0)
 CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
-# H200 (sm_90) machine code plus compute_90 PTX for later GPUs; one arch
-# keeps the nvcc step to seconds
-NVCC_ARCH ?= -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90
+# The GPUs a user may have: Turing (sm_75: T4), Ampere (sm_80: A100,
+# sm_86: A10/RTX 30), Ada (sm_89: L4/L40/RTX 40), Hopper (sm_90: H100/H200),
+# Blackwell (sm_100: B200, sm_120: RTX 50), each as machine code, plus the
+# PTX of the newest for GPUs after these. Volta (sm_70/72) is left out:
+# CUDA 13's nvcc no longer builds it (nvcc --list-gpu-arch). CUDA_ARCHS
+# narrows the list for a quick build: make CUDA_ARCHS=90.
+CUDA_ARCHS ?= 75 80 86 89 90 100 120
+NVCC_ARCH ?= $(foreach a,$(CUDA_ARCHS),-gencode arch=compute_$(a),code=sm_$(a)) \
+  -gencode arch=compute_$(lastword $(CUDA_ARCHS)),code=compute_$(lastword $(CUDA_ARCHS))
 NVCC_FLAGS = -std=c++17 $(OPT) -g $(NVCC_ARCH) -Werror all-warnings \
   -Xcompiler -fPIC,-Wall,-Wextra,-Werror,-Wno-unused-parameter \
   -Icommon -Icommon/cuda -Iinclude
 CUDA_CFLAGS = -I$(CUDA_HOME)/include -Icommon/cuda
 CUDA_LIBS = -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublas -lcudart -lstdc++
 CUDA_A := $(BUILD)/libdspcuda.a
+CUDA_PLUGIN := $(BUILD)/dispatch-cuda.so
+# the kernels are rebuilt when CUDA_ARCHS changes
+CUDA_ARCH_STAMP := $(BUILD)/gen/cuda-archs
+ifeq ($(CUDA),1)
+  ifneq ($(strip $(CUDA_ARCHS)),$(strip $(shell cat $(CUDA_ARCH_STAMP) 2>/dev/null)))
+    $(shell mkdir -p $(BUILD)/gen && echo '$(strip $(CUDA_ARCHS))' >$(CUDA_ARCH_STAMP))
+  endif
+endif
 
 # ---------------------------------------------------------------- sources
 PROTO_SRC := $(wildcard proto/*.proto)
@@ -112,7 +133,7 @@ EXAMPLE_LIB_OBJ := $(call obj,$(EXAMPLE_LIB_SRC))
 BENCH_BIN := $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_SRC))
 CUDA_OBJ := $(call obj,$(CUDA_SRC_C)) $(patsubst %.cu,$(BUILD)/obj/%.cu.o,$(CUDA_SRC_CU))
 ifeq ($(CUDA),1)
-  CUDA_BIN := $(BUILD)/tests/gpu/cuda_ops $(BUILD)/tests/gpu/cuda_server \
+  CUDA_BIN := $(CUDA_PLUGIN) $(BUILD)/tests/gpu/cuda_ops $(BUILD)/tests/gpu/cuda_server \
     $(BUILD)/bench/gpu/matmul_cuda \
     $(if $(wildcard server/main.c),$(BUILD)/dispatch-server-cuda)
 endif
@@ -139,7 +160,7 @@ SERVER_A := $(BUILD)/libdspserver.a
 # keep objects and generated headers that make would treat as intermediate
 .SECONDARY:
 
-.PHONY: all deps test test-run python-test deploy-test container sanitize demo demo-gpt bench bench-quick mutate fuzz install uninstall clean test-gpu bench-gpu
+.PHONY: all deps test test-run python-test deploy-test container sanitize demo demo-gpt bench bench-quick mutate fuzz install uninstall clean test-gpu bench-gpu gpu-bundle gpu-bundle-check
 all: $(if $(wildcard server/main.c),$(SERVER_BIN)) $(CLIENT_A) $(CLIENT_SO) $(TEST_BIN) $(EXAMPLE_BIN) $(BENCH_BIN) $(CUDA_BIN)
 
 deps:
@@ -205,13 +226,21 @@ $(BUILD)/obj/%.o: %.c $(GEN_H)
 
 $(call obj,$(CUDA_SRC_C)): ALL_CFLAGS += $(CUDA_CFLAGS)
 
-$(BUILD)/obj/%.cu.o: %.cu $(wildcard common/cuda/*.h) common/dsp.h include/dispatch_errors.h
+$(BUILD)/obj/%.cu.o: %.cu $(wildcard common/cuda/*.h) common/dsp.h include/dispatch_errors.h $(CUDA_ARCH_STAMP)
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCC_FLAGS) -c $< -o $@
 
 $(CUDA_A): $(CUDA_OBJ)
 	@rm -f $@
 	ar rcs $@ $^
+
+# The plugin: the backend with its own copy of the common code it calls
+# (hidden; the loader checks that both sides were built alike), linked
+# with cuBLAS and the CUDA runtime; it exports dispatch_cuda_plugin_v1 only.
+$(CUDA_PLUGIN): $(CUDA_OBJ) $(COMMON_A) common/cuda/dispatch-cuda.map
+	$(CC) $(LDFLAGS) -shared -Wl,-z,defs -Wl,--exclude-libs,ALL \
+	  -Wl,--version-script=common/cuda/dispatch-cuda.map -o $@ $(CUDA_OBJ) \
+	  $(COMMON_A) -Wl,--as-needed $(CUDA_LIBS) $(LIBS)
 
 # the CUDA kernels include the scalar math they share with the CPU loops
 $(patsubst %.cu,$(BUILD)/obj/%.cu.o,$(CUDA_SRC_CU)): common/scalar_math.h
@@ -227,9 +256,10 @@ $(SERVER_A): $(SERVER_OBJ)
 $(SERVER_BIN): $(BUILD)/obj/server/main.o $(SERVER_A) $(COMMON_A)
 	$(CC) $(LDFLAGS) -o $@ $^ $(LIBS)
 
-# -u keeps the backend in although nothing but a weak reference names it
-$(BUILD)/dispatch-server-cuda: $(BUILD)/obj/server/main.o $(SERVER_A) $(CUDA_A) $(COMMON_A)
-	$(CC) $(LDFLAGS) -Wl,-u,dsp_cuda_backend_open -o $@ $^ $(LIBS) $(CUDA_LIBS)
+# the name of the CUDA server before the plugin, kept for scripts and
+# units that use it: the same binary
+$(BUILD)/dispatch-server-cuda: $(SERVER_BIN)
+	ln -sf $(notdir $<) $@
 
 $(CLIENT_A): $(CLIENT_OBJ) $(COMMON_OBJ)
 	@rm -f $@
@@ -252,25 +282,38 @@ $(BUILD)/tests/%: tests/%.c $(TEST_HELPER_OBJ) $(CLIENT_A) $(SERVER_A) $(GEN_H)
 	  $(SERVER_A) $(CLIENT_A) $(LDFLAGS) -lcriterion $(LIBS)
 
 # suites that also run the CUDA backend when it is built: the host checks
-# of its kernels' math (which also open it: without a GPU, a clear error
-# and no crash) and the conformance suite over the op table (without a
-# GPU it prints "cuda: skipped (no GPU): REASON")
-CUDA_TEST_BIN := $(BUILD)/tests/test_cuda_host $(BUILD)/tests/test_backend_ops
-$(CUDA_TEST_BIN): $(BUILD)/tests/%: tests/%.c $(TEST_HELPER_OBJ) $(CLIENT_A) $(SERVER_A) $(GEN_H) $(if $(filter 1,$(CUDA)),$(CUDA_A))
+# of its kernels' math (linked with the backend's archive; they also open
+# it: without a GPU, a clear error and no crash) and the conformance suite
+# over the op table (through the plugin; without a GPU it prints "cuda:
+# skipped (no GPU): REASON")
+$(BUILD)/tests/test_cuda_host: tests/test_cuda_host.c $(TEST_HELPER_OBJ) $(CLIENT_A) $(SERVER_A) $(GEN_H) $(if $(filter 1,$(CUDA)),$(CUDA_A))
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) -Itests -Icommon/cuda -DDSP_CUDA_BUILT=$(CUDA) \
 	  $(if $(filter 1,$(CUDA)),$(CUDA_CFLAGS)) -MMD -MP -o $@ $< $(TEST_HELPER_OBJ) \
 	  $(SERVER_A) $(if $(filter 1,$(CUDA)),$(CUDA_A)) $(CLIENT_A) $(LDFLAGS) \
 	  -lcriterion $(LIBS) $(if $(filter 1,$(CUDA)),$(CUDA_LIBS))
 
-$(BUILD)/tests/gpu/%: tests/gpu/%.c $(CUDA_A) $(CLIENT_A)
+# the programs that load the plugin need it built; none links CUDA
+PLUGIN_DEP = $(if $(filter 1,$(CUDA)),$(CUDA_PLUGIN))
+$(BUILD)/tests/test_backend_ops $(BUILD)/tests/test_cuda_plugin: $(BUILD)/tests/%: tests/%.c $(TEST_HELPER_OBJ) $(CLIENT_A) $(SERVER_A) $(GEN_H) $(PLUGIN_DEP)
 	@mkdir -p $(dir $@)
-	$(CC) $(ALL_CFLAGS) $(CUDA_CFLAGS) -MMD -MP -o $@ $< $(CUDA_A) $(CLIENT_A) \
-	  $(LDFLAGS) $(LIBS) $(CUDA_LIBS)
+	$(CC) $(ALL_CFLAGS) -Itests -DDSP_CUDA_BUILT=$(CUDA) -MMD -MP -o $@ $< \
+	  $(TEST_HELPER_OBJ) $(SERVER_A) $(CLIENT_A) $(LDFLAGS) -lcriterion $(LIBS)
 
-$(BUILD)/bench/gpu/%: bench/gpu/%.c $(CUDA_A) $(CLIENT_A)
+# a plugin of another ABI number, which the loader must refuse
+$(BUILD)/tests/fake-cuda-plugin.so: tests/fake_cuda_plugin.c common/cuda_plugin.h
 	@mkdir -p $(dir $@)
-	$(CC) $(ALL_CFLAGS) $(CUDA_CFLAGS) -MMD -MP -o $@ $< $(CUDA_A) $(CLIENT_A) \
+	$(CC) $(ALL_CFLAGS) -shared -o $@ $<
+$(BUILD)/tests/test_cuda_plugin: $(BUILD)/tests/fake-cuda-plugin.so
+
+$(BUILD)/tests/gpu/%: tests/gpu/%.c $(CLIENT_A) $(PLUGIN_DEP)
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_CFLAGS) -MMD -MP -o $@ $< $(CLIENT_A) $(LDFLAGS) $(LIBS)
+
+# cuBLAS called directly beside the backend: this one links CUDA
+$(BUILD)/bench/gpu/%: bench/gpu/%.c $(CLIENT_A) $(PLUGIN_DEP)
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_CFLAGS) $(CUDA_CFLAGS) -MMD -MP -o $@ $< $(CLIENT_A) \
 	  $(LDFLAGS) $(LIBS) $(CUDA_LIBS)
 
 $(BUILD)/examples/%: examples/%.c $(EXAMPLE_LIB_OBJ) $(CLIENT_A)
@@ -383,11 +426,31 @@ sanitize: deps
 # GPU runs, one script each (scripts/gpu.sh): every program prints
 # "cuda: skipped (no GPU)" and exits 0 when no device can be opened; it
 # never reports a pass it did not run.
-GPU_TEST_BIN = $(BUILD)/tests/gpu/cuda_ops $(BUILD)/tests/gpu/cuda_server \
-  $(BUILD)/tests/test_backend_ops $(SERVER_BIN) $(BUILD)/dispatch-server-cuda
-GPU_BENCH_BIN = $(BUILD)/tests/gpu/cuda_ops $(BUILD)/bench/gpu/matmul_cuda \
+GPU_TEST_BIN = $(CUDA_PLUGIN) $(BUILD)/tests/gpu/cuda_ops $(BUILD)/tests/gpu/cuda_server \
+  $(BUILD)/tests/test_backend_ops $(SERVER_BIN) $(BUILD)/examples/train_mlp
+GPU_BENCH_BIN = $(CUDA_PLUGIN) $(BUILD)/tests/gpu/cuda_ops $(BUILD)/bench/gpu/matmul_cuda \
   $(BUILD)/bench/bulk $(BUILD)/bench/mlp $(BUILD)/bench/gpt \
-  $(BUILD)/dispatch-server-cuda $(BUILD)/fortunes
+  $(SERVER_BIN) $(BUILD)/fortunes
+
+# make gpu-bundle: $(BUILD)/gpu-bundle.tar.xz, the GPU programs with the
+# shared libraries they load and their data, for a GPU host without the
+# Debian packages (scripts/gpu-bundle.sh says what it holds); unpacked
+# there, dispatch-gpu/run.sh runs scripts/gpu.sh with no build step.
+# make gpu-bundle-check unpacks it into an empty folder and runs it here
+# (no GPU: every program up to its "cuda: skipped (no GPU)" or refusal),
+# each program's libraries resolved from the bundle with the loader's
+# cache off (scripts/gpu-bundle-check.sh).
+GPU_BUNDLE_BIN = $(CUDA_PLUGIN) $(SERVER_BIN) $(BUILD)/tests/gpu/cuda_ops \
+  $(BUILD)/tests/gpu/cuda_server $(BUILD)/tests/test_backend_ops \
+  $(BUILD)/bench/gpu/matmul_cuda $(BUILD)/bench/bulk $(BUILD)/bench/mlp \
+  $(BUILD)/bench/gpt $(BUILD)/examples/train_mlp $(BUILD)/fortunes
+gpu-bundle:
+	@if [ "$(CUDA)" != 1 ]; then echo "gpu-bundle: no nvcc (or CUDA=0): nothing to bundle"; exit 1; fi
+	@$(MAKE) --no-print-directory $(GPU_BUNDLE_BIN)
+	@BUILD=$(BUILD) PYTHON=$(PYTHON) scripts/gpu-bundle.sh
+
+gpu-bundle-check: gpu-bundle
+	@BUILD=$(BUILD) scripts/gpu-bundle-check.sh
 
 # the GPT bench's corpus, copied for a GPU host that has no Debian packages
 # (scripts/gpu.sh falls back to it); empty when this machine has none either

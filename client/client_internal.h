@@ -10,6 +10,7 @@
 
 #include "dispatch_backward.h"
 #include "dispatch_client.h"
+#include "cuda_plugin.h"
 #include "dsp.h"
 
 #define DISPATCH__HIDDEN __attribute__((visibility("hidden")))
@@ -287,6 +288,10 @@ struct dispatch_device {
   const dispatch__kind_ops *ops; /* its kind's row: LOCAL or REMOTE */
   char *spec;
   dsp_ctx *ctx; /* detail messages; LOCAL: runs the ops */
+  /* local:cuda:N: the plugin and the device the ctx runs on (closed
+   * after the ctx); NULL otherwise */
+  const dsp_cuda_plugin *cuda;
+  dsp_backend *cuda_be;
   int errcode;
   struct dispatch__scope *scope;
   /* the first error since open or dispatch_device_clear_error: a call

@@ -165,29 +165,61 @@ static int split_hostport(const char *s, char *host, size_t hlen, char *port,
   return 0;
 }
 
-/* "local", "local:cpu", "local:cpu:0": the in-process CPU; a kind this
- * library was built without (cuda) is DISPATCH_EUNSUPPORTED, anything
- * else DISPATCH_EINVAL, both with the reason in errmsg. */
-static int local_device(const char *spec, char *errmsg, size_t len) {
+/* "local", "local:cpu", "local:cpu:0": the in-process CPU (*cuda -1);
+ * "local:cuda" or "local:cuda:N" (N in 0..999): CUDA device N in process
+ * through the plugin (*cuda N, opened by the caller); anything else
+ * DISPATCH_EINVAL with the reason in errmsg. */
+static int local_device(const char *spec, int *cuda, char *errmsg,
+                        size_t len) {
+  *cuda = -1;
   if (strcmp(spec, "local") == 0 || strcmp(spec, "local:cpu") == 0 ||
       strcmp(spec, "local:cpu:0") == 0)
     return 0;
-  char m[600];
-  if (strncmp(spec, "local:cuda", 10) == 0 &&
-      (spec[10] == '\0' || spec[10] == ':')) {
-    snprintf(m, sizeof m,
-             "device \"%.400s\": this libdispatch-client was built without "
-             "the CUDA backend (local devices here: local, local:cpu)",
-             spec);
-    copy_msg(errmsg, len, m);
-    return DISPATCH_EUNSUPPORTED;
+  if (strcmp(spec, "local:cuda") == 0) {
+    *cuda = 0;
+    return 0;
   }
+  if (strncmp(spec, "local:cuda:", 11) == 0) {
+    const char *d = spec + 11;
+    size_t n = strlen(d);
+    int ok = n > 0 && n <= 3;
+    for (size_t i = 0; ok && i < n; i++) ok = d[i] >= '0' && d[i] <= '9';
+    if (ok) {
+      *cuda = atoi(d);
+      return 0;
+    }
+  }
+  char m[600];
   snprintf(m, sizeof m,
-           "device \"%.400s\": unknown local device (use local or "
-           "local:cpu)",
+           "device \"%.400s\": unknown local device (use local, local:cpu "
+           "or local:cuda:N)",
            spec);
   copy_msg(errmsg, len, m);
   return DISPATCH_EINVAL;
+}
+
+/* Runs dev's LOCAL ops on CUDA device `index` through the plugin; on
+ * failure the reason names the spec and what is missing (the plugin, or
+ * a GPU or driver). */
+static int local_cuda_open(dispatch_device *dev, int index, char *errmsg,
+                           size_t len) {
+  char why[1600];
+  int rc = dsp_cuda_plugin_open(index, &dev->cuda, &dev->cuda_be, why,
+                                sizeof why);
+  if (rc < 0) {
+    char m[2100];
+    snprintf(m, sizeof m, "device \"%.200s\": %s", dev->spec, why);
+    copy_msg(errmsg, len, m);
+    return rc;
+  }
+  dev->cuda->ctx_use(dev->ctx, dev->cuda_be);
+  return 0;
+}
+
+/* The CUDA device of a local:cuda:N device, after its ctx is gone. */
+static void local_cuda_close(dispatch_device *dev) {
+  if (dev->cuda_be) dev->cuda->backend_close(dev->cuda_be);
+  dev->cuda_be = NULL;
 }
 
 /* A server device name as sent in the hello: KIND or KIND:N, letters,
@@ -253,9 +285,10 @@ int dispatch_device_open(const char *spec, const dispatch_options *opts,
   const dispatch__kind_ops *ops;
   char host[256], port[16], base[300];
   const char *sdev = NULL; /* the server device after "HOST:PORT/" */
+  int cuda = -1;          /* local:cuda:N: N */
   if (strncmp(spec, "local", 5) == 0 &&
       (spec[5] == '\0' || spec[5] == ':')) {
-    int rc = local_device(spec, errmsg, errmsg_len);
+    int rc = local_device(spec, &cuda, errmsg, errmsg_len);
     if (rc < 0) return rc;
     ops = &dispatch__local_ops;
   } else if (strncmp(spec, "tcp://", 6) == 0 ||
@@ -313,12 +346,21 @@ int dispatch_device_open(const char *spec, const dispatch_options *opts,
   dev->conn->resume_ms = o.resume_timeout_ms;
   dispatch__open_args oa = {host, port, o.token, o.client_name, sdev,
                             strncmp(spec, "tls://", 6) == 0 ? &o : NULL};
-  int rc = ops->open(dev, &oa);
+  int rc = cuda >= 0 ? local_cuda_open(dev, cuda, errmsg, errmsg_len) : 0;
+  if (rc < 0) {
+    dsp_free(dev->conn);
+    dsp_free(dev->spec);
+    dsp_ctx_free(dev->ctx);
+    dsp_free(dev);
+    return rc;
+  }
+  rc = ops->open(dev, &oa);
   if (rc < 0) {
     copy_msg(errmsg, errmsg_len, dsp_ctx_errmsg(dev->ctx));
     ops->close(dev);
     dsp_free(dev->spec);
     dsp_ctx_free(dev->ctx);
+    local_cuda_close(dev);
     dsp_free(dev);
     return rc;
   }
@@ -365,6 +407,7 @@ void dispatch_device_close(dispatch_device *dev) {
    * holds a reference on the budget the ctx drops) */
   dsp_budget_set_cache(dsp_ctx_budget(dev->ctx), 0);
   dsp_ctx_free(dev->ctx);
+  local_cuda_close(dev);
   dsp_free(dev);
 }
 

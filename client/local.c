@@ -1,5 +1,6 @@
 /* The LOCAL row of the device-kind table: tensors are dsp tensors of this
- * process, ops run now in the device's ctx on the CPU backend, and the
+ * process, ops run now in the device's ctx on the CPU backend (or on a
+ * GPU for local:cuda:N, through the CUDA plugin), and the
  * tape and gradients are common's engine (common/autodiff.c). The counters
  * a server keeps for a session are kept here in dev->local_stats. */
 #include <math.h>
@@ -235,13 +236,14 @@ static int local_stats(dispatch_device *dev, dispatch_stats *all) {
 
 static int local_devices(dispatch_device *dev, dispatch_device_info *all,
                          int max, int *n) {
-  (void)dev;
   *n = 1;
   if (max > 0) {
-    snprintf(all->kind, sizeof all->kind, "cpu");
-    snprintf(all->name, sizeof all->name, "local:cpu");
+    const dsp_backend *be = dsp_ctx_backend(dev->ctx);
+    snprintf(all->kind, sizeof all->kind, "%s", dev->cuda_be ? "cuda" : "cpu");
+    snprintf(all->name, sizeof all->name, "local:%s",
+             dev->cuda_be ? dsp_backend_name(be) : "cpu");
     snprintf(all->description, sizeof all->description, "%s",
-             dsp_backend_description(dsp_cpu_backend()));
+             dsp_backend_description(be));
   }
   return 0;
 }

@@ -1,35 +1,67 @@
 #!/usr/bin/env bash
-# make test-gpu / make bench-gpu: everything a GPU host runs, in one go.
-#   scripts/gpu.sh test    the conformance suite with the CUDA backend in
-#                          process, every op x dtype on the GPU against the
-#                          CPU (tests/gpu/cuda_ops), then dispatch-server-cuda
-#                          on 127.0.0.1 with cuda:0 as its first device and
-#                          tests/gpu/cuda_server against it (round trips
+# make test-gpu / make bench-gpu, and the GPU bundle's run.sh: everything a
+# GPU host runs, in one go. The CUDA backend is the plugin
+# $BUILD/dispatch-cuda.so (DISPATCH_CUDA_PLUGIN, set here to that file).
+#   scripts/gpu.sh test    in process through the plugin: the conformance
+#                          suite (tests/test_backend_ops) and every op x
+#                          dtype on the GPU against the CPU (tests/gpu/
+#                          cuda_ops); then dispatch-server --device all on
+#                          127.0.0.1 (cpu:0 and every GPU) and tests/gpu/
+#                          cuda_server against its cuda:0 (round trips
 #                          across the staging parts, four sessions at once,
-#                          moves to cpu:0 and back)
+#                          moves to cpu:0 and back); then the MLP demo
+#                          (examples/train_mlp, one epoch) on local:cuda:0
+#                          and on the server's cuda:0
 #   scripts/gpu.sh bench   matmul 4096 f32: the backend and the remote
 #                          cuda:0 beside cuBLAS called directly; bench/bulk
-#                          (256 MiB upload and read beside the raw socket)
-#                          and bench/mlp (the MLP step remote on cuda:0
-#                          beside the same step on the local CPU), both
-#                          against dispatch-server-cuda on cuda:0, and
-#                          bench/gpt (the char-GPT training step remote on
-#                          cuda:0 beside the same step on the local CPU;
-#                          its corpus is GPT_CORPUS_DIR, else the system's
-#                          fortunes, else the copy make puts in
-#                          $BUILD/fortunes for a host without Debian's)
-# Without a GPU (or without the backend) it prints "cuda: skipped (no GPU):
+#                          (256 MiB upload and read beside the raw socket),
+#                          bench/mlp (the MLP step remote on cuda:0 beside
+#                          the same step on the local CPU) and bench/gpt
+#                          (the char-GPT training step remote on cuda:0
+#                          beside the local CPU), against the same server
+#   scripts/gpu.sh all     test, then bench
+#   scripts/gpu.sh check   no GPU expected (the bundle's check here): each
+#                          program runs up to its CUDA question and prints
+#                          its "cuda: skipped (no GPU)" line or the plugin's
+#                          one-line refusal; the benches run at BENCH_QUICK
+#                          sizes against the server's cpu:0
+# Data: the GPT bench's corpus is GPT_CORPUS_DIR, else the system's
+# fortunes, else $BUILD/fortunes; the MLP demo's is FASHION_MNIST_DIR, else
+# Debian's dataset-fashion-mnist, else $BUILD/fashion-mnist (the copies
+# make gpu-bundle packs for a host without Debian's packages).
+# Without a GPU (test, bench, all) it prints "cuda: skipped (no GPU):
 # REASON" and exits 0, claiming nothing. Expects the programs built (the
-# Makefile targets build them first). Exits 1 when anything fails.
+# Makefile targets and make gpu-bundle build them first). Exits 1 when
+# anything fails.
 set -uo pipefail
 BUILD=${BUILD:-build}
+BUILD=$(cd "$BUILD" && pwd) || exit 1
 mode=${1:-test}
 LIMIT=${GPU_PROGRAM_TIMEOUT:-300}
+export DISPATCH_CUDA_PLUGIN=${DISPATCH_CUDA_PLUGIN:-$BUILD/dispatch-cuda.so}
+export DISPATCH_SERVER_BIN=$BUILD/dispatch-server
+if [ -z "${GPT_CORPUS_DIR:-}" ] && [ ! -d /usr/share/games/fortunes ] &&
+  [ -d "$BUILD/fortunes" ]; then
+  export GPT_CORPUS_DIR=$BUILD/fortunes
+fi
+if [ -z "${FASHION_MNIST_DIR:-}" ] && [ ! -d /usr/share/datasets/fashion-mnist ] &&
+  [ -d "$BUILD/fashion-mnist" ]; then
+  export FASHION_MNIST_DIR=$BUILD/fashion-mnist
+fi
 
-"$BUILD/tests/gpu/cuda_ops" --probe
-rc=$?
-[ "$rc" -eq 2 ] && exit 0 # the skipped line is printed
-[ "$rc" -ne 0 ] && { echo "gpu: cuda_ops --probe failed (exit $rc)"; exit 1; }
+case "$mode" in
+  test | bench | all)
+    "$BUILD/tests/gpu/cuda_ops" --probe
+    rc=$?
+    [ "$rc" -eq 2 ] && exit 0 # the skipped line is printed
+    [ "$rc" -ne 0 ] && { echo "gpu: cuda_ops --probe failed (exit $rc)"; exit 1; }
+    ;;
+  check) ;;
+  *)
+    echo "usage: scripts/gpu.sh test|bench|all|check"
+    exit 2
+    ;;
+esac
 
 log=$(mktemp)
 pid=""
@@ -39,11 +71,10 @@ cleanup() {
 }
 trap cleanup EXIT
 
-# dispatch-server-cuda with cuda:0 first (the device of a client that names
-# none) and cpu:0 for moves; sets DISPATCH_GPU_REMOTE
+# dispatch-server --device all (cpu:0, then every GPU: cuda:0 ...), the
+# line of what it found printed; sets SERVER (tcp://127.0.0.1:PORT)
 start_server() {
-  "$BUILD/dispatch-server-cuda" --listen 127.0.0.1:0 --device cuda:0 \
-    --device cpu:0 >"$log" 2>&1 &
+  "$BUILD/dispatch-server" --listen 127.0.0.1:0 --device all >"$log" 2>&1 &
   pid=$!
   local port=""
   for _ in $(seq 1 200); do
@@ -53,13 +84,19 @@ start_server() {
     sleep 0.05
   done
   if [ -z "$port" ]; then
-    echo "gpu: dispatch-server-cuda did not start:"
+    echo "gpu: dispatch-server did not start:"
     cat "$log"
     pid=""
     return 1
   fi
-  export DISPATCH_GPU_REMOTE="tcp://127.0.0.1:$port"
-  echo "== dispatch-server-cuda pid $pid on 127.0.0.1:$port (cuda:0, cpu:0)"
+  SERVER="tcp://127.0.0.1:$port"
+  echo "== dispatch-server --device all, pid $pid on 127.0.0.1:$port"
+  for _ in $(seq 1 100); do # the log's devices lines follow the port
+    grep -q 'devices: ' "$log" && break
+    sleep 0.05
+  done
+  sleep 0.05
+  grep 'devices: ' "$log" | sed 's/^.*info: /   /'
 }
 stop_server() {
   [ -z "$pid" ] && return
@@ -73,41 +110,81 @@ step() {
   echo "== $*"
   timeout "$LIMIT" "$@" || { echo "gpu: FAILED: $*"; status=1; }
 }
+# a program that must refuse with its one line (check mode): prints it
+refuses() {
+  echo "== $* (expected to refuse)"
+  local out
+  out=$(timeout 60 "$@" 2>&1)
+  local rc=$?
+  echo "$out" | tail -n 3
+  [ "$rc" -ne 0 ] && echo "$out" | grep -q 'CUDA plugin' ||
+    { echo "gpu: FAILED: $* (exit $rc, no CUDA plugin line)"; status=1; }
+}
+
+run_tests() {
+  step "$BUILD/tests/test_backend_ops" --filter 'backend_ops/conformance'
+  step "$BUILD/tests/gpu/cuda_ops"
+  local epochs=${MLP_EPOCHS:-1}
+  step "$BUILD/examples/train_mlp" --device local:cuda:0 --epochs "$epochs" --min-acc 60
+  if start_server; then
+    DISPATCH_GPU_REMOTE=$SERVER step "$BUILD/tests/gpu/cuda_server"
+    step "$BUILD/examples/train_mlp" --device "$SERVER/cuda:0" --epochs "$epochs" --min-acc 60
+    stop_server
+  else
+    status=1
+  fi
+}
+
+run_benches() {
+  if start_server; then
+    DISPATCH_BENCH_REMOTE=$SERVER step "$BUILD/bench/gpu/matmul_cuda"
+    echo "== bench/bulk, bench/mlp and bench/gpt against the server's cuda:0"
+    echo "section,metric,ours,unit,reference,ref_value,ratio,goal,met,note"
+    DISPATCH_BENCH_REMOTE=$SERVER/cuda:0 step "$BUILD/bench/bulk"
+    DISPATCH_BENCH_REMOTE=$SERVER/cuda:0 step "$BUILD/bench/mlp"
+    echo "== bench/gpt: 'remote' is the step on cuda:0, 'local' the CPU"
+    DISPATCH_BENCH_REMOTE=$SERVER/cuda:0 step "$BUILD/bench/gpt"
+    stop_server
+  else
+    status=1
+  fi
+}
+
+# No GPU here: every program starts, loads its libraries and the plugin,
+# and reaches the point where it asks for cuda:0.
+run_check() {
+  step "$BUILD/tests/gpu/cuda_ops"
+  step "$BUILD/tests/test_backend_ops" --filter 'backend_ops/conformance'
+  step "$BUILD/bench/gpu/matmul_cuda"
+  refuses "$BUILD/dispatch-server" --listen 127.0.0.1:0 --device cuda:0
+  refuses "$BUILD/examples/train_mlp" --device local:cuda:0 --epochs 1
+  if start_server; then
+    grep -q 'devices: cpu:0 (cuda: plugin .* loaded, 0 GPUs' "$log" ||
+      { echo "gpu: FAILED: --device all did not say what it found"; status=1; }
+    # its checks need a GPU: here it only has to start
+    echo "== $BUILD/tests/gpu/cuda_server (expected to stop: no cuda:0)"
+    DISPATCH_GPU_REMOTE= "$BUILD/tests/gpu/cuda_server"
+    [ $? -eq 1 ] || { echo "gpu: FAILED: cuda_server did not start"; status=1; }
+    step "$BUILD/examples/train_mlp" --device "$SERVER" --epochs 1 --limit 2000 --log-every 0
+    echo "section,metric,ours,unit,reference,ref_value,ratio,goal,met,note"
+    for b in bulk mlp; do
+      BENCH_QUICK=1 DISPATCH_BENCH_REMOTE=$SERVER step "$BUILD/bench/$b"
+    done
+    # bench/gpt's quick run takes a minute of CPU: its libraries only
+    echo "== $BUILD/bench/gpt (libraries resolved, not run)"
+    /lib64/ld-linux-x86-64.so.2 --list "$BUILD/bench/gpt" | grep -q 'not found' &&
+      { echo "gpu: FAILED: bench/gpt misses a library"; status=1; }
+    stop_server
+  else
+    status=1
+  fi
+}
 
 case "$mode" in
-  test)
-    DISPATCH_SERVER_BIN=$PWD/$BUILD/dispatch-server \
-      step "$BUILD/tests/test_backend_ops" --filter 'backend_ops/conformance'
-    step "$BUILD/tests/gpu/cuda_ops"
-    if start_server; then
-      step "$BUILD/tests/gpu/cuda_server"
-      stop_server
-    else
-      status=1
-    fi
-    ;;
-  bench)
-    if start_server; then
-      DISPATCH_BENCH_REMOTE=$DISPATCH_GPU_REMOTE step "$BUILD/bench/gpu/matmul_cuda"
-      echo "== bench/bulk and bench/mlp with the server's default device cuda:0"
-      echo "section,metric,ours,unit,reference,ref_value,ratio,goal,met,note"
-      DISPATCH_BENCH_REMOTE=$DISPATCH_GPU_REMOTE step "$BUILD/bench/bulk"
-      DISPATCH_BENCH_REMOTE=$DISPATCH_GPU_REMOTE step "$BUILD/bench/mlp"
-      if [ -z "${GPT_CORPUS_DIR:-}" ] && [ ! -d /usr/share/games/fortunes ] &&
-        [ -d "$BUILD/fortunes" ]; then
-        export GPT_CORPUS_DIR=$PWD/$BUILD/fortunes
-      fi
-      echo "== bench/gpt: 'remote' is the step on cuda:0, 'local' the CPU"
-      DISPATCH_BENCH_REMOTE=$DISPATCH_GPU_REMOTE step "$BUILD/bench/gpt"
-      stop_server
-    else
-      status=1
-    fi
-    ;;
-  *)
-    echo "usage: scripts/gpu.sh test|bench"
-    exit 2
-    ;;
+  test) run_tests ;;
+  bench) run_benches ;;
+  all) run_tests; run_benches ;;
+  check) run_check ;;
 esac
 [ "$status" -eq 0 ] && echo "gpu $mode: done" || echo "gpu $mode: FAILED"
 exit "$status"

@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cuda/dsp_cuda.h"
+#include "cuda_plugin.h"
 #include "sv.h"
 
 /* Opens device `index` of a kind: 0 with *out, or a negative code with a
@@ -29,58 +29,44 @@ static int cpu_open(int index, dsp_backend **out, char *why, size_t len) {
 
 static int cpu_count(void) { return 1; }
 
-/* The CUDA backend (common/cuda/) is linked only into dispatch-server-cuda:
- * here it is a weak reference, NULL in the plain dispatch-server, so that
- * binary carries no libcudart dependency. */
-#pragma weak dsp_cuda_backend_open
-#pragma weak dsp_cuda_backend_close
+/* The CUDA backend is the plugin dispatch-cuda.so (common/cuda_plugin.h),
+ * loaded at the first CUDA device asked for: this binary links no CUDA
+ * library, and serves cpu devices on a host without the plugin or a GPU. */
+static const dsp_cuda_plugin *g_cuda;
 
 static int cuda_open(int index, dsp_backend **out, char *why, size_t len) {
-  *out = NULL;
-  if (!dsp_cuda_backend_open) {
-    snprintf(why, len, "--device cuda:%d: this dispatch-server was built "
-             "without the CUDA backend (dispatch-server-cuda has it)", index);
-    return DISPATCH_EUNSUPPORTED;
-  }
-  char reason[256] = "";
-  int rc = dsp_cuda_backend_open(index, out, reason, sizeof reason);
+  char reason[1536] = "";
+  int rc = dsp_cuda_plugin_open(index, &g_cuda, out, reason, sizeof reason);
   if (rc < 0) snprintf(why, len, "--device cuda:%d: %s", index, reason);
   return rc;
 }
 
 /* A GPU holds no more than its memory: without --device-memory that is
  * its budget, and what the hello reports as its total (not --max-memory,
- * which bounds all devices together). */
-#pragma weak dsp_cuda_total_memory
+ * which bounds all devices together). Only a device cuda_open opened
+ * reaches these, so g_cuda is set. */
 static uint64_t cuda_total(const dsp_backend *be) {
-  return dsp_cuda_total_memory ? dsp_cuda_total_memory(be) : 0;
+  return g_cuda->total_memory(be);
 }
 
-static void cuda_close(dsp_backend *be) {
-  if (dsp_cuda_backend_close) dsp_cuda_backend_close(be);
-}
+static void cuda_close(dsp_backend *be) { g_cuda->backend_close(be); }
 
-/* --device all: every GPU the CUDA runtime sees; none in the plain
- * dispatch-server or on a host without a usable GPU (then all is cpu:0). */
-#pragma weak dsp_cuda_device_count
+/* --device all: every GPU the plugin sees, none without the plugin or a
+ * usable GPU (then all is cpu:0); what was found is kept for the log
+ * (sv_devices_note). */
+static char g_note[2048];
 static int cuda_count(void) {
-  return dsp_cuda_device_count ? dsp_cuda_device_count() : 0;
+  return dsp_cuda_plugin_describe(g_note, sizeof g_note);
 }
 
-/* Only a device cuda_open opened reaches these, so the backend is linked. */
-#pragma weak dsp_cuda_session_open
-#pragma weak dsp_cuda_session_close
+const char *sv_devices_note(void) { return g_note; }
+
 static int cuda_session_open(dsp_backend *be, dsp_backend **out, char *why,
                              size_t len) {
-  *out = NULL;
-  if (!dsp_cuda_session_open) {
-    snprintf(why, len, "no CUDA backend in this dispatch-server");
-    return DISPATCH_EUNSUPPORTED;
-  }
-  return dsp_cuda_session_open(be, out, why, len);
+  return g_cuda->session_open(be, out, why, len);
 }
 static void cuda_session_close(dsp_backend *view) {
-  if (dsp_cuda_session_close) dsp_cuda_session_close(view);
+  g_cuda->session_close(view);
 }
 
 static const struct dev_kind {
@@ -185,7 +171,7 @@ int sv_devices_open(const sv_config *cfg, sv_global *g, char *why,
   for (int i = 0; i < n && rc == 0; i++) {
     if (strcmp(list[i], "all") == 0) {
       for (size_t k = 0; k < N_KINDS && rc == 0; k++)
-        for (int j = 0; j < g_kinds[k].count() && rc == 0; j++) {
+        for (int j = 0, nk = g_kinds[k].count(); j < nk && rc == 0; j++) {
           char name[32];
           snprintf(name, sizeof name, "%s:%d", g_kinds[k].kind, j);
           if (!sv_device_find(g, name))

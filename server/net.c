@@ -651,7 +651,7 @@ int sv_run(const sv_config *cfg) {
                   ? sv_pool_new(&srv->loop, cfg->threads, sv_conn_on_done, srv)
                   : NULL;
   int err = 0;
-  char why[256];
+  char why[1024]; /* a device's reason names the CUDA plugin's path */
   if (srv->pool && (err = sv_devices_open(cfg, &srv->g, why, sizeof why)) < 0) {
     fprintf(stderr, "dispatch-server: %s\n", why);
     sv_start_reason_printed = 1; /* one line, not also main's */
@@ -736,6 +736,8 @@ int sv_run(const sv_config *cfg) {
            names, (unsigned long long)cfg->device_memory);
   else
     sv_log(SV_LOG_INFO, "devices: %s (together within --max-memory)", names);
+  if (*sv_devices_note())
+    sv_log(SV_LOG_INFO, "devices: %s (%s)", names, sv_devices_note());
 
   uv_run(&srv->loop, UV_RUN_DEFAULT);
 

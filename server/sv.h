@@ -309,6 +309,9 @@ size_t sv_device_infos(const sv_global *g, Dspwire__DeviceInfo *infos,
                        Dspwire__DeviceInfo **ptrs);
 /* "cpu:0, cpu:1": the names, for messages. */
 void sv_device_names(const sv_global *g, char *buf, size_t len);
+/* What --device all found beyond the CPU, one line for the log ("cuda:
+ * plugin PATH loaded, 0 GPUs: REASON"); "" when all was not given. */
+const char *sv_devices_note(void);
 struct sv_session;
 struct dsp_oprec;
 /* The backend session s runs device d's work on: d->be, or for a kind

@@ -38,7 +38,7 @@
 #include "helpers/wire.h"
 #include "ops_plan.h"
 #if DSP_CUDA_BUILT
-#include "dsp_cuda.h"
+#include "cuda_plugin.h"
 #endif
 
 /* ------------------------------------------------------------------ */
@@ -59,19 +59,22 @@ static int open_cpu(const dsp_backend **be, char *why, size_t why_len) {
 }
 
 #if DSP_CUDA_BUILT
-/* cuda:0 when the CUDA backend is built in (make links it into this suite
- * whenever nvcc is found); 1 with dsp_cuda_backend_open's one-line reason
- * when this machine has no usable GPU. */
+/* cuda:0 through the CUDA plugin when it is built (make builds
+ * dispatch-cuda.so whenever nvcc is found; this suite loads the one next
+ * to $DISPATCH_SERVER_BIN unless DISPATCH_CUDA_PLUGIN names another); 1
+ * with the one-line reason when this machine has no usable GPU. */
+static const dsp_cuda_plugin *g_cu;
 static int open_cuda(const dsp_backend **be, char *why, size_t why_len) {
   dsp_backend *b = NULL;
-  int rc = dsp_cuda_backend_open(0, &b, why, why_len);
+  sp_use_build_plugin();
+  int rc = dsp_cuda_plugin_open(0, &g_cu, &b, why, why_len);
   if (rc == DISPATCH_EUNSUPPORTED) return 1;
   if (rc < 0) return rc;
   *be = b;
   return 0;
 }
 static void close_cuda(const dsp_backend *be) {
-  dsp_cuda_backend_close((dsp_backend *)be);
+  g_cu->backend_close((dsp_backend *)be);
 }
 #endif
 
@@ -1266,6 +1269,10 @@ Test(backend_ops, cuda_table_claims_only_valid_pairs) {
 #undef OPCODE_
   };
   const dsp_backend *cpu = dsp_cpu_backend();
+  const dsp_cuda_plugin *cu;
+  char why[1600];
+  sp_use_build_plugin();
+  cr_assert_eq(dsp_cuda_plugin_load(&cu, why, sizeof why), 0, "%s", why);
   int claimed = 0;
   char cpu_only[1024] = "";
   size_t cl = 0;
@@ -1281,14 +1288,14 @@ Test(backend_ops, cuda_table_claims_only_valid_pairs) {
       int valid = dsp_op_infer(ictx, op, c.in, c.n_in, &c.a, &om) == 0;
       dsp_ctx_free(ictx);
       if (!valid) om = (dsp_meta){k, 0, {0}};
-      int cu = dsp__cuda_has_kernel(op, dsp__op_key_dtype(op, c.in, c.n_in, &om));
+      int cu_has = cu->has_kernel(op, dsp__op_key_dtype(op, c.in, c.n_in, &om));
       int cp = valid && cpu->supports_op(cpu->bctx, op, c.in, c.n_in, &om);
-      cr_assert(!cu || valid, "cuda claims %s x %s, which inference refuses",
+      cr_assert(!cu_has || valid, "cuda claims %s x %s, which inference refuses",
                 name, dsp_dtype_name(k));
-      cr_assert(!cu || cp, "cuda claims %s x %s, which the CPU does not run",
+      cr_assert(!cu_has || cp, "cuda claims %s x %s, which the CPU does not run",
                 name, dsp_dtype_name(k));
-      claimed += cu;
-      if (cp && !cu && cl < sizeof cpu_only)
+      claimed += cu_has;
+      if (cp && !cu_has && cl < sizeof cpu_only)
         cl += (size_t)snprintf(cpu_only + cl, sizeof cpu_only - cl, " %s:%s",
                                name, dsp_dtype_name(k));
     }

@@ -16,7 +16,7 @@
 
 #include "dispatch_client.h"
 #include "dsp.h"
-#include "dsp_cuda.h"
+#include "cuda_plugin.h"
 
 #define N 4096
 #define REPS 20
@@ -73,14 +73,15 @@ static int remote_row(double best_direct, double flop) {
 }
 
 int main(void) {
-  char why[512] = "";
+  char why[2048] = "";
   dsp_backend *be = NULL;
-  if (dsp_cuda_backend_open(0, &be, why, sizeof why) < 0) {
+  const dsp_cuda_plugin *cu = NULL;
+  if (dsp_cuda_plugin_open(0, &cu, &be, why, sizeof why) < 0) {
     printf("cuda: skipped (no GPU): %s\n", why);
     return 0;
   }
   dsp_ctx *ctx = dsp_ctx_new(dsp_cpu_backend());
-  dsp_cuda_ctx_use(ctx, be);
+  cu->ctx_use(ctx, be);
   dsp_attrs none = dsp_attrs_none();
   int64_t ints[4] = {DSP_F32, 7, N, N};
   dsp_attrs ua = dsp_attrs_ints(4, ints);
@@ -97,7 +98,7 @@ int main(void) {
   for (int r = 0; r < REPS + 1; r++) {
     double t0 = now();
     int rc = dsp_op(ctx, DSP_OP_MATMUL, in, 2, &none, &out);
-    if (rc == 0) rc = dsp_cuda_sync(be, ctx);
+    if (rc == 0) rc = cu->sync(be, ctx);
     double t = now() - t0;
     if (rc < 0) {
       printf("cuda bench: matmul failed: %s\n", dsp_ctx_errmsg(ctx));
@@ -136,6 +137,6 @@ int main(void) {
   cublasDestroy(h);
   dsp_tensor_unref(in[0]), dsp_tensor_unref(in[1]);
   dsp_ctx_free(ctx);
-  dsp_cuda_backend_close(be);
+  cu->backend_close(be);
   return rrc;
 }

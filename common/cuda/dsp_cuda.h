@@ -1,16 +1,10 @@
 /* The CUDA backend: a dsp_backend (common/dsp.h) whose storage lives in GPU
- * memory. Built into build/libdspcuda.a only when nvcc is found (make
- * CUDA=0 skips it); a program that uses it links that archive plus
- * -lcublas -lcudart -lstdc++ (make's $(CUDA_LIBS)).
- *
- * How the server links it: dispatch-server and libdispatch-client never
- * link it, so they carry no libcudart dependency on a host without the
- * toolkit. make also builds dispatch-server-cuda: the same objects plus
- * libdspcuda.a. Server code that opens a device declares the entry weak,
- *     #pragma weak dsp_cuda_backend_open
- * and, for --device cuda:N, exits at start with "this dispatch-server was
- * built without CUDA (run dispatch-server-cuda)" when the symbol is NULL,
- * else with the one-line reason dsp_cuda_backend_open gives when it fails.
+ * memory. Built whenever nvcc is found (make CUDA=0 skips it) into the
+ * plugin build/dispatch-cuda.so (common/cuda_plugin.h), whose table holds
+ * these functions; the server, the client library and the GPU programs
+ * load it at run time and link no CUDA library. The objects are also
+ * archived in build/libdspcuda.a for tests/test_cuda_host, which links
+ * them directly with -lcublas -lcudart -lstdc++ (make's $(CUDA_LIBS)).
  *
  * One opened backend (the device) owns one CUDA stream, one cuBLAS handle
  * and uses the device's default memory pool (cudaMallocAsync). A server

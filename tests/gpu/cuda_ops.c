@@ -23,11 +23,13 @@
 
 #include "backend.h"
 #include "dsp.h"
-#include "dsp_cuda.h"
+#include "cuda_plugin.h"
 #include "rng.h"
 
 static dsp_ctx *cpu, *gpu;
 static dsp_backend *be;
+/* the CUDA plugin (dispatch-cuda.so) be comes from; NULL on the CPU */
+static const dsp_cuda_plugin *cu;
 static uint64_t g_ctr;
 static int n_pass, n_fail, n_unsup, on_cpu;
 
@@ -142,7 +144,7 @@ static void run_case(const tcase *c) {
     int64_t bad = -1;
     ok = hg && hc && close_enough(co->meta.dtype, hg, hc, co->numel, &bad);
     if (!ok) {
-      int sync = dsp_cuda_sync(be, gpu);
+      int sync = on_cpu ? 0 : cu->sync(be, gpu);
       snprintf(detail, sizeof detail, "element %lld differs%s%s", (long long)bad,
                sync ? "; " : "", sync ? dsp_ctx_errmsg(gpu) : "");
     }
@@ -234,12 +236,12 @@ static void check(const char *what, int ok) {
 static void views_and_staging(void) {
   char why[256] = "";
   dsp_backend *v1 = NULL, *v2 = NULL, *v3 = NULL;
-  int ok = dsp_cuda_session_open(be, &v1, why, sizeof why) == 0 &&
-           dsp_cuda_session_open(be, &v2, why, sizeof why) == 0 &&
+  int ok = cu->session_open(be, &v1, why, sizeof why) == 0 &&
+           cu->session_open(be, &v2, why, sizeof why) == 0 &&
            v1 != v2 && v1 != be && strcmp(v1->name, be->name) == 0;
   if (ok) {
-    dsp_cuda_session_close(v2);
-    ok = dsp_cuda_session_open(be, &v3, why, sizeof why) == 0 && v3 == v2;
+    cu->session_close(v2);
+    ok = cu->session_open(be, &v3, why, sizeof why) == 0 && v3 == v2;
   }
   check("session_views", ok);
   if (!v1) return;
@@ -247,7 +249,7 @@ static void views_and_staging(void) {
   unsigned char *src = malloc(n), *back = malloc(n);
   for (size_t i = 0; i < n; i++) src[i] = (unsigned char)((i * 40503u) >> 7) & 1;
   dsp_ctx *vc = dsp_ctx_new(dsp_cpu_backend());
-  dsp_cuda_ctx_use(vc, v1);
+  cu->ctx_use(vc, v1);
   int64_t shape[1] = {(int64_t)n};
   dsp_meta m = meta(DSP_BOOL, 1, shape);
   dsp_tensor *t = NULL;
@@ -279,28 +281,28 @@ static void views_and_staging(void) {
   dsp_pin_release(p);
   dsp_tensor_unref(t);
   dsp_ctx_free(vc);
-  dsp_cuda_session_close(v1);
-  dsp_cuda_session_close(v3);
+  cu->session_close(v1);
+  cu->session_close(v3);
   free(src);
   free(back);
 }
 
 int main(int argc, char **argv) {
-  char why[512] = "";
+  char why[2048] = "";
   if (argc > 1 && strcmp(argv[1], "--probe") == 0) {
     /* make test-gpu asks first: 0 when cuda:0 opens, else the skip line
      * and 2, so nothing after it runs or reports a pass */
-    if (dsp_cuda_backend_open(0, &be, why, sizeof why) < 0) {
+    if (dsp_cuda_plugin_open(0, &cu, &be, why, sizeof why) < 0) {
       printf("cuda: skipped (no GPU): %s\n", why);
       return 2;
     }
-    dsp_cuda_backend_close(be);
+    cu->backend_close(be);
     return 0;
   }
   on_cpu = getenv("DSP_CUDA_OPS_ON_CPU") != NULL;
   if (on_cpu) {
     be = (dsp_backend *)dsp_cpu_backend();
-  } else if (dsp_cuda_backend_open(0, &be, why, sizeof why) < 0) {
+  } else if (dsp_cuda_plugin_open(0, &cu, &be, why, sizeof why) < 0) {
     printf("cuda: skipped (no GPU): %s\n", why);
     return 0;
   }
@@ -308,7 +310,7 @@ int main(int argc, char **argv) {
                                : "cuda conformance", be->device);
   cpu = dsp_ctx_new(dsp_cpu_backend());
   gpu = dsp_ctx_new(dsp_cpu_backend());
-  if (!on_cpu) dsp_cuda_ctx_use(gpu, be);
+  if (!on_cpu) cu->ctx_use(gpu, be);
   static const dsp_dtype DT[] = {DSP_F32, DSP_F64, DSP_I64, DSP_BOOL};
   static const int64_t A[] = {4, 1, 3}, B[] = {5, 1}, C[] = {4, 5, 3}, M1[] = {2, 3, 4},
                        M2[] = {4, 5}, M3[] = {3, 4}, M4[] = {2, 4, 5}, L6[] = {6},
@@ -569,9 +571,9 @@ int main(int argc, char **argv) {
   if (!on_cpu) views_and_staging();
   printf("%s: %d pass, %d FAIL, %d unsupported (pool in use after the run: %llu bytes)\n",
          on_cpu ? "self-check" : "cuda", n_pass, n_fail, n_unsup,
-         (unsigned long long)dsp_cuda_pool_used(be));
+         (unsigned long long)(on_cpu ? 0 : cu->pool_used(be)));
   dsp_ctx_free(gpu);
   dsp_ctx_free(cpu);
-  if (!on_cpu) dsp_cuda_backend_close(be);
+  if (!on_cpu) cu->backend_close(be);
   return n_fail ? 1 : 0;
 }

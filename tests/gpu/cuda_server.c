@@ -1,4 +1,4 @@
-/* make test-gpu, the server half: dispatch-server-cuda on a GPU, through
+/* make test-gpu, the server half: dispatch-server --device all on a GPU, through
  * the client library, as a user would reach it (scripts/gpu.sh starts the
  * server on 127.0.0.1 and names it in DISPATCH_GPU_REMOTE; the device is
  * DISPATCH_GPU_DEVICE, default cuda:0).
@@ -184,7 +184,7 @@ int main(void) {
   if (!g_device || !*g_device) g_device = "cuda:0";
   if (!g_remote || !*g_remote) {
     printf("cuda_server: DISPATCH_GPU_REMOTE unset (scripts/gpu.sh test "
-           "starts dispatch-server-cuda and sets it)\n");
+           "starts dispatch-server --device all and sets it)\n");
     return 1;
   }
   round_trips();

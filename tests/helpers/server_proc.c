@@ -178,3 +178,14 @@ int sp_run_capture(const char *const *args, char *out, size_t len) {
   } while (w < 0 && errno == EINTR);
   return w < 0 ? -1 : status_of(st);
 }
+
+void sp_use_build_plugin(void) {
+  const char *bin = getenv("DISPATCH_SERVER_BIN");
+  const char *set = getenv("DISPATCH_CUDA_PLUGIN");
+  if (!bin || !*bin || (set && *set)) return;
+  const char *slash = strrchr(bin, '/');
+  char path[4096];
+  int n = slash ? (int)(slash - bin) : 1;
+  snprintf(path, sizeof path, "%.*s/dispatch-cuda.so", n, slash ? bin : ".");
+  setenv("DISPATCH_CUDA_PLUGIN", path, 1);
+}

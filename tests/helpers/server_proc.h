@@ -37,4 +37,10 @@ int sp_wait(sp_server *s);
  * Returns its exit status, 128+signal, or -1 when it could not be run. */
 int sp_run_capture(const char *const *args, char *out, size_t len);
 
+/* Points DISPATCH_CUDA_PLUGIN at dispatch-cuda.so beside
+ * $DISPATCH_SERVER_BIN (the build tree's build/dispatch-cuda.so) unless it
+ * is already set, for programs of build/tests/ whose own folder the
+ * plugin loader does not search. */
+void sp_use_build_plugin(void);
+
 #endif
