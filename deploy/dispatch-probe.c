@@ -123,7 +123,9 @@ int main(int argc, char **argv) {
   if (token) memset(token, 0, strlen(token));
   free(token);
   if (rc < 0) {
-    printf("dispatch-probe: %s: %s: %s\n", spec, dispatch_strerror(rc), err);
+    /* the code's name, not its generic text: "tensors live on different
+     * devices" would misdescribe an unknown device of the server */
+    printf("dispatch-probe: %s: %s: %s\n", spec, dispatch_err_name(rc), err);
     return 1;
   }
   printf("dispatch-probe: %s: ok\n", spec);
