@@ -353,10 +353,12 @@ test-run: $(TEST_BIN) $(CLIENT_A) $(CLIENT_SO) $(if $(wildcard server/main.c),$(
 	@fail=0; sanlog=$$(mktemp -d); for t in $(TEST_BIN); do \
 	  echo "== $$t"; \
 	  $(SAN_LOG_ENV) DISPATCH_SERVER_BIN=$(abspath $(SERVER_BIN)) $$t --jobs 2 || fail=1; \
+	  scripts/san-filter.sh $$sanlog; \
 	  if ls $$sanlog/* >/dev/null 2>&1; then \
 	    echo "sanitizer reports during $$t:"; cat $$sanlog/*; \
 	    rm -f $$sanlog/*; fail=1; fi; \
 	done; rmdir $$sanlog; \
+	scripts/san-filter.sh --self-test || fail=1; \
 	scripts/check-readme.sh || fail=1; \
 	$(MAKE) --no-print-directory deploy-test || fail=1; \
 	echo "== tests/abi/check-exports.sh"; \
