@@ -55,14 +55,9 @@ static void write_file(const char *p, const char *text) {
 
 /* Starts the server with its stderr (the log) going to g_dir/server.log. */
 static void start_logged(const char *const *args) {
-  fflush(stderr);
-  int save = dup(2);
   int fd = open(path("server.log"), O_CREAT | O_WRONLY | O_TRUNC, 0600);
-  cr_assert(save >= 0 && fd >= 0);
-  dup2(fd, 2);
-  int rc = sp_start(&g_srv, args);
-  dup2(save, 2);
-  close(save);
+  cr_assert(fd >= 0);
+  int rc = sp_start_logged(&g_srv, args, fd);
   close(fd);
   cr_assert_eq(rc, 0, "server did not start");
 }

@@ -477,11 +477,7 @@ static void start_logged(const char *const *args, char *out, size_t len) {
   snprintf(out, len, "/tmp/dsp-conn-log-XXXXXX");
   int fd = mkstemp(out);
   cr_assert_geq(fd, 0);
-  int saved = dup(2);
-  dup2(fd, 2);
-  int rc = sp_start(&g_srv, args);
-  dup2(saved, 2);
-  close(saved);
+  int rc = sp_start_logged(&g_srv, args, fd);
   close(fd);
   cr_assert_eq(rc, 0, "server did not start");
 }

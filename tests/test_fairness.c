@@ -41,12 +41,7 @@ static void start_logged(const char *const *args) {
   snprintf(g_log, sizeof g_log, "/tmp/dsp-fairness-XXXXXX");
   int fd = mkstemp(g_log);
   cr_assert_geq(fd, 0);
-  int saved = dup(2);
-  cr_assert_geq(saved, 0);
-  dup2(fd, 2);
-  int rc = sp_start(&g_srv, args);
-  dup2(saved, 2);
-  close(saved);
+  int rc = sp_start_logged(&g_srv, args, fd);
   close(fd);
   if (rc != 0) unlink(g_log); /* .fini does not run after a failed .init */
   cr_assert_eq(rc, 0, "server did not start");

@@ -124,6 +124,20 @@ int sp_wait(sp_server *s) {
   return r < 0 ? -1 : status_of(st);
 }
 
+int sp_start_logged(sp_server *s, const char *const *extra_args,
+                    int log_fd) {
+  fflush(stderr);
+  int saved = dup(2);
+  if (saved < 0 || log_fd < 0 || dup2(log_fd, 2) < 0) {
+    if (saved >= 0) close(saved);
+    return -1;
+  }
+  int rc = sp_start(s, extra_args);
+  dup2(saved, 2);
+  close(saved);
+  return rc;
+}
+
 int sp_stop(sp_server *s) {
   if (sp_signal(s, SIGTERM) < 0) return -1;
   return sp_wait(s);

@@ -24,6 +24,11 @@ typedef struct sp_server {
 } sp_server;
 
 int sp_start(sp_server *s, const char *const *extra_args);
+/* sp_start with the server's stderr (its log) written to log_fd instead
+ * of this process's stderr, for tests that read what the server logs;
+ * log_fd stays the caller's. Same return values (-1 also when stderr
+ * cannot be saved). */
+int sp_start_logged(sp_server *s, const char *const *extra_args, int log_fd);
 int sp_stop(sp_server *s);
 /* Sends sig without waiting (for SIGINT tests); 0 or -1. */
 int sp_signal(sp_server *s, int sig);
