@@ -76,24 +76,6 @@ static void *read_all(dispatch_tensor *t, size_t *n) {
   return p;
 }
 
-/* Asserts a and b have the same dtype, shape and bytes. */
-static void assert_same(dispatch_tensor *a, dispatch_tensor *b,
-                        const char *what) {
-  cr_assert_eq(dispatch_tensor_dtype(a), dispatch_tensor_dtype(b), "%s dtype",
-               what);
-  cr_assert_eq(dispatch_tensor_ndim(a), dispatch_tensor_ndim(b), "%s rank",
-               what);
-  for (int d = 0; d < dispatch_tensor_ndim(a); d++)
-    cr_assert_eq(dispatch_tensor_shape(a)[d], dispatch_tensor_shape(b)[d],
-                 "%s dim %d", what, d);
-  size_t na, nb;
-  void *pa = read_all(a, &na), *pb = read_all(b, &nb);
-  cr_assert_eq(na, nb, "%s nbytes", what);
-  cr_assert_eq(memcmp(pa, pb, na), 0, "%s: bytes differ", what);
-  free(pa);
-  free(pb);
-}
-
 /* ------------------------------------------------------------------ */
 /* round trips                                                         */
 
@@ -162,7 +144,7 @@ static void round_trip(const char *save_kind, const char *load_kind) {
     cr_assert_eq(dispatch_kind(got), strcmp(load_kind, "local") == 0
                                          ? DISPATCH_KIND_LOCAL
                                          : DISPATCH_KIND_REMOTE);
-    assert_same(t[i], got, rt_names[i]);
+    check_same(t[i], got, rt_names[i]);
   }
   cr_assert_null(dispatch_checkpoint_get(ck, "nope"));
   cr_assert_str_eq(dispatch_checkpoint_meta(ck, "format"), "dispatch");
@@ -221,7 +203,7 @@ Test(checkpoint, save_refusals_keep_old_file, .fini = teardown) {
   dispatch_checkpoint *ck;
   OK(dev, dispatch_load(dev, path, &ck));
   cr_assert_eq(dispatch_checkpoint_count(ck), 1);
-  assert_same(a, dispatch_checkpoint_get(ck, "a"), "a");
+  check_same(a, dispatch_checkpoint_get(ck, "a"), "a");
   dispatch_checkpoint_free(ck);
   char cmd[400];
   snprintf(cmd, sizeof cmd, "test $(ls '%s' | wc -l) -eq 1", g_dir);
@@ -326,7 +308,7 @@ Test(checkpoint, remote_save_streams, .fini = teardown) {
   cr_log_info("REMOTE load of 32 MiB: client dsp memory peak +%zu bytes",
               load_peak);
   cr_assert_lt(load_peak, (size_t)12 << 20, "load held %zu bytes", load_peak);
-  assert_same(t[3], dispatch_checkpoint_get(ck, "l3"), "l3");
+  check_same(t[3], dispatch_checkpoint_get(ck, "l3"), "l3");
   dispatch_checkpoint_free(ck);
   for (int i = 0; i < 4; i++) dispatch_tensor_free(t[i]);
   dispatch_device_close(dev);
@@ -612,7 +594,7 @@ static void python_writes(const char *kind) {
   for (int i = 0; i < 6; i++) {
     dispatch_tensor *got = dispatch_checkpoint_get(ck, names[i]);
     cr_assert_not_null(got, "no tensor %s", names[i]);
-    assert_same(t[i], got, names[i]);
+    check_same(t[i], got, names[i]);
     dispatch_tensor_free(t[i]);
   }
   /* the writer put the data in reverse name order: data order is kept */

@@ -85,28 +85,6 @@ static uint64_t live_tensors(dispatch_device *dev) {
   return st.tensors;
 }
 
-/* a and b (any devices) have the same dtype, shape and bytes */
-static void assert_same(dispatch_tensor *a, dispatch_tensor *b,
-                        const char *what) {
-  cr_assert_not_null(a, "%s: missing", what);
-  cr_assert_not_null(b, "%s: missing", what);
-  cr_assert_eq(dispatch_tensor_dtype(a), dispatch_tensor_dtype(b), "%s dtype",
-               what);
-  cr_assert_eq(dispatch_tensor_ndim(a), dispatch_tensor_ndim(b), "%s rank",
-               what);
-  for (int d = 0; d < dispatch_tensor_ndim(a); d++)
-    cr_assert_eq(dispatch_tensor_shape(a)[d], dispatch_tensor_shape(b)[d],
-                 "%s dim %d", what, d);
-  size_t n = dispatch_tensor_nbytes(a);
-  cr_assert_eq(n, dispatch_tensor_nbytes(b), "%s nbytes", what);
-  void *pa = malloc(n ? n : 1), *pb = malloc(n ? n : 1);
-  OK(dispatch_tensor_device(a), dispatch_tensor_read(a, pa, n));
-  OK(dispatch_tensor_device(b), dispatch_tensor_read(b, pb, n));
-  cr_assert_eq(memcmp(pa, pb, n), 0, "%s: bytes differ", what);
-  free(pa);
-  free(pb);
-}
-
 #define N_T 5
 static const char *const t_names[N_T] = {"w", "ids", "mask", "scalar",
                                          "empty"};
@@ -172,7 +150,7 @@ Test(server_ckpt, round_trip_tensors_and_adam) {
   cr_assert_eq(dispatch_checkpoint_count(ck), N_T + 3);
   cr_assert_eq(live_tensors(dev), before + N_T + 3);
   for (int i = 0; i < N_T; i++)
-    assert_same(t[i], dispatch_checkpoint_get(ck, t_names[i]), t_names[i]);
+    check_same(t[i], dispatch_checkpoint_get(ck, t_names[i]), t_names[i]);
   cr_assert_str_eq(dispatch_checkpoint_meta(ck, "dispatch.optim"), "adam");
   cr_assert_str_eq(dispatch_checkpoint_meta(ck, "format"), "dispatch");
   int64_t step = 0;
@@ -190,7 +168,7 @@ Test(server_ckpt, round_trip_tensors_and_adam) {
   for (int i = 0; i < dispatch_checkpoint_count(ck); i++) {
     const char *nm = dispatch_checkpoint_name(ck, i);
     cr_assert_str_eq(nm, dispatch_checkpoint_name(lck, i), "data order");
-    assert_same(dispatch_checkpoint_tensor(ck, i),
+    check_same(dispatch_checkpoint_tensor(ck, i),
                 dispatch_checkpoint_get(lck, nm), nm);
   }
 
@@ -233,7 +211,7 @@ Test(server_ckpt, client_file_loaded_by_server) {
   OK(dev, dispatch_load_on_server(dev, "from_client.safetensors", &ck));
   cr_assert_eq(dispatch_checkpoint_count(ck), N_T);
   for (int i = 0; i < N_T; i++)
-    assert_same(t[i], dispatch_checkpoint_get(ck, t_names[i]), t_names[i]);
+    check_same(t[i], dispatch_checkpoint_get(ck, t_names[i]), t_names[i]);
   dispatch_checkpoint_free(ck);
   for (int i = 0; i < N_T; i++) dispatch_tensor_free(t[i]);
   dispatch_device_close(dev);
@@ -392,7 +370,7 @@ Test(server_ckpt, quota_refuses_load) {
                (unsigned long long)st1.held_bytes,
                (unsigned long long)st0.held_bytes);
   OK(dev, dispatch_load_on_server(dev, "small.safetensors", &ck));
-  assert_same(bt[1], dispatch_checkpoint_get(ck, "small"), "small");
+  check_same(bt[1], dispatch_checkpoint_get(ck, "small"), "small");
   dispatch_checkpoint_free(ck);
   dispatch_tensor_free(bt[0]);
   dispatch_tensor_free(bt[1]);

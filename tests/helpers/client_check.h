@@ -9,6 +9,7 @@
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "dispatch_client.h"
 #include "helpers/server_proc.h"
@@ -47,6 +48,30 @@ static inline dispatch_device *check_open(const sp_server *s, int remote) {
   int rc = dispatch_device_open(spec, NULL, &dev, msg, sizeof msg);
   cr_assert_eq(rc, 0, "open %s: %s (%s)", spec, msg, dispatch_err_name(rc));
   return dev;
+}
+
+/* a and b (any devices, both read) have the same dtype, shape and bytes;
+ * what names the pair in the failure message. */
+static inline void check_same(dispatch_tensor *a, dispatch_tensor *b,
+                              const char *what) {
+  cr_assert_not_null(a, "%s: missing", what);
+  cr_assert_not_null(b, "%s: missing", what);
+  cr_assert_eq(dispatch_tensor_dtype(a), dispatch_tensor_dtype(b), "%s dtype",
+               what);
+  cr_assert_eq(dispatch_tensor_ndim(a), dispatch_tensor_ndim(b), "%s rank",
+               what);
+  for (int d = 0; d < dispatch_tensor_ndim(a); d++)
+    cr_assert_eq(dispatch_tensor_shape(a)[d], dispatch_tensor_shape(b)[d],
+                 "%s dim %d", what, d);
+  size_t n = dispatch_tensor_nbytes(a);
+  cr_assert_eq(n, dispatch_tensor_nbytes(b), "%s nbytes", what);
+  void *pa = malloc(n ? n : 1), *pb = malloc(n ? n : 1);
+  cr_assert(pa && pb);
+  OK(dispatch_tensor_device(a), dispatch_tensor_read(a, pa, n));
+  OK(dispatch_tensor_device(b), dispatch_tensor_read(b, pb, n));
+  cr_assert_eq(memcmp(pa, pb, n), 0, "%s: bytes differ", what);
+  free(pa);
+  free(pb);
 }
 
 #endif
