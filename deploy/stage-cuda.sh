@@ -11,10 +11,7 @@
 #        not libcuda.so.1, the driver's, which the node provides
 #   OUT/root/etc/ld.so.conf.d/dispatch-cuda.conf  that folder for ld.so
 #   OUT/runtime-packages  the Debian packages of its other libraries
-# A tree from before the plugin has no rule for build/dispatch-cuda.so: it
-# then builds dispatch-server-cuda (the server linked with the backend) and
-# stages it as /usr/local/bin/dispatch-server, so the image's entrypoint
-# is the same either way. CUDA_ARCHS, when set, is passed to make.
+# CUDA_ARCHS, when set, is passed to make.
 #
 #   CUDA_HOME=/usr/local/cuda deploy/stage-cuda.sh OUT
 set -euo pipefail
@@ -28,17 +25,9 @@ cuda=${CUDA_HOME:-/usr/local/cuda}
 mk=(make -j"$(nproc)" CUDA=1 NVCC="$cuda/bin/nvcc")
 [ -n "${CUDA_ARCHS:-}" ] && mk+=(CUDA_ARCHS="$CUDA_ARCHS")
 root=$out/root
-if make -n CUDA=1 NVCC="$cuda/bin/nvcc" build/dispatch-cuda.so >/dev/null 2>&1; then
-  "${mk[@]}" build/dispatch-cuda.so
-  dest=$root/usr/local/lib/dispatch/dispatch-cuda.so
-  install -D -m 755 build/dispatch-cuda.so "$dest"
-else
-  echo "stage-cuda: no build/dispatch-cuda.so rule: staging dispatch-server-cuda" \
-       "as /usr/local/bin/dispatch-server"
-  "${mk[@]}" build/dispatch-server-cuda
-  dest=$root/usr/local/bin/dispatch-server
-  install -D -m 755 build/dispatch-server-cuda "$dest"
-fi
+"${mk[@]}" build/dispatch-cuda.so
+dest=$root/usr/local/lib/dispatch/dispatch-cuda.so
+install -D -m 755 build/dispatch-cuda.so "$dest"
 
 libdir=$cuda/lib64
 realdir=$(readlink -f "$libdir")
