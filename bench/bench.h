@@ -48,6 +48,11 @@
   "section,metric,ours,ours_min,ours_max,unit,reference,ref_value,ratio," \
   "ratio_q1,ratio_q3,reps,goal,verdict,note"
 
+/* n bytes in t seconds, in MB/s (10^6 bytes); NAN when t is not positive */
+static inline double bench_mbps(size_t n, double t) {
+  return t > 0 ? (double)n / t / 1e6 : NAN;
+}
+
 /* Monotonic seconds; only differences mean anything. */
 static inline double bench_now(void) {
   struct timespec ts;

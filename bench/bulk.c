@@ -75,9 +75,6 @@ static int inner_count(size_t bytes) {
 }
 
 /* MB/s of nbytes per time t */
-static double mbps(size_t nbytes, double t) {
-  return t > 0 ? (double)nbytes / t / 1e6 : NAN;
-}
 
 /* Encrypts `total` bytes as 16 KiB GCM records (new IV each, tag read),
  * the way TLS 1.3 does; returns seconds or NAN. */
@@ -120,7 +117,7 @@ static void *xmalloc_touched(size_t n) {
 
 /* times (s) -> MB/s, in place */
 static void to_mbps(double *t, int n, size_t bytes) {
-  for (int i = 0; i < n; i++) t[i] = mbps(bytes, t[i]);
+  for (int i = 0; i < n; i++) t[i] = bench_mbps(bytes, t[i]);
 }
 
 /* the variants of one repetition, in bench_turn's rotating order */
@@ -407,7 +404,7 @@ int main(void) {
     }
     dispatch_tensor_free(x);
     if (r < 0) continue;
-    for (int v = 0; v < NT; v++) tt[v][k] = mbps(n, tv[v]);
+    for (int v = 0; v < NT; v++) tt[v][k] = bench_mbps(n, tv[v]);
     k++;
   }
   char m[96];

@@ -40,7 +40,6 @@ static void na(const char *why) {
   bench_emit(&d_load, &nan, &nan, 1, "%s", why);
 }
 
-static double mbps(size_t n, double s) { return (double)n / s / 1e6; }
 
 /* 1 when a and b hold the same bytes (both REMOTE, n bytes each). */
 static int same(dispatch_tensor *a, dispatch_tensor *b, size_t n) {
@@ -126,10 +125,10 @@ int main(void) {
                  v ? "client" : "server");
       dispatch_checkpoint_free(ck);
     }
-    ss[reps] = mbps(total, tv[0]);
-    sc[reps] = mbps(total, tv[1]);
-    ls[reps] = mbps(total, tv[2]);
-    lc[reps] = mbps(total, tv[3]);
+    ss[reps] = bench_mbps(total, tv[0]);
+    sc[reps] = bench_mbps(total, tv[1]);
+    ls[reps] = bench_mbps(total, tv[2]);
+    lc[reps] = bench_mbps(total, tv[3]);
     reps++;
   }
   if (fail[0]) {

@@ -33,7 +33,6 @@ static void na(const char *why) {
   bench_emit(&d_cl, &nan, &nan, 1, "%s", why);
 }
 
-static double mbps(size_t n, double s) { return (double)n / s / 1e6; }
 
 int main(void) {
   int quick = bench_quick();
@@ -111,9 +110,9 @@ int main(void) {
       dispatch_tensor_free(t1);
     }
     if (r < 0) continue;
-    tmem[reps] = mbps(n, tv[0]);
-    tin[reps] = mbps(n, tv[1]);
-    tcl[reps] = mbps(n, tv[2]);
+    tmem[reps] = bench_mbps(n, tv[0]);
+    tin[reps] = bench_mbps(n, tv[1]);
+    tcl[reps] = bench_mbps(n, tv[2]);
     reps++;
   }
   /* the moved bytes are checked once, outside the timing */
