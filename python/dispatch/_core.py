@@ -216,13 +216,18 @@ class Device:
         rc = lib.dispatch_device_open(cstr(spec), opts, out, msg, 512)
         if rc < 0:
             raise _error(rc, ffi.string(msg).decode(errors="replace"))
-        self._state = _DeviceState(out[0])
-        self._scopes = []       # Python scopes, innermost last
-        self._last_grads = None  # for Tensor.grad
-        self.spec = ffi.string(lib.dispatch_device_spec(out[0])).decode()
+        self._init_handle(out[0])
         known = _devices_by_spec.get(self.spec)
         if known is None or known.closed:
             _devices_by_spec[self.spec] = self  # for t.to(spec)
+
+    def _init_handle(self, h) -> None:
+        """Makes this Device the owner of the open dispatch_device h (as
+        dispatch_device_open or dispatch_device_open_peer gave it)."""
+        self._state = _DeviceState(h)
+        self._scopes = []       # Python scopes, innermost last
+        self._last_grads = None  # for Tensor.grad
+        self.spec = ffi.string(lib.dispatch_device_spec(h)).decode()
 
     # -- state
 

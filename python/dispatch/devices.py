@@ -4,7 +4,7 @@ the same server on the same connection and session, so that
 t.to(peer) moves the bytes inside the server."""
 from typing import List, NamedTuple, Optional
 
-from ._core import Device, _DeviceState, default_device, ffi, lib
+from ._core import Device, default_device, ffi, lib
 
 __all__ = ["DeviceInfo", "device_list"]
 
@@ -67,10 +67,7 @@ def _peer(self: Device, name: str) -> Device:
     if rc < 0:
         self._raise(rc)
     peer = Device.__new__(Device)
-    peer._state = _DeviceState(out[0])
-    peer._scopes = []
-    peer._last_grads = None
-    peer.spec = ffi.string(lib.dispatch_device_spec(out[0])).decode()
+    peer._init_handle(out[0])
     return peer
 
 
