@@ -61,6 +61,8 @@ typedef enum dsp_dtype {
   DSP_F64 = 1,
   DSP_I64 = 2,
   DSP_BOOL = 3, /* one byte per element, 0 or 1 */
+  DSP_F16 = 4,  /* IEEE binary16; stored in 2 bytes, computed in f32 */
+  DSP_BF16 = 5, /* bfloat16 (f32's top half); computed in f32 */
   DSP_NDTYPES
 } dsp_dtype;
 

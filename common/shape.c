@@ -10,6 +10,8 @@ size_t dsp_dtype_size(dsp_dtype dt) {
     case DSP_F64: return 8;
     case DSP_I64: return 8;
     case DSP_BOOL: return 1;
+    case DSP_F16: return 2;
+    case DSP_BF16: return 2;
     default: return 0;
   }
 }
@@ -20,6 +22,8 @@ const char *dsp_dtype_name(dsp_dtype dt) {
     case DSP_F64: return "f64";
     case DSP_I64: return "i64";
     case DSP_BOOL: return "bool";
+    case DSP_F16: return "f16";
+    case DSP_BF16: return "bf16";
     default: return "invalid";
   }
 }

@@ -81,7 +81,9 @@ typedef enum dispatch_dtype {
   DISPATCH_F32 = 0,
   DISPATCH_F64 = 1,
   DISPATCH_I64 = 2,
-  DISPATCH_BOOL = 3 /* one byte per element, 0 or 1 */
+  DISPATCH_BOOL = 3, /* one byte per element, 0 or 1 */
+  DISPATCH_F16 = 4,  /* IEEE binary16, 2 bytes (numpy's float16) */
+  DISPATCH_BF16 = 5  /* bfloat16: the top 16 bits of an f32 */
 } dispatch_dtype;
 
 /* What a tensor handle is. AUTODIFF always wraps exactly one LOCAL or
