@@ -347,31 +347,40 @@ test: deps
 # Under SAN=1 every sanitizer report (the suites' and the servers' they
 # start, which exit after the test's last check) goes to a file, and any
 # file fails the run: a server that crashed at shutdown passed before.
-SAN_LOG_ENV = $(if $(filter 1,$(SAN)),ASAN_OPTIONS=log_path=$$sanlog/asan \
+# A suite's runner that exits with ASan's code 86 (set here) while every
+# report it wrote was dropped by scripts/san-filter.sh (a leak Criterion's
+# runner made itself) passes; any report kept fails the run, exit code or not.
+SAN_LOG_ENV = $(if $(filter 1,$(SAN)),ASAN_OPTIONS=log_path=$$sanlog/asan:exitcode=86 \
   UBSAN_OPTIONS=log_path=$$sanlog/ubsan:print_stacktrace=1)
 test-run: $(TEST_BIN) $(CLIENT_A) $(CLIENT_SO) $(if $(wildcard server/main.c),$(SERVER_BIN))
-	@fail=0; sanlog=$$(mktemp -d); for t in $(TEST_BIN); do \
+	@failed=; sanlog=$$(mktemp -d); for t in $(TEST_BIN); do \
 	  echo "== $$t"; \
-	  $(SAN_LOG_ENV) DISPATCH_SERVER_BIN=$(abspath $(SERVER_BIN)) $$t --jobs 2 || fail=1; \
+	  $(SAN_LOG_ENV) DISPATCH_SERVER_BIN=$(abspath $(SERVER_BIN)) $$t --jobs 2; \
+	  rc=$$?; \
 	  scripts/san-filter.sh $$sanlog; \
 	  if ls $$sanlog/* >/dev/null 2>&1; then \
 	    echo "sanitizer reports during $$t:"; cat $$sanlog/*; \
-	    rm -f $$sanlog/*; fail=1; fi; \
+	    rm -f $$sanlog/*; failed="$$failed $$t(sanitizer)"; \
+	  elif [ $$rc -eq 86 ] && [ "$(SAN)" = 1 ]; then \
+	    echo "$$t: exit 86 came from the filtered report above"; rc=0; fi; \
+	  [ $$rc -eq 0 ] || failed="$$failed $$t(exit $$rc)"; \
 	done; rmdir $$sanlog; \
-	scripts/san-filter.sh --self-test || fail=1; \
-	scripts/check-readme.sh || fail=1; \
-	$(MAKE) --no-print-directory deploy-test || fail=1; \
+	scripts/san-filter.sh --self-test || failed="$$failed san-filter-self-test"; \
+	scripts/check-readme.sh || failed="$$failed check-readme"; \
+	$(MAKE) --no-print-directory deploy-test || failed="$$failed deploy-test"; \
 	echo "== tests/abi/check-exports.sh"; \
-	tests/abi/check-exports.sh $(BUILD)/libdispatch-client.so || fail=1; \
+	tests/abi/check-exports.sh $(BUILD)/libdispatch-client.so \
+	  || failed="$$failed check-exports"; \
 	echo "== tests/install/check-install.sh"; \
 	BUILD=$(BUILD) CC=$(CC) \
 	  SAN_FLAGS="$(if $(filter 1,$(SAN)),-fsanitize=address$(comma)undefined)" \
-	  tests/install/check-install.sh || fail=1; \
+	  tests/install/check-install.sh || failed="$$failed check-install"; \
 	echo "== tests/install/check-python.sh"; \
 	BUILD=$(BUILD) PYTHON=$(PYTHON) SAN_PRELOAD="$(PY_SAN_PRELOAD)" \
-	  tests/install/check-python.sh || fail=1; \
-	$(MAKE) --no-print-directory python-test || fail=1; \
-	if [ $$fail -ne 0 ]; then echo "TESTS FAILED"; exit 1; fi; echo "ALL SUITES PASSED"
+	  tests/install/check-python.sh || failed="$$failed check-python"; \
+	$(MAKE) --no-print-directory python-test || failed="$$failed python-test"; \
+	if [ -n "$$failed" ]; then echo "TESTS FAILED:$$failed"; exit 1; fi; \
+	echo "ALL SUITES PASSED"
 
 # The Python package's pytest suite (python/tests) against this build's
 # library and server; prints pytest's summary line, everything on failure.

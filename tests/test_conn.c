@@ -189,7 +189,7 @@ static void big_round_trip(dispatch_device *d) {
 /* Plain TCP only: the TLS writer encrypts 512 KiB steps whatever the
  * frame's size, and the same round trip over TLS (verified when this was
  * written) doubles the suite's slowest test. */
-Test(conn, read_over_4gib_round_trips, .fini = cleanup, .timeout = 120) {
+Test(conn, read_over_4gib_round_trips, .fini = cleanup, .timeout = 300) {
   const char *args[] = {"--log-level", "warn", "--max-session-bytes",
                         "6442450944", "--storage-cache", "0", NULL};
   start(args);
