@@ -1061,7 +1061,7 @@ int dispatch_save(dispatch_device *dev, const char *path,
  * entries missing dtype/shape/data_offsets, offsets that overlap, leave a
  * gap or run past the end, bytes after the last tensor, duplicate names,
  * BOOL bytes other than 0/1 (DISPATCH_EINVAL for these), a dtype other than
- * F32, F64, I64, BOOL (DISPATCH_EDTYPE), a rank over DISPATCH_MAX_DIMS
+ * F32, F64, I64, BOOL, F16, BF16 (DISPATCH_EDTYPE), a rank over DISPATCH_MAX_DIMS
  * (DISPATCH_EDIM), sizes that overflow (DISPATCH_EOVERFLOW), a shape whose
  * byte size differs from its offsets (DISPATCH_ESHAPE); the message names
  * the file, the tensor and the figures. REMOTE holds one tensor's bytes at

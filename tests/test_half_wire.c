@@ -1,0 +1,288 @@
+/* f16 and bf16 across the wire (protocol 1.7) against a real server on
+ * 127.0.0.1: the hello lists the half dtypes only to a client that said
+ * 1.7; a 1.7 client's uploads and reads carry their bits unchanged, and
+ * LOCAL and REMOTE hold the same bytes; a client that said 1.6 cannot
+ * name a half dtype (its upload fails with DISPATCH_EDTYPE naming the
+ * dtype and both versions) and is never sent a half tensor (a checkpoint
+ * load that would make one is refused and makes nothing), while the rest
+ * of its session keeps working. */
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "dsp.h"
+#include "frame.h"
+#include "helpers/client_check.h"
+#include "helpers/server_proc.h"
+#include "helpers/wire.h"
+
+static sp_server g_srv;
+static char g_dir[64];
+
+static void start(void) {
+  snprintf(g_dir, sizeof g_dir, "/tmp/dsp_halfwire_XXXXXX");
+  cr_assert_not_null(mkdtemp(g_dir));
+  const char *args[] = {"--checkpoint-dir", g_dir, "--threads", "2",
+                        "--log-level", "warn", NULL};
+  check_server_start(&g_srv, args);
+}
+
+static void stop(void) {
+  if (g_srv.pid > 0) cr_assert_eq(sp_stop(&g_srv), 0, "server exit status");
+  if (g_dir[0]) {
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_dir);
+    cr_assert_eq(system(cmd), 0);
+  }
+}
+
+TestSuite(half_wire, .init = start, .fini = stop, .timeout = 60);
+
+/* f16 bits: 1, -2.5, 65504 (the largest), 2^-24 (the smallest subnormal),
+ * -0, +inf, a quiet NaN, 1/3 rounded */
+static const uint16_t k_f16[8] = {0x3c00, 0xc100, 0x7bff, 0x0001,
+                                  0x8000, 0x7c00, 0x7e00, 0x3555};
+/* bf16 bits: 1, -3.140625, the largest finite, -inf, a NaN with payload,
+ * the smallest subnormal */
+static const uint16_t k_bf16[6] = {0x3f80, 0xc049, 0x7f7f,
+                                   0xff80, 0x7fc1, 0x0001};
+
+/* A raw connection whose hello says 1.minor; the reply's dtypes in *dts
+ * (joined by spaces) when dts is not NULL. */
+static void connect_minor(wire_conn *c, unsigned minor, char *dts,
+                          size_t len) {
+  cr_assert_eq(wire_connect(c, g_srv.port), 0);
+  uint64_t id = wire_hello_send(c, DSP_PROTO_MAJOR, minor, "half");
+  Dspwire__Reply *r;
+  cr_assert_eq(wire_recv(c, &r, NULL, NULL), 0);
+  cr_assert_eq(r->req_id, id);
+  cr_assert_null(r->error, "%s", r->error ? r->error->message : "");
+  cr_assert_eq(r->body_case, DSPWIRE__REPLY__BODY_HELLO);
+  cr_assert_eq(r->hello->minor, DSP_PROTO_MINOR, "the server's own minor");
+  if (dts) {
+    dts[0] = '\0';
+    for (size_t i = 0; i < r->hello->n_dtypes; i++)
+      snprintf(dts + strlen(dts), len - strlen(dts), "%s%s", i ? " " : "",
+               r->hello->dtypes[i]);
+  }
+  wire_reply_free(r, NULL);
+  c->next_req_id = 100;
+}
+
+/* The deferred error a sync reports: its code, with the message in msg. */
+static int sync_code(wire_conn *c, char *msg, size_t len) {
+  int rc = wire_sync_check(c, msg, len, NULL);
+  cr_assert_neq(rc, 1, "sync: I/O failure");
+  return rc;
+}
+
+/* An f32 upload and its read still work on c (the session went on). */
+static void f32_still_works(wire_conn *c, uint64_t id) {
+  float v[3] = {1.5f, -2, 1e30f};
+  int64_t sh[1] = {3};
+  cr_assert_neq(wire_upload(c, id, DSP_F32, 1, sh, v, sizeof v), 0);
+  void *got;
+  size_t n;
+  cr_assert_eq(wire_read_tensor(c, id, &got, &n, NULL, NULL), 0);
+  cr_assert_eq(n, sizeof v);
+  cr_assert_eq(memcmp(got, v, n), 0);
+  free(got);
+}
+
+Test(half_wire, hello_lists_half_dtypes_only_to_a_1_7_client) {
+  wire_conn c;
+  char dts[128];
+  connect_minor(&c, DSP_PROTO_MINOR, dts, sizeof dts);
+  cr_assert_str_eq(dts, "f32 f64 i64 bool f16 bf16");
+  wire_close(&c);
+  connect_minor(&c, 6, dts, sizeof dts);
+  cr_assert_str_eq(dts, "f32 f64 i64 bool", "a 1.6 client is told of none");
+  wire_close(&c);
+}
+
+/* Every bit pattern (signed zero, subnormals, infinities, NaN payloads)
+ * comes back as it went, with its dtype. */
+Test(half_wire, a_1_7_upload_reads_back_bit_for_bit) {
+  wire_conn c;
+  connect_minor(&c, DSP_PROTO_MINOR, NULL, 0);
+  int64_t s1[2] = {2, 4}, s2[1] = {6};
+  cr_assert_neq(wire_upload(&c, 1, DSP_F16, 2, s1, k_f16, sizeof k_f16), 0);
+  cr_assert_neq(wire_upload(&c, 2, DSP_BF16, 1, s2, k_bf16, sizeof k_bf16), 0);
+  char msg[512] = "";
+  cr_assert_eq(sync_code(&c, msg, sizeof msg), 0, "%s", msg);
+  const void *want[2] = {k_f16, k_bf16};
+  size_t wn[2] = {sizeof k_f16, sizeof k_bf16};
+  for (int i = 0; i < 2; i++) {
+    void *got;
+    size_t n;
+    int nd;
+    int64_t sh[8];
+    cr_assert_eq(wire_read_tensor(&c, (uint64_t)i + 1, &got, &n, &nd, sh), 0);
+    cr_assert_eq(n, wn[i]);
+    cr_assert_eq(memcmp(got, want[i], n), 0, "tensor %d: bits differ", i + 1);
+    cr_assert_eq(nd, i == 0 ? 2 : 1);
+    free(got);
+  }
+  /* a bulk of the f32 size for an f16 meta is refused (2 bytes each) */
+  float four[4] = {0};
+  int64_t s4[1] = {4};
+  wire_upload(&c, 3, DSP_F16, 1, s4, four, sizeof four);
+  cr_assert_eq(sync_code(&c, msg, sizeof msg), DISPATCH_EINVAL, "%s", msg);
+  cr_assert(strstr(msg, "f16 [4] needs 8"), "%s", msg);
+  wire_close(&c);
+}
+
+Test(half_wire, a_1_6_client_cannot_name_a_half_dtype) {
+  wire_conn c;
+  connect_minor(&c, 6, NULL, 0);
+  int64_t sh[1] = {6};
+  wire_upload(&c, 1, DSP_BF16, 1, sh, k_bf16, sizeof k_bf16);
+  char msg[512] = "";
+  cr_assert_eq(sync_code(&c, msg, sizeof msg), DISPATCH_EDTYPE, "%s", msg);
+  cr_assert(strstr(msg, "upload: bf16 needs protocol 1.7; the client speaks "
+                        "1.6"),
+            "%s", msg);
+  void *got = NULL;
+  size_t n;
+  cr_assert_eq(wire_read_tensor(&c, 1, &got, &n, NULL, NULL),
+               DISPATCH_EPOISONED, "the refused upload made nothing");
+  f32_still_works(&c, 2);
+  wire_close(&c);
+}
+
+/* A file with a bf16 tensor, saved by a 1.7 client: a 1.6 client's load
+ * would be told its dtype, so it is refused whole (no tensor made), naming
+ * the tensor, the dtype and the versions; a 1.7 client loads it. */
+Test(half_wire, a_1_6_client_is_never_sent_a_half_tensor) {
+  wire_conn c;
+  connect_minor(&c, DSP_PROTO_MINOR, NULL, 0);
+  float v[2] = {3, 4};
+  int64_t s2[1] = {2}, s6[1] = {6};
+  wire_upload(&c, 1, DSP_F32, 1, s2, v, sizeof v);
+  wire_upload(&c, 2, DSP_BF16, 1, s6, k_bf16, sizeof k_bf16);
+  dsp_wreq w;
+  const char *names[2] = {"plain", "brain"};
+  uint64_t ids[2] = {1, 2};
+  Dspwire__Request *r =
+      dsp_wreq_ckpt_save(&w, "mixed", 5, names, ids, 2, NULL, NULL, 0);
+  r->req_id = c.next_req_id++;
+  cr_assert_eq(wire_send(&c, r, NULL, 0), 0);
+  Dspwire__Reply *rep;
+  void *bulk;
+  size_t bl;
+  cr_assert_eq(wire_recv(&c, &rep, &bulk, &bl), 0);
+  cr_assert_null(rep->error, "%s", rep->error ? rep->error->message : "");
+  wire_reply_free(rep, bulk);
+  wire_close(&c);
+
+  for (unsigned minor = 6; minor <= DSP_PROTO_MINOR; minor++) {
+    connect_minor(&c, minor, NULL, 0);
+    r = dsp_wreq_ckpt_load(&w, "mixed", 5, 10, 0);
+    r->req_id = c.next_req_id++;
+    cr_assert_eq(wire_send(&c, r, NULL, 0), 0);
+    cr_assert_eq(wire_recv(&c, &rep, &bulk, &bl), 0);
+    if (minor < DSP_PROTO_MINOR_HALF) {
+      cr_assert_not_null(rep->error);
+      cr_assert_eq(rep->error->code, DISPATCH_EDTYPE, "%s",
+                   rep->error->message);
+      cr_assert(strstr(rep->error->message, "tensor \"brain\": bf16 needs "
+                                            "protocol 1.7; the client speaks "
+                                            "1.6"),
+                "%s", rep->error->message);
+      wire_reply_free(rep, bulk);
+      Dspwire__StatsReply st;
+      cr_assert_eq(wire_get_stats(&c, &st), 0);
+      cr_assert_eq(st.tensors, 0, "a refused load makes nothing");
+      f32_still_works(&c, 20);
+    } else {
+      cr_assert_null(rep->error, "%s", rep->error ? rep->error->message : "");
+      cr_assert_eq(rep->body_case, DSPWIRE__REPLY__BODY_CKPT);
+      cr_assert_eq(rep->ckpt->n_metas, 2);
+      cr_assert_eq(rep->ckpt->metas[1]->dtype, DSP_BF16);
+      wire_reply_free(rep, bulk);
+      void *got;
+      size_t n;
+      cr_assert_eq(wire_read_tensor(&c, 11, &got, &n, NULL, NULL), 0);
+      cr_assert_eq(n, sizeof k_bf16);
+      cr_assert_eq(memcmp(got, k_bf16, n), 0);
+      free(got);
+    }
+    wire_close(&c);
+  }
+}
+
+/* The library: a half tensor uploaded to LOCAL and to REMOTE reads back
+ * the same bytes on both, bit for bit, and moves between them unchanged. */
+Test(half_wire, local_and_remote_hold_the_same_half_bytes) {
+  dispatch_device *loc = check_open(NULL, 0), *rem = check_open(&g_srv, 1);
+  int64_t s1[2] = {4, 2}, s2[2] = {2, 3};
+  dispatch_tensor *lh, *rh, *lb, *rb, *moved;
+  OK(loc, dispatch_tensor_from_data(loc, DISPATCH_F16, 2, s1, k_f16,
+                                    sizeof k_f16, &lh));
+  OK(rem, dispatch_tensor_from_data(rem, DISPATCH_F16, 2, s1, k_f16,
+                                    sizeof k_f16, &rh));
+  OK(loc, dispatch_tensor_from_data(loc, DISPATCH_BF16, 2, s2, k_bf16,
+                                    sizeof k_bf16, &lb));
+  OK(rem, dispatch_tensor_from_data(rem, DISPATCH_BF16, 2, s2, k_bf16,
+                                    sizeof k_bf16, &rb));
+  cr_assert_eq(dispatch_tensor_nbytes(rh), 16, "2 bytes an element");
+  cr_assert_eq(dispatch_tensor_dtype(rb), DISPATCH_BF16);
+  check_same(lh, rh, "f16");
+  check_same(lb, rb, "bf16");
+  uint16_t got[8];
+  OK(rem, dispatch_tensor_read(rh, got, sizeof got));
+  cr_assert_eq(memcmp(got, k_f16, sizeof got), 0);
+  OK(rem, dispatch_to_device(lb, rem, &moved));
+  check_same(lb, moved, "bf16 moved to the server");
+  /* the byte count is the half size, not the f32 one */
+  int rc = dispatch_tensor_read(rb, got, 6 * 4);
+  cr_assert_eq(rc, DISPATCH_EINVAL);
+  dispatch_tensor_free(moved);
+  dispatch_tensor_free(lh);
+  dispatch_tensor_free(rh);
+  dispatch_tensor_free(lb);
+  dispatch_tensor_free(rb);
+  dispatch_device_close(loc);
+  dispatch_device_close(rem);
+}
+
+/* safetensors F16 and BF16: a REMOTE tensor saved by the server into its
+ * --checkpoint-dir is read by a LOCAL dispatch_load from the directory
+ * with the same dtype and bits, and a file dispatch_save wrote LOCAL is
+ * loaded by the server the same way. */
+Test(half_wire, checkpoints_keep_half_dtypes_and_bits) {
+  dispatch_device *loc = check_open(NULL, 0), *rem = check_open(&g_srv, 1);
+  int64_t s1[1] = {8}, s2[2] = {3, 2};
+  dispatch_tensor *t[2], *lt[2];
+  OK(rem, dispatch_tensor_from_data(rem, DISPATCH_F16, 1, s1, k_f16,
+                                    sizeof k_f16, &t[0]));
+  OK(rem, dispatch_tensor_from_data(rem, DISPATCH_BF16, 2, s2, k_bf16,
+                                    sizeof k_bf16, &t[1]));
+  OK(loc, dispatch_tensor_from_data(loc, DISPATCH_F16, 1, s1, k_f16,
+                                    sizeof k_f16, &lt[0]));
+  OK(loc, dispatch_tensor_from_data(loc, DISPATCH_BF16, 2, s2, k_bf16,
+                                    sizeof k_bf16, &lt[1]));
+  const char *names[2] = {"h", "b"};
+  OK(rem, dispatch_save_on_server(rem, "srv.safetensors", names, t, 2, NULL));
+  char path[128];
+  snprintf(path, sizeof path, "%s/local.safetensors", g_dir);
+  OK(loc, dispatch_save(loc, path, names, lt, 2, NULL));
+  dispatch_checkpoint *a, *b;
+  snprintf(path, sizeof path, "%s/srv.safetensors", g_dir);
+  OK(loc, dispatch_load(loc, path, &a));
+  OK(rem, dispatch_load_on_server(rem, "local.safetensors", &b));
+  for (int i = 0; i < 2; i++) {
+    check_same(lt[i], dispatch_checkpoint_get(a, names[i]), "server's file");
+    check_same(t[i], dispatch_checkpoint_get(b, names[i]), "local file");
+  }
+  dispatch_checkpoint_free(a);
+  dispatch_checkpoint_free(b);
+  for (int i = 0; i < 2; i++) {
+    dispatch_tensor_free(t[i]);
+    dispatch_tensor_free(lt[i]);
+  }
+  dispatch_device_close(loc);
+  dispatch_device_close(rem);
+}
