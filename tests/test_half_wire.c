@@ -152,6 +152,44 @@ Test(half_wire, a_1_6_client_cannot_name_a_half_dtype) {
   wire_close(&c);
 }
 
+/* A 1.6 session can still come to hold a half tensor (a cast names its
+ * dtype by number): a read of it is refused with DISPATCH_EDTYPE naming
+ * the dtype and both versions, no bytes of it are sent, and the session
+ * goes on (the same tensor cast back to f32 reads). */
+Test(half_wire, a_1_6_read_of_a_half_tensor_is_refused) {
+  wire_conn c;
+  connect_minor(&c, 6, NULL, 0);
+  float v[3] = {1.5f, -0.25f, 65280.0f};
+  int64_t sh[1] = {3};
+  wire_upload(&c, 1, DSP_F32, 1, sh, v, sizeof v);
+  uint64_t in1[1] = {1}, in2[1] = {2};
+  int64_t to_bf16[1] = {DSP_BF16}, to_f32[1] = {DSP_F32};
+  wire_op(&c, DSP_OP_CAST, in1, 1, 2, to_bf16, 1, NULL, 0);
+  uint64_t rid = wire_read(&c, 2);
+  Dspwire__Reply *r;
+  void *bulk;
+  size_t bl;
+  cr_assert_eq(wire_recv(&c, &r, &bulk, &bl), 0);
+  cr_assert_eq(r->req_id, rid);
+  cr_assert_not_null(r->error, "a bf16 tensor was sent to a 1.6 client");
+  cr_assert_eq(r->error->code, DISPATCH_EDTYPE, "%s", r->error->message);
+  cr_assert(strstr(r->error->message,
+                   "read 2: bf16 needs protocol 1.7; the client speaks 1.6"),
+            "%s", r->error->message);
+  cr_assert_null(bulk, "no bytes of it either");
+  cr_assert_neq(r->body_case, DSPWIRE__REPLY__BODY_READ);
+  wire_reply_free(r, bulk);
+  wire_op(&c, DSP_OP_CAST, in2, 1, 3, to_f32, 1, NULL, 0);
+  void *got;
+  size_t n;
+  cr_assert_eq(wire_read_tensor(&c, 3, &got, &n, NULL, NULL), 0);
+  cr_assert_eq(n, sizeof v);
+  cr_assert_eq(memcmp(got, v, n), 0, "exact in bf16, so back unchanged");
+  free(got);
+  f32_still_works(&c, 4);
+  wire_close(&c);
+}
+
 /* A file with a bf16 tensor, saved by a 1.7 client: a 1.6 client's load
  * would be told its dtype, so it is refused whole (no tensor made), naming
  * the tensor, the dtype and the versions; a 1.7 client loads it. */
@@ -283,6 +321,78 @@ Test(half_wire, checkpoints_keep_half_dtypes_and_bits) {
     dispatch_tensor_free(t[i]);
     dispatch_tensor_free(lt[i]);
   }
+  dispatch_device_close(loc);
+  dispatch_device_close(rem);
+}
+
+/* dispatch_convert gives the bits dispatch_cast gives, LOCAL and REMOTE,
+ * for every pair of float dtypes, over f32 values of every exponent
+ * (ties, subnormals, overflow to infinity, NaN); same dtype is a copy;
+ * other dtypes and NULL pointers are refused. */
+Test(half_wire, convert_gives_the_bits_cast_gives) {
+  enum { N = 4096 };
+  uint32_t *bits = malloc(N * 4);
+  uint64_t x = 0x9e3779b97f4a7c15ull;
+  for (int i = 0; i < N; i++) { /* xorshift: every exponent */
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    bits[i] = (uint32_t)x;
+  }
+  const uint32_t special[] = {0x3f808000, 0x3f818000, 0x00008000,
+                              0x477ff000, 0x33000000, 0x7f7fffff,
+                              0xff800000, 0x80000000, 0x7fc00001};
+  memcpy(bits, special, sizeof special);
+  dispatch_device *loc = check_open(NULL, 0), *rem = check_open(&g_srv, 1);
+  dispatch_device *devs[2] = {loc, rem};
+  const dispatch_dtype dts[4] = {DISPATCH_F32, DISPATCH_F64, DISPATCH_F16,
+                                 DISPATCH_BF16};
+  const size_t sz[4] = {4, 8, 2, 2};
+  unsigned char *src = malloc(N * 8), *want = malloc(N * 8),
+                *got = malloc(N * 8);
+  int64_t sh[1] = {N};
+  for (int a = 0; a < 4; a++) {
+    /* the source values: the random f32 bits converted into dts[a] */
+    OK(loc, dispatch_convert(src, dts[a], bits, DISPATCH_F32, N));
+    if (dts[a] == DISPATCH_F64) {
+      /* just above a tie of f16 (and of bf16) that f32 cannot tell from
+       * the tie: rounded once they go up, through f32 they would not */
+      const double above[4] = {1 + 0x1p-11 + 0x1p-40, -(1 + 0x1p-11 + 0x1p-40),
+                               1 + 0x1p-8 + 0x1p-40, 3 * 0x1p-25 + 0x1p-60};
+      memcpy(src, above, sizeof above);
+    }
+    for (int b = 0; b < 4; b++)
+      for (int d = 0; d < 2; d++) {
+        dispatch_tensor *t, *c;
+        OK(devs[d], dispatch_tensor_from_data(devs[d], dts[a], 1, sh, src,
+                                              N * sz[a], &t));
+        OK(devs[d], dispatch_cast(t, dts[b], &c));
+        OK(devs[d], dispatch_tensor_read(c, want, N * sz[b]));
+        cr_assert_eq(dispatch_convert(got, dts[b], src, dts[a], N), 0);
+        for (int i = 0; i < N; i++)
+          cr_assert_eq(memcmp(got + i * sz[b], want + i * sz[b], sz[b]), 0,
+                       "%s -> %s on %s, element %d (f32 bits 0x%08x)",
+                       dsp_dtype_name((dsp_dtype)dts[a]),
+                       dsp_dtype_name((dsp_dtype)dts[b]),
+                       d ? "remote" : "local", i, bits[i]);
+        dispatch_tensor_free(t);
+        dispatch_tensor_free(c);
+      }
+  }
+  /* ties to even, by hand: 1 + 2^-8 -> 1 (0x3f80), 1 + 3 * 2^-8 -> 0x3f82 */
+  uint16_t h[2];
+  float tie[2] = {1.00390625f, 1.01171875f};
+  cr_assert_eq(dispatch_convert(h, DISPATCH_BF16, tie, DISPATCH_F32, 2), 0);
+  cr_assert(h[0] == 0x3f80 && h[1] == 0x3f82, "%04x %04x", h[0], h[1]);
+  cr_assert_eq(dispatch_convert(got, DISPATCH_I64, src, DISPATCH_F32, 1),
+               DISPATCH_EDTYPE);
+  cr_assert_eq(dispatch_convert(got, DISPATCH_F16, src, DISPATCH_BOOL, 1),
+               DISPATCH_EDTYPE);
+  cr_assert_eq(dispatch_convert(NULL, DISPATCH_F16, src, DISPATCH_F32, 1),
+               DISPATCH_EINVAL);
+  cr_assert_eq(dispatch_convert(NULL, DISPATCH_F16, NULL, DISPATCH_F32, 0), 0);
+  free(bits);
+  free(src);
+  free(want);
+  free(got);
   dispatch_device_close(loc);
   dispatch_device_close(rem);
 }
