@@ -396,3 +396,75 @@ Test(half_wire, convert_gives_the_bits_cast_gives) {
   dispatch_device_close(loc);
   dispatch_device_close(rem);
 }
+
+/* Captured graphs follow the same rule for a 1.6 client: a placeholder of
+ * a half dtype is refused at GraphDefine, and a replay whose output is a
+ * half tensor (a cast inside the graph) is refused instead of sent. */
+Test(half_wire, a_1_6_graph_neither_takes_nor_gives_half) {
+  wire_conn c;
+  connect_minor(&c, 6, NULL, 0);
+  Dspwire__TensorMeta m = DSPWIRE__TENSOR_META__INIT;
+  int64_t sh[1] = {2};
+  m.dtype = DSP_BF16;
+  m.n_shape = 1;
+  m.shape = sh;
+  Dspwire__TensorMeta *mp[1] = {&m};
+  Dspwire__GraphNode cast = DSPWIRE__GRAPH_NODE__INIT;
+  uint32_t ins[1] = {0}, outs[1] = {1};
+  int64_t to[1] = {DSP_BF16};
+  cast.op = DSP_OP_CAST;
+  cast.n_inputs = 1;
+  cast.inputs = ins;
+  cast.output = 1;
+  cast.n_ints = 1;
+  cast.ints = to;
+  Dspwire__GraphNode *np[1] = {&cast};
+  Dspwire__GraphDefine d = DSPWIRE__GRAPH_DEFINE__INIT;
+  d.graph = 5;
+  d.n_inputs = 1;
+  d.inputs = mp;
+  d.n_slots = 2;
+  d.n_nodes = 1;
+  d.nodes = np;
+  d.n_outputs = 1;
+  d.outputs = outs;
+  Dspwire__Request req = DSPWIRE__REQUEST__INIT;
+  req.req_id = c.next_req_id++;
+  req.body_case = DSPWIRE__REQUEST__BODY_GRAPH_DEFINE;
+  req.graph_define = &d;
+  cr_assert_eq(wire_send(&c, &req, NULL, 0), 0);
+  char msg[512] = "";
+  cr_assert_eq(sync_code(&c, msg, sizeof msg), DISPATCH_EDTYPE, "%s", msg);
+  cr_assert(strstr(msg, "graph 5: input 0: bf16 needs protocol 1.7"), "%s",
+            msg);
+  /* f32 in, bf16 out: defined, but a replay sends no bf16 back */
+  m.dtype = DSP_F32;
+  d.graph = 6;
+  req.req_id = c.next_req_id++;
+  cr_assert_eq(wire_send(&c, &req, NULL, 0), 0);
+  cr_assert_eq(sync_code(&c, msg, sizeof msg), 0, "%s", msg);
+  Dspwire__GraphReplay gr = DSPWIRE__GRAPH_REPLAY__INIT;
+  gr.graph = 6;
+  gr.n_inputs = 1;
+  gr.inputs = mp;
+  Dspwire__Request rr = DSPWIRE__REQUEST__INIT;
+  rr.req_id = c.next_req_id++;
+  rr.body_case = DSPWIRE__REQUEST__BODY_GRAPH_REPLAY;
+  rr.graph_replay = &gr;
+  float x[2] = {1, 2};
+  cr_assert_eq(wire_send(&c, &rr, x, sizeof x), 0);
+  Dspwire__Reply *r;
+  void *bulk;
+  size_t bl;
+  cr_assert_eq(wire_recv(&c, &r, &bulk, &bl), 0);
+  cr_assert_eq(r->req_id, rr.req_id);
+  cr_assert_not_null(r->error, "a bf16 output was sent to a 1.6 client");
+  cr_assert_eq(r->error->code, DISPATCH_EDTYPE, "%s", r->error->message);
+  cr_assert(strstr(r->error->message, "graph 6: output 0: bf16 needs "
+                                      "protocol 1.7; the client speaks 1.6"),
+            "%s", r->error->message);
+  cr_assert_null(bulk);
+  wire_reply_free(r, bulk);
+  f32_still_works(&c, 9);
+  wire_close(&c);
+}
