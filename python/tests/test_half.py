@@ -201,3 +201,26 @@ def test_checkpoint_keeps_torch_bf16_state(local, tmp_path):
     dispatch.save(tmp_path / "again.safetensors", back)
     again = dispatch.load(tmp_path / "again.safetensors", local)
     assert again["w"].numpy().tobytes() == raw.tobytes()
+
+
+def test_captured_graph_takes_and_gives_half(dev):
+    """A captured step with a float16 input and a bfloat16 output: a replay
+    takes numpy float16 and raw bfloat16 values, and gives raw uint16
+    values, the same bits as the step run op by op."""
+    def run(h, b):
+        y = (h.float() * 2 + b.float()).bfloat16()
+        return y
+
+    h0 = np.array([1.5, -0.1, 3e4], np.float16)
+    b0 = dispatch.f32_to_bf16([0.5, 0.25, 1e30])
+    with dev.capture() as g:
+        with dev.scope():
+            y = run(dev.tensor(h0), dev.tensor(b0, dtype=dispatch.bfloat16))
+            g.output(y)
+    h1 = np.array([0.125, 7, -65504], np.float16)
+    b1 = dispatch.f32_to_bf16([1, -1, 2.5])
+    (got,) = g.replay(h1, b1)
+    assert got.dtype == np.uint16
+    want = run(dev.tensor(h1), dev.tensor(b1, dtype=dispatch.bfloat16))
+    assert got.tobytes() == want.numpy().tobytes()
+    assert dispatch.bf16_to_f32(got).tolist() == [1.25, 13.0, -131072.0]
