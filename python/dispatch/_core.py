@@ -94,8 +94,10 @@ def _storage(dt):
 
 
 def _convert(arr, to_c, from_c, out_dtype):
-    """lib.dispatch_convert over a whole C-contiguous array."""
-    arr = np.ascontiguousarray(arr)
+    """lib.dispatch_convert over a whole array (its shape kept: 0-d too)."""
+    arr = np.asarray(arr)
+    if not arr.flags.c_contiguous:
+        arr = arr.copy(order="C")
     out = np.empty(arr.shape, dtype=out_dtype)
     rc = lib.dispatch_convert(ffi.from_buffer(out), to_c,
                               ffi.from_buffer(arr), from_c, arr.size)

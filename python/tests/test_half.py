@@ -97,6 +97,10 @@ def test_bfloat16_takes_raw_values_or_numbers(dev):
     assert n.numpy().tolist() == [0x3F80, 0xC049, 0x4020]
     assert n.tolist() == [1.0, -3.140625, 2.5]  # values, not bits
     assert dev.tensor([0.5], dtype=dispatch.bfloat16)[0].item() == 0.5
+    s = n.sum()
+    assert s.shape == () and s.dtype is dispatch.bfloat16
+    assert repr(s).startswith("tensor(0.359375,") and s.item() == 0.359375
+    assert dispatch.bf16_to_f32(np.uint16(0x3F80)).shape == ()
     assert "dtype=dispatch.bfloat16" in repr(n) and "3.14" in repr(n)
 
 
