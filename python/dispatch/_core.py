@@ -835,7 +835,7 @@ def _as_tensor(x, like=None):
     if like is None:
         return default_device().tensor(x)
     if isinstance(x, (numbers.Number, np.generic, list, tuple)):
-        return like._dev.tensor(np.asarray(x, dtype=like.dtype))
+        return like._dev.tensor(x, dtype=like.dtype)
     return like._dev.tensor(x)
 
 
@@ -1209,8 +1209,8 @@ def rms_norm(input, normalized_shape, weight=None, eps=None):  # noqa: A002
     dtype's machine epsilon)."""
     x = _as_tensor(input)
     n = _nlast(x, normalized_shape)
-    if eps is None:
-        eps = float(np.finfo(x.dtype).eps)
+    if eps is None:  # bfloat16's is torch.finfo's: 2^-7
+        eps = 2.0 ** -7 if x.dtype is bfloat16 else float(np.finfo(x.dtype).eps)
     w = _affine(x, weight)
     out = _out()
     rc = lib.dispatch_rms_norm(_hin(x), n, _hin(w) if w is not None else
@@ -2362,7 +2362,7 @@ def _value_for(x, value):
     """value as a tensor of x's dtype on x's device."""
     if isinstance(value, Tensor):
         return _cast(value, x.dtype)
-    return x._dev.tensor(np.asarray(value, dtype=x.dtype))
+    return x._dev.tensor(value, dtype=x.dtype)
 
 
 def _fill(x, mask, value):

@@ -228,3 +228,19 @@ def test_captured_graph_takes_and_gives_half(dev):
     want = run(dev.tensor(h1), dev.tensor(b1, dtype=dispatch.bfloat16))
     assert got.tobytes() == want.numpy().tobytes()
     assert dispatch.bf16_to_f32(got).tolist() == [1.25, 13.0, -131072.0]
+
+
+def test_assignment_norms_and_numbers_take_bfloat16(dev):
+    """The package's own number-to-tensor paths (t[k] = v, as_tensor(like=),
+    rms_norm's default eps) know bfloat16, which numpy has no dtype for."""
+    b = dev.tensor([[1.0, 2.0], [3.0, 4.0]], dtype=dispatch.bfloat16)
+    b[0, 0] = 5
+    assert b.dtype is dispatch.bfloat16 and b.tolist() == [[5, 2], [3, 4]]
+    assert dispatch.as_tensor(2.5, like=b).dtype is dispatch.bfloat16
+    r = dispatch.nn.functional.rms_norm(b, (2,))
+    want = dispatch.nn.functional.rms_norm(b.float(), (2,), eps=2.0 ** -7)
+    assert r.dtype is dispatch.bfloat16
+    assert r.numpy().tobytes() == want.bfloat16().numpy().tobytes()
+    h = dev.tensor(np.ones((2, 2), np.float16))
+    h[1] = 3
+    assert h.numpy().tolist() == [[1, 1], [3, 3]]
