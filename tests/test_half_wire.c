@@ -81,14 +81,16 @@ static int sync_code(wire_conn *c, char *msg, size_t len) {
 /* An f32 upload and its read still work on c (the session went on). */
 static void f32_still_works(wire_conn *c, uint64_t id) {
   float v[3] = {1.5f, -2, 1e30f};
-  int64_t sh[1] = {3};
-  cr_assert_neq(wire_upload(c, id, DSP_F32, 1, sh, v, sizeof v), 0);
-  void *got;
-  size_t n;
-  cr_assert_eq(wire_read_tensor(c, id, &got, &n, NULL, NULL), 0);
-  cr_assert_eq(n, sizeof v);
-  cr_assert_eq(memcmp(got, v, n), 0);
-  free(got);
+  cr_assert_eq(wire_round_trip(c, id, DSP_F32, v, sizeof v), 0,
+               "the session stopped serving f32");
+}
+
+/* Sends req under the connection's next request id; returns that id. */
+static uint64_t send_next(wire_conn *c, Dspwire__Request *req,
+                          const void *bulk, size_t len) {
+  req->req_id = c->next_req_id++;
+  cr_assert_eq(wire_send(c, req, bulk, len), 0);
+  return req->req_id;
 }
 
 Test(half_wire, hello_lists_half_dtypes_only_to_a_1_7_client) {
@@ -205,8 +207,7 @@ Test(half_wire, a_1_6_client_is_never_sent_a_half_tensor) {
   uint64_t ids[2] = {1, 2};
   Dspwire__Request *r =
       dsp_wreq_ckpt_save(&w, "mixed", 5, names, ids, 2, NULL, NULL, 0);
-  r->req_id = c.next_req_id++;
-  cr_assert_eq(wire_send(&c, r, NULL, 0), 0);
+  send_next(&c, r, NULL, 0);
   Dspwire__Reply *rep;
   void *bulk;
   size_t bl;
@@ -218,8 +219,7 @@ Test(half_wire, a_1_6_client_is_never_sent_a_half_tensor) {
   for (unsigned minor = 6; minor <= DSP_PROTO_MINOR; minor++) {
     connect_minor(&c, minor, NULL, 0);
     r = dsp_wreq_ckpt_load(&w, "mixed", 5, 10, 0);
-    r->req_id = c.next_req_id++;
-    cr_assert_eq(wire_send(&c, r, NULL, 0), 0);
+    send_next(&c, r, NULL, 0);
     cr_assert_eq(wire_recv(&c, &rep, &bulk, &bl), 0);
     if (minor < DSP_PROTO_MINOR_HALF) {
       cr_assert_not_null(rep->error);
@@ -419,20 +419,12 @@ Test(half_wire, a_1_6_graph_neither_takes_nor_gives_half) {
   cast.n_ints = 1;
   cast.ints = to;
   Dspwire__GraphNode *np[1] = {&cast};
-  Dspwire__GraphDefine d = DSPWIRE__GRAPH_DEFINE__INIT;
-  d.graph = 5;
-  d.n_inputs = 1;
-  d.inputs = mp;
-  d.n_slots = 2;
-  d.n_nodes = 1;
-  d.nodes = np;
-  d.n_outputs = 1;
-  d.outputs = outs;
+  Dspwire__GraphDefine d;
+  wire_graph_define_init(&d, 5, mp, 1, 2, np, 1, outs, 1);
   Dspwire__Request req = DSPWIRE__REQUEST__INIT;
-  req.req_id = c.next_req_id++;
   req.body_case = DSPWIRE__REQUEST__BODY_GRAPH_DEFINE;
   req.graph_define = &d;
-  cr_assert_eq(wire_send(&c, &req, NULL, 0), 0);
+  send_next(&c, &req, NULL, 0);
   char msg[512] = "";
   cr_assert_eq(sync_code(&c, msg, sizeof msg), DISPATCH_EDTYPE, "%s", msg);
   cr_assert(strstr(msg, "graph 5: input 0: bf16 needs protocol 1.7"), "%s",
@@ -440,19 +432,17 @@ Test(half_wire, a_1_6_graph_neither_takes_nor_gives_half) {
   /* f32 in, bf16 out: defined, but a replay sends no bf16 back */
   m.dtype = DSP_F32;
   d.graph = 6;
-  req.req_id = c.next_req_id++;
-  cr_assert_eq(wire_send(&c, &req, NULL, 0), 0);
+  send_next(&c, &req, NULL, 0);
   cr_assert_eq(sync_code(&c, msg, sizeof msg), 0, "%s", msg);
   Dspwire__GraphReplay gr = DSPWIRE__GRAPH_REPLAY__INIT;
   gr.graph = 6;
   gr.n_inputs = 1;
   gr.inputs = mp;
   Dspwire__Request rr = DSPWIRE__REQUEST__INIT;
-  rr.req_id = c.next_req_id++;
   rr.body_case = DSPWIRE__REQUEST__BODY_GRAPH_REPLAY;
   rr.graph_replay = &gr;
   float x[2] = {1, 2};
-  cr_assert_eq(wire_send(&c, &rr, x, sizeof x), 0);
+  send_next(&c, &rr, x, sizeof x);
   Dspwire__Reply *r;
   void *bulk;
   size_t bl;
