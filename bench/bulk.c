@@ -35,6 +35,12 @@
  * (bench.h). Repetitions go on (up to a cap and a time budget per size)
  * while a goal is neither met nor missed by the interquartile range of
  * the paired ratios. Goal: at least 0.9 of the raw socket from 1 MiB on.
+ * bf16     = 16 Mi elements (BENCH_QUICK: 1 Mi) uploaded and read as bf16
+ *            against the same element count as f32 in the same repetition
+ *            (half the bytes: expect about half the time; goal at most
+ *            0.6), and against the raw socket moving the bf16 bytes (goal
+ *            0.9, as above). The bytes are the same pattern either way: a
+ *            transfer does not look at them.
  * Also: OpenSSL's AES-128-GCM and AES-256-GCM through EVP (TLS record
  * sized, 16 KiB), and the large size up and down over tls:// against the
  * cipher in the same repetition (the server named by DISPATCH_BENCH_TLS).
@@ -215,6 +221,155 @@ static double run_variant(bulk_ctx *c, int v, size_t n, int inner) {
   return (bench_now() - t0) / inner;
 }
 
+/* ------------------------------------------------------------------ */
+/* bf16 against f32 of the same element count                         */
+
+enum {
+  H_UP32, H_UP16, H_DOWN32, H_DOWN16, H_PUT, H_PUT_CLIENT, H_PUT_POLL,
+  H_GET, H_GET_CLIENT, H_GET_POLL, NHVAR
+};
+#define HALF_GOAL 0.6
+
+/* One transfer of variant v over e elements (held[0]: the f32 tensor to
+ * read, held[1]: the bf16 one); seconds, or NAN with the reason in c. */
+static double run_half(bulk_ctx *c, int v, int64_t e, dispatch_tensor **held) {
+  double t0 = bench_now();
+  if (v >= H_PUT) {
+    if (c->fd < 0 || c->rfail[0]) return NAN;
+    int get = v >= H_GET;
+    int w = (v - (get ? H_GET : H_PUT));
+    bench_wait how = w == 0 ? BENCH_WAIT_BLOCK
+                     : w == 1 ? BENCH_WAIT_CLIENT
+                              : BENCH_WAIT_POLL;
+    if (bench_raw_call(c->fd, get ? BENCH_RAW_GET : BENCH_RAW_PUT,
+                       get ? (void *)c->dst : (void *)c->src, (size_t)e * 2,
+                       how) < 0) {
+      snprintf(c->rfail, sizeof c->rfail, "raw transfer failed: %s",
+               strerror(errno));
+      return NAN;
+    }
+    return bench_now() - t0;
+  }
+  if (!c->dev || c->fail[0]) return NAN;
+  int half = v == H_UP16 || v == H_DOWN16;
+  dispatch_dtype dt = half ? DISPATCH_BF16 : DISPATCH_F32;
+  size_t n = (size_t)e * (half ? 2 : 4);
+  int rc;
+  if (v == H_UP32 || v == H_UP16) {
+    dispatch_tensor *t = NULL;
+    rc = dispatch_tensor_from_data(c->dev, dt, 1, &e, c->src, n, &t);
+    if (rc == 0) rc = dispatch_device_sync(c->dev);
+    dispatch_tensor_free(t);
+  } else {
+    rc = dispatch_tensor_read(held[half], c->dst, n);
+  }
+  double t = bench_now() - t0;
+  if (rc == 0 && (v == H_DOWN32 || v == H_DOWN16) &&
+      memcmp(c->dst, c->src, n) != 0) {
+    snprintf(c->fail, sizeof c->fail, "%s read: bytes differ",
+             half ? "bf16" : "f32");
+    return NAN;
+  }
+  if (rc < 0) {
+    snprintf(c->fail, sizeof c->fail, "%s %s: %s: %s", half ? "bf16" : "f32",
+             v <= H_UP16 ? "upload" : "read", dispatch_err_name(rc),
+             dispatch_device_errmsg(c->dev));
+    return NAN;
+  }
+  return t;
+}
+
+/* The bf16 rows: each repetition runs every variant once in rotating
+ * order; the raw reference is the best of the three waits, per row. */
+static void half_rows(bulk_ctx *c, int quick) {
+  int64_t e = quick ? (int64_t)1 << 20 : (int64_t)16 << 20;
+  const char *en = quick ? "1 Mi" : "16 Mi";
+  int max_reps = quick ? 2 : 31, reps = 0;
+  static double t[NHVAR][MAX_REPS];
+  dispatch_tensor *held[2] = {NULL, NULL};
+  c->fail[0] = c->rfail[0] = '\0';
+  for (int h = 0; h < 2 && c->dev; h++) {
+    dispatch_dtype dt = h ? DISPATCH_BF16 : DISPATCH_F32;
+    int rc = dispatch_tensor_from_data(c->dev, dt, 1, &e, c->src,
+                                       (size_t)e * (h ? 2 : 4), &held[h]);
+    if (rc == 0) rc = dispatch_device_sync(c->dev);
+    if (rc < 0 && !c->fail[0])
+      snprintf(c->fail, sizeof c->fail, "upload %s: %s: %s",
+               h ? "bf16" : "f32", dispatch_err_name(rc),
+               dispatch_device_errmsg(c->dev));
+  }
+  if (!c->dev) snprintf(c->fail, sizeof c->fail, "no server");
+  bench_def vs32 = {"bulk", NULL, "ms", 1, "f32 same elements", 0,
+                    BENCH_GOAL_RATIO_LE, HALF_GOAL};
+  bench_def vsraw = {"bulk", NULL, "MB/s", 0, "raw socket", 1,
+                     BENCH_GOAL_RATIO_GE, BULK_GOAL};
+  double start = bench_now();
+  for (int r = -1; r < max_reps; r++) {
+    if (r >= 0) {
+      int unsettled = 0;
+      if (reps > 0) {
+        double a[MAX_REPS], b[MAX_REPS];
+        for (int d = 0; d < 2 && !unsettled; d++) {
+          int o16 = d ? H_DOWN16 : H_UP16, o32 = d ? H_DOWN32 : H_UP32;
+          unsettled = bench_unsettled(&vs32, t[o16], t[o32], reps);
+          double *rv[3] = {t[d ? H_GET : H_PUT], t[d ? H_GET_CLIENT : H_PUT_CLIENT],
+                           t[d ? H_GET_POLL : H_PUT_POLL]};
+          int best = bench_best_variant(rv, 3, reps);
+          for (int i = 0; i < reps; i++) {
+            a[i] = 1 / t[o16][i];
+            b[i] = 1 / rv[best][i];
+          }
+          unsettled = unsettled || bench_unsettled(&vsraw, a, b, reps);
+        }
+      }
+      if (!bench_more(reps, quick ? max_reps : MIN_REPS, max_reps,
+                      bench_now() - start, 12.0, unsettled))
+        break;
+    }
+    double tv[NHVAR];
+    for (int k = 0; k < NHVAR; k++) {
+      int v = bench_turn(r, k, NHVAR);
+      tv[v] = run_half(c, v, e, held);
+    }
+    if (r < 0) continue;
+    for (int v = 0; v < NHVAR; v++) t[v][reps] = tv[v];
+    reps++;
+  }
+  dispatch_tensor_free(held[0]);
+  dispatch_tensor_free(held[1]);
+  char m[96], note[1200];
+  for (int d = 0; d < 2; d++) {
+    const char *what = d ? "download" : "upload";
+    int o16 = d ? H_DOWN16 : H_UP16, o32 = d ? H_DOWN32 : H_UP32;
+    double ms16[MAX_REPS], ms32[MAX_REPS];
+    for (int i = 0; i < reps; i++) {
+      ms16[i] = t[o16][i] * 1e3;
+      ms32[i] = t[o32][i] * 1e3;
+    }
+    snprintf(m, sizeof m, "bf16 %s %s elements vs f32", what, en);
+    vs32.metric = m;
+    bench_emit(&vs32, ms16, ms32, reps, "%s%shalf the bytes of the f32 row",
+               c->fail, c->fail[0] ? "; " : "");
+    double *rv[3] = {t[d ? H_GET : H_PUT], t[d ? H_GET_CLIENT : H_PUT_CLIENT],
+                     t[d ? H_GET_POLL : H_PUT_POLL]};
+    int best = bench_best_variant(rv, 3, reps);
+    double ours[MAX_REPS], raw[MAX_REPS];
+    for (int i = 0; i < reps; i++) {
+      ours[i] = bench_mbps((size_t)e * 2, t[o16][i]);
+      raw[i] = bench_mbps((size_t)e * 2, rv[best][i]);
+    }
+    snprintf(note, sizeof note, "%s%s%s%sraw reference: %s wait, %lld bytes",
+             c->fail, c->fail[0] ? "; " : "", c->rfail,
+             c->rfail[0] ? "; " : "", bench_wait_name[best],
+             (long long)e * 2);
+    snprintf(m, sizeof m, "bf16 %s %s elements", what, en);
+    vsraw.metric = m;
+    bench_emit(&vsraw, ours, raw, reps, "%s", note);
+  }
+  if (c->fail[0]) fprintf(stderr, "bulk: bf16: %s\n", c->fail);
+  if (c->rfail[0]) fprintf(stderr, "bulk: bf16: %s\n", c->rfail);
+}
+
 int main(void) {
   int quick = bench_quick();
   const size_case *sizes = quick ? QUICK_SIZES : SIZES;
@@ -346,6 +501,8 @@ int main(void) {
     bench_emit(&vs_mem, t[V_DOWN], t[V_MEMCPY], reps, c.fail[0] ? "%s" : NULL,
                c.fail);
   }
+
+  half_rows(&c, quick);
 
   /* OpenSSL's own cipher speed on one core, the limit of a TLS stream
    * (the client encrypts every byte on one thread), then the large size

@@ -425,6 +425,18 @@ static void remote_close(dispatch_device *dev) {
 /* ------------------------------------------------------------------ */
 /* the REMOTE row of the device-kind table                             */
 
+/* 1.7: a server of an older protocol holds no f16 or bf16 tensor: a call
+ * that would make one is refused here, naming the dtype and the version
+ * needed, rather than by the server as a dtype it does not know. */
+static int server_carries(dispatch_device *dev, const char *fn, dsp_dtype dt) {
+  char why[128];
+  if (!dsp_dtype_wire_refusal((int)dt, dev->conn->server_minor, "server",
+                              why, sizeof why))
+    return 0;
+  return dsp_seterr(dev->ctx, DISPATCH_EDTYPE, "%s: %s (\"%s\")", fn, why,
+                    dev->spec);
+}
+
 /* The output's meta is inferred here (shape errors come back now) and the
  * op is queued without waiting; the output is tracked when an input is
  * AUTODIFF and the result is a float of a non-creation op, the rule the
@@ -439,6 +451,7 @@ static int remote_op(dispatch_device *dev, dsp_opcode op,
   dsp_meta om;
   int rc = dsp_op_infer(dev->ctx, op, metas, n_in, a ? a : &none, &om);
   if (rc < 0) return rc;
+  if ((rc = server_carries(dev, info->name, om.dtype)) < 0) return rc;
   dispatch_tensor *t;
   rc = dispatch__tensor_new(dev, DISPATCH_KIND_REMOTE, &om, 0, &t);
   if (rc < 0) return rc;
@@ -461,8 +474,10 @@ static int remote_op(dispatch_device *dev, dsp_opcode op,
 static int remote_upload(dispatch_device *dev, const dsp_meta *m,
                          const void *data, size_t nbytes,
                          dispatch_tensor **out) {
+  int rc = server_carries(dev, "tensor_from_data", m->dtype);
+  if (rc < 0) return rc;
   dispatch_tensor *t;
-  int rc = dispatch__tensor_new(dev, DISPATCH_KIND_REMOTE, m, 0, &t);
+  rc = dispatch__tensor_new(dev, DISPATCH_KIND_REMOTE, m, 0, &t);
   if (rc < 0) return rc;
   t->id = dispatch__remote_new_id(dev);
   rc = req_upload(dev, t->id, m, data, nbytes);

@@ -1,7 +1,10 @@
 /* Frame header codec: explicit little-endian, limits checked first. */
 #include "frame.h"
 
+#include <stdio.h>
+
 #include "dispatch_errors.h"
+#include "dsp.h"
 
 /* Byte by byte so the layout is little-endian on any host; written so gcc
  * merges each into one load or store (an 8-byte loop stayed a loop of 56
@@ -37,4 +40,18 @@ int dsp_frame_header_decode(const uint8_t in[DSP_FRAME_HEADER_SIZE],
   if (h->flags != 0) return DISPATCH_EPROTO;
   if (h->msg_len > max_msg || h->bulk_len > max_bulk) return DISPATCH_ETOOLARGE;
   return 0;
+}
+
+unsigned dsp_dtype_wire_minor(int dt) {
+  return dt == DSP_F16 || dt == DSP_BF16 ? DSP_PROTO_MINOR_HALF : 0;
+}
+
+int dsp_dtype_wire_refusal(int dt, unsigned minor, const char *who, char *buf,
+                           size_t len) {
+  unsigned need = dsp_dtype_wire_minor(dt);
+  if (minor >= need) return 0;
+  snprintf(buf, len, "%s needs protocol %d.%u; the %s speaks %d.%u",
+           dsp_dtype_name((dsp_dtype)dt), DSP_PROTO_MAJOR, need, who,
+           DSP_PROTO_MAJOR, minor);
+  return 1;
 }

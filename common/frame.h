@@ -9,11 +9,25 @@
 #ifndef DSP_FRAME_H
 #define DSP_FRAME_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #define DSP_FRAME_HEADER_SIZE 16
 #define DSP_PROTO_MAJOR 1
-#define DSP_PROTO_MINOR 6
+#define DSP_PROTO_MINOR 7
+
+/* 1.7: the protocol minor that first carries dtype dt: 7 for f16 and bf16,
+ * 0 for the dtypes of 1.0. A peer whose hello said a lower minor cannot
+ * name such a tensor, and the server never sends it one (the request that
+ * would is refused with DISPATCH_EDTYPE, see dsp_dtype_wire_refusal). */
+#define DSP_PROTO_MINOR_HALF 7
+unsigned dsp_dtype_wire_minor(int dt);
+/* The reason a peer of protocol 1.minor cannot carry dtype dt, written to
+ * buf ("bf16 needs protocol 1.7; the client speaks 1.6"); who names the
+ * peer ("client", "server"). Returns 1 when it cannot, 0 (buf untouched)
+ * when it can. */
+int dsp_dtype_wire_refusal(int dt, unsigned minor, const char *who, char *buf,
+                           size_t len);
 
 typedef struct dsp_frame_header {
   uint32_t msg_len;

@@ -18,7 +18,12 @@
 #error "safetensors.c assumes a little-endian host"
 #endif
 
-static const char *const k_st_dtype[] = {"F32", "F64", "I64", "BOOL"};
+/* safetensors' name of each dtype, indexed by dsp_dtype (torch writes
+ * torch.float16 as F16 and torch.bfloat16 as BF16, 2 bytes each) */
+static const char *const k_st_dtype[] = {"F32", "F64", "I64",
+                                         "BOOL", "F16", "BF16"};
+_Static_assert(sizeof k_st_dtype / sizeof k_st_dtype[0] == DSP_NDTYPES,
+               "every dtype needs its safetensors name");
 
 /* dsp_seterr formats into the ctx's own buffer, so the old message is
  * copied out first. */
@@ -253,12 +258,12 @@ static int parse_entry(dsp_ctx *ctx, const char *path, const cJSON *o,
                       "an array \"shape\" and an array \"data_offsets\"",
                       path, nm);
   int dtype = -1;
-  for (int i = 0; i < 4; i++)
+  for (int i = 0; i < DSP_NDTYPES; i++)
     if (strcmp(dt->valuestring, k_st_dtype[i]) == 0) dtype = i;
   if (dtype < 0)
     return dsp_seterr(ctx, DISPATCH_EDTYPE,
                       "load \"%s\": tensor \"%s\": dtype \"%.32s\" is not "
-                      "supported (F32, F64, I64, BOOL)",
+                      "supported (F32, F64, I64, BOOL, F16, BF16)",
                       path, nm, dt->valuestring);
   memset(&e->meta, 0, sizeof e->meta);
   e->meta.dtype = (dsp_dtype)dtype;

@@ -418,6 +418,14 @@ static int load(sv_session *s, sv_job *j, ckpt_path *p, char *why,
     rc = sv_why(why, len, DISPATCH_EINVAL,
                 "checkpoint load \"%s\": %d ids from %llu pass 2^64",
                 p->shown, f.n, (unsigned long long)m->first_id);
+  for (int i = 0; rc == 0 && i < f.n; i++) {
+    /* the reply names every dtype: an older client is sent none it
+     * cannot read, and gets nothing made */
+    char nm[4 * SV_LOG_STR_MAX + 8], what[8 * SV_LOG_STR_MAX + 64];
+    snprintf(what, sizeof what, "checkpoint load \"%s\": tensor \"%s\"",
+             p->shown, sv_log_str(nm, sizeof nm, f.es[i].name, SV_LOG_STR_MAX));
+    rc = sv_dtype_for_client(s, f.es[i].meta.dtype, what, why, len);
+  }
   for (int i = 0; rc == 0 && i < f.n; i++)
     rc = sv_check_free_id(s, m->first_id + (uint64_t)i, why, len);
   dsp_tensor **ts = NULL;

@@ -243,11 +243,16 @@ int sv_upload_bulk(const sv_config *cfg, dsp_ctx *io_ctx, sv_session *s,
             u->meta->dtype);
     return 0;
   }
+  char shape[160], msg[512];
+  int rc = sv_dtype_for_client(s, u->meta->dtype, "upload", msg, sizeof msg);
+  if (rc < 0) { /* an older client cannot name a half dtype */
+    pre_err(j, rc, "%s", msg);
+    return 0;
+  }
   m.dtype = (dsp_dtype)u->meta->dtype;
   m.ndim = (int)u->meta->n_shape;
   for (int i = 0; i < m.ndim; i++) m.shape[i] = u->meta->shape[i];
-  char shape[160], msg[512];
-  int rc = sv_check_meta(cfg, s->global, io_ctx, &m, "upload", &numel, msg,
+  rc = sv_check_meta(cfg, s->global, io_ctx, &m, "upload", &numel, msg,
                          sizeof msg);
   if (rc < 0) {
     pre_err(j, rc, "%s", msg);
@@ -394,8 +399,10 @@ int sv_stream_exec(sv_session *s, dsp_ctx *io_ctx, int *hello_done,
     st->frames++;
     if (req->body_case == DSPWIRE__REQUEST__BODY_HELLO) {
       int major = (int)req->hello->major;
+      unsigned minor = req->hello->minor;
       dspwire__request__free_unpacked(req, &sv_pb_allocator);
       if (major != DSP_PROTO_MAJOR) return DISPATCH_EVERSION;
+      if (!*hello_done) s->peer_minor = minor; /* as sv_hello does */
       *hello_done = 1;
       continue;
     }

@@ -105,8 +105,12 @@ int sv_graph_define(sv_session *s, sv_job *j, char *why, size_t len) {
     }
     int64_t numel;
     char msg[384];
-    rc = sv_check_meta(s->cfg, s->global, s->ctx, &g->input_meta[i],
-                       "graph input", &numel, msg, sizeof msg);
+    char what[32];
+    snprintf(what, sizeof what, "input %zu", i);
+    rc = sv_dtype_for_client(s, g->input_meta[i].dtype, what, msg, sizeof msg);
+    if (rc == 0)
+      rc = sv_check_meta(s->cfg, s->global, s->ctx, &g->input_meta[i],
+                         "graph input", &numel, msg, sizeof msg);
     if (rc < 0) {
       sv_why(why, len, rc, "graph %llu: %s", (unsigned long long)d->graph, msg);
       goto fail;
@@ -314,6 +318,13 @@ int sv_graph_replay(sv_session *s, sv_job *j, char *why, size_t len) {
                   gid);
   }
   for (uint32_t i = 0; i < g->n_outputs && rc == 0; i++) {
+    char what[64], msg[192];
+    snprintf(what, sizeof what, "graph %llu: output %u", gid, i);
+    if ((rc = sv_dtype_for_client(s, out[i]->meta.dtype, what, msg,
+                                  sizeof msg)) < 0) {
+      sv_why(why, len, rc, "%s", msg);
+      break;
+    }
     dspwire__tensor_meta__init(&metas[i]);
     metas[i].dtype = (int32_t)out[i]->meta.dtype;
     metas[i].n_shape = (size_t)out[i]->meta.ndim;

@@ -432,6 +432,11 @@ int sv_exec_read(sv_session *s, sv_job *j, char *why, size_t len) {
   dsp_tensor *t;
   int rc = sv_get_tensor(s, j->req->read->id, SV_LABEL("read"), why, len, &t);
   if (rc < 0) return rc;
+  char what[48];
+  snprintf(what, sizeof what, "read %llu",
+           (unsigned long long)j->req->read->id);
+  if ((rc = sv_dtype_for_client(s, t->meta.dtype, what, why, len)) < 0)
+    return rc;
   Dspwire__Reply r = DSPWIRE__REPLY__INIT;
   Dspwire__ReadReply rr = DSPWIRE__READ_REPLY__INIT;
   Dspwire__TensorMeta m = DSPWIRE__TENSOR_META__INIT;

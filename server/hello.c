@@ -96,6 +96,8 @@ void sv_hello(sv_conn *c, Dspwire__Request *req) {
     sv_refuse(c, req->req_id, DISPATCH_ELIMIT, msg);
     return;
   }
+  if (!resumed) /* 1.7: what its client can name and be sent */
+    c->sess->peer_minor = h->minor;
   if (!resumed && dev) {
     /* the session's device; the session has run nothing yet, so the loop
      * may still set its ctx */
@@ -113,9 +115,13 @@ void sv_hello(sv_conn *c, Dspwire__Request *req) {
   }
   const dsp_backend *be = dev ? dev->be : dsp_cpu_backend();
   Dspwire__DeviceInfo infos[SV_MAX_DEVICES], *ip[SV_MAX_DEVICES];
+  /* the dtypes this client can name and read: f16 and bf16 only from 1.7
+   * (a resumed session keeps the minor it was opened with) */
   char *dtypes[DSP_NDTYPES];
+  size_t n_dtypes = 0;
   for (int i = 0; i < DSP_NDTYPES; i++)
-    dtypes[i] = (char *)dsp_dtype_name((dsp_dtype)i);
+    if (dsp_dtype_wire_minor(i) <= c->sess->peer_minor)
+      dtypes[n_dtypes++] = (char *)dsp_dtype_name((dsp_dtype)i);
   Dspwire__Reply r = DSPWIRE__REPLY__INIT;
   Dspwire__HelloReply hr = DSPWIRE__HELLO_REPLY__INIT;
   hr.major = DSP_PROTO_MAJOR;
@@ -123,7 +129,7 @@ void sv_hello(sv_conn *c, Dspwire__Request *req) {
   hr.server_version = DISPATCH_VERSION_STRING;
   hr.backend = (char *)dsp_backend_name(be);
   hr.device = (char *)dsp_backend_description(be);
-  hr.n_dtypes = DSP_NDTYPES;
+  hr.n_dtypes = n_dtypes;
   hr.dtypes = dtypes;
   hr.max_frame = cfg->max_frame;
   hr.max_session_bytes = cfg->max_session_bytes;

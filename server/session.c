@@ -23,6 +23,7 @@
 #define SV_MALLOC_TRIM 1
 #endif
 
+#include "frame.h"
 #include "handlers.h"
 
 /* Everything the session's requests allocate is charged to its budget
@@ -64,6 +65,7 @@ sv_session *sv_session_new(const sv_config *cfg, sv_global *g, void *owner) {
   s->device = g->devices && g->n_devices ? g->devices[0].be
                                          : dsp_cpu_backend();
   dsp_ctx_set_backend(s->ctx, s->device);
+  s->peer_minor = DSP_PROTO_MINOR; /* until a hello says otherwise */
   sv_pb_charge_init(&s->pb, s->queue);
   /* also bounds what the session cannot name: backward intermediates */
   dsp_ctx_set_max_elements(s->ctx, (int64_t)cfg->max_elements);
@@ -237,6 +239,15 @@ int sv_check_meta(const sv_config *cfg, sv_global *g, dsp_ctx *ctx,
              what, shape, (long long)*numel, (long long)span,
              (unsigned long long)cfg->max_elements);
   return DISPATCH_ELIMIT;
+}
+
+int sv_dtype_for_client(const sv_session *s, int dt, const char *what,
+                        char *msg, size_t len) {
+  char why[128];
+  if (!dsp_dtype_wire_refusal(dt, s->peer_minor, "client", why, sizeof why))
+    return 0;
+  snprintf(msg, len, "%s: %s", what, why);
+  return DISPATCH_EDTYPE;
 }
 
 /* The value of a gradients id whose no-reply Backward failed (1.3): the

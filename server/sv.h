@@ -466,6 +466,10 @@ typedef struct sv_session {
   const dsp_backend *device; /* the session's device: set before the first
                                 job (new, hello), then only read, by the
                                 loop (uploads) and the worker */
+  /* the protocol minor of the hello that opened the session, set and read
+   * as device is: the dtypes its client can name and be sent
+   * (dsp_dtype_wire_minor; sv_dtype_for_client) */
+  unsigned peer_minor;
   /* its view of g->devices[i] for a kind with session views (NULL until
    * first used; sv_session_backend) */
   _Atomic(dsp_backend *) views[SV_MAX_DEVICES];
@@ -527,6 +531,12 @@ void sv_session_teardown(sv_session *s);
 int sv_check_meta(const sv_config *cfg, sv_global *g, dsp_ctx *ctx,
                   const dsp_meta *m, const char *what, int64_t *numel,
                   char *msg, size_t len);
+/* 1.7: 0 when the session's client (the minor of its hello) can name and
+ * be sent a tensor of dtype dt; else DISPATCH_EDTYPE with "WHAT: bf16
+ * needs protocol 1.7; the client speaks 1.6" in msg[0..len-1] (what: "read
+ * 5", "upload"). The one check before a half tensor crosses the wire. */
+int sv_dtype_for_client(const sv_session *s, int dt, const char *what,
+                        char *msg, size_t len);
 /* Cancels the session's running op, and every later one (loop thread, on
  * disconnect and shutdown, before its teardown job is submitted): the
  * kernel stops at its next block and the request fails with

@@ -373,8 +373,12 @@ static const bad_case k_bad[] = {
      "{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}",
      UINT64_MAX, 9, DISPATCH_EINVAL, "5 bytes after the last tensor"},
     {"unknown dtype",
-     "{\"a\":{\"dtype\":\"F16\",\"shape\":[2],\"data_offsets\":[0,4]}}",
-     UINT64_MAX, 4, DISPATCH_EDTYPE, "dtype \"F16\" is not supported"},
+     "{\"a\":{\"dtype\":\"F8_E4M3\",\"shape\":[2],\"data_offsets\":[0,2]}}",
+     UINT64_MAX, 2, DISPATCH_EDTYPE, "dtype \"F8_E4M3\" is not supported"},
+    {"half size mismatch: 2 bytes an element, not 4",
+     "{\"a\":{\"dtype\":\"BF16\",\"shape\":[3],\"data_offsets\":[0,12]}}",
+     UINT64_MAX, 12, DISPATCH_ESHAPE,
+     "BF16 [3] needs 6 bytes, data_offsets [0, 12] hold 12"},
     {"shape/size mismatch",
      "{\"a\":{\"dtype\":\"F32\",\"shape\":[2,3],\"data_offsets\":[0,20]}}",
      UINT64_MAX, 20, DISPATCH_ESHAPE,
@@ -515,6 +519,7 @@ Test(checkpoint, remote_quota_all_or_nothing, .fini = teardown) {
 /* the Python reader and writer                                        */
 
 /* The tensors of safetensors_py.py's expected(). */
+#define N_INTEROP 8
 static void interop_tensors(dispatch_device *dev, dispatch_tensor **t,
                             const char **names) {
   float w[12];
@@ -528,7 +533,15 @@ static void interop_tensors(dispatch_device *dev, dispatch_tensor **t,
   float sc = 42.5f;
   int64_t sw[2] = {3, 4}, sb[1] = {5}, si[2] = {2, 3}, sm[1] = {7},
           se[2] = {0, 4};
-  const char *n[6] = {"w", "b", "idx", "mask", "empty", "scalar"};
+  /* f16: 1, -2.5, 65504, 2^-24 (subnormal), -0, inf, NaN, 1/3 rounded;
+   * bf16: 1, -3.140625, the largest finite, -inf (the bits numpy's float16
+   * and torch.bfloat16 give; safetensors_py.py checks them) */
+  static const uint16_t hb[8] = {0x3c00, 0xc100, 0x7bff, 0x0001,
+                                 0x8000, 0x7c00, 0x7e00, 0x3555};
+  static const uint16_t bb[4] = {0x3f80, 0xc049, 0x7f7f, 0xff80};
+  int64_t sh[2] = {2, 4}, sbb[1] = {4};
+  const char *n[N_INTEROP] = {"w",     "b",      "idx",  "mask",
+                              "empty", "scalar", "half", "brain"};
   memcpy(names, n, sizeof n);
   OK(dev,
      dispatch_tensor_from_data(dev, DISPATCH_F32, 2, sw, w, sizeof w, &t[0]));
@@ -540,6 +553,10 @@ static void interop_tensors(dispatch_device *dev, dispatch_tensor **t,
                                     sizeof mask, &t[3]));
   OK(dev, dispatch_zeros(dev, DISPATCH_F32, 2, se, &t[4]));
   OK(dev, dispatch_tensor_from_data(dev, DISPATCH_F32, 0, NULL, &sc, 4, &t[5]));
+  OK(dev, dispatch_tensor_from_data(dev, DISPATCH_F16, 2, sh, hb, sizeof hb,
+                                    &t[6]));
+  OK(dev, dispatch_tensor_from_data(dev, DISPATCH_BF16, 1, sbb, bb, sizeof bb,
+                                    &t[7]));
 }
 
 /* Runs safetensors_py.py MODE path; returns its exit status. */
@@ -565,15 +582,15 @@ static void python_reads(const char *kind) {
   setup_dir();
   if (strcmp(kind, "remote") == 0) start_server(NULL);
   dispatch_device *dev = open_kind(kind);
-  dispatch_tensor *t[6];
-  const char *names[6];
+  dispatch_tensor *t[N_INTEROP];
+  const char *names[N_INTEROP];
   interop_tensors(dev, t, names);
   char path[300];
   path_in_dir(path, sizeof path, "to_python.safetensors");
-  OK(dev, dispatch_save(dev, path, names, t, 6, NULL));
+  OK(dev, dispatch_save(dev, path, names, t, N_INTEROP, NULL));
   cr_assert_eq(run_python("read", path), 0,
                "the json + numpy reader refused dispatch's file");
-  for (int i = 0; i < 6; i++) dispatch_tensor_free(t[i]);
+  for (int i = 0; i < N_INTEROP; i++) dispatch_tensor_free(t[i]);
   dispatch_device_close(dev);
 }
 
@@ -587,11 +604,11 @@ static void python_writes(const char *kind) {
   dispatch_checkpoint *ck;
   OK(dev, dispatch_load(dev, path, &ck));
   cr_assert_str_eq(dispatch_checkpoint_meta(ck, "writer"), "numpy");
-  dispatch_tensor *t[6];
-  const char *names[6];
+  dispatch_tensor *t[N_INTEROP];
+  const char *names[N_INTEROP];
   interop_tensors(dev, t, names);
-  cr_assert_eq(dispatch_checkpoint_count(ck), 6);
-  for (int i = 0; i < 6; i++) {
+  cr_assert_eq(dispatch_checkpoint_count(ck), N_INTEROP);
+  for (int i = 0; i < N_INTEROP; i++) {
     dispatch_tensor *got = dispatch_checkpoint_get(ck, names[i]);
     cr_assert_not_null(got, "no tensor %s", names[i]);
     check_same(t[i], got, names[i]);

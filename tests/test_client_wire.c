@@ -311,3 +311,34 @@ Test(client_wire, checkpoints_on_an_old_server_are_refused_unsent) {
   dispatch_device_close(dev);
   fake_stop(f);
 }
+
+/* A server older than protocol 1.7 holds no f16 or bf16 tensor: an upload
+ * of one, or an op whose result would be one, is refused at the call with
+ * DISPATCH_EDTYPE naming the dtype and both versions, and nothing is sent;
+ * f32 keeps working on the same device. */
+Test(client_wire, half_dtypes_on_an_old_server_are_refused_unsent) {
+  fake *f = fake_start(0);
+  dispatch_device *dev = open_fake(f, "sesame");
+  int64_t sh[1] = {2};
+  uint16_t bits[2] = {0x3c00, 0xc000};
+  dispatch_tensor *h = NULL, *x, *c = NULL;
+  int rc = dispatch_tensor_from_data(dev, DISPATCH_F16, 1, sh, bits,
+                                     sizeof bits, &h);
+  cr_assert_eq(rc, DISPATCH_EDTYPE, "%s", dispatch_err_name(rc));
+  cr_assert_null(h);
+  const char *m = dispatch_device_errmsg(dev);
+  cr_assert(strstr(m, "f16 needs protocol 1.7") && strstr(m, "speaks 1.0"),
+            "%s", m);
+  OK(dev, dispatch_zeros(dev, DISPATCH_F32, 1, sh, &x));
+  rc = dispatch_cast(x, DISPATCH_BF16, &c);
+  cr_assert_eq(rc, DISPATCH_EDTYPE, "%s", dispatch_err_name(rc));
+  cr_assert_null(c);
+  cr_assert(strstr(dispatch_device_errmsg(dev), "bf16 needs protocol 1.7"),
+            "%s", dispatch_device_errmsg(dev));
+  OK(dev, dispatch_device_sync(dev));
+  cr_assert_eq(count_kind(f, DSPWIRE__REQUEST__BODY_UPLOAD), 0);
+  cr_assert_eq(count_kind(f, DSPWIRE__REQUEST__BODY_OP), 1); /* the zeros */
+  dispatch_tensor_free(x);
+  dispatch_device_close(dev);
+  fake_stop(f);
+}

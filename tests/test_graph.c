@@ -518,15 +518,8 @@ Test(graph, hostile_define_and_replay, .fini = stop_server) {
   add.output = 1;
   Dspwire__GraphNode *np[1] = {&add};
   uint32_t outs[1] = {1};
-  Dspwire__GraphDefine d = DSPWIRE__GRAPH_DEFINE__INIT;
-  d.graph = 5;
-  d.n_inputs = 1;
-  d.inputs = mp;
-  d.n_slots = 2;
-  d.n_nodes = 1;
-  d.nodes = np;
-  d.n_outputs = 1;
-  d.outputs = outs;
+  Dspwire__GraphDefine d;
+  wire_graph_define_init(&d, 5, mp, 1, 2, np, 1, outs, 1);
   send_define(&c, &d);
   cr_assert_eq(wire_sync_check(&c, msg, sizeof msg, NULL), 0, "%s", msg);
   float x[4] = {1, 2, 3, 4};

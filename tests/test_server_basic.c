@@ -41,8 +41,9 @@ Test(server_basic, hello_reply_describes_server) {
   cr_assert_eq(r->hello->minor, DSP_PROTO_MINOR);
   cr_assert_str_eq(r->hello->backend, "cpu");
   cr_assert_str_eq(r->hello->server_version, DISPATCH_VERSION_STRING);
-  cr_assert_eq(r->hello->n_dtypes, 4);
+  cr_assert_eq(r->hello->n_dtypes, 6);
   cr_assert_str_eq(r->hello->dtypes[0], "f32");
+  cr_assert_str_eq(r->hello->dtypes[5], "bf16"); /* 1.7 */
   cr_assert_eq(r->hello->max_rank, 8);
   cr_assert_gt(r->hello->max_frame, 0);
   cr_assert_gt(r->hello->max_session_bytes, 0);

@@ -76,7 +76,12 @@ const char *dispatch_version(void);
 #define DISPATCH_MAX_DIMS 8   /* highest rank of a tensor */
 #define DISPATCH_MAX_INPUTS 64 /* most tensors cat/stack take */
 
-/* Element types; the values are those of the wire protocol. */
+/* Element types; the values are those of the wire protocol. The half
+ * types F16 and BF16 take 2 bytes an element (little-endian, like the
+ * rest) and are computed in f32, never accumulated in half; a REMOTE
+ * device needs a server of protocol 1.7 for them (an older one is refused
+ * with DISPATCH_EDTYPE before anything is sent). dispatch_convert turns
+ * them into f32 and back in the caller's memory. */
 typedef enum dispatch_dtype {
   DISPATCH_F32 = 0,
   DISPATCH_F64 = 1,
@@ -448,6 +453,22 @@ int dispatch_tensor_from_data(dispatch_device *dev, dispatch_dtype dtype,
  * surface. */
 DISPATCH_API
 int dispatch_tensor_read(dispatch_tensor *t, void *buf, size_t nbytes);
+
+/* Converts n elements of src_dtype at src into dst_dtype at dst, in the
+ * caller's memory (no device): F32, F64, F16 and BF16, either way. A
+ * narrowing rounds once, to nearest with ties to even, from the source
+ * value itself (f64 -> f16 is not f64 -> f32 -> f16); values past the
+ * largest finite half become infinities, subnormals are kept, a NaN stays
+ * a NaN of its sign (quiet). Widening is exact. These are the bits
+ * dispatch_cast gives on every device. src and dst must not overlap
+ * unless the dtypes are the same (then it is a memmove). Returns 0,
+ * DISPATCH_EDTYPE for a dtype that is not one of the four (I64, BOOL),
+ * DISPATCH_EINVAL for a NULL pointer with n > 0, DISPATCH_EOVERFLOW for
+ * an n whose byte count cannot be a size_t. Nothing is allocated;
+ * the caller owns both buffers (dst holds n elements of dst_dtype). */
+DISPATCH_API
+int dispatch_convert(void *dst, dispatch_dtype dst_dtype, const void *src,
+                     dispatch_dtype src_dtype, size_t n);
 
 /* Copies t to device dev as a new LOCAL or REMOTE tensor (never AUTODIFF;
  * wrap it again if needed). Same device: still a copy. When dev shares
@@ -1061,7 +1082,7 @@ int dispatch_save(dispatch_device *dev, const char *path,
  * entries missing dtype/shape/data_offsets, offsets that overlap, leave a
  * gap or run past the end, bytes after the last tensor, duplicate names,
  * BOOL bytes other than 0/1 (DISPATCH_EINVAL for these), a dtype other than
- * F32, F64, I64, BOOL (DISPATCH_EDTYPE), a rank over DISPATCH_MAX_DIMS
+ * F32, F64, I64, BOOL, F16, BF16 (DISPATCH_EDTYPE), a rank over DISPATCH_MAX_DIMS
  * (DISPATCH_EDIM), sizes that overflow (DISPATCH_EOVERFLOW), a shape whose
  * byte size differs from its offsets (DISPATCH_ESHAPE); the message names
  * the file, the tensor and the figures. REMOTE holds one tensor's bytes at

@@ -16,6 +16,10 @@ from ._core import (  # noqa: F401
     Device, DispatchError, Grads, Scope, Tensor, bool_, codes,
     default_device, device, error_classes, float32, float64, int64, keep,
     track)
+# the half dtypes (issue 24): float16 is numpy's; bfloat16's arrays hold
+# raw uint16 values, converted by bf16_to_f32 / f32_to_bf16
+from ._core import (  # noqa: F401
+    bf16_to_f32, bfloat16, f32_to_bf16, float16, half)
 # torch-like tensors (issue 26): grad mode, seeds, the operators' functions
 from ._core import (  # noqa: F401
     MaxMin, all, any, enable_grad, floor_divide, is_grad_enabled,
@@ -33,7 +37,7 @@ from . import nn, optim  # noqa: F401,E402 (dispatch.nn, dispatch.optim)
 
 # the public functions' annotations
 _Shape = Union[int, Sequence[int]]
-_DType = Any  # a numpy dtype or type, or a name such as "float32"
+_DType = Any  # a numpy dtype or type, dispatch.bfloat16, or a name ("float32")
 _DevArg = Union[None, str, Device]  # a Device or a spec such as "local"
 
 __version__: str = _ffi.string(_lib.dispatch_version()).decode()

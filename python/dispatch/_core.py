@@ -33,9 +33,36 @@ float32 = np.dtype(np.float32)
 float64 = np.dtype(np.float64)
 int64 = np.dtype(np.int64)
 bool_ = np.dtype(np.bool_)
+float16 = np.dtype(np.float16)  # IEEE binary16, numpy's own
+half = float16
+
+
+class _BFloat16:
+    """dispatch.bfloat16, the dtype of a bfloat16 tensor (f32's upper 16
+    bits). numpy has no bfloat16: arrays of one hold the raw 2-byte values
+    as uint16 (t.numpy() gives them, dev.tensor(bits, dtype=bfloat16) takes
+    a uint16 array as such), and bf16_to_f32 / f32_to_bf16 convert. Like a
+    numpy dtype it has .name, .kind ("f": a float dtype) and .itemsize."""
+    __slots__ = ()
+    name = "bfloat16"
+    kind = "f"
+    itemsize = 2
+    storage = np.dtype(np.uint16)  # what its numpy arrays hold
+
+    def __repr__(self):
+        return "dispatch.bfloat16"
+
+    __str__ = __repr__
+
+    def __reduce__(self):
+        return "bfloat16"  # pickles as the module's one instance
+
+
+bfloat16 = _BFloat16()
 
 _NP_TO_C = {float32: lib.DISPATCH_F32, float64: lib.DISPATCH_F64,
-            int64: lib.DISPATCH_I64, bool_: lib.DISPATCH_BOOL}
+            int64: lib.DISPATCH_I64, bool_: lib.DISPATCH_BOOL,
+            float16: lib.DISPATCH_F16, bfloat16: lib.DISPATCH_BF16}
 _C_TO_NP = {v: k for k, v in _NP_TO_C.items()}
 _KIND_NAMES = {lib.DISPATCH_KIND_LOCAL: "local",
                lib.DISPATCH_KIND_REMOTE: "remote",
@@ -46,16 +73,58 @@ _STATS_FIELDS = tuple(name for name, _ in ffi.typeof("dispatch_stats").fields
 
 
 def _dtype(d):
-    """The numpy dtype for d (a numpy dtype or type, or a name such as
-    "float32"); TypeError for one dispatch has no element type for."""
+    """The dtype for d (a numpy dtype or type, dispatch.bfloat16, or a name
+    such as "float32", "half", "bfloat16"); TypeError for one dispatch has
+    no element type for."""
+    if d is bfloat16 or (isinstance(d, str) and d == "bfloat16"):
+        return bfloat16
     try:
         nd = np.dtype(d)
     except TypeError:
         raise TypeError(f"dispatch: not a dtype: {d!r}") from None
     if nd not in _NP_TO_C:
         raise TypeError(f"dispatch: dtype {nd} is not supported (float32, "
-                        "float64, int64 and bool are)")
+                        "float64, float16, bfloat16, int64 and bool are)")
     return nd
+
+
+def _storage(dt):
+    """The numpy dtype of an array holding a tensor of dtype dt."""
+    return dt.storage if dt is bfloat16 else dt
+
+
+def _convert(arr, to_c, from_c, out_dtype):
+    """lib.dispatch_convert over a whole array (its shape kept: 0-d too)."""
+    arr = np.asarray(arr)
+    if not arr.flags.c_contiguous:
+        arr = arr.copy(order="C")
+    out = np.empty(arr.shape, dtype=out_dtype)
+    rc = lib.dispatch_convert(ffi.from_buffer(out), to_c,
+                              ffi.from_buffer(arr), from_c, arr.size)
+    if rc < 0:
+        raise _error(rc, "dispatch_convert failed")
+    return out
+
+
+def bf16_to_f32(bits):
+    """float32 values of bfloat16 raw values (a uint16 array, or anything
+    np.asarray makes one of): exact, as torch's .float() of a bfloat16
+    tensor (a NaN stays a NaN)."""
+    a = np.asarray(bits)
+    if a.dtype != np.uint16:
+        raise TypeError(f"bf16_to_f32: raw bfloat16 values are uint16, not "
+                        f"{a.dtype}")
+    return _convert(a, lib.DISPATCH_F32, lib.DISPATCH_BF16, float32)
+
+
+def f32_to_bf16(values):
+    """bfloat16 raw values (uint16) of values taken as float32 (a float64
+    array is rounded to float32 first, as torch does when it makes a
+    bfloat16 tensor from Python floats), rounded to nearest even as
+    torch's .bfloat16(); a NaN stays a NaN of its sign (torch 1.13 writes
+    0xffff for every NaN)."""
+    a = np.asarray(values, dtype=float32)
+    return _convert(a, lib.DISPATCH_BF16, lib.DISPATCH_F32, np.uint16)
 
 
 # ---------------------------------------------------------------- errors
@@ -346,12 +415,20 @@ class Device:
         a number). A C-contiguous numpy array of a supported dtype is handed
         to the library as it is (its buffer is read once, no copy in
         Python); anything else is converted first. Without dtype, numpy
-        arrays keep theirs and Python floats become float32. With
-        requires_grad, returns the tracked leaf (see Tensor.track)."""
+        arrays keep theirs and Python floats become float32. dtype
+        bfloat16: a uint16 array is taken as the raw values (what
+        t.numpy() of a bfloat16 tensor gives), anything else as numbers,
+        rounded through float32 (f32_to_bf16). With requires_grad, returns
+        the tracked leaf (see Tensor.track)."""
         if isinstance(data, Tensor):
             t = data.to(self) if dtype is None else data.to(self).astype(dtype)
             return t.track() if requires_grad else t
-        if dtype is not None:
+        if dtype is not None and _dtype(dtype) is bfloat16:
+            arr = np.asarray(data)
+            if arr.dtype != bfloat16.storage:
+                arr = f32_to_bf16(arr)
+            dtype_c = lib.DISPATCH_BF16
+        elif dtype is not None:
             arr = np.asarray(data, dtype=_dtype(dtype))
         elif isinstance(data, (np.ndarray, np.generic)):
             arr = np.asarray(data)
@@ -361,8 +438,10 @@ class Device:
                 arr = arr.astype(float32)
             elif arr.dtype.kind in "iu":
                 arr = arr.astype(int64)
-        if arr.dtype not in _NP_TO_C:
-            _dtype(arr.dtype)  # raises, naming the supported dtypes
+        if dtype is None or _dtype(dtype) is not bfloat16:
+            if arr.dtype not in _NP_TO_C:
+                _dtype(arr.dtype)  # raises, naming the supported dtypes
+            dtype_c = _NP_TO_C[arr.dtype]
         if not arr.flags.c_contiguous:
             # (np.ascontiguousarray would also turn a 0-d array into 1-d)
             arr = arr.copy(order="C")
@@ -370,7 +449,7 @@ class Device:
             raise _error(_EINVAL,
                          f"{arr.ndim} dims: a tensor has at most 8")
         shape = ffi.new("int64_t[]", arr.shape) if arr.ndim else ffi.NULL
-        t = self._new(lib.dispatch_tensor_from_data, _NP_TO_C[arr.dtype],
+        t = self._new(lib.dispatch_tensor_from_data, dtype_c,
                       arr.ndim, shape, ffi.from_buffer(arr), arr.nbytes)
         return t.track() if requires_grad else t
 
@@ -756,7 +835,7 @@ def _as_tensor(x, like=None):
     if like is None:
         return default_device().tensor(x)
     if isinstance(x, (numbers.Number, np.generic, list, tuple)):
-        return like._dev.tensor(np.asarray(x, dtype=like.dtype))
+        return like._dev.tensor(x, dtype=like.dtype)
     return like._dev.tensor(x)
 
 
@@ -1130,8 +1209,8 @@ def rms_norm(input, normalized_shape, weight=None, eps=None):  # noqa: A002
     dtype's machine epsilon)."""
     x = _as_tensor(input)
     n = _nlast(x, normalized_shape)
-    if eps is None:
-        eps = float(np.finfo(x.dtype).eps)
+    if eps is None:  # bfloat16's is torch.finfo's: 2^-7
+        eps = 2.0 ** -7 if x.dtype is bfloat16 else float(np.finfo(x.dtype).eps)
     w = _affine(x, weight)
     out = _out()
     rc = lib.dispatch_rms_norm(_hin(x), n, _hin(w) if w is not None else
@@ -1408,8 +1487,12 @@ def argmin(x, dim=None, keepdim=False):
     return _argmin_op(x, dim, keepdim)
 
 
-# torch's type promotion between {bool, int64, float32, float64}
-_CATEGORY = {bool_: 0, int64: 1, float32: 2, float64: 2}
+# torch's type promotion between {bool, int64, float16, bfloat16, float32,
+# float64}: a higher category wins; within the floats the wider one, and
+# float16 with bfloat16 (neither holds the other) gives float32
+_CATEGORY = {bool_: 0, int64: 1, float16: 2, bfloat16: 2, float32: 2,
+             float64: 2}
+_FLOAT_RANK = {float16: 0, bfloat16: 0, float32: 1, float64: 2}
 
 
 def _promote_types(a, b):
@@ -1418,7 +1501,10 @@ def _promote_types(a, b):
     ca, cb = _CATEGORY[a], _CATEGORY[b]
     if ca != cb:
         return a if ca > cb else b
-    return float64  # the only pair of one category that differs
+    ra, rb = _FLOAT_RANK[a], _FLOAT_RANK[b]
+    if ra == rb:
+        return float32  # float16 and bfloat16
+    return a if ra > rb else b
 
 
 def _number_dtype(v):
@@ -1460,7 +1546,7 @@ _SCALAR_FORMS = {
     "mul": (lib.dispatch_mul_scalar, lib.dispatch_mul_scalar, True),
     "div": (lib.dispatch_div_scalar, lib.dispatch_rdiv_scalar, False),
 }
-_FLOATS = (float32, float64)
+_FLOATS = (float32, float64, float16, bfloat16)
 
 
 def _binop(name, a, b, dt=None):
@@ -1773,7 +1859,7 @@ class Tensor:
         if self.requires_grad:
             tail += ", requires_grad=True"
         try:
-            a = self.numpy()
+            a = self._values()
         except DispatchError as e:
             return (f"tensor(<{e.name}: {e.message}>, shape={self.shape}, "
                     f"{tail})")
@@ -1787,9 +1873,11 @@ class Tensor:
 
     def numpy(self) -> np.ndarray:
         """A fresh numpy array with a copy of the data (remote: one read
-        round trip, where deferred errors surface)."""
+        round trip, where deferred errors surface). float16: numpy's
+        float16; bfloat16: the raw values as uint16 (bf16_to_f32 gives
+        their float32 values, t.float().numpy() does it on the device)."""
         h = _hin(self)
-        arr = np.empty(self.shape, dtype=self.dtype)
+        arr = np.empty(self.shape, dtype=_storage(self.dtype))
         rc = lib.dispatch_tensor_read(h, ffi.from_buffer(arr), arr.nbytes)
         if rc < 0:
             _fail(rc, self)
@@ -1799,10 +1887,16 @@ class Tensor:
         a = self.numpy()
         return a if dtype is None else a.astype(dtype)
 
+    def _values(self):
+        """numpy() with bfloat16 as its float32 values: what item, tolist
+        and repr show."""
+        a = self.numpy()
+        return bf16_to_f32(a) if self.dtype is bfloat16 else a
+
     def item(self) -> "float | int | bool":
         if self.size != 1:
             raise ValueError(f"item() needs one element, not {self.size}")
-        return self.numpy().reshape(()).item()
+        return self._values().reshape(()).item()
 
     def __float__(self):
         return float(self.item())
@@ -1825,7 +1919,7 @@ class Tensor:
         return bool(self.item())
 
     def tolist(self):
-        return self.numpy().tolist()
+        return self._values().tolist()
 
     def to(self, *args, device=None, dtype=None):
         """As torch's: t.to(device), t.to(dtype), t.to(device, dtype),
@@ -1862,6 +1956,15 @@ class Tensor:
 
     def float(self):  # noqa: A003
         return _cast(self, float32)
+
+    def half(self):
+        """As torch's: a float16 copy (self when it is one), rounded to
+        nearest even."""
+        return _cast(self, float16)
+
+    def bfloat16(self):
+        """As torch's: a bfloat16 copy (self when it is one)."""
+        return _cast(self, bfloat16)
 
     def double(self):
         return _cast(self, float64)
@@ -2259,7 +2362,7 @@ def _value_for(x, value):
     """value as a tensor of x's dtype on x's device."""
     if isinstance(value, Tensor):
         return _cast(value, x.dtype)
-    return x._dev.tensor(np.asarray(value, dtype=x.dtype))
+    return x._dev.tensor(value, dtype=x.dtype)
 
 
 def _fill(x, mask, value):

@@ -9,7 +9,7 @@ inputs (remote: one message per replay). See README's "Captured graphs".
 """
 import numpy as np
 
-from ._core import _NP_TO_C, _dtype, _hd, ffi, lib
+from ._core import _NP_TO_C, _dtype, _hd, _storage, bfloat16, ffi, lib
 
 
 class Graph:
@@ -54,8 +54,9 @@ class Graph:
 
     def replay(self, *inputs):
         """Runs the step once on inputs (numpy arrays or what numpy turns
-        into one, in the order the capture made them) and returns the
-        outputs as new numpy arrays."""
+        into one, in the order the capture made them; a bfloat16 input as
+        its raw uint16 values) and returns the outputs as new numpy arrays
+        (a bfloat16 output as raw uint16 values, as Tensor.numpy)."""
         if self._h is None or self._dev.closed:
             raise ValueError("the graph was not made, was freed, or its "
                              "device is closed")
@@ -63,19 +64,20 @@ class Graph:
         ins = ffi.new("dispatch_graph_io[]", max(len(inputs), 1))
         for i, x in enumerate(inputs):
             a = np.asarray(x)
-            if a.dtype not in _NP_TO_C:
+            raw_bf16 = a.dtype == bfloat16.storage
+            if a.dtype not in _NP_TO_C and not raw_bf16:
                 _dtype(a.dtype)  # raises, naming the supported dtypes
             if not a.flags.c_contiguous:
                 a = a.copy(order="C")
             shape = ffi.new("int64_t[]", a.shape) if a.ndim else ffi.NULL
             buf = ffi.from_buffer(a)
             keep += [a, shape, buf]
-            ins[i].dtype = _NP_TO_C[a.dtype]
+            ins[i].dtype = _NP_TO_C[bfloat16 if raw_bf16 else a.dtype]
             ins[i].ndim = a.ndim
             ins[i].shape = shape
             ins[i].data = ffi.cast("void *", buf)
             ins[i].nbytes = a.nbytes
-        outs = [np.empty(s, dtype=d) for d, s in self._outs]
+        outs = [np.empty(s, dtype=_storage(d)) for d, s in self._outs]
         oio = ffi.new("dispatch_graph_io[]", max(len(outs), 1))
         for i, o in enumerate(outs):
             buf = ffi.from_buffer(o)

@@ -33,6 +33,12 @@ def sample(dev):
         "mask": dev.tensor(np.array([True, False, True])),
         "scalar": dev.tensor(np.float32(2.5)),
         "empty": dev.zeros((0, 3)),
+        # the half dtypes: numpy's float16 (a subnormal, -0, inf, NaN) and
+        # bfloat16's raw values (1, -inf, a NaN with payload, a subnormal)
+        "f16": dev.tensor(np.array([1 / 3, 2.0 ** -24, -0.0, np.inf, np.nan],
+                                   np.float16)),
+        "bf16": dev.tensor(np.array([0x3F80, 0xFF80, 0x7FC1, 0x0001],
+                                    np.uint16), dtype=dispatch.bfloat16),
     }
 
 
@@ -58,14 +64,16 @@ def test_file_is_safetensors_as_json_and_numpy_read_it(local, tmp_path):
     (n,) = struct.unpack("<Q", raw[:8])
     header = json.loads(raw[8:8 + n])
     data = raw[8 + n:]
-    np_dtype = {"F32": "<f4", "F64": "<f8", "I64": "<i8", "BOOL": "?"}
+    np_dtype = {"F32": "<f4", "F64": "<f8", "I64": "<i8", "BOOL": "?",
+                "F16": "<f2", "BF16": "<u2"}
     for k, t in ts.items():
         e = header[k]
         begin, end = e["data_offsets"]
         got = np.frombuffer(data[begin:end], np_dtype[e["dtype"]]) \
             .reshape(e["shape"])
-        assert (got == t.numpy()).all() and got.shape == t.shape, k
+        assert got.tobytes() == t.numpy().tobytes() and got.shape == t.shape, k
     assert header["w"]["dtype"] == "F32"
+    assert (header["f16"]["dtype"], header["bf16"]["dtype"]) == ("F16", "BF16")
 
 
 def test_a_list_is_saved_under_its_indices(local, tmp_path):

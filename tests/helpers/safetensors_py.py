@@ -16,7 +16,30 @@ import sys
 
 import numpy as np
 
-DTYPES = {"F32": "<f4", "F64": "<f8", "I64": "<i8", "BOOL": "|b1"}
+# BF16 has no numpy dtype: its values are kept as their raw 2-byte
+# patterns (uint16), as the dispatch package keeps them
+DTYPES = {"F32": "<f4", "F64": "<f8", "I64": "<i8", "BOOL": "|b1",
+          "F16": "<f2", "BF16": "<u2"}
+
+# bf16 bits of 1, -3.140625, the largest finite bf16, -inf
+BF16_BITS = [0x3F80, 0xC049, 0x7F7F, 0xFF80]
+
+
+def bf16_from_torch():
+    """The bf16 tensor as torch makes it when torch is importable (its bits
+    must be BF16_BITS), else from the bits themselves: the writer's, so a
+    file laid out with torch's bf16 bits is what dispatch reads."""
+    bits = np.array(BF16_BITS, dtype="<u2")
+    try:
+        import torch
+    except ImportError:
+        return bits
+    vals = [1.0, -3.140625, 3.3895313892515355e38, float("-inf")]
+    t = torch.tensor(vals, dtype=torch.bfloat16).view(torch.int16)
+    got = t.numpy().view("<u2")
+    if not np.array_equal(got, bits):
+        sys.exit("torch's bf16 bits %r, want %r" % (got, bits))
+    return got
 
 
 def expected():
@@ -27,6 +50,10 @@ def expected():
         "mask": (np.arange(7) % 3 == 0),
         "empty": np.zeros((0, 4), dtype="<f4"),
         "scalar": np.array(42.5, dtype="<f4"),
+        # numpy's own float16 rounding: 1/3 -> 0x3555, nan -> 0x7e00
+        "half": np.array([1, -2.5, 65504, 2.0 ** -24, -0.0, np.inf, np.nan,
+                          1 / 3], dtype="<f2").reshape(2, 4),
+        "brain": np.array(BF16_BITS, dtype="<u2"),
     }
 
 
@@ -52,7 +79,8 @@ def read(path):
         if arr.dtype != want[name].dtype or arr.shape != want[name].shape:
             sys.exit("%s: %s %s, want %s %s" % (name, arr.dtype, arr.shape,
                                                 want[name].dtype, want[name].shape))
-        if not np.array_equal(arr, want[name]):
+        # bytes, not values: NaN and -0 must come back as the same bits
+        if arr.tobytes() != want[name].tobytes():
             sys.exit("%s: values %r, want %r" % (name, arr, want[name]))
     if end != len(data):
         sys.exit("data section has %d bytes, offsets cover %d" % (len(data), end))
@@ -61,6 +89,7 @@ def read(path):
 
 def write(path):
     want = expected()
+    want["brain"] = bf16_from_torch()
     rev = {v: k for k, v in DTYPES.items()}
     # data in reverse name order, header keys in name order: a reader must
     # follow the offsets, not the key order

@@ -13,6 +13,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "dsp.h"
 #include "frame.h"
 #include "wire_req.h"
 
@@ -322,4 +323,32 @@ int wire_read_tensor(wire_conn *c, uint64_t id, void **data, size_t *nbytes,
   *nbytes = blen;
   wire_reply_free(r, NULL);
   return 0;
+}
+
+int wire_round_trip(wire_conn *c, uint64_t id, int dtype, const void *data,
+                    size_t nbytes) {
+  size_t es = dsp_dtype_size((dsp_dtype)dtype);
+  int64_t shape[1] = {es ? (int64_t)(nbytes / es) : 0};
+  if (!wire_upload(c, id, dtype, 1, shape, data, nbytes)) return -1;
+  void *got;
+  size_t n;
+  if (wire_read_tensor(c, id, &got, &n, NULL, NULL) != 0) return -1;
+  int same = n == nbytes && memcmp(got, data, n) == 0;
+  free(got);
+  return same ? 0 : -1;
+}
+
+void wire_graph_define_init(Dspwire__GraphDefine *d, uint64_t graph,
+                            Dspwire__TensorMeta **inputs, size_t n_in,
+                            uint32_t n_slots, Dspwire__GraphNode **nodes,
+                            size_t n_nodes, uint32_t *outputs, size_t n_out) {
+  dspwire__graph_define__init(d);
+  d->graph = graph;
+  d->n_inputs = n_in;
+  d->inputs = inputs;
+  d->n_slots = n_slots;
+  d->n_nodes = n_nodes;
+  d->nodes = nodes;
+  d->n_outputs = n_out;
+  d->outputs = outputs;
 }

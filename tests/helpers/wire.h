@@ -92,5 +92,16 @@ int wire_wait_held_bytes(int port, uint64_t want, int tries,
  * 0, the reply's (negative) error code, or 1 on I/O failure. */
 int wire_read_tensor(wire_conn *c, uint64_t id, void **data, size_t *nbytes,
                      int *ndim, int64_t *shape);
+/* Fills *d (a GraphDefine, 1.2) for graph: its placeholders, slot count,
+ * nodes and output slots; every array is borrowed, none copied. */
+void wire_graph_define_init(Dspwire__GraphDefine *d, uint64_t graph,
+                            Dspwire__TensorMeta **inputs, size_t n_in,
+                            uint32_t n_slots, Dspwire__GraphNode **nodes,
+                            size_t n_nodes, uint32_t *outputs, size_t n_out);
+/* Uploads nbytes of data as 1-D tensor id of dtype and reads it back: 0
+ * when the same bytes came back, else -1 (the session no longer serves
+ * plain requests). */
+int wire_round_trip(wire_conn *c, uint64_t id, int dtype, const void *data,
+                    size_t nbytes);
 
 #endif

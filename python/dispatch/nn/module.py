@@ -63,6 +63,8 @@ def _to_numpy(v):
     if isinstance(v, Tensor):
         return v.numpy()
     if hasattr(v, "detach") and hasattr(v, "cpu"):
+        if str(getattr(v, "dtype", "")) == "torch.bfloat16":
+            v = v.float()  # numpy has no bfloat16; exact, rounded back
         return v.detach().cpu().numpy()
     return np.asarray(v)
 
