@@ -37,6 +37,7 @@ extern "C" {
 #endif
 
 #include "scalar_math.h"
+#include "half_math.h"
 
 /* ------------------------------------------------------------------ */
 /* indexing                                                            */

@@ -91,6 +91,12 @@ static int queue_open(cu_be *b, char *why, size_t why_len) {
   }
   cublasStatus_t s = cublasCreate(&b->blas);
   if (s == CUBLAS_STATUS_SUCCESS) s = cublasSetStream(b->blas, b->stream);
+  /* half matmuls accumulate in f32 all the way: without this flag cuBLAS
+   * may sum split-K partials in the output's half type */
+  if (s == CUBLAS_STATUS_SUCCESS)
+    s = cublasSetMathMode(b->blas,
+                          (cublasMath_t)(CUBLAS_DEFAULT_MATH |
+                                         CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION));
   if (s != CUBLAS_STATUS_SUCCESS) {
     int code = dsp_cuda_blas_error((int)s, "cublasCreate", why, why_len);
     if (b->blas) cublasDestroy(b->blas);

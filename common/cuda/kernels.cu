@@ -90,6 +90,7 @@ extern "C" int dsp__cuk_where(cudaStream_t st, int es, int64_t n,
   const uint8_t *mm = (const uint8_t *)m;
   /* bit copies, so NaN payloads survive */
   if (es == 1) k_where<uint8_t><<<grid_for(n), TPB, 0, st>>>(n, *ix, mm, (const uint8_t *)a, (const uint8_t *)b, (uint8_t *)out);
+  else if (es == 2) k_where<uint16_t><<<grid_for(n), TPB, 0, st>>>(n, *ix, mm, (const uint16_t *)a, (const uint16_t *)b, (uint16_t *)out);
   else if (es == 4) k_where<uint32_t><<<grid_for(n), TPB, 0, st>>>(n, *ix, mm, (const uint32_t *)a, (const uint32_t *)b, (uint32_t *)out);
   else k_where<uint64_t><<<grid_for(n), TPB, 0, st>>>(n, *ix, mm, (const uint64_t *)a, (const uint64_t *)b, (uint64_t *)out);
   return (int)cudaGetLastError();
@@ -508,6 +509,8 @@ extern "C" int dsp__cuk_fill(cudaStream_t st, int dt, int64_t n, double v,
     case DSP_F32: k_fill<float><<<g, TPB, 0, st>>>(n, (float)v, (float *)out); break;
     case DSP_F64: k_fill<double><<<g, TPB, 0, st>>>(n, v, (double *)out); break;
     case DSP_I64: k_fill<int64_t><<<g, TPB, 0, st>>>(n, (int64_t)v, (int64_t *)out); break;
+    case DSP_F16: k_fill<uint16_t><<<g, TPB, 0, st>>>(n, dsp__cu_f64_to_f16(v), (uint16_t *)out); break;
+    case DSP_BF16: k_fill<uint16_t><<<g, TPB, 0, st>>>(n, dsp__cu_f64_to_bf16(v), (uint16_t *)out); break;
     default: k_fill<uint8_t><<<g, TPB, 0, st>>>(n, (uint8_t)(v != 0), (uint8_t *)out); break;
   }
   return (int)cudaGetLastError();
@@ -584,6 +587,7 @@ static int gather_any(cudaStream_t st, int es, int64_t n, const dsp__cu_index *i
   if (n <= 0) return 0;
   unsigned g = grid_for(n);
   if (es == 1) k_gather<uint8_t><<<g, TPB, 0, st>>>(n, *ix, base, (const uint8_t *)src, (uint8_t *)dst, scatter);
+  else if (es == 2) k_gather<uint16_t><<<g, TPB, 0, st>>>(n, *ix, base, (const uint16_t *)src, (uint16_t *)dst, scatter);
   else if (es == 4) k_gather<uint32_t><<<g, TPB, 0, st>>>(n, *ix, base, (const uint32_t *)src, (uint32_t *)dst, scatter);
   else k_gather<uint64_t><<<g, TPB, 0, st>>>(n, *ix, base, (const uint64_t *)src, (uint64_t *)dst, scatter);
   return (int)cudaGetLastError();
@@ -599,17 +603,35 @@ extern "C" int dsp__cuk_scatter(cudaStream_t st, int es, int64_t n,
   return gather_any(st, es, n, ix, base, src, dst, 1);
 }
 
-template <typename TO, typename TI>
-__device__ inline TO convert(TI v) {
+/* cast: every source x target pair. A source is first read as its
+ * compute type (wide(): a half as the exact f32, cuda_math.h's
+ * dsp__cu_wide_*), then converted once (dsp__cu_cvt_*): to bool by != 0
+ * (NaN is true), to i64 truncating and saturating, to a half rounded once
+ * to nearest even (an f64 directly, never through f32). */
+template <typename T>
+__device__ inline T wide(T v) { return v; }
+__device__ inline float wide(dsp__cu_f16 v) { return dsp__cu_f16_to_f32(v.v); }
+__device__ inline float wide(dsp__cu_bf16 v) { return dsp__cu_bf16_to_f32(v.v); }
+
+template <typename TO, typename W>
+__device__ inline TO convert(W v) {
   if (sizeof(TO) == 1) return (TO)(v != 0);
   return (TO)v;
 }
 template <> __device__ inline int64_t convert<int64_t, float>(float v) { return dsp__cu_f2i64(v); }
 template <> __device__ inline int64_t convert<int64_t, double>(double v) { return dsp__cu_f2i64(v); }
+template <> __device__ inline dsp__cu_f16 convert<dsp__cu_f16, float>(float v) { return dsp__cu_f16{dsp__cu_f32_to_f16(v)}; }
+template <> __device__ inline dsp__cu_f16 convert<dsp__cu_f16, double>(double v) { return dsp__cu_f16{dsp__cu_f64_to_f16(v)}; }
+template <> __device__ inline dsp__cu_f16 convert<dsp__cu_f16, int64_t>(int64_t v) { return dsp__cu_f16{dsp__cu_i64_to_f16(v)}; }
+template <> __device__ inline dsp__cu_f16 convert<dsp__cu_f16, uint8_t>(uint8_t v) { return dsp__cu_f16{(uint16_t)(v ? 0x3C00u : 0u)}; }
+template <> __device__ inline dsp__cu_bf16 convert<dsp__cu_bf16, float>(float v) { return dsp__cu_bf16{dsp__cu_f32_to_bf16(v)}; }
+template <> __device__ inline dsp__cu_bf16 convert<dsp__cu_bf16, double>(double v) { return dsp__cu_bf16{dsp__cu_f64_to_bf16(v)}; }
+template <> __device__ inline dsp__cu_bf16 convert<dsp__cu_bf16, int64_t>(int64_t v) { return dsp__cu_bf16{dsp__cu_i64_to_bf16(v)}; }
+template <> __device__ inline dsp__cu_bf16 convert<dsp__cu_bf16, uint8_t>(uint8_t v) { return dsp__cu_bf16{(uint16_t)(v ? 0x3F80u : 0u)}; }
 
 template <typename TI, typename TO>
 __global__ void k_cast(int64_t n, const TI *x, TO *out) {
-  GRID_LOOP(i, n) out[i] = convert<TO, TI>(x[i]);
+  GRID_LOOP(i, n) out[i] = convert<TO>(wide(x[i]));
 }
 
 template <typename TI>
@@ -619,6 +641,8 @@ static void cast_from(cudaStream_t st, int to, int64_t n, const TI *x, void *out
     case DSP_F32: k_cast<TI, float><<<g, TPB, 0, st>>>(n, x, (float *)out); break;
     case DSP_F64: k_cast<TI, double><<<g, TPB, 0, st>>>(n, x, (double *)out); break;
     case DSP_I64: k_cast<TI, int64_t><<<g, TPB, 0, st>>>(n, x, (int64_t *)out); break;
+    case DSP_F16: k_cast<TI, dsp__cu_f16><<<g, TPB, 0, st>>>(n, x, (dsp__cu_f16 *)out); break;
+    case DSP_BF16: k_cast<TI, dsp__cu_bf16><<<g, TPB, 0, st>>>(n, x, (dsp__cu_bf16 *)out); break;
     default: k_cast<TI, uint8_t><<<g, TPB, 0, st>>>(n, x, (uint8_t *)out); break;
   }
 }
@@ -630,6 +654,8 @@ extern "C" int dsp__cuk_cast(cudaStream_t st, int from, int to, int64_t n,
     case DSP_F32: cast_from<float>(st, to, n, (const float *)x, out); break;
     case DSP_F64: cast_from<double>(st, to, n, (const double *)x, out); break;
     case DSP_I64: cast_from<int64_t>(st, to, n, (const int64_t *)x, out); break;
+    case DSP_F16: cast_from<dsp__cu_f16>(st, to, n, (const dsp__cu_f16 *)x, out); break;
+    case DSP_BF16: cast_from<dsp__cu_bf16>(st, to, n, (const dsp__cu_bf16 *)x, out); break;
     default: cast_from<uint8_t>(st, to, n, (const uint8_t *)x, out); break;
   }
   return (int)cudaGetLastError();
@@ -652,6 +678,7 @@ extern "C" int dsp__cuk_index_select(cudaStream_t st, int es, int64_t outer,
   if (n <= 0) return 0;
   unsigned g = grid_for(n);
   if (es == 1) k_index_select<uint8_t><<<g, TPB, 0, st>>>(n, L, S, blk, ix, (const uint8_t *)x, (uint8_t *)out);
+  else if (es == 2) k_index_select<uint16_t><<<g, TPB, 0, st>>>(n, L, S, blk, ix, (const uint16_t *)x, (uint16_t *)out);
   else if (es == 4) k_index_select<uint32_t><<<g, TPB, 0, st>>>(n, L, S, blk, ix, (const uint32_t *)x, (uint32_t *)out);
   else k_index_select<uint64_t><<<g, TPB, 0, st>>>(n, L, S, blk, ix, (const uint64_t *)x, (uint64_t *)out);
   return (int)cudaGetLastError();

@@ -17,6 +17,10 @@
 #define D_ (1u << DSP_F64)
 #define I_ (1u << DSP_I64)
 #define B_ (1u << DSP_BOOL)
+/* the half types: claimed only where a kernel reads and writes them
+ * itself; every other op reaches them through the op runner's widening
+ * (cast to f32, the f32 kernel, one rounding back) */
+#define H_ ((1u << DSP_F16) | (1u << DSP_BF16))
 #define FD_ (F_ | D_)
 #define FDI_ (F_ | D_ | I_)
 #define ALL_ (F_ | D_ | I_ | B_)
@@ -34,7 +38,7 @@ static const struct cu_row {
     {DSP_OP_EQ, ALL_}, {DSP_OP_NE, ALL_}, {DSP_OP_LT, FDI_},
     {DSP_OP_LE, FDI_}, {DSP_OP_GT, FDI_}, {DSP_OP_GE, FDI_},
     /* k_where copies elements by size: every dtype */
-    {DSP_OP_WHERE, ALL_},
+    {DSP_OP_WHERE, ALL_ | H_},
     /* k_map (dsp__sm_scalar_*): i64 has add/sub/mul/rsub only */
     {DSP_OP_ADD_SCALAR, FDI_}, {DSP_OP_SUB_SCALAR, FDI_},
     {DSP_OP_MUL_SCALAR, FDI_}, {DSP_OP_DIV_SCALAR, FD_},
@@ -55,15 +59,17 @@ static const struct cu_row {
     {DSP_OP_SUM, FDI_}, {DSP_OP_MEAN, FD_}, {DSP_OP_MAX, FDI_},
     {DSP_OP_ARGMAX, FDI_}, {DSP_OP_MIN, FDI_}, {DSP_OP_ARGMIN, FDI_},
     {DSP_OP_VAR, FD_}, {DSP_OP_STD, FD_},
-    /* copies and k_gather/k_scatter move elements by size; k_cast has
-     * every source x target pair; k_index_select_bw sums f32/f64/i64 */
-    {DSP_OP_RESHAPE, ALL_}, {DSP_OP_PERMUTE, ALL_}, {DSP_OP_TRANSPOSE, ALL_},
-    {DSP_OP_SLICE, ALL_}, {DSP_OP_CAT, ALL_}, {DSP_OP_STACK, ALL_},
-    {DSP_OP_BROADCAST_TO, ALL_}, {DSP_OP_INDEX_SELECT, ALL_},
-    {DSP_OP_CAST, ALL_}, {DSP_OP_SLICE_BACKWARD, ALL_},
+    /* copies and k_gather/k_scatter move elements by size (1, 2, 4 or 8
+     * bytes); k_cast has every source x target pair, halves included
+     * (half_math.h); k_index_select_bw sums f32/f64/i64 */
+    {DSP_OP_RESHAPE, ALL_ | H_}, {DSP_OP_PERMUTE, ALL_ | H_},
+    {DSP_OP_TRANSPOSE, ALL_ | H_}, {DSP_OP_SLICE, ALL_ | H_},
+    {DSP_OP_CAT, ALL_ | H_}, {DSP_OP_STACK, ALL_ | H_},
+    {DSP_OP_BROADCAST_TO, ALL_ | H_}, {DSP_OP_INDEX_SELECT, ALL_ | H_},
+    {DSP_OP_CAST, ALL_ | H_}, {DSP_OP_SLICE_BACKWARD, ALL_ | H_},
     {DSP_OP_INDEX_SELECT_BACKWARD, FDI_},
-    /* cuBLAS S/Dgemm */
-    {DSP_OP_MATMUL, FD_},
+    /* cuBLAS S/Dgemm; GemmEx with f32 compute for f16 and bf16 */
+    {DSP_OP_MATMUL, FD_ | H_},
     /* k_softmax, k_cross_entropy, k_mse, im2col + gemm, k_pool,
      * k_dropout: float and double instances */
     {DSP_OP_SOFTMAX, FD_}, {DSP_OP_LOG_SOFTMAX, FD_},
@@ -92,7 +98,7 @@ static const struct cu_row {
     {DSP_OP_CONV2D_BIAS, FD_},
     /* zeroed storage; k_fill for every dtype; k_arange_i64/k_arange_f;
      * k_random float and double */
-    {DSP_OP_ZEROS, ALL_}, {DSP_OP_ONES, ALL_}, {DSP_OP_FULL, ALL_},
+    {DSP_OP_ZEROS, ALL_ | H_}, {DSP_OP_ONES, ALL_ | H_}, {DSP_OP_FULL, ALL_},
     {DSP_OP_ARANGE, FDI_}, {DSP_OP_UNIFORM, FD_}, {DSP_OP_NORMAL, FD_},
     /* k_sgd, k_adam */
     {DSP_OP_SGD_STEP, FD_}, {DSP_OP_ADAM_STEP, FD_}, {DSP_OP_ADAMW_STEP, FD_},
