@@ -26,55 +26,7 @@
 #define DSP_HD static inline __host__ __device__
 #else
 #define DSP_HD static inline
-/* i64 -> half, rounded once: v's p leading significant bits (p = 11 for
- * f16, 8 for bf16) rounded to nearest even in integers, as the f32 of that
- * value (exact: fewer than 24 bits), which the f32 converter then narrows
- * without a second rounding (or to infinity past f16's range). Going
- * through (double)v would round twice above 2^53. */
-DSP_HD float dsp__cu_i64_round(int64_t v, int p) {
-  const uint64_t a = v < 0 ? 0 - (uint64_t)v : (uint64_t)v;
-  int sh = 0;
-  while ((a >> sh) >> p) sh++;
-  const float f = ldexpf((float)(sh ? dsp__cu_rne_shift(a, sh) : a), sh);
-  return v < 0 ? -f : f;
-}
-DSP_HD uint16_t dsp__cu_i64_to_f16(int64_t v) { return dsp__cu_f32_to_f16(dsp__cu_i64_round(v, 11)); }
-DSP_HD uint16_t dsp__cu_i64_to_bf16(int64_t v) { return dsp__cu_f32_to_bf16(dsp__cu_i64_round(v, 8)); }
-
-/* The kernels' storage types of the half dtypes: two bytes, distinct types
- * so that templates pick the conversions above (wide() in kernels.cu) */
-typedef struct dsp__cu_f16 {
-  uint16_t v;
-} dsp__cu_f16;
-typedef struct dsp__cu_bf16 {
-  uint16_t v;
-} dsp__cu_bf16;
-
 #endif
-/* i64 -> half, rounded once: v's p leading significant bits (p = 11 for
- * f16, 8 for bf16) rounded to nearest even in integers, as the f32 of that
- * value (exact: fewer than 24 bits), which the f32 converter then narrows
- * without a second rounding (or to infinity past f16's range). Going
- * through (double)v would round twice above 2^53. */
-DSP_HD float dsp__cu_i64_round(int64_t v, int p) {
-  const uint64_t a = v < 0 ? 0 - (uint64_t)v : (uint64_t)v;
-  int sh = 0;
-  while ((a >> sh) >> p) sh++;
-  const float f = ldexpf((float)(sh ? dsp__cu_rne_shift(a, sh) : a), sh);
-  return v < 0 ? -f : f;
-}
-DSP_HD uint16_t dsp__cu_i64_to_f16(int64_t v) { return dsp__cu_f32_to_f16(dsp__cu_i64_round(v, 11)); }
-DSP_HD uint16_t dsp__cu_i64_to_bf16(int64_t v) { return dsp__cu_f32_to_bf16(dsp__cu_i64_round(v, 8)); }
-
-/* The kernels' storage types of the half dtypes: two bytes, distinct types
- * so that templates pick the conversions above (wide() in kernels.cu) */
-typedef struct dsp__cu_f16 {
-  uint16_t v;
-} dsp__cu_f16;
-typedef struct dsp__cu_bf16 {
-  uint16_t v;
-} dsp__cu_bf16;
-
 #endif
 
 DSP_HD uint32_t dsp__cu_f32_bits(float f) {
