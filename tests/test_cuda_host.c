@@ -17,10 +17,12 @@
 #include <criterion/criterion.h>
 #include <float.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "attn_math.h"
+#include "half.h"
 #include "cuda_math.h"
 #include "cuda_plan.h"
 #include "norm_math.h"
@@ -1773,196 +1775,121 @@ Test(cuda_host, attention_kernels_match_cpu) {
 }
 
 /* ------------------------------------------------------------------ */
-/* half types: the conversions of half_math.h                          */
+/* half types                                                          */
 
-/* The reference: every finite non-negative value of a half format as a
- * long double (exact), in pattern order (increasing), with the format's
- * infinity appended as the value one step past the largest (2^16 for f16,
- * 2^128 for bf16: the pattern is even, the largest finite one odd, so the
- * midpoint between them rounds to infinity under ties-to-even, as IEEE
- * overflow does). Built by ldexp from the fields, independent of
- * half_math.h. */
-typedef struct half_fmt {
-  const char *name;
-  int mb, bias;          /* stored mantissa bits, exponent bias */
-  uint16_t inf;          /* bits of +infinity */
-  long double val[0x7F81]; /* val[p] for p in [0, inf] */
-} half_fmt;
-static half_fmt g_f16 = {"f16", 10, 15, 0x7C00, {0}};
-static half_fmt g_bf16 = {"bf16", 7, 127, 0x7F80, {0}};
-
-static void fmt_init(half_fmt *f) {
-  for (unsigned p = 0; p <= f->inf; p++) {
-    const unsigned e = p >> f->mb, m = p & ((1u << f->mb) - 1);
-    f->val[p] = e == 0 ? ldexpl((long double)m, 1 - f->bias - f->mb)
-                       : ldexpl((long double)((1u << f->mb) + m),
-                                (int)e - f->bias - f->mb);
+/* k_cast replayed: the source read as its compute type (wide(): a half
+ * as its f32), then one conversion (convert<TO>()), with the functions
+ * the kernel calls (common/half.h, dsp__cu_f2i64) */
+static double sim_wide(dsp_dtype dt, const void *p, int64_t i, int64_t *iv) {
+  switch (dt) {
+    case DSP_F32: return ((const float *)p)[i];
+    case DSP_F64: return ((const double *)p)[i];
+    case DSP_I64: *iv = ((const int64_t *)p)[i]; return (double)*iv;
+    case DSP_F16: return dsp_f16_to_f32(((const uint16_t *)p)[i]);
+    case DSP_BF16: return dsp_bf16_to_f32(((const uint16_t *)p)[i]);
+    default: return ((const uint8_t *)p)[i];
   }
 }
-
-/* the nearest value to x (not NaN), ties to the even pattern, infinity
- * past the midpoint above the largest finite value */
-static uint16_t ref_round(const half_fmt *f, long double x) {
-  const uint16_t s = signbit(x) ? 0x8000 : 0;
-  long double a = fabsl(x);
-  if (a >= f->val[f->inf]) return (uint16_t)(s | f->inf);
-  unsigned lo = 0, hi = f->inf; /* val[lo] <= a < val[hi] */
-  while (hi - lo > 1) {
-    unsigned mid = (lo + hi) / 2;
-    if (f->val[mid] <= a) lo = mid;
-    else hi = mid;
-  }
-  long double dl = a - f->val[lo], dh = f->val[hi] - a;
-  unsigned p = dl < dh ? lo : dh < dl ? hi : (lo & 1 ? hi : lo);
-  return (uint16_t)(s | p);
-}
-
-static int is_half_nan(const half_fmt *f, uint16_t h) {
-  return (h & 0x7FFF) > f->inf;
-}
-
-/* one input, every converter that takes it, against the reference */
-static void check_f64_in(double d) {
-  if (isnan(d)) {
-    uint16_t h = dsp__cu_f64_to_f16(d), b = dsp__cu_f64_to_bf16(d);
-    cr_assert(is_half_nan(&g_f16, h) && (h & 0x0200) && !(h & 0x8000) == !signbit(d),
-              "f64 NaN %a -> f16 0x%04x: not a quiet NaN of its sign", d, h);
-    cr_assert(is_half_nan(&g_bf16, b) && (b & 0x0040) && !(b & 0x8000) == !signbit(d),
-              "f64 NaN -> bf16 0x%04x", b);
-    return;
-  }
-  cr_assert_eq(dsp__cu_f64_to_f16(d), ref_round(&g_f16, d), "f64 %a -> f16: 0x%04x, want 0x%04x",
-               d, dsp__cu_f64_to_f16(d), ref_round(&g_f16, d));
-  cr_assert_eq(dsp__cu_f64_to_bf16(d), ref_round(&g_bf16, d), "f64 %a -> bf16: 0x%04x, want 0x%04x",
-               d, dsp__cu_f64_to_bf16(d), ref_round(&g_bf16, d));
-}
-static void check_f32_in(float x) {
-  if (isnan(x)) {
-    uint16_t h = dsp__cu_f32_to_f16(x), b = dsp__cu_f32_to_bf16(x);
-    cr_assert(is_half_nan(&g_f16, h) && (h & 0x0200) && !(h & 0x8000) == !signbit(x),
-              "f32 NaN -> f16 0x%04x", h);
-    cr_assert(is_half_nan(&g_bf16, b) && (b & 0x0040) && !(b & 0x8000) == !signbit(x),
-              "f32 NaN -> bf16 0x%04x", b);
-    /* the f32 and f64 paths place the payload alike */
-    cr_assert_eq(h, dsp__cu_f64_to_f16((double)x));
-    cr_assert_eq(b, dsp__cu_f64_to_bf16((double)x));
-    return;
-  }
-  cr_assert_eq(dsp__cu_f32_to_f16(x), ref_round(&g_f16, x), "f32 %a -> f16: 0x%04x, want 0x%04x",
-               (double)x, dsp__cu_f32_to_f16(x), ref_round(&g_f16, x));
-  cr_assert_eq(dsp__cu_f32_to_bf16(x), ref_round(&g_bf16, x), "f32 %a -> bf16: 0x%04x, want 0x%04x",
-               (double)x, dsp__cu_f32_to_bf16(x), ref_round(&g_bf16, x));
-  check_f64_in((double)x);
-}
-
-/* Every half value and every midpoint between neighbours (the ties),
- * with the f32 and f64 values one step either side of it, both signs:
- * every rounding boundary of both formats, subnormal and overflow ones
- * included; then random f32 and f64 bit patterns (NaNs among them). */
-Test(cuda_host, half_conversions_round_once_to_nearest_even) {
-  fmt_init(&g_f16), fmt_init(&g_bf16);
-  const half_fmt *fs[2] = {&g_f16, &g_bf16};
-  for (int k = 0; k < 2; k++) {
-    const half_fmt *f = fs[k];
-    for (unsigned p = 0; p < f->inf; p++) {
-      const double v = (double)f->val[p], mid = (double)((f->val[p] + f->val[p + 1]) / 2);
-      const double pts[2] = {v, mid};
-      for (int q = 0; q < 2; q++)
-        for (int sg = 0; sg < 2; sg++) {
-          const double x = sg ? -pts[q] : pts[q];
-          check_f32_in((float)x);
-          check_f32_in(nextafterf((float)x, INFINITY));
-          check_f32_in(nextafterf((float)x, -INFINITY));
-          check_f64_in(nextafter(x, INFINITY));
-          check_f64_in(nextafter(x, -INFINITY));
-        }
-    }
-  }
-  const float fsp[] = {INFINITY, -INFINITY, 0x1p-149f, -0x1p-149f, FLT_MAX, 65519.996f,
-                       65520.0f, 0x1p-25f, 0x1.000002p-25f, 0x1p-134f, 0x1.8p-134f};
-  for (size_t i = 0; i < sizeof fsp / sizeof fsp[0]; i++) check_f32_in(fsp[i]);
-  const double dsp_[] = {DBL_MAX, -DBL_MAX, 0x1p-1074, 0x1p-1022, 0x1.fffffffffffffp-26,
-                         0x1.0000000000001p-25, 0x1.fep127, 0x1.fdfffffffffffp127};
-  for (size_t i = 0; i < sizeof dsp_ / sizeof dsp_[0]; i++) check_f64_in(dsp_[i]);
-  for (int i = 0; i < 200000; i++) {
-    uint64_t r = rnd();
-    uint32_t u = (uint32_t)r;
-    float x;
-    memcpy(&x, &u, sizeof x);
-    check_f32_in(x);
-    /* f64 patterns: exponents near the half ranges, random mantissas */
-    uint64_t e = 1023 - 140 + (r >> 40) % 280, b = (r & ((UINT64_C(1) << 52) - 1)) | (e << 52) |
-                                                 ((r >> 39 & 1) << 63);
-    double d;
-    memcpy(&d, &b, sizeof d);
-    check_f64_in(d);
-  }
-}
-
-/* half -> f32 is exact for every pattern; a NaN comes back a quiet NaN
- * of its sign; and narrowing it again gives the pattern back */
-Test(cuda_host, half_to_f32_is_exact_and_round_trips) {
-  fmt_init(&g_f16), fmt_init(&g_bf16);
-  for (uint32_t p = 0; p < 0x10000; p++) {
-    const uint16_t h = (uint16_t)p;
-    const float a = dsp__cu_f16_to_f32(h), b = dsp__cu_bf16_to_f32(h);
-    const int neg = (p & 0x8000) != 0;
-    if (is_half_nan(&g_f16, h)) {
-      cr_assert(isnan(a) && !signbit(a) == !neg, "f16 0x%04x", p);
-      cr_assert_eq(dsp__cu_f32_to_f16(a), h | 0x0200, "f16 NaN 0x%04x comes back quiet", p);
-    } else {
-      const long double w = (p & 0x7FFF) == g_f16.inf ? INFINITY : g_f16.val[p & 0x7FFF];
-      cr_assert((long double)a == (neg ? -w : w) && !signbit(a) == !neg,
-                "f16 0x%04x -> %a", p, (double)a);
-      cr_assert_eq(dsp__cu_f32_to_f16(a), h, "f16 0x%04x round trip", p);
-      cr_assert_eq(dsp__cu_f64_to_f16((double)a), h);
-    }
-    if (is_half_nan(&g_bf16, h)) {
-      cr_assert(isnan(b) && !signbit(b) == !neg, "bf16 0x%04x", p);
-      cr_assert_eq(dsp__cu_f32_to_bf16(b), h | 0x0040, "bf16 NaN 0x%04x comes back quiet", p);
-    } else {
-      const long double w = (p & 0x7FFF) == g_bf16.inf ? INFINITY : g_bf16.val[p & 0x7FFF];
-      cr_assert((long double)b == (neg ? -w : w) && !signbit(b) == !neg,
-                "bf16 0x%04x -> %a", p, (double)b);
-      cr_assert_eq(dsp__cu_f32_to_bf16(b), h, "bf16 0x%04x round trip", p);
-      cr_assert_eq(dsp__cu_f64_to_bf16((double)b), h);
+static void sim_cast(const dsp_tensor *x, dsp_tensor *o) {
+  const dsp_dtype from = x->meta.dtype, to = o->meta.dtype;
+  void *po = dsp_tensor_data(o);
+  for (int64_t i = 0; i < x->numel; i++) {
+    int64_t iv = 0;
+    /* the compute type of the source: f32 for f32 and the halves */
+    const double w = sim_wide(from, dsp_tensor_data(x), i, &iv);
+    const int wf32 = from == DSP_F32 || dsp_dtype_is_half(from);
+    switch (to) {
+      case DSP_F32: ((float *)po)[i] = from == DSP_I64 ? (float)iv : (float)w; break;
+      case DSP_F64: ((double *)po)[i] = w; break;
+      case DSP_I64:
+        ((int64_t *)po)[i] = from == DSP_I64 ? iv : from == DSP_BOOL ? (int64_t)w
+                                                                      : dsp__cu_f2i64(w);
+        break;
+      case DSP_F16:
+      case DSP_BF16: {
+        const int f16 = to == DSP_F16;
+        uint16_t h;
+        if (from == DSP_I64) h = f16 ? dsp_i64_to_f16(iv) : dsp_i64_to_bf16(iv);
+        else if (from == DSP_BOOL) h = w != 0 ? (f16 ? 0x3C00 : 0x3F80) : 0;
+        else if (wf32) h = f16 ? dsp_f32_to_f16((float)w) : dsp_f32_to_bf16((float)w);
+        else h = f16 ? dsp_f64_to_f16(w) : dsp_f64_to_bf16(w);
+        ((uint16_t *)po)[i] = h;
+        break;
+      }
+      default: ((uint8_t *)po)[i] = from == DSP_I64 ? iv != 0 : w != 0; break;
     }
   }
 }
 
-/* i64 -> half rounds the integer once (an x86 long double holds every
- * i64 exactly, so the reference sees the true value): around 2^53 and
- * 2^62, where a detour through f64 would round twice, and at random */
-Test(cuda_host, i64_to_half_rounds_once) {
-  fmt_init(&g_f16), fmt_init(&g_bf16);
-  const int64_t fixed[] = {0, 1, -1, 65504, 65519, 65520, -65520, INT64_MAX, INT64_MIN,
-                           (INT64_C(1) << 62) + (INT64_C(1) << 54) + 1,
-                           (INT64_C(1) << 62) + (INT64_C(1) << 54),
-                           (INT64_C(1) << 62) + (INT64_C(1) << 54) - 1,
-                           (INT64_C(1) << 53) + 1, 257, 259, -257, 0x1FF};
-  for (size_t i = 0; i < sizeof fixed / sizeof fixed[0] + 100000; i++) {
-    int64_t v = i < sizeof fixed / sizeof fixed[0] ? fixed[i]
-                                                   : (int64_t)(rnd() >> (rnd() % 64));
-    if (i >= sizeof fixed / sizeof fixed[0] && (i & 1)) v = -v;
-    cr_assert_eq(dsp__cu_i64_to_f16(v), ref_round(&g_f16, (long double)v),
-                 "i64 %lld -> f16", (long long)v);
-    cr_assert_eq(dsp__cu_i64_to_bf16(v), ref_round(&g_bf16, (long double)v),
-                 "i64 %lld -> bf16 0x%04x, want 0x%04x", (long long)v,
-                 dsp__cu_i64_to_bf16(v), ref_round(&g_bf16, (long double)v));
+/* Fills t with the edges of every conversion to and from half: NaN,
+ * infinities, signed zeros, f16's largest value and the midpoint above it,
+ * subnormals and ties of both half types, f64 values just past a tie
+ * (through f32 they would round twice), values past f16's range; i64:
+ * integers around 2^53 and 2^62 where a detour through f64 rounds twice */
+static void fill_edges(dsp_tensor *t) {
+  static const double E[] = {NAN, -NAN, INFINITY, -INFINITY, 0.0, -0.0, 65504.0,
+                             65520.0, -65519.0, 0x1p-24, 0x1p-25, 0x1.8p-24, 0x1p-14,
+                             0x1p-133, 0x1p-149, 1.0 + 0x1p-11, 1.0 + 0x1p-8,
+                             1.0 + 0x1.8p-8,
+                             1.0 + 0x1p-11 + 0x1p-40, -1.0 - 0x1p-8 - 0x1p-40, 3e38, 1e39,
+                             0.1, 2.5, -7.5, 1e5};
+  const size_t ne = sizeof E / sizeof E[0];
+  void *p = dsp_tensor_data(t);
+  for (int64_t i = 0; i < t->numel; i++) {
+    const double v = i % 2 ? E[(size_t)(i / 2) % ne] : (urnd() - 0.5) * 1e5 * urnd();
+    switch (t->meta.dtype) {
+      case DSP_F32: ((float *)p)[i] = (float)v; break;
+      case DSP_F64: ((double *)p)[i] = v; break;
+      case DSP_F16: ((uint16_t *)p)[i] = (uint16_t)rnd(); break; /* any pattern */
+      case DSP_BF16: ((uint16_t *)p)[i] = (uint16_t)rnd(); break;
+      case DSP_I64:
+        ((int64_t *)p)[i] = (int64_t)((urnd() - 0.5) * 2e5) +
+                            (i % 3 == 1 ? (INT64_C(1) << 53) + 1
+                                        : i % 3 == 2 ? (INT64_C(1) << 62) + (INT64_C(1) << 54) + 1 : 0);
+        break;
+      default: ((uint8_t *)p)[i] = rnd() & 1; break;
+    }
   }
+}
+
+/* Every cast to or from a half type, as the kernel computes it, against
+ * the CPU's cast bit for bit. */
+Test(cuda_host, half_casts_replayed_match_cpu_bit_for_bit) {
+  const int64_t sh[1] = {4096};
+  int pairs = 0;
+  for (int from = 0; from < DSP_NDTYPES; from++)
+    for (int to = 0; to < DSP_NDTYPES; to++) {
+      if (from == to || !(dsp_dtype_is_half((dsp_dtype)from) || dsp_dtype_is_half((dsp_dtype)to)))
+        continue;
+      dsp_tensor *x = mk((dsp_dtype)from, 1, sh, 0, 0);
+      fill_edges(x);
+      int64_t t = to;
+      dsp_attrs a = dsp_attrs_ints(1, &t);
+      dsp_tensor *want = run(DSP_OP_CAST, &a, 1, &x);
+      dsp_tensor *got = empty_like(want);
+      sim_cast(x, got);
+      char what[64];
+      snprintf(what, sizeof what, "cast %s -> %s", dsp_dtype_name((dsp_dtype)from),
+               dsp_dtype_name((dsp_dtype)to));
+      assert_same_bytes(got, want, what);
+      dsp_tensor_unref(x), dsp_tensor_unref(want), dsp_tensor_unref(got);
+      pairs++;
+    }
+  cr_assert_eq(pairs, 18); /* 4 dtypes x 2 halves x 2 ways, and f16 <-> bf16 */
 }
 
 #if DSP_CUDA_BUILT
 /* The support table claims the half types only where a kernel handles
  * them itself: the copies by element size, the cast, matmul (GemmEx),
- * zeros and ones; every other op is left to the op runner's widening,
+ * zeros, ones and full; every other op is left to the op runner's widening,
  * so a claimed op with no half kernel (it would read two-byte elements
  * as another type) fails here. */
 Test(cuda_host, half_claims_are_the_native_kernels_only) {
   static const dsp_opcode native[] = {
       DSP_OP_WHERE, DSP_OP_RESHAPE, DSP_OP_PERMUTE, DSP_OP_TRANSPOSE, DSP_OP_SLICE,
       DSP_OP_CAT, DSP_OP_STACK, DSP_OP_BROADCAST_TO, DSP_OP_INDEX_SELECT,
-      DSP_OP_CAST, DSP_OP_SLICE_BACKWARD, DSP_OP_MATMUL, DSP_OP_ZEROS, DSP_OP_ONES};
+      DSP_OP_CAST, DSP_OP_SLICE_BACKWARD, DSP_OP_MATMUL, DSP_OP_ZEROS, DSP_OP_ONES,
+      DSP_OP_FULL};
   int seen = 0;
   for (int op = 0; op < 1024; op++) {
     if (!dsp_op_lookup(op)) continue;

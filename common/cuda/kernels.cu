@@ -509,8 +509,8 @@ extern "C" int dsp__cuk_fill(cudaStream_t st, int dt, int64_t n, double v,
     case DSP_F32: k_fill<float><<<g, TPB, 0, st>>>(n, (float)v, (float *)out); break;
     case DSP_F64: k_fill<double><<<g, TPB, 0, st>>>(n, v, (double *)out); break;
     case DSP_I64: k_fill<int64_t><<<g, TPB, 0, st>>>(n, (int64_t)v, (int64_t *)out); break;
-    case DSP_F16: k_fill<uint16_t><<<g, TPB, 0, st>>>(n, dsp__cu_f64_to_f16(v), (uint16_t *)out); break;
-    case DSP_BF16: k_fill<uint16_t><<<g, TPB, 0, st>>>(n, dsp__cu_f64_to_bf16(v), (uint16_t *)out); break;
+    case DSP_F16: k_fill<uint16_t><<<g, TPB, 0, st>>>(n, dsp_f64_to_f16(v), (uint16_t *)out); break;
+    case DSP_BF16: k_fill<uint16_t><<<g, TPB, 0, st>>>(n, dsp_f64_to_bf16(v), (uint16_t *)out); break;
     default: k_fill<uint8_t><<<g, TPB, 0, st>>>(n, (uint8_t)(v != 0), (uint8_t *)out); break;
   }
   return (int)cudaGetLastError();
@@ -603,15 +603,16 @@ extern "C" int dsp__cuk_scatter(cudaStream_t st, int es, int64_t n,
   return gather_any(st, es, n, ix, base, src, dst, 1);
 }
 
-/* cast: every source x target pair. A source is first read as its
- * compute type (wide(): a half as the exact f32, cuda_math.h's
- * dsp__cu_wide_*), then converted once (dsp__cu_cvt_*): to bool by != 0
- * (NaN is true), to i64 truncating and saturating, to a half rounded once
- * to nearest even (an f64 directly, never through f32). */
+/* cast: every source x target pair, the CPU's rules (common/cpu/shape.c)
+ * with the CPU's conversions (common/half.h, host and device). A source
+ * is first read as its compute type (wide(): a half as its exact f32),
+ * then converted once: to bool by != 0 (NaN is true), to i64 truncating
+ * and saturating, to a half rounded once to nearest even (from an f64 or
+ * an i64 directly, never through f32). */
 template <typename T>
 __device__ inline T wide(T v) { return v; }
-__device__ inline float wide(dsp__cu_f16 v) { return dsp__cu_f16_to_f32(v.v); }
-__device__ inline float wide(dsp__cu_bf16 v) { return dsp__cu_bf16_to_f32(v.v); }
+__device__ inline float wide(dsp__cu_f16 v) { return dsp_f16_to_f32(v.v); }
+__device__ inline float wide(dsp__cu_bf16 v) { return dsp_bf16_to_f32(v.v); }
 
 template <typename TO, typename W>
 __device__ inline TO convert(W v) {
@@ -620,13 +621,13 @@ __device__ inline TO convert(W v) {
 }
 template <> __device__ inline int64_t convert<int64_t, float>(float v) { return dsp__cu_f2i64(v); }
 template <> __device__ inline int64_t convert<int64_t, double>(double v) { return dsp__cu_f2i64(v); }
-template <> __device__ inline dsp__cu_f16 convert<dsp__cu_f16, float>(float v) { return dsp__cu_f16{dsp__cu_f32_to_f16(v)}; }
-template <> __device__ inline dsp__cu_f16 convert<dsp__cu_f16, double>(double v) { return dsp__cu_f16{dsp__cu_f64_to_f16(v)}; }
-template <> __device__ inline dsp__cu_f16 convert<dsp__cu_f16, int64_t>(int64_t v) { return dsp__cu_f16{dsp__cu_i64_to_f16(v)}; }
+template <> __device__ inline dsp__cu_f16 convert<dsp__cu_f16, float>(float v) { return dsp__cu_f16{dsp_f32_to_f16(v)}; }
+template <> __device__ inline dsp__cu_f16 convert<dsp__cu_f16, double>(double v) { return dsp__cu_f16{dsp_f64_to_f16(v)}; }
+template <> __device__ inline dsp__cu_f16 convert<dsp__cu_f16, int64_t>(int64_t v) { return dsp__cu_f16{dsp_i64_to_f16(v)}; }
 template <> __device__ inline dsp__cu_f16 convert<dsp__cu_f16, uint8_t>(uint8_t v) { return dsp__cu_f16{(uint16_t)(v ? 0x3C00u : 0u)}; }
-template <> __device__ inline dsp__cu_bf16 convert<dsp__cu_bf16, float>(float v) { return dsp__cu_bf16{dsp__cu_f32_to_bf16(v)}; }
-template <> __device__ inline dsp__cu_bf16 convert<dsp__cu_bf16, double>(double v) { return dsp__cu_bf16{dsp__cu_f64_to_bf16(v)}; }
-template <> __device__ inline dsp__cu_bf16 convert<dsp__cu_bf16, int64_t>(int64_t v) { return dsp__cu_bf16{dsp__cu_i64_to_bf16(v)}; }
+template <> __device__ inline dsp__cu_bf16 convert<dsp__cu_bf16, float>(float v) { return dsp__cu_bf16{dsp_f32_to_bf16(v)}; }
+template <> __device__ inline dsp__cu_bf16 convert<dsp__cu_bf16, double>(double v) { return dsp__cu_bf16{dsp_f64_to_bf16(v)}; }
+template <> __device__ inline dsp__cu_bf16 convert<dsp__cu_bf16, int64_t>(int64_t v) { return dsp__cu_bf16{dsp_i64_to_bf16(v)}; }
 template <> __device__ inline dsp__cu_bf16 convert<dsp__cu_bf16, uint8_t>(uint8_t v) { return dsp__cu_bf16{(uint16_t)(v ? 0x3F80u : 0u)}; }
 
 template <typename TI, typename TO>

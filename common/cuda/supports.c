@@ -61,7 +61,7 @@ static const struct cu_row {
     {DSP_OP_VAR, FD_}, {DSP_OP_STD, FD_},
     /* copies and k_gather/k_scatter move elements by size (1, 2, 4 or 8
      * bytes); k_cast has every source x target pair, halves included
-     * (half_math.h); k_index_select_bw sums f32/f64/i64 */
+     * (common/half.h); k_index_select_bw sums f32/f64/i64 */
     {DSP_OP_RESHAPE, ALL_ | H_}, {DSP_OP_PERMUTE, ALL_ | H_},
     {DSP_OP_TRANSPOSE, ALL_ | H_}, {DSP_OP_SLICE, ALL_ | H_},
     {DSP_OP_CAT, ALL_ | H_}, {DSP_OP_STACK, ALL_ | H_},
@@ -96,9 +96,10 @@ static const struct cu_row {
     {DSP_OP_AVG_POOL2D_EX, FD_},
     /* im2col + gemm, then loss.cu's k_bias_add */
     {DSP_OP_CONV2D_BIAS, FD_},
-    /* zeroed storage; k_fill for every dtype; k_arange_i64/k_arange_f;
+    /* zeroed storage; k_fill for every dtype (a half value rounded once
+     * from the double, as the CPU's fill); k_arange_i64/k_arange_f;
      * k_random float and double */
-    {DSP_OP_ZEROS, ALL_ | H_}, {DSP_OP_ONES, ALL_ | H_}, {DSP_OP_FULL, ALL_},
+    {DSP_OP_ZEROS, ALL_ | H_}, {DSP_OP_ONES, ALL_ | H_}, {DSP_OP_FULL, ALL_ | H_},
     {DSP_OP_ARANGE, FDI_}, {DSP_OP_UNIFORM, FD_}, {DSP_OP_NORMAL, FD_},
     /* k_sgd, k_adam */
     {DSP_OP_SGD_STEP, FD_}, {DSP_OP_ADAM_STEP, FD_}, {DSP_OP_ADAMW_STEP, FD_},
