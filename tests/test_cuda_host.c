@@ -1880,13 +1880,13 @@ Test(cuda_host, half_casts_replayed_match_cpu_bit_for_bit) {
 
 #if DSP_CUDA_BUILT
 /* The support table claims the half types only where a kernel handles
- * them itself: the copies by element size, the cast, matmul (GemmEx),
- * zeros, ones and full; every other op is left to the op runner's widening,
- * so a claimed op with no half kernel (it would read two-byte elements
- * as another type) fails here. */
+ * them itself: the elementwise family, the copies by element size, the
+ * cast, matmul (GemmEx), zeros, ones and full; every other op is left to
+ * the op runner's widening, so a claimed op with no half kernel (it would
+ * read two-byte elements as another type) fails here. */
 Test(cuda_host, half_claims_are_the_native_kernels_only) {
   static const dsp_opcode native[] = {
-      DSP_OP_WHERE, DSP_OP_RESHAPE, DSP_OP_PERMUTE, DSP_OP_TRANSPOSE, DSP_OP_SLICE,
+      DSP_OP_RESHAPE, DSP_OP_PERMUTE, DSP_OP_TRANSPOSE, DSP_OP_SLICE,
       DSP_OP_CAT, DSP_OP_STACK, DSP_OP_BROADCAST_TO, DSP_OP_INDEX_SELECT,
       DSP_OP_CAST, DSP_OP_SLICE_BACKWARD, DSP_OP_MATMUL, DSP_OP_ZEROS, DSP_OP_ONES,
       DSP_OP_FULL};
@@ -1894,7 +1894,7 @@ Test(cuda_host, half_claims_are_the_native_kernels_only) {
   for (int op = 0; op < 1024; op++) {
     if (!dsp_op_lookup(op)) continue;
     seen++;
-    int want = 0;
+    int want = dsp_op_lookup(op)->family == DSP_FAM_EW;
     for (size_t i = 0; i < sizeof native / sizeof native[0]; i++) want |= (int)native[i] == op;
     for (int dt = DSP_F16; dt <= DSP_BF16; dt++)
       cr_assert_eq(dsp__cuda_has_kernel((dsp_opcode)op, (dsp_dtype)dt), want, "%s %s",

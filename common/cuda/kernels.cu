@@ -46,6 +46,30 @@ __device__ inline int64_t map1(int op, int64_t x, int64_t y, double s) {
 }
 
 /* ------------------------------------------------------------------ */
+/* the half types: stored in two bytes, computed in f32. wide() reads an
+ * element as its compute type (a half as its exact f32), narrow<T>()
+ * stores a compute-type value (a half rounded once to nearest even, with
+ * common/half.h, the CPU's conversion); both are the identity for the
+ * other types. A half kernel is therefore the f32 kernel between one
+ * exact read and one rounding: what the op runner's widening computes on
+ * the CPU, with no temporaries. */
+template <typename T> struct acc_t { typedef T type; };
+template <> struct acc_t<dsp__cu_f16> { typedef float type; };
+template <> struct acc_t<dsp__cu_bf16> { typedef float type; };
+
+template <typename T>
+__device__ inline T wide(T v) { return v; }
+__device__ inline float wide(dsp__cu_f16 v) { return dsp_f16_to_f32(v.v); }
+__device__ inline float wide(dsp__cu_bf16 v) { return dsp_bf16_to_f32(v.v); }
+
+template <typename T>
+__host__ __device__ inline T narrow(typename acc_t<T>::type v) { return v; }
+template <>
+__host__ __device__ inline dsp__cu_f16 narrow<dsp__cu_f16>(float v) { return dsp__cu_f16{dsp_f32_to_f16(v)}; }
+template <>
+__host__ __device__ inline dsp__cu_bf16 narrow<dsp__cu_bf16>(float v) { return dsp__cu_bf16{dsp_f32_to_bf16(v)}; }
+
+/* ------------------------------------------------------------------ */
 /* elementwise                                                         */
 
 template <typename T>
@@ -54,8 +78,8 @@ __global__ void k_binary(int op, int is_cmp, int64_t n, dsp__cu_index ix,
   GRID_LOOP(i, n) {
     int64_t off[3];
     dsp__cu_offsets(&ix, i, off);
-    if (is_cmp) ((uint8_t *)out)[i] = cmp(op, a[off[0]], b[off[1]]);
-    else ((T *)out)[i] = bin(op, a[off[0]], b[off[1]]);
+    if (is_cmp) ((uint8_t *)out)[i] = cmp(op, wide(a[off[0]]), wide(b[off[1]]));
+    else ((T *)out)[i] = narrow<T>(bin(op, wide(a[off[0]]), wide(b[off[1]])));
   }
 }
 
@@ -68,6 +92,8 @@ extern "C" int dsp__cuk_binary(cudaStream_t st, int op, int dt, int64_t n,
     case DSP_F32: k_binary<float><<<grid_for(n), TPB, 0, st>>>(op, c, n, *ix, (const float *)a, (const float *)b, out); break;
     case DSP_F64: k_binary<double><<<grid_for(n), TPB, 0, st>>>(op, c, n, *ix, (const double *)a, (const double *)b, out); break;
     case DSP_I64: k_binary<int64_t><<<grid_for(n), TPB, 0, st>>>(op, c, n, *ix, (const int64_t *)a, (const int64_t *)b, out); break;
+    case DSP_F16: k_binary<dsp__cu_f16><<<grid_for(n), TPB, 0, st>>>(op, c, n, *ix, (const dsp__cu_f16 *)a, (const dsp__cu_f16 *)b, out); break;
+    case DSP_BF16: k_binary<dsp__cu_bf16><<<grid_for(n), TPB, 0, st>>>(op, c, n, *ix, (const dsp__cu_bf16 *)a, (const dsp__cu_bf16 *)b, out); break;
     default: k_binary<uint8_t><<<grid_for(n), TPB, 0, st>>>(op, c, n, *ix, (const uint8_t *)a, (const uint8_t *)b, out); break;
   }
   return (int)cudaGetLastError();
@@ -98,7 +124,8 @@ extern "C" int dsp__cuk_where(cudaStream_t st, int es, int64_t n,
 
 template <typename T>
 __global__ void k_map(int op, int64_t n, const T *x, const T *y, double s, T *out) {
-  GRID_LOOP(i, n) out[i] = map1(op, x[i], y ? y[i] : (T)0, s);
+  typedef typename acc_t<T>::type A;
+  GRID_LOOP(i, n) out[i] = narrow<T>(map1(op, wide(x[i]), y ? wide(y[i]) : (A)0, s));
 }
 
 extern "C" int dsp__cuk_map(cudaStream_t st, int op, int dt, int64_t n,
@@ -107,15 +134,18 @@ extern "C" int dsp__cuk_map(cudaStream_t st, int op, int dt, int64_t n,
   switch (dt) {
     case DSP_F32: k_map<float><<<grid_for(n), TPB, 0, st>>>(op, n, (const float *)x, (const float *)y, s, (float *)out); break;
     case DSP_F64: k_map<double><<<grid_for(n), TPB, 0, st>>>(op, n, (const double *)x, (const double *)y, s, (double *)out); break;
+    case DSP_F16: k_map<dsp__cu_f16><<<grid_for(n), TPB, 0, st>>>(op, n, (const dsp__cu_f16 *)x, (const dsp__cu_f16 *)y, s, (dsp__cu_f16 *)out); break;
+    case DSP_BF16: k_map<dsp__cu_bf16><<<grid_for(n), TPB, 0, st>>>(op, n, (const dsp__cu_bf16 *)x, (const dsp__cu_bf16 *)y, s, (dsp__cu_bf16 *)out); break;
     default: k_map<int64_t><<<grid_for(n), TPB, 0, st>>>(op, n, (const int64_t *)x, (const int64_t *)y, s, (int64_t *)out); break;
   }
   return (int)cudaGetLastError();
 }
 
-/* clamp: the bounds already in the tensor's type */
+/* clamp: the bounds already in the tensor's compute type */
 template <typename T>
-__global__ void k_clamp(int64_t n, const T *x, T lo, T hi, T *out) {
-  GRID_LOOP(i, n) out[i] = clampv(x[i], lo, hi);
+__global__ void k_clamp(int64_t n, const T *x, typename acc_t<T>::type lo,
+                        typename acc_t<T>::type hi, T *out) {
+  GRID_LOOP(i, n) out[i] = narrow<T>(clampv(wide(x[i]), lo, hi));
 }
 
 static int64_t bound_i64(double v) {
@@ -129,6 +159,8 @@ extern "C" int dsp__cuk_clamp(cudaStream_t st, int dt, int64_t n,
   switch (dt) {
     case DSP_F32: k_clamp<float><<<g, TPB, 0, st>>>(n, (const float *)x, (float)lo, (float)hi, (float *)out); break;
     case DSP_F64: k_clamp<double><<<g, TPB, 0, st>>>(n, (const double *)x, lo, hi, (double *)out); break;
+    case DSP_F16: k_clamp<dsp__cu_f16><<<g, TPB, 0, st>>>(n, (const dsp__cu_f16 *)x, (float)lo, (float)hi, (dsp__cu_f16 *)out); break;
+    case DSP_BF16: k_clamp<dsp__cu_bf16><<<g, TPB, 0, st>>>(n, (const dsp__cu_bf16 *)x, (float)lo, (float)hi, (dsp__cu_bf16 *)out); break;
     default: k_clamp<int64_t><<<g, TPB, 0, st>>>(n, (const int64_t *)x, bound_i64(lo), bound_i64(hi), (int64_t *)out); break;
   }
   return (int)cudaGetLastError();
@@ -142,7 +174,7 @@ __global__ void k_masked_fill(int64_t n, dsp__cu_index ix, const uint8_t *m,
   GRID_LOOP(i, n) {
     int64_t off[3];
     dsp__cu_offsets(&ix, i, off);
-    out[i] = m[off[0]] ? v : x[off[1]];
+    out[i] = m[off[0]] ? v : narrow<T>(wide(x[off[1]])); /* a half NaN quieted, as widened */
   }
 }
 
@@ -155,6 +187,9 @@ extern "C" int dsp__cuk_masked_fill(cudaStream_t st, int dt, int64_t n,
   switch (dt) {
     case DSP_F32: k_masked_fill<float><<<g, TPB, 0, st>>>(n, *ix, mm, (const float *)x, (float)v, (float *)out); break;
     case DSP_F64: k_masked_fill<double><<<g, TPB, 0, st>>>(n, *ix, mm, (const double *)x, v, (double *)out); break;
+    /* the fill value as the widened op has it: the f32 of v, rounded */
+    case DSP_F16: k_masked_fill<dsp__cu_f16><<<g, TPB, 0, st>>>(n, *ix, mm, (const dsp__cu_f16 *)x, narrow<dsp__cu_f16>((float)v), (dsp__cu_f16 *)out); break;
+    case DSP_BF16: k_masked_fill<dsp__cu_bf16><<<g, TPB, 0, st>>>(n, *ix, mm, (const dsp__cu_bf16 *)x, narrow<dsp__cu_bf16>((float)v), (dsp__cu_bf16 *)out); break;
     default: k_masked_fill<int64_t><<<g, TPB, 0, st>>>(n, *ix, mm, (const int64_t *)x, (int64_t)v, (int64_t *)out); break;
   }
   return (int)cudaGetLastError();
@@ -609,11 +644,6 @@ extern "C" int dsp__cuk_scatter(cudaStream_t st, int es, int64_t n,
  * then converted once: to bool by != 0 (NaN is true), to i64 truncating
  * and saturating, to a half rounded once to nearest even (from an f64 or
  * an i64 directly, never through f32). */
-template <typename T>
-__device__ inline T wide(T v) { return v; }
-__device__ inline float wide(dsp__cu_f16 v) { return dsp_f16_to_f32(v.v); }
-__device__ inline float wide(dsp__cu_bf16 v) { return dsp_bf16_to_f32(v.v); }
-
 template <typename TO, typename W>
 __device__ inline TO convert(W v) {
   if (sizeof(TO) == 1) return (TO)(v != 0);
