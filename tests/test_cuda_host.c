@@ -1878,6 +1878,111 @@ Test(cuda_host, half_casts_replayed_match_cpu_bit_for_bit) {
   cr_assert_eq(pairs, 18); /* 4 dtypes x 2 halves x 2 ways, and f16 <-> bf16 */
 }
 
+/* A half tensor's f32 copy (exact), and an f32 tensor rounded to dt: the
+ * wide() and narrow() of the half kernels */
+static dsp_tensor *widened(const dsp_tensor *h) {
+  dsp_meta m = h->meta;
+  m.dtype = DSP_F32;
+  dsp_tensor *o = NULL;
+  cr_assert_eq(dsp_tensor_new(ctx, &m, &o), 0);
+  dsp_half_to_f32_n(h->meta.dtype, dsp_tensor_data(h), dsp_tensor_data(o), (size_t)h->numel);
+  return o;
+}
+static dsp_tensor *narrowed(dsp_tensor *f, dsp_dtype dt) {
+  if (f->meta.dtype != DSP_F32) return f; /* a comparison's bools */
+  dsp_meta m = f->meta;
+  m.dtype = dt;
+  dsp_tensor *o = NULL;
+  cr_assert_eq(dsp_tensor_new(ctx, &m, &o), 0);
+  const float *v = dsp_tensor_data(f);
+  for (int64_t i = 0; i < f->numel; i++)
+    ((uint16_t *)dsp_tensor_data(o))[i] =
+        dt == DSP_F16 ? dsp_f32_to_f16(v[i]) : dsp_f32_to_bf16(v[i]);
+  dsp_tensor_unref(f);
+  return o;
+}
+/* a random half tensor: rval's values (NaN, infinities, -0, ties) rounded */
+static dsp_tensor *mk_half(dsp_dtype dt, int nd, const int64_t *sh) {
+  dsp_meta m = meta_of(dt, nd, sh);
+  dsp_tensor *t = NULL;
+  cr_assert_eq(dsp_tensor_new(ctx, &m, &t), 0);
+  for (int64_t i = 0; i < t->numel; i++) {
+    double v = rval(1);
+    ((uint16_t *)dsp_tensor_data(t))[i] = dt == DSP_F16 ? dsp_f64_to_f16(v) : dsp_f64_to_bf16(v);
+  }
+  return t;
+}
+
+/* The half instances of k_binary, k_map, k_clamp and k_masked_fill are
+ * the f32 kernels between wide() and narrow(): replayed so (the f32
+ * replays above on the widened inputs, each result rounded once), they
+ * give the CPU's widened op bit for bit, for every elementwise op with
+ * broadcasting; masked_fill's value is the f32 of v rounded (1 + 2^-11 +
+ * 2^-40 rounds to 1 that way, to 1 + 2^-10 straight from the double). */
+Test(cuda_host, half_elementwise_is_the_f32_kernel_rounded_once) {
+  static const int64_t S[] = {3, 41}, M[] = {3, 1}, A[] = {4, 1, 3}, B[] = {5, 1};
+  for (int dt = DSP_F16; dt <= DSP_BF16; dt++) {
+    for (int op = DSP_OP_ADD; op <= DSP_OP_GE; op++) {
+      dsp_tensor *in[2] = {mk_half((dsp_dtype)dt, 3, A), mk_half((dsp_dtype)dt, 2, B)};
+      dsp_tensor *want = run((dsp_opcode)op, NULL, 2, in);
+      dsp_tensor *w[2] = {widened(in[0]), widened(in[1])};
+      dsp_tensor *like = run((dsp_opcode)op, NULL, 2, w);
+      dsp_tensor *got = narrowed(sim_binary((dsp_opcode)op, w[0], w[1], like), (dsp_dtype)dt);
+      assert_same_bytes(got, want, dsp_op_lookup(op)->name);
+      dsp_tensor_unref(got), dsp_tensor_unref(like), dsp_tensor_unref(want);
+      for (int k = 0; k < 2; k++) dsp_tensor_unref(in[k]), dsp_tensor_unref(w[k]);
+    }
+    for (int op = DSP_OP_ADD_SCALAR; op <= DSP_OP_GELU_TANH_BACKWARD; op++) {
+      if (op == DSP_OP_CLAMP || op == DSP_OP_MASKED_FILL) continue;
+      const int n_in = dsp_op_lookup(op)->n_inputs;
+      dsp_tensor *in[2] = {mk_half((dsp_dtype)dt, 2, S), mk_half((dsp_dtype)dt, 2, S)};
+      const int sc = op <= DSP_OP_RDIV_SCALAR;
+      dsp_attrs a = sc ? dsp_attrs_f1(op == DSP_OP_POW_SCALAR ? 1.5 : 0.3) : dsp_attrs_none();
+      dsp_tensor *want = run((dsp_opcode)op, &a, n_in, in);
+      dsp_tensor *w[2] = {widened(in[0]), widened(in[1])};
+      dsp_tensor *got = empty_like(w[0]);
+      sim_map((dsp_opcode)op, w[0], n_in > 1 ? w[1] : NULL, sc ? a.floats[0] : 0.0, got);
+      got = narrowed(got, (dsp_dtype)dt);
+      assert_same_bytes(got, want, dsp_op_lookup(op)->name);
+      dsp_tensor_unref(got), dsp_tensor_unref(want);
+      for (int k = 0; k < 2; k++) dsp_tensor_unref(in[k]), dsp_tensor_unref(w[k]);
+    }
+    /* clamp to [-1, 2] */
+    dsp_tensor *x = mk_half((dsp_dtype)dt, 2, S), *wx = widened(x);
+    dsp_attrs ca = dsp_attrs_none();
+    ca.floats[0] = -1, ca.floats[1] = 2, ca.n_floats = 2;
+    dsp_tensor *want = run(DSP_OP_CLAMP, &ca, 1, &x), *got = empty_like(wx);
+    for (int64_t i = 0; i < wx->numel; i++)
+      ((float *)dsp_tensor_data(got))[i] =
+          dsp__sm_clamp_f32(((float *)dsp_tensor_data(wx))[i], -1.0f, 2.0f);
+    got = narrowed(got, (dsp_dtype)dt);
+    assert_same_bytes(got, want, "clamp");
+    dsp_tensor_unref(got), dsp_tensor_unref(want), dsp_tensor_unref(wx);
+    /* masked_fill, the mask broadcast from [3, 1] */
+    const double v = 1.0 + 0x1p-11 + 0x1p-40;
+    dsp_tensor *in[2] = {x, mk(DSP_BOOL, 2, M, 0, 0)};
+    dsp_attrs ma = dsp_attrs_f1(v);
+    want = run(DSP_OP_MASKED_FILL, &ma, 2, in);
+    got = empty_like(want);
+    const dsp_meta *ms[2] = {&in[1]->meta, &in[0]->meta};
+    dsp__cu_index ix;
+    dsp__cu_plan_bcast(&ix, &got->meta, ms, 2);
+    const uint16_t fill = dt == DSP_F16 ? dsp_f32_to_f16((float)v) : dsp_f32_to_bf16((float)v);
+    for (int64_t i = 0; i < got->numel; i++) {
+      int64_t off[3];
+      dsp__cu_offsets(&ix, i, off);
+      const uint16_t h = ((uint16_t *)dsp_tensor_data(x))[off[1]];
+      ((uint16_t *)dsp_tensor_data(got))[i] =
+          ((uint8_t *)dsp_tensor_data(in[1]))[off[0]]
+              ? fill
+              : dt == DSP_F16 ? dsp_f32_to_f16(dsp_f16_to_f32(h)) : dsp_f32_to_bf16(dsp_bf16_to_f32(h));
+    }
+    assert_same_bytes(got, want, "masked_fill");
+    dsp_tensor_unref(got), dsp_tensor_unref(want);
+    dsp_tensor_unref(in[0]), dsp_tensor_unref(in[1]);
+  }
+}
+
 #if DSP_CUDA_BUILT
 /* The support table claims the half types only where a kernel handles
  * them itself: the elementwise family, the copies by element size, the
