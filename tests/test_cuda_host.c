@@ -1985,8 +1985,8 @@ Test(cuda_host, half_elementwise_is_the_f32_kernel_rounded_once) {
 
 #if DSP_CUDA_BUILT
 /* The support table claims the half types only where a kernel handles
- * them itself: the elementwise family, the copies by element size, the
- * cast, matmul (GemmEx), zeros, ones and full; every other op is left to
+ * them itself: the elementwise family, the softmax family, the copies by
+ * element size, the cast, matmul (GemmEx), zeros, ones and full; every other op is left to
  * the op runner's widening, so a claimed op with no half kernel (it would
  * read two-byte elements as another type) fails here. */
 Test(cuda_host, half_claims_are_the_native_kernels_only) {
@@ -1994,7 +1994,8 @@ Test(cuda_host, half_claims_are_the_native_kernels_only) {
       DSP_OP_RESHAPE, DSP_OP_PERMUTE, DSP_OP_TRANSPOSE, DSP_OP_SLICE,
       DSP_OP_CAT, DSP_OP_STACK, DSP_OP_BROADCAST_TO, DSP_OP_INDEX_SELECT,
       DSP_OP_CAST, DSP_OP_SLICE_BACKWARD, DSP_OP_MATMUL, DSP_OP_ZEROS, DSP_OP_ONES,
-      DSP_OP_FULL};
+      DSP_OP_FULL, DSP_OP_SOFTMAX, DSP_OP_LOG_SOFTMAX, DSP_OP_SOFTMAX_BACKWARD,
+      DSP_OP_LOG_SOFTMAX_BACKWARD};
   int seen = 0;
   for (int op = 0; op < 1024; op++) {
     if (!dsp_op_lookup(op)) continue;

@@ -68,6 +68,10 @@ template <>
 __host__ __device__ inline dsp__cu_f16 narrow<dsp__cu_f16>(float v) { return dsp__cu_f16{dsp_f32_to_f16(v)}; }
 template <>
 __host__ __device__ inline dsp__cu_bf16 narrow<dsp__cu_bf16>(float v) { return dsp__cu_bf16{dsp_f32_to_bf16(v)}; }
+/* a double result stored as T: through the compute type, as the f32
+ * kernel the widening runs would store it, then rounded once */
+template <typename T>
+__device__ inline T from_d(double v) { return narrow<T>((typename acc_t<T>::type)v); }
 
 /* ------------------------------------------------------------------ */
 /* elementwise                                                         */
@@ -447,25 +451,25 @@ __global__ void k_softmax(int op, int64_t outer, int64_t len, int64_t inner,
     if (op == DSP_OP_SOFTMAX || op == DSP_OP_LOG_SOFTMAX) {
       dsp__cu_lse l = dsp__cu_lse_id();
       for (int64_t j = threadIdx.x; j < len; j += blockDim.x)
-        l = dsp__cu_lse_merge(l, dsp__cu_lse_elem((double)x[base + j * inner]));
+        l = dsp__cu_lse_merge(l, dsp__cu_lse_elem((double)wide(x[base + j * inner])));
       l = dsp__cu_lse_final(block_reduce(l, lse_merge()));
       double ls = log(l.s);
       for (int64_t j = threadIdx.x; j < len; j += blockDim.x) {
-        double v = (double)x[base + j * inner] - l.m;
-        out[base + j * inner] = (T)(op == DSP_OP_SOFTMAX ? exp(v) / l.s : v - ls);
+        double v = (double)wide(x[base + j * inner]) - l.m;
+        out[base + j * inner] = from_d<T>(op == DSP_OP_SOFTMAX ? exp(v) / l.s : v - ls);
       }
     } else {
       int sm = op == DSP_OP_SOFTMAX_BACKWARD;
       dsp__cu_ksum acc = dsp__cu_ksum_zero();
       for (int64_t j = threadIdx.x; j < len; j += blockDim.x) {
-        double g = (double)x[base + j * inner];
-        dsp__cu_ksum_add(&acc, sm ? g * (double)y[base + j * inner] : g);
+        double g = (double)wide(x[base + j * inner]);
+        dsp__cu_ksum_add(&acc, sm ? g * (double)wide(y[base + j * inner]) : g);
       }
       double s = dsp__cu_ksum_value(block_reduce(acc, ksum_merge()));
       for (int64_t j = threadIdx.x; j < len; j += blockDim.x) {
         int64_t i = base + j * inner;
-        double g = (double)x[i], yy = (double)y[i];
-        out[i] = (T)(sm ? yy * (g - s) : g - exp(yy) * s);
+        double g = (double)wide(x[i]), yy = (double)wide(y[i]);
+        out[i] = from_d<T>(sm ? yy * (g - s) : g - exp(yy) * s);
       }
     }
   }
@@ -477,6 +481,8 @@ extern "C" int dsp__cuk_softmax(cudaStream_t st, int op, int dt, int64_t outer,
   if (outer * inner <= 0 || len <= 0) return 0;
   unsigned g = grid_rows(outer * inner);
   if (dt == DSP_F32) k_softmax<float><<<g, TPB, 0, st>>>(op, outer, len, inner, (const float *)x, (const float *)y, (float *)out);
+  else if (dt == DSP_F16) k_softmax<dsp__cu_f16><<<g, TPB, 0, st>>>(op, outer, len, inner, (const dsp__cu_f16 *)x, (const dsp__cu_f16 *)y, (dsp__cu_f16 *)out);
+  else if (dt == DSP_BF16) k_softmax<dsp__cu_bf16><<<g, TPB, 0, st>>>(op, outer, len, inner, (const dsp__cu_bf16 *)x, (const dsp__cu_bf16 *)y, (dsp__cu_bf16 *)out);
   else k_softmax<double><<<g, TPB, 0, st>>>(op, outer, len, inner, (const double *)x, (const double *)y, (double *)out);
   return (int)cudaGetLastError();
 }

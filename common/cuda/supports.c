@@ -10,7 +10,7 @@
  * the table claims no pair inference refuses, and on a GPU it runs every
  * pair claimed against the CPU. The half types (H_) have kernels of their
  * own for the elementwise family (the f32 math between an exact read and
- * one rounding), the copies, the cast, the fills and matmul (GemmEx, f32
+ * one rounding), the softmax family, the copies, the cast, the fills and matmul (GemmEx, f32
  * compute); every other op reaches them through the op runner's widening
  * (common/op.c), which the table must not claim. */
 #include "dsp_cuda.h"
@@ -76,9 +76,11 @@ static const struct cu_row {
     /* cuBLAS S/Dgemm; GemmEx with f32 compute for f16 and bf16 */
     {DSP_OP_MATMUL, FD_ | H_},
     /* k_softmax, k_cross_entropy, k_mse, im2col + gemm, k_pool,
-     * k_dropout: float and double instances */
-    {DSP_OP_SOFTMAX, FD_}, {DSP_OP_LOG_SOFTMAX, FD_},
-    {DSP_OP_SOFTMAX_BACKWARD, FD_}, {DSP_OP_LOG_SOFTMAX_BACKWARD, FD_},
+     * k_dropout: float and double instances; k_softmax also f16/bf16
+     * (read exactly, computed in double as for f32, stored as the f32
+     * kernel would, rounded once) */
+    {DSP_OP_SOFTMAX, FD_ | H_}, {DSP_OP_LOG_SOFTMAX, FD_ | H_},
+    {DSP_OP_SOFTMAX_BACKWARD, FD_ | H_}, {DSP_OP_LOG_SOFTMAX_BACKWARD, FD_ | H_},
     {DSP_OP_CROSS_ENTROPY, FD_}, {DSP_OP_CROSS_ENTROPY_BACKWARD, FD_},
     {DSP_OP_MSE, FD_}, {DSP_OP_CONV2D, FD_},
     {DSP_OP_CONV2D_BACKWARD_INPUT, FD_}, {DSP_OP_CONV2D_BACKWARD_WEIGHT, FD_},
