@@ -82,6 +82,8 @@ static dsp_tensor *mk(dsp_dtype dt, int nd, const int64_t *sh, int special,
     switch (dt) {
       case DSP_F32: ((float *)p)[i] = (float)v; break;
       case DSP_F64: ((double *)p)[i] = v; break;
+      case DSP_F16: ((uint16_t *)p)[i] = dsp_f64_to_f16(v); break;
+      case DSP_BF16: ((uint16_t *)p)[i] = dsp_f64_to_bf16(v); break;
       case DSP_I64: {
         int64_t x = (int64_t)(rnd() % 9) - 4;
         if (rnd() % 16 == 0) x = (int64_t)rnd(); /* wrapping range */
@@ -119,13 +121,13 @@ static void assert_same_bytes(const dsp_tensor *got, const dsp_tensor *want,
               "%s: element %lld differs from the CPU kernel", what, (long long)i);
 }
 
+static double ld(const dsp_tensor *t, int64_t i);
+
 /* |got - want| <= tol * scale, NaN matching NaN, inf matching inf */
 static void assert_close(const dsp_tensor *got, const dsp_tensor *want,
                          double tol, const double *scale, const char *what) {
-  int f = want->meta.dtype == DSP_F64;
   for (int64_t i = 0; i < want->numel; i++) {
-    double g = f ? ((double *)dsp_tensor_data(got))[i] : ((float *)dsp_tensor_data(got))[i];
-    double w = f ? ((double *)dsp_tensor_data(want))[i] : ((float *)dsp_tensor_data(want))[i];
+    double g = ld(got, i), w = ld(want, i);
     if (isnan(w) || isinf(w)) {
       cr_assert(isnan(w) ? isnan(g) : g == w, "%s: element %lld: %g vs CPU %g",
                 what, (long long)i, g, w);
@@ -143,6 +145,8 @@ static double ld(const dsp_tensor *t, int64_t i) {
     case DSP_F32: return ((float *)dsp_tensor_data(t))[i];
     case DSP_F64: return ((double *)dsp_tensor_data(t))[i];
     case DSP_I64: return (double)((int64_t *)dsp_tensor_data(t))[i];
+    case DSP_F16: return dsp_f16_to_f32(((uint16_t *)dsp_tensor_data(t))[i]);
+    case DSP_BF16: return dsp_bf16_to_f32(((uint16_t *)dsp_tensor_data(t))[i]);
     default: return ((uint8_t *)dsp_tensor_data(t))[i];
   }
 }
@@ -711,8 +715,12 @@ static double *as_f64(const dsp_tensor *t) {
   for (int64_t i = 0; i < t->numel; i++) v[i] = ld(t, i);
   return v;
 }
+/* a double result stored as t's dtype; a half through f32 and one
+ * rounding, as the half kernels store it (from_d in kernels.cu) */
 static void st_any(dsp_tensor *t, int64_t i, double v) {
   if (t->meta.dtype == DSP_F32) ((float *)dsp_tensor_data(t))[i] = (float)v;
+  else if (t->meta.dtype == DSP_F16) ((uint16_t *)dsp_tensor_data(t))[i] = dsp_f32_to_f16((float)v);
+  else if (t->meta.dtype == DSP_BF16) ((uint16_t *)dsp_tensor_data(t))[i] = dsp_f32_to_bf16((float)v);
   else ((double *)dsp_tensor_data(t))[i] = v;
 }
 
@@ -723,7 +731,8 @@ static void check_softmax(dsp_dtype dt, int nd, const int64_t *sh, int dim,
   int64_t outer = dsp__cu_prod(sh, 0, dim), len = sh[dim],
           inner = dsp__cu_prod(sh, dim + 1, nd);
   if (big) /* exp would overflow without the max shift */
-    for (int64_t i = 0; i < x->numel; i++) st_any(x, i, ld(x, i) * (dt == DSP_F32 ? 1e37 : 1e307) / 4);
+    for (int64_t i = 0; i < x->numel; i++)
+      st_any(x, i, ld(x, i) * (dt == DSP_F32 || dt == DSP_BF16 ? 1e37 : dt == DSP_F16 ? 1e4 : 1e307) / 4);
   if (special > 1) /* one row all -inf */
     for (int64_t j = 0; j < len; j++) st_any(x, j * inner, -INFINITY);
   int64_t d64 = dim;
@@ -763,8 +772,15 @@ static void check_softmax(dsp_dtype dt, int nd, const int64_t *sh, int dim,
         }
       }
     }
-    assert_close(got, want, dt == DSP_F32 ? 4 * FLT_EPSILON : 64 * DBL_EPSILON,
-                 NULL, dsp_op_lookup(op)->name);
+    /* a half result: the CPU's is its f32 kernel's rounded once, the
+     * replay's the double result through f32 rounded once; the two before
+     * rounding differ by the f32 bound, after it by at most one unit in
+     * the last place of the half type more */
+    const double tol = dt == DSP_F64 ? 64 * DBL_EPSILON
+                       : dt == DSP_F16 ? 4 * FLT_EPSILON + 0x1p-10
+                       : dt == DSP_BF16 ? 4 * FLT_EPSILON + 0x1p-7
+                                        : 4 * FLT_EPSILON;
+    assert_close(got, want, tol, NULL, dsp_op_lookup(op)->name);
     free(X), free(Y);
     dsp_tensor_unref(got), dsp_tensor_unref(want);
     dsp_tensor_unref(y), dsp_tensor_unref(g);
@@ -774,8 +790,9 @@ static void check_softmax(dsp_dtype dt, int nd, const int64_t *sh, int dim,
 
 Test(cuda_host, softmax_family_is_stable_and_matches_cpu) {
   static const int64_t A[] = {3, 7}, B[] = {4, 5, 6}, C[] = {2, 600};
-  for (int f = 0; f < 2; f++) {
-    dsp_dtype dt = f ? DSP_F64 : DSP_F32;
+  static const dsp_dtype dts[] = {DSP_F32, DSP_F64, DSP_F16, DSP_BF16};
+  for (int f = 0; f < 4; f++) {
+    dsp_dtype dt = dts[f];
     check_softmax(dt, 2, A, 1, 0, 0);
     check_softmax(dt, 2, A, 0, 0, 0);
     check_softmax(dt, 3, B, 1, 0, 0);
