@@ -161,6 +161,7 @@ int dsp_cuda_backend_open(int device, dsp_backend **out, char *why,
     return dsp__cu_code(e) ? dsp__cu_code(e) : DISPATCH_EUNSUPPORTED;
   }
   b->total_mem = (uint64_t)prop.totalGlobalMem;
+  b->cc_major = prop.major;
   snprintf(b->name, sizeof b->name, "cuda:%d", device);
   snprintf(b->desc, sizeof b->desc, "cuda:%d %s (sm_%d%d, %zu MiB)", device,
            prop.name, prop.major, prop.minor, prop.totalGlobalMem >> 20);
@@ -237,6 +238,7 @@ int dsp_cuda_session_open(dsp_backend *device, dsp_backend **out, char *why,
     }
     v->device = d->device;
     v->pool = d->pool;
+    v->cc_major = d->cc_major;
     v->parent = d;
     memcpy(v->name, d->name, sizeof v->name);
     memcpy(v->desc, d->desc, sizeof v->desc);
