@@ -244,8 +244,9 @@ $(CUDA_PLUGIN): $(CUDA_OBJ) $(COMMON_A) common/cuda/dispatch-cuda.map
 	  -Wl,--version-script=common/cuda/dispatch-cuda.map -o $@ $(CUDA_OBJ) \
 	  $(COMMON_A) -Wl,--as-needed $(CUDA_LIBS) $(LIBS)
 
-# the CUDA kernels include the scalar math they share with the CPU loops
-$(patsubst %.cu,$(BUILD)/obj/%.cu.o,$(CUDA_SRC_CU)): common/scalar_math.h
+# the CUDA kernels include the scalar math and the half conversions they
+# share with the CPU loops
+$(patsubst %.cu,$(BUILD)/obj/%.cu.o,$(CUDA_SRC_CU)): common/scalar_math.h common/half.h
 
 $(COMMON_A): $(COMMON_OBJ)
 	@rm -f $@

@@ -4,16 +4,17 @@
 # $BUILD/dispatch-cuda.so (DISPATCH_CUDA_PLUGIN, set here to that file).
 #   scripts/gpu.sh test    in process through the plugin: the conformance
 #                          suite (tests/test_backend_ops) and every op x
-#                          dtype on the GPU against the CPU (tests/gpu/
-#                          cuda_ops); then dispatch-server --device all on
+#                          dtype on the GPU against the CPU, f16 and bf16
+#                          included (tests/gpu/cuda_ops); then dispatch-server --device all on
 #                          127.0.0.1 (cpu:0 and every GPU) and tests/gpu/
 #                          cuda_server against its cuda:0 (round trips
 #                          across the staging parts, four sessions at once,
 #                          moves to cpu:0 and back); then the MLP demo
 #                          (examples/train_mlp, one epoch) on local:cuda:0
 #                          and on the server's cuda:0
-#   scripts/gpu.sh bench   matmul 4096 f32: the backend and the remote
-#                          cuda:0 beside cuBLAS called directly; bench/bulk
+#   scripts/gpu.sh bench   matmul 4096 f32 and 8192 bf16: the backend and
+#                          the remote cuda:0 beside cuBLAS called directly
+#                          (cublasSgemm, cublasGemmEx); bench/bulk
 #                          (256 MiB upload and read beside the raw socket),
 #                          bench/mlp (the MLP step remote on cuda:0 beside
 #                          the same step on the local CPU) and bench/gpt

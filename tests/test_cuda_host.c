@@ -17,10 +17,12 @@
 #include <criterion/criterion.h>
 #include <float.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "attn_math.h"
+#include "half.h"
 #include "cuda_math.h"
 #include "cuda_plan.h"
 #include "norm_math.h"
@@ -80,6 +82,8 @@ static dsp_tensor *mk(dsp_dtype dt, int nd, const int64_t *sh, int special,
     switch (dt) {
       case DSP_F32: ((float *)p)[i] = (float)v; break;
       case DSP_F64: ((double *)p)[i] = v; break;
+      case DSP_F16: ((uint16_t *)p)[i] = dsp_f64_to_f16(v); break;
+      case DSP_BF16: ((uint16_t *)p)[i] = dsp_f64_to_bf16(v); break;
       case DSP_I64: {
         int64_t x = (int64_t)(rnd() % 9) - 4;
         if (rnd() % 16 == 0) x = (int64_t)rnd(); /* wrapping range */
@@ -117,13 +121,13 @@ static void assert_same_bytes(const dsp_tensor *got, const dsp_tensor *want,
               "%s: element %lld differs from the CPU kernel", what, (long long)i);
 }
 
+static double ld(const dsp_tensor *t, int64_t i);
+
 /* |got - want| <= tol * scale, NaN matching NaN, inf matching inf */
 static void assert_close(const dsp_tensor *got, const dsp_tensor *want,
                          double tol, const double *scale, const char *what) {
-  int f = want->meta.dtype == DSP_F64;
   for (int64_t i = 0; i < want->numel; i++) {
-    double g = f ? ((double *)dsp_tensor_data(got))[i] : ((float *)dsp_tensor_data(got))[i];
-    double w = f ? ((double *)dsp_tensor_data(want))[i] : ((float *)dsp_tensor_data(want))[i];
+    double g = ld(got, i), w = ld(want, i);
     if (isnan(w) || isinf(w)) {
       cr_assert(isnan(w) ? isnan(g) : g == w, "%s: element %lld: %g vs CPU %g",
                 what, (long long)i, g, w);
@@ -141,6 +145,8 @@ static double ld(const dsp_tensor *t, int64_t i) {
     case DSP_F32: return ((float *)dsp_tensor_data(t))[i];
     case DSP_F64: return ((double *)dsp_tensor_data(t))[i];
     case DSP_I64: return (double)((int64_t *)dsp_tensor_data(t))[i];
+    case DSP_F16: return dsp_f16_to_f32(((uint16_t *)dsp_tensor_data(t))[i]);
+    case DSP_BF16: return dsp_bf16_to_f32(((uint16_t *)dsp_tensor_data(t))[i]);
     default: return ((uint8_t *)dsp_tensor_data(t))[i];
   }
 }
@@ -709,8 +715,12 @@ static double *as_f64(const dsp_tensor *t) {
   for (int64_t i = 0; i < t->numel; i++) v[i] = ld(t, i);
   return v;
 }
+/* a double result stored as t's dtype; a half through f32 and one
+ * rounding, as the half kernels store it (from_d in kernels.cu) */
 static void st_any(dsp_tensor *t, int64_t i, double v) {
   if (t->meta.dtype == DSP_F32) ((float *)dsp_tensor_data(t))[i] = (float)v;
+  else if (t->meta.dtype == DSP_F16) ((uint16_t *)dsp_tensor_data(t))[i] = dsp_f32_to_f16((float)v);
+  else if (t->meta.dtype == DSP_BF16) ((uint16_t *)dsp_tensor_data(t))[i] = dsp_f32_to_bf16((float)v);
   else ((double *)dsp_tensor_data(t))[i] = v;
 }
 
@@ -721,7 +731,8 @@ static void check_softmax(dsp_dtype dt, int nd, const int64_t *sh, int dim,
   int64_t outer = dsp__cu_prod(sh, 0, dim), len = sh[dim],
           inner = dsp__cu_prod(sh, dim + 1, nd);
   if (big) /* exp would overflow without the max shift */
-    for (int64_t i = 0; i < x->numel; i++) st_any(x, i, ld(x, i) * (dt == DSP_F32 ? 1e37 : 1e307) / 4);
+    for (int64_t i = 0; i < x->numel; i++)
+      st_any(x, i, ld(x, i) * (dt == DSP_F32 || dt == DSP_BF16 ? 1e37 : dt == DSP_F16 ? 1e4 : 1e307) / 4);
   if (special > 1) /* one row all -inf */
     for (int64_t j = 0; j < len; j++) st_any(x, j * inner, -INFINITY);
   int64_t d64 = dim;
@@ -761,8 +772,15 @@ static void check_softmax(dsp_dtype dt, int nd, const int64_t *sh, int dim,
         }
       }
     }
-    assert_close(got, want, dt == DSP_F32 ? 4 * FLT_EPSILON : 64 * DBL_EPSILON,
-                 NULL, dsp_op_lookup(op)->name);
+    /* a half result: the CPU's is its f32 kernel's rounded once, the
+     * replay's the double result through f32 rounded once; the two before
+     * rounding differ by the f32 bound, after it by at most one unit in
+     * the last place of the half type more */
+    const double tol = dt == DSP_F64 ? 64 * DBL_EPSILON
+                       : dt == DSP_F16 ? 4 * FLT_EPSILON + 0x1p-10
+                       : dt == DSP_BF16 ? 4 * FLT_EPSILON + 0x1p-7
+                                        : 4 * FLT_EPSILON;
+    assert_close(got, want, tol, NULL, dsp_op_lookup(op)->name);
     free(X), free(Y);
     dsp_tensor_unref(got), dsp_tensor_unref(want);
     dsp_tensor_unref(y), dsp_tensor_unref(g);
@@ -772,8 +790,9 @@ static void check_softmax(dsp_dtype dt, int nd, const int64_t *sh, int dim,
 
 Test(cuda_host, softmax_family_is_stable_and_matches_cpu) {
   static const int64_t A[] = {3, 7}, B[] = {4, 5, 6}, C[] = {2, 600};
-  for (int f = 0; f < 2; f++) {
-    dsp_dtype dt = f ? DSP_F64 : DSP_F32;
+  static const dsp_dtype dts[] = {DSP_F32, DSP_F64, DSP_F16, DSP_BF16};
+  for (int f = 0; f < 4; f++) {
+    dsp_dtype dt = dts[f];
     check_softmax(dt, 2, A, 1, 0, 0);
     check_softmax(dt, 2, A, 0, 0, 0);
     check_softmax(dt, 3, B, 1, 0, 0);
@@ -1771,6 +1790,245 @@ Test(cuda_host, attention_kernels_match_cpu) {
     check_attn(dt, 1, 1, 3, 0, 2, 2, 1, 0, 0.0); /* no keys */
   }
 }
+
+/* ------------------------------------------------------------------ */
+/* half types                                                          */
+
+/* k_cast replayed: the source read as its compute type (wide(): a half
+ * as its f32), then one conversion (convert<TO>()), with the functions
+ * the kernel calls (common/half.h, dsp__cu_f2i64) */
+static double sim_wide(dsp_dtype dt, const void *p, int64_t i, int64_t *iv) {
+  switch (dt) {
+    case DSP_F32: return ((const float *)p)[i];
+    case DSP_F64: return ((const double *)p)[i];
+    case DSP_I64: *iv = ((const int64_t *)p)[i]; return (double)*iv;
+    case DSP_F16: return dsp_f16_to_f32(((const uint16_t *)p)[i]);
+    case DSP_BF16: return dsp_bf16_to_f32(((const uint16_t *)p)[i]);
+    default: return ((const uint8_t *)p)[i];
+  }
+}
+static void sim_cast(const dsp_tensor *x, dsp_tensor *o) {
+  const dsp_dtype from = x->meta.dtype, to = o->meta.dtype;
+  void *po = dsp_tensor_data(o);
+  for (int64_t i = 0; i < x->numel; i++) {
+    int64_t iv = 0;
+    /* the compute type of the source: f32 for f32 and the halves */
+    const double w = sim_wide(from, dsp_tensor_data(x), i, &iv);
+    const int wf32 = from == DSP_F32 || dsp_dtype_is_half(from);
+    switch (to) {
+      case DSP_F32: ((float *)po)[i] = from == DSP_I64 ? (float)iv : (float)w; break;
+      case DSP_F64: ((double *)po)[i] = w; break;
+      case DSP_I64:
+        ((int64_t *)po)[i] = from == DSP_I64 ? iv : from == DSP_BOOL ? (int64_t)w
+                                                                      : dsp__cu_f2i64(w);
+        break;
+      case DSP_F16:
+      case DSP_BF16: {
+        const int f16 = to == DSP_F16;
+        uint16_t h;
+        if (from == DSP_I64) h = f16 ? dsp_i64_to_f16(iv) : dsp_i64_to_bf16(iv);
+        else if (from == DSP_BOOL) h = w != 0 ? (f16 ? 0x3C00 : 0x3F80) : 0;
+        else if (wf32) h = f16 ? dsp_f32_to_f16((float)w) : dsp_f32_to_bf16((float)w);
+        else h = f16 ? dsp_f64_to_f16(w) : dsp_f64_to_bf16(w);
+        ((uint16_t *)po)[i] = h;
+        break;
+      }
+      default: ((uint8_t *)po)[i] = from == DSP_I64 ? iv != 0 : w != 0; break;
+    }
+  }
+}
+
+/* Fills t with the edges of every conversion to and from half: NaN,
+ * infinities, signed zeros, f16's largest value and the midpoint above it,
+ * subnormals and ties of both half types, f64 values just past a tie
+ * (through f32 they would round twice), values past f16's range; i64:
+ * integers around 2^53 and 2^62 where a detour through f64 rounds twice */
+static void fill_edges(dsp_tensor *t) {
+  static const double E[] = {NAN, -NAN, INFINITY, -INFINITY, 0.0, -0.0, 65504.0,
+                             65520.0, -65519.0, 0x1p-24, 0x1p-25, 0x1.8p-24, 0x1p-14,
+                             0x1p-133, 0x1p-149, 1.0 + 0x1p-11, 1.0 + 0x1p-8,
+                             1.0 + 0x1.8p-8,
+                             1.0 + 0x1p-11 + 0x1p-40, -1.0 - 0x1p-8 - 0x1p-40, 3e38, 1e39,
+                             0.1, 2.5, -7.5, 1e5};
+  const size_t ne = sizeof E / sizeof E[0];
+  void *p = dsp_tensor_data(t);
+  for (int64_t i = 0; i < t->numel; i++) {
+    const double v = i % 2 ? E[(size_t)(i / 2) % ne] : (urnd() - 0.5) * 1e5 * urnd();
+    switch (t->meta.dtype) {
+      case DSP_F32: ((float *)p)[i] = (float)v; break;
+      case DSP_F64: ((double *)p)[i] = v; break;
+      case DSP_F16: ((uint16_t *)p)[i] = (uint16_t)rnd(); break; /* any pattern */
+      case DSP_BF16: ((uint16_t *)p)[i] = (uint16_t)rnd(); break;
+      case DSP_I64:
+        ((int64_t *)p)[i] = (int64_t)((urnd() - 0.5) * 2e5) +
+                            (i % 3 == 1 ? (INT64_C(1) << 53) + 1
+                                        : i % 3 == 2 ? (INT64_C(1) << 62) + (INT64_C(1) << 54) + 1 : 0);
+        break;
+      default: ((uint8_t *)p)[i] = rnd() & 1; break;
+    }
+  }
+}
+
+/* Every cast to or from a half type, as the kernel computes it, against
+ * the CPU's cast bit for bit. */
+Test(cuda_host, half_casts_replayed_match_cpu_bit_for_bit) {
+  const int64_t sh[1] = {4096};
+  int pairs = 0;
+  for (int from = 0; from < DSP_NDTYPES; from++)
+    for (int to = 0; to < DSP_NDTYPES; to++) {
+      if (from == to || !(dsp_dtype_is_half((dsp_dtype)from) || dsp_dtype_is_half((dsp_dtype)to)))
+        continue;
+      dsp_tensor *x = mk((dsp_dtype)from, 1, sh, 0, 0);
+      fill_edges(x);
+      int64_t t = to;
+      dsp_attrs a = dsp_attrs_ints(1, &t);
+      dsp_tensor *want = run(DSP_OP_CAST, &a, 1, &x);
+      dsp_tensor *got = empty_like(want);
+      sim_cast(x, got);
+      char what[64];
+      snprintf(what, sizeof what, "cast %s -> %s", dsp_dtype_name((dsp_dtype)from),
+               dsp_dtype_name((dsp_dtype)to));
+      assert_same_bytes(got, want, what);
+      dsp_tensor_unref(x), dsp_tensor_unref(want), dsp_tensor_unref(got);
+      pairs++;
+    }
+  cr_assert_eq(pairs, 18); /* 4 dtypes x 2 halves x 2 ways, and f16 <-> bf16 */
+}
+
+/* A half tensor's f32 copy (exact), and an f32 tensor rounded to dt: the
+ * wide() and narrow() of the half kernels */
+static dsp_tensor *widened(const dsp_tensor *h) {
+  dsp_meta m = h->meta;
+  m.dtype = DSP_F32;
+  dsp_tensor *o = NULL;
+  cr_assert_eq(dsp_tensor_new(ctx, &m, &o), 0);
+  dsp_half_to_f32_n(h->meta.dtype, dsp_tensor_data(h), dsp_tensor_data(o), (size_t)h->numel);
+  return o;
+}
+static dsp_tensor *narrowed(dsp_tensor *f, dsp_dtype dt) {
+  if (f->meta.dtype != DSP_F32) return f; /* a comparison's bools */
+  dsp_meta m = f->meta;
+  m.dtype = dt;
+  dsp_tensor *o = NULL;
+  cr_assert_eq(dsp_tensor_new(ctx, &m, &o), 0);
+  const float *v = dsp_tensor_data(f);
+  for (int64_t i = 0; i < f->numel; i++)
+    ((uint16_t *)dsp_tensor_data(o))[i] =
+        dt == DSP_F16 ? dsp_f32_to_f16(v[i]) : dsp_f32_to_bf16(v[i]);
+  dsp_tensor_unref(f);
+  return o;
+}
+/* a random half tensor: rval's values (NaN, infinities, -0, ties) rounded */
+static dsp_tensor *mk_half(dsp_dtype dt, int nd, const int64_t *sh) {
+  dsp_meta m = meta_of(dt, nd, sh);
+  dsp_tensor *t = NULL;
+  cr_assert_eq(dsp_tensor_new(ctx, &m, &t), 0);
+  for (int64_t i = 0; i < t->numel; i++) {
+    double v = rval(1);
+    ((uint16_t *)dsp_tensor_data(t))[i] = dt == DSP_F16 ? dsp_f64_to_f16(v) : dsp_f64_to_bf16(v);
+  }
+  return t;
+}
+
+/* The half instances of k_binary, k_map, k_clamp and k_masked_fill are
+ * the f32 kernels between wide() and narrow(): replayed so (the f32
+ * replays above on the widened inputs, each result rounded once), they
+ * give the CPU's widened op bit for bit, for every elementwise op with
+ * broadcasting; masked_fill's value is the f32 of v rounded (1 + 2^-11 +
+ * 2^-40 rounds to 1 that way, to 1 + 2^-10 straight from the double). */
+Test(cuda_host, half_elementwise_is_the_f32_kernel_rounded_once) {
+  static const int64_t S[] = {3, 41}, M[] = {3, 1}, A[] = {4, 1, 3}, B[] = {5, 1};
+  for (int dt = DSP_F16; dt <= DSP_BF16; dt++) {
+    for (int op = DSP_OP_ADD; op <= DSP_OP_GE; op++) {
+      dsp_tensor *in[2] = {mk_half((dsp_dtype)dt, 3, A), mk_half((dsp_dtype)dt, 2, B)};
+      dsp_tensor *want = run((dsp_opcode)op, NULL, 2, in);
+      dsp_tensor *w[2] = {widened(in[0]), widened(in[1])};
+      dsp_tensor *like = run((dsp_opcode)op, NULL, 2, w);
+      dsp_tensor *got = narrowed(sim_binary((dsp_opcode)op, w[0], w[1], like), (dsp_dtype)dt);
+      assert_same_bytes(got, want, dsp_op_lookup(op)->name);
+      dsp_tensor_unref(got), dsp_tensor_unref(like), dsp_tensor_unref(want);
+      for (int k = 0; k < 2; k++) dsp_tensor_unref(in[k]), dsp_tensor_unref(w[k]);
+    }
+    for (int op = DSP_OP_ADD_SCALAR; op <= DSP_OP_GELU_TANH_BACKWARD; op++) {
+      if (op == DSP_OP_CLAMP || op == DSP_OP_MASKED_FILL) continue;
+      const int n_in = dsp_op_lookup(op)->n_inputs;
+      dsp_tensor *in[2] = {mk_half((dsp_dtype)dt, 2, S), mk_half((dsp_dtype)dt, 2, S)};
+      const int sc = op <= DSP_OP_RDIV_SCALAR;
+      dsp_attrs a = sc ? dsp_attrs_f1(op == DSP_OP_POW_SCALAR ? 1.5 : 0.3) : dsp_attrs_none();
+      dsp_tensor *want = run((dsp_opcode)op, &a, n_in, in);
+      dsp_tensor *w[2] = {widened(in[0]), widened(in[1])};
+      dsp_tensor *got = empty_like(w[0]);
+      sim_map((dsp_opcode)op, w[0], n_in > 1 ? w[1] : NULL, sc ? a.floats[0] : 0.0, got);
+      got = narrowed(got, (dsp_dtype)dt);
+      assert_same_bytes(got, want, dsp_op_lookup(op)->name);
+      dsp_tensor_unref(got), dsp_tensor_unref(want);
+      for (int k = 0; k < 2; k++) dsp_tensor_unref(in[k]), dsp_tensor_unref(w[k]);
+    }
+    /* clamp to [-1, 2] */
+    dsp_tensor *x = mk_half((dsp_dtype)dt, 2, S), *wx = widened(x);
+    dsp_attrs ca = dsp_attrs_none();
+    ca.floats[0] = -1, ca.floats[1] = 2, ca.n_floats = 2;
+    dsp_tensor *want = run(DSP_OP_CLAMP, &ca, 1, &x), *got = empty_like(wx);
+    for (int64_t i = 0; i < wx->numel; i++)
+      ((float *)dsp_tensor_data(got))[i] =
+          dsp__sm_clamp_f32(((float *)dsp_tensor_data(wx))[i], -1.0f, 2.0f);
+    got = narrowed(got, (dsp_dtype)dt);
+    assert_same_bytes(got, want, "clamp");
+    dsp_tensor_unref(got), dsp_tensor_unref(want), dsp_tensor_unref(wx);
+    /* masked_fill, the mask broadcast from [3, 1] */
+    const double v = 1.0 + 0x1p-11 + 0x1p-40;
+    dsp_tensor *in[2] = {x, mk(DSP_BOOL, 2, M, 0, 0)};
+    dsp_attrs ma = dsp_attrs_f1(v);
+    want = run(DSP_OP_MASKED_FILL, &ma, 2, in);
+    got = empty_like(want);
+    const dsp_meta *ms[2] = {&in[1]->meta, &in[0]->meta};
+    dsp__cu_index ix;
+    dsp__cu_plan_bcast(&ix, &got->meta, ms, 2);
+    const uint16_t fill = dt == DSP_F16 ? dsp_f32_to_f16((float)v) : dsp_f32_to_bf16((float)v);
+    for (int64_t i = 0; i < got->numel; i++) {
+      int64_t off[3];
+      dsp__cu_offsets(&ix, i, off);
+      const uint16_t h = ((uint16_t *)dsp_tensor_data(x))[off[1]];
+      ((uint16_t *)dsp_tensor_data(got))[i] =
+          ((uint8_t *)dsp_tensor_data(in[1]))[off[0]]
+              ? fill
+              : dt == DSP_F16 ? dsp_f32_to_f16(dsp_f16_to_f32(h)) : dsp_f32_to_bf16(dsp_bf16_to_f32(h));
+    }
+    assert_same_bytes(got, want, "masked_fill");
+    dsp_tensor_unref(got), dsp_tensor_unref(want);
+    dsp_tensor_unref(in[0]), dsp_tensor_unref(in[1]);
+  }
+}
+
+#if DSP_CUDA_BUILT
+/* The support table claims the half types only where a kernel handles
+ * them itself: the elementwise family, the softmax family, the copies by
+ * element size, the cast, matmul (GemmEx), zeros, ones and full; every other op is left to
+ * the op runner's widening, so a claimed op with no half kernel (it would
+ * read two-byte elements as another type) fails here. */
+Test(cuda_host, half_claims_are_the_native_kernels_only) {
+  static const dsp_opcode native[] = {
+      DSP_OP_RESHAPE, DSP_OP_PERMUTE, DSP_OP_TRANSPOSE, DSP_OP_SLICE,
+      DSP_OP_CAT, DSP_OP_STACK, DSP_OP_BROADCAST_TO, DSP_OP_INDEX_SELECT,
+      DSP_OP_CAST, DSP_OP_SLICE_BACKWARD, DSP_OP_MATMUL, DSP_OP_ZEROS, DSP_OP_ONES,
+      DSP_OP_FULL, DSP_OP_SOFTMAX, DSP_OP_LOG_SOFTMAX, DSP_OP_SOFTMAX_BACKWARD,
+      DSP_OP_LOG_SOFTMAX_BACKWARD};
+  int seen = 0;
+  for (int op = 0; op < 1024; op++) {
+    if (!dsp_op_lookup(op)) continue;
+    seen++;
+    int want = dsp_op_lookup(op)->family == DSP_FAM_EW;
+    for (size_t i = 0; i < sizeof native / sizeof native[0]; i++) want |= (int)native[i] == op;
+    for (int dt = DSP_F16; dt <= DSP_BF16; dt++)
+      cr_assert_eq(dsp__cuda_has_kernel((dsp_opcode)op, (dsp_dtype)dt), want, "%s %s",
+                   dsp_op_lookup(op)->name, dsp_dtype_name((dsp_dtype)dt));
+  }
+  cr_assert_eq(seen, DSP__OP_COUNT);
+  /* a cast to a half type from every other dtype runs the cast kernel */
+  for (int dt = 0; dt < DSP_NDTYPES; dt++)
+    cr_assert(dsp__cuda_has_kernel(DSP_OP_CAST, (dsp_dtype)dt), "cast from %d", dt);
+}
+#endif
 
 /* ------------------------------------------------------------------ */
 /* the backend itself                                                  */

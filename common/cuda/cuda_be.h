@@ -35,6 +35,7 @@ typedef struct cu_be {
   char name[24];
   char desc[352];
   uint64_t total_mem; /* the GPU's memory (cudaDeviceProp.totalGlobalMem) */
+  int cc_major;       /* compute capability major (bf16 GEMMs need 8) */
   /* a session view (dsp_cuda_session_open): its device's backend, and its
    * link in that device's list of every view it made; NULL/unused on a
    * device backend */

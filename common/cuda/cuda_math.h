@@ -37,6 +37,8 @@ extern "C" {
 #endif
 
 #include "scalar_math.h"
+/* the half dtypes' conversions, the CPU's own (host and device) */
+#include "half.h"
 
 /* ------------------------------------------------------------------ */
 /* indexing                                                            */
@@ -68,6 +70,16 @@ DSP_HD void dsp__cu_offsets(const dsp__cu_index *ix, int64_t i, int64_t *off) {
 /* ------------------------------------------------------------------ */
 /* elementwise: the scalar math is common/scalar_math.h (dsp__sm_*),     */
 /* shared with the CPU loops                                           */
+
+/* The kernels' storage types of the half dtypes: two bytes each, distinct
+ * types so that templates pick half.h's conversions (wide() and convert()
+ * in kernels.cu) */
+typedef struct dsp__cu_f16 {
+  uint16_t v;
+} dsp__cu_f16;
+typedef struct dsp__cu_bf16 {
+  uint16_t v;
+} dsp__cu_bf16;
 
 /* float -> i64 for cast: truncates, saturates, NaN gives 0 */
 DSP_HD int64_t dsp__cu_f2i64(double v) {

@@ -91,6 +91,12 @@ static int queue_open(cu_be *b, char *why, size_t why_len) {
   }
   cublasStatus_t s = cublasCreate(&b->blas);
   if (s == CUBLAS_STATUS_SUCCESS) s = cublasSetStream(b->blas, b->stream);
+  /* half matmuls accumulate in f32 all the way: without this flag cuBLAS
+   * may sum split-K partials in the output's half type */
+  if (s == CUBLAS_STATUS_SUCCESS)
+    s = cublasSetMathMode(b->blas,
+                          (cublasMath_t)(CUBLAS_DEFAULT_MATH |
+                                         CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION));
   if (s != CUBLAS_STATUS_SUCCESS) {
     int code = dsp_cuda_blas_error((int)s, "cublasCreate", why, why_len);
     if (b->blas) cublasDestroy(b->blas);
@@ -155,6 +161,7 @@ int dsp_cuda_backend_open(int device, dsp_backend **out, char *why,
     return dsp__cu_code(e) ? dsp__cu_code(e) : DISPATCH_EUNSUPPORTED;
   }
   b->total_mem = (uint64_t)prop.totalGlobalMem;
+  b->cc_major = prop.major;
   snprintf(b->name, sizeof b->name, "cuda:%d", device);
   snprintf(b->desc, sizeof b->desc, "cuda:%d %s (sm_%d%d, %zu MiB)", device,
            prop.name, prop.major, prop.minor, prop.totalGlobalMem >> 20);
@@ -231,6 +238,7 @@ int dsp_cuda_session_open(dsp_backend *device, dsp_backend **out, char *why,
     }
     v->device = d->device;
     v->pool = d->pool;
+    v->cc_major = d->cc_major;
     v->parent = d;
     memcpy(v->name, d->name, sizeof v->name);
     memcpy(v->desc, d->desc, sizeof v->desc);

@@ -46,6 +46,34 @@ __device__ inline int64_t map1(int op, int64_t x, int64_t y, double s) {
 }
 
 /* ------------------------------------------------------------------ */
+/* the half types: stored in two bytes, computed in f32. wide() reads an
+ * element as its compute type (a half as its exact f32), narrow<T>()
+ * stores a compute-type value (a half rounded once to nearest even, with
+ * common/half.h, the CPU's conversion); both are the identity for the
+ * other types. A half kernel is therefore the f32 kernel between one
+ * exact read and one rounding: what the op runner's widening computes on
+ * the CPU, with no temporaries. */
+template <typename T> struct acc_t { typedef T type; };
+template <> struct acc_t<dsp__cu_f16> { typedef float type; };
+template <> struct acc_t<dsp__cu_bf16> { typedef float type; };
+
+template <typename T>
+__device__ inline T wide(T v) { return v; }
+__device__ inline float wide(dsp__cu_f16 v) { return dsp_f16_to_f32(v.v); }
+__device__ inline float wide(dsp__cu_bf16 v) { return dsp_bf16_to_f32(v.v); }
+
+template <typename T>
+__host__ __device__ inline T narrow(typename acc_t<T>::type v) { return v; }
+template <>
+__host__ __device__ inline dsp__cu_f16 narrow<dsp__cu_f16>(float v) { return dsp__cu_f16{dsp_f32_to_f16(v)}; }
+template <>
+__host__ __device__ inline dsp__cu_bf16 narrow<dsp__cu_bf16>(float v) { return dsp__cu_bf16{dsp_f32_to_bf16(v)}; }
+/* a double result stored as T: through the compute type, as the f32
+ * kernel the widening runs would store it, then rounded once */
+template <typename T>
+__device__ inline T from_d(double v) { return narrow<T>((typename acc_t<T>::type)v); }
+
+/* ------------------------------------------------------------------ */
 /* elementwise                                                         */
 
 template <typename T>
@@ -54,8 +82,8 @@ __global__ void k_binary(int op, int is_cmp, int64_t n, dsp__cu_index ix,
   GRID_LOOP(i, n) {
     int64_t off[3];
     dsp__cu_offsets(&ix, i, off);
-    if (is_cmp) ((uint8_t *)out)[i] = cmp(op, a[off[0]], b[off[1]]);
-    else ((T *)out)[i] = bin(op, a[off[0]], b[off[1]]);
+    if (is_cmp) ((uint8_t *)out)[i] = cmp(op, wide(a[off[0]]), wide(b[off[1]]));
+    else ((T *)out)[i] = narrow<T>(bin(op, wide(a[off[0]]), wide(b[off[1]])));
   }
 }
 
@@ -68,6 +96,8 @@ extern "C" int dsp__cuk_binary(cudaStream_t st, int op, int dt, int64_t n,
     case DSP_F32: k_binary<float><<<grid_for(n), TPB, 0, st>>>(op, c, n, *ix, (const float *)a, (const float *)b, out); break;
     case DSP_F64: k_binary<double><<<grid_for(n), TPB, 0, st>>>(op, c, n, *ix, (const double *)a, (const double *)b, out); break;
     case DSP_I64: k_binary<int64_t><<<grid_for(n), TPB, 0, st>>>(op, c, n, *ix, (const int64_t *)a, (const int64_t *)b, out); break;
+    case DSP_F16: k_binary<dsp__cu_f16><<<grid_for(n), TPB, 0, st>>>(op, c, n, *ix, (const dsp__cu_f16 *)a, (const dsp__cu_f16 *)b, out); break;
+    case DSP_BF16: k_binary<dsp__cu_bf16><<<grid_for(n), TPB, 0, st>>>(op, c, n, *ix, (const dsp__cu_bf16 *)a, (const dsp__cu_bf16 *)b, out); break;
     default: k_binary<uint8_t><<<grid_for(n), TPB, 0, st>>>(op, c, n, *ix, (const uint8_t *)a, (const uint8_t *)b, out); break;
   }
   return (int)cudaGetLastError();
@@ -90,6 +120,7 @@ extern "C" int dsp__cuk_where(cudaStream_t st, int es, int64_t n,
   const uint8_t *mm = (const uint8_t *)m;
   /* bit copies, so NaN payloads survive */
   if (es == 1) k_where<uint8_t><<<grid_for(n), TPB, 0, st>>>(n, *ix, mm, (const uint8_t *)a, (const uint8_t *)b, (uint8_t *)out);
+  else if (es == 2) k_where<uint16_t><<<grid_for(n), TPB, 0, st>>>(n, *ix, mm, (const uint16_t *)a, (const uint16_t *)b, (uint16_t *)out);
   else if (es == 4) k_where<uint32_t><<<grid_for(n), TPB, 0, st>>>(n, *ix, mm, (const uint32_t *)a, (const uint32_t *)b, (uint32_t *)out);
   else k_where<uint64_t><<<grid_for(n), TPB, 0, st>>>(n, *ix, mm, (const uint64_t *)a, (const uint64_t *)b, (uint64_t *)out);
   return (int)cudaGetLastError();
@@ -97,7 +128,8 @@ extern "C" int dsp__cuk_where(cudaStream_t st, int es, int64_t n,
 
 template <typename T>
 __global__ void k_map(int op, int64_t n, const T *x, const T *y, double s, T *out) {
-  GRID_LOOP(i, n) out[i] = map1(op, x[i], y ? y[i] : (T)0, s);
+  typedef typename acc_t<T>::type A;
+  GRID_LOOP(i, n) out[i] = narrow<T>(map1(op, wide(x[i]), y ? wide(y[i]) : (A)0, s));
 }
 
 extern "C" int dsp__cuk_map(cudaStream_t st, int op, int dt, int64_t n,
@@ -106,15 +138,18 @@ extern "C" int dsp__cuk_map(cudaStream_t st, int op, int dt, int64_t n,
   switch (dt) {
     case DSP_F32: k_map<float><<<grid_for(n), TPB, 0, st>>>(op, n, (const float *)x, (const float *)y, s, (float *)out); break;
     case DSP_F64: k_map<double><<<grid_for(n), TPB, 0, st>>>(op, n, (const double *)x, (const double *)y, s, (double *)out); break;
+    case DSP_F16: k_map<dsp__cu_f16><<<grid_for(n), TPB, 0, st>>>(op, n, (const dsp__cu_f16 *)x, (const dsp__cu_f16 *)y, s, (dsp__cu_f16 *)out); break;
+    case DSP_BF16: k_map<dsp__cu_bf16><<<grid_for(n), TPB, 0, st>>>(op, n, (const dsp__cu_bf16 *)x, (const dsp__cu_bf16 *)y, s, (dsp__cu_bf16 *)out); break;
     default: k_map<int64_t><<<grid_for(n), TPB, 0, st>>>(op, n, (const int64_t *)x, (const int64_t *)y, s, (int64_t *)out); break;
   }
   return (int)cudaGetLastError();
 }
 
-/* clamp: the bounds already in the tensor's type */
+/* clamp: the bounds already in the tensor's compute type */
 template <typename T>
-__global__ void k_clamp(int64_t n, const T *x, T lo, T hi, T *out) {
-  GRID_LOOP(i, n) out[i] = clampv(x[i], lo, hi);
+__global__ void k_clamp(int64_t n, const T *x, typename acc_t<T>::type lo,
+                        typename acc_t<T>::type hi, T *out) {
+  GRID_LOOP(i, n) out[i] = narrow<T>(clampv(wide(x[i]), lo, hi));
 }
 
 static int64_t bound_i64(double v) {
@@ -128,6 +163,8 @@ extern "C" int dsp__cuk_clamp(cudaStream_t st, int dt, int64_t n,
   switch (dt) {
     case DSP_F32: k_clamp<float><<<g, TPB, 0, st>>>(n, (const float *)x, (float)lo, (float)hi, (float *)out); break;
     case DSP_F64: k_clamp<double><<<g, TPB, 0, st>>>(n, (const double *)x, lo, hi, (double *)out); break;
+    case DSP_F16: k_clamp<dsp__cu_f16><<<g, TPB, 0, st>>>(n, (const dsp__cu_f16 *)x, (float)lo, (float)hi, (dsp__cu_f16 *)out); break;
+    case DSP_BF16: k_clamp<dsp__cu_bf16><<<g, TPB, 0, st>>>(n, (const dsp__cu_bf16 *)x, (float)lo, (float)hi, (dsp__cu_bf16 *)out); break;
     default: k_clamp<int64_t><<<g, TPB, 0, st>>>(n, (const int64_t *)x, bound_i64(lo), bound_i64(hi), (int64_t *)out); break;
   }
   return (int)cudaGetLastError();
@@ -141,7 +178,7 @@ __global__ void k_masked_fill(int64_t n, dsp__cu_index ix, const uint8_t *m,
   GRID_LOOP(i, n) {
     int64_t off[3];
     dsp__cu_offsets(&ix, i, off);
-    out[i] = m[off[0]] ? v : x[off[1]];
+    out[i] = m[off[0]] ? v : narrow<T>(wide(x[off[1]])); /* a half NaN quieted, as widened */
   }
 }
 
@@ -154,6 +191,9 @@ extern "C" int dsp__cuk_masked_fill(cudaStream_t st, int dt, int64_t n,
   switch (dt) {
     case DSP_F32: k_masked_fill<float><<<g, TPB, 0, st>>>(n, *ix, mm, (const float *)x, (float)v, (float *)out); break;
     case DSP_F64: k_masked_fill<double><<<g, TPB, 0, st>>>(n, *ix, mm, (const double *)x, v, (double *)out); break;
+    /* the fill value as the widened op has it: the f32 of v, rounded */
+    case DSP_F16: k_masked_fill<dsp__cu_f16><<<g, TPB, 0, st>>>(n, *ix, mm, (const dsp__cu_f16 *)x, narrow<dsp__cu_f16>((float)v), (dsp__cu_f16 *)out); break;
+    case DSP_BF16: k_masked_fill<dsp__cu_bf16><<<g, TPB, 0, st>>>(n, *ix, mm, (const dsp__cu_bf16 *)x, narrow<dsp__cu_bf16>((float)v), (dsp__cu_bf16 *)out); break;
     default: k_masked_fill<int64_t><<<g, TPB, 0, st>>>(n, *ix, mm, (const int64_t *)x, (int64_t)v, (int64_t *)out); break;
   }
   return (int)cudaGetLastError();
@@ -411,25 +451,25 @@ __global__ void k_softmax(int op, int64_t outer, int64_t len, int64_t inner,
     if (op == DSP_OP_SOFTMAX || op == DSP_OP_LOG_SOFTMAX) {
       dsp__cu_lse l = dsp__cu_lse_id();
       for (int64_t j = threadIdx.x; j < len; j += blockDim.x)
-        l = dsp__cu_lse_merge(l, dsp__cu_lse_elem((double)x[base + j * inner]));
+        l = dsp__cu_lse_merge(l, dsp__cu_lse_elem((double)wide(x[base + j * inner])));
       l = dsp__cu_lse_final(block_reduce(l, lse_merge()));
       double ls = log(l.s);
       for (int64_t j = threadIdx.x; j < len; j += blockDim.x) {
-        double v = (double)x[base + j * inner] - l.m;
-        out[base + j * inner] = (T)(op == DSP_OP_SOFTMAX ? exp(v) / l.s : v - ls);
+        double v = (double)wide(x[base + j * inner]) - l.m;
+        out[base + j * inner] = from_d<T>(op == DSP_OP_SOFTMAX ? exp(v) / l.s : v - ls);
       }
     } else {
       int sm = op == DSP_OP_SOFTMAX_BACKWARD;
       dsp__cu_ksum acc = dsp__cu_ksum_zero();
       for (int64_t j = threadIdx.x; j < len; j += blockDim.x) {
-        double g = (double)x[base + j * inner];
-        dsp__cu_ksum_add(&acc, sm ? g * (double)y[base + j * inner] : g);
+        double g = (double)wide(x[base + j * inner]);
+        dsp__cu_ksum_add(&acc, sm ? g * (double)wide(y[base + j * inner]) : g);
       }
       double s = dsp__cu_ksum_value(block_reduce(acc, ksum_merge()));
       for (int64_t j = threadIdx.x; j < len; j += blockDim.x) {
         int64_t i = base + j * inner;
-        double g = (double)x[i], yy = (double)y[i];
-        out[i] = (T)(sm ? yy * (g - s) : g - exp(yy) * s);
+        double g = (double)wide(x[i]), yy = (double)wide(y[i]);
+        out[i] = from_d<T>(sm ? yy * (g - s) : g - exp(yy) * s);
       }
     }
   }
@@ -441,6 +481,8 @@ extern "C" int dsp__cuk_softmax(cudaStream_t st, int op, int dt, int64_t outer,
   if (outer * inner <= 0 || len <= 0) return 0;
   unsigned g = grid_rows(outer * inner);
   if (dt == DSP_F32) k_softmax<float><<<g, TPB, 0, st>>>(op, outer, len, inner, (const float *)x, (const float *)y, (float *)out);
+  else if (dt == DSP_F16) k_softmax<dsp__cu_f16><<<g, TPB, 0, st>>>(op, outer, len, inner, (const dsp__cu_f16 *)x, (const dsp__cu_f16 *)y, (dsp__cu_f16 *)out);
+  else if (dt == DSP_BF16) k_softmax<dsp__cu_bf16><<<g, TPB, 0, st>>>(op, outer, len, inner, (const dsp__cu_bf16 *)x, (const dsp__cu_bf16 *)y, (dsp__cu_bf16 *)out);
   else k_softmax<double><<<g, TPB, 0, st>>>(op, outer, len, inner, (const double *)x, (const double *)y, (double *)out);
   return (int)cudaGetLastError();
 }
@@ -508,6 +550,8 @@ extern "C" int dsp__cuk_fill(cudaStream_t st, int dt, int64_t n, double v,
     case DSP_F32: k_fill<float><<<g, TPB, 0, st>>>(n, (float)v, (float *)out); break;
     case DSP_F64: k_fill<double><<<g, TPB, 0, st>>>(n, v, (double *)out); break;
     case DSP_I64: k_fill<int64_t><<<g, TPB, 0, st>>>(n, (int64_t)v, (int64_t *)out); break;
+    case DSP_F16: k_fill<uint16_t><<<g, TPB, 0, st>>>(n, dsp_f64_to_f16(v), (uint16_t *)out); break;
+    case DSP_BF16: k_fill<uint16_t><<<g, TPB, 0, st>>>(n, dsp_f64_to_bf16(v), (uint16_t *)out); break;
     default: k_fill<uint8_t><<<g, TPB, 0, st>>>(n, (uint8_t)(v != 0), (uint8_t *)out); break;
   }
   return (int)cudaGetLastError();
@@ -584,6 +628,7 @@ static int gather_any(cudaStream_t st, int es, int64_t n, const dsp__cu_index *i
   if (n <= 0) return 0;
   unsigned g = grid_for(n);
   if (es == 1) k_gather<uint8_t><<<g, TPB, 0, st>>>(n, *ix, base, (const uint8_t *)src, (uint8_t *)dst, scatter);
+  else if (es == 2) k_gather<uint16_t><<<g, TPB, 0, st>>>(n, *ix, base, (const uint16_t *)src, (uint16_t *)dst, scatter);
   else if (es == 4) k_gather<uint32_t><<<g, TPB, 0, st>>>(n, *ix, base, (const uint32_t *)src, (uint32_t *)dst, scatter);
   else k_gather<uint64_t><<<g, TPB, 0, st>>>(n, *ix, base, (const uint64_t *)src, (uint64_t *)dst, scatter);
   return (int)cudaGetLastError();
@@ -599,17 +644,31 @@ extern "C" int dsp__cuk_scatter(cudaStream_t st, int es, int64_t n,
   return gather_any(st, es, n, ix, base, src, dst, 1);
 }
 
-template <typename TO, typename TI>
-__device__ inline TO convert(TI v) {
+/* cast: every source x target pair, the CPU's rules (common/cpu/shape.c)
+ * with the CPU's conversions (common/half.h, host and device). A source
+ * is first read as its compute type (wide(): a half as its exact f32),
+ * then converted once: to bool by != 0 (NaN is true), to i64 truncating
+ * and saturating, to a half rounded once to nearest even (from an f64 or
+ * an i64 directly, never through f32). */
+template <typename TO, typename W>
+__device__ inline TO convert(W v) {
   if (sizeof(TO) == 1) return (TO)(v != 0);
   return (TO)v;
 }
 template <> __device__ inline int64_t convert<int64_t, float>(float v) { return dsp__cu_f2i64(v); }
 template <> __device__ inline int64_t convert<int64_t, double>(double v) { return dsp__cu_f2i64(v); }
+template <> __device__ inline dsp__cu_f16 convert<dsp__cu_f16, float>(float v) { return dsp__cu_f16{dsp_f32_to_f16(v)}; }
+template <> __device__ inline dsp__cu_f16 convert<dsp__cu_f16, double>(double v) { return dsp__cu_f16{dsp_f64_to_f16(v)}; }
+template <> __device__ inline dsp__cu_f16 convert<dsp__cu_f16, int64_t>(int64_t v) { return dsp__cu_f16{dsp_i64_to_f16(v)}; }
+template <> __device__ inline dsp__cu_f16 convert<dsp__cu_f16, uint8_t>(uint8_t v) { return dsp__cu_f16{(uint16_t)(v ? 0x3C00u : 0u)}; }
+template <> __device__ inline dsp__cu_bf16 convert<dsp__cu_bf16, float>(float v) { return dsp__cu_bf16{dsp_f32_to_bf16(v)}; }
+template <> __device__ inline dsp__cu_bf16 convert<dsp__cu_bf16, double>(double v) { return dsp__cu_bf16{dsp_f64_to_bf16(v)}; }
+template <> __device__ inline dsp__cu_bf16 convert<dsp__cu_bf16, int64_t>(int64_t v) { return dsp__cu_bf16{dsp_i64_to_bf16(v)}; }
+template <> __device__ inline dsp__cu_bf16 convert<dsp__cu_bf16, uint8_t>(uint8_t v) { return dsp__cu_bf16{(uint16_t)(v ? 0x3F80u : 0u)}; }
 
 template <typename TI, typename TO>
 __global__ void k_cast(int64_t n, const TI *x, TO *out) {
-  GRID_LOOP(i, n) out[i] = convert<TO, TI>(x[i]);
+  GRID_LOOP(i, n) out[i] = convert<TO>(wide(x[i]));
 }
 
 template <typename TI>
@@ -619,6 +678,8 @@ static void cast_from(cudaStream_t st, int to, int64_t n, const TI *x, void *out
     case DSP_F32: k_cast<TI, float><<<g, TPB, 0, st>>>(n, x, (float *)out); break;
     case DSP_F64: k_cast<TI, double><<<g, TPB, 0, st>>>(n, x, (double *)out); break;
     case DSP_I64: k_cast<TI, int64_t><<<g, TPB, 0, st>>>(n, x, (int64_t *)out); break;
+    case DSP_F16: k_cast<TI, dsp__cu_f16><<<g, TPB, 0, st>>>(n, x, (dsp__cu_f16 *)out); break;
+    case DSP_BF16: k_cast<TI, dsp__cu_bf16><<<g, TPB, 0, st>>>(n, x, (dsp__cu_bf16 *)out); break;
     default: k_cast<TI, uint8_t><<<g, TPB, 0, st>>>(n, x, (uint8_t *)out); break;
   }
 }
@@ -630,6 +691,8 @@ extern "C" int dsp__cuk_cast(cudaStream_t st, int from, int to, int64_t n,
     case DSP_F32: cast_from<float>(st, to, n, (const float *)x, out); break;
     case DSP_F64: cast_from<double>(st, to, n, (const double *)x, out); break;
     case DSP_I64: cast_from<int64_t>(st, to, n, (const int64_t *)x, out); break;
+    case DSP_F16: cast_from<dsp__cu_f16>(st, to, n, (const dsp__cu_f16 *)x, out); break;
+    case DSP_BF16: cast_from<dsp__cu_bf16>(st, to, n, (const dsp__cu_bf16 *)x, out); break;
     default: cast_from<uint8_t>(st, to, n, (const uint8_t *)x, out); break;
   }
   return (int)cudaGetLastError();
@@ -652,6 +715,7 @@ extern "C" int dsp__cuk_index_select(cudaStream_t st, int es, int64_t outer,
   if (n <= 0) return 0;
   unsigned g = grid_for(n);
   if (es == 1) k_index_select<uint8_t><<<g, TPB, 0, st>>>(n, L, S, blk, ix, (const uint8_t *)x, (uint8_t *)out);
+  else if (es == 2) k_index_select<uint16_t><<<g, TPB, 0, st>>>(n, L, S, blk, ix, (const uint16_t *)x, (uint16_t *)out);
   else if (es == 4) k_index_select<uint32_t><<<g, TPB, 0, st>>>(n, L, S, blk, ix, (const uint32_t *)x, (uint32_t *)out);
   else k_index_select<uint64_t><<<g, TPB, 0, st>>>(n, L, S, blk, ix, (const uint64_t *)x, (uint64_t *)out);
   return (int)cudaGetLastError();

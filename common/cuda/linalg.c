@@ -1,6 +1,33 @@
 /* linalg family on CUDA: matmul on cuBLAS (strided-batched gemm). */
 #include "cuda_be.h"
 
+/* One strided-batched product on cuBLAS in the operands' dtype: S/Dgemm
+ * for f32 / f64; for f16 and bf16 GemmEx with f32 compute (CUBLAS_COMPUTE_32F:
+ * the products and their sums in f32 on the tensor cores, the output
+ * rounded to half once; the handle refuses half-precision split-K
+ * reductions, see queue_open in device.c). Column-major arguments as
+ * cublas<t>gemmStridedBatched takes them. */
+static cublasStatus_t gemm_batched(cublasHandle_t h, dsp_dtype dt,
+                                   cublasOperation_t ob, cublasOperation_t oa,
+                                   int n, int m, int k, const void *B, int ldb,
+                                   long long sb, const void *A, int lda,
+                                   long long sa, void *C, long long sc,
+                                   int cnt) {
+  if (dt == DSP_F64) {
+    const double one = 1.0, zero = 0.0;
+    return cublasDgemmStridedBatched(h, ob, oa, n, m, k, &one, B, ldb, sb, A,
+                                     lda, sa, &zero, C, n, sc, cnt);
+  }
+  const float one = 1.0f, zero = 0.0f;
+  if (dt == DSP_F32)
+    return cublasSgemmStridedBatched(h, ob, oa, n, m, k, &one, B, ldb, sb, A,
+                                     lda, sa, &zero, C, n, sc, cnt);
+  const cudaDataType_t t = dt == DSP_F16 ? CUDA_R_16F : CUDA_R_16BF;
+  return cublasGemmStridedBatchedEx(h, ob, oa, n, m, k, &one, B, t, ldb, sb,
+                                    A, t, lda, sa, &zero, C, t, n, sc, cnt,
+                                    CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+}
+
 /* numpy.matmul on cuBLAS. Row-major C[m,n] = A[m,k] B[k,n] is column-major
  * C^T = B^T A^T, so each product is one column-major gemm with the
  * operands swapped and no transposing copy. The broadcast batch dims are
@@ -18,7 +45,6 @@ int dsp__cu_run_matmul(cu_be *b, dsp_ctx *ctx, dsp_tensor *const *in,
   int rc = dsp__mm_attrs(ctx, at, ms, &ta, &tb, eff);
   if (rc < 0) return rc;
   const dsp_meta *ma = &eff[0], *mb = &eff[1];
-  const int f64 = ma->dtype == DSP_F64;
   int64_t m, k, n;
   dsp__cu_index ix;
   dsp__cu_plan_matmul(ma, mb, &m, &k, &n, &ix);
@@ -33,7 +59,7 @@ int dsp__cu_run_matmul(cu_be *b, dsp_ctx *ctx, dsp_tensor *const *in,
   cublasStatus_t s = CUBLAS_STATUS_SUCCESS;
   const char *A = dsp_tensor_data(in[0]), *B = dsp_tensor_data(in[1]);
   char *C = dsp_tensor_data(out);
-  const size_t es = f64 ? 8 : 4;
+  const size_t es = dsp_dtype_size(ma->dtype);
   for (int64_t r = 0; r < rows && s == CUBLAS_STATUS_SUCCESS; r++) {
     int64_t off[3];
     dsp__cu_offsets(&ix, r * inner, off); /* first batch entry of row r */
@@ -42,21 +68,8 @@ int dsp__cu_run_matmul(cu_be *b, dsp_ctx *ctx, dsp_tensor *const *in,
       const char *pa = A + (size_t)((off[0] + b0 * la) * m * k) * es;
       const char *pb = B + (size_t)((off[1] + b0 * lb) * k * n) * es;
       char *pc = C + (size_t)((r * inner + b0) * m * n) * es;
-      if (f64) {
-        const double one = 1.0, zero = 0.0;
-        s = cublasDgemmStridedBatched(b->blas, ob, oa, (int)n, (int)m, (int)k,
-                                      &one, (const double *)pb, ldb,
-                                      lb * k * n, (const double *)pa, lda,
-                                      la * m * k, &zero, (double *)pc,
-                                      (int)n, m * n, cnt);
-      } else {
-        const float one = 1.0f, zero = 0.0f;
-        s = cublasSgemmStridedBatched(b->blas, ob, oa, (int)n, (int)m, (int)k,
-                                      &one, (const float *)pb, ldb,
-                                      lb * k * n, (const float *)pa, lda,
-                                      la * m * k, &zero, (float *)pc,
-                                      (int)n, m * n, cnt);
-      }
+      s = gemm_batched(b->blas, ma->dtype, ob, oa, (int)n, (int)m, (int)k, pb,
+                       ldb, lb * k * n, pa, lda, la * m * k, pc, m * n, cnt);
     }
   }
   return s == CUBLAS_STATUS_SUCCESS ? 0 : dsp__cu_blas_err(ctx, s, DSP_OP_MATMUL);

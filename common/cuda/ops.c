@@ -3,11 +3,16 @@
 #include "cuda_be.h"
 
 /* The CUDA kernels' own op x key dtype table (common/cuda/supports.c);
- * an op added to DSP_OP_MAP breaks the build there until it has a row. */
+ * an op added to DSP_OP_MAP breaks the build there until it has a row.
+ * One pair depends on the GPU: cuBLAS has bf16 GEMMs from sm_80 (Ampere)
+ * on, so an older GPU (sm_75, T4) leaves bf16 matmul to the op runner's
+ * widening (f32 Sgemm) rather than fail it. */
 static int cu_supports(void *bctx, dsp_opcode op, const dsp_meta *in, int n,
                        const dsp_meta *out) {
-  (void)bctx;
-  return dsp__cuda_has_kernel(op, dsp__op_key_dtype(op, in, n, out));
+  const cu_be *b = bctx;
+  const dsp_dtype key = dsp__op_key_dtype(op, in, n, out);
+  if (op == DSP_OP_MATMUL && key == DSP_BF16 && b->cc_major < 8) return 0;
+  return dsp__cuda_has_kernel(op, key);
 }
 
 /* Enqueues the op's kernels on the backend's stream. Only ops that

@@ -8,7 +8,11 @@
  * op: a new op in DSP_OP_MAP breaks the build here until it has a row,
  * tests/test_backend_ops.c checks on any host that built this backend that
  * the table claims no pair inference refuses, and on a GPU it runs every
- * pair claimed against the CPU. */
+ * pair claimed against the CPU. The half types (H_) have kernels of their
+ * own for the elementwise family (the f32 math between an exact read and
+ * one rounding), the softmax family, the copies, the cast, the fills and matmul (GemmEx, f32
+ * compute); every other op reaches them through the op runner's widening
+ * (common/op.c), which the table must not claim. */
 #include "dsp_cuda.h"
 #include "ops_plan.h"
 #include "scalar_math.h"
@@ -17,57 +21,66 @@
 #define D_ (1u << DSP_F64)
 #define I_ (1u << DSP_I64)
 #define B_ (1u << DSP_BOOL)
+#define H_ ((1u << DSP_F16) | (1u << DSP_BF16))
 #define FD_ (F_ | D_)
 #define FDI_ (F_ | D_ | I_)
 #define ALL_ (F_ | D_ | I_ | B_)
-#define FLOAT_UNARY_ROW_(OP, f) {DSP_OP_##OP, FD_},
+#define FLOAT_UNARY_ROW_(OP, f) {DSP_OP_##OP, FD_ | H_},
 static const struct cu_row {
   dsp_opcode op;
   unsigned dtypes;
 } g_cu_ops[] = {
-    /* k_binary<float/double/int64_t> (dsp__sm_bin_*); integer div checks
-     * its divisors first (dsp__cuk_first_bad) */
-    {DSP_OP_ADD, FDI_}, {DSP_OP_SUB, FDI_}, {DSP_OP_MUL, FDI_},
-    {DSP_OP_DIV, FDI_}, {DSP_OP_MAXIMUM, FDI_}, {DSP_OP_MINIMUM, FDI_},
+    /* k_binary<float/double/int64_t> (dsp__sm_bin_*), and its f16/bf16
+     * instances computing in f32 (wide/narrow in kernels.cu); integer div
+     * checks its divisors first (dsp__cuk_first_bad) */
+    {DSP_OP_ADD, FDI_ | H_}, {DSP_OP_SUB, FDI_ | H_}, {DSP_OP_MUL, FDI_ | H_},
+    {DSP_OP_DIV, FDI_ | H_}, {DSP_OP_MAXIMUM, FDI_ | H_},
+    {DSP_OP_MINIMUM, FDI_ | H_},
     /* k_binary's compare path (dsp__sm_cmp_*): eq/ne for every dtype, the
      * orderings for the numeric ones */
-    {DSP_OP_EQ, ALL_}, {DSP_OP_NE, ALL_}, {DSP_OP_LT, FDI_},
-    {DSP_OP_LE, FDI_}, {DSP_OP_GT, FDI_}, {DSP_OP_GE, FDI_},
+    {DSP_OP_EQ, ALL_ | H_}, {DSP_OP_NE, ALL_ | H_}, {DSP_OP_LT, FDI_ | H_},
+    {DSP_OP_LE, FDI_ | H_}, {DSP_OP_GT, FDI_ | H_}, {DSP_OP_GE, FDI_ | H_},
     /* k_where copies elements by size: every dtype */
-    {DSP_OP_WHERE, ALL_},
-    /* k_map (dsp__sm_scalar_*): i64 has add/sub/mul/rsub only */
-    {DSP_OP_ADD_SCALAR, FDI_}, {DSP_OP_SUB_SCALAR, FDI_},
-    {DSP_OP_MUL_SCALAR, FDI_}, {DSP_OP_DIV_SCALAR, FD_},
-    {DSP_OP_POW_SCALAR, FD_}, {DSP_OP_RSUB_SCALAR, FDI_},
-    {DSP_OP_RDIV_SCALAR, FD_},
+    {DSP_OP_WHERE, ALL_ | H_},
+    /* k_map (dsp__sm_scalar_*): i64 has add/sub/mul/rsub only; the
+     * halves run the f32 math */
+    {DSP_OP_ADD_SCALAR, FDI_ | H_}, {DSP_OP_SUB_SCALAR, FDI_ | H_},
+    {DSP_OP_MUL_SCALAR, FDI_ | H_}, {DSP_OP_DIV_SCALAR, FD_ | H_},
+    {DSP_OP_POW_SCALAR, FD_ | H_}, {DSP_OP_RSUB_SCALAR, FDI_ | H_},
+    {DSP_OP_RDIV_SCALAR, FD_ | H_},
     /* k_map (dsp__sm_unary_*, dsp__sm_act_bw_*): i64 has neg, abs, sign,
      * relu and relu_backward; every float-only unary op of scalar_math.h
      * is a case of dsp__sm_unary_f32/f64 */
-    {DSP_OP_NEG, FDI_}, {DSP_OP_ABS, FDI_}, {DSP_OP_SIGN, FDI_},
-    {DSP_OP_RELU, FDI_},
+    {DSP_OP_NEG, FDI_ | H_}, {DSP_OP_ABS, FDI_ | H_}, {DSP_OP_SIGN, FDI_ | H_},
+    {DSP_OP_RELU, FDI_ | H_},
     DSP_SM_FLOAT_UNARY(FLOAT_UNARY_ROW_)
-    {DSP_OP_RELU_BACKWARD, FDI_}, {DSP_OP_GELU_BACKWARD, FD_},
-    {DSP_OP_SOFTPLUS_BACKWARD, FD_}, {DSP_OP_GELU_TANH_BACKWARD, FD_},
-    /* k_clamp and k_masked_fill: float, double and int64_t instances */
-    {DSP_OP_CLAMP, FDI_}, {DSP_OP_MASKED_FILL, FDI_},
+    {DSP_OP_RELU_BACKWARD, FDI_ | H_}, {DSP_OP_GELU_BACKWARD, FD_ | H_},
+    {DSP_OP_SOFTPLUS_BACKWARD, FD_ | H_}, {DSP_OP_GELU_TANH_BACKWARD, FD_ | H_},
+    /* k_clamp and k_masked_fill: float, double, int64_t and half
+     * instances */
+    {DSP_OP_CLAMP, FDI_ | H_}, {DSP_OP_MASKED_FILL, FDI_ | H_},
     /* dsp__cuk_reduce: RSum/RMaxF for f32/f64, RSumI/RMaxI for i64 (min
      * and argmin their mirrored forms); var/std: RVar after a mean pass */
     {DSP_OP_SUM, FDI_}, {DSP_OP_MEAN, FD_}, {DSP_OP_MAX, FDI_},
     {DSP_OP_ARGMAX, FDI_}, {DSP_OP_MIN, FDI_}, {DSP_OP_ARGMIN, FDI_},
     {DSP_OP_VAR, FD_}, {DSP_OP_STD, FD_},
-    /* copies and k_gather/k_scatter move elements by size; k_cast has
-     * every source x target pair; k_index_select_bw sums f32/f64/i64 */
-    {DSP_OP_RESHAPE, ALL_}, {DSP_OP_PERMUTE, ALL_}, {DSP_OP_TRANSPOSE, ALL_},
-    {DSP_OP_SLICE, ALL_}, {DSP_OP_CAT, ALL_}, {DSP_OP_STACK, ALL_},
-    {DSP_OP_BROADCAST_TO, ALL_}, {DSP_OP_INDEX_SELECT, ALL_},
-    {DSP_OP_CAST, ALL_}, {DSP_OP_SLICE_BACKWARD, ALL_},
+    /* copies and k_gather/k_scatter move elements by size (1, 2, 4 or 8
+     * bytes); k_cast has every source x target pair, halves included
+     * (common/half.h); k_index_select_bw sums f32/f64/i64 */
+    {DSP_OP_RESHAPE, ALL_ | H_}, {DSP_OP_PERMUTE, ALL_ | H_},
+    {DSP_OP_TRANSPOSE, ALL_ | H_}, {DSP_OP_SLICE, ALL_ | H_},
+    {DSP_OP_CAT, ALL_ | H_}, {DSP_OP_STACK, ALL_ | H_},
+    {DSP_OP_BROADCAST_TO, ALL_ | H_}, {DSP_OP_INDEX_SELECT, ALL_ | H_},
+    {DSP_OP_CAST, ALL_ | H_}, {DSP_OP_SLICE_BACKWARD, ALL_ | H_},
     {DSP_OP_INDEX_SELECT_BACKWARD, FDI_},
-    /* cuBLAS S/Dgemm */
-    {DSP_OP_MATMUL, FD_},
+    /* cuBLAS S/Dgemm; GemmEx with f32 compute for f16 and bf16 */
+    {DSP_OP_MATMUL, FD_ | H_},
     /* k_softmax, k_cross_entropy, k_mse, im2col + gemm, k_pool,
-     * k_dropout: float and double instances */
-    {DSP_OP_SOFTMAX, FD_}, {DSP_OP_LOG_SOFTMAX, FD_},
-    {DSP_OP_SOFTMAX_BACKWARD, FD_}, {DSP_OP_LOG_SOFTMAX_BACKWARD, FD_},
+     * k_dropout: float and double instances; k_softmax also f16/bf16
+     * (read exactly, computed in double as for f32, stored as the f32
+     * kernel would, rounded once) */
+    {DSP_OP_SOFTMAX, FD_ | H_}, {DSP_OP_LOG_SOFTMAX, FD_ | H_},
+    {DSP_OP_SOFTMAX_BACKWARD, FD_ | H_}, {DSP_OP_LOG_SOFTMAX_BACKWARD, FD_ | H_},
     {DSP_OP_CROSS_ENTROPY, FD_}, {DSP_OP_CROSS_ENTROPY_BACKWARD, FD_},
     {DSP_OP_MSE, FD_}, {DSP_OP_CONV2D, FD_},
     {DSP_OP_CONV2D_BACKWARD_INPUT, FD_}, {DSP_OP_CONV2D_BACKWARD_WEIGHT, FD_},
@@ -90,9 +103,10 @@ static const struct cu_row {
     {DSP_OP_AVG_POOL2D_EX, FD_},
     /* im2col + gemm, then loss.cu's k_bias_add */
     {DSP_OP_CONV2D_BIAS, FD_},
-    /* zeroed storage; k_fill for every dtype; k_arange_i64/k_arange_f;
+    /* zeroed storage; k_fill for every dtype (a half value rounded once
+     * from the double, as the CPU's fill); k_arange_i64/k_arange_f;
      * k_random float and double */
-    {DSP_OP_ZEROS, ALL_}, {DSP_OP_ONES, ALL_}, {DSP_OP_FULL, ALL_},
+    {DSP_OP_ZEROS, ALL_ | H_}, {DSP_OP_ONES, ALL_ | H_}, {DSP_OP_FULL, ALL_ | H_},
     {DSP_OP_ARANGE, FDI_}, {DSP_OP_UNIFORM, FD_}, {DSP_OP_NORMAL, FD_},
     /* k_sgd, k_adam */
     {DSP_OP_SGD_STEP, FD_}, {DSP_OP_ADAM_STEP, FD_}, {DSP_OP_ADAMW_STEP, FD_},

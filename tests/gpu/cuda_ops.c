@@ -3,7 +3,12 @@
  * the op has it), outputs compared (integers and bools exactly, floats to
  * a rounding tolerance). Prints one row per op x dtype: pass, FAIL or
  * unsupported (what supports_op refuses is listed, never skipped
- * silently), then out-of-memory handling: a tensor larger than the device
+ * silently). The half types f16 and bf16 run every op too: a row says
+ * "pass" where the CUDA kernels take half natively and "pass(wide)" where
+ * the op runner widens it (cast to f32, the f32 kernel, one rounding
+ * back) on both backends; casts to and from half, on values that include
+ * NaN, infinities, subnormals, ties and overflow, must match the CPU bit
+ * for bit. Then out-of-memory handling: a tensor larger than the device
  * fails with DISPATCH_ENOMEM and the next op on the same ctx still runs;
  * then session views (a stream each, reused once given back) and an
  * upload and a read staged in parts across part boundaries.
@@ -24,6 +29,7 @@
 #include "backend.h"
 #include "dsp.h"
 #include "cuda_plugin.h"
+#include "half.h"
 #include "rng.h"
 
 static dsp_ctx *cpu, *gpu;
@@ -41,8 +47,24 @@ static dsp_meta meta(dsp_dtype dt, int nd, const int64_t *sh) {
   return m;
 }
 
+/* kind 4's values: the edges of every conversion to and from half (NaN,
+ * infinities, f16's largest value and the midpoint above it, subnormals of
+ * both half types and of f32, a tie of each, f64 values just past a tie
+ * (through f32 they would round twice), a value past f16's range) */
+static double edge_value(uint64_t i, double u) {
+  static const double E[] = {NAN, -NAN, INFINITY, -INFINITY, 0.0, -0.0, 65504.0,
+                             65520.0, -65519.0, 0x1p-24, 0x1p-25, 0x1.8p-24, 0x1p-14,
+                             0x1p-133, 0x1p-149, 1.0 + 0x1p-11, 1.0 + 0x1p-8,
+                             1.0 + 0x1.8p-8,
+                             1.0 + 0x1p-11 + 0x1p-40, -1.0 - 0x1p-8 - 0x1p-40, 3e38, 1e39,
+                             0.1, 2.5, -7.5};
+  const size_t n = sizeof E / sizeof E[0];
+  return i % 2 ? E[(i / 2) % n] : (u - 0.5) * 1e5 * u;
+}
+
 /* host bytes of a random tensor; kind 1: nonzero ints, 2: values in
- * [0, lim) (labels, indices), 3: positive floats */
+ * [0, lim) (labels, indices), 3: positive floats, 4: conversion edges
+ * (edge_value; i64: around 2^53 and 2^62 too) */
 static void *rand_bytes(const dsp_meta *m, int kind, int64_t lim, int64_t *n) {
   int64_t k = 1;
   for (int d = 0; d < m->ndim; d++) k *= m->shape[d];
@@ -51,13 +73,18 @@ static void *rand_bytes(const dsp_meta *m, int kind, int64_t lim, int64_t *n) {
   void *p = calloc((size_t)(k ? k : 1), es);
   for (int64_t i = 0; i < k; i++) {
     double u = dsp_rng_uniform01(77, g_ctr++);
-    double v = kind == 3 ? 0.1 + 2 * u : (u - 0.5) * 6;
+    double v = kind == 3 ? 0.1 + 2 * u : kind == 4 ? edge_value((uint64_t)i, u) : (u - 0.5) * 6;
     switch (m->dtype) {
       case DSP_F32: ((float *)p)[i] = (float)v; break;
       case DSP_F64: ((double *)p)[i] = v; break;
+      case DSP_F16: ((uint16_t *)p)[i] = dsp_f64_to_f16(v); break;
+      case DSP_BF16: ((uint16_t *)p)[i] = dsp_f64_to_bf16(v); break;
       case DSP_I64: {
         int64_t x = kind == 2 ? (int64_t)(u * (double)lim) : (int64_t)floor(v * 3);
         if (kind == 1 && x == 0) x = 2;
+        if (kind == 4) /* i64 -> half: values past f16 and around 2^53, 2^62 */
+          x = (int64_t)((u - 0.5) * 2e5) +
+              (i % 3 == 1 ? (INT64_C(1) << 53) : i % 3 == 2 ? (INT64_C(1) << 62) : 0);
         ((int64_t *)p)[i] = x;
         break;
       }
@@ -79,18 +106,40 @@ static void *host_copy(const dsp_tensor *t) {
   return h;
 }
 
+/* Tolerances, relative to max(|cpu|, 1). f32 and f64: the kernels'
+ * rounding differences. A half result: both backends compute from the
+ * same half inputs in f32 and round once to half, so two results differ by
+ * the f32 difference (1e-5) plus the one step of half a boundary between
+ * them can cost: 2^-10 for f16 and 2^-7 for bf16 (one unit in the last
+ * place, relative), times `ulps` for a chain of ops (autodiff) where each
+ * op's output is rounded. exact: every result bit for bit (casts). */
 static int close_enough(dsp_dtype dt, const void *g, const void *w, int64_t n,
-                        int64_t *bad) {
+                        int ulps, int exact, int64_t *bad) {
   for (int64_t i = 0; i < n; i++) {
     double a, b, tol;
+    if (exact) {
+      size_t es = dsp_dtype_size(dt);
+      if (memcmp((char *)g + i * es, (char *)w + i * es, es)) return *bad = i, 0;
+      continue;
+    }
     if (dt == DSP_F32) a = ((float *)g)[i], b = ((float *)w)[i], tol = 1e-5;
     else if (dt == DSP_F64) a = ((double *)g)[i], b = ((double *)w)[i], tol = 1e-12;
+    else if (dt == DSP_F16)
+      a = dsp_f16_to_f32(((uint16_t *)g)[i]), b = dsp_f16_to_f32(((uint16_t *)w)[i]),
+      tol = 1e-5 + ulps * 0x1p-10;
+    else if (dt == DSP_BF16)
+      a = dsp_bf16_to_f32(((uint16_t *)g)[i]), b = dsp_bf16_to_f32(((uint16_t *)w)[i]),
+      tol = 1e-5 + ulps * 0x1p-7;
     else {
       size_t es = dsp_dtype_size(dt);
       if (memcmp((char *)g + i * es, (char *)w + i * es, es)) return *bad = i, 0;
       continue;
     }
     if (isnan(a) && isnan(b)) continue;
+    if (isinf(a) || isinf(b)) {
+      if (a != b) return *bad = i, 0;
+      continue;
+    }
     if (!(fabs(a - b) <= tol * (fabs(b) > 1 ? fabs(b) : 1))) return *bad = i, 0;
   }
   return 1;
@@ -103,12 +152,25 @@ typedef struct tcase {
   int kind[5];
   int64_t lim[5];
   dsp_attrs a;
+  int exact; /* compare bit for bit (casts) */
 } tcase;
 
 static void row(const tcase *c, const char *res, const char *detail) {
-  printf("%-24s %-4s %-12s %s\n", dsp_op_lookup((int)c->op)->name,
+  char what[40];
+  snprintf(what, sizeof what, "%s%s%s", dsp_op_lookup((int)c->op)->name,
+           c->op == DSP_OP_CAST ? " to " : "",
+           c->op == DSP_OP_CAST ? dsp_dtype_name((dsp_dtype)c->a.ints[0]) : "");
+  printf("%-24s %-4s %-12s %s\n", what,
          dsp_dtype_name(c->n_in ? c->in[0].dtype : (dsp_dtype)c->a.ints[0]), res,
          detail);
+}
+
+/* the dtype of the half type a case involves (an input's or the
+ * output's), or -1 */
+static int half_of(const tcase *c, const dsp_meta *om) {
+  for (int i = 0; i < c->n_in; i++)
+    if (dsp_dtype_is_half(c->in[i].dtype)) return (int)c->in[i].dtype;
+  return dsp_dtype_is_half(om->dtype) ? (int)om->dtype : -1;
 }
 
 static void run_case(const tcase *c) {
@@ -118,7 +180,9 @@ static void run_case(const tcase *c) {
     if (on_cpu) row(c, "n/a", dsp_ctx_errmsg(cpu));
     return;
   }
-  if (!be->supports_op(be->bctx, c->op, c->in, c->n_in, &om)) {
+  /* a half op the kernels lack still runs: the op runner widens it */
+  const int native = be->supports_op(be->bctx, c->op, c->in, c->n_in, &om);
+  if (!native && half_of(c, &om) < 0) {
     row(c, "unsupported", "");
     n_unsup++;
     return;
@@ -142,7 +206,7 @@ static void run_case(const tcase *c) {
     /* in-place optimizer ops: the parameter is the output */
     void *hg = host_copy(go), *hc = host_copy(co);
     int64_t bad = -1;
-    ok = hg && hc && close_enough(co->meta.dtype, hg, hc, co->numel, &bad);
+    ok = hg && hc && close_enough(co->meta.dtype, hg, hc, co->numel, 1, c->exact, &bad);
     if (!ok) {
       int sync = on_cpu ? 0 : cu->sync(be, gpu);
       snprintf(detail, sizeof detail, "element %lld differs%s%s", (long long)bad,
@@ -150,7 +214,7 @@ static void run_case(const tcase *c) {
     }
     free(hg), free(hc);
   }
-  row(c, ok ? "pass" : "FAIL", detail);
+  row(c, !ok ? "FAIL" : native ? "pass" : "pass(wide)", detail);
   ok ? n_pass++ : n_fail++;
   dsp_tensor_unref(co), dsp_tensor_unref(go);
   for (int i = 0; i < c->n_in; i++) dsp_tensor_unref(ci[i]), dsp_tensor_unref(gi[i]);
@@ -211,7 +275,7 @@ static void mlp_backward_case(dsp_dtype dt) {
   int64_t bad = -1;
   for (int k = 0; k < 2 && ok; k++) {
     void *hg = host_copy(g[1][k]), *hc = host_copy(g[0][k]);
-    ok = hg && hc && close_enough(dt, hg, hc, g[0][k]->numel, &bad);
+    ok = hg && hc && close_enough(dt, hg, hc, g[0][k]->numel, 4, 0, &bad);
     free(hg), free(hc);
   }
   printf("%-24s %-4s %-12s %s\n", "mlp_backward (autodiff)", dsp_dtype_name(dt),
@@ -311,11 +375,11 @@ int main(int argc, char **argv) {
   cpu = dsp_ctx_new(dsp_cpu_backend());
   gpu = dsp_ctx_new(dsp_cpu_backend());
   if (!on_cpu) cu->ctx_use(gpu, be);
-  static const dsp_dtype DT[] = {DSP_F32, DSP_F64, DSP_I64, DSP_BOOL};
+  static const dsp_dtype DT[] = {DSP_F32, DSP_F64, DSP_I64, DSP_BOOL, DSP_F16, DSP_BF16};
   static const int64_t A[] = {4, 1, 3}, B[] = {5, 1}, C[] = {4, 5, 3}, M1[] = {2, 3, 4},
                        M2[] = {4, 5}, M3[] = {3, 4}, M4[] = {2, 4, 5}, L6[] = {6},
                        N2[] = {6, 10}, NN[] = {6};
-  for (int di = 0; di < 4; di++) {
+  for (size_t di = 0; di < sizeof DT / sizeof DT[0]; di++) {
     dsp_dtype dt = DT[di];
     for (int op = DSP_OP_ADD; op <= DSP_OP_GE; op++) {
       tcase c = mkcase((dsp_opcode)op, 2, dt, 3, A, 2, B);
@@ -369,6 +433,17 @@ int main(int argc, char **argv) {
       c.op = DSP_OP_SLICE, c.a = dsp_attrs_ints(4, sl), run_case(&c);
       c.op = DSP_OP_BROADCAST_TO, c.a = dsp_attrs_ints(4, bt), run_case(&c);
       c.op = DSP_OP_CAST, c.a = dsp_attrs_ints(1, &cst), run_case(&c);
+      /* issue 24: this dtype to and from each half type, bit for bit, on
+       * the conversions' edge values */
+      for (int64_t h = DSP_F16; h <= DSP_BF16; h++) {
+        tcase cc = mkcase(DSP_OP_CAST, 1, dt, 3, C, 0, NULL);
+        cc.kind[0] = 4, cc.exact = 1, cc.a = dsp_attrs_ints(1, &h);
+        if (h != dt) run_case(&cc);
+        if (dsp_dtype_is_half(dt)) continue;
+        int64_t back = dt;
+        cc.in[0].dtype = (dsp_dtype)h, cc.a = dsp_attrs_ints(1, &back);
+        run_case(&cc);
+      }
       tcase cs = mkcase(DSP_OP_CAT, 3, dt, 3, C, 3, C);
       cs.in[2] = meta(dt, 3, C);
       cs.a = dsp_attrs_ints(1, &dim1), run_case(&cs);
@@ -550,6 +625,8 @@ int main(int argc, char **argv) {
   }
   mlp_backward_case(DSP_F32);
   mlp_backward_case(DSP_F64);
+  mlp_backward_case(DSP_F16);
+  mlp_backward_case(DSP_BF16);
   /* out of device memory: ENOMEM, then the ctx goes on */
   int64_t huge[2] = {(int64_t)1 << 22, (int64_t)1 << 22}; /* 64 TiB of f32 */
   dsp_meta hm = meta(DSP_F32, 2, huge);
