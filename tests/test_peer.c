@@ -12,6 +12,7 @@
  *   pull with DISPATCH_ECONN and leaves B with no tensor and no bytes. */
 #include <criterion/criterion.h>
 #include <fcntl.h>
+#include <libgen.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -60,9 +61,9 @@ static void make_dir(void) {
 }
 
 static const char *path(const char *name) {
-  static char p[4][128];
+  static char p[16][128];
   static int k;
-  k = (k + 1) % 4;
+  k = (k + 1) % 16;
   snprintf(p[k], sizeof p[k], "%s/%s", g_dir, name);
   return p[k];
 }
@@ -359,6 +360,98 @@ Test(peer, source_cut_mid_transfer_leaves_nothing, .fini = teardown) {
   cr_assert_eq(out[2], 1.0f);
   free(x);
   dispatch_tensor_free(z);
+  dispatch_tensor_free(ta);
+  dispatch_device_close(b);
+  dispatch_device_close(a);
+}
+
+/* deploy/make-certs.sh into g_dir/sub: CA, server and client certificates
+ * and a token */
+static void make_certs(const char *sub) {
+  char b[1024], cmd[2048];
+  snprintf(b, sizeof b, "%s", check_server_bin());
+  char *root = dirname(dirname(b));
+  snprintf(cmd, sizeof cmd, "'%s/deploy/make-certs.sh' '%s/%s' >/dev/null",
+           root, g_dir, sub);
+  cr_assert_eq(system(cmd), 0, "make-certs.sh failed: %s", cmd);
+}
+
+/* B over TLS to A with the given peer options; a move of a tensor of A
+ * whose result is returned (0, or the code) */
+static int tls_move(dispatch_device *a, dispatch_tensor *ta,
+                    const char *const *b_args, dispatch_tensor **tb,
+                    dispatch_device **b) {
+  start_b(g_a.port, b_args);
+  *b = open_dev(g_b.port, NULL);
+  (void)a;
+  return dispatch_to_device(ta, *b, tb);
+}
+
+Test(peer, mutual_tls_both_ways_verified, .fini = teardown) {
+  make_dir();
+  make_certs("c");
+  make_certs("other"); /* a CA A's certificate is not signed by */
+  const char *a_args[] = {"--tls-cert", path("c/server.pem"), "--tls-key",
+                          path("c/server.key"), "--tls-client-ca",
+                          path("c/ca.pem"), "--token-file", path("c/token"),
+                          NULL};
+  start_a(a_args);
+  char spec[64], msg[256] = "", token[256] = "";
+  FILE *f = fopen(path("c/token"), "r");
+  cr_assert_not_null(f);
+  cr_assert_not_null(fgets(token, sizeof token, f));
+  fclose(f);
+  token[strcspn(token, "\n")] = '\0';
+  snprintf(spec, sizeof spec, "tls://127.0.0.1:%d", g_a.port);
+  dispatch_options o;
+  dispatch_options_init(&o);
+  o.ca_file = path("c/ca.pem");
+  o.cert_file = path("c/client.pem");
+  o.key_file = path("c/client.key");
+  o.token = token;
+  dispatch_device *a = NULL, *b = NULL;
+  int rc = dispatch_device_open(spec, &o, &a, msg, sizeof msg);
+  cr_assert_eq(rc, 0, "open %s: %s", spec, msg);
+  float *x;
+  dispatch_tensor *ta = pattern(a, 64, 129, &x), *tb = NULL;
+  /* verified both ways: the bytes arrive */
+  const char *good[] = {"--peer-ca", path("c/ca.pem"), "--peer-cert",
+                        path("c/client.pem"), "--peer-key",
+                        path("c/client.key"), "--peer-token-file",
+                        path("c/token"), NULL};
+  OK(b, tls_move(a, ta, good, &tb, &b));
+  size_t nb = dispatch_tensor_nbytes(tb);
+  float *y = malloc(nb);
+  OK(b, dispatch_tensor_read(tb, y, nb));
+  cr_assert_eq(memcmp(x, y, nb), 0);
+  free(y);
+  dispatch_tensor_free(tb);
+  dispatch_device_close(b);
+  sp_stop(&g_b);
+  /* no client certificate: A's mutual TLS refuses B */
+  const char *no_cert[] = {"--peer-ca", path("c/ca.pem"), "--peer-token-file",
+                           path("c/token"), NULL};
+  tb = NULL;
+  rc = tls_move(a, ta, no_cert, &tb, &b);
+  cr_assert(rc == DISPATCH_ETLS || rc == DISPATCH_ECONN,
+            "no client certificate gave %s: %s", dispatch_err_name(rc),
+            dispatch_device_errmsg(b));
+  cr_assert_null(tb);
+  cr_assert_eq(server_tensors(g_b.port, NULL), 0);
+  dispatch_device_close(b);
+  sp_stop(&g_b);
+  /* B trusts another CA: it refuses A's certificate */
+  const char *wrong_ca[] = {"--peer-ca", path("other/ca.pem"), "--peer-cert",
+                            path("c/client.pem"), "--peer-key",
+                            path("c/client.key"), "--peer-token-file",
+                            path("c/token"), NULL};
+  rc = tls_move(a, ta, wrong_ca, &tb, &b);
+  cr_assert_eq(rc, DISPATCH_ETLS, "a wrong CA gave %s: %s",
+               dispatch_err_name(rc), dispatch_device_errmsg(b));
+  cr_assert(strstr(dispatch_device_errmsg(b), "handshake"), "%s",
+            dispatch_device_errmsg(b));
+  cr_assert_null(tb);
+  free(x);
   dispatch_tensor_free(ta);
   dispatch_device_close(b);
   dispatch_device_close(a);
