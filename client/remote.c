@@ -507,7 +507,8 @@ static int peer_grant(dispatch_device *src, uint64_t id, uint8_t *cap,
 /* Between two servers that speak 1.7: the source grants a capability for
  * c, the destination pulls the bytes from it, server to server; this
  * process sends two small requests. 1: the source cannot grant (it has
- * no --name), so the caller copies the bytes through here. */
+ * no --name) or the destination pulls from no peer (it has no --peer),
+ * so the caller copies the bytes through here. */
 static int peer_move(dispatch_tensor *c, dispatch_device *dev,
                      dispatch_tensor **out) {
   uint8_t cap[64];
@@ -535,7 +536,9 @@ static int peer_move(dispatch_tensor *c, dispatch_device *dev,
   if (rc < 0) {
     t->id = 0; /* a failed pull leaves no tensor on the server */
     dispatch__tensor_unref(t);
-    return rc;
+    /* a destination without peers pulls from no one: copy through here
+     * (the unused capability expires on the source) */
+    return rc == DISPATCH_EUNSUPPORTED ? 1 : rc;
   }
   dispatch__scope_adopt(t);
   *out = t;

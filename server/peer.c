@@ -514,6 +514,10 @@ int sv_exec_peer_pull(sv_session *s, sv_job *j, char *why, size_t len) {
   const Dspwire__PeerPull *m = j->req->peer_pull;
   const sv_config *cfg = s->cfg;
   char host[256], port[16];
+  if (cfg->n_peers == 0) /* the client copies the bytes itself instead */
+    return sv_why(why, len, DISPATCH_EUNSUPPORTED,
+                  "peer_pull: this server has no --peer: it pulls from no "
+                  "server");
   int rc = peer_find(cfg, m->peer, host, sizeof host, port, sizeof port, why,
                      len);
   if (rc < 0) return rc;

@@ -173,8 +173,9 @@ Test(peer, refuses_unknown_peer_and_wrong_token, .fini = teardown) {
   make_dir();
   const char *a_args[] = {"--token-file", path("a.tok"), NULL};
   start_a(a_args);
-  /* B knows no peer named a */
-  start_b(0, NULL);
+  /* B has peers, but none named a */
+  const char *other[] = {"--peer", "other=127.0.0.1:1", NULL};
+  start_b(0, other);
   dispatch_device *a = open_dev(g_a.port, "tok-a");
   dispatch_device *b = open_dev(g_b.port, NULL);
   float *x;
@@ -183,8 +184,9 @@ Test(peer, refuses_unknown_peer_and_wrong_token, .fini = teardown) {
   cr_assert_eq(rc, DISPATCH_EPEER, "unknown peer gave %s",
                dispatch_err_name(rc));
   cr_assert_null(tb);
-  cr_assert(strstr(dispatch_device_errmsg(b), "no peer 'a'"), "%s",
-            dispatch_device_errmsg(b));
+  cr_assert(strstr(dispatch_device_errmsg(b), "no peer 'a'") &&
+                strstr(dispatch_device_errmsg(b), "it has other"),
+            "%s", dispatch_device_errmsg(b));
   cr_assert_eq(server_tensors(g_b.port, NULL), 0);
   dispatch_device_close(b);
   sp_stop(&g_b);
@@ -452,6 +454,31 @@ Test(peer, mutual_tls_both_ways_verified, .fini = teardown) {
             dispatch_device_errmsg(b));
   cr_assert_null(tb);
   free(x);
+  dispatch_tensor_free(ta);
+  dispatch_device_close(b);
+  dispatch_device_close(a);
+}
+
+/* A destination without --peer, or a source without --name, takes part
+ * in no server-to-server transfer: the client copies the bytes itself, as
+ * before protocol 1.7, and the move still works. */
+Test(peer, without_peers_the_client_copies, .fini = teardown) {
+  make_dir();
+  start_a(NULL);
+  start_b(0, NULL);
+  dispatch_device *a = open_dev(g_a.port, NULL);
+  dispatch_device *b = open_dev(g_b.port, NULL);
+  float *x;
+  dispatch_tensor *ta = pattern(a, 33, 65, &x), *tb = NULL;
+  OK(b, dispatch_to_device(ta, b, &tb));
+  size_t nb = dispatch_tensor_nbytes(tb);
+  float *y = malloc(nb);
+  OK(b, dispatch_tensor_read(tb, y, nb));
+  cr_assert_eq(memcmp(x, y, nb), 0);
+  cr_assert_not(a_log_has("peer fetch"), "B has no peers, yet A served one");
+  free(x);
+  free(y);
+  dispatch_tensor_free(tb);
   dispatch_tensor_free(ta);
   dispatch_device_close(b);
   dispatch_device_close(a);
