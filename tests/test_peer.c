@@ -13,6 +13,8 @@
 #include <criterion/criterion.h>
 #include <fcntl.h>
 #include <libgen.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -481,5 +483,66 @@ Test(peer, without_peers_the_client_copies, .fini = teardown) {
   dispatch_tensor_free(tb);
   dispatch_tensor_free(ta);
   dispatch_device_close(b);
+  dispatch_device_close(a);
+}
+
+typedef struct slow_pull {
+  dispatch_device *b;
+  dispatch_tensor *src, *out;
+  int rc;
+  atomic_int done;
+} slow_pull;
+
+static void *run_pull(void *arg) {
+  slow_pull *p = arg;
+  p->rc = dispatch_to_device(p->src, p->b, &p->out);
+  atomic_store(&p->done, 1);
+  return NULL;
+}
+
+Test(peer, a_pull_leaves_the_loop_serving, .fini = teardown) {
+  make_dir();
+  start_a(NULL);
+  /* A's bytes stop halfway for 3 s (well within --peer-timeout) */
+  fp_rule slow = {.conn = -1, .dir = FP_S2C, .at_byte = -1,
+                  .body = DSPWIRE__REPLY__BODY_READ, .nth = 1, .pct = 50,
+                  .action = FP_DELAY, .arg = 3000};
+  g_fp = fp_start(g_a.port, &slow, 1);
+  cr_assert_not_null(g_fp);
+  const char *b_args[] = {"--threads", "1", NULL};
+  start_b(fp_port(g_fp), b_args);
+  dispatch_device *a = open_dev(g_a.port, NULL);
+  slow_pull p = {.b = open_dev(g_b.port, NULL)};
+  float *x;
+  p.src = pattern(a, 1024, 1024, &x);
+  OK(a, dispatch_device_sync(a));
+  pthread_t th;
+  cr_assert_eq(pthread_create(&th, NULL, run_pull, &p), 0);
+  /* the pull is held halfway once the proxy's delay has fired */
+  while (fp_fired(g_fp) == 0 && !atomic_load(&p.done)) usleep(1000);
+  /* another session of B: its hello, upload and read need only the loop */
+  dispatch_device *c = open_dev(g_b.port, NULL);
+  float v[4] = {1, 2, 3, 4}, w[4];
+  int64_t shape[1] = {4};
+  dispatch_tensor *t = NULL;
+  OK(c, dispatch_tensor_from_data(c, DISPATCH_F32, 1, shape, v, sizeof v, &t));
+  OK(c, dispatch_tensor_read(t, w, sizeof w));
+  int served_during_pull = !atomic_load(&p.done);
+  cr_assert_eq(memcmp(v, w, sizeof v), 0);
+  pthread_join(th, NULL);
+  cr_assert_eq(p.rc, 0, "the throttled pull: %s: %s", dispatch_err_name(p.rc),
+               dispatch_device_errmsg(p.b));
+  cr_assert(served_during_pull,
+            "the other session was answered only after the pull ended");
+  float *y = malloc(4u << 20);
+  OK(p.b, dispatch_tensor_read(p.out, y, 4u << 20));
+  cr_assert_eq(memcmp(x, y, 4u << 20), 0);
+  free(y);
+  free(x);
+  dispatch_tensor_free(t);
+  dispatch_tensor_free(p.out);
+  dispatch_tensor_free(p.src);
+  dispatch_device_close(c);
+  dispatch_device_close(p.b);
   dispatch_device_close(a);
 }
