@@ -546,3 +546,36 @@ Test(peer, a_pull_leaves_the_loop_serving, .fini = teardown) {
   dispatch_device_close(p.b);
   dispatch_device_close(a);
 }
+
+/* The peer options are checked at start: each bad one stops the server
+ * with a line naming it (exit status 2, as any bad command line). */
+Test(peer, bad_peer_options_stop_the_server) {
+  check_server_bin();
+  static const struct {
+    const char *args[6];
+    const char *says;
+  } cases[] = {
+      {{"--peer", "noequals:7070"}, "is not NAME=HOST:PORT"},
+      {{"--peer", "=127.0.0.1:7070"}, "is not NAME=HOST:PORT"},
+      {{"--peer", "a=127.0.0.1"}, "is not HOST:PORT"},
+      {{"--peer", "a=127.0.0.1:1", "--peer", "a=127.0.0.1:2"},
+       "'a' is named twice"},
+      {{"--peer-cert", "c.pem"}, "--peer-cert and --peer-key go together"},
+      {{"--peer-cert", "c.pem", "--peer-key", "c.key"},
+       "--peer-cert needs --peer-ca"},
+      {{"--name", "a:b"}, "--name: 'a:b' must be"},
+      {{"--peer-cap-ttl", "0"}, "--peer-cap-ttl: '0' is out of range"},
+      {{"--peer-token-file", "/nonexistent/tok"}, "--peer-token-file"},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    const char *argv[8];
+    int n = 0;
+    for (int k = 0; k < 6 && cases[i].args[k]; k++) argv[n++] = cases[i].args[k];
+    argv[n] = NULL;
+    char out[2048];
+    int st = sp_run_capture(argv, out, sizeof out);
+    cr_assert_neq(st, 0, "case %zu started: %s", i, out);
+    cr_assert(strstr(out, cases[i].says), "case %zu: want '%s' in: %s", i,
+              cases[i].says, out);
+  }
+}
