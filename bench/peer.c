@@ -38,6 +38,7 @@ int main(void) {
   const char *size_name = bench_quick() ? "4 MiB" : "256 MiB";
   double budget = bench_quick() ? 0 : 40.0;
   int max_reps = bench_quick() ? 2 : MAX_REPS;
+  int min_reps = bench_quick() ? 2 : MIN_REPS;
   char why[512] = "", m_peer[96], m_bounce[96];
   snprintf(m_peer, sizeof m_peer, "server to server %s", size_name);
   snprintf(m_bounce, sizeof m_bounce, "bounced through the client %s",
@@ -81,7 +82,7 @@ int main(void) {
     }
   }
   double t0 = bench_now();
-  while (src && bench_more(n, MIN_REPS, max_reps, bench_now() - t0, budget,
+  while (src && bench_more(n, min_reps, max_reps, bench_now() - t0, budget,
                            bench_unsettled(&d_peer, peer, raw, n))) {
     peer[n] = bounce[n] = raw[n] = NAN;
     for (int k = 0; k < 3; k++) {
