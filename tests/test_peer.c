@@ -47,6 +47,15 @@ static void teardown(void) {
   }
 }
 
+/* Stops both servers and checks they exited cleanly: a sanitizer's
+ * report at shutdown fails the test (asserts in .fini would not). */
+static void stop_clean(void) {
+  int sb = g_b.pid ? sp_stop(&g_b) : 0;
+  int sa = g_a.pid ? sp_stop(&g_a) : 0;
+  cr_assert_eq(sb, 0, "B exited with status %d", sb);
+  cr_assert_eq(sa, 0, "A exited with status %d", sa);
+}
+
 /* A scratch folder with the token files "a.tok" (tok-a) and "bad.tok". */
 static void make_dir(void) {
   snprintf(g_dir, sizeof g_dir, "/tmp/dsp-peer-XXXXXX");
@@ -169,6 +178,7 @@ Test(peer, moves_bytes_server_to_server, .fini = teardown) {
   dispatch_tensor_free(ta);
   dispatch_device_close(b);
   dispatch_device_close(a);
+  stop_clean();
 }
 
 Test(peer, refuses_unknown_peer_and_wrong_token, .fini = teardown) {
@@ -191,7 +201,7 @@ Test(peer, refuses_unknown_peer_and_wrong_token, .fini = teardown) {
             "%s", dispatch_device_errmsg(b));
   cr_assert_eq(server_tensors(g_b.port, NULL), 0);
   dispatch_device_close(b);
-  sp_stop(&g_b);
+  cr_assert_eq(sp_stop(&g_b), 0, "B did not exit cleanly");
   /* B knows a but sends the wrong token */
   const char *bad[] = {"--peer-token-file", path("bad.tok"), NULL};
   start_b(g_a.port, bad);
@@ -205,6 +215,7 @@ Test(peer, refuses_unknown_peer_and_wrong_token, .fini = teardown) {
   dispatch_tensor_free(ta);
   dispatch_device_close(b);
   dispatch_device_close(a);
+  stop_clean();
 }
 
 /* A raw grant of tensor id on c: the capability (32 bytes) */
@@ -298,6 +309,7 @@ Test(peer, capability_once_in_time_while_tensor_lives, .fini = teardown) {
   cr_assert_eq(server_tensors(g_b.port, NULL), 1);
   wire_close(&cb);
   wire_close(&ca);
+  stop_clean();
 }
 
 Test(peer, quota_is_charged_before_a_byte, .fini = teardown) {
@@ -320,6 +332,7 @@ Test(peer, quota_is_charged_before_a_byte, .fini = teardown) {
   dispatch_tensor_free(ta);
   dispatch_device_close(b);
   dispatch_device_close(a);
+  stop_clean();
 }
 
 Test(peer, source_cut_mid_transfer_leaves_nothing, .fini = teardown) {
@@ -367,6 +380,7 @@ Test(peer, source_cut_mid_transfer_leaves_nothing, .fini = teardown) {
   dispatch_tensor_free(ta);
   dispatch_device_close(b);
   dispatch_device_close(a);
+  stop_clean();
 }
 
 /* deploy/make-certs.sh into g_dir/sub: CA, server and client certificates
@@ -431,7 +445,7 @@ Test(peer, mutual_tls_both_ways_verified, .fini = teardown) {
   free(y);
   dispatch_tensor_free(tb);
   dispatch_device_close(b);
-  sp_stop(&g_b);
+  cr_assert_eq(sp_stop(&g_b), 0, "B did not exit cleanly");
   /* no client certificate: A's mutual TLS refuses B */
   const char *no_cert[] = {"--peer-ca", path("c/ca.pem"), "--peer-token-file",
                            path("c/token"), NULL};
@@ -443,7 +457,7 @@ Test(peer, mutual_tls_both_ways_verified, .fini = teardown) {
   cr_assert_null(tb);
   cr_assert_eq(server_tensors(g_b.port, NULL), 0);
   dispatch_device_close(b);
-  sp_stop(&g_b);
+  cr_assert_eq(sp_stop(&g_b), 0, "B did not exit cleanly");
   /* B trusts another CA: it refuses A's certificate */
   const char *wrong_ca[] = {"--peer-ca", path("other/ca.pem"), "--peer-cert",
                             path("c/client.pem"), "--peer-key",
@@ -459,6 +473,7 @@ Test(peer, mutual_tls_both_ways_verified, .fini = teardown) {
   dispatch_tensor_free(ta);
   dispatch_device_close(b);
   dispatch_device_close(a);
+  stop_clean();
 }
 
 /* A destination without --peer, or a source without --name, takes part
@@ -484,6 +499,7 @@ Test(peer, without_peers_the_client_copies, .fini = teardown) {
   dispatch_tensor_free(ta);
   dispatch_device_close(b);
   dispatch_device_close(a);
+  stop_clean();
 }
 
 typedef struct slow_pull {
@@ -545,6 +561,7 @@ Test(peer, a_pull_leaves_the_loop_serving, .fini = teardown) {
   dispatch_device_close(c);
   dispatch_device_close(p.b);
   dispatch_device_close(a);
+  stop_clean();
 }
 
 /* The peer options are checked at start: each bad one stops the server
