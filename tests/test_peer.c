@@ -493,6 +493,13 @@ Test(peer, without_peers_the_client_copies, .fini = teardown) {
   OK(b, dispatch_tensor_read(tb, y, nb));
   cr_assert_eq(memcmp(x, y, nb), 0);
   cr_assert_not(a_log_has("peer fetch"), "B has no peers, yet A served one");
+  /* and back: B has no --name, so it grants nothing (the first refusal) */
+  dispatch_tensor *back = NULL;
+  OK(a, dispatch_to_device(tb, a, &back));
+  memset(y, 0, nb);
+  OK(a, dispatch_tensor_read(back, y, nb));
+  cr_assert_eq(memcmp(x, y, nb), 0);
+  dispatch_tensor_free(back);
   free(x);
   free(y);
   dispatch_tensor_free(tb);
