@@ -494,11 +494,83 @@ static int remote_read(dispatch_tensor *t, void *buf, size_t nbytes) {
   return req_read(t->dev, t->id, buf, nbytes);
 }
 
+/* The grant half of a server-to-server move, on the source's device:
+ * 0 with the capability (cap_len bytes into cap) and the name the source
+ * gives itself, or the source's error (its message in src's context). */
+static int peer_grant(dispatch_device *src, uint64_t id, uint8_t *cap,
+                      size_t *cap_len, char *name, size_t name_len) {
+  DISPATCH__GUARD(src, "to_device");
+  dsp_wreq w;
+  Dspwire__Reply *r;
+  int rc = dispatch__call(src, dsp_wreq_peer_grant(&w, id), NULL, 0, 0, &r);
+  if (rc == 0 && (r->body_case != DSPWIRE__REPLY__BODY_PEER_GRANT ||
+                  r->peer_grant->capability.len > *cap_len ||
+                  !r->peer_grant->name || !r->peer_grant->name[0] ||
+                  strlen(r->peer_grant->name) >= name_len))
+    rc = dsp_seterr(src->ctx, DISPATCH_EPROTO,
+                    "to_device: the source server's grant carries no usable "
+                    "capability");
+  if (rc == 0) {
+    memcpy(cap, r->peer_grant->capability.data, r->peer_grant->capability.len);
+    *cap_len = r->peer_grant->capability.len;
+    snprintf(name, name_len, "%s", r->peer_grant->name);
+  }
+  if (r) dspwire__reply__free_unpacked(r, &dispatch__pb_alloc);
+  return rc;
+}
+
+/* Between two servers that speak 1.7: the source grants a capability for
+ * c, the destination pulls the bytes from it, server to server; this
+ * process sends two small requests. 1: the source cannot grant (it has
+ * no --name) or the destination pulls from no peer (it has no --peer),
+ * so the caller copies the bytes through here. */
+static int peer_move(dispatch_tensor *c, dispatch_device *dev,
+                     dispatch_tensor **out) {
+  uint8_t cap[64];
+  size_t cap_len = sizeof cap;
+  char name[80];
+  int rc = peer_grant(c->dev, c->id, cap, &cap_len, name, sizeof name);
+  if (rc == DISPATCH_EUNSUPPORTED) return 1;
+  if (rc < 0)
+    return dsp_seterr(dev->ctx, rc, "to_device: the source server refused "
+                      "the transfer: %s", dsp_ctx_errmsg(c->dev->ctx));
+  dispatch_tensor *t;
+  rc = dispatch__tensor_new(dev, DISPATCH_KIND_REMOTE, &c->meta, 0, &t);
+  if (rc < 0) return rc;
+  t->id = dispatch__remote_new_id(dev);
+  dsp_wreq w;
+  Dspwire__Reply *r = NULL;
+  rc = dispatch__call(dev,
+                      dsp_wreq_peer_pull(&w, name, cap, cap_len, t->id,
+                                         (int32_t)c->meta.dtype,
+                                         (size_t)c->meta.ndim, c->meta.shape,
+                                         dev->device),
+                      NULL, 0, 0, &r);
+  if (r) dspwire__reply__free_unpacked(r, &dispatch__pb_alloc);
+  memset(cap, 0, sizeof cap);
+  if (rc < 0) {
+    t->id = 0; /* a failed pull leaves no tensor on the server */
+    dispatch__tensor_unref(t);
+    /* a destination without peers pulls from no one: copy through here
+     * (the unused capability expires on the source) */
+    return rc == DISPATCH_EUNSUPPORTED ? 1 : rc;
+  }
+  dispatch__scope_adopt(t);
+  *out = t;
+  return 0;
+}
+
 /* Between two devices of one session (a device and its peers) the server
- * copies: one ToDevice request, no bytes through the client. */
+ * copies: one ToDevice request, no bytes through the client. Between two
+ * servers of protocol 1.7 they move the bytes themselves (peer_move). */
 static int remote_move(dispatch_tensor *c, dispatch_device *dev,
                        dispatch_tensor **out) {
-  if (c->dev->conn != dev->conn) return 1;
+  if (c->dev->conn != dev->conn) {
+    if (c->kind == DISPATCH_KIND_REMOTE && c->dev->ops == dev->ops &&
+        c->dev->conn->server_minor >= 7 && dev->conn->server_minor >= 7)
+      return peer_move(c, dev, out);
+    return 1;
+  }
   const char *target = dev->device ? dev->device : dev->conn->server_device;
   if (!target)
     return dsp_seterr(dev->ctx, DISPATCH_EPROTO,

@@ -201,6 +201,45 @@ Dspwire__Request *dsp_wreq_ckpt_load(dsp_wreq *w, const char *file,
   return &w->req;
 }
 
+Dspwire__Request *dsp_wreq_peer_grant(dsp_wreq *w, uint64_t id) {
+  Dspwire__PeerGrant *m = &w->body.peer_grant;
+  *m = (Dspwire__PeerGrant)DSPWIRE__PEER_GRANT__INIT;
+  m->id = id;
+  begin(w, DSPWIRE__REQUEST__BODY_PEER_GRANT)->peer_grant = m;
+  return &w->req;
+}
+
+Dspwire__Request *dsp_wreq_peer_pull(dsp_wreq *w, const char *peer,
+                                      const uint8_t *cap, size_t cap_len,
+                                      uint64_t output, int32_t dtype,
+                                      size_t ndim, const int64_t *shape,
+                                      const char *device) {
+  Dspwire__PeerPull *m = &w->body.peer_pull;
+  *m = (Dspwire__PeerPull)DSPWIRE__PEER_PULL__INIT;
+  m->peer = (char *)(peer ? peer : "");
+  m->capability.data = (uint8_t *)cap;
+  m->capability.len = cap_len;
+  m->output = output;
+  w->meta = (Dspwire__TensorMeta)DSPWIRE__TENSOR_META__INIT;
+  w->meta.dtype = dtype;
+  w->meta.n_shape = ndim;
+  w->meta.shape = (int64_t *)shape;
+  m->meta = &w->meta;
+  m->device = (char *)(device ? device : "");
+  begin(w, DSPWIRE__REQUEST__BODY_PEER_PULL)->peer_pull = m;
+  return &w->req;
+}
+
+Dspwire__Request *dsp_wreq_peer_fetch(dsp_wreq *w, const uint8_t *cap,
+                                       size_t cap_len) {
+  Dspwire__PeerFetch *m = &w->body.peer_fetch;
+  *m = (Dspwire__PeerFetch)DSPWIRE__PEER_FETCH__INIT;
+  m->capability.data = (uint8_t *)cap;
+  m->capability.len = cap_len;
+  begin(w, DSPWIRE__REQUEST__BODY_PEER_FETCH)->peer_fetch = m;
+  return &w->req;
+}
+
 size_t dsp_req_frame_size(const Dspwire__Request *req) {
   return DSP_FRAME_HEADER_SIZE + dspwire__request__get_packed_size(req);
 }

@@ -43,6 +43,9 @@ typedef struct dsp_wreq {
     Dspwire__Ops ops;
     Dspwire__CkptSave ckpt_save;
     Dspwire__CkptLoad ckpt_load;
+    Dspwire__PeerGrant peer_grant;
+    Dspwire__PeerPull peer_pull;
+    Dspwire__PeerFetch peer_fetch;
   } body;
 } dsp_wreq;
 
@@ -97,6 +100,18 @@ Dspwire__Request *dsp_wreq_ckpt_load(dsp_wreq *w, const char *file,
 
 /* Bytes dsp_req_frame_encode writes for req: the header and the packed
  * message (the bulk is not counted: the caller sends it after). */
+/* 1.7, server to server transfers: a grant of tensor id on its server, a
+ * pull on another server (dtype and shape[0..ndim-1] the granted
+ * tensor's; device may be NULL), and the peer's fetch. cap is cap_len
+ * bytes. */
+Dspwire__Request *dsp_wreq_peer_grant(dsp_wreq *w, uint64_t id);
+Dspwire__Request *dsp_wreq_peer_pull(dsp_wreq *w, const char *peer,
+                                      const uint8_t *cap, size_t cap_len,
+                                      uint64_t output, int32_t dtype,
+                                      size_t ndim, const int64_t *shape,
+                                      const char *device);
+Dspwire__Request *dsp_wreq_peer_fetch(dsp_wreq *w, const uint8_t *cap,
+                                       size_t cap_len);
 size_t dsp_req_frame_size(const Dspwire__Request *req);
 /* Writes the frame header, announcing bulk_len bulk bytes to follow, and
  * the packed req into out, which has room for dsp_req_frame_size(req)

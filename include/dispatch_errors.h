@@ -49,7 +49,9 @@ extern "C" {
   X(ECANCELED, -31, "cancelled: the session closed or the server is stopping") \
   X(ESHUTDOWN, -32, "server is shutting down")                              \
   X(ESESSION, -33, "session expired or unknown: it cannot be resumed")     \
-  X(EBUSY, -34, "device in use by another thread")
+  X(EBUSY, -34, "device in use by another thread")                        \
+  X(ECAPABILITY, -37, "transfer capability unknown, expired, used or revoked") \
+  X(EPEER, -38, "peer server unknown, unreachable or refused the transfer")
 
 typedef enum dispatch_errno {
 #define DISPATCH_ERRNO_ENUM_(name, code, msg) DISPATCH_##name = (code),

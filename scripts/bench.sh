@@ -66,7 +66,8 @@ cleanup() {
   [ -n "$raw_pid" ] && kill "$raw_pid" 2>/dev/null
   [ -n "${tls_pid:-}" ] && kill "$tls_pid" 2>/dev/null
   [ -n "${tls_dir:-}" ] && rm -rf "$tls_dir"
-  rm -rf "$ckpt_dir"
+  for p in ${peer_pids:-}; do kill "$p" 2>/dev/null; done
+  rm -rf "$ckpt_dir" "${peer_log:-}"
   rm -f "$rows" "$log" "$raw_log"
 }
 trap cleanup EXIT
@@ -185,6 +186,34 @@ stop_tls_server() {
   rm -rf "$tls_dir"
 }
 
+# two more servers for the peer benchmark (bench/peer.c): A, named a, and
+# B, which may pull tensors from it (--peer a=A's address)
+peer_pids=""
+peer_log=$(mktemp -d)
+start_peer_servers() {
+  export DISPATCH_BENCH_PEER_A="" DISPATCH_BENCH_PEER_B=""
+  start_proc "$peer_log/a" dispatch-server "$BUILD/dispatch-server" \
+    --listen 127.0.0.1:0 --name a
+  [ -n "$proc_port" ] || return
+  local pa=$proc_port
+  peer_pids=$proc_pid
+  start_proc "$peer_log/b" dispatch-server "$BUILD/dispatch-server" \
+    --listen 127.0.0.1:0 --peer "a=127.0.0.1:$pa"
+  [ -n "$proc_port" ] || return
+  peer_pids="$peer_pids $proc_pid"
+  export DISPATCH_BENCH_PEER_A="tcp://127.0.0.1:$pa"
+  export DISPATCH_BENCH_PEER_B="tcp://127.0.0.1:$proc_port"
+  echo "== peer servers A on 127.0.0.1:$pa, B on 127.0.0.1:$proc_port" >&2
+}
+stop_peer_servers() {
+  local p
+  for p in $peer_pids; do
+    kill -TERM "$p" 2>/dev/null
+    wait "$p" 2>/dev/null
+  done
+  peer_pids=""
+}
+
 # The MLP step driven from Python (python/bench/mlp_step.py) against the
 # same step driven from C, which the script runs in turns with its own in
 # `$BUILD/bench/mlp --steps-on-stdin`.
@@ -203,13 +232,18 @@ run_python_mlp() {
 
 # BENCH_ONLY="latency bulk": those programs alone (python and memory are
 # names too), for working on one benchmark; the CSV then holds their rows
-only=" ${BENCH_ONLY:-latency ops bulk devices checkpoint matmul mlp gpt graph attention python memory load} "
+only=" ${BENCH_ONLY:-latency ops bulk devices peer checkpoint matmul mlp gpt graph attention python memory load} "
 want() { [[ $only == *" $1 "* ]]; }
 start=$(date +%s)
 start_server
 start_tls_server
 for b in latency ops bulk devices checkpoint matmul mlp gpt graph attention; do want "$b" && run "$b"; done
 want python && run_python_mlp
+if want peer; then
+  start_peer_servers
+  run peer
+  stop_peer_servers
+fi
 stop_tls_server
 stop_server
 if want memory; then

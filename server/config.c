@@ -27,6 +27,7 @@ void sv_secret_free(char **s, size_t *len) {
 void sv_config_release(sv_config *c) {
   sv_secret_free(&c->token, &c->token_len);
   sv_secret_free(&c->metrics_token, &c->metrics_token_len);
+  sv_secret_free(&c->peer_token, &c->peer_token_len);
   if (c->checkpoint_fd >= 0) close(c->checkpoint_fd);
   c->checkpoint_fd = -1;
 }
@@ -108,6 +109,11 @@ static int read_token(sv_config *c, const char *path) {
 static int read_metrics_token(sv_config *c, const char *path) {
   return set_secret("--metrics-token-file", path, &c->metrics_token_file,
                     &c->metrics_token, &c->metrics_token_len);
+}
+
+static int read_peer_token(sv_config *c, const char *path) {
+  return set_secret("--peer-token-file", path, &c->peer_token_file,
+                    &c->peer_token, &c->peer_token_len);
 }
 
 static void put_err(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
@@ -363,6 +369,31 @@ static int set_device(sv_config *c, const char *v) {
   return 0;
 }
 
+/* --peer NAME=ADDR: NAME as a peer's grants carry it (its --name), ADDR
+ * HOST:PORT as --listen takes it, resolved at each pull */
+static int set_peer(sv_config *c, const char *v) {
+  const char *eq = strchr(v, '=');
+  char host[256];
+  int port;
+  if (!eq || eq == v || eq - v > 64) {
+    put_err("--peer: '%s' is not NAME=HOST:PORT (NAME: 1 to 64 bytes)", v);
+    return -1;
+  }
+  if (split_hostport("--peer", eq + 1, host, sizeof host, &port) < 0)
+    return -1;
+  for (int i = 0; i < c->n_peers; i++)
+    if (strncmp(c->peers[i], v, (size_t)(eq - v) + 1) == 0) {
+      put_err("--peer: '%.*s' is named twice", (int)(eq - v), v);
+      return -1;
+    }
+  if (c->n_peers == SV_MAX_PEERS) {
+    put_err("at most %d --peer options", SV_MAX_PEERS);
+    return -1;
+  }
+  c->peers[c->n_peers++] = v;
+  return 0;
+}
+
 static int set_log_level(sv_config *c, const char *v) {
   int l = sv_log_parse_level(v);
   if (l < 0) {
@@ -557,6 +588,33 @@ static const opt_row g_rows[] = {
      .help = "let clients save and load checkpoints\n"
              "here, by names confined to DIR (default:\n"
              "off, such requests are refused)"},
+    /* server-to-server transfers (server/peer.c) */
+    {"name", "NAME", OPT_PATH, .off = offsetof(sv_config, name),
+     .help = "this server's name for its peers: the NAME\n"
+             "they list it under with --peer; without it\n"
+             "no tensor can be pulled from this server"},
+    {"peer", "NAME=HOST:PORT", OPT_FN, .set = set_peer,
+     .help = "a server this one may pull tensors from,\n"
+             "repeatable; it connects to no other address"},
+    {"peer-token-file", "FILE", OPT_FN, .set = read_peer_token,
+     .help = "the token this server sends in its hello\n"
+             "to a peer (the peer's --token-file)"},
+    {"peer-ca", "FILE", OPT_PATH, .off = offsetof(sv_config, peer_ca),
+     .help = "TLS to peers, their certificates verified\n"
+             "against this CA and their host name (without\n"
+             "it: plain TCP, to loopback peers only unless\n"
+             "--insecure)"},
+    {"peer-cert", "FILE", OPT_PATH, .off = offsetof(sv_config, peer_cert),
+     .help = "client certificate for peers that require\n"
+             "mutual TLS (with --peer-key)"},
+    {"peer-key", "FILE", OPT_PATH, .off = offsetof(sv_config, peer_key),
+     .help = "private key of --peer-cert"},
+    {"peer-cap-ttl", "SECONDS", OPT_INT, 1, 3600, FIELD(peer_cap_ttl_s), 30,
+     .help = "a transfer capability this server grants\n"
+             "is valid this long, once (default 30)"},
+    {"peer-timeout", "SECONDS", OPT_INT, 1, 3600, FIELD(peer_timeout_s), 30,
+     .help = "a pull fails when a peer does not connect,\n"
+             "or is silent, this long (default 30)"},
     {"version", NULL, OPT_FN, .set = set_version,
      .help = "print the version and exit"},
     {"help", NULL, OPT_FN, .set = set_help, .help = "this text"},
@@ -715,6 +773,20 @@ int sv_config_parse(sv_config *c, int argc, char **argv) {
   }
   if (c->tls_client_ca && !c->tls_cert) {
     put_err("--tls-client-ca needs --tls-cert and --tls-key");
+    return -1;
+  }
+  if (!c->peer_cert != !c->peer_key) {
+    put_err("--peer-cert and --peer-key go together");
+    return -1;
+  }
+  if (c->peer_cert && !c->peer_ca) {
+    put_err("--peer-cert needs --peer-ca (mutual TLS is TLS)");
+    return -1;
+  }
+  if (c->name && (!c->name[0] || strlen(c->name) > 64 ||
+                  strpbrk(c->name, "=:\n\r"))) {
+    put_err("--name: '%s' must be 1 to 64 bytes without '=', ':' or a "
+            "newline", c->name);
     return -1;
   }
   if (c->checkpoint_dir) {

@@ -226,6 +226,36 @@ int sv_encode_read_reply(dsp_ctx *ctx, const Dspwire__Reply *r,
   return 0;
 }
 
+int sv_encode_pin_reply(const Dspwire__Reply *r, dsp_pin *pin, sv_job *j) {
+  size_t nbytes = dsp_pin_nbytes(pin);
+  size_t mlen = dspwire__reply__get_packed_size(r);
+  int copy = !j->bulk_by_ref || nbytes <= READ_COPY_MAX;
+  if (mlen > UINT32_MAX ||
+      nbytes > SIZE_MAX - DSP_FRAME_HEADER_SIZE - mlen) {
+    dsp_pin_release(pin);
+    return DISPATCH_ETOOLARGE;
+  }
+  uint8_t *buf = dsp_malloc(DSP_FRAME_HEADER_SIZE + mlen + (copy ? nbytes : 0));
+  if (!buf) {
+    dsp_pin_release(pin);
+    return DISPATCH_ENOMEM;
+  }
+  if (copy) {
+    uint8_t *dst = buf + DSP_FRAME_HEADER_SIZE + mlen;
+    const uint8_t *src = dsp_pin_data(pin);
+    for (size_t off = 0; off < nbytes;) {
+      size_t n = dsp_pin_avail(pin, off, nbytes - off);
+      memcpy(dst + off, src + off, n);
+      off += n;
+    }
+    dsp_pin_release(pin);
+    frame_out(j, r, buf, mlen, nbytes, nbytes, NULL);
+    return 0;
+  }
+  frame_out(j, r, buf, mlen, nbytes, 0, pin);
+  return 0;
+}
+
 int sv_encode_tensors_reply(dsp_ctx *ctx, const Dspwire__Reply *r,
                             dsp_tensor *const *ts, size_t n, sv_job *j) {
   if (n == 1) { /* a Read's reply: pinned where it is, no copy */

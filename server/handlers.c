@@ -409,7 +409,9 @@ int sv_exec_free(sv_session *s, sv_job *j, char *why, size_t len) {
   Dspwire__Free *f = j->req->free;
   int rc = 0;
   for (size_t i = 0; i < f->n_tensors; i++) {
-    if (sv_tensor_drop(s, f->tensors[i]) < 0 && rc == 0)
+    if (sv_tensor_drop(s, f->tensors[i]) == 0)
+      sv_peer_revoke(s, f->tensors[i]); /* its grants die with it */
+    else if (rc == 0)
       rc = sv_why(why, len, DISPATCH_ENOID,
                   "free: tensor id %llu does not exist",
                   (unsigned long long)f->tensors[i]);

@@ -91,5 +91,12 @@ int sv_exec_bye(sv_session *s, sv_job *j, char *why, size_t len);
 /* checkpoint.c: CkptSave and CkptLoad (1.6) in --checkpoint-dir */
 int sv_exec_ckpt_save(sv_session *s, sv_job *j, char *why, size_t len);
 int sv_exec_ckpt_load(sv_session *s, sv_job *j, char *why, size_t len);
+/* peer.c: server-to-server transfers (1.7) */
+int sv_exec_peer_grant(sv_session *s, sv_job *j, char *why, size_t len);
+int sv_exec_peer_pull(sv_session *s, sv_job *j, char *why, size_t len);
+int sv_exec_peer_fetch(sv_session *s, sv_job *j, char *why, size_t len);
+/* Revokes the capabilities of s's tensor id (0: all of s's), on a Free
+ * and at the session's end; any thread. */
+void sv_peer_revoke(const sv_session *s, uint64_t id);
 
 #endif

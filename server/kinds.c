@@ -164,6 +164,20 @@ static void describe_ckpt_load(const Dspwire__Request *r, char *buf,
   describe_ckpt("checkpoint load", &r->ckpt_load->file, buf, len);
 }
 
+static void describe_peer_grant(const Dspwire__Request *r, char *buf,
+                                size_t len) {
+  snprintf(buf, len, "peer_grant %llu",
+           (unsigned long long)r->peer_grant->id);
+}
+
+static void describe_peer_pull(const Dspwire__Request *r, char *buf,
+                               size_t len) {
+  char peer[4 * SV_LOG_STR_MAX + 8];
+  snprintf(buf, len, "peer_pull from \"%s\" -> %llu",
+           sv_log_str(peer, sizeof peer, r->peer_pull->peer, 32),
+           (unsigned long long)r->peer_pull->output);
+}
+
 void sv_describe(const Dspwire__Request *r, char *buf, size_t len) {
   const sv_req_kind *k = sv_req_kind_of(r->body_case);
   if (k->describe) k->describe(r, buf, len);
@@ -232,6 +246,15 @@ static const sv_req_kind g_kinds[] = {
     ROW(DSPWIRE__REQUEST__BODY_CKPT_LOAD, .name = "ckpt_load", .waits = 1,
         .own_turn = 1, .exec = sv_exec_ckpt_load,
         .describe = describe_ckpt_load),
+    /* 1.7, server/peer.c: a pull holds its worker for the transfer (the
+     * loop never waits on a peer); a fetch answers from a pinned snapshot */
+    ROW(DSPWIRE__REQUEST__BODY_PEER_GRANT, .name = "peer_grant", .waits = 1,
+        .exec = sv_exec_peer_grant, .describe = describe_peer_grant),
+    ROW(DSPWIRE__REQUEST__BODY_PEER_PULL, .name = "peer_pull", .waits = 1,
+        .own_turn = 1, .exec = sv_exec_peer_pull,
+        .describe = describe_peer_pull),
+    ROW(DSPWIRE__REQUEST__BODY_PEER_FETCH, .name = "peer_fetch", .waits = 1,
+        .exec = sv_exec_peer_fetch, .describe = describe_name),
 };
 
 const sv_req_kind *sv_req_kind_of(Dspwire__Request__BodyCase bc) {

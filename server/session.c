@@ -439,6 +439,7 @@ void sv_session_defer(sv_session *s, uint64_t req_id, int body, int code,
 }
 
 void sv_session_teardown(sv_session *s) {
+  sv_peer_revoke(s, 0);
   sv_graph_teardown(s);
   for (size_t i = 0; i < s->grads.cap; i++)
     if (s->grads.vals[i]) {

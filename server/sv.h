@@ -40,6 +40,7 @@ void sv__debug_fail(const char *file, int line, const char *cond,
 /* ------------------------------------------------------------ config */
 
 #define SV_MAX_DEVICES 16
+#define SV_MAX_PEERS 64
 
 typedef struct sv_config {
   char host[256];              /* --listen's host as given, for messages */
@@ -110,6 +111,20 @@ typedef struct sv_config {
    * opened by sv_config_parse (-1: none), closed by sv_config_release */
   const char *checkpoint_dir;
   int checkpoint_fd;
+  /* server-to-server transfers (peer.c; strings point into argv) */
+  const char *name;          /* --name: what peers call this server; NULL:
+                                it grants no transfers */
+  const char *peers[SV_MAX_PEERS]; /* --peer NAME=ADDR, repeatable */
+  int n_peers;
+  char *peer_token;          /* --peer-token-file's contents (dsp_malloc),
+                                sent in the hello to a peer; NULL: none */
+  size_t peer_token_len;
+  const char *peer_token_file;
+  const char *peer_ca;       /* set: TLS to peers, verified against it */
+  const char *peer_cert;     /* mutual TLS: this server's client cert */
+  const char *peer_key;
+  int peer_cap_ttl_s;        /* a capability's life (--peer-cap-ttl) */
+  int peer_timeout_s;        /* connect and each wait of a pull */
 } sv_config;
 
 /* Fills the documented defaults. */
@@ -579,6 +594,9 @@ int sv_encode_reply(const Dspwire__Reply *r, const void *bulk,
  * DISPATCH_ETOOLARGE. */
 int sv_encode_read_reply(dsp_ctx *ctx, const Dspwire__Reply *r,
                          dsp_tensor *t, sv_job *j);
+/* As sv_encode_read_reply for bytes already pinned: takes the caller's
+ * pin whatever the outcome (released here on failure or after a copy). */
+int sv_encode_pin_reply(const Dspwire__Reply *r, dsp_pin *pin, sv_job *j);
 /* A reply whose bulk is the bytes of ts[0..n-1] in order (a GraphReply)
  * into j, each tensor's bytes copied once. One tensor: as a Read's reply
  * (sv_encode_read_reply). Several, past a few pages and with

@@ -474,8 +474,14 @@ int dispatch_convert(void *dst, dispatch_dtype dst_dtype, const void *src,
  * wrap it again if needed). Same device: still a copy. When dev shares
  * t's session (dev is t's device or a peer of it, see
  * dispatch_device_open_peer) the server copies the bytes between its
- * devices itself, one request, nothing through this process; otherwise
- * the bytes are read here and uploaded. */
+ * devices itself, one request, nothing through this process. Between two
+ * servers of protocol 1.7 whose source has a --name, the destination
+ * pulls the bytes from the source itself (a single-use capability the
+ * source grants, two small round trips here; README "Server-to-server
+ * transfers"): a refusal or a dropped transfer returns its error
+ * (DISPATCH_EPEER, DISPATCH_ECAPABILITY, DISPATCH_EQUOTA, DISPATCH_ECONN,
+ * ...) and leaves no tensor. Otherwise the bytes are read here and
+ * uploaded. */
 DISPATCH_API
 int dispatch_to_device(dispatch_tensor *t, dispatch_device *dev,
                        dispatch_tensor **out);

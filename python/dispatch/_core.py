@@ -155,11 +155,12 @@ error_classes = {}  # "ESHAPE" -> class, for the package namespace
 
 
 def _make_error_classes():
-    code = -1
-    while True:
+    # the table may have gaps (codes are appended in ranges set aside for
+    # work done in parallel), so every code down to -255 is asked for
+    for code in range(-1, -256, -1):
         full = ffi.string(lib.dispatch_err_name(code)).decode()
-        if full == "DISPATCH_EUNKNOWN" or code < -1000:
-            break
+        if full == "DISPATCH_EUNKNOWN":
+            continue
         short = full[len("DISPATCH_"):]
         bases = (DispatchError,) + ((_ALSO[short],) if short in _ALSO else ())
         cls = type(short, bases, {
@@ -168,7 +169,6 @@ def _make_error_classes():
             "__module__": "dispatch"})
         _ERROR_CLASSES[code] = cls
         error_classes[short] = cls
-        code -= 1
 
 
 _make_error_classes()
@@ -1943,8 +1943,8 @@ class Tensor:
             if dev is not self._dev:
                 out = _out()
                 rc = lib.dispatch_to_device(_hin(self), dev._handle(), out)
-                if rc < 0:
-                    _fail(rc, self)
+                if rc < 0:  # the library keeps the message on the target
+                    dev._raise(rc)
                 t = dev._adopt(out[0])
         if dtype is not None:
             t = _cast(t, _dtype(dtype))

@@ -98,3 +98,35 @@ def test_set_timeout_refuses_a_negative_bound(dev):
         dev.set_timeout(-1)
     dev.set_timeout(0)
     assert (dev.ones((2,)).numpy() == 1).all()
+
+
+def test_to_another_server_moves_server_to_server():
+    """t.to(device of server B) with B set up to pull from A (A --name a,
+    B --peer a=...): the bytes arrive bit for bit, A served them to B, and
+    a peer B does not know raises dispatch.EPEER."""
+    a = Server(["--name", "a", "--log-level", "info"])
+    b = Server(["--peer", f"a=127.0.0.1:{a.port}"])
+    c = Server(["--peer", "other=127.0.0.1:1"])
+    try:
+        with dispatch.device(a.spec) as da, dispatch.device(b.spec) as db, \
+                dispatch.device(c.spec) as dc:
+            v = np.arange(3 * 257, dtype=np.float32).reshape(3, 257) / 7
+            t = da.tensor(v)
+            u = t.to(db)
+            assert u.device is db
+            assert (u.numpy() == v).all()
+            assert "peer fetch of tensor" in a.stderr()
+            with pytest.raises(dispatch.EPEER) as e:
+                t.to(dc)
+            assert e.value.code == dispatch.codes["EPEER"] == -38
+            assert "no peer 'a'" in e.value.message
+    finally:
+        for s in (c, b, a):
+            assert s.stop() == 0, s.stderr()
+
+
+def test_error_codes_past_a_gap_in_the_table():
+    """The codes after a gap of the table have their classes too."""
+    assert dispatch.ECAPABILITY.__name__ == "ECAPABILITY"
+    assert dispatch.codes["ECAPABILITY"] == -37
+    assert issubclass(dispatch.EPEER, dispatch.DispatchError)
