@@ -106,6 +106,15 @@ ifeq ($(CUDA),1)
   endif
 endif
 
+# The MPI plugin (server/mpi/): dlopen-ed by dispatch-server --mpi, so the
+# server links no MPI and starts without mpirun; built when Open MPI's
+# development files are there (make deps installs libopenmpi-dev).
+MPI_PLUGIN := $(BUILD)/dispatch-mpi.so
+MPI_PKG := $(shell pkg-config --exists ompi-c 2>/dev/null && echo 1)
+MPI_CFLAGS = $(shell pkg-config --cflags ompi-c 2>/dev/null)
+MPI_LIBS = $(shell pkg-config --libs ompi-c 2>/dev/null)
+MPI_BIN := $(if $(MPI_PKG),$(MPI_PLUGIN))
+
 # ---------------------------------------------------------------- sources
 PROTO_SRC := $(wildcard proto/*.proto)
 GEN_C := $(patsubst proto/%.proto,$(BUILD)/gen/%.pb-c.c,$(PROTO_SRC))
@@ -161,7 +170,7 @@ SERVER_A := $(BUILD)/libdspserver.a
 .SECONDARY:
 
 .PHONY: all deps test test-run python-test deploy-test container sanitize demo demo-gpt bench bench-quick mutate fuzz install uninstall clean test-gpu bench-gpu gpu-bundle gpu-bundle-check
-all: $(if $(wildcard server/main.c),$(SERVER_BIN)) $(CLIENT_A) $(CLIENT_SO) $(TEST_BIN) $(EXAMPLE_BIN) $(BENCH_BIN) $(CUDA_BIN)
+all: $(if $(wildcard server/main.c),$(SERVER_BIN)) $(CLIENT_A) $(CLIENT_SO) $(TEST_BIN) $(EXAMPLE_BIN) $(BENCH_BIN) $(CUDA_BIN) $(MPI_BIN)
 
 deps:
 	@scripts/deps.sh
@@ -255,6 +264,10 @@ $(SERVER_A): $(SERVER_OBJ)
 
 $(SERVER_BIN): $(BUILD)/obj/server/main.o $(SERVER_A) $(COMMON_A)
 	$(CC) $(LDFLAGS) -o $@ $^ $(LIBS)
+
+$(MPI_PLUGIN): server/mpi/engine.c server/group_mpi.h
+	$(CC) $(ALL_CFLAGS) $(MPI_CFLAGS) -fPIC -shared -Wl,-z,defs -o $@ $< \
+	  $(LDFLAGS) $(MPI_LIBS)
 
 # the name of the CUDA server before the plugin, kept for scripts and
 # units that use it: the same binary

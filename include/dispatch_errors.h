@@ -49,7 +49,8 @@ extern "C" {
   X(ECANCELED, -31, "cancelled: the session closed or the server is stopping") \
   X(ESHUTDOWN, -32, "server is shutting down")                              \
   X(ESESSION, -33, "session expired or unknown: it cannot be resumed")     \
-  X(EBUSY, -34, "device in use by another thread")
+  X(EBUSY, -34, "device in use by another thread")                         \
+  X(EGROUP, -40, "the server group failed, timed out or disagreed")
 
 typedef enum dispatch_errno {
 #define DISPATCH_ERRNO_ENUM_(name, code, msg) DISPATCH_##name = (code),

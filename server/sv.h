@@ -110,6 +110,11 @@ typedef struct sv_config {
    * opened by sv_config_parse (-1: none), closed by sv_config_release */
   const char *checkpoint_dir;
   int checkpoint_fd;
+  /* --mpi: one rank of an MPI group (group.c); --mpi-timeout, and
+   * --mpi-insecure (ranks beyond this host's loopback allowed) */
+  int mpi;
+  int mpi_timeout_s;
+  int mpi_insecure;
 } sv_config;
 
 /* Fills the documented defaults. */
