@@ -362,7 +362,7 @@ test: deps
 # file fails the run: a server that crashed at shutdown passed before.
 SAN_LOG_ENV = $(if $(filter 1,$(SAN)),ASAN_OPTIONS=log_path=$$sanlog/asan \
   UBSAN_OPTIONS=log_path=$$sanlog/ubsan:print_stacktrace=1)
-test-run: $(TEST_BIN) $(CLIENT_A) $(CLIENT_SO) $(if $(wildcard server/main.c),$(SERVER_BIN))
+test-run: $(TEST_BIN) $(CLIENT_A) $(CLIENT_SO) $(if $(wildcard server/main.c),$(SERVER_BIN)) $(MPI_BIN)
 	@fail=0; sanlog=$$(mktemp -d); for t in $(TEST_BIN); do \
 	  echo "== $$t"; \
 	  $(SAN_LOG_ENV) DISPATCH_SERVER_BIN=$(abspath $(SERVER_BIN)) $$t --jobs 2 || fail=1; \
@@ -551,7 +551,7 @@ SUBST = sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@VERSION@|$(VERSION)|g' \
 # ldconfig when installing into (or removing from) the running system as root
 RUN_LDCONFIG = if [ -z "$(DESTDIR)" ] && [ -n "$(LDCONFIG)" ] && [ "$$(id -u)" = 0 ]; then \
   echo "$(LDCONFIG)"; $(LDCONFIG); fi
-install: $(if $(wildcard server/main.c),$(SERVER_BIN)) $(BUILD)/dispatch-probe $(CLIENT_A) $(CLIENT_SO) $(PLUGIN_DEP)
+install: $(if $(wildcard server/main.c),$(SERVER_BIN)) $(BUILD)/dispatch-probe $(CLIENT_A) $(CLIENT_SO) $(PLUGIN_DEP) $(MPI_BIN)
 	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(LIBDIR)/pkgconfig \
 	  $(DESTDIR)$(INCDIR) $(DESTDIR)$(CMAKEDIR) \
 	  $(DESTDIR)$(MANDIR)/man1 $(DESTDIR)$(MANDIR)/man3 $(DESTDIR)$(PYDATADIR) \
@@ -560,6 +560,8 @@ install: $(if $(wildcard server/main.c),$(SERVER_BIN)) $(BUILD)/dispatch-probe $
 	install -m 755 $(BUILD)/dispatch-probe $(DESTDIR)$(BINDIR)/
 	if [ -f $(INSTALL_PLUGIN) ]; then install -d $(DESTDIR)$(PLUGINDIR) && \
 	  install -m 755 $(INSTALL_PLUGIN) $(DESTDIR)$(PLUGINDIR)/; fi
+	if [ -f $(MPI_PLUGIN) ]; then install -d $(DESTDIR)$(PLUGINDIR) && \
+	  install -m 755 $(MPI_PLUGIN) $(DESTDIR)$(PLUGINDIR)/; fi
 	install -m 644 $(CLIENT_A) $(DESTDIR)$(LIBDIR)/
 	install -m 755 $(CLIENT_SO) $(DESTDIR)$(LIBDIR)/
 	ln -sf $(notdir $(CLIENT_SO)) $(DESTDIR)$(LIBDIR)/$(CLIENT_SONAME)
@@ -582,6 +584,7 @@ uninstall:
 	rm -f $(DESTDIR)$(BINDIR)/dispatch-server \
 	  $(DESTDIR)$(BINDIR)/dispatch-probe \
 	  $(DESTDIR)$(PLUGINDIR)/dispatch-cuda.so \
+	  $(DESTDIR)$(PLUGINDIR)/dispatch-mpi.so \
 	  $(DESTDIR)$(LIBDIR)/libdispatch-client.a \
 	  $(DESTDIR)$(LIBDIR)/$(notdir $(CLIENT_SO)) \
 	  $(DESTDIR)$(LIBDIR)/$(CLIENT_SONAME) \

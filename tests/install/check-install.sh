@@ -69,6 +69,16 @@ else
   echo "install: $BUILD/dispatch-cuda.so not built (CUDA=0, or a tree before the plugin): none installed"
 fi
 
+# the MPI plugin of dispatch-server --mpi, when this build has one (Open
+# MPI's development files present), beside the CUDA one
+mpi_plugin=lib/dispatch/dispatch-mpi.so
+if [ -f "$BUILD/dispatch-mpi.so" ]; then
+  cmp -s "$BUILD/dispatch-mpi.so" "$inst/$mpi_plugin" || fail "$prefix/$mpi_plugin is not $BUILD/dispatch-mpi.so"
+  echo "install: the MPI plugin is $prefix/$mpi_plugin"
+else
+  [ ! -e "$inst/$mpi_plugin" ] || fail "$prefix/$mpi_plugin installed, but $BUILD has no MPI plugin"
+fi
+
 # every Documentation= of the installed unit is installed (man:NAME(S), or
 # file://PATH), and its ExecStart is the installed server
 unit=$inst/$docdir/deploy/dispatch-server.service
