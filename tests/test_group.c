@@ -261,3 +261,31 @@ Test(group, ranks_beyond_loopback_need_mpi_insecure) {
   cr_assert_not_null(strstr(out, "--mpi-insecure"), "%s", out);
   cr_assert_null(strstr(out, "dispatch-server listening on"), "%s", out);
 }
+
+/* examples/train_mlp_dp.c on a 2-rank group: 3 steps, members identical
+ * after each and within the derived bound of a local whole-batch run (the
+ * program checks both and fails otherwise) */
+Test(group, the_data_parallel_example_passes_its_checks) {
+  const char *bin = getenv("DISPATCH_SERVER_BIN");
+  cr_assert_not_null(bin);
+  const char *extra[] = {NULL};
+  cr_assert_eq(gp_start(&g_grp, 2, extra), 0);
+  char dir[512], cmd[1400];
+  snprintf(dir, sizeof dir, "%s", bin);
+  char *slash = strrchr(dir, '/');
+  cr_assert_not_null(slash);
+  *slash = '\0';
+  snprintf(cmd, sizeof cmd,
+           "%s/examples/train_mlp_dp --group %s,%s --steps 3 --log-every 1 "
+           "2>&1",
+           dir, g_grp.specs[0], g_grp.specs[1]);
+  FILE *f = popen(cmd, "r");
+  cr_assert_not_null(f);
+  char out[8192];
+  size_t n = fread(out, 1, sizeof out - 1, f);
+  out[n] = '\0';
+  cr_assert_eq(pclose(f), 0, "%s", out);
+  cr_assert_not_null(strstr(out, "step   3: "), "%s", out);
+  cr_assert_not_null(strstr(out, "members identical after every step"), "%s",
+                     out);
+}
