@@ -289,3 +289,36 @@ Test(group, the_data_parallel_example_passes_its_checks) {
   cr_assert_not_null(strstr(out, "members identical after every step"), "%s",
                      out);
 }
+
+/* A member that stalls inside MPI (stopped with SIGSTOP mid-group): the
+ * other's client gets DISPATCH_EGROUP after at most 3 x --mpi-timeout,
+ * and the group is then broken: the next all-reduce fails at once. */
+Test(group, a_stalled_rank_gives_egroup_within_the_timeout) {
+  dispatch_group *grp = open_group("1");
+  float v[4] = {1, 2, 3, 4};
+  int64_t s[1] = {4};
+  dispatch_tensor *t[2];
+  for (int r = 0; r < 2; r++)
+    cr_assert_eq(dispatch_tensor_from_data(dispatch_group_device(grp, r),
+                                           DISPATCH_F32, 1, s, v, sizeof v,
+                                           &t[r]), 0);
+  cr_assert_eq(dispatch_device_sync(dispatch_group_device(grp, 1)), 0);
+  cr_assert_eq(kill(g_grp.rank_pid[1], SIGSTOP), 0);
+  cr_assert_eq(dispatch_group_allreduce(grp, t, 1, DISPATCH_REDUCE_SUM), 0);
+  dispatch_device *dev0 = dispatch_group_device(grp, 0);
+  float got[4];
+  int rc = dispatch_tensor_read(t[0], got, sizeof got);
+  const char *msg = dispatch_device_errmsg(dev0);
+  cr_assert_eq(rc, DISPATCH_EGROUP, "%d %s", rc, msg);
+  cr_assert_not_null(strstr(msg, "within"), "%s", msg);
+  dispatch_device_clear_error(dev0);
+  /* broken now: refused at once, the same way */
+  dispatch_tensor *u[2] = {t[0], t[1]};
+  kill(g_grp.rank_pid[1], SIGCONT);
+  cr_assert_eq(dispatch_group_allreduce(grp, u, 1, DISPATCH_REDUCE_SUM), 0);
+  rc = dispatch_device_sync(dev0);
+  cr_assert_eq(rc, DISPATCH_EGROUP, "%d %s", rc, dispatch_device_errmsg(dev0));
+  cr_assert_not_null(strstr(dispatch_device_errmsg(dev0), "restart"), "%s",
+                     dispatch_device_errmsg(dev0));
+  dispatch_group_close(grp);
+}
