@@ -25,6 +25,8 @@
 #           locally; dispatch-probe passes with the token file and fails
 #           with a wrong token.
 #  k8s      deploy/tests/check_k8s.py (see there).
+#  group    deploy/tests/check_group.py: the MPI group's MPIJob and
+#           NetworkPolicy (deploy/group; see there).
 #
 # Needs root (to switch users, as CI runs); otherwise it says it could not
 # run and fails. Prints "deploy: N passed, M failed".
@@ -192,6 +194,14 @@ printf '%s\n' "$k8s_out"
 passed=$((passed + $(grep -c '^ok: ' <<<"$k8s_out")))
 failed=$((failed + $(grep -c '^FAILED: ' <<<"$k8s_out")))
 [ $k8s_rc = 0 ] || grep -q '^FAILED: ' <<<"$k8s_out" || bad "check_k8s.py exited $k8s_rc"
+
+# the MPI group's manifests (deploy/group), the same way
+grp_out=$(DISPATCH_SERVER_BIN="$server" "${PYTHON:-/usr/bin/python3}" deploy/tests/check_group.py deploy/group 2>&1)
+grp_rc=$?
+printf '%s\n' "$grp_out"
+passed=$((passed + $(grep -c '^ok: ' <<<"$grp_out")))
+failed=$((failed + $(grep -c '^FAILED: ' <<<"$grp_out")))
+[ $grp_rc = 0 ] || grep -q '^FAILED: ' <<<"$grp_out" || bad "check_group.py exited $grp_rc"
 
 echo "deploy: $passed passed, $failed failed"
 [ "$failed" = 0 ]
