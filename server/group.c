@@ -51,6 +51,8 @@ typedef struct sv_gop {
   uint64_t group, seq;
   int64_t reduce, type, count, n, hash;
   void *buf;
+  dsp_budget *budget; /* charged buf's bytes (holding a reference) */
+  uint64_t charged;
   int state;
   int refs; /* the worker and, while it works on it, the group thread */
   int rc;
@@ -120,6 +122,7 @@ static void wait_until(double until) {
 static void gop_unref_locked(sv_gop *op) {
   if (--op->refs > 0) return;
   free(op->buf);
+  dsp_budget_uncharge(op->budget, op->charged);
   free(op);
 }
 
@@ -460,9 +463,9 @@ static int write_back(dsp_ctx *ctx, dsp_tensor *t, const void *src) {
   return rc;
 }
 
-int sv_group_reduce(dsp_ctx *ctx, dsp_tensor *const *ts, size_t n,
-                    uint64_t group, uint64_t seq, int reduce, char *why,
-                    size_t len) {
+int sv_group_reduce(dsp_ctx *ctx, dsp_budget *budget, dsp_tensor *const *ts,
+                    size_t n, uint64_t group, uint64_t seq, int reduce,
+                    char *why, size_t len) {
   if (!G.on)
     return sv_why(why, len, DISPATCH_EUNSUPPORTED,
                   "all-reduce: this server is in no group (start the group's "
@@ -490,11 +493,16 @@ int sv_group_reduce(dsp_ctx *ctx, dsp_tensor *const *ts, size_t n,
                     i, dsp_dtype_name(ts[i]->meta.dtype), dsp_dtype_name(dt));
     total += dsp_tensor_nbytes(ts[i]);
   }
+  /* the host block is the session's until the group thread lets go of
+   * it too (it may outlive this request when a worker gives up) */
+  int crc = dsp_budget_charge_why(budget, total, "all-reduce", why, len);
+  if (crc < 0) return crc;
   sv_gop *op = calloc(1, sizeof *op);
   void *buf = total ? malloc(total) : malloc(1);
   if (!op || !buf) {
     free(op);
     free(buf);
+    dsp_budget_uncharge(budget, total);
     return sv_why(why, len, DISPATCH_ENOMEM, "all-reduce: out of memory");
   }
   size_t at = 0;
@@ -504,6 +512,7 @@ int sv_group_reduce(dsp_ctx *ctx, dsp_tensor *const *ts, size_t n,
     if (rc < 0) {
       free(op);
       free(buf);
+      dsp_budget_uncharge(budget, total);
       return sv_why(why, len, rc, "all-reduce: tensor %zu: %s", i,
                     dsp_ctx_errmsg(ctx));
     }
@@ -512,7 +521,8 @@ int sv_group_reduce(dsp_ctx *ctx, dsp_tensor *const *ts, size_t n,
   *op = (sv_gop){.group = group, .seq = seq, .reduce = reduce, .type = type,
                  .count = (int64_t)(total / (type == SV_MPI_F32 ? 4 : 8)),
                  .n = (int64_t)n, .hash = (int64_t)shape_hash(ts, n),
-                 .buf = buf, .state = GOP_QUEUED, .refs = 1};
+                 .buf = buf, .budget = budget, .charged = total,
+                 .state = GOP_QUEUED, .refs = 1};
   pthread_mutex_lock(&G.mu);
   if (G.broken) {
     int rc = sv_why(why, len, DISPATCH_EGROUP, "all-reduce: %s",
@@ -630,8 +640,8 @@ int sv_exec_group_allreduce(sv_session *s, sv_job *j, char *why, size_t len) {
     ts[got++] = t;
   }
   if (rc == 0)
-    rc = sv_group_reduce(s->ctx, ts, n, ga->group, ga->seq, ga->reduce, why,
-                         len);
+    rc = sv_group_reduce(s->ctx, s->budget, ts, n, ga->group, ga->seq,
+                         ga->reduce, why, len);
   for (size_t i = 0; i < got; i++) dsp_tensor_unref(ts[i]);
   dsp_free(ts);
   return rc;
@@ -643,8 +653,8 @@ int sv_group_step_grads(sv_session *s, dsp_tensor *const *args, size_t n,
   dsp_tensor **gs = dsp_calloc(n ? n : 1, sizeof *gs);
   if (!gs) return sv_why(why, len, DISPATCH_ENOMEM, "step: out of memory");
   for (size_t i = 0; i < n; i++) gs[i] = args[i * stride + 1];
-  int rc = sv_group_reduce(s->ctx, gs, n, st->group, st->group_seq,
-                           st->group_reduce, why, len);
+  int rc = sv_group_reduce(s->ctx, s->budget, gs, n, st->group,
+                           st->group_seq, st->group_reduce, why, len);
   dsp_free(gs);
   return rc;
 }

@@ -13,12 +13,12 @@ int sv_group_start(sv_config *cfg);
 void sv_group_stop(void);
 
 /* On a worker: all-reduces ts[0..n-1] (one dtype) in place through the
- * group as (group, seq) with reduce 0 (sum) or 1 (mean), waiting at most
+ * group, its host copy charged to budget (the session's) while held, as (group, seq) with reduce 0 (sum) or 1 (mean), waiting at most
  * 3 x --mpi-timeout. 0, or a negative code (DISPATCH_EGROUP: a member
  * disagreed, lacked the request, failed or timed out) with why. */
-int sv_group_reduce(dsp_ctx *ctx, dsp_tensor *const *ts, size_t n,
-                    uint64_t group, uint64_t seq, int reduce, char *why,
-                    size_t len);
+int sv_group_reduce(dsp_ctx *ctx, dsp_budget *budget, dsp_tensor *const *ts,
+                    size_t n, uint64_t group, uint64_t seq, int reduce,
+                    char *why, size_t len);
 /* The kinds' handlers (kinds.c) */
 int sv_exec_group_join(sv_session *s, sv_job *j, char *why, size_t len);
 int sv_exec_group_allreduce(sv_session *s, sv_job *j, char *why, size_t len);

@@ -322,3 +322,42 @@ Test(group, a_stalled_rank_gives_egroup_within_the_timeout) {
                      dispatch_device_errmsg(dev0));
   dispatch_group_close(grp);
 }
+
+/* the host copy an all-reduce makes is charged to the session: tensors
+ * that fit --max-session-bytes but not twice are refused (DISPATCH_EQUOTA)
+ * and stay as they were */
+Test(group, the_all_reduce_copy_counts_against_the_session_quota) {
+  const char *extra[] = {"--mpi-timeout", "2", "--max-session-bytes", "1600K",
+                         NULL};
+  cr_assert_eq(gp_start(&g_grp, 2, extra), 0);
+  const char *specs[2] = {g_grp.specs[0], g_grp.specs[1]};
+  dispatch_group *grp;
+  char err[256] = "";
+  cr_assert_eq(dispatch_group_open(specs, 2, NULL, &grp, err, sizeof err), 0,
+               "%s", err);
+  int64_t n = 1 << 18; /* 1 MiB of f32 */
+  float *v = calloc((size_t)n, sizeof *v);
+  cr_assert_not_null(v);
+  v[7] = 3.0f;
+  dispatch_tensor *t[2];
+  for (int r = 0; r < 2; r++)
+    cr_assert_eq(dispatch_tensor_from_data(dispatch_group_device(grp, r),
+                                           DISPATCH_F32, 1, &n, v,
+                                           (size_t)n * sizeof *v, &t[r]), 0);
+  cr_assert_eq(dispatch_group_allreduce(grp, t, 1, DISPATCH_REDUCE_SUM), 0);
+  for (int r = 0; r < 2; r++) {
+    dispatch_device *dev = dispatch_group_device(grp, r);
+    int rc = dispatch_device_sync(dev);
+    cr_assert_eq(rc, DISPATCH_EQUOTA, "rank %d: %d %s", r, rc,
+                 dispatch_device_errmsg(dev));
+    dispatch_device_clear_error(dev);
+    float got[8];
+    float *all = calloc((size_t)n, sizeof *all);
+    cr_assert_eq(dispatch_tensor_read(t[r], all, (size_t)n * sizeof *all), 0);
+    memcpy(got, all, sizeof got);
+    free(all);
+    cr_assert_eq(got[7], 3.0f, "rank %d changed", r);
+  }
+  free(v);
+  dispatch_group_close(grp);
+}
