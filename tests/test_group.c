@@ -190,19 +190,24 @@ Test(group, a_data_parallel_step_leaves_identical_parameters) {
   dispatch_group_close(grp);
 }
 
+/* t[r]: [1, 2, 3, 4] f32 on rank r */
+static void four_each(dispatch_group *grp, dispatch_tensor **t) {
+  float v[4] = {1, 2, 3, 4};
+  int64_t s[1] = {4};
+  for (int r = 0; r < 2; r++)
+    cr_assert_eq(dispatch_tensor_from_data(dispatch_group_device(grp, r),
+                                           DISPATCH_F32, 1, s, v, sizeof v,
+                                           &t[r]), 0);
+}
+
 /* Open MPI 4.1 ends the job when a rank dies: the survivor gets SIGTERM
  * from mpirun, so its client sees the connection end (or, had the
  * survivor stayed up, DISPATCH_EGROUP after the timeout): an error, not a
  * hang (the suite's timeout would catch one). */
 Test(group, a_killed_rank_gives_the_client_an_error) {
   dispatch_group *grp = open_group("2");
-  float v[4] = {1, 2, 3, 4};
-  int64_t s[1] = {4};
   dispatch_tensor *t[2];
-  for (int r = 0; r < 2; r++)
-    cr_assert_eq(dispatch_tensor_from_data(dispatch_group_device(grp, r),
-                                           DISPATCH_F32, 1, s, v, sizeof v,
-                                           &t[r]), 0);
+  four_each(grp, t);
   cr_assert_eq(dispatch_device_sync(dispatch_group_device(grp, 0)), 0);
   cr_assert_eq(kill(g_grp.rank_pid[1], SIGKILL), 0);
   /* the request to rank 1 may or may not find its socket closed yet */
@@ -295,13 +300,8 @@ Test(group, the_data_parallel_example_passes_its_checks) {
  * and the group is then broken: the next all-reduce fails at once. */
 Test(group, a_stalled_rank_gives_egroup_within_the_timeout) {
   dispatch_group *grp = open_group("1");
-  float v[4] = {1, 2, 3, 4};
-  int64_t s[1] = {4};
   dispatch_tensor *t[2];
-  for (int r = 0; r < 2; r++)
-    cr_assert_eq(dispatch_tensor_from_data(dispatch_group_device(grp, r),
-                                           DISPATCH_F32, 1, s, v, sizeof v,
-                                           &t[r]), 0);
+  four_each(grp, t);
   cr_assert_eq(dispatch_device_sync(dispatch_group_device(grp, 1)), 0);
   cr_assert_eq(kill(g_grp.rank_pid[1], SIGSTOP), 0);
   cr_assert_eq(dispatch_group_allreduce(grp, t, 1, DISPATCH_REDUCE_SUM), 0);

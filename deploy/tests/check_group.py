@@ -43,24 +43,11 @@ def check(what, ok, detail=""):
         failures += 1
 
 
-def obj(props, required=(), closed=True):
-    s = {"type": "object", "properties": props, "required": list(required)}
-    if closed:
-        s["additionalProperties"] = False
-    return s
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from check_k8s import (BOOL, DNS_LABEL, INT, LABELS, METADATA, PORT,  # noqa: E402
+                       PROTOCOL, SELECTOR, STR, STRLIST, obj)
 
 
-STR = {"type": "string"}
-INT = {"type": "integer"}
-BOOL = {"type": "boolean"}
-STRLIST = {"type": "array", "items": STR}
-LABELS = {"type": "object", "additionalProperties": STR}
-PORT = {"type": "integer", "minimum": 1, "maximum": 65535}
-DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
-METADATA = obj({"name": {"type": "string", "pattern": DNS_LABEL},
-                "namespace": STR, "labels": LABELS}, ["name"])
-SELECTOR = obj({"matchLabels": LABELS}, ["matchLabels"])
-PROTOCOL = {"enum": ["TCP", "UDP", "SCTP"]}
 CONTAINER = obj({
     "name": {"type": "string", "pattern": DNS_LABEL},
     "image": STR, "command": STRLIST, "args": STRLIST,
