@@ -106,6 +106,15 @@ ifeq ($(CUDA),1)
   endif
 endif
 
+# The MPI plugin (server/mpi/): dlopen-ed by dispatch-server --mpi, so the
+# server links no MPI and starts without mpirun; built when Open MPI's
+# development files are there (make deps installs libopenmpi-dev).
+MPI_PLUGIN := $(BUILD)/dispatch-mpi.so
+MPI_PKG := $(shell pkg-config --exists ompi-c 2>/dev/null && echo 1)
+MPI_CFLAGS = $(shell pkg-config --cflags ompi-c 2>/dev/null)
+MPI_LIBS = $(shell pkg-config --libs ompi-c 2>/dev/null)
+MPI_BIN := $(if $(MPI_PKG),$(MPI_PLUGIN))
+
 # ---------------------------------------------------------------- sources
 PROTO_SRC := $(wildcard proto/*.proto)
 GEN_C := $(patsubst proto/%.proto,$(BUILD)/gen/%.pb-c.c,$(PROTO_SRC))
@@ -161,7 +170,7 @@ SERVER_A := $(BUILD)/libdspserver.a
 .SECONDARY:
 
 .PHONY: all deps test test-run python-test deploy-test container sanitize demo demo-gpt bench bench-quick mutate fuzz install uninstall clean test-gpu bench-gpu gpu-bundle gpu-bundle-check
-all: $(if $(wildcard server/main.c),$(SERVER_BIN)) $(CLIENT_A) $(CLIENT_SO) $(TEST_BIN) $(EXAMPLE_BIN) $(BENCH_BIN) $(CUDA_BIN)
+all: $(if $(wildcard server/main.c),$(SERVER_BIN)) $(CLIENT_A) $(CLIENT_SO) $(TEST_BIN) $(EXAMPLE_BIN) $(BENCH_BIN) $(CUDA_BIN) $(MPI_BIN)
 
 deps:
 	@scripts/deps.sh
@@ -259,6 +268,10 @@ $(SERVER_A): $(SERVER_OBJ)
 $(SERVER_BIN): $(BUILD)/obj/server/main.o $(SERVER_A) $(COMMON_A)
 	$(CC) $(LDFLAGS) -o $@ $^ $(LIBS)
 
+$(MPI_PLUGIN): server/mpi/engine.c server/group_mpi.h
+	$(CC) $(ALL_CFLAGS) $(MPI_CFLAGS) -fPIC -shared -Wl,-z,defs -o $@ $< \
+	  $(LDFLAGS) $(MPI_LIBS)
+
 # the name of the CUDA server before the plugin, kept for scripts and
 # units that use it: the same binary
 $(BUILD)/dispatch-server-cuda: $(SERVER_BIN)
@@ -355,7 +368,7 @@ test: deps
 # runner made itself) passes; any report kept fails the run, exit code or not.
 SAN_LOG_ENV = $(if $(filter 1,$(SAN)),ASAN_OPTIONS=log_path=$$sanlog/asan:exitcode=86 \
   UBSAN_OPTIONS=log_path=$$sanlog/ubsan:print_stacktrace=1)
-test-run: $(TEST_BIN) $(CLIENT_A) $(CLIENT_SO) $(if $(wildcard server/main.c),$(SERVER_BIN))
+test-run: $(TEST_BIN) $(CLIENT_A) $(CLIENT_SO) $(if $(wildcard server/main.c),$(SERVER_BIN)) $(MPI_BIN)
 	@failed=; sanlog=$$(mktemp -d); for t in $(TEST_BIN); do \
 	  echo "== $$t"; \
 	  $(SAN_LOG_ENV) DISPATCH_SERVER_BIN=$(abspath $(SERVER_BIN)) $$t --jobs 2; \
@@ -550,7 +563,7 @@ SUBST = sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@VERSION@|$(VERSION)|g' \
 # ldconfig when installing into (or removing from) the running system as root
 RUN_LDCONFIG = if [ -z "$(DESTDIR)" ] && [ -n "$(LDCONFIG)" ] && [ "$$(id -u)" = 0 ]; then \
   echo "$(LDCONFIG)"; $(LDCONFIG); fi
-install: $(if $(wildcard server/main.c),$(SERVER_BIN)) $(BUILD)/dispatch-probe $(CLIENT_A) $(CLIENT_SO) $(PLUGIN_DEP)
+install: $(if $(wildcard server/main.c),$(SERVER_BIN)) $(BUILD)/dispatch-probe $(CLIENT_A) $(CLIENT_SO) $(PLUGIN_DEP) $(MPI_BIN)
 	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(LIBDIR)/pkgconfig \
 	  $(DESTDIR)$(INCDIR) $(DESTDIR)$(CMAKEDIR) \
 	  $(DESTDIR)$(MANDIR)/man1 $(DESTDIR)$(MANDIR)/man3 $(DESTDIR)$(PYDATADIR) \
@@ -559,6 +572,8 @@ install: $(if $(wildcard server/main.c),$(SERVER_BIN)) $(BUILD)/dispatch-probe $
 	install -m 755 $(BUILD)/dispatch-probe $(DESTDIR)$(BINDIR)/
 	if [ -f $(INSTALL_PLUGIN) ]; then install -d $(DESTDIR)$(PLUGINDIR) && \
 	  install -m 755 $(INSTALL_PLUGIN) $(DESTDIR)$(PLUGINDIR)/; fi
+	if [ -f $(MPI_PLUGIN) ]; then install -d $(DESTDIR)$(PLUGINDIR) && \
+	  install -m 755 $(MPI_PLUGIN) $(DESTDIR)$(PLUGINDIR)/; fi
 	install -m 644 $(CLIENT_A) $(DESTDIR)$(LIBDIR)/
 	install -m 755 $(CLIENT_SO) $(DESTDIR)$(LIBDIR)/
 	ln -sf $(notdir $(CLIENT_SO)) $(DESTDIR)$(LIBDIR)/$(CLIENT_SONAME)
@@ -581,6 +596,7 @@ uninstall:
 	rm -f $(DESTDIR)$(BINDIR)/dispatch-server \
 	  $(DESTDIR)$(BINDIR)/dispatch-probe \
 	  $(DESTDIR)$(PLUGINDIR)/dispatch-cuda.so \
+	  $(DESTDIR)$(PLUGINDIR)/dispatch-mpi.so \
 	  $(DESTDIR)$(LIBDIR)/libdispatch-client.a \
 	  $(DESTDIR)$(LIBDIR)/$(notdir $(CLIENT_SO)) \
 	  $(DESTDIR)$(LIBDIR)/$(CLIENT_SONAME) \

@@ -74,6 +74,10 @@ struct dispatch_optim {
   /* an f64 scalar on the device that each clipped step overwrites with
    * its global norm (made by the first dispatch_optim_set_clip > 0) */
   dispatch_tensor *norm;
+  /* set by dispatch_group_step for the one step it sends (group.c): the
+   * gradients are all-reduced through the group first; group 0: none */
+  uint64_t group, group_seq;
+  int group_reduce;
   dispatch_optim *prev, *next;
 };
 

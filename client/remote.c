@@ -128,7 +128,8 @@ static int req_grad(dispatch_device *dev, uint64_t grads, uint64_t tensor,
 static int req_step(dispatch_device *dev, dsp_opcode op, uint64_t grads,
                     const uint64_t *params, int n, const uint64_t *states,
                     int n_st, const dsp_attrs *a, const double *wd,
-                    double max_norm, uint64_t norm) {
+                    double max_norm, uint64_t norm,
+                    const dispatch_optim *grp) {
   dsp_wreq w;
   Dspwire__Request *req =
       dsp_wreq_step(&w, (int32_t)op, grads, params, (size_t)n, states,
@@ -136,6 +137,9 @@ static int req_step(dispatch_device *dev, dsp_opcode op, uint64_t grads,
                     (size_t)a->n_floats);
   w.body.step.max_norm = max_norm;
   w.body.step.norm = norm;
+  w.body.step.group = grp ? grp->group : 0; /* 1.7, client/group.c */
+  w.body.step.group_seq = grp ? grp->group_seq : 0;
+  w.body.step.group_reduce = grp ? grp->group_reduce : 0;
   if (wd) {
     w.body.step.n_weight_decay = (size_t)n;
     w.body.step.weight_decay = (double *)wd;
@@ -671,7 +675,8 @@ static int remote_step(dispatch_optim *opt, dispatch_grads *grads,
   for (int i = 0; i < opt->n * opt->k; i++) sids[i] = opt->states[i]->id;
   int rc = req_step(dev, opt->op, grads->id, pids, opt->n, sids,
                     opt->n * opt->k, a, opt->wd, opt->max_norm,
-                    opt->max_norm > 0.0 && opt->norm ? opt->norm->id : 0);
+                    opt->max_norm > 0.0 && opt->norm ? opt->norm->id : 0,
+                    opt->group ? opt : NULL);
   if (pids != pstack) {
     dsp_free(pids);
     dsp_free(sids);

@@ -51,7 +51,8 @@ extern "C" {
   X(ESESSION, -33, "session expired or unknown: it cannot be resumed")     \
   X(EBUSY, -34, "device in use by another thread")                        \
   X(ECAPABILITY, -37, "transfer capability unknown, expired, used or revoked") \
-  X(EPEER, -38, "peer server unknown, unreachable or refused the transfer")
+  X(EPEER, -38, "peer server unknown, unreachable or refused the transfer") \
+  X(EGROUP, -40, "the server group failed, timed out or disagreed")
 
 typedef enum dispatch_errno {
 #define DISPATCH_ERRNO_ENUM_(name, code, msg) DISPATCH_##name = (code),

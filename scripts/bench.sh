@@ -232,12 +232,16 @@ run_python_mlp() {
 
 # BENCH_ONLY="latency bulk": those programs alone (python and memory are
 # names too), for working on one benchmark; the CSV then holds their rows
-only=" ${BENCH_ONLY:-latency ops bulk devices peer checkpoint matmul mlp gpt graph attention python memory load} "
+only=" ${BENCH_ONLY:-latency ops bulk devices peer checkpoint matmul mlp gpt graph attention group python memory load} "
 want() { [[ $only == *" $1 "* ]]; }
 start=$(date +%s)
 start_server
 start_tls_server
-for b in latency ops bulk devices checkpoint matmul mlp gpt graph attention; do want "$b" && run "$b"; done
+# bench/group starts its own 2-rank MPI group of this build's server
+srv_bin=$BUILD/dispatch-server
+[[ $srv_bin = /* ]] || srv_bin=$PWD/$srv_bin
+export DISPATCH_SERVER_BIN=${DISPATCH_SERVER_BIN:-$srv_bin}
+for b in latency ops bulk devices checkpoint matmul mlp gpt graph attention group; do want "$b" && run "$b"; done
 want python && run_python_mlp
 if want peer; then
   start_peer_servers

@@ -10,6 +10,7 @@ dataset-fashion-mnist clang libclang-rt-14-dev valgrind
 python3 python3-cffi python3-numpy python3-pytest
 python3-pip python3-setuptools python3-wheel python3-venv
 binutils cmake g++ groff-base
+libopenmpi-dev openmpi-bin
 fortunes fortunes-min"
 missing=""
 for p in $pkgs; do

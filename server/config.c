@@ -615,6 +615,20 @@ static const opt_row g_rows[] = {
     {"peer-timeout", "SECONDS", OPT_INT, 1, 3600, FIELD(peer_timeout_s), 30,
      .help = "a pull fails when a peer does not connect,\n"
              "or is silent, this long (default 30)"},
+    /* the MPI group (server/group.c) */
+    {"mpi", NULL, OPT_FLAG, .off = offsetof(sv_config, mpi),
+     .help = "run as one rank of an MPI group (under\n"
+             "mpirun; rank r listens on --listen's port\n"
+             "+ r) whose members all-reduce tensors"},
+    {"mpi-timeout", "SECONDS", OPT_INT, 1, 3600, FIELD(mpi_timeout_s), 30,
+     .help = "a member waits this long for the others'\n"
+             "part of an all-reduce; an all-reduce fails\n"
+             "with DISPATCH_EGROUP after at most three\n"
+             "times it (default 30)"},
+    {"mpi-insecure", NULL, OPT_FLAG, .off = offsetof(sv_config, mpi_insecure),
+     .help = "allow a group whose ranks are not all on\n"
+             "this host's loopback: MPI traffic is neither\n"
+             "authenticated nor encrypted"},
     {"version", NULL, OPT_FN, .set = set_version,
      .help = "print the version and exit"},
     {"help", NULL, OPT_FN, .set = set_help, .help = "this text"},

@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "group.h"
 #include "op_record.h"
 
 /* Copies the ctx's detail of a failed core call. */
@@ -360,6 +361,10 @@ int sv_exec_step(sv_session *s, sv_job *j, char *why, size_t len) {
     rc = dsp_op_infer(s->ctx, (dsp_opcode)st->op, metas, (int)(k + 2), &a, &om);
     if (rc < 0) rc = why_ctx(s, why, len, rc);
   }
+  /* 1.7 data-parallel: the gradients summed or averaged over the group
+   * first, so every member steps with the same ones (group.c) */
+  if (rc == 0 && st->group)
+    rc = sv_group_step_grads(s, args, st->n_params, k + 2, st, why, len);
   /* the norm over every gradient, before the first parameter changes, in
    * the LOCAL device's order (dsp_grads_sqnorm) */
   double scale = 1.0;

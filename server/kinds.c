@@ -6,6 +6,7 @@
  * handler), not finding the places that name kinds. */
 #include <stdio.h>
 
+#include "group.h"
 #include "handlers.h"
 #include "op_record.h"
 
@@ -178,6 +179,21 @@ static void describe_peer_pull(const Dspwire__Request *r, char *buf,
            (unsigned long long)r->peer_pull->output);
 }
 
+static void describe_group_join(const Dspwire__Request *r, char *buf,
+                                size_t len) {
+  snprintf(buf, len, "group_join %llx of %u",
+           (unsigned long long)r->group_join->group, r->group_join->size);
+}
+
+static void describe_group_allreduce(const Dspwire__Request *r, char *buf,
+                                     size_t len) {
+  const Dspwire__GroupAllreduce *g = r->group_allreduce;
+  snprintf(buf, len, "group_allreduce %llx seq %llu %s of %zu %s",
+           (unsigned long long)g->group, (unsigned long long)g->seq,
+           g->reduce ? "mean" : "sum", g->grads ? g->n_params : g->n_tensors,
+           g->grads ? "gradients" : "tensors");
+}
+
 void sv_describe(const Dspwire__Request *r, char *buf, size_t len) {
   const sv_req_kind *k = sv_req_kind_of(r->body_case);
   if (k->describe) k->describe(r, buf, len);
@@ -255,6 +271,13 @@ static const sv_req_kind g_kinds[] = {
         .describe = describe_peer_pull),
     ROW(DSPWIRE__REQUEST__BODY_PEER_FETCH, .name = "peer_fetch", .waits = 1,
         .exec = sv_exec_peer_fetch, .describe = describe_name),
+    /* 1.7, server/group.c: the MPI group; an all-reduce waits for the
+     * other members, so never on the loop */
+    ROW(DSPWIRE__REQUEST__BODY_GROUP_JOIN, .name = "group_join", .waits = 1,
+        .exec = sv_exec_group_join, .describe = describe_group_join),
+    ROW(DSPWIRE__REQUEST__BODY_GROUP_ALLREDUCE, .name = "group_allreduce",
+        .own_turn = 1, .exec = sv_exec_group_allreduce,
+        .describe = describe_group_allreduce),
 };
 
 const sv_req_kind *sv_req_kind_of(Dspwire__Request__BodyCase bc) {

@@ -2,6 +2,7 @@
 #include <signal.h>
 #include <stdio.h>
 
+#include "group.h"
 #include "sv.h"
 
 /* OpenBLAS threads: every core for each call, as a local program gets.
@@ -27,7 +28,14 @@ int main(int argc, char **argv) {
   int procs = openblas_get_num_procs();
   openblas_set_num_threads(procs < 1 ? 1 : procs);
   dsp_cpu_cache_set_limit((size_t)cfg.storage_cache);
+  /* --mpi: MPI_Init (on the group's thread) only here, so a server
+   * without it never touches MPI; the port becomes --listen's + rank */
+  if (cfg.mpi && (rc = sv_group_start(&cfg)) < 0) {
+    sv_config_release(&cfg);
+    return 1;
+  }
   rc = sv_run(&cfg);
+  sv_group_stop();
   dsp_cpu_cache_set_limit(0); /* gives the kept blocks back */
   sv_config_release(&cfg);
   if (rc < 0) {

@@ -125,6 +125,11 @@ typedef struct sv_config {
   const char *peer_key;
   int peer_cap_ttl_s;        /* a capability's life (--peer-cap-ttl) */
   int peer_timeout_s;        /* connect and each wait of a pull */
+  /* --mpi: one rank of an MPI group (group.c); --mpi-timeout, and
+   * --mpi-insecure (ranks beyond this host's loopback allowed) */
+  int mpi;
+  int mpi_timeout_s;
+  int mpi_insecure;
 } sv_config;
 
 /* Fills the documented defaults. */

@@ -990,6 +990,77 @@ int dispatch_adamw_new(dispatch_tensor *const *params, int n, double lr,
 DISPATCH_API
 int dispatch_optim_step(dispatch_optim *opt, dispatch_grads *grads);
 
+/* ---- Groups: data-parallel training across servers (protocol 1.7) ----
+ *
+ * The dispatch-servers of one MPI job (mpirun -np N dispatch-server --mpi
+ * --listen HOST:BASE; rank r listens on BASE + r) form a group. A client
+ * opens all of them as one group and all-reduces tensors or gradients
+ * through it: the servers sum them with MPI among themselves, and no
+ * tensor byte passes through the client. Each all-reduce is queued like an
+ * op (no wait; a failure is the next wait's error on that member, as
+ * DISPATCH_EGROUP for a member that disagreed, lacked the request, failed
+ * or timed out, within 3 x the servers' --mpi-timeout). */
+typedef struct dispatch_group dispatch_group;
+
+/* Opens specs[0..n-1], the devices of every rank of one MPI job in any
+ * order, as a group; opts as for dispatch_device_open (NULL: defaults).
+ * Each must be a server of protocol 1.7 started with --mpi, all from one
+ * mpirun, n its number of ranks. *out is the caller's
+ * (dispatch_group_close, which closes its devices). On failure *out is
+ * NULL, nothing stays open and err[0..err_len-1] (may be NULL) says why:
+ * DISPATCH_EUNSUPPORTED (not a server, an older one, or one without
+ * --mpi), DISPATCH_EGROUP (n is not the job's size, or the devices are
+ * not the ranks of one job), or the open's own error. */
+DISPATCH_API
+int dispatch_group_open(const char *const *specs, int n,
+                        const dispatch_options *opts, dispatch_group **out,
+                        char *err, size_t err_len);
+
+/* Closes every device of g (their tensors, gradients and optimizers) and
+ * frees g. NULL is a no-op. */
+DISPATCH_API
+void dispatch_group_close(dispatch_group *g);
+
+/* The number of members (0 for NULL). */
+DISPATCH_API
+int dispatch_group_size(const dispatch_group *g);
+
+/* The device of rank `rank` (0 .. size-1), borrowed: g owns it. Make each
+ * member's tensors on its own device. NULL when out of range. */
+DISPATCH_API
+dispatch_device *dispatch_group_device(dispatch_group *g, int rank);
+
+/* All-reduces k tensors per member in place: tensors[r * k + i] is tensor
+ * i of rank r, on dispatch_group_device(g, r) (REMOTE or AUTODIFF of
+ * one). Afterwards every member's tensor i holds the sum over the ranks
+ * (DISPATCH_REDUCE_SUM) or that sum divided by the group's size
+ * (DISPATCH_REDUCE_MEAN), the same bits on every member. One request
+ * reduces one dtype: f32 or f64 (sum or mean), i64 (sum). The members
+ * check that they hold the same dtype, number of tensors and shapes, and
+ * all refuse otherwise (DISPATCH_EGROUP, the message naming both sides).
+ * Queued (no wait); the argument checks here fail at once. */
+DISPATCH_API
+int dispatch_group_allreduce(dispatch_group *g, dispatch_tensor *const *tensors,
+                             size_t k, int reduce);
+
+/* The same for gradients: the gradients of params[r * k + i] in container
+ * grads[r] (on rank r's device), in place in the container. */
+DISPATCH_API
+int dispatch_group_allreduce_grads(dispatch_group *g,
+                                   dispatch_grads *const *grads,
+                                   dispatch_tensor *const *params, size_t k,
+                                   int reduce);
+
+/* One data-parallel step: on every rank r, opts[r] (an optimizer of rank
+ * r's parameters, the same count on each) steps with the gradients of
+ * grads[r] all-reduced through the group first (DISPATCH_REDUCE_MEAN for
+ * a loss averaged over each member's share of the batch). Each member
+ * gets ONE Step message, queued behind its backward: the backward, the
+ * all-reduce and the update run on the servers without a round trip. */
+DISPATCH_API
+int dispatch_group_step(dispatch_group *g, dispatch_optim *const *opts,
+                        dispatch_grads *const *grads, int reduce);
+
 /* Changes the learning rate of later steps. */
 DISPATCH_API
 int dispatch_optim_set_lr(dispatch_optim *opt, double lr);

@@ -25,6 +25,8 @@
 #           locally; dispatch-probe passes with the token file and fails
 #           with a wrong token.
 #  k8s      deploy/tests/check_k8s.py (see there).
+#  group    deploy/tests/check_group.py: the MPI group's MPIJob and
+#           NetworkPolicy (deploy/group; see there).
 #
 # Needs root (to switch users, as CI runs); otherwise it says it could not
 # run and fails. Prints "deploy: N passed, M failed".
@@ -185,13 +187,20 @@ fi
 stop_server
 
 # ------------------------------------------------------------ k8s
-# each of its lines is one check, counted here
-k8s_out=$(DISPATCH_SERVER_BIN="$server" "${PYTHON:-/usr/bin/python3}" deploy/tests/check_k8s.py deploy/k8s 2>&1)
-k8s_rc=$?
-printf '%s\n' "$k8s_out"
-passed=$((passed + $(grep -c '^ok: ' <<<"$k8s_out")))
-failed=$((failed + $(grep -c '^FAILED: ' <<<"$k8s_out")))
-[ $k8s_rc = 0 ] || grep -q '^FAILED: ' <<<"$k8s_out" || bad "check_k8s.py exited $k8s_rc"
+# py_checks SCRIPT DIR: each line of its output is one check, counted here
+py_checks() {
+  local out rc
+  out=$(DISPATCH_SERVER_BIN="$server" "${PYTHON:-/usr/bin/python3}" "deploy/tests/$1" "$2" 2>&1)
+  rc=$?
+  printf '%s\n' "$out"
+  passed=$((passed + $(grep -c '^ok: ' <<<"$out")))
+  failed=$((failed + $(grep -c '^FAILED: ' <<<"$out")))
+  [ $rc = 0 ] || grep -q '^FAILED: ' <<<"$out" || bad "$1 exited $rc"
+}
+py_checks check_k8s.py deploy/k8s
+
+# the MPI group's manifests, the same way
+py_checks check_group.py deploy/group
 
 echo "deploy: $passed passed, $failed failed"
 [ "$failed" = 0 ]

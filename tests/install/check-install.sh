@@ -59,15 +59,19 @@ for f in bin/dispatch-server bin/dispatch-probe include/dispatch_client.h \
 do [ -f "$inst/$f" ] || fail "$prefix/$f not installed"; done
 [ -x "$inst/$docdir/deploy/make-certs.sh" ] || fail "make-certs.sh installed without x"
 
-# the plugin when this build has one (make CUDA=1), else none
-plugin=lib/dispatch/dispatch-cuda.so
-if [ -f "$BUILD/dispatch-cuda.so" ]; then
-  cmp -s "$BUILD/dispatch-cuda.so" "$inst/$plugin" || fail "$prefix/$plugin is not $BUILD/dispatch-cuda.so"
-  echo "install: the CUDA plugin is $prefix/$plugin"
-else
-  [ ! -e "$inst/$plugin" ] || fail "$prefix/$plugin installed, but $BUILD has no plugin"
-  echo "install: $BUILD/dispatch-cuda.so not built (CUDA=0, or a tree before the plugin): none installed"
-fi
+# each plugin when this build has it, else none: the CUDA backend (make
+# CUDA=1) and the MPI group of dispatch-server --mpi (Open MPI's
+# development files present)
+for kind in cuda mpi; do
+  plugin=lib/dispatch/dispatch-$kind.so
+  if [ -f "$BUILD/dispatch-$kind.so" ]; then
+    cmp -s "$BUILD/dispatch-$kind.so" "$inst/$plugin" || fail "$prefix/$plugin is not $BUILD/dispatch-$kind.so"
+    echo "install: the $kind plugin is $prefix/$plugin"
+  else
+    [ ! -e "$inst/$plugin" ] || fail "$prefix/$plugin installed, but $BUILD has no $kind plugin"
+    echo "install: $BUILD/dispatch-$kind.so not built: none installed"
+  fi
+done
 
 # every Documentation= of the installed unit is installed (man:NAME(S), or
 # file://PATH), and its ExecStart is the installed server

@@ -1,0 +1,660 @@
+/* The MPI group of dispatch-server --mpi (protocol 1.7): the servers of
+ * one mpirun job, rank r listening on --listen's port + r, all-reduce
+ * tensors and gradients for their clients.
+ *
+ * Threads. Every MPI call is made by one thread of its own (the group
+ * thread, which also called MPI_Init_thread); a worker running a
+ * GroupAllreduce or a grouped Step packs the tensors into a host block,
+ * queues it here and waits, at most a bounded time, for the group thread
+ * to say it is reduced; the libuv loop never waits for MPI.
+ *
+ * Order. Clients may send the all-reduces of several groups, and the
+ * servers receive them in any order, while MPI needs every rank to enter
+ * the same collective. So rank 0 chooses: its group thread takes its
+ * oldest queued all-reduce and broadcasts its key (the client's group
+ * and sequence number); each rank then looks for that key among its own
+ * (waiting --mpi-timeout for it to arrive), and all ranks exchange a
+ * fixed header (present, dtype, count, number of tensors, a hash of the
+ * shapes, the reduction). Only when every header agrees does the data
+ * move, so a member that lacks the request or holds other shapes makes
+ * every member refuse it with the same message, and the MPI calls stay
+ * in step.
+ *
+ * Failure. MPI's error handler returns (the plugin sets
+ * MPI_ERRORS_RETURN). A worker waits at most 3 x --mpi-timeout: past it,
+ * an all-reduce not yet started is withdrawn, and one inside MPI marks
+ * the group broken (the group thread is stuck in a collective a peer
+ * will never finish), so this and every later all-reduce fail at once
+ * with DISPATCH_EGROUP; the group must be restarted (README). Open MPI
+ * 4.1 itself ends the whole job when a rank dies (mpirun kills the
+ * survivors), so clients of the others see their connection close. */
+#include <arpa/inet.h>
+#include <dlfcn.h>
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <netinet/in.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "group.h"
+#include "group_mpi.h"
+#include "handlers.h"
+
+enum { GOP_QUEUED, GOP_RUNNING, GOP_DONE };
+
+typedef struct sv_gop {
+  struct sv_gop *next;
+  uint64_t group, seq;
+  int64_t reduce, type, count, n, hash;
+  void *buf;
+  dsp_budget *budget; /* charged buf's bytes (holding a reference) */
+  uint64_t charged;
+  int state;
+  int refs; /* the worker and, while it works on it, the group thread */
+  int rc;
+  char why[384];
+} sv_gop;
+
+/* What every rank sends before the data (allgather): equal on every rank,
+ * or the all-reduce is refused. */
+typedef struct ghdr {
+  uint64_t group, seq;
+  int64_t present, type, reduce, count, n, hash;
+} ghdr;
+
+/* What rank 0 broadcasts: the next all-reduce, or stop. */
+typedef struct gkey {
+  uint64_t group, seq;
+  int64_t stop;
+} gkey;
+
+/* Exchanged once at start: where each rank runs. */
+typedef struct ghost {
+  char host[64];
+  int64_t loopback;
+  uint64_t job;
+} ghost;
+
+static struct {
+  int on;
+  int rank, size;
+  uint64_t job;
+  int timeout_s;
+  void *dl;
+  const sv_mpi_api *api;
+  pthread_t th;
+  pthread_mutex_t mu;
+  pthread_cond_t cv; /* any change: broadcast */
+  sv_gop *head;      /* queued and running, oldest first */
+  int stop;
+  int broken;
+  char broken_why[384];
+  int started, start_rc;
+  char start_why[512];
+  int finished;
+  const sv_config *cfg;
+} G = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
+
+static double now_s(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+/* cond wait until the monotonic time `until` (the cond uses the realtime
+ * clock: converted each time) */
+static void wait_until(double until) {
+  double left = until - now_s();
+  if (left <= 0) return;
+  if (left > 0.2) left = 0.2; /* re-check the state at least this often */
+  struct timespec t;
+  clock_gettime(CLOCK_REALTIME, &t);
+  double ns = (double)t.tv_nsec + left * 1e9;
+  t.tv_sec += (time_t)(ns / 1e9);
+  t.tv_nsec = (long)fmod(ns, 1e9);
+  pthread_cond_timedwait(&G.cv, &G.mu, &t);
+}
+
+static void gop_unref_locked(sv_gop *op) {
+  if (--op->refs > 0) return;
+  free(op->buf);
+  dsp_budget_uncharge(op->budget, op->charged);
+  free(op);
+}
+
+static void unlink_locked(sv_gop *op) {
+  for (sv_gop **p = &G.head; *p; p = &(*p)->next)
+    if (*p == op) {
+      *p = op->next;
+      op->next = NULL;
+      return;
+    }
+}
+
+static sv_gop *find_locked(uint64_t group, uint64_t seq) {
+  for (sv_gop *p = G.head; p; p = p->next)
+    if (p->group == group && p->seq == seq && p->state == GOP_QUEUED) return p;
+  return NULL;
+}
+
+static sv_gop *first_queued_locked(void) {
+  for (sv_gop *p = G.head; p; p = p->next)
+    if (p->state == GOP_QUEUED) return p;
+  return NULL;
+}
+
+/* The group cannot run another collective: every queued all-reduce and
+ * every later one fails with why. */
+static void break_locked(const char *why) {
+  if (!G.broken) {
+    G.broken = 1;
+    snprintf(G.broken_why, sizeof G.broken_why, "%s", why);
+    sv_log(SV_LOG_ERROR, "group: %s", why);
+  }
+  for (sv_gop *p = G.head; p; p = p->next)
+    if (p->state == GOP_QUEUED) {
+      p->state = GOP_DONE;
+      p->rc = DISPATCH_EGROUP;
+      snprintf(p->why, sizeof p->why, "%s", G.broken_why);
+    }
+  pthread_cond_broadcast(&G.cv);
+}
+
+static const char *type_name(int64_t t) {
+  return t == SV_MPI_F32 ? "f32" : t == SV_MPI_F64 ? "f64" : "i64";
+}
+
+/* The verdict on the headers of all ranks: 0, or DISPATCH_EGROUP with the
+ * same message on every rank (it depends on the headers only). */
+static int judge(const ghdr *all, char *why, size_t len) {
+  const ghdr *a = &all[0];
+  for (int r = 0; r < G.size; r++)
+    if (!all[r].present)
+      return sv_why(why, len, DISPATCH_EGROUP,
+                    "all-reduce (group %llx, seq %llu): rank %d received no "
+                    "matching request within --mpi-timeout %d s (every member "
+                    "must be sent the same all-reduce)",
+                    (unsigned long long)a->group, (unsigned long long)a->seq,
+                    r, G.timeout_s);
+  for (int r = 1; r < G.size; r++) {
+    const ghdr *b = &all[r];
+    if (b->type != a->type || b->count != a->count || b->n != a->n ||
+        b->hash != a->hash || b->reduce != a->reduce)
+      return sv_why(
+          why, len, DISPATCH_EGROUP,
+          "all-reduce (group %llx, seq %llu): the members disagree: rank 0 "
+          "holds %lld %s tensors of %lld elements (shape hash %llx, %s), "
+          "rank %d holds %lld %s tensors of %lld elements (shape hash %llx, "
+          "%s); every member must hold the same dtypes and shapes",
+          (unsigned long long)a->group, (unsigned long long)a->seq,
+          (long long)a->n, type_name(a->type), (long long)a->count,
+          (unsigned long long)a->hash, a->reduce ? "mean" : "sum", r,
+          (long long)b->n, type_name(b->type), (long long)b->count,
+          (unsigned long long)b->hash, b->reduce ? "mean" : "sum");
+  }
+  return 0;
+}
+
+static void divide(sv_gop *op) {
+  if (op->type == SV_MPI_F32) {
+    float *v = op->buf, d = (float)G.size;
+    for (int64_t i = 0; i < op->count; i++) v[i] /= d;
+  } else {
+    double *v = op->buf, d = (double)G.size;
+    for (int64_t i = 0; i < op->count; i++) v[i] /= d;
+  }
+}
+
+/* One all-reduce, chosen by rank 0: 0 to go on, -1 to stop the loop. */
+static int one_round(void) {
+  char why[384];
+  gkey k = {0, 0, 0};
+  if (G.rank == 0) {
+    pthread_mutex_lock(&G.mu);
+    sv_gop *op;
+    while (!G.stop && !(op = first_queued_locked())) wait_until(now_s() + 1.0);
+    if (G.stop) k.stop = 1;
+    else k.group = op->group, k.seq = op->seq;
+    pthread_mutex_unlock(&G.mu);
+  }
+  if (G.api->bcast(&k, sizeof k, why, sizeof why) < 0) {
+    pthread_mutex_lock(&G.mu);
+    break_locked(why);
+    pthread_mutex_unlock(&G.mu);
+    return -1;
+  }
+  if (k.stop) return -1;
+  pthread_mutex_lock(&G.mu);
+  double until = now_s() + G.timeout_s;
+  sv_gop *op;
+  while (!(op = find_locked(k.group, k.seq)) && !G.stop && now_s() < until)
+    wait_until(until);
+  ghdr mine = {k.group, k.seq, 0, 0, 0, 0, 0, 0};
+  if (op) {
+    op->state = GOP_RUNNING;
+    op->refs++;
+    mine = (ghdr){k.group, k.seq, 1,        op->type,
+                  op->reduce, op->count, op->n, op->hash};
+  }
+  pthread_mutex_unlock(&G.mu);
+  ghdr *all = calloc((size_t)G.size, sizeof *all);
+  int rc = all ? 0 : DISPATCH_ENOMEM;
+  if (!all) snprintf(why, sizeof why, "group: out of memory");
+  int mpi_failed = 0;
+  if (rc == 0 && G.api->allgather(&mine, all, sizeof mine, why, sizeof why) < 0)
+    rc = DISPATCH_EGROUP, mpi_failed = 1;
+  if (rc == 0) rc = judge(all, why, sizeof why);
+  if (rc == 0 &&
+      G.api->allreduce_sum(op->buf, (size_t)op->count, (int)op->type,
+                           G.size > 2, why, sizeof why) < 0)
+    rc = DISPATCH_EGROUP, mpi_failed = 1;
+  if (rc == 0 && op->reduce) divide(op);
+  free(all);
+  pthread_mutex_lock(&G.mu);
+  if (op) {
+    op->state = GOP_DONE;
+    op->rc = rc;
+    if (rc < 0) snprintf(op->why, sizeof op->why, "%s", why);
+    unlink_locked(op);
+    gop_unref_locked(op);
+  }
+  if (mpi_failed) break_locked(why);
+  pthread_cond_broadcast(&G.cv);
+  pthread_mutex_unlock(&G.mu);
+  return mpi_failed ? -1 : 0;
+}
+
+/* The plugin: DISPATCH_MPI_PLUGIN, else beside the binary, else
+ * ../lib/dispatch/ from it (make install). */
+static int load_plugin(char *why, size_t len) {
+  char exe[PATH_MAX], path[PATH_MAX + 64];
+  const char *env = getenv("DISPATCH_MPI_PLUGIN");
+  const char *tries[2] = {NULL, NULL};
+  char p2[PATH_MAX + 64];
+  if (env && *env) {
+    tries[0] = env;
+  } else {
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (n <= 0) return sv_why(why, len, DISPATCH_EUNSUPPORTED,
+                              "--mpi: cannot find the server's own path");
+    exe[n] = '\0';
+    char *slash = strrchr(exe, '/');
+    if (slash) *slash = '\0';
+    snprintf(path, sizeof path, "%s/dispatch-mpi.so", exe);
+    snprintf(p2, sizeof p2, "%s/../lib/dispatch/dispatch-mpi.so", exe);
+    tries[0] = path;
+    tries[1] = p2;
+  }
+  const char *err = "not found";
+  for (int i = 0; i < 2 && tries[i]; i++) {
+    /* global: Open MPI loads its components with dlopen and they need
+     * libmpi's symbols */
+    G.dl = dlopen(tries[i], RTLD_NOW | RTLD_GLOBAL);
+    if (!G.dl) {
+      err = dlerror();
+      continue;
+    }
+    sv_mpi_entry_fn fn = (sv_mpi_entry_fn)dlsym(G.dl, SV_MPI_ENTRY);
+    G.api = fn ? fn() : NULL;
+    if (G.api && G.api->abi == SV_MPI_ABI) return 0;
+    return sv_why(why, len, DISPATCH_EUNSUPPORTED,
+                  "--mpi: %s is not a dispatch MPI plugin of ABI %d", tries[i],
+                  SV_MPI_ABI);
+  }
+  return sv_why(why, len, DISPATCH_EUNSUPPORTED,
+                "--mpi: cannot load the MPI plugin dispatch-mpi.so (%s; "
+                "DISPATCH_MPI_PLUGIN names another)",
+                err ? err : "?");
+}
+
+/* Init, the ranks' places, the trust rule; then rounds until stopped. */
+static void *group_main(void *arg) {
+  (void)arg;
+  char why[512];
+  int rc = G.api->init(&G.rank, &G.size, why, sizeof why) < 0
+               ? DISPATCH_EGROUP
+               : 0;
+  ghost me, *all = NULL;
+  int inited = rc == 0;
+  if (rc == 0) {
+    memset(&me, 0, sizeof me);
+    gethostname(me.host, sizeof me.host - 1);
+    me.loopback = sv_addr_is_loopback((const struct sockaddr *)&G.cfg->listen_addr);
+    FILE *f = fopen("/dev/urandom", "rb");
+    if (!f || fread(&me.job, sizeof me.job, 1, f) != 1)
+      me.job = (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32);
+    if (f) fclose(f);
+    all = calloc((size_t)G.size, sizeof *all);
+    if (!all) rc = sv_why(why, sizeof why, DISPATCH_ENOMEM, "--mpi: out of memory");
+    else if (G.api->allgather(&me, all, sizeof me, why, sizeof why) < 0)
+      rc = DISPATCH_EGROUP;
+  }
+  if (rc == 0) {
+    G.job = all[0].job;
+    int local = 1;
+    for (int r = 0; r < G.size; r++)
+      if (!all[r].loopback || strcmp(all[r].host, all[0].host) != 0) local = 0;
+    if (!local && !G.cfg->mpi_insecure)
+      rc = sv_why(why, sizeof why, DISPATCH_EINVAL,
+                  "--mpi: the group's ranks are not all on this host's "
+                  "loopback (rank 0 on %s, %d ranks): MPI traffic is neither "
+                  "authenticated nor encrypted; keep it on a private network "
+                  "and pass --mpi-insecure to acknowledge it",
+                  all[0].host, G.size);
+    else if (!local)
+      sv_log(SV_LOG_WARN, "--mpi-insecure: the group's MPI traffic is neither "
+                          "authenticated nor encrypted");
+  }
+  free(all);
+  pthread_mutex_lock(&G.mu);
+  G.started = 1;
+  G.start_rc = rc;
+  if (rc < 0) snprintf(G.start_why, sizeof G.start_why, "%s", why);
+  pthread_cond_broadcast(&G.cv);
+  pthread_mutex_unlock(&G.mu);
+  if (rc == 0)
+    while (one_round() == 0) {
+    }
+  /* every rank reaches here together on a clean stop (rank 0's broadcast)
+   * or on a start refused alike everywhere; after an MPI failure the
+   * process ends without it (mpirun ends the job) */
+  pthread_mutex_lock(&G.mu);
+  int clean = inited && !G.broken;
+  pthread_mutex_unlock(&G.mu);
+  if (clean) G.api->finalize();
+  pthread_mutex_lock(&G.mu);
+  G.finished = 1;
+  pthread_cond_broadcast(&G.cv);
+  pthread_mutex_unlock(&G.mu);
+  return NULL;
+}
+
+int sv_group_start(sv_config *cfg) {
+  char why[640];
+  int rc = load_plugin(why, sizeof why);
+  if (rc < 0) {
+    fprintf(stderr, "dispatch-server: %s\n", why);
+    return rc;
+  }
+  G.cfg = cfg;
+  G.timeout_s = cfg->mpi_timeout_s;
+  if (pthread_create(&G.th, NULL, group_main, NULL) != 0) {
+    fprintf(stderr, "dispatch-server: --mpi: cannot start the group thread\n");
+    return DISPATCH_ENOMEM;
+  }
+  pthread_mutex_lock(&G.mu);
+  while (!G.started) pthread_cond_wait(&G.cv, &G.mu);
+  rc = G.start_rc;
+  pthread_mutex_unlock(&G.mu);
+  if (rc < 0) {
+    pthread_join(G.th, NULL);
+    fprintf(stderr, "dispatch-server: %s\n", G.start_why);
+    return rc;
+  }
+  if (cfg->port && cfg->port + G.rank > 65535) {
+    fprintf(stderr,
+            "dispatch-server: --mpi: rank %d would listen on port %d + %d, "
+            "past 65535\n",
+            G.rank, cfg->port, G.rank);
+    sv_group_stop();
+    return DISPATCH_EINVAL;
+  }
+  if (cfg->port) {
+    cfg->port += G.rank;
+    if (cfg->listen_addr.ss_family == AF_INET)
+      ((struct sockaddr_in *)&cfg->listen_addr)->sin_port =
+          htons((uint16_t)cfg->port);
+    else
+      ((struct sockaddr_in6 *)&cfg->listen_addr)->sin6_port =
+          htons((uint16_t)cfg->port);
+  }
+  G.on = 1;
+  printf("dispatch-server: MPI rank %d of %d (pid %d)\n", G.rank, G.size,
+         (int)getpid());
+  fflush(stdout);
+  return 0;
+}
+
+void sv_group_stop(void) {
+  if (!G.api) return;
+  pthread_mutex_lock(&G.mu);
+  G.stop = 1;
+  pthread_cond_broadcast(&G.cv);
+  /* rank 0 tells the others; a rank other than 0 waits for that word in
+   * its broadcast, so it waits here a little for rank 0 to stop too */
+  double until = now_s() + 5.0;
+  while (!G.finished && now_s() < until) wait_until(until);
+  int done = G.finished;
+  pthread_mutex_unlock(&G.mu);
+  if (done) pthread_join(G.th, NULL);
+  else pthread_detach(G.th); /* stuck in MPI: the process ends anyway */
+  G.on = 0;
+}
+
+/* ------------------------------------------------------------ requests */
+
+/* FNV-1a over each tensor's rank and dims */
+static uint64_t shape_hash(dsp_tensor *const *ts, size_t n) {
+  uint64_t h = 1469598103934665603ULL;
+  for (size_t i = 0; i < n; i++) {
+    int64_t v[DSP_MAX_DIMS + 1];
+    v[0] = ts[i]->meta.ndim;
+    for (int d = 0; d < ts[i]->meta.ndim; d++) v[d + 1] = ts[i]->meta.shape[d];
+    const unsigned char *p = (const unsigned char *)v;
+    for (size_t b = 0; b < sizeof(int64_t) * (size_t)(v[0] + 1); b++)
+      h = (h ^ p[b]) * 1099511628211ULL;
+  }
+  return h;
+}
+
+static int write_back(dsp_ctx *ctx, dsp_tensor *t, const void *src) {
+  int rc = dsp__storage_prepare_write(ctx, t);
+  dsp_stage st;
+  if (rc == 0) rc = dsp_tensor_stage_in(ctx, t, &st);
+  if (rc < 0) return rc;
+  memcpy(st.host, src, st.nbytes);
+  dsp_stage_progress(&st, st.nbytes);
+  rc = dsp_stage_commit(ctx, &st);
+  dsp_stage_release(&st);
+  return rc;
+}
+
+int sv_group_reduce(dsp_ctx *ctx, dsp_budget *budget, dsp_tensor *const *ts,
+                    size_t n, uint64_t group, uint64_t seq, int reduce,
+                    char *why, size_t len) {
+  if (!G.on)
+    return sv_why(why, len, DISPATCH_EUNSUPPORTED,
+                  "all-reduce: this server is in no group (start the group's "
+                  "servers with mpirun ... dispatch-server --mpi)");
+  if (reduce != 0 && reduce != 1)
+    return sv_why(why, len, DISPATCH_EINVAL,
+                  "all-reduce: reduction %d is not sum (0) or mean (1)",
+                  reduce);
+  if (n == 0)
+    return sv_why(why, len, DISPATCH_EINVAL, "all-reduce: no tensors");
+  dsp_dtype dt = ts[0]->meta.dtype;
+  int type = dt == DSP_F32 ? SV_MPI_F32 : dt == DSP_F64 ? SV_MPI_F64
+             : dt == DSP_I64 ? SV_MPI_I64 : -1;
+  if (type < 0 || (type == SV_MPI_I64 && reduce))
+    return sv_why(why, len, DISPATCH_EDTYPE,
+                  "all-reduce: %s tensors cannot be %s-reduced (f32 and f64: "
+                  "sum or mean; i64: sum)",
+                  dsp_dtype_name(dt), reduce ? "mean" : "sum");
+  size_t total = 0;
+  for (size_t i = 0; i < n; i++) {
+    if (ts[i]->meta.dtype != dt)
+      return sv_why(why, len, DISPATCH_EDTYPE,
+                    "all-reduce: tensor %zu is %s, tensor 0 %s (one request "
+                    "reduces one dtype)",
+                    i, dsp_dtype_name(ts[i]->meta.dtype), dsp_dtype_name(dt));
+    total += dsp_tensor_nbytes(ts[i]);
+  }
+  /* the host block is the session's until the group thread lets go of
+   * it too (it may outlive this request when a worker gives up) */
+  int crc = dsp_budget_charge_why(budget, total, "all-reduce", why, len);
+  if (crc < 0) return crc;
+  sv_gop *op = calloc(1, sizeof *op);
+  void *buf = total ? malloc(total) : malloc(1);
+  if (!op || !buf) {
+    free(op);
+    free(buf);
+    dsp_budget_uncharge(budget, total);
+    return sv_why(why, len, DISPATCH_ENOMEM, "all-reduce: out of memory");
+  }
+  size_t at = 0;
+  for (size_t i = 0; i < n; i++) {
+    size_t nb = dsp_tensor_nbytes(ts[i]);
+    int rc = dsp_tensor_read(ctx, ts[i], (char *)buf + at, nb);
+    if (rc < 0) {
+      free(op);
+      free(buf);
+      dsp_budget_uncharge(budget, total);
+      return sv_why(why, len, rc, "all-reduce: tensor %zu: %s", i,
+                    dsp_ctx_errmsg(ctx));
+    }
+    at += nb;
+  }
+  *op = (sv_gop){.group = group, .seq = seq, .reduce = reduce, .type = type,
+                 .count = (int64_t)(total / (type == SV_MPI_F32 ? 4 : 8)),
+                 .n = (int64_t)n, .hash = (int64_t)shape_hash(ts, n),
+                 .buf = buf, .budget = budget, .charged = total,
+                 .state = GOP_QUEUED, .refs = 1};
+  pthread_mutex_lock(&G.mu);
+  if (G.broken) {
+    int rc = sv_why(why, len, DISPATCH_EGROUP, "all-reduce: %s",
+                    G.broken_why);
+    gop_unref_locked(op);
+    pthread_mutex_unlock(&G.mu);
+    return rc;
+  }
+  sv_gop **tail = &G.head;
+  while (*tail) tail = &(*tail)->next;
+  *tail = op;
+  pthread_cond_broadcast(&G.cv);
+  double until = now_s() + 3.0 * G.timeout_s;
+  while (op->state != GOP_DONE && now_s() < until) wait_until(until);
+  int rc;
+  if (op->state == GOP_DONE) {
+    rc = op->rc;
+    if (rc < 0) sv_why(why, len, rc, "%s", op->why);
+  } else if (op->state == GOP_QUEUED) {
+    unlink_locked(op);
+    rc = sv_why(why, len, DISPATCH_EGROUP,
+                "all-reduce (group %llx, seq %llu): the group did not take it "
+                "up within %d s (rank 0 never received it, or the group is "
+                "busy with an all-reduce a member stalls)",
+                (unsigned long long)group, (unsigned long long)seq,
+                3 * G.timeout_s);
+  } else {
+    char b[256];
+    snprintf(b, sizeof b,
+             "an all-reduce did not finish within %d s: a member stalled or "
+             "died inside MPI; restart the group",
+             3 * G.timeout_s);
+    break_locked(b);
+    rc = sv_why(why, len, DISPATCH_EGROUP, "all-reduce (group %llx, seq %llu): %s",
+                (unsigned long long)group, (unsigned long long)seq, b);
+  }
+  int ok = rc == 0;
+  pthread_mutex_unlock(&G.mu);
+  /* only this thread holds op once it is DONE or withdrawn: buf is ours */
+  at = 0;
+  for (size_t i = 0; ok && i < n; i++) {
+    size_t nb = dsp_tensor_nbytes(ts[i]);
+    rc = write_back(ctx, ts[i], (char *)buf + at);
+    if (rc < 0) {
+      rc = sv_why(why, len, rc, "all-reduce: tensor %zu: %s", i,
+                  dsp_ctx_errmsg(ctx));
+      break;
+    }
+    at += nb;
+  }
+  pthread_mutex_lock(&G.mu);
+  gop_unref_locked(op);
+  pthread_mutex_unlock(&G.mu);
+  return rc;
+}
+
+int sv_exec_group_join(sv_session *s, sv_job *j, char *why, size_t len) {
+  (void)s;
+  Dspwire__GroupJoin *gj = j->req->group_join;
+  if (!G.on)
+    return sv_why(why, len, DISPATCH_EUNSUPPORTED,
+                  "group: this server is in no group (start the group's "
+                  "servers with mpirun ... dispatch-server --mpi)");
+  if (gj->size != (uint32_t)G.size)
+    return sv_why(why, len, DISPATCH_EGROUP,
+                  "group: the client opened a group of %u servers, but this "
+                  "server's MPI job has %d ranks",
+                  gj->size, G.size);
+  Dspwire__Reply r = DSPWIRE__REPLY__INIT;
+  Dspwire__GroupReply gr = DSPWIRE__GROUP_REPLY__INIT;
+  gr.rank = (uint32_t)G.rank;
+  gr.size = (uint32_t)G.size;
+  gr.job = G.job;
+  r.req_id = j->req->req_id;
+  r.body_case = DSPWIRE__REPLY__BODY_GROUP;
+  r.group = &gr;
+  int rc = sv_encode_reply(&r, NULL, 0, &j->out, &j->out_len);
+  if (rc < 0) return sv_why(why, len, rc, "group: out of memory for the reply");
+  return 0;
+}
+
+int sv_exec_group_allreduce(sv_session *s, sv_job *j, char *why, size_t len) {
+  Dspwire__GroupAllreduce *ga = j->req->group_allreduce;
+  size_t n = ga->grads ? ga->n_params : ga->n_tensors;
+  if (n > s->tensors.count)
+    return sv_why(why, len, DISPATCH_EINVAL,
+                  "all-reduce: %zu tensors, but the session holds only %zu", n,
+                  s->tensors.count);
+  if (ga->grads && ga->n_tensors)
+    return sv_why(why, len, DISPATCH_EINVAL,
+                  "all-reduce: tensors and grads both given");
+  dsp_grads *g = NULL;
+  int rc = 0;
+  if (ga->grads && (rc = sv_get_grads(s, ga->grads, why, len, &g)) < 0)
+    return rc;
+  dsp_tensor **ts = dsp_calloc(n ? n : 1, sizeof *ts);
+  if (!ts) return sv_why(why, len, DISPATCH_ENOMEM, "all-reduce: out of memory");
+  size_t got = 0;
+  for (size_t i = 0; i < n && rc == 0; i++) {
+    dsp_tensor *t;
+    rc = sv_get_tensor(s, ga->grads ? ga->params[i] : ga->tensors[i],
+                       (sv_label){SV_LBL_INPUT, "all-reduce", i, 0}, why, len,
+                       &t);
+    if (rc < 0) break;
+    if (g) {
+      rc = dsp_grads_get(s->ctx, g, t, &t);
+      if (rc < 0) {
+        rc = sv_why(why, len, rc, "all-reduce: param %zu: %s", i,
+                    dsp_ctx_errmsg(s->ctx));
+        break;
+      }
+    } else {
+      dsp_tensor_ref(t);
+    }
+    ts[got++] = t;
+  }
+  if (rc == 0)
+    rc = sv_group_reduce(s->ctx, s->budget, ts, n, ga->group, ga->seq,
+                         ga->reduce, why, len);
+  for (size_t i = 0; i < got; i++) dsp_tensor_unref(ts[i]);
+  dsp_free(ts);
+  return rc;
+}
+
+int sv_group_step_grads(sv_session *s, dsp_tensor *const *args, size_t n,
+                        size_t stride, const Dspwire__Step *st, char *why,
+                        size_t len) {
+  dsp_tensor **gs = dsp_calloc(n ? n : 1, sizeof *gs);
+  if (!gs) return sv_why(why, len, DISPATCH_ENOMEM, "step: out of memory");
+  for (size_t i = 0; i < n; i++) gs[i] = args[i * stride + 1];
+  int rc = sv_group_reduce(s->ctx, s->budget, gs, n, st->group,
+                           st->group_seq, st->group_reduce, why, len);
+  dsp_free(gs);
+  return rc;
+}
