@@ -483,4 +483,43 @@ Test(halfop, widening_temporaries_are_charged_and_freed_on_failure) {
    * the half result) fails cleanly with ENOMEM and leaks nothing */
   cr_assert_geq(failalloc_walk_op(DSP_OP_SOFTMAX, 1, in, &(dsp_attrs){.ints = {1}, .n_ints = 1}), 2);
   cr_assert_geq(failalloc_walk_op(DSP_OP_ADD, 2, (dsp_meta[]){in[0], in[0]}, &a), 3);
+  /* the native half matmul's f32 scratch too */
+  cr_assert_geq(failalloc_walk_op(DSP_OP_MATMUL, 2, in, &a), 2);
+}
+
+/* The native half matmul converts op(A) in blocks of rows (at least 64,
+ * fewer when K + N is large): [200,1] @ [1,70000] runs in 4 blocks, and
+ * with ta the block is a column band of A stored [1,200]. Each product
+ * of two halves is exact in f32 and K = 1, so every element is the one
+ * rounding of a_i * b_j, bit for bit (a zero's sign aside). */
+Test(halfop, matmul_half_in_row_blocks_rounds_each_product_once) {
+  enum { M = 200, N = 70000 };
+  static double av[M], bv[N];
+  for (int i = 0; i < M; i++) av[i] = (i % 17 - 8) * 0.37;
+  for (int j = 0; j < N; j++) bv[j] = ((j * 7919) % 1001 - 500) * 0.013;
+  dsp_dtype hd[2] = {DSP_F16, DSP_BF16};
+  for (int k = 0; k < 2; k++)
+    for (int ta = 0; ta < 2; ta++) {
+      const int64_t sa[2] = {ta ? 1 : M, ta ? M : 1}, sb[2] = {1, N};
+      dsp_tensor *a = halfs(hd[k], 2, sa, av), *b = halfs(hd[k], 2, sb, bv);
+      int64_t fl[2] = {ta, 0};
+      dsp_attrs at = dsp_attrs_ints(2, fl);
+      dsp_tensor *c = tu_run(ctx, DSP_OP_MATMUL, &at, 2, a, b, NULL);
+      cr_assert_eq(c->meta.shape[0], M);
+      cr_assert_eq(c->meta.shape[1], N);
+      const uint16_t *pc = dsp_tensor_data(c);
+      for (int64_t i = 0; i < M; i++) {
+        float x = (float)hat(a, i);
+        for (int64_t j = 0; j < N; j++) {
+          float p = x * (float)hat(b, j);
+          uint16_t want = hd[k] == DSP_F16 ? dsp_f32_to_f16(p) : dsp_f32_to_bf16(p);
+          /* BLAS adds to a zeroed C: a -0 product comes out +0 (as f32) */
+          if (pc[i * N + j] != want && ((pc[i * N + j] | want) & 0x7fff))
+            cr_assert_fail("%s ta=%d: c[%lld][%lld] = %04x, want %04x",
+                           dsp_dtype_name(hd[k]), ta, (long long)i, (long long)j,
+                           pc[i * N + j], want);
+        }
+      }
+      dsp_tensor_unref(c), dsp_tensor_unref(a), dsp_tensor_unref(b);
+    }
 }
