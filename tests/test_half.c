@@ -523,3 +523,41 @@ Test(halfop, matmul_half_in_row_blocks_rounds_each_product_once) {
       dsp_tensor_unref(c), dsp_tensor_unref(a), dsp_tensor_unref(b);
     }
 }
+
+/* Creation in half: arange's start + i * step rounded once from the
+ * double, uniform's upper bound kept exclusive after rounding (0.9999 in
+ * [0, 1) would round to 1.0 in f16 and bf16), normal rounded once. */
+Test(halfop, creation_ops_round_once_and_uniform_stays_below_hi) {
+  dsp_dtype hd[2] = {DSP_F16, DSP_BF16};
+  for (int k = 0; k < 2; k++) {
+    const int f16 = hd[k] == DSP_F16;
+    dsp_tensor *t;
+    /* arange(2049, 2049 + 2999.5 * step, step 1 + 2^-10): 3000 values */
+    int64_t ai[1] = {hd[k]};
+    dsp_attrs aa = dsp_attrs_ints(1, ai);
+    aa.floats[0] = 2049, aa.floats[1] = 2049 + 2999.5 * 1.0009765625,
+    aa.floats[2] = 1.0009765625, aa.n_floats = 3;
+    cr_assert_eq(dsp_op(ctx, DSP_OP_ARANGE, NULL, 0, &aa, &t), 0, "%s", dsp_ctx_errmsg(ctx));
+    cr_assert_eq(t->numel, 3000);
+    for (int64_t i = 0; i < t->numel; i++) {
+      double v = 2049 + (double)i * 1.0009765625;
+      uint16_t want = f16 ? dsp_f64_to_f16(v) : dsp_f64_to_bf16(v);
+      cr_assert_eq(((uint16_t *)dsp_tensor_data(t))[i], want, "%s arange %lld",
+                   dsp_dtype_name(hd[k]), (long long)i);
+    }
+    dsp_tensor_unref(t);
+    int64_t ui[3] = {hd[k], 7, 100000};
+    dsp_attrs ua = dsp_attrs_ints(3, ui);
+    ua.floats[0] = 0, ua.floats[1] = 1, ua.n_floats = 2;
+    cr_assert_eq(dsp_op(ctx, DSP_OP_UNIFORM, NULL, 0, &ua, &t), 0, "%s", dsp_ctx_errmsg(ctx));
+    int top = 0;
+    for (int64_t i = 0; i < t->numel; i++) {
+      double v = hat(t, i);
+      cr_assert(v >= 0 && v < 1, "%s uniform element %lld is %g", dsp_dtype_name(hd[k]),
+                (long long)i, v);
+      top += v == (f16 ? 1 - 0x1p-11 : 1 - 0x1p-8);
+    }
+    cr_assert_gt(top, 0, "%s: the largest half below 1 never drawn", dsp_dtype_name(hd[k]));
+    dsp_tensor_unref(t);
+  }
+}
