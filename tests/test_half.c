@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "dispatch_client.h"
 #include "dsp.h"
 #include "dsp_internal.h"
 #include "half.h"
@@ -560,4 +561,45 @@ Test(halfop, creation_ops_round_once_and_uniform_stays_below_hi) {
     cr_assert_gt(top, 0, "%s: the largest half below 1 never drawn", dsp_dtype_name(hd[k]));
     dsp_tensor_unref(t);
   }
+}
+
+/* ---- through the public API, on a LOCAL device ---------------------- */
+
+/* dispatch_cast on a LOCAL device: every f32 pattern of f32_patterns
+ * (NaNs, infinities, subnormals, ties and their neighbours) to f16 and
+ * bf16 and back, bit for bit against the oracle and the exact widening. */
+Test(half, local_cast_through_the_api_matches_the_reference_bits) {
+  enum { N = 1 << 15 };
+  static uint32_t b[N];
+  static uint16_t h[N];
+  static float back[N];
+  size_t n = f32_patterns(b, N);
+  dispatch_device *dev;
+  char err[256];
+  cr_assert_eq(dispatch_device_open("local", NULL, &dev, err, sizeof err), 0, "%s", err);
+  int64_t shape[1] = {(int64_t)n};
+  dispatch_tensor *x = NULL;
+  cr_assert_eq(dispatch_tensor_from_data(dev, DISPATCH_F32, 1, shape, b, n * 4, &x), 0);
+  const dispatch_dtype hd[2] = {DISPATCH_F16, DISPATCH_BF16};
+  for (int k = 0; k < 2; k++) {
+    const fmt *F = k ? &BF16 : &F16;
+    dispatch_tensor *y = NULL, *z = NULL;
+    cr_assert_eq(dispatch_cast(x, hd[k], &y), 0, "%s", dispatch_device_errmsg(dev));
+    cr_assert_eq(dispatch_tensor_read(y, h, n * 2), 0, "%s", dispatch_device_errmsg(dev));
+    cr_assert_eq(dispatch_cast(y, DISPATCH_F32, &z), 0, "%s", dispatch_device_errmsg(dev));
+    cr_assert_eq(dispatch_tensor_read(z, back, n * 4), 0, "%s", dispatch_device_errmsg(dev));
+    for (size_t i = 0; i < n; i++) {
+      float f = bitsf(b[i]);
+      uint16_t want = isnan(f) ? nan_of(b[i], F->mb, F->eb) : oracle(F, f);
+      cr_assert_eq(h[i], want, "%s: f32 %08x -> %04x, want %04x", k ? "bf16" : "f16",
+                   b[i], h[i], want);
+      float w = k ? dsp_bf16_to_f32(want) : dsp_f16_to_f32(want);
+      cr_assert_eq(fbits(back[i]), fbits(w), "%s: %04x -> f32 %08x", k ? "bf16" : "f16",
+                   want, fbits(back[i]));
+    }
+    dispatch_tensor_free(y);
+    dispatch_tensor_free(z);
+  }
+  dispatch_tensor_free(x);
+  dispatch_device_close(dev);
 }
