@@ -603,3 +603,27 @@ Test(half, local_cast_through_the_api_matches_the_reference_bits) {
   dispatch_tensor_free(x);
   dispatch_device_close(dev);
 }
+
+/* An optimizer step on half tensors runs widened too: the f32 step on f32
+ * copies, then the parameter and its state written back into the half
+ * tensors themselves (in place, as the step's contract says). */
+Test(halfop, widened_optimizer_step_writes_back_in_place) {
+  static const int64_t S[] = {3};
+  const double pv[] = {1.0, -2.0, 0.25}, gv[] = {0.5, 1.5, -4.0}, vv[] = {0, 0, 0};
+  dsp_tensor *p = halfs(DSP_BF16, 1, S, pv), *g = halfs(DSP_BF16, 1, S, gv),
+             *v = halfs(DSP_BF16, 1, S, vv);
+  dsp_attrs a = dsp_attrs_none();
+  a.floats[0] = 0.1, a.n_floats = 3; /* lr 0.1, no momentum, no decay */
+  dsp_tensor *in[3] = {p, g, v}, *out = NULL;
+  cr_assert_eq(dsp_op(ctx, DSP_OP_SGD_STEP, in, 3, &a, &out), 0, "%s", dsp_ctx_errmsg(ctx));
+  cr_assert_eq(out, p, "the step's output is the parameter itself");
+  for (int i = 0; i < 3; i++) {
+    /* the f32 step (computed in double, rounded to f32), then bf16 */
+    float want = (float)(pv[i] - 0.1 * gv[i]);
+    cr_assert_eq(((uint16_t *)dsp_tensor_data(p))[i], dsp_f32_to_bf16(want), "param %d: %g",
+                 i, hat(p, i));
+    cr_assert_eq(hat(v, i), gv[i], "velocity %d", i);
+  }
+  dsp_tensor_unref(out);
+  dsp_tensor_unref(p), dsp_tensor_unref(g), dsp_tensor_unref(v);
+}
