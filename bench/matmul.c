@@ -1,6 +1,7 @@
 /* bench matmul: f32 n x n by n x n for n = 512, 1024, 2048 in GFLOP/s
  * (2 n^3 flops per product), on the LOCAL kind, on the REMOTE kind, and
- * with OpenBLAS called directly (cblas_sgemm), in the same run.
+ * with OpenBLAS called directly (cblas_sgemm), in the same run; then bf16
+ * 1024 on the LOCAL kind against f32 cblas_sgemm (bf16_row).
  *
  * REMOTE: the inputs are already on the server; one sample is the matmul
  * request plus a sync (the wait that tells the product was computed),
@@ -23,6 +24,7 @@
 #include <cblas.h>
 
 #include "bench.h"
+#include "half.h"
 
 #define MAX_REPS 21
 #define MIN_REPS 5
@@ -93,6 +95,85 @@ static int faster_blas(const double *g1, const double *g2, int n) {
   memcpy(a, g1, sizeof(double) * (size_t)n);
   memcpy(b, g2, sizeof(double) * (size_t)n);
   return bench_median(a, n) >= bench_median(b, n) ? 0 : 1;
+}
+
+/* The bf16 row: matmul bf16 n x n on the LOCAL kind (the CPU's half
+ * matmul: operands converted to f32 in blocks, cblas_sgemm, the result
+ * rounded once) against cblas_sgemm on the f32 operands alone, 2 threads
+ * as LOCAL runs. The conversions are O(n^2) against the product's O(n^3):
+ * goal at least 0.8 of the f32 rate at n = 1024. */
+static void bf16_row(dispatch_device *local, int quick) {
+  const int n = quick ? 128 : 1024;
+  float *a = rand_matrix(n, 11u), *b = rand_matrix(n, 12u), *c = rand_matrix(n, 13u);
+  size_t nn = (size_t)n * (size_t)n;
+  uint16_t *ha = malloc(nn * 2), *hb = malloc(nn * 2), *hc = malloc(nn * 2);
+  if (!ha || !hb || !hc) {
+    fprintf(stderr, "matmul: out of memory\n");
+    exit(1);
+  }
+  /* the f32 reference multiplies the same values the bf16 tensors hold */
+  for (size_t i = 0; i < nn; i++) {
+    ha[i] = dsp_f32_to_bf16(a[i]), a[i] = dsp_bf16_to_f32(ha[i]);
+    hb[i] = dsp_f32_to_bf16(b[i]), b[i] = dsp_bf16_to_f32(hb[i]);
+  }
+  char err[512] = "";
+  int64_t shape[2] = {n, n};
+  dispatch_tensor *ta = NULL, *tb = NULL, *tc = NULL;
+  int rc = dispatch_tensor_from_data(local, DISPATCH_BF16, 2, shape, ha, nn * 2, &ta);
+  if (rc == 0) rc = dispatch_tensor_from_data(local, DISPATCH_BF16, 2, shape, hb, nn * 2, &tb);
+  /* the product must be the real one: every element within bf16's
+   * rounding (2^-8 relative) of sgemm's, plus f32 accumulation slack */
+  openblas_set_num_threads(2);
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a, n,
+              b, n, 0.0f, c, n);
+  if (rc == 0) rc = dispatch_matmul(ta, tb, &tc);
+  if (rc == 0) rc = dispatch_tensor_read(tc, hc, nn * 2);
+  dispatch_tensor_free(tc);
+  if (rc < 0)
+    snprintf(err, sizeof err, "bf16 matmul: %s: %s", dispatch_err_name(rc),
+             dispatch_device_errmsg(local));
+  for (size_t i = 0; !err[0] && i < nn; i++)
+    if (fabsf(dsp_bf16_to_f32(hc[i]) - c[i]) > 0x1p-8f * fabsf(c[i]) + 1e-4f)
+      snprintf(err, sizeof err, "bf16 matmul element %zu is %g, sgemm %g", i,
+               (double)dsp_bf16_to_f32(hc[i]), (double)c[i]);
+  char m[64];
+  snprintf(m, sizeof m, "matmul bf16 %d local", n);
+  bench_def d = {"matmul", m, "GFLOP/s", 0, "cblas_sgemm f32 (2 threads, warm)", 1,
+                 quick ? BENCH_GOAL_NONE : BENCH_GOAL_RATIO_GE, 0.8};
+  enum { V_BLAS, V_HALF, NVAR };
+  double g[NVAR][MAX_REPS], flops = 2.0 * n * (double)n * n, start = bench_now();
+  int reps = 0, min_reps = quick ? 2 : MIN_REPS, max_reps = quick ? 2 : MAX_REPS;
+  for (int r = -1;; r++) {
+    if (r >= 0 && !bench_more(reps, min_reps, max_reps, bench_now() - start,
+                              quick ? 0 : 8.0,
+                              bench_unsettled(&d, g[V_HALF], g[V_BLAS], reps)))
+      break;
+    double tv[NVAR] = {NAN, NAN};
+    for (int j = 0; j < NVAR; j++) {
+      int v = bench_turn(r, j, NVAR);
+      usleep(quick ? 1000 : GAP_US);
+      if (v == V_BLAS) {
+        tv[v] = INFINITY;
+        for (int w = 0; w < 2; w++) { /* the faster of two, back to back */
+          double t0 = bench_now();
+          cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f,
+                      a, n, b, n, 0.0f, c, n);
+          double dt = bench_now() - t0;
+          if (dt < tv[v]) tv[v] = dt;
+        }
+      } else {
+        tv[v] = err[0] ? NAN : best_of_two(local, ta, tb, err, sizeof err);
+      }
+    }
+    if (r < 0) continue;
+    for (int v = 0; v < NVAR; v++) g[v][reps] = flops / tv[v] / 1e9;
+    reps++;
+  }
+  bench_emit(&d, g[V_HALF], g[V_BLAS], reps, "%s", err);
+  if (err[0]) fprintf(stderr, "matmul: %s\n", err);
+  dispatch_tensor_free(ta);
+  dispatch_tensor_free(tb);
+  free(a), free(b), free(c), free(ha), free(hb), free(hc);
 }
 
 int main(void) {
@@ -213,6 +294,7 @@ int main(void) {
     free(c);
     free(check);
   }
+  bf16_row(local, quick);
   dispatch_device_close(remote);
   dispatch_device_close(local);
   return 0;

@@ -25,22 +25,32 @@
 #endif
 #endif
 
-static void f16_to_f32_portable(const uint16_t *s, float *d, size_t n) {
+static void f16_to_f32_portable(const void *sv, void *dv, size_t n) {
+  const uint16_t *s = sv;
+  float *d = dv;
   for (size_t i = 0; i < n; i++) d[i] = dsp_f16_to_f32(s[i]);
 }
-static void f32_to_f16_portable(const float *s, uint16_t *d, size_t n) {
+static void f32_to_f16_portable(const void *sv, void *dv, size_t n) {
+  const float *s = sv;
+  uint16_t *d = dv;
   for (size_t i = 0; i < n; i++) d[i] = dsp_f32_to_f16(s[i]);
 }
-static void bf16_to_f32_portable(const uint16_t *s, float *d, size_t n) {
+static void bf16_to_f32_portable(const void *sv, void *dv, size_t n) {
+  const uint16_t *s = sv;
+  float *d = dv;
   for (size_t i = 0; i < n; i++) d[i] = dsp_bf16_to_f32(s[i]);
 }
-static void f32_to_bf16_portable(const float *s, uint16_t *d, size_t n) {
+static void f32_to_bf16_portable(const void *sv, void *dv, size_t n) {
+  const float *s = sv;
+  uint16_t *d = dv;
   for (size_t i = 0; i < n; i++) d[i] = dsp_f32_to_bf16(s[i]);
 }
 
 #ifdef HALF_X86
 __attribute__((target("avx,f16c"))) static void f16_to_f32_f16c(
-    const uint16_t *s, float *d, size_t n) {
+    const void *sv, void *dv, size_t n) {
+  const uint16_t *s = sv;
+  float *d = dv;
   size_t i = 0;
   for (; i + 8 <= n; i += 8)
     _mm256_storeu_ps(d + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(s + i))));
@@ -48,7 +58,9 @@ __attribute__((target("avx,f16c"))) static void f16_to_f32_f16c(
 }
 
 __attribute__((target("avx,f16c"))) static void f32_to_f16_f16c(
-    const float *s, uint16_t *d, size_t n) {
+    const void *sv, void *dv, size_t n) {
+  const float *s = sv;
+  uint16_t *d = dv;
   size_t i = 0;
   for (; i + 8 <= n; i += 8)
     _mm_storeu_si128((__m128i *)(d + i),
@@ -58,7 +70,9 @@ __attribute__((target("avx,f16c"))) static void f32_to_f16_f16c(
 
 #ifdef HALF_AVX512BF16
 __attribute__((target("avx512f,avx512bf16"))) static void f32_to_bf16_avx512(
-    const float *s, uint16_t *d, size_t n) {
+    const void *sv, void *dv, size_t n) {
+  const float *s = sv;
+  uint16_t *d = dv;
   const __m512i expo = _mm512_set1_epi32(0x7f800000), frac = _mm512_set1_epi32(0x7fffff);
   const __m512i zero = _mm512_setzero_si512();
   size_t i = 0;
@@ -109,47 +123,52 @@ static int hw_caps(void) {
   return v;
 }
 
-int dsp__half_cvt_path(int kind, int hw, const void *src, void *dst, size_t n) {
-  int caps = hw ? hw_caps() : 0;
-  switch (kind) {
-    case 0:
-      if (!hw) { f16_to_f32_portable(src, dst, n); return 0; }
+/* Per converter kind (dsp__half_cvt_path's numbering): the portable
+ * loop, the processor's path (NULL where this build has none) and the
+ * capability that path needs. bf16 -> f32 has no instruction. */
+typedef void (*cvt_fn)(const void *src, void *dst, size_t n);
 #ifdef HALF_X86
-      if (caps & HW_F16C) { f16_to_f32_f16c(src, dst, n); return 0; }
+#define F16C_(f) f
+#else
+#define F16C_(f) NULL
 #endif
-      return -1;
-    case 1:
-      if (!hw) { f32_to_f16_portable(src, dst, n); return 0; }
-#ifdef HALF_X86
-      if (caps & HW_F16C) { f32_to_f16_f16c(src, dst, n); return 0; }
-#endif
-      return -1;
-    case 2:
-      if (!hw) { bf16_to_f32_portable(src, dst, n); return 0; }
-      return -1; /* no instruction: the portable loop is the path */
-    case 3:
-      if (!hw) { f32_to_bf16_portable(src, dst, n); return 0; }
 #ifdef HALF_AVX512BF16
-      if (caps & HW_BF16) { f32_to_bf16_avx512(src, dst, n); return 0; }
+#define BF16_(f) f
+#else
+#define BF16_(f) NULL
 #endif
-      return -1;
-    default:
-      return -1;
+static const struct cvt_path {
+  cvt_fn portable, hw;
+  int cap;
+} g_paths[4] = {
+    {f16_to_f32_portable, F16C_(f16_to_f32_f16c), HW_F16C},
+    {f32_to_f16_portable, F16C_(f32_to_f16_f16c), HW_F16C},
+    {bf16_to_f32_portable, NULL, 0},
+    {f32_to_bf16_portable, BF16_(f32_to_bf16_avx512), HW_BF16},
+};
+
+int dsp__half_cvt_path(int kind, int hw, const void *src, void *dst, size_t n) {
+  if (kind < 0 || kind > 3) return -1;
+  const struct cvt_path *p = &g_paths[kind];
+  if (!hw) {
+    p->portable(src, dst, n);
+    return 0;
   }
+  if (!p->hw || !(hw_caps() & p->cap)) return -1;
+  p->hw(src, dst, n);
+  return 0;
+}
+
+/* The fastest path of kind there is. */
+static void convert(int kind, const void *src, void *dst, size_t n) {
+  if (dsp__half_cvt_path(kind, 1, src, dst, n) < 0)
+    g_paths[kind].portable(src, dst, n);
 }
 
 void dsp_half_to_f32_n(dsp_dtype dt, const void *src, float *dst, size_t n) {
-  if (dt == DSP_F16) {
-    if (dsp__half_cvt_path(0, 1, src, dst, n) < 0) f16_to_f32_portable(src, dst, n);
-  } else if (dt == DSP_BF16) {
-    bf16_to_f32_portable(src, dst, n);
-  }
+  if (dt == DSP_F16 || dt == DSP_BF16) convert(dt == DSP_F16 ? 0 : 2, src, dst, n);
 }
 
 void dsp_f32_to_half_n(dsp_dtype dt, const float *src, void *dst, size_t n) {
-  if (dt == DSP_F16) {
-    if (dsp__half_cvt_path(1, 1, src, dst, n) < 0) f32_to_f16_portable(src, dst, n);
-  } else if (dt == DSP_BF16) {
-    if (dsp__half_cvt_path(3, 1, src, dst, n) < 0) f32_to_bf16_portable(src, dst, n);
-  }
+  if (dt == DSP_F16 || dt == DSP_BF16) convert(dt == DSP_F16 ? 1 : 3, src, dst, n);
 }

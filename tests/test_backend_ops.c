@@ -574,6 +574,10 @@ static void fill_values(dsp_dtype dt, char dom, int64_t range, int64_t n,
       x = rnd01() < 0.5;
     } else if (dt == DSP_F32) {
       x = (double)(float)x;
+    } else if (dt == DSP_F16) {
+      x = dsp_f16_to_f32(dsp_f64_to_f16(x));
+    } else if (dt == DSP_BF16) {
+      x = dsp_bf16_to_f32(dsp_f64_to_bf16(x));
     }
     v[i] = x;
   }
@@ -732,11 +736,50 @@ static void run_case(const dsp_backend *be, const tcase *c, double *const *vals,
   dsp_ctx_free(ctx);
 }
 
+/* The bounds of a half result (dt f16 or bf16) against the f64
+ * reference, derived rather than tuned:
+ * - the inputs are exact in half (fill_values rounds them), so the f64
+ *   reference computes on the very same values;
+ * - the op runs as its f32 kernel (dsp_op_inferred's widening, or a native
+ *   half kernel that converts to f32 and accumulates in f32), whose own
+ *   error on these well-conditioned domains is a few f32 ulps, amplified at
+ *   most 2^8 by cancellation (gelu, softplus, var on [-2, 2]): E32 = 2^-16
+ *   relative;
+ * - each rounding to half adds at most u relative (round to nearest: half
+ *   an ulp; u = 2^-11 for f16, 2^-8 for bf16), or half the subnormal step
+ *   absolute below the smallest normal.
+ * A forward result is rounded once (rounds = 1): every float result must
+ * have nmse <= (rounds * u + E32)^2, and an elementwise one (mode 1) also
+ * |got - ref| <= (u + E32) |ref| + step / 2 for every element. A gradient
+ * of sum(op(x) * w) in half goes through `rounds` roundings: out * w and
+ * the sum (2; their errors reach the gradient only through the loss value,
+ * not through d loss / d out = w, which is exact), and the backward
+ * helper's own result and its f32 inputs (the saved tensors and the
+ * incoming gradient are half already): G_ROUNDS = 4 covers the rules that
+ * chain two half ops (mul then sum_to_shape, mul_scalar then a helper).
+ * Finite differences in half would be meaningless (a step small enough to
+ * be local is below half's resolution), so half gradients are compared
+ * with the f64 gradients, not with finite differences. */
+#define E32 0x1p-16
+#define G_ROUNDS 4
+static double half_u(dsp_dtype dt) { return dt == DSP_F16 ? 0x1p-11 : 0x1p-8; }
+static double half_step(dsp_dtype dt) { return dt == DSP_F16 ? 0x1p-24 : 0x1p-133; }
+
 /* Compares got (computed in dtype dt) with the reference: exactly for
  * integer and bool results, by normalised mean square error for floats
- * (NaN and infinities must sit at the same places). 0 or 1 with why. */
+ * (NaN and infinities must sit at the same places); a half result by the
+ * bounds above (rounds roundings; mode 1: elementwise, element by element
+ * too). 0 or 1 with why. */
+static int compare_half(const char *what, dsp_dtype dt, const hostval *got,
+                        const hostval *ref, int rounds, int mode, char *why,
+                        size_t len);
 static int compare(const char *what, dsp_dtype dt, const hostval *got,
                    const hostval *ref, char *why, size_t len) {
+  return compare_half(what, dt, got, ref, 1, 0, why, len);
+}
+static int compare_half(const char *what, dsp_dtype dt, const hostval *got,
+                        const hostval *ref, int rounds, int mode, char *why,
+                        size_t len) {
   if (!got->present || !ref->present) {
     snprintf(why, len, "%s: missing (%d/%d)", what, got->present, ref->present);
     return 1;
@@ -759,6 +802,7 @@ static int compare(const char *what, dsp_dtype dt, const hostval *got,
       }
     return 0;
   }
+  const int half = dt == DSP_F16 || dt == DSP_BF16;
   double num = 0, den = 0;
   for (int64_t i = 0; i < got->n; i++) {
     double a = got->v[i], b = ref->v[i];
@@ -770,11 +814,19 @@ static int compare(const char *what, dsp_dtype dt, const hostval *got,
       }
       continue;
     }
+    if (half && mode == 1 &&
+        fabs(a - b) > (half_u(dt) + E32) * fabs(b) + half_step(dt) / 2) {
+      snprintf(why, len, "%s: element %lld is %.9g, reference %.9g: off by "
+               "%.3g relative, over one rounding (%.3g) + E32", what,
+               (long long)i, a, b, fabs(a - b) / fabs(b), half_u(dt));
+      return 1;
+    }
     num += (a - b) * (a - b);
     den += b * b;
   }
   double nmse = den > 0 ? num / den : num;
-  double tol = dt == DSP_F32 ? 1e-7 : 1e-14;
+  double hb = rounds * (half ? half_u(dt) : 0) + E32;
+  double tol = half ? hb * hb : dt == DSP_F32 ? 1e-7 : 1e-14;
   if (nmse > tol) {
     snprintf(why, len, "%s: normalised mean square error %.3g over %.0g", what,
              nmse, tol);
@@ -967,12 +1019,18 @@ static int oracle(const tcase *c, double *const *vals, hostval *o) {
 /* ------------------------------------------------------------------ */
 /* the walk                                                            */
 
-enum { ST_NA, ST_PASS, ST_FWD, ST_UNSUP, ST_FAIL };
-static const char *st_name[] = {"-", "pass", "pass(fwd)", "unsupported", "FAIL"};
+enum { ST_NA, ST_PASS, ST_FWD, ST_UNSUP, ST_FAIL, ST_WPASS, ST_WFWD, ST_N };
+static const char *st_name[] = {"-",    "pass",      "pass(fwd)", "unsupported",
+                                "FAIL", "wide", "wide(fwd)"};
+
+/* A half pair (k f16 or bf16) that be refuses but dsp_op runs all the
+ * same: through be's f32 kernel (dsp_op_inferred's widening). */
+static int widened_pair(const dsp_backend *be, dsp_opcode op, const tcase *c,
+                        dsp_dtype k, const dsp_meta *om);
 
 typedef struct walk {
   const char *backend;
-  int counts[5];
+  int counts[ST_N];
   char fails[8192];
   size_t flen;
   char unsup[4096];
@@ -987,8 +1045,20 @@ static void note_fail(walk *w, const char *op, dsp_dtype dt, const char *what,
                                 dsp_dtype_name(dt), what, why);
 }
 
-static const dsp_dtype g_dtypes[] = {DSP_F32, DSP_F64, DSP_I64, DSP_BOOL};
-#define NDT 4
+static const dsp_dtype g_dtypes[] = {DSP_F32, DSP_F64, DSP_I64, DSP_BOOL,
+                                     DSP_F16, DSP_BF16};
+#define NDT 6
+
+static int widened_pair(const dsp_backend *be, dsp_opcode op, const tcase *c,
+                        dsp_dtype k, const dsp_meta *om) {
+  if ((k != DSP_F16 && k != DSP_BF16) || op == DSP_OP_CAST ||
+      be->supports_op(be->bctx, op, c->in, c->n_in, om))
+    return 0;
+  tcase f = widen(c, k, DSP_F32);
+  dsp_meta fo = *om;
+  if (fo.dtype == k) fo.dtype = DSP_F32;
+  return be->supports_op(be->bctx, op, f.in, f.n_in, &fo);
+}
 
 /* Runs every case of (op, k) on be; returns its table status. */
 static int run_pair(walk *w, const dsp_backend *be, dsp_opcode op, dsp_dtype k) {
@@ -1019,6 +1089,7 @@ static int run_pair(walk *w, const dsp_backend *be, dsp_opcode op, dsp_dtype k) 
     return ST_NA;
   }
   dsp_ctx_free(ictx);
+  const int wide = widened_pair(be, op, &c, k, &om);
   int status = ST_PASS, any_grad = 0, grad_unsup = 0;
   for (int v = 0; make_case(op, k, v, &c) == 0; v++) {
     g_rng = 0x9E3779B97F4A7C15ull ^ ((uint64_t)op << 32) ^ ((uint64_t)k << 16) ^ (uint64_t)v;
@@ -1050,7 +1121,7 @@ static int run_pair(walk *w, const dsp_backend *be, dsp_opcode op, dsp_dtype k) 
     run_case(be, &c, vals, wv, &got);
     char why[1200] = "";
     int bad = 0;
-    if (!claim) {
+    if (!claim && !wide) {
       /* refused: dsp_op must say so, naming the op and the backend */
       if (got.rc != DISPATCH_EUNSUPPORTED || !strstr(got.msg, name) ||
           !strstr(got.msg, be->name)) {
@@ -1063,13 +1134,16 @@ static int run_pair(walk *w, const dsp_backend *be, dsp_opcode op, dsp_dtype k) 
       bad = 1;
     } else {
       /* the reference: the CPU backend, f64 in place of f32 */
-      tcase rc = k == DSP_F32 ? widen(&c, DSP_F32, DSP_F64) : c;
+      tcase rc = k == DSP_F32 || k == DSP_F16 || k == DSP_BF16
+                     ? widen(&c, k, DSP_F64) : c;
+      const int ewise = dsp_op_lookup((int)op)->family == DSP_FAM_EW;
       run_case(dsp_cpu_backend(), &rc, vals, wv, &ref);
       dsp_dtype odt = got.out.meta.dtype;
       if (ref.rc != 0) {
         snprintf(why, sizeof why, "the CPU reference failed: %s", ref.msg);
         bad = 1;
-      } else if (compare("output", odt, &got.out, &ref.out, why, sizeof why)) {
+      } else if (compare_half("output", odt, &got.out, &ref.out, 1, ewise, why,
+                              sizeof why)) {
         bad = 1;
       }
       hostval orc;
@@ -1104,8 +1178,8 @@ static int run_pair(walk *w, const dsp_backend *be, dsp_opcode op, dsp_dtype k) 
             if (!got.grad[i].present && !ref.grad[i].present) continue;
             char what[32];
             snprintf(what, sizeof what, "gradient of input %d", i);
-            bad = compare(what, got.grad[i].present ? got.grad[i].meta.dtype : odt,
-                          &got.grad[i], &ref.grad[i], why, sizeof why);
+            bad = compare_half(what, got.grad[i].present ? got.grad[i].meta.dtype : odt,
+                               &got.grad[i], &ref.grad[i], G_ROUNDS, 0, why, sizeof why);
           }
         }
       }
@@ -1118,7 +1192,7 @@ static int run_pair(walk *w, const dsp_backend *be, dsp_opcode op, dsp_dtype k) 
       note_fail(w, name, k, c.what, why);
       return ST_FAIL;
     }
-    if (!claim) status = ST_UNSUP;
+    if (!claim && !wide) status = ST_UNSUP;
   }
   if (grad_unsup && status != ST_UNSUP && w->ulen < sizeof w->unsup - 1)
     w->ulen += (size_t)snprintf(w->unsup + w->ulen, sizeof w->unsup - w->ulen,
@@ -1129,6 +1203,7 @@ static int run_pair(walk *w, const dsp_backend *be, dsp_opcode op, dsp_dtype k) 
                                   " %s:%s", name, dsp_dtype_name(k));
     return ST_UNSUP;
   }
+  if (wide) return any_grad ? ST_WPASS : ST_WFWD;
   return any_grad ? ST_PASS : ST_FWD;
 }
 
@@ -1149,6 +1224,9 @@ static void walk_backend(const dsp_backend *be, walk *w) {
           "  OP:DTYPE(gradient) when the backward pass needs a pair the backend\n"
           "  refuses); unsupported: supports_op refuses and dsp_op says\n"
           "  DISPATCH_EUNSUPPORTED; -: inference refuses the dtype (not an op on it).\n"
+          "  wide, wide(fwd): a half pair the backend has no kernel for, run by\n"
+          "  dsp_op through its f32 kernel (inputs widened, result rounded once).\n"
+          "  f16 and bf16 are checked against f64 within derived bounds (below).\n"
           "  Cases: plain, broadcasting and zero-size shapes; tensors here are always\n"
           "  contiguous, so there are no non-contiguous views to test.\n",
           be->name, be->device);
@@ -1164,9 +1242,15 @@ static void walk_backend(const dsp_backend *be, walk *w) {
     }
     fprintf(stderr, "\n");
   }
-  fprintf(stderr, "  %s: %d pass, %d pass(fwd), %d unsupported, %d FAIL, %d -\n",
-          be->name, w->counts[ST_PASS], w->counts[ST_FWD], w->counts[ST_UNSUP],
-          w->counts[ST_FAIL], w->counts[ST_NA]);
+  fprintf(stderr, "  %s: %d pass, %d pass(fwd), %d wide, %d wide(fwd), %d "
+          "unsupported, %d FAIL, %d -\n",
+          be->name, w->counts[ST_PASS], w->counts[ST_FWD], w->counts[ST_WPASS],
+          w->counts[ST_WFWD], w->counts[ST_UNSUP], w->counts[ST_FAIL],
+          w->counts[ST_NA]);
+  fprintf(stderr, "  half bounds: nmse <= (rounds * u + 2^-16)^2, u = 2^-11 "
+          "(f16), 2^-8 (bf16); forward 1 rounding (elementwise ops also per "
+          "element: |d| <= (u + 2^-16)|ref| + subnormal step / 2); "
+          "gradients %d roundings\n", G_ROUNDS);
   if (w->ulen) fprintf(stderr, "  %s unsupported:%s\n", be->name, w->unsup);
   if (w->flen) fprintf(stderr, "  failures:\n%s", w->fails);
 }
@@ -1231,8 +1315,10 @@ Test(backend_ops, refusals_are_listed_and_refused_by_dsp_op, .timeout = 300) {
   }
   cr_assert_gt(f64_pairs, 0);
   cr_assert_eq(w.counts[ST_UNSUP], f64_pairs);
-  cr_assert_eq(w.counts[ST_PASS] + w.counts[ST_FWD] + w.counts[ST_UNSUP],
-               cpu.counts[ST_PASS] + cpu.counts[ST_FWD]);
+  cr_assert_eq(w.counts[ST_PASS] + w.counts[ST_FWD] + w.counts[ST_UNSUP] +
+                   w.counts[ST_WPASS] + w.counts[ST_WFWD],
+               cpu.counts[ST_PASS] + cpu.counts[ST_FWD] + cpu.counts[ST_WPASS] +
+                   cpu.counts[ST_WFWD]);
   cr_assert(strstr(w.unsup, " matmul:f64") && strstr(w.unsup, " zeros:f64"),
             "%s", w.unsup);
   /* the message names the op, the dtypes and the backend */
@@ -1397,7 +1483,11 @@ Test(backend_ops, every_claimed_pair_through_dispatch_server, .timeout = 300) {
       dsp_meta om;
       int valid = dsp_op_infer(ictx, op, c.in, c.n_in, &c.a, &om) == 0;
       dsp_ctx_free(ictx);
-      if (!valid || !be->supports_op(be->bctx, op, c.in, c.n_in, &om)) continue;
+      if (!valid) continue;
+      /* claimed, or (a half dtype) widened to the f32 kernel: both run */
+      if (!be->supports_op(be->bctx, op, c.in, c.n_in, &om) &&
+          !widened_pair(be, op, &c, k, &om))
+        continue;
       if (dsp_op_lookup((int)op)->family == DSP_FAM_OPTIM) {
         llen += (size_t)snprintf(left + llen, sizeof left - llen, " %s:%s",
                                  name, dsp_dtype_name(k));

@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "dispatch_client.h"
 #include "dsp.h"
 #include "dsp_internal.h"
 #include "half.h"
@@ -483,4 +484,146 @@ Test(halfop, widening_temporaries_are_charged_and_freed_on_failure) {
    * the half result) fails cleanly with ENOMEM and leaks nothing */
   cr_assert_geq(failalloc_walk_op(DSP_OP_SOFTMAX, 1, in, &(dsp_attrs){.ints = {1}, .n_ints = 1}), 2);
   cr_assert_geq(failalloc_walk_op(DSP_OP_ADD, 2, (dsp_meta[]){in[0], in[0]}, &a), 3);
+  /* the native half matmul's f32 scratch too */
+  cr_assert_geq(failalloc_walk_op(DSP_OP_MATMUL, 2, in, &a), 2);
+}
+
+/* The native half matmul converts op(A) in blocks of rows (at least 64,
+ * fewer when K + N is large): [200,1] @ [1,70000] runs in 4 blocks, and
+ * with ta the block is a column band of A stored [1,200]. Each product
+ * of two halves is exact in f32 and K = 1, so every element is the one
+ * rounding of a_i * b_j, bit for bit (a zero's sign aside). */
+Test(halfop, matmul_half_in_row_blocks_rounds_each_product_once) {
+  enum { M = 200, N = 70000 };
+  static double av[M], bv[N];
+  for (int i = 0; i < M; i++) av[i] = (i % 17 - 8) * 0.37;
+  for (int j = 0; j < N; j++) bv[j] = ((j * 7919) % 1001 - 500) * 0.013;
+  dsp_dtype hd[2] = {DSP_F16, DSP_BF16};
+  for (int k = 0; k < 2; k++)
+    for (int ta = 0; ta < 2; ta++) {
+      const int64_t sa[2] = {ta ? 1 : M, ta ? M : 1}, sb[2] = {1, N};
+      dsp_tensor *a = halfs(hd[k], 2, sa, av), *b = halfs(hd[k], 2, sb, bv);
+      int64_t fl[2] = {ta, 0};
+      dsp_attrs at = dsp_attrs_ints(2, fl);
+      dsp_tensor *c = tu_run(ctx, DSP_OP_MATMUL, &at, 2, a, b, NULL);
+      cr_assert_eq(c->meta.shape[0], M);
+      cr_assert_eq(c->meta.shape[1], N);
+      const uint16_t *pc = dsp_tensor_data(c);
+      for (int64_t i = 0; i < M; i++) {
+        float x = (float)hat(a, i);
+        for (int64_t j = 0; j < N; j++) {
+          float p = x * (float)hat(b, j);
+          uint16_t want = hd[k] == DSP_F16 ? dsp_f32_to_f16(p) : dsp_f32_to_bf16(p);
+          /* BLAS adds to a zeroed C: a -0 product comes out +0 (as f32) */
+          if (pc[i * N + j] != want && ((pc[i * N + j] | want) & 0x7fff))
+            cr_assert_fail("%s ta=%d: c[%lld][%lld] = %04x, want %04x",
+                           dsp_dtype_name(hd[k]), ta, (long long)i, (long long)j,
+                           pc[i * N + j], want);
+        }
+      }
+      dsp_tensor_unref(c), dsp_tensor_unref(a), dsp_tensor_unref(b);
+    }
+}
+
+/* Creation in half: arange's start + i * step rounded once from the
+ * double, uniform's upper bound kept exclusive after rounding (0.9999 in
+ * [0, 1) would round to 1.0 in f16 and bf16), normal rounded once. */
+Test(halfop, creation_ops_round_once_and_uniform_stays_below_hi) {
+  dsp_dtype hd[2] = {DSP_F16, DSP_BF16};
+  for (int k = 0; k < 2; k++) {
+    const int f16 = hd[k] == DSP_F16;
+    dsp_tensor *t;
+    /* arange(2049, 2049 + 2999.5 * step, step 1 + 2^-10): 3000 values */
+    int64_t ai[1] = {hd[k]};
+    dsp_attrs aa = dsp_attrs_ints(1, ai);
+    aa.floats[0] = 2049, aa.floats[1] = 2049 + 2999.5 * 1.0009765625,
+    aa.floats[2] = 1.0009765625, aa.n_floats = 3;
+    cr_assert_eq(dsp_op(ctx, DSP_OP_ARANGE, NULL, 0, &aa, &t), 0, "%s", dsp_ctx_errmsg(ctx));
+    cr_assert_eq(t->numel, 3000);
+    for (int64_t i = 0; i < t->numel; i++) {
+      double v = 2049 + (double)i * 1.0009765625;
+      uint16_t want = f16 ? dsp_f64_to_f16(v) : dsp_f64_to_bf16(v);
+      cr_assert_eq(((uint16_t *)dsp_tensor_data(t))[i], want, "%s arange %lld",
+                   dsp_dtype_name(hd[k]), (long long)i);
+    }
+    dsp_tensor_unref(t);
+    int64_t ui[3] = {hd[k], 7, 100000};
+    dsp_attrs ua = dsp_attrs_ints(3, ui);
+    ua.floats[0] = 0, ua.floats[1] = 1, ua.n_floats = 2;
+    cr_assert_eq(dsp_op(ctx, DSP_OP_UNIFORM, NULL, 0, &ua, &t), 0, "%s", dsp_ctx_errmsg(ctx));
+    int top = 0;
+    for (int64_t i = 0; i < t->numel; i++) {
+      double v = hat(t, i);
+      cr_assert(v >= 0 && v < 1, "%s uniform element %lld is %g", dsp_dtype_name(hd[k]),
+                (long long)i, v);
+      top += v == (f16 ? 1 - 0x1p-11 : 1 - 0x1p-8);
+    }
+    cr_assert_gt(top, 0, "%s: the largest half below 1 never drawn", dsp_dtype_name(hd[k]));
+    dsp_tensor_unref(t);
+  }
+}
+
+/* ---- through the public API, on a LOCAL device ---------------------- */
+
+/* dispatch_cast on a LOCAL device: every f32 pattern of f32_patterns
+ * (NaNs, infinities, subnormals, ties and their neighbours) to f16 and
+ * bf16 and back, bit for bit against the oracle and the exact widening. */
+Test(half, local_cast_through_the_api_matches_the_reference_bits) {
+  enum { N = 1 << 15 };
+  static uint32_t b[N];
+  static uint16_t h[N];
+  static float back[N];
+  size_t n = f32_patterns(b, N);
+  dispatch_device *dev;
+  char err[256];
+  cr_assert_eq(dispatch_device_open("local", NULL, &dev, err, sizeof err), 0, "%s", err);
+  int64_t shape[1] = {(int64_t)n};
+  dispatch_tensor *x = NULL;
+  cr_assert_eq(dispatch_tensor_from_data(dev, DISPATCH_F32, 1, shape, b, n * 4, &x), 0);
+  const dispatch_dtype hd[2] = {DISPATCH_F16, DISPATCH_BF16};
+  for (int k = 0; k < 2; k++) {
+    const fmt *F = k ? &BF16 : &F16;
+    dispatch_tensor *y = NULL, *z = NULL;
+    cr_assert_eq(dispatch_cast(x, hd[k], &y), 0, "%s", dispatch_device_errmsg(dev));
+    cr_assert_eq(dispatch_tensor_read(y, h, n * 2), 0, "%s", dispatch_device_errmsg(dev));
+    cr_assert_eq(dispatch_cast(y, DISPATCH_F32, &z), 0, "%s", dispatch_device_errmsg(dev));
+    cr_assert_eq(dispatch_tensor_read(z, back, n * 4), 0, "%s", dispatch_device_errmsg(dev));
+    for (size_t i = 0; i < n; i++) {
+      float f = bitsf(b[i]);
+      uint16_t want = isnan(f) ? nan_of(b[i], F->mb, F->eb) : oracle(F, f);
+      cr_assert_eq(h[i], want, "%s: f32 %08x -> %04x, want %04x", k ? "bf16" : "f16",
+                   b[i], h[i], want);
+      float w = k ? dsp_bf16_to_f32(want) : dsp_f16_to_f32(want);
+      cr_assert_eq(fbits(back[i]), fbits(w), "%s: %04x -> f32 %08x", k ? "bf16" : "f16",
+                   want, fbits(back[i]));
+    }
+    dispatch_tensor_free(y);
+    dispatch_tensor_free(z);
+  }
+  dispatch_tensor_free(x);
+  dispatch_device_close(dev);
+}
+
+/* An optimizer step on half tensors runs widened too: the f32 step on f32
+ * copies, then the parameter and its state written back into the half
+ * tensors themselves (in place, as the step's contract says). */
+Test(halfop, widened_optimizer_step_writes_back_in_place) {
+  static const int64_t S[] = {3};
+  const double pv[] = {1.0, -2.0, 0.25}, gv[] = {0.5, 1.5, -4.0}, vv[] = {0, 0, 0};
+  dsp_tensor *p = halfs(DSP_BF16, 1, S, pv), *g = halfs(DSP_BF16, 1, S, gv),
+             *v = halfs(DSP_BF16, 1, S, vv);
+  dsp_attrs a = dsp_attrs_none();
+  a.floats[0] = 0.1, a.n_floats = 3; /* lr 0.1, no momentum, no decay */
+  dsp_tensor *in[3] = {p, g, v}, *out = NULL;
+  cr_assert_eq(dsp_op(ctx, DSP_OP_SGD_STEP, in, 3, &a, &out), 0, "%s", dsp_ctx_errmsg(ctx));
+  cr_assert_eq(out, p, "the step's output is the parameter itself");
+  for (int i = 0; i < 3; i++) {
+    /* the f32 step (computed in double, rounded to f32), then bf16 */
+    float want = (float)(pv[i] - 0.1 * gv[i]);
+    cr_assert_eq(((uint16_t *)dsp_tensor_data(p))[i], dsp_f32_to_bf16(want), "param %d: %g",
+                 i, hat(p, i));
+    cr_assert_eq(hat(v, i), gv[i], "velocity %d", i);
+  }
+  dsp_tensor_unref(out);
+  dsp_tensor_unref(p), dsp_tensor_unref(g), dsp_tensor_unref(v);
 }

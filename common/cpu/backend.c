@@ -218,7 +218,7 @@ static void cpu_stage_release(void *bctx, void *token) {
 #define FDI_ (F_ | D_ | I_)
 #define ALL_ (F_ | D_ | I_ | B_)
 /* The half dtypes: claimed only where a kernel has a half loop of its own
- * (the copies of the shape family, cast, the constant fills, matmul).
+ * (the copies of the shape family, cast, the creation ops, matmul).
  * Every other op reaches half through dsp_op_inferred's widening
  * (common/op.c), which asks this table for the f32 op and the casts. */
 #define H_ ((1u << DSP_F16) | (1u << DSP_BF16))
@@ -252,7 +252,7 @@ static const struct cpu_row {
     {DSP_OP_BROADCAST_TO, ALL_ | H_}, {DSP_OP_INDEX_SELECT, ALL_ | H_},
     {DSP_OP_CAST, ALL_ | H_}, {DSP_OP_SLICE_BACKWARD, ALL_ | H_},
     {DSP_OP_INDEX_SELECT_BACKWARD, FDI_},
-    {DSP_OP_MATMUL, FD_},
+    {DSP_OP_MATMUL, FD_ | H_},
     {DSP_OP_SOFTMAX, FD_}, {DSP_OP_LOG_SOFTMAX, FD_},
     {DSP_OP_SOFTMAX_BACKWARD, FD_}, {DSP_OP_LOG_SOFTMAX_BACKWARD, FD_},
     {DSP_OP_CROSS_ENTROPY, FD_}, {DSP_OP_CROSS_ENTROPY_BACKWARD, FD_},
@@ -272,7 +272,8 @@ static const struct cpu_row {
     {DSP_OP_CROSS_ENTROPY_EX, FD_}, {DSP_OP_CROSS_ENTROPY_EX_BACKWARD, FD_},
     {DSP_OP_AVG_POOL2D_EX, FD_}, {DSP_OP_CONV2D_BIAS, FD_},
     {DSP_OP_ZEROS, ALL_ | H_}, {DSP_OP_ONES, ALL_ | H_}, {DSP_OP_FULL, ALL_ | H_},
-    {DSP_OP_ARANGE, FDI_}, {DSP_OP_UNIFORM, FD_}, {DSP_OP_NORMAL, FD_},
+    {DSP_OP_ARANGE, FDI_ | H_}, {DSP_OP_UNIFORM, FD_ | H_},
+    {DSP_OP_NORMAL, FD_ | H_},
     {DSP_OP_SGD_STEP, FD_}, {DSP_OP_ADAM_STEP, FD_}, {DSP_OP_ADAMW_STEP, FD_},
 };
 _Static_assert(sizeof g_cpu_ops / sizeof g_cpu_ops[0] == DSP__OP_COUNT,

@@ -114,7 +114,10 @@ int dsp__cpu_ce_ex(dsp_ctx *ctx, dsp_opcode op, dsp_tensor *const *in,
   const int64_t *lab = dsp_tensor_data(in[bw + 1]);
   int64_t bad = dsp__ce_ex_bad_label(&g, lab);
   if (bad >= 0) return dsp__ce_ex_label_err(ctx, op, &g, bad, lab[bad]);
-  int f = in[bw]->meta.dtype == DSP_F64;
+  const dsp_dtype dt = in[bw]->meta.dtype;
+  if (dt != DSP_F32 && dt != DSP_F64) /* half: reached only through f32 */
+    return dsp__no_kernel(ctx, op, in, n_in, out);
+  int f = dt == DSP_F64;
   if (bw)
     return ce_backward(ctx, op, &g, f, dsp_tensor_data(in[0]),
                        dsp_tensor_data(in[1]), lab, dsp_tensor_data(out));
