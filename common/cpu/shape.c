@@ -8,6 +8,7 @@
 #include "cpu.h"
 #include "kern_iter.h"
 #include "ops_plan.h"
+#include "par.h"
 
 #define opname dsp__opname
 
@@ -21,30 +22,42 @@ static int64_t prod(const int64_t *s, int from, int to) {
   return p;
 }
 
-/* Copies out->numel elements of size es from src, visiting src through a
- * strided iterator in output order; 1 when ctx was cancelled between rows
- * (dst partly written), -1 for an element size it has no loop for, else
- * 0. */
-static int strided_copy(dsp_ctx *ctx, const dsp_iter *it, const char *src,
-                        char *dst, size_t es) {
+/* A strided copy is cut into chunks of whole rows, about SC_GRAIN
+ * elements each, that the backend's threads share (par.h); a copy gives
+ * the same bits whoever makes it. */
+#define SC_GRAIN ((int64_t)1 << 14)
+
+typedef struct sc_job {
+  dsp_ctx *ctx;
+  const dsp_iter *it;
+  const char *src;
+  char *dst;
+  size_t es;
+} sc_job;
+
+/* Rows [lo, hi) of a strided copy; 1 when ctx was cancelled, -1 for an
+ * element size it has no loop for (nothing written), else 0. */
+static int sc_block(const sc_job *j, int64_t lo, int64_t hi) {
+  const dsp_iter *it = j->it;
   int64_t idx[DSP_MAX_DIMS] = {0}, off[3] = {0, 0, 0}, pw = 0;
   int stop = 0;
   const int64_t s = it->st[0][it->nd - 1], inner = it->inner;
+  dsp__iter_seek(it, lo, idx, off);
 #define SC_T(T)                                                              \
   do {                                                                       \
-    const T *S_ = (const T *)src;                                            \
-    T *D_ = (T *)dst;                                                        \
-    for (int64_t r = 0; r < it->rows && !stop; r++) {                        \
+    const T *S_ = (const T *)j->src;                                         \
+    T *D_ = (T *)j->dst;                                                     \
+    for (int64_t r = lo; r < hi && !stop; r++) {                             \
       const T *p = S_ + off[0];                                              \
       T *q = D_ + r * inner;                                                 \
       if (s == 1) memcpy(q, p, (size_t)inner * sizeof(T));                   \
       else if (s == 0) for (int64_t j = 0; j < inner; j++) q[j] = p[0];      \
       else for (int64_t j = 0; j < inner; j++) q[j] = p[j * s];              \
       dsp__iter_step(it, idx, off);                                          \
-      stop = dsp__poll(ctx, &pw, inner);                                     \
+      stop = dsp__poll(j->ctx, &pw, inner);                                  \
     }                                                                        \
   } while (0)
-  switch (es) {
+  switch (j->es) {
     case 1: SC_T(uint8_t); break;
     case 4: SC_T(uint32_t); break;
     case 8: SC_T(uint64_t); break;
@@ -52,6 +65,24 @@ static int strided_copy(dsp_ctx *ctx, const dsp_iter *it, const char *src,
   }
 #undef SC_T
   return stop;
+}
+
+static int sc_chunk(void *arg, int64_t lo, int64_t hi, int lane) {
+  (void)lane;
+  return sc_block(arg, lo, hi) != 0;
+}
+
+/* Copies out->numel elements of size es from src, visiting src through a
+ * strided iterator in output order; 1 when ctx was cancelled between rows
+ * (dst partly written), -1 for an element size it has no loop for, else
+ * 0. */
+static int strided_copy(dsp_ctx *ctx, const dsp_iter *it, const char *src,
+                        char *dst, size_t es) {
+  sc_job j = {.ctx = ctx, .it = it, .src = src, .dst = dst, .es = es};
+  if (sc_block(&j, 0, 0) < 0) return -1;
+  const int64_t grain =
+      it->inner >= SC_GRAIN || it->inner < 1 ? 1 : SC_GRAIN / it->inner;
+  return dsp__par_for(ctx, it->rows, grain, sc_chunk, &j);
 }
 
 /* float -> i64 without undefined behaviour: truncates toward zero,
