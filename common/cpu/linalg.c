@@ -11,6 +11,7 @@
  * is a single product. */
 #include <cblas.h>
 #include <limits.h>
+#include <string.h>
 
 #include "cpu.h"
 #include "ops_plan.h"
@@ -83,8 +84,9 @@ static int mm_gemm_t(dsp_ctx *ctx, dsp_dtype dt, int ta, int tb, int m, int n,
 
 /* Runs the product: results only depend on the operands (each output
  * element comes from one gemm call of a fixed cut, with a fixed K order),
- * so repeated runs are bit-identical, whatever the thread count. An empty product (M, N or batch 0) writes nothing; an
- * empty K leaves the zeroed output as the correct all-zero result. */
+ * so repeated runs are bit-identical, whatever the thread count. An empty
+ * product (M, N or batch 0) writes nothing; an empty K writes the
+ * all-zero result (the output arrives unzeroed: backend.c). */
 int dsp__cpu_linalg(dsp_ctx *ctx, dsp_opcode op, dsp_tensor *const *in,
                     int n_in, const dsp_attrs *a, dsp_tensor *out) {
   if (op != DSP_OP_MATMUL ||
@@ -100,7 +102,12 @@ int dsp__cpu_linalg(dsp_ctx *ctx, dsp_opcode op, dsp_tensor *const *in,
   rc = dsp__mm_plan(ctx, &eff[0], &eff[1], &va, &vb, &bshape, &om);
   if (rc < 0) return rc;
   int64_t M = va.rows, K = va.cols, N = vb.cols;
-  if (out->numel == 0 || K == 0) return 0;
+  if (out->numel == 0) return 0;
+  if (K == 0) { /* the sum of no products; the output is not zeroed */
+    memset(dsp_tensor_data(out), 0,
+           (size_t)out->numel * dsp_dtype_size(out->meta.dtype));
+    return 0;
+  }
   dsp_dtype dt = in[0]->meta.dtype;
   size_t es = dsp_dtype_size(dt);
   const char *pa = dsp_tensor_data(in[0]), *pb = dsp_tensor_data(in[1]);

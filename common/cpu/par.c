@@ -39,9 +39,10 @@ static struct {
   atomic_uint gen;  /* bumped (under mu) for each job published */
   par_job *job;     /* under mu: the job helpers may join, or NULL */
   atomic_flag busy; /* set while a caller owns the pool */
+  atomic_int cap;   /* dsp__par_set_threads: 0 none, else at most cap lanes */
   pthread_t th[PAR_MAX_THREADS];
 } g_par = {PTHREAD_ONCE_INIT, PTHREAD_MUTEX_INITIALIZER,
-           PTHREAD_COND_INITIALIZER, 0, 0, NULL, ATOMIC_FLAG_INIT, {0}};
+           PTHREAD_COND_INITIALIZER, 0, 0, NULL, ATOMIC_FLAG_INIT, 0, {0}};
 
 static inline void cpu_relax(void) {
 #if defined(__x86_64__) || defined(__i386__)
@@ -161,8 +162,14 @@ int dsp__par_lanes(int64_t chunks) {
   pthread_once(&g_par.once, par_start_once);
   if (g_par.nhelp == 0) return 1;
   int64_t lanes = (int64_t)g_par.nhelp + 1;
+  const int cap = atomic_load_explicit(&g_par.cap, memory_order_relaxed);
+  if (cap > 0 && cap < lanes) lanes = cap;
   if (chunks >= 1 && chunks < lanes) lanes = chunks;
   return (int)lanes;
+}
+
+void dsp__par_set_threads(int n) {
+  atomic_store(&g_par.cap, n > 0 ? n : 0);
 }
 
 int dsp__par_for(dsp_ctx *ctx, int64_t n, int64_t grain, dsp_par_fn fn,

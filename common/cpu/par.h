@@ -43,6 +43,11 @@ int dsp__par_for(dsp_ctx *ctx, int64_t n, int64_t grain, dsp_par_fn fn,
  * change between this call and the job. */
 int dsp__par_lanes(int64_t chunks);
 
+/* At most n threads (the caller included) for the jobs that start from
+ * now on; 0 lifts the cap. The pool's size stays what it is. For tests
+ * and benchmarks that compare thread counts in one process. */
+void dsp__par_set_threads(int n);
+
 /* Makes OpenBLAS single-threaded again if something set it otherwise: the
  * pool is the backend's only parallelism, BLAS runs inside its chunks
  * (OpenBLAS's own threads cut a product by their number, which changes

@@ -1,7 +1,10 @@
 /* shape family, CPU kernels (inference: common/ops_shape.c).
  *
- * The output arrives allocated and zeroed by dsp_op; reshape copies rather
- * than aliasing for that reason. */
+ * The output arrives allocated but NOT zeroed (the CPU backend's
+ * writes_every_element, common/cpu/backend.c): every kernel here writes
+ * every element of its result, the two scatters (slice_backward,
+ * index_select_backward) by zeroing it first. Reshape copies rather than
+ * aliasing: an output owns its storage. */
 #include <math.h>
 #include <string.h>
 
@@ -237,6 +240,8 @@ int dsp__cpu_shape(dsp_ctx *ctx, dsp_opcode op, dsp_tensor *const *in, int n_in,
       const int64_t outer = prod(big->shape, 0, dim);
       const size_t blk = (size_t)prod(big->shape, dim + 1, big->ndim) * es;
       if (blk == 0) return 0;
+      /* the backward writes the slice's elements only: the rest are 0 */
+      if (bw) memset(po, 0, (size_t)out->numel * es);
       int64_t pw = 0;
       for (int64_t o = 0; o < outer; o++)
         for (int64_t k = 0; k < len; k++) {
@@ -296,6 +301,7 @@ int dsp__cpu_shape(dsp_ctx *ctx, dsp_opcode op, dsp_tensor *const *in, int n_in,
         return rc;
       if ((rc = check_index_values(ctx, op, in[1], dim, a->ints[1])) < 0) return rc;
       if (out->numel == 0) return 0;
+      memset(po, 0, (size_t)out->numel * dsp_dtype_size(out->meta.dtype));
       return copy_result(ctx, op, in, n_in, out,
                          scatter_add(ctx, x, dsp_tensor_data(in[1]), dim, out));
     default:
