@@ -75,6 +75,15 @@ static int sc_chunk(void *arg, int64_t lo, int64_t hi, int lane) {
   return sc_block(arg, lo, hi) != 0;
 }
 
+/* elements [lo, hi) of a contiguous copy (reshape) */
+static int flat_chunk(void *arg, int64_t lo, int64_t hi, int lane) {
+  const sc_job *j = arg;
+  (void)lane;
+  memcpy(j->dst + (size_t)lo * j->es, j->src + (size_t)lo * j->es,
+         (size_t)(hi - lo) * j->es);
+  return 0;
+}
+
 /* Copies out->numel elements of size es from src, visiting src through a
  * strided iterator in output order; 1 when ctx was cancelled between rows
  * (dst partly written), -1 for an element size it has no loop for, else
@@ -205,9 +214,12 @@ int dsp__cpu_shape(dsp_ctx *ctx, dsp_opcode op, dsp_tensor *const *in, int n_in,
   char *po = dsp_tensor_data(out);
   int rc, dim;
   switch (op) {
-    case DSP_OP_RESHAPE:
-      if (out->numel) memcpy(po, px, (size_t)out->numel * es);
-      return 0;
+    case DSP_OP_RESHAPE: {
+      sc_job j = {.ctx = ctx, .src = px, .dst = po, .es = es};
+      return dsp__par_for(ctx, out->numel, SC_GRAIN, flat_chunk, &j)
+                 ? dsp__cancelled_err(ctx, op)
+                 : 0;
+    }
     case DSP_OP_PERMUTE:
     case DSP_OP_TRANSPOSE:
     case DSP_OP_BROADCAST_TO: {
