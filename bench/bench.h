@@ -42,6 +42,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "cpu/par.h"
 #include "dispatch_client.h"
 
 #define BENCH_CSV_HEADER                                                   \
@@ -606,6 +607,16 @@ static inline int bench_best_variant(double *const *t, int nvar, int n) {
   }
   free(tmp);
   return best;
+}
+
+/* n threads for what runs next in this process: OpenBLAS called directly
+ * (the plain-C and raw BLAS variants) and the LOCAL device's kernels (the
+ * CPU backend's pool, which runs OpenBLAS single-threaded in its chunks
+ * and so ignores OpenBLAS's own setting). */
+extern void openblas_set_num_threads(int n);
+static inline void bench_threads(int n) {
+  openblas_set_num_threads(n);
+  dsp__par_set_threads(n);
 }
 
 #endif

@@ -52,7 +52,7 @@ static double run_dispatch(variant *v, int block) {
     float loss;
     gr_batch_offsets(&v->rng, &g_corpus, off);
     gr_windows(&g_corpus, 0, off, GR_BATCH, xb, yb);
-    openblas_set_num_threads(2);
+    bench_threads(2);
     double t0 = bench_now();
     if (gm_step(&v->m, v->step++, xb, yb, &loss) < 0 || !isfinite(loss)) {
       snprintf(v->why, sizeof v->why, "step %ld failed", v->step);

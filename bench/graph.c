@@ -334,7 +334,7 @@ static void model_free(model *m) {
 enum { LOCAL1, LOCAL2, REMOTE, RGRAPH, NMODEL };
 
 static int run_block(model *ms, int i, int n, int record) {
-  if (i == LOCAL1 || i == LOCAL2) openblas_set_num_threads(i == LOCAL1 ? 1 : 2);
+  if (i == LOCAL1 || i == LOCAL2) bench_threads(i == LOCAL1 ? 1 : 2);
   for (int k = 0; k < n; k++)
     if (step(&ms[i], record ? &ms[i].t[k] : NULL) < 0) return -1;
   return 0;

@@ -256,7 +256,7 @@ int main(void) {
         int v = bench_turn(r, j, NVAR);
         usleep(quick ? 1000 : GAP_US);
         if (v == V_BLAS1 || v == V_BLAS2) {
-          openblas_set_num_threads(v == V_BLAS1 ? 1 : 2);
+          bench_threads(v == V_BLAS1 ? 1 : 2);
           tv[v] = INFINITY;
           for (int w = 0; w < 2; w++) { /* the faster of two, back to back */
             double t0 = bench_now();
@@ -266,7 +266,7 @@ int main(void) {
             if (dt < tv[v]) tv[v] = dt;
           }
         } else if (v == V_LOCAL) {
-          openblas_set_num_threads(2);
+          bench_threads(2);
           tv[v] = best_of_two(local, la, lb, lerr, sizeof lerr);
         } else {
           tv[v] = best_of_two(remote, ra, rb, rerr, sizeof rerr);

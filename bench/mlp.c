@@ -322,7 +322,7 @@ enum { LOCAL1, LOCAL2, REMOTE, PERPARAM, PLAIN1, PLAIN2, NMODEL };
  * thread count its variant asks for. 0 or the failed step's code. */
 static int run_block(model *ms, int i, int n, int record) {
   if (i == LOCAL1 || i == LOCAL2 || i == PLAIN1 || i == PLAIN2)
-    openblas_set_num_threads(i == LOCAL1 || i == PLAIN1 ? 1 : 2);
+    bench_threads(i == LOCAL1 || i == PLAIN1 ? 1 : 2);
   for (int k = 0; k < n; k++) {
     int rc = step(&ms[i], record);
     if (rc < 0) return rc;

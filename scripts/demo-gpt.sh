@@ -10,7 +10,9 @@ STEPS=${GPT_STEPS:-2000}
 . "$(dirname "$0")/local-server.sh"
 local_server_start demo-gpt
 echo "== training the GPT on tcp://127.0.0.1:$port for $STEPS steps"
+start=$SECONDS
 "$BUILD/examples/train_gpt" --device "tcp://127.0.0.1:$port" --steps "$STEPS"
+echo "== $STEPS steps, validation and sample through the server: $((SECONDS - start)) s"
 local_server_stop
 if [ "${GPT_LOCAL:-0}" = 1 ]; then
   echo "== the same training on the local device"

@@ -5,14 +5,13 @@
 #include "group.h"
 #include "sv.h"
 
-/* OpenBLAS threads: every core for each call, as a local program gets.
- * Splitting the cores between the workers (cores / --threads) halved a
- * lone session's matmul on 2 cores (remote 0.5x of local); when several
- * workers call OpenBLAS at once, its server runs the calls in turn rather
- * than oversubscribing. */
-extern void openblas_set_num_threads(int n);
-extern int openblas_get_num_procs(void);
-
+/* Threads for kernels: the CPU backend's pool (common/cpu/par.h), shared
+ * by every worker: a lone session's kernels use every core
+ * (DISPATCH_CPU_THREADS overrides the count), two sessions' kernels at
+ * once each run on their own worker's thread, and OpenBLAS runs
+ * single-threaded inside the pool's chunks (its own threads, every core
+ * for each call before, spun in sched_yield between calls: a quarter of
+ * a training step's CPU time on 2 cores). */
 int main(int argc, char **argv) {
   sv_config cfg;
   sv_config_defaults(&cfg);
@@ -25,8 +24,6 @@ int main(int argc, char **argv) {
   /* a reload asked for while the server starts must not end it: the loop
    * takes SIGHUP over before the port is announced (reload.c) */
   signal(SIGHUP, SIG_IGN);
-  int procs = openblas_get_num_procs();
-  openblas_set_num_threads(procs < 1 ? 1 : procs);
   dsp_cpu_cache_set_limit((size_t)cfg.storage_cache);
   /* --mpi: MPI_Init (on the group's thread) only here, so a server
    * without it never touches MPI; the port becomes --listen's + rank */

@@ -775,7 +775,8 @@ int dispatch_batch_norm(dispatch_tensor *x, dispatch_tensor *running_mean,
  * output row of 0 and passes no gradient; PyTorch gives NaN there.
  * Memory: no [Tq, Tk] matrix per head; the CPU kernel holds scores for 64
  * query rows at a time (min(64, Tq) * Tk elements, twice that for the
- * gradient), the CUDA kernels one row's running softmax in registers (the
+ * gradient) in each of its threads (DISPATCH_CPU_THREADS: heads run in
+ * parallel), the CUDA kernels one row's running softmax in registers (the
  * gradient 16 bytes a query row of scratch).
  * Inputs are borrowed, *out is a new reference (scoped). Errors:
  * DISPATCH_EDTYPE (not float, mixed dtypes, key_mask not bool),

@@ -30,8 +30,10 @@
  * block itself, and accumulates dk and dv over the query blocks in a
  * fixed order. f32 runs sgemm with f32 scratch and the softmax in double;
  * f64 dgemm. Results depend only on the inputs (fixed block order, one
- * gemm per product), so runs are bit-identical; the BLAS threads are the
- * only threads, as for matmul. */
+ * gemm per product), so runs are bit-identical; the (batch, head) pairs
+ * are shared out to the backend's threads (par.h), one scratch per
+ * thread (so the extra memory above is per thread running the op), and a
+ * head's result does not depend on which thread ran it. */
 #include <cblas.h>
 #include <math.h>
 #include <stdint.h>
@@ -39,6 +41,7 @@
 
 #include "cpu.h"
 #include "ops_plan.h"
+#include "par.h"
 
 /* C[m,n] = alpha op(A) op(B) + beta C (beta 0 or 1), row-major, in the
  * dtype (f64: double). An empty k gives beta C, so no BLAS call ever sees
@@ -167,6 +170,46 @@ static int head_backward(dsp_ctx *ctx, const attn_head *h, char *dq, char *dk,
   return 0;
 }
 
+/* The heads are independent: chunks of ATTN_GRAIN (batch, head) pairs go
+ * to the backend's threads (par.h), each with its own lane of scratch, and
+ * a head's arithmetic is the same whichever thread runs it. */
+#define ATTN_GRAIN 1
+
+typedef struct attn_job {
+  dsp_ctx *ctx; /* for dsp__poll only */
+  attn_head h; /* geometry and dtype; the head's pointers are per chunk */
+  int bw;
+  const char *Q, *K, *V, *G;
+  const uint8_t *M;
+  char *o, *dk0, *dv0, *scratch;
+  size_t qs, ks, vs, os, blk, lane_bytes;
+} attn_job;
+
+static int attn_chunk(void *arg, int64_t lo, int64_t hi, int lane) {
+  const attn_job *j = arg;
+  const dsp_attn_geo *g = j->h.g;
+  attn_head h = j->h;
+  h.S = j->scratch + (size_t)lane * j->lane_bytes;
+  h.dP = j->bw ? h.S + j->blk : NULL;
+  int64_t pw = 0;
+  for (int64_t bh = lo; bh < hi; bh++) {
+    h.q = j->Q + (size_t)bh * j->qs, h.k = j->K + (size_t)bh * j->ks;
+    h.v = j->V + (size_t)bh * j->vs;
+    h.mask = j->M ? j->M + (size_t)((bh / g->H) * g->Tk) : NULL;
+    int stop;
+    if (!j->bw) {
+      stop = head_forward(j->ctx, &h, j->o + (size_t)bh * j->os, &pw);
+    } else {
+      h.dout = j->G + (size_t)bh * j->os;
+      stop = head_backward(j->ctx, &h, j->o + (size_t)bh * j->qs,
+                           j->dk0 + (size_t)bh * j->ks,
+                           j->dv0 + (size_t)bh * j->vs, &pw);
+    }
+    if (stop) return 1;
+  }
+  return 0;
+}
+
 int dsp__cpu_attn(dsp_ctx *ctx, dsp_opcode op, dsp_tensor *const *in,
                   int n_in, const dsp_attrs *a, dsp_tensor *out) {
   dsp_meta metas[DSP_MAX_INPUTS], om;
@@ -180,36 +223,29 @@ int dsp__cpu_attn(dsp_ctx *ctx, dsp_opcode op, dsp_tensor *const *in,
   const dsp_dtype dt = in[bw]->meta.dtype;
   if (dt != DSP_F32 && dt != DSP_F64)
     return dsp__no_kernel(ctx, op, in, n_in, out);
-  attn_head h = {.g = &g, .f64 = dt == DSP_F64, .es = dsp_dtype_size(dt)};
+  attn_job j = {.h = {.g = &g, .f64 = dt == DSP_F64, .es = dsp_dtype_size(dt)},
+                .bw = bw, .ctx = ctx};
   const int64_t rows = g.Tq < DSP_ATTN_QBLOCK ? g.Tq : DSP_ATTN_QBLOCK;
-  const size_t blk = (size_t)(rows * g.Tk) * h.es;
-  const size_t sn = blk * (bw ? 2u : 1u);
+  j.blk = (size_t)(rows * g.Tk) * j.h.es;
+  j.lane_bytes = j.blk * (bw ? 2u : 1u);
+  const int64_t nheads = g.B * g.H;
+  dsp__par_blas_single();
+  const int lanes = dsp__par_lanes(dsp__par_nchunks(nheads, ATTN_GRAIN));
+  const size_t sn = j.lane_bytes * (size_t)lanes;
   void *scratch = NULL;
   if (sn && (rc = dsp__scratch_alloc(ctx, sn, "attention scores", &scratch)) < 0)
     return rc;
-  h.S = scratch;
-  h.dP = bw ? (char *)scratch + blk : NULL;
-  const char *Q = dsp_tensor_data(in[bw]), *K = dsp_tensor_data(in[bw + 1]),
-             *V = dsp_tensor_data(in[bw + 2]);
-  const uint8_t *M = g.has_mask ? dsp_tensor_data(in[bw + 3]) : NULL;
-  const char *G = bw ? dsp_tensor_data(in[0]) : NULL;
-  char *o = dsp_tensor_data(out);
-  const size_t qs = (size_t)(g.Tq * g.d) * h.es, ks = (size_t)(g.Tk * g.d) * h.es,
-               vs = (size_t)(g.Tk * g.dv) * h.es, os = (size_t)(g.Tq * g.dv) * h.es;
-  char *dk0 = o + (size_t)(g.B * g.H) * qs, *dv0 = dk0 + (size_t)(g.B * g.H) * ks;
-  int64_t pw = 0;
-  int stop = 0;
-  for (int64_t bh = 0; bh < g.B * g.H && !stop; bh++) {
-    h.q = Q + (size_t)bh * qs, h.k = K + (size_t)bh * ks, h.v = V + (size_t)bh * vs;
-    h.mask = M ? M + (size_t)((bh / g.H) * g.Tk) : NULL;
-    if (!bw) {
-      stop = head_forward(ctx, &h, o + (size_t)bh * os, &pw);
-    } else {
-      h.dout = G + (size_t)bh * os;
-      stop = head_backward(ctx, &h, o + (size_t)bh * qs, dk0 + (size_t)bh * ks,
-                           dv0 + (size_t)bh * vs, &pw);
-    }
-  }
+  j.scratch = scratch;
+  j.Q = dsp_tensor_data(in[bw]), j.K = dsp_tensor_data(in[bw + 1]);
+  j.V = dsp_tensor_data(in[bw + 2]);
+  j.M = g.has_mask ? dsp_tensor_data(in[bw + 3]) : NULL;
+  j.G = bw ? dsp_tensor_data(in[0]) : NULL;
+  j.o = dsp_tensor_data(out);
+  j.qs = (size_t)(g.Tq * g.d) * j.h.es, j.ks = (size_t)(g.Tk * g.d) * j.h.es;
+  j.vs = (size_t)(g.Tk * g.dv) * j.h.es, j.os = (size_t)(g.Tq * g.dv) * j.h.es;
+  j.dk0 = j.o + (size_t)nheads * j.qs;
+  j.dv0 = j.dk0 + (size_t)nheads * j.ks;
+  int stop = dsp__par_for(ctx, nheads, ATTN_GRAIN, attn_chunk, &j);
   if (scratch) dsp__scratch_free(ctx, scratch, sn);
   return stop ? dsp__cancelled_err(ctx, op) : 0;
 }

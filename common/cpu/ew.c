@@ -1,7 +1,8 @@
 /* ew family, CPU kernels (inference and the dtype rules: common/ops_ew.c).
  *
- * Every kernel is a plain sequential loop, so results are bit-identical
- * from run to run. The scalar math inside the loops is that of
+ * Every kernel is a plain loop over its elements, each computed alone, so
+ * results are bit-identical from run to run and whichever of the
+ * backend's threads (par.h) runs which chunk. The scalar math inside the loops is that of
  * common/scalar_math.h, which the CUDA kernels share: one function per op
  * and dtype, inlined into the op's own loop (the switch on the op stays
  * outside the loop). Every dispatch switch ends in a default that refuses
@@ -13,6 +14,7 @@
 #include "cpu.h"
 #include "kern_iter.h"
 #include "ops_plan.h"
+#include "par.h"
 #include "scalar_math.h"
 
 #define opname dsp__opname
@@ -62,7 +64,8 @@ enum { BC_SAME, BC_ASCALAR, BC_BSCALAR, BC_GENERAL };
       const int64_t in_ = it.inner, sa_ = it.st[0][it.nd - 1],               \
                     sb_ = it.st[1][it.nd - 1];                               \
       int64_t pw_ = 0;                                                       \
-      for (int64_t r = 0; r < it.rows && !stop; r++) {                       \
+      dsp__iter_seek(&it, r0, idx_, off_);                                   \
+      for (int64_t r = r0; r < r1 && !stop; r++) {                           \
         const TA *a_ = A_ + off_[0], *b_ = B_ + off_[1];                     \
         TO *o_ = O_ + r * in_;                                               \
         if (sa_ == 1 && sb_ == 1) {                                          \
@@ -118,13 +121,14 @@ enum { BC_SAME, BC_ASCALAR, BC_BSCALAR, BC_GENERAL };
     default: return -1;                                                      \
   }
 
-/* One block of a binary op: n elements in a flat mode, or the whole
- * output in BC_GENERAL (which polls the cancel flag between rows itself).
- * Returns 1 when cancelled, -1 (nothing written) when there is no kernel
- * for op on dt. */
+/* One block of a binary op: n elements in a flat mode, or the rows
+ * [r0, r1) of the output in BC_GENERAL (which polls the cancel flag
+ * between rows itself). Returns 1 when cancelled, -1 (nothing written)
+ * when there is no kernel for op on dt. */
 static int bin_block(dsp_ctx *ctx, dsp_opcode op, dsp_dtype dt, int mode,
-                     dsp_iter it, const void *pa, const void *pb, void *po,
-                     int64_t n) {
+                     const dsp_iter *itp, const void *pa, const void *pb,
+                     void *po, int64_t n, int64_t r0, int64_t r1) {
+  const dsp_iter it = *itp;
   int stop = 0;
   if (is_cmp(op)) {
     switch (dt) {
@@ -147,9 +151,39 @@ static int bin_block(dsp_ctx *ctx, dsp_opcode op, dsp_dtype dt, int mode,
   return stop;
 }
 
-/* Binary op or comparison over broadcast inputs into out. The flat modes
- * run in blocks of DSP_POLL_WORK elements with a look at the cancel flag
- * before each. */
+/* Elementwise work is cut into chunks of EW_GRAIN elements (a broadcast
+ * op: of whole rows, about EW_GRAIN elements) that the backend's threads
+ * share (par.h); every element is computed by the same expression
+ * whichever thread runs its chunk, so the bits do not depend on the
+ * thread count. */
+#define EW_GRAIN ((int64_t)1 << 14)
+
+typedef struct ew_job {
+  dsp_ctx *ctx;
+  dsp_opcode op;
+  dsp_dtype dt;
+  int mode;
+  const dsp_iter *it;
+  const char *p0, *p1;
+  char *po;
+  size_t ei, eo;
+  const dsp_attrs *a;
+} ew_job;
+
+static int bin_chunk(void *arg, int64_t lo, int64_t hi, int lane) {
+  const ew_job *j = arg;
+  (void)lane;
+  if (j->mode == BC_GENERAL)
+    return bin_block(j->ctx, j->op, j->dt, j->mode, j->it, j->p0, j->p1,
+                     j->po, 0, lo, hi) != 0;
+  const char *a0 = j->p0 + (j->mode == BC_ASCALAR ? 0 : (size_t)lo * j->ei);
+  const char *b0 = j->p1 + (j->mode == BC_BSCALAR ? 0 : (size_t)lo * j->ei);
+  return bin_block(j->ctx, j->op, j->dt, j->mode, j->it, a0, b0,
+                   j->po + (size_t)lo * j->eo, hi - lo, 0, 0) != 0;
+}
+
+/* Binary op or comparison over broadcast inputs into out, in chunks with
+ * a look at the cancel flag before each. */
 static int run_binary(dsp_ctx *ctx, dsp_opcode op, dsp_tensor *const *in,
                       dsp_tensor *out) {
   const dsp_tensor *ta = in[0], *tb = in[1];
@@ -178,22 +212,20 @@ static int run_binary(dsp_ctx *ctx, dsp_opcode op, dsp_tensor *const *in,
                           "div: integer division by zero (divisor element %lld)",
                           (long long)i);
   }
+  /* an empty block finds a missing kernel before anything is written */
+  if (bin_block(ctx, op, dt, BC_SAME, &it, pa, pb, po, 0, 0, 0) < 0)
+    return dsp__no_kernel(ctx, op, in, 2, out);
+  ew_job j = {.ctx = ctx, .op = op, .dt = dt, .mode = mode, .it = &it,
+              .p0 = pa, .p1 = pb, .po = po, .ei = dsp_dtype_size(dt),
+              .eo = dsp_dtype_size(out->meta.dtype)};
+  int64_t total = n, grain = EW_GRAIN;
   if (mode == BC_GENERAL) {
-    int r = bin_block(ctx, op, dt, mode, it, pa, pb, po, n);
-    if (r < 0) return dsp__no_kernel(ctx, op, in, 2, out);
-    return r ? dsp__cancelled_err(ctx, op) : 0;
+    total = it.rows;
+    grain = it.inner >= EW_GRAIN || it.inner < 1 ? 1 : EW_GRAIN / it.inner;
   }
-  const size_t ei = dsp_dtype_size(dt), eo = dsp_dtype_size(out->meta.dtype);
-  for (int64_t i0 = 0; i0 < n; i0 += DSP_POLL_WORK) {
-    if (dsp_ctx_cancelled(ctx)) return dsp__cancelled_err(ctx, op);
-    int64_t nb = n - i0 < DSP_POLL_WORK ? n - i0 : DSP_POLL_WORK;
-    const char *a0 = (const char *)pa + (mode == BC_ASCALAR ? 0 : i0 * ei);
-    const char *b0 = (const char *)pb + (mode == BC_BSCALAR ? 0 : i0 * ei);
-    /* the first block finds a missing kernel before anything is written */
-    if (bin_block(ctx, op, dt, mode, it, a0, b0, (char *)po + i0 * eo, nb) < 0)
-      return dsp__no_kernel(ctx, op, in, 2, out);
-  }
-  return 0;
+  return dsp__par_for(ctx, total, grain, bin_chunk, &j)
+             ? dsp__cancelled_err(ctx, op)
+             : 0;
 }
 
 /* where(mask, a, b) with a three-way broadcast. */
@@ -456,34 +488,43 @@ static int run_masked_fill(dsp_ctx *ctx, dsp_tensor *const *in, double v,
   return stop ? dsp__cancelled_err(ctx, DSP_OP_MASKED_FILL) : 0;
 }
 
+/* Elements [lo, hi) of a scalar form, activation backward, clamp or
+ * unary op: 0, or -1 (nothing written) when there is no kernel. */
+static int un_block(const ew_job *j, int64_t lo, int64_t hi) {
+  const dsp_opcode op = j->op;
+  const dsp_dtype dt = j->dt;
+  const size_t off = (size_t)lo * j->ei;
+  const int64_t nb = hi - lo;
+  if (is_scalar(op))
+    return run_scalar(op, dt, j->p0 + off, j->a->floats[0], j->po + off, nb);
+  if (dsp__sm_is_act_bw(op))
+    return run_act_backward(op, dt, j->p0 + off, j->p1 + off, j->po + off, nb);
+  if (op == DSP_OP_CLAMP)
+    return run_clamp(dt, j->p0 + off, j->a->floats[0], j->a->floats[1],
+                     j->po + off, nb);
+  return run_unary(op, dt, j->p0 + off, j->po + off, nb);
+}
+
+static int un_chunk(void *arg, int64_t lo, int64_t hi, int lane) {
+  (void)lane;
+  return un_block(arg, lo, hi) != 0;
+}
+
 int dsp__cpu_ew(dsp_ctx *ctx, dsp_opcode op, dsp_tensor *const *in, int n_in,
                 const dsp_attrs *a, dsp_tensor *out) {
   if (is_arith(op) || is_cmp(op)) return run_binary(ctx, op, in, out);
   if (op == DSP_OP_WHERE) return run_where(ctx, in, out);
   if (op == DSP_OP_MASKED_FILL) return run_masked_fill(ctx, in, a->floats[0], out);
-  /* the rest map element i to element i: blocks of DSP_POLL_WORK
-   * elements with a look at the cancel flag before each */
-  const dsp_dtype dt = in[0]->meta.dtype;
-  const size_t es = dsp_dtype_size(dt);
-  const char *p0 = dsp_tensor_data(in[0]);
-  const char *p1 = n_in > 1 ? dsp_tensor_data(in[1]) : NULL;
-  char *po = dsp_tensor_data(out);
-  const int64_t n = out->numel;
-  for (int64_t i0 = 0; i0 < n; i0 += DSP_POLL_WORK) {
-    if (dsp_ctx_cancelled(ctx)) return dsp__cancelled_err(ctx, op);
-    int64_t nb = n - i0 < DSP_POLL_WORK ? n - i0 : DSP_POLL_WORK;
-    size_t off = (size_t)i0 * es;
-    int r;
-    if (is_scalar(op))
-      r = run_scalar(op, dt, p0 + off, a->floats[0], po + off, nb);
-    else if (dsp__sm_is_act_bw(op))
-      r = run_act_backward(op, dt, p0 + off, p1 + off, po + off, nb);
-    else if (op == DSP_OP_CLAMP)
-      r = run_clamp(dt, p0 + off, a->floats[0], a->floats[1], po + off, nb);
-    else
-      r = run_unary(op, dt, p0 + off, po + off, nb);
-    /* the first block finds a missing kernel before anything is written */
-    if (r < 0) return dsp__no_kernel(ctx, op, in, n_in, out);
-  }
-  return 0;
+  /* the rest map element i to element i: chunks of EW_GRAIN elements
+   * with a look at the cancel flag before each */
+  ew_job j = {.ctx = ctx, .op = op, .dt = in[0]->meta.dtype,
+              .p0 = dsp_tensor_data(in[0]),
+              .p1 = n_in > 1 ? dsp_tensor_data(in[1]) : NULL,
+              .po = dsp_tensor_data(out), .ei = dsp_dtype_size(in[0]->meta.dtype),
+              .a = a};
+  /* an empty block finds a missing kernel before anything is written */
+  if (un_block(&j, 0, 0) < 0) return dsp__no_kernel(ctx, op, in, n_in, out);
+  return dsp__par_for(ctx, out->numel, EW_GRAIN, un_chunk, &j)
+             ? dsp__cancelled_err(ctx, op)
+             : 0;
 }

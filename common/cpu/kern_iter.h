@@ -51,4 +51,17 @@ static inline void dsp__iter_step(const dsp_iter *it, int64_t *idx,
   }
 }
 
+/* Sets idx and off to where row `row` (0 <= row < it->rows) starts, as
+ * if dsp__iter_step had been called `row` times from zero: a chunk of rows
+ * starts there without walking the rows before it. */
+static inline void dsp__iter_seek(const dsp_iter *it, int64_t row,
+                                  int64_t *idx, int64_t *off) {
+  for (int k = 0; k < it->n; k++) off[k] = 0;
+  for (int d = it->nd - 2; d >= 0; d--) {
+    idx[d] = row % it->shape[d];
+    row /= it->shape[d];
+    for (int k = 0; k < it->n; k++) off[k] += idx[d] * it->st[k][d];
+  }
+}
+
 #endif

@@ -1,17 +1,19 @@
 /* linalg family, CPU kernel: matmul on OpenBLAS (inference:
  * common/ops_linalg.c).
  *
- * Each batch entry is one cblas_?gemm call straight on the tensors'
- * storage (no copies), with BLAS's transpose flags where the attributes
+ * Each batch entry is one product straight on the tensors' storage (no
+ * copies), cut into single-threaded cblas_?gemm calls the backend's
+ * threads share (mm_gemm_t), with BLAS's transpose flags where the attributes
  * ask for op(a) = a^T or op(b) = b^T (the matmul backward's g b^T and
  * a^T g, without copying a transpose first); when the right operand has
  * no batch (or only size-1 batch dims) and the left one is not
  * transposed, the left operand's batch folds into M and the whole product
- * is a single gemm.
+ * is a single product.
  *
  * f16 and bf16 (mm_half): sgemm on f32 copies, made block by block
  * (common/half.h's converters), accumulating in f32 and rounding each
- * result once. Debian's OpenBLAS 0.3.21 exports no sbgemm (nm -D shows
+ * result once; each block's product is the f32 one below, so it shares
+ * the backend's threads the same way. Debian's OpenBLAS 0.3.21 exports no sbgemm (nm -D shows
  * only support_avx512_bf16: it is built without BUILD_BFLOAT16), so
  * converting and calling sgemm is the one path here. Against dsp_op's
  * widening (whole f32 copies of both operands and of the result, as
@@ -23,22 +25,85 @@
  * beside f32 sgemm. */
 #include <cblas.h>
 #include <limits.h>
+#include <string.h>
 
 #include "cpu.h"
 #include "half.h"
 #include "ops_plan.h"
+#include "par.h"
 
 _Static_assert(DSP__OPS_IN_FAMILY(LINALG) == 1,
                "a new linalg op needs a case in dsp__cpu_linalg and a row in "
                "the CPU support table (common/cpu/backend.c)");
 
+/* One product C[m,n] = op(A) @ op(B), cut into chunks that the backend's
+ * threads share (par.h), each chunk one single-threaded BLAS call on its
+ * rows of C (MM_ROWS of them; fewer when a row is more than MM_BLOCK_WORK
+ * multiply-adds / MM_ROWS, so a huge product still looks at the cancel
+ * flag between chunks), or, for a product with few rows and enough
+ * columns (the weight gradient a^T g), on its MM_COLS columns of C. The
+ * cut depends only on m, n and k, never on the thread count, so the bits
+ * are the same for any number of threads (OpenBLAS's own threads would
+ * cut the product by their number, which changes the rounding: the pool
+ * runs it single-threaded). 1 when ctx was cancelled (C partly written),
+ * else 0. */
+#define MM_BLOCK_WORK ((int64_t)1 << 33)
+#define MM_ROWS 64
+#define MM_COLS 32
+
+typedef struct mm_job {
+  dsp_dtype dt;
+  int ta, tb, m, n, k, by_cols;
+  const char *a, *b;
+  char *c;
+} mm_job;
+
+static int mm_chunk(void *arg, int64_t lo, int64_t hi, int lane) {
+  const mm_job *j = arg;
+  (void)lane;
+  const size_t es = dsp_dtype_size(j->dt);
+  const int r0 = j->by_cols ? 0 : (int)lo, mb = j->by_cols ? j->m : (int)(hi - lo);
+  const int c0 = j->by_cols ? (int)lo : 0, nb = j->by_cols ? (int)(hi - lo) : j->n;
+  /* op(A) = A [m,k] (lda k) or A^T with A stored [k,m] (lda m); op(B) = B
+   * [k,n] (ldb n) or B^T with B stored [n,k] (ldb k) */
+  const int lda = j->ta ? j->m : j->k, ldb = j->tb ? j->k : j->n;
+  const CBLAS_TRANSPOSE oa = j->ta ? CblasTrans : CblasNoTrans,
+                        ob = j->tb ? CblasTrans : CblasNoTrans;
+  const char *ar = j->a + (size_t)(j->ta ? r0 : (int64_t)r0 * j->k) * es;
+  const char *bc = j->b + (size_t)(j->tb ? (int64_t)c0 * j->k : c0) * es;
+  char *cr = j->c + (size_t)((int64_t)r0 * j->n + c0) * es;
+  if (j->dt == DSP_F32)
+    cblas_sgemm(CblasRowMajor, oa, ob, mb, nb, j->k, 1.0f, (const float *)ar,
+                lda, (const float *)bc, ldb, 0.0f, (float *)cr, j->n);
+  else
+    cblas_dgemm(CblasRowMajor, oa, ob, mb, nb, j->k, 1.0, (const double *)ar,
+                lda, (const double *)bc, ldb, 0.0, (double *)cr, j->n);
+  return 0;
+}
+
+static int mm_par(dsp_ctx *ctx, dsp_dtype dt, int ta, int tb, int m, int n,
+                  int k, const char *a, const char *b, char *c) {
+  dsp__par_blas_single();
+  mm_job j = {.dt = dt, .ta = ta, .tb = tb, .m = m, .n = n, .k = k,
+              .a = a, .b = b, .c = c};
+  int64_t total = m, grain = MM_BLOCK_WORK / ((int64_t)n * k);
+  if (grain > MM_ROWS) grain = MM_ROWS;
+  if (grain < 1) grain = 1;
+  if (m < 4 * MM_ROWS && n >= 2 * MM_COLS &&
+      (int64_t)m * MM_COLS * k <= MM_BLOCK_WORK) {
+    j.by_cols = 1;
+    total = n, grain = MM_COLS;
+  }
+  return dsp__par_for(ctx, total, grain, mm_chunk, &j);
+}
+
 /* A half product, C = op(A) @ op(B) as mm_gemm_t's arguments say, on f32
  * copies: B whole (K*N floats), then per block of R rows of op(A) the
- * block's f32 copy (R*K) and its f32 result (R*N), rounded into C. R keeps
- * a block's two buffers near HALF_BLOCK_BYTES but at least 64 rows (BLAS
- * wants a tall block), so a product up to ~2048 square is one sgemm. The
- * scratch is charged to ctx's budget. 1 when cancelled, 0, or < 0 (no
- * memory for the scratch). */
+ * block's f32 copy (R*K) and its f32 result (R*N, mm_par's product, which
+ * the backend's threads share), rounded into C. R keeps a block's two
+ * buffers near HALF_BLOCK_BYTES but at least 64 rows, so a product up to
+ * ~2048 square is one block. The scratch is charged to ctx's budget. 1
+ * when cancelled, 0, or < 0 (no memory for the scratch). */
 #define HALF_BLOCK_BYTES ((int64_t)16 << 20)
 static int mm_half(dsp_ctx *ctx, const dsp_backend *be, dsp_dtype dt, int ta,
                    int tb, int m, int n, int k, const uint16_t *a,
@@ -58,7 +123,6 @@ static int mm_half(dsp_ctx *ctx, const dsp_backend *be, dsp_dtype dt, int ta,
   if (rc < 0) return rc;
   float *fb = dsp_tensor_data(scratch), *fa = fb + nb, *fc = fa + na;
   dsp_half_to_f32_n(dt, b, fb, nb);
-  const CBLAS_TRANSPOSE ob = tb ? CblasTrans : CblasNoTrans;
   int stop = 0;
   for (int64_t r = 0; r < m && !stop; r += R) {
     if (dsp_ctx_cancelled(ctx)) {
@@ -73,55 +137,31 @@ static int mm_half(dsp_ctx *ctx, const dsp_backend *be, dsp_dtype dt, int ta,
         dsp_half_to_f32_n(dt, a + (size_t)i * (size_t)m + (size_t)r,
                           fa + (size_t)i * (size_t)mb, (size_t)mb);
     }
-    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, ob, mb, n, k,
-                1.0f, fa, ta ? mb : k, fb, tb ? k : n, 0.0f, fc, n);
+    stop = mm_par(ctx, DSP_F32, ta, tb, mb, n, k, (const char *)fa,
+                  (const char *)fb, (char *)fc);
+    if (stop) break;
     dsp_f32_to_half_n(dt, fc, c + (size_t)r * (size_t)n, (size_t)mb * (size_t)n);
   }
   dsp_tensor_unref(scratch);
   return stop;
 }
 
-/* One product C[m,n] = A[m,k] @ B[k,n], in blocks of A's rows so that a
- * huge product looks at the cancel flag every ~2^33 multiply-adds. Each
- * block makes BLAS pack all of B again, so blocks stay large: every
- * product make bench runs (up to 2048^3 = 2^33) is still one call, and a
- * block is a fraction of a second at BLAS speed. 1 when ctx was cancelled
- * (C partly written), else 0; a half product (mm_half) can also fail
- * (< 0) for its scratch. */
-#define MM_BLOCK_WORK ((int64_t)1 << 33)
+/* One product of dtype dt: f16 and bf16 through mm_half, f32 and f64
+ * straight (mm_par). 1 when cancelled, 0, or < 0 (mm_half's scratch). */
 static int mm_gemm_t(dsp_ctx *ctx, const dsp_backend *be, dsp_dtype dt, int ta,
                      int tb, int m, int n, int k, const char *a, const char *b,
                      char *c) {
-  size_t es = dsp_dtype_size(dt);
   if (dt == DSP_F16 || dt == DSP_BF16)
     return mm_half(ctx, be, dt, ta, tb, m, n, k, (const uint16_t *)a,
                    (const uint16_t *)b, (uint16_t *)c);
-  int64_t bm = MM_BLOCK_WORK / ((int64_t)n * k);
-  if (bm < 1) bm = 1;
-  /* op(A) = A [m,k] (lda k) or A^T with A stored [k,m] (lda m); op(B) = B
-   * [k,n] (ldb n) or B^T with B stored [n,k] (ldb k) */
-  const int lda = ta ? m : k, ldb = tb ? k : n;
-  const CBLAS_TRANSPOSE oa = ta ? CblasTrans : CblasNoTrans,
-                        ob = tb ? CblasTrans : CblasNoTrans;
-  for (int64_t r = 0; r < m; r += bm) {
-    if (dsp_ctx_cancelled(ctx)) return 1;
-    int mb = (int)(m - r < bm ? m - r : bm);
-    const char *ar = a + (size_t)(ta ? r : r * k) * es;
-    char *cr = c + (size_t)(r * n) * es;
-    if (dt == DSP_F32)
-      cblas_sgemm(CblasRowMajor, oa, ob, mb, n, k, 1.0f, (const float *)ar,
-                  lda, (const float *)b, ldb, 0.0f, (float *)cr, n);
-    else
-      cblas_dgemm(CblasRowMajor, oa, ob, mb, n, k, 1.0, (const double *)ar,
-                  lda, (const double *)b, ldb, 0.0, (double *)cr, n);
-  }
-  return 0;
+  return mm_par(ctx, dt, ta, tb, m, n, k, a, b, c);
 }
 
 /* Runs the product: results only depend on the operands (each output
- * element comes from one gemm call with a fixed K order), so repeated runs
- * are bit-identical. An empty product (M, N or batch 0) writes nothing; an
- * empty K leaves the zeroed output as the correct all-zero result. */
+ * element comes from one gemm call of a fixed cut, with a fixed K order),
+ * so repeated runs are bit-identical, whatever the thread count. An empty
+ * product (M, N or batch 0) writes nothing; an empty K writes the
+ * all-zero result (the output arrives unzeroed: backend.c). */
 int dsp__cpu_linalg(dsp_ctx *ctx, dsp_opcode op, dsp_tensor *const *in,
                     int n_in, const dsp_attrs *a, dsp_tensor *out) {
   const dsp_dtype kt = in[0]->meta.dtype;
@@ -138,7 +178,12 @@ int dsp__cpu_linalg(dsp_ctx *ctx, dsp_opcode op, dsp_tensor *const *in,
   rc = dsp__mm_plan(ctx, &eff[0], &eff[1], &va, &vb, &bshape, &om);
   if (rc < 0) return rc;
   int64_t M = va.rows, K = va.cols, N = vb.cols;
-  if (out->numel == 0 || K == 0) return 0;
+  if (out->numel == 0) return 0;
+  if (K == 0) { /* the sum of no products; the output is not zeroed */
+    memset(dsp_tensor_data(out), 0,
+           (size_t)out->numel * dsp_dtype_size(out->meta.dtype));
+    return 0;
+  }
   dsp_dtype dt = in[0]->meta.dtype;
   const dsp_backend *be = in[0]->storage->backend;
   size_t es = dsp_dtype_size(dt);

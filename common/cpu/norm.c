@@ -5,15 +5,17 @@
  * double and rounded once when stored, for f32 as for f64. The norms take
  * each row's statistics in two passes (the mean, then the mean of squared
  * deviations from it), never E[x^2] - E[x]^2, so a row with a large
- * common offset keeps its variance. Every loop runs in a fixed order (rows
- * in order, each row left to right), so results are bit-identical run to
- * run and LOCAL to REMOTE. */
+ * common offset keeps its variance. Every row, and every column sum, is
+ * computed in a fixed order (a row left to right, a column top to
+ * bottom), whichever of the backend's threads runs it, so results are
+ * bit-identical run to run, LOCAL to REMOTE and for any thread count. */
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
 
 #include "cpu.h"
 #include "ops_plan.h"
+#include "par.h"
 
 #define opname dsp__opname
 
@@ -87,22 +89,117 @@ static void row_stats(const void *x, int f, int64_t base, int64_t D,
   *rstd = 1.0 / sqrt(v / (double)D + eps);
 }
 
-/* y = (x - mean) * rstd [* w] [+ b] per row */
+/* The rows of a norm are independent: chunks of about NORM_GRAIN
+ * elements' worth of whole rows go to the backend's threads (par.h). The
+ * backward's column sums (dw, db) are a second pass over chunks of
+ * NORM_COLS columns, each column summed over the rows in row order as a
+ * single thread would, so no result depends on the thread count. */
+#define NORM_GRAIN ((int64_t)1 << 13)
+#define NORM_COLS ((int64_t)16)
+
+typedef struct norm_job {
+  dsp_ctx *ctx;
+  dsp_opcode op;
+  const dsp_norm_geo *g;
+  int f;
+  const void *x, *w, *b, *gr;
+  void *y;
+  double *stats; /* backward: [rows][2] mean, rstd */
+  double *acc;   /* backward: [2][D] column sums, or NULL */
+} norm_job;
+
+static int64_t norm_row_grain(int64_t D) {
+  return D >= NORM_GRAIN ? 1 : NORM_GRAIN / (D > 0 ? D : 1);
+}
+
+/* y = (x - mean) * rstd [* w] [+ b] for rows [lo, hi) */
+static int norm_fwd_rows(void *arg, int64_t lo, int64_t hi, int lane) {
+  const norm_job *j = arg;
+  const dsp_norm_geo *g = j->g;
+  const int f = j->f;
+  int64_t pw = 0;
+  (void)lane;
+  for (int64_t r = lo; r < hi; r++) {
+    if (dsp__poll(j->ctx, &pw, 3 * g->D)) return 1;
+    const int64_t base = r * g->D;
+    double mean, rstd;
+    row_stats(j->x, f, base, g->D, g->centered, g->eps, &mean, &rstd);
+    for (int64_t jj = 0; jj < g->D; jj++) {
+      double v = (dsp__ld(j->x, f, base + jj) - mean) * rstd;
+      if (j->w) v *= dsp__ld(j->w, f, jj);
+      if (j->b) v += dsp__ld(j->b, f, jj);
+      dsp__st(j->y, f, base + jj, v);
+    }
+  }
+  return 0;
+}
+
 static int k_norm_fwd(dsp_ctx *ctx, dsp_opcode op, const dsp_norm_geo *g,
                       int f, const void *x, const void *w, const void *b,
                       void *y) {
+  norm_job j = {.ctx = ctx, .op = op, .g = g, .f = f, .x = x, .w = w,
+                .b = b, .y = y};
+  return dsp__par_for(ctx, g->rows, norm_row_grain(g->D), norm_fwd_rows, &j)
+             ? dsp__cancelled_err(ctx, op)
+             : 0;
+}
+
+/* dx for rows [lo, hi), their mean and rstd kept for the column pass */
+static int norm_bw_rows(void *arg, int64_t lo, int64_t hi, int lane) {
+  const norm_job *j = arg;
+  const dsp_norm_geo *g = j->g;
+  const int f = j->f;
+  const int64_t D = g->D;
+  const void *gr = j->gr, *x = j->x, *w = j->w;
   int64_t pw = 0;
-  for (int64_t r = 0; r < g->rows; r++) {
-    if (dsp__poll(ctx, &pw, 3 * g->D)) return dsp__cancelled_err(ctx, op);
-    const int64_t base = r * g->D;
-    double mean, rstd;
-    row_stats(x, f, base, g->D, g->centered, g->eps, &mean, &rstd);
-    for (int64_t j = 0; j < g->D; j++) {
-      double v = (dsp__ld(x, f, base + j) - mean) * rstd;
-      if (w) v *= dsp__ld(w, f, j);
-      if (b) v += dsp__ld(b, f, j);
-      dsp__st(y, f, base + j, v);
+  (void)lane;
+  for (int64_t r = lo; r < hi; r++) {
+    if (dsp__poll(j->ctx, &pw, 4 * D)) return 1;
+    const int64_t base = r * D;
+    double mean, rstd, s1 = 0.0, s2 = 0.0;
+    row_stats(x, f, base, D, g->centered, g->eps, &mean, &rstd);
+    j->stats[2 * r] = mean, j->stats[2 * r + 1] = rstd;
+    for (int64_t c = 0; c < D; c++) {
+      double gw = dsp__ld(gr, f, base + c) * (w ? dsp__ld(w, f, c) : 1.0);
+      s1 += gw;
+      s2 += gw * ((dsp__ld(x, f, base + c) - mean) * rstd);
     }
+    s1 = g->centered ? s1 / (double)D : 0.0;
+    s2 /= (double)D;
+    for (int64_t c = 0; c < D; c++) {
+      double gj = dsp__ld(gr, f, base + c);
+      double xh = (dsp__ld(x, f, base + c) - mean) * rstd;
+      double gw = gj * (w ? dsp__ld(w, f, c) : 1.0);
+      dsp__st(j->y, f, base + c, rstd * (gw - s1 - xh * s2));
+    }
+  }
+  return 0;
+}
+
+/* the column sums of grad * xhat and of grad for columns [lo, hi), in
+ * local accumulators (the rows' loads then need no store between them) */
+static int norm_bw_cols(void *arg, int64_t lo, int64_t hi, int lane) {
+  const norm_job *j = arg;
+  const dsp_norm_geo *g = j->g;
+  const int f = j->f;
+  const int64_t D = g->D, nc = hi - lo;
+  double sx[NORM_COLS] = {0}, sg[NORM_COLS] = {0};
+  int64_t pw = 0;
+  (void)lane;
+  for (int64_t r = 0; r < g->rows; r++) {
+    if (dsp__poll(j->ctx, &pw, 2 * nc)) return 1;
+    const int64_t base = r * D + lo;
+    const double mean = j->stats[2 * r], rstd = j->stats[2 * r + 1];
+    for (int64_t c = 0; c < nc; c++) {
+      double gj = dsp__ld(j->gr, f, base + c);
+      double xh = (dsp__ld(j->x, f, base + c) - mean) * rstd;
+      sx[c] += gj * xh;
+      sg[c] += gj;
+    }
+  }
+  for (int64_t c = 0; c < nc; c++) {
+    j->acc[lo + c] = sx[c];
+    j->acc[D + lo + c] = sg[c];
   }
   return 0;
 }
@@ -111,57 +208,37 @@ static int k_norm_fwd(dsp_ctx *ctx, dsp_opcode op, const dsp_norm_geo *g,
  *   dx = rstd * (gw - mean(gw) - xhat * mean(gw * xhat))  (layer_norm)
  *   dx = rstd * (gw - xhat * mean(gw * xhat))             (rms_norm)
  *   dw = sum over rows of grad * xhat,  db = sum over rows of grad,
- * written flat as dx, then dw, then db. The column sums run in double
- * in a scratch of 2D doubles charged to the ctx's budget. */
+ * written flat as dx, then dw, then db. The rows' statistics (2 doubles a
+ * row) and the column sums (2D doubles, in double) are a scratch charged
+ * to the ctx's budget. */
 static int k_norm_bw(dsp_ctx *ctx, dsp_opcode op, const dsp_norm_geo *g,
                      int f, const void *gr, const void *x, const void *w,
                      void *o) {
   const int64_t D = g->D, n = g->rows * D;
   const int cols = g->has_w || g->has_b;
-  double *acc = NULL;
-  const size_t an = (size_t)(2 * D) * sizeof(double);
-  if (cols) {
-    int rc = dsp__scratch_alloc(ctx, an, "norm backward: column sums",
-                                (void **)&acc);
-    if (rc < 0) return rc;
-    memset(acc, 0, an);
-  }
-  int64_t pw = 0;
-  for (int64_t r = 0; r < g->rows; r++) {
-    if (dsp__poll(ctx, &pw, 5 * D)) {
-      if (acc) dsp__scratch_free(ctx, acc, an);
-      return dsp__cancelled_err(ctx, op);
+  const size_t sn = (size_t)(2 * g->rows) * sizeof(double),
+               an = cols ? (size_t)(2 * D) * sizeof(double) : 0;
+  double *scratch = NULL;
+  if (sn + an == 0) return 0;
+  int rc = dsp__scratch_alloc(ctx, sn + an, "norm backward: row statistics "
+                              "and column sums", (void **)&scratch);
+  if (rc < 0) return rc;
+  norm_job j = {.ctx = ctx, .op = op, .g = g, .f = f, .x = x, .w = w,
+                .gr = gr, .y = o, .stats = scratch,
+                .acc = cols ? scratch + 2 * g->rows : NULL};
+  int stop = dsp__par_for(ctx, g->rows, norm_row_grain(D), norm_bw_rows, &j);
+  if (!stop && cols) stop = dsp__par_for(ctx, D, NORM_COLS, norm_bw_cols, &j);
+  if (!stop) {
+    int64_t at = n;
+    if (g->has_w) {
+      for (int64_t c = 0; c < D; c++) dsp__st(o, f, at + c, j.acc[c]);
+      at += D;
     }
-    const int64_t base = r * D;
-    double mean, rstd, s1 = 0.0, s2 = 0.0;
-    row_stats(x, f, base, D, g->centered, g->eps, &mean, &rstd);
-    for (int64_t j = 0; j < D; j++) {
-      double gw = dsp__ld(gr, f, base + j) * (w ? dsp__ld(w, f, j) : 1.0);
-      s1 += gw;
-      s2 += gw * ((dsp__ld(x, f, base + j) - mean) * rstd);
-    }
-    s1 = g->centered ? s1 / (double)D : 0.0;
-    s2 /= (double)D;
-    for (int64_t j = 0; j < D; j++) {
-      double gj = dsp__ld(gr, f, base + j);
-      double xh = (dsp__ld(x, f, base + j) - mean) * rstd;
-      double gw = gj * (w ? dsp__ld(w, f, j) : 1.0);
-      dsp__st(o, f, base + j, rstd * (gw - s1 - xh * s2));
-      if (cols) {
-        acc[j] += gj * xh;
-        acc[D + j] += gj;
-      }
-    }
+    if (g->has_b)
+      for (int64_t c = 0; c < D; c++) dsp__st(o, f, at + c, j.acc[D + c]);
   }
-  int64_t at = n;
-  if (g->has_w) {
-    for (int64_t j = 0; j < D; j++) dsp__st(o, f, at + j, acc[j]);
-    at += D;
-  }
-  if (g->has_b)
-    for (int64_t j = 0; j < D; j++) dsp__st(o, f, at + j, acc[D + j]);
-  if (acc) dsp__scratch_free(ctx, acc, an);
-  return 0;
+  dsp__scratch_free(ctx, scratch, sn + an);
+  return stop ? dsp__cancelled_err(ctx, op) : 0;
 }
 
 /* batch_norm: element (n, c, s) of x viewed as [rows, C, S] */

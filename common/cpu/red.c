@@ -13,6 +13,7 @@
 #include "cpu.h"
 #include "kern_iter.h"
 #include "ops_plan.h"
+#include "par.h"
 
 _Static_assert(DSP__OPS_IN_FAMILY(RED) == 8,
                "a new reduction needs a case in dsp__cpu_red and a row in "
@@ -67,26 +68,74 @@ static void red_plan_init(red_plan *p, const dsp_meta *x, const int *red) {
 
 #define RED_BLOCK 256
 
+/* A blocked sum or mean ([P][R][Q] summed over R, as a bias gradient) is
+ * cut into chunks of RED_COLS columns of one p that the backend's threads
+ * share (par.h); each output still sums its R values in order, so the
+ * bits are the same whoever sums it. */
+#define RED_COLS 32
+
+typedef struct red_job {
+  dsp_ctx *ctx;
+  const red_plan *pl;
+  const void *px;
+  void *po;
+  double cnt;
+  dsp_dtype dt;
+  int mean;
+  int64_t nqb; /* column chunks per p */
+} red_job;
+
+#define SUM_BLOCKED(T, ACC, FIN)                                             \
+  do {                                                                       \
+    const T *X_ = (const T *)j->px;                                          \
+    T *O_ = (T *)j->po;                                                      \
+    ACC acc[RED_COLS];                                                       \
+    for (int64_t ch = lo; ch < hi; ch++) {                                   \
+      const int64_t p = ch / j->nqb, q0 = (ch % j->nqb) * RED_COLS;          \
+      const int64_t qb = pl->Q - q0 < RED_COLS ? pl->Q - q0 : RED_COLS;      \
+      for (int64_t c = 0; c < qb; c++) acc[c] = 0;                           \
+      for (int64_t r = 0; r < pl->R; r++) {                                  \
+        const T *row = X_ + (p * pl->R + r) * pl->Q + q0;                    \
+        for (int64_t c = 0; c < qb; c++) acc[c] += (ACC)row[c];              \
+      }                                                                      \
+      for (int64_t c = 0; c < qb; c++) O_[p * pl->Q + q0 + c] = FIN(acc[c]); \
+      if (dsp__poll(j->ctx, &pw, qb * pl->R)) return 1;                      \
+    }                                                                        \
+  } while (0)
+
+#define FIN_F32(acc) ((float)(acc))
+#define FIN_F32_MEAN(acc) ((float)((acc) / cnt))
+#define FIN_ID(acc) (acc)
+#define FIN_MEAN(acc) ((acc) / cnt)
+#define FIN_I64(acc) ((int64_t)(acc))
+
+/* chunks [lo, hi) of a blocked sum or mean (the dtypes dsp__cpu_red has
+ * checked) */
+static int sum_blocked(void *arg, int64_t lo, int64_t hi, int lane) {
+  const red_job *j = arg;
+  const red_plan *pl = j->pl;
+  const double cnt = j->cnt;
+  int64_t pw = 0;
+  (void)lane;
+  switch (j->dt) {
+    case DSP_F32:
+      if (j->mean) SUM_BLOCKED(float, double, FIN_F32_MEAN);
+      else SUM_BLOCKED(float, double, FIN_F32);
+      break;
+    case DSP_F64:
+      if (j->mean) SUM_BLOCKED(double, double, FIN_MEAN);
+      else SUM_BLOCKED(double, double, FIN_ID);
+      break;
+    default: SUM_BLOCKED(int64_t, uint64_t, FIN_I64); break;
+  }
+  return 0;
+}
+
 /* Sum/mean: ACC is the accumulator type, FIN(acc) the stored value. */
 #define SUM_KERNEL(T, ACC, FIN)                                              \
   do {                                                                       \
     const T *X_ = (const T *)px;                                             \
     T *O_ = (T *)po;                                                         \
-    if (pl.blocked) {                                                        \
-      ACC acc[RED_BLOCK];                                                    \
-      for (int64_t p = 0; p < pl.P && !stop; p++)                            \
-        for (int64_t q0 = 0; q0 < pl.Q && !stop; q0 += RED_BLOCK) {          \
-          int64_t qb = pl.Q - q0 < RED_BLOCK ? pl.Q - q0 : RED_BLOCK;        \
-          for (int64_t j = 0; j < qb; j++) acc[j] = 0;                       \
-          for (int64_t r = 0; r < pl.R; r++) {                               \
-            const T *row = X_ + (p * pl.R + r) * pl.Q + q0;                  \
-            for (int64_t j = 0; j < qb; j++) acc[j] += (ACC)row[j];          \
-          }                                                                  \
-          for (int64_t j = 0; j < qb; j++) O_[p * pl.Q + q0 + j] = FIN(acc[j]); \
-          stop = dsp__poll(ctx, &pw, qb * pl.R);                             \
-        }                                                                    \
-      break;                                                                 \
-    }                                                                        \
     int64_t oidx[DSP_MAX_DIMS] = {0}, ooff[3] = {0, 0, 0}, o = 0;            \
     const int64_t ost = pl.outer.st[0][pl.outer.nd - 1];                     \
     const int64_t ist = pl.inner.st[0][pl.inner.nd - 1];                     \
@@ -223,12 +272,6 @@ static void red_plan_init(red_plan *p, const dsp_meta *x, const int *red) {
     }                                                                       \
     return stop ? dsp__cancelled_err(ctx, op) : 0;                          \
   } while (0)
-#define FIN_F32(acc) ((float)(acc))
-#define FIN_F32_MEAN(acc) ((float)((acc) / cnt))
-#define FIN_ID(acc) (acc)
-#define FIN_MEAN(acc) ((acc) / cnt)
-#define FIN_I64(acc) ((int64_t)(acc))
-
 int dsp__cpu_red(dsp_ctx *ctx, dsp_opcode op, dsp_tensor *const *in, int n_in,
                  const dsp_attrs *a, dsp_tensor *out) {
   const dsp_tensor *x = in[0];
@@ -264,6 +307,16 @@ int dsp__cpu_red(dsp_ctx *ctx, dsp_opcode op, dsp_tensor *const *in, int n_in,
         else ((int64_t *)po)[i] = 0;
       }
       return 0;
+    }
+    if (pl.blocked) {
+      red_job j = {.ctx = ctx, .pl = &pl, .px = px, .po = po, .cnt = cnt,
+                   .dt = x->meta.dtype, .mean = mean,
+                   .nqb = dsp__par_nchunks(pl.Q, RED_COLS)};
+      if (j.dt != DSP_F32 && j.dt != DSP_F64 && j.dt != DSP_I64)
+        return dsp__no_kernel(ctx, op, in, n_in, out);
+      return dsp__par_for(ctx, pl.P * j.nqb, 1, sum_blocked, &j)
+                 ? dsp__cancelled_err(ctx, op)
+                 : 0;
     }
     switch (x->meta.dtype) {
       case DSP_F32:

@@ -1,7 +1,10 @@
 /* shape family, CPU kernels (inference: common/ops_shape.c).
  *
- * The output arrives allocated and zeroed by dsp_op; reshape copies rather
- * than aliasing for that reason. */
+ * The output arrives allocated but NOT zeroed (the CPU backend's
+ * writes_every_element, common/cpu/backend.c): every kernel here writes
+ * every element of its result, the two scatters (slice_backward,
+ * index_select_backward) by zeroing it first. Reshape copies rather than
+ * aliasing: an output owns its storage. */
 #include <math.h>
 #include <string.h>
 
@@ -9,6 +12,7 @@
 #include "half.h"
 #include "kern_iter.h"
 #include "ops_plan.h"
+#include "par.h"
 
 #define opname dsp__opname
 
@@ -22,30 +26,42 @@ static int64_t prod(const int64_t *s, int from, int to) {
   return p;
 }
 
-/* Copies out->numel elements of size es from src, visiting src through a
- * strided iterator in output order; 1 when ctx was cancelled between rows
- * (dst partly written), -1 for an element size it has no loop for, else
- * 0. */
-static int strided_copy(dsp_ctx *ctx, const dsp_iter *it, const char *src,
-                        char *dst, size_t es) {
+/* A strided copy is cut into chunks of whole rows, about SC_GRAIN
+ * elements each, that the backend's threads share (par.h); a copy gives
+ * the same bits whoever makes it. */
+#define SC_GRAIN ((int64_t)1 << 14)
+
+typedef struct sc_job {
+  dsp_ctx *ctx;
+  const dsp_iter *it;
+  const char *src;
+  char *dst;
+  size_t es;
+} sc_job;
+
+/* Rows [lo, hi) of a strided copy; 1 when ctx was cancelled, -1 for an
+ * element size it has no loop for (nothing written), else 0. */
+static int sc_block(const sc_job *j, int64_t lo, int64_t hi) {
+  const dsp_iter *it = j->it;
   int64_t idx[DSP_MAX_DIMS] = {0}, off[3] = {0, 0, 0}, pw = 0;
   int stop = 0;
   const int64_t s = it->st[0][it->nd - 1], inner = it->inner;
+  dsp__iter_seek(it, lo, idx, off);
 #define SC_T(T)                                                              \
   do {                                                                       \
-    const T *S_ = (const T *)src;                                            \
-    T *D_ = (T *)dst;                                                        \
-    for (int64_t r = 0; r < it->rows && !stop; r++) {                        \
+    const T *S_ = (const T *)j->src;                                         \
+    T *D_ = (T *)j->dst;                                                     \
+    for (int64_t r = lo; r < hi && !stop; r++) {                             \
       const T *p = S_ + off[0];                                              \
       T *q = D_ + r * inner;                                                 \
       if (s == 1) memcpy(q, p, (size_t)inner * sizeof(T));                   \
       else if (s == 0) for (int64_t j = 0; j < inner; j++) q[j] = p[0];      \
       else for (int64_t j = 0; j < inner; j++) q[j] = p[j * s];              \
       dsp__iter_step(it, idx, off);                                          \
-      stop = dsp__poll(ctx, &pw, inner);                                     \
+      stop = dsp__poll(j->ctx, &pw, inner);                                  \
     }                                                                        \
   } while (0)
-  switch (es) {
+  switch (j->es) {
     case 1: SC_T(uint8_t); break;
     case 2: SC_T(uint16_t); break;
     case 4: SC_T(uint32_t); break;
@@ -54,6 +70,33 @@ static int strided_copy(dsp_ctx *ctx, const dsp_iter *it, const char *src,
   }
 #undef SC_T
   return stop;
+}
+
+static int sc_chunk(void *arg, int64_t lo, int64_t hi, int lane) {
+  (void)lane;
+  return sc_block(arg, lo, hi) != 0;
+}
+
+/* elements [lo, hi) of a contiguous copy (reshape) */
+static int flat_chunk(void *arg, int64_t lo, int64_t hi, int lane) {
+  const sc_job *j = arg;
+  (void)lane;
+  memcpy(j->dst + (size_t)lo * j->es, j->src + (size_t)lo * j->es,
+         (size_t)(hi - lo) * j->es);
+  return 0;
+}
+
+/* Copies out->numel elements of size es from src, visiting src through a
+ * strided iterator in output order; 1 when ctx was cancelled between rows
+ * (dst partly written), -1 for an element size it has no loop for, else
+ * 0. */
+static int strided_copy(dsp_ctx *ctx, const dsp_iter *it, const char *src,
+                        char *dst, size_t es) {
+  sc_job j = {.ctx = ctx, .it = it, .src = src, .dst = dst, .es = es};
+  if (sc_block(&j, 0, 0) < 0) return -1;
+  const int64_t grain =
+      it->inner >= SC_GRAIN || it->inner < 1 ? 1 : SC_GRAIN / it->inner;
+  return dsp__par_for(ctx, it->rows, grain, sc_chunk, &j);
 }
 
 /* float -> i64 without undefined behaviour: truncates toward zero,
@@ -227,9 +270,12 @@ int dsp__cpu_shape(dsp_ctx *ctx, dsp_opcode op, dsp_tensor *const *in, int n_in,
   char *po = dsp_tensor_data(out);
   int rc, dim;
   switch (op) {
-    case DSP_OP_RESHAPE:
-      if (out->numel) memcpy(po, px, (size_t)out->numel * es);
-      return 0;
+    case DSP_OP_RESHAPE: {
+      sc_job j = {.ctx = ctx, .src = px, .dst = po, .es = es};
+      return dsp__par_for(ctx, out->numel, SC_GRAIN, flat_chunk, &j)
+                 ? dsp__cancelled_err(ctx, op)
+                 : 0;
+    }
     case DSP_OP_PERMUTE:
     case DSP_OP_TRANSPOSE:
     case DSP_OP_BROADCAST_TO: {
@@ -262,6 +308,8 @@ int dsp__cpu_shape(dsp_ctx *ctx, dsp_opcode op, dsp_tensor *const *in, int n_in,
       const int64_t outer = prod(big->shape, 0, dim);
       const size_t blk = (size_t)prod(big->shape, dim + 1, big->ndim) * es;
       if (blk == 0) return 0;
+      /* the backward writes the slice's elements only: the rest are 0 */
+      if (bw) memset(po, 0, (size_t)out->numel * es);
       int64_t pw = 0;
       for (int64_t o = 0; o < outer; o++)
         for (int64_t k = 0; k < len; k++) {
@@ -321,6 +369,7 @@ int dsp__cpu_shape(dsp_ctx *ctx, dsp_opcode op, dsp_tensor *const *in, int n_in,
         return rc;
       if ((rc = check_index_values(ctx, op, in[1], dim, a->ints[1])) < 0) return rc;
       if (out->numel == 0) return 0;
+      memset(po, 0, (size_t)out->numel * dsp_dtype_size(out->meta.dtype));
       return copy_result(ctx, op, in, n_in, out,
                          scatter_add(ctx, x, dsp_tensor_data(in[1]), dim, out));
     default:
