@@ -13,7 +13,7 @@
 
 #define DSP_FRAME_HEADER_SIZE 16
 #define DSP_PROTO_MAJOR 1
-#define DSP_PROTO_MINOR 6
+#define DSP_PROTO_MINOR 7
 
 typedef struct dsp_frame_header {
   uint32_t msg_len;
