@@ -1043,7 +1043,10 @@ int dispatch_optim_last_norm(dispatch_optim *opt, double *norm);
  * underflowed. growth >= 1, backoff in (0, 1], interval >= 1, else
  * DISPATCH_EINVAL. REMOTE needs a server of protocol 1.7
  * (DISPATCH_EUNSUPPORTED at the step); a step with loss scaling cannot be
- * captured in a graph (DISPATCH_EUNSUPPORTED at dispatch_graph_end). */
+ * captured in a graph (DISPATCH_EUNSUPPORTED at dispatch_graph_end).
+ * Checkpoints do not hold the scale or its counts: the optimizer's saved
+ * step count includes the skipped steps, and a reloaded optimizer starts
+ * its scale over from the init_scale given again. */
 DISPATCH_API
 int dispatch_optim_set_loss_scale(dispatch_optim *opt, double init_scale,
                                   double growth, double backoff,
