@@ -219,6 +219,8 @@ $(PY_CDEF): $(wildcard include/*.h client/include/*.h)
 KERNEL_CFLAGS = -fno-math-errno $(if $(findstring clang,$(CC)),,\
   -ftree-vectorize -fvect-cost-model=dynamic)
 $(BUILD)/obj/common/cpu/%.o: ALL_CFLAGS += $(KERNEL_CFLAGS)
+# common/half.c: its portable conversion loops are kernels too
+$(BUILD)/obj/common/half.o: ALL_CFLAGS += $(KERNEL_CFLAGS)
 
 $(BUILD)/obj/%.o: %.c $(GEN_H)
 	@mkdir -p $(dir $@)

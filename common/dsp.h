@@ -684,7 +684,16 @@ uint64_t dsp_op_cost(dsp_opcode op, const dsp_meta *in, int n_in,
  * an empty output, which stays as allocated; index ops still check their
  * index values), and, if grad mode is on and any input is tracked, record
  * the op on the tape so the output is tracked. The caller owns *out. On
- * failure *out is NULL and nothing leaks. */
+ * failure *out is NULL and nothing leaks.
+ *
+ * Half dtypes (f16, bf16): an op the backend does not run natively on
+ * them (supports_op says) but runs on f32 is widened: its half inputs are
+ * cast to f32 temporaries, the f32 kernel runs, and a half result is
+ * rounded once into the output; the tape records the op on the half
+ * tensors, so their gradients are half too. The temporaries cost, while
+ * the op runs, twice the bytes of each half input and of a half result,
+ * charged to ctx's budget like any tensor (an op that would not fit fails
+ * with DISPATCH_ENOMEM as any other). */
 int dsp_op(dsp_ctx *ctx, dsp_opcode op, dsp_tensor *const *in, int n_in,
            const dsp_attrs *a, dsp_tensor **out);
 /* dsp_op after its caller's own dsp_op_infer: *om is what that inference

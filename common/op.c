@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "dsp_internal.h"
+#include "half.h"
 
 /* The op table, indexed by code (codes are small and dense; holes have no
  * name): every op looks itself up several times, and a scan of a table in
@@ -171,6 +172,90 @@ int dsp_op(dsp_ctx *ctx, dsp_opcode op, dsp_tensor *const *in, int n_in,
   return dsp_op_inferred(ctx, op, in, n_in, a, &om, UINT64_MAX, out);
 }
 
+/* Half in one place: an op a backend does not run natively on f16 or
+ * bf16 runs as its f32 form. widen_plan gives the f32 metas (every half
+ * input and a half output become f32; i64, bool and f32 operands stay)
+ * and says whether the backend has what that takes: the f32 op, and cast
+ * from each half input's dtype and back to the output's. cast itself is
+ * never widened (it is how the widening converts). */
+static int widen_plan(const dsp_backend *be, dsp_opcode op, const dsp_meta *in,
+                      int n_in, const dsp_meta *om, dsp_meta *win,
+                      dsp_meta *wom) {
+  int any = 0;
+  *wom = *om;
+  if (dsp_dtype_is_half(om->dtype)) {
+    wom->dtype = DSP_F32;
+    any = 1;
+    if (!dsp__backend_supports(be, DSP_OP_CAST, wom, 1, om)) return 0;
+  }
+  for (int i = 0; i < n_in; i++) {
+    win[i] = in[i];
+    if (!dsp_dtype_is_half(in[i].dtype)) continue;
+    win[i].dtype = DSP_F32;
+    any = 1;
+    if (!dsp__backend_supports(be, DSP_OP_CAST, &in[i], 1, &win[i])) return 0;
+  }
+  return any && op != DSP_OP_CAST &&
+         dsp__backend_supports(be, op, win, n_in, wom);
+}
+
+/* cast src into dst (allocated, of dst's dtype), through the backend. */
+static int run_cast_into(dsp_ctx *ctx, const dsp_backend *be, dsp_tensor *src,
+                         dsp_tensor *dst) {
+  if (dst->numel == 0) return 0;
+  int64_t dt = dst->meta.dtype;
+  dsp_attrs ca = dsp_attrs_ints(1, &dt);
+  return dsp__backend_run(be, ctx, DSP_OP_CAST, &src, 1, &ca, dst);
+}
+
+/* Runs op on the f32 forms (win, wom from widen_plan) of its half inputs
+ * and writes the result, rounded once, into out (or, for an optimizer
+ * step, back into every half input it updates). Memory beyond the op's
+ * own: an f32 copy of each half input (twice its bytes) and of a half
+ * result (twice the result's bytes), all charged to ctx's budget like
+ * any tensor and freed before this returns. */
+static int run_widened(dsp_ctx *ctx, const dsp_backend *be, dsp_opcode op,
+                       dsp_tensor *const *in, int n_in, const dsp_attrs *a,
+                       const dsp_meta *win, const dsp_meta *wom,
+                       dsp_tensor *out) {
+  dsp_tensor *w[DSP_MAX_INPUTS], *wo = NULL;
+  int rc = 0, nw = 0;
+  const int optim = dsp_op_lookup((int)op)->family == DSP_FAM_OPTIM;
+  for (; nw < n_in; nw++) {
+    w[nw] = in[nw];
+    if (win[nw].dtype == in[nw]->meta.dtype) continue;
+    rc = dsp__tensor_new_on(ctx, be, &win[nw], 0, &w[nw]);
+    if (rc == 0) rc = run_cast_into(ctx, be, in[nw], w[nw]);
+    if (rc < 0) {
+      if (w[nw] != in[nw]) dsp_tensor_unref(w[nw]);
+      goto done;
+    }
+  }
+  if (optim) {
+    /* in place on the f32 copies, then each written one back (every
+     * input but the gradient, in[1]) */
+    rc = dsp__backend_run(be, ctx, op, w, n_in, a, w[0]);
+    for (int i = 0; i < n_in && rc == 0; i++)
+      if (i != 1 && w[i] != in[i]) rc = run_cast_into(ctx, be, w[i], in[i]);
+    goto done;
+  }
+  if (wom->dtype == out->meta.dtype) { /* a bool or i64 result */
+    rc = dsp__backend_run(be, ctx, op, w, n_in, a, out);
+    goto done;
+  }
+  rc = dsp__tensor_new_on(
+      ctx, be, wom,
+      !dsp__backend_writes_every_element(be, dsp_op_lookup((int)op)->family),
+      &wo);
+  if (rc == 0) rc = dsp__backend_run(be, ctx, op, w, n_in, a, wo);
+  if (rc == 0) rc = run_cast_into(ctx, be, wo, out);
+  dsp_tensor_unref(wo);
+done:
+  for (int i = 0; i < nw; i++)
+    if (w[i] != in[i]) dsp_tensor_unref(w[i]);
+  return rc;
+}
+
 int dsp_op_inferred(dsp_ctx *ctx, dsp_opcode op, dsp_tensor *const *in,
                     int n_in, const dsp_attrs *a, const dsp_meta *omp,
                     uint64_t cost, dsp_tensor **out) {
@@ -196,8 +281,11 @@ int dsp_op_inferred(dsp_ctx *ctx, dsp_opcode op, dsp_tensor *const *in,
                         "move one first (no implicit copies between devices)",
                         dsp_op_lookup((int)op)->name, dsp_backend_id(be), i,
                         dsp_backend_id(in[i]->storage->backend));
-  /* a backend without the hook claims nothing rather than everything */
-  if (!dsp__backend_supports(be, op, metas, n_in, &om))
+  /* a backend without the hook claims nothing rather than everything;
+   * one that lacks a half op but has its f32 form runs that (widen) */
+  dsp_meta win[DSP_MAX_INPUTS], wom;
+  const int widen = !dsp__backend_supports(be, op, metas, n_in, &om);
+  if (widen && !widen_plan(be, op, metas, n_in, &om, win, &wom))
     return dsp__unsupported(ctx, dsp_backend_name(be), op, metas, n_in, &om);
   dsp_tensor *t;
   if (dsp_op_lookup((int)op)->family == DSP_FAM_OPTIM) {
@@ -228,7 +316,8 @@ int dsp_op_inferred(dsp_ctx *ctx, dsp_opcode op, dsp_tensor *const *in,
   if (t->numel > 0 || op == DSP_OP_INDEX_SELECT ||
       op == DSP_OP_INDEX_SELECT_BACKWARD || op == DSP_OP_EMBEDDING ||
       op == DSP_OP_EMBEDDING_BACKWARD)
-    rc = dsp__backend_run(be, ctx, op, in, n_in, a, t);
+    rc = widen ? run_widened(ctx, be, op, in, n_in, a, win, &wom, t)
+               : dsp__backend_run(be, ctx, op, in, n_in, a, t);
   if (rc == 0 && tracked && ctx->grad_enabled &&
       dsp_op_lookup((int)op)->family != DSP_FAM_OPTIM)
     rc = dsp__autodiff_record(ctx, op, in, n_in, a, t);

@@ -30,7 +30,9 @@ const char *dsp_dtype_name(dsp_dtype dt) {
 
 int dsp_dtype_valid(int dt) { return dt >= 0 && dt < DSP_NDTYPES; }
 
-int dsp_dtype_is_float(dsp_dtype dt) { return dt == DSP_F32 || dt == DSP_F64; }
+int dsp_dtype_is_float(dsp_dtype dt) {
+  return dt == DSP_F32 || dt == DSP_F64 || dt == DSP_F16 || dt == DSP_BF16;
+}
 
 /* A bool is stored as one byte that every kernel reads as 0 or 1; any
  * other byte would make `where` and `eq` disagree, so it never gets in. */

@@ -34,6 +34,7 @@
 #include "backend.h"
 #include "dsp.h"
 #include "dsp_internal.h"
+#include "half.h"
 #include "helpers/server_proc.h"
 #include "helpers/wire.h"
 #include "ops_plan.h"
@@ -293,7 +294,8 @@ static int make_case(dsp_opcode op, dsp_dtype k, int v, tcase *c) {
       if (v == DSP_NDTYPES) {
         c->what = "zero-size to f32"; in_(c, k, 'r', 0, 2, 0, 3); ints_(c, 1, DSP_F32); return 0;
       }
-      c->what = v == 0 ? "to f32" : v == 1 ? "to f64" : v == 2 ? "to i64" : "to bool";
+      c->what = v == 0 ? "to f32" : v == 1 ? "to f64" : v == 2 ? "to i64"
+                : v == 3 ? "to bool" : v == 4 ? "to f16" : "to bf16";
       in_(c, k, 'r', 0, 2, 3, 4);
       ints_(c, 1, v);
       return 0;
@@ -582,6 +584,8 @@ static void to_bytes(dsp_dtype dt, const double *v, int64_t n, void *out) {
       case DSP_F32: ((float *)out)[i] = (float)v[i]; break;
       case DSP_F64: ((double *)out)[i] = v[i]; break;
       case DSP_I64: ((int64_t *)out)[i] = (int64_t)v[i]; break;
+      case DSP_F16: ((uint16_t *)out)[i] = dsp_f64_to_f16(v[i]); break;
+      case DSP_BF16: ((uint16_t *)out)[i] = dsp_f64_to_bf16(v[i]); break;
       default: ((uint8_t *)out)[i] = v[i] != 0; break;
     }
 }
@@ -591,6 +595,8 @@ static double from_bytes(dsp_dtype dt, const void *p, int64_t i) {
     case DSP_F32: return ((const float *)p)[i];
     case DSP_F64: return ((const double *)p)[i];
     case DSP_I64: return (double)((const int64_t *)p)[i];
+    case DSP_F16: return dsp_f16_to_f32(((const uint16_t *)p)[i]);
+    case DSP_BF16: return dsp_bf16_to_f32(((const uint16_t *)p)[i]);
     default: return ((const uint8_t *)p)[i];
   }
 }
@@ -892,7 +898,9 @@ static int oracle(const tcase *c, double *const *vals, hostval *o) {
       else if (op == DSP_OP_CAST)
         o->v[i] = om.dtype == DSP_BOOL ? x != 0
                   : om.dtype == DSP_I64 ? trunc(x)
-                  : om.dtype == DSP_F32 ? (double)(float)x : x;
+                  : om.dtype == DSP_F32 ? (double)(float)x
+                  : om.dtype == DSP_F16 ? dsp_f16_to_f32(dsp_f64_to_f16(x))
+                  : om.dtype == DSP_BF16 ? dsp_bf16_to_f32(dsp_f64_to_bf16(x)) : x;
       else
         o->v[i] = ew1(op, dt, x, y, s);
     }

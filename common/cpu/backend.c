@@ -217,6 +217,11 @@ static void cpu_stage_release(void *bctx, void *token) {
 #define FD_ (F_ | D_)
 #define FDI_ (F_ | D_ | I_)
 #define ALL_ (F_ | D_ | I_ | B_)
+/* The half dtypes: claimed only where a kernel has a half loop of its own
+ * (the copies of the shape family, cast, the constant fills, matmul).
+ * Every other op reaches half through dsp_op_inferred's widening
+ * (common/op.c), which asks this table for the f32 op and the casts. */
+#define H_ ((1u << DSP_F16) | (1u << DSP_BF16))
 #define FLOAT_UNARY_ROW_(OP, f) {DSP_OP_##OP, FD_},
 static const struct cpu_row {
   dsp_opcode op;
@@ -241,10 +246,11 @@ static const struct cpu_row {
     {DSP_OP_SUM, FDI_}, {DSP_OP_MEAN, FD_}, {DSP_OP_MAX, FDI_},
     {DSP_OP_ARGMAX, FDI_}, {DSP_OP_MIN, FDI_}, {DSP_OP_ARGMIN, FDI_},
     {DSP_OP_VAR, FD_}, {DSP_OP_STD, FD_},
-    {DSP_OP_RESHAPE, ALL_}, {DSP_OP_PERMUTE, ALL_}, {DSP_OP_TRANSPOSE, ALL_},
-    {DSP_OP_SLICE, ALL_}, {DSP_OP_CAT, ALL_}, {DSP_OP_STACK, ALL_},
-    {DSP_OP_BROADCAST_TO, ALL_}, {DSP_OP_INDEX_SELECT, ALL_},
-    {DSP_OP_CAST, ALL_}, {DSP_OP_SLICE_BACKWARD, ALL_},
+    {DSP_OP_RESHAPE, ALL_ | H_}, {DSP_OP_PERMUTE, ALL_ | H_},
+    {DSP_OP_TRANSPOSE, ALL_ | H_}, {DSP_OP_SLICE, ALL_ | H_},
+    {DSP_OP_CAT, ALL_ | H_}, {DSP_OP_STACK, ALL_ | H_},
+    {DSP_OP_BROADCAST_TO, ALL_ | H_}, {DSP_OP_INDEX_SELECT, ALL_ | H_},
+    {DSP_OP_CAST, ALL_ | H_}, {DSP_OP_SLICE_BACKWARD, ALL_ | H_},
     {DSP_OP_INDEX_SELECT_BACKWARD, FDI_},
     {DSP_OP_MATMUL, FD_},
     {DSP_OP_SOFTMAX, FD_}, {DSP_OP_LOG_SOFTMAX, FD_},
@@ -265,7 +271,7 @@ static const struct cpu_row {
     /* issue 23: loss */
     {DSP_OP_CROSS_ENTROPY_EX, FD_}, {DSP_OP_CROSS_ENTROPY_EX_BACKWARD, FD_},
     {DSP_OP_AVG_POOL2D_EX, FD_}, {DSP_OP_CONV2D_BIAS, FD_},
-    {DSP_OP_ZEROS, ALL_}, {DSP_OP_ONES, ALL_}, {DSP_OP_FULL, ALL_},
+    {DSP_OP_ZEROS, ALL_ | H_}, {DSP_OP_ONES, ALL_ | H_}, {DSP_OP_FULL, ALL_ | H_},
     {DSP_OP_ARANGE, FDI_}, {DSP_OP_UNIFORM, FD_}, {DSP_OP_NORMAL, FD_},
     {DSP_OP_SGD_STEP, FD_}, {DSP_OP_ADAM_STEP, FD_}, {DSP_OP_ADAMW_STEP, FD_},
 };

@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "cpu.h"
+#include "half.h"
 #include "ops_plan.h"
 #include "rng.h"
 
@@ -19,6 +20,12 @@ static int fill(void *po, dsp_dtype dt, int64_t i0, int64_t i1, double v) {
     case DSP_F64: { double *o = po; for (int64_t i = i0; i < i1; i++) o[i] = v; break; }
     case DSP_I64: { int64_t *o = po, x = (int64_t)v; for (int64_t i = i0; i < i1; i++) o[i] = x; break; }
     case DSP_BOOL: memset((uint8_t *)po + i0, v != 0, (size_t)(i1 - i0)); break;
+    case DSP_F16:
+    case DSP_BF16: { /* one rounding from the double (common/half.h) */
+      uint16_t *o = po, h = dt == DSP_F16 ? dsp_f64_to_f16(v) : dsp_f64_to_bf16(v);
+      for (int64_t i = i0; i < i1; i++) o[i] = h;
+      break;
+    }
     default: return -1;
   }
   return 0;

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "cpu.h"
+#include "half.h"
 #include "kern_iter.h"
 #include "ops_plan.h"
 
@@ -46,6 +47,7 @@ static int strided_copy(dsp_ctx *ctx, const dsp_iter *it, const char *src,
   } while (0)
   switch (es) {
     case 1: SC_T(uint8_t); break;
+    case 2: SC_T(uint16_t); break;
     case 4: SC_T(uint32_t); break;
     case 8: SC_T(uint64_t); break;
     default: return -1;
@@ -63,6 +65,58 @@ static inline int64_t f2i64(double v) {
   return (int64_t)v;
 }
 
+/* cast to or from a half dtype (common/half.h), PyTorch's rules: every
+ * narrowing to half rounds once from the source value (f64 and i64
+ * included, never through f32), half -> i64 truncates toward zero as
+ * f32 -> i64 does, anything -> bool is v != 0 (NaN is true), bool -> half
+ * is 0 or 1. Half sources go through f32 (exact) in blocks. */
+static int cast_half(const void *px, dsp_dtype from, void *po, dsp_dtype to,
+                     int64_t n) {
+  const int f16 = (dsp_dtype_is_half(to) ? to : from) == DSP_F16;
+  if (!dsp_dtype_is_half(from)) { /* to a half dtype */
+    uint16_t *o = po;
+    switch (from) {
+      case DSP_F32: dsp_f32_to_half_n(to, px, po, (size_t)n); break;
+      case DSP_F64: {
+        const double *v = px;
+        for (int64_t i = 0; i < n; i++) o[i] = f16 ? dsp_f64_to_f16(v[i]) : dsp_f64_to_bf16(v[i]);
+        break;
+      }
+      case DSP_I64: {
+        const int64_t *v = px;
+        for (int64_t i = 0; i < n; i++) o[i] = f16 ? dsp_i64_to_f16(v[i]) : dsp_i64_to_bf16(v[i]);
+        break;
+      }
+      case DSP_BOOL: {
+        const uint8_t *v = px;
+        const uint16_t one = f16 ? 0x3c00u : 0x3f80u;
+        for (int64_t i = 0; i < n; i++) o[i] = v[i] ? one : 0;
+        break;
+      }
+      default: return -1;
+    }
+    return 0;
+  }
+  if (to == DSP_F32) {
+    dsp_half_to_f32_n(from, px, po, (size_t)n);
+    return 0;
+  }
+  if (!dsp_dtype_valid((int)to)) return -1;
+  float buf[1024];
+  const uint16_t *h = px;
+  for (int64_t i0 = 0; i0 < n; i0 += 1024) {
+    const size_t k = (size_t)(n - i0 < 1024 ? n - i0 : 1024);
+    dsp_half_to_f32_n(from, h + i0, buf, k);
+    switch (to) {
+      case DSP_F64: for (size_t j = 0; j < k; j++) ((double *)po)[i0 + j] = buf[j]; break;
+      case DSP_I64: for (size_t j = 0; j < k; j++) ((int64_t *)po)[i0 + j] = f2i64(buf[j]); break;
+      case DSP_BOOL: for (size_t j = 0; j < k; j++) ((uint8_t *)po)[i0 + j] = buf[j] != 0; break;
+      default: dsp_f32_to_half_n(to, buf, (uint16_t *)po + i0, k); break; /* the other half */
+    }
+  }
+  return 0;
+}
+
 /* 0, or -1 (nothing written) for a dtype pair it has no loop for. */
 static int run_cast(const dsp_tensor *x, dsp_tensor *out) {
   const int64_t n = x->numel;
@@ -73,6 +127,8 @@ static int run_cast(const dsp_tensor *x, dsp_tensor *out) {
     memcpy(po, px, (size_t)n * dsp_dtype_size(from));
     return 0;
   }
+  if (dsp_dtype_is_half(from) || dsp_dtype_is_half(to))
+    return cast_half(px, from, po, to, n);
 #define CV(TI, TO, EXPR)                                                     \
   do {                                                                       \
     const TI *I_ = px;                                                       \
