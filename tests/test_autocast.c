@@ -95,3 +95,67 @@ Test(autocast, argument_errors) {
   cr_assert_eq(prev, DISPATCH_F16);
   dispatch_device_close(dev);
 }
+
+/* bf16 and f16 (issue 24): a matmul of f32 inputs runs in the half type,
+ * its sum in f32, and the backward brings f32 gradients to the f32
+ * leaves; values chosen exact in both half types, so the gradients are
+ * the f32 ones exactly. LOCAL and REMOTE give the same bits. */
+Test(autocast, matmul_in_half_gradients_in_f32, .fini = stop_server) {
+  check_server_start(&g_srv, NULL);
+  const dispatch_dtype halves[2] = {DISPATCH_BF16, DISPATCH_F16};
+  const float xv[6] = {1, 2, -0.5f, 0.25f, 3, -1}; /* [2, 3] */
+  const float wv[6] = {0.5f, -2, 1, 0.125f, 4, -0.75f}; /* [3, 2] */
+  float got[2][2][6];
+  for (int h = 0; h < 2; h++)
+    for (int r = 0; r < 2; r++) {
+      dispatch_device *dev = check_open(&g_srv, r);
+      int64_t xs[2] = {2, 3}, ws[2] = {3, 2};
+      dispatch_tensor *xt, *wt, *x, *w, *y, *l;
+      OK(dev, dispatch_tensor_from_data(dev, DISPATCH_F32, 2, xs, xv,
+                                        sizeof xv, &xt));
+      OK(dev, dispatch_tensor_from_data(dev, DISPATCH_F32, 2, ws, wv,
+                                        sizeof wv, &wt));
+      OK(dev, dispatch_autodiff(xt, &x));
+      OK(dev, dispatch_autodiff(wt, &w));
+      OK(dev, dispatch_autocast(dev, halves[h], NULL));
+      OK(dev, dispatch_matmul(x, w, &y));
+      cr_assert_eq(dispatch_tensor_dtype(y), halves[h]);
+      OK(dev, dispatch_mul(y, y, &y)); /* one dtype: stays half */
+      cr_assert_eq(dispatch_tensor_dtype(y), halves[h]);
+      OK(dev, dispatch_sum(y, 0, NULL, 0, &l));
+      cr_assert_eq(dispatch_tensor_dtype(l), DISPATCH_F32, "sum in f32");
+      OK(dev, dispatch_autocast(dev, DISPATCH_F32, NULL));
+      dispatch_grads *g;
+      OK(dev, dispatch_backward(l, &g));
+      dispatch_tensor *gx, *gw;
+      OK(dev, dispatch_grad(g, x, &gx));
+      OK(dev, dispatch_grad(g, w, &gw));
+      cr_assert_eq(dispatch_tensor_dtype(gx), DISPATCH_F32);
+      cr_assert_eq(dispatch_tensor_dtype(gw), DISPATCH_F32);
+      OK(dev, dispatch_tensor_read(gx, got[h][r], sizeof got[h][r]));
+      /* d sum((xw)^2)/dx = 2 (xw) w^T, in f32 from the exact values */
+      float yv[4];
+      for (int i = 0; i < 2; i++)
+        for (int j = 0; j < 2; j++) {
+          yv[i * 2 + j] = 0;
+          for (int k = 0; k < 3; k++) yv[i * 2 + j] += xv[i * 3 + k] * wv[k * 2 + j];
+        }
+      for (int i = 0; i < 2; i++)
+        for (int k = 0; k < 3; k++) {
+          float want = 0;
+          for (int j = 0; j < 2; j++)
+            want += 2 * yv[i * 2 + j] * wv[k * 2 + j];
+          cr_assert_eq(got[h][r][i * 3 + k], want, "dx[%d][%d] %g vs %g", i,
+                       k, (double)got[h][r][i * 3 + k], (double)want);
+        }
+      dispatch_grads_free(g);
+      dispatch_tensor_free(gx), dispatch_tensor_free(gw);
+      dispatch_tensor_free(y), dispatch_tensor_free(l);
+      dispatch_tensor_free(x), dispatch_tensor_free(w);
+      dispatch_tensor_free(xt), dispatch_tensor_free(wt);
+      dispatch_device_close(dev);
+    }
+  for (int h = 0; h < 2; h++)
+    cr_assert_eq(memcmp(got[h][0], got[h][1], sizeof got[h][0]), 0,
+                 "local vs remote");
+}

@@ -119,3 +119,20 @@ def test_autocast_leaves_f64_matmul_alone(dev):
         y = a @ a
     assert y.dtype == np.float64
     assert np.array_equal(y.numpy(), np.eye(2))
+
+
+@pytest.mark.skipif(not hasattr(dispatch, "bfloat16"),
+                    reason="this package has no half dtypes (issue 24's "
+                    "Python half support)")
+@pytest.mark.parametrize("half", ["bfloat16", "float16"])
+def test_autocast_matmul_in_half_grads_in_f32(dev, half):
+    x = dev.tensor(np.array([[1.0, 2.0]], np.float32))
+    w = dev.tensor(np.array([[0.5], [0.25]], np.float32), requires_grad=True)
+    with dispatch.autocast(dtype=half, device=dev):
+        y = x @ w
+        assert y.dtype == getattr(dispatch, half)
+        loss = y.sum()
+    assert loss.dtype == np.float32
+    grads = loss.backward()
+    assert grads[w].dtype == np.float32
+    assert grads[w].numpy().tolist() == [[1.0], [2.0]]
