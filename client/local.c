@@ -185,11 +185,11 @@ static int local_step(dispatch_optim *opt, dispatch_grads *grads,
   /* the server's order: every gradient, then the norm over all of them
    * and the scaler's decision, then the updates */
   dsp_attrs base = *a;
-  dsp_step_scaler sc;
+  dsp_step_scaler sc = {0};
   if (opt->ls_scale)
     sc = (dsp_step_scaler){opt->ls_scale->local, opt->ls_counts->local,
                            opt->ls_growth, opt->ls_backoff, opt->ls_interval};
-  dsp_step_plan plan;
+  dsp_step_plan plan = {0};
   if (rc == 0)
     rc = dsp_step_prepare(dev->ctx, gs, (size_t)opt->n, opt->max_norm,
                           opt->max_norm > 0.0 && opt->norm ? opt->norm->local

@@ -375,7 +375,7 @@ static int run_step(dsp_ctx *ctx, const dsp_gnode *n, void **vals,
   /* the norm over every gradient before the first update, as the
    * server's Step and the LOCAL optimizer take it (a graph has no loss
    * scaler: the capture refuses a scaled step) */
-  dsp_step_plan plan;
+  dsp_step_plan plan = {0};
   if (rc == 0)
     rc = dsp_step_prepare(ctx, gs, np, n->max_norm, NULL, NULL, NULL, &plan);
   if (rc == 0) {

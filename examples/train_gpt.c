@@ -168,6 +168,12 @@ static int gpt_report(gm_model *m, const gr_corpus *c, const gpt_opts *o,
   }
   printf("baselines on the same val windows: bigram %.4f  unigram %.4f\n",
          big, uni);
+  if (m->scaled) {
+    double scale;
+    int64_t skipped;
+    if (dispatch_optim_loss_scale(m->opt, &scale, &skipped) < 0) return -1;
+    printf("loss scale %g, %lld steps skipped\n", scale, (long long)skipped);
+  }
   printf("tokens/s %.0f (%.1f ms/step over %ld steps)\n",
          (double)o->steps * GR_BATCH * GR_CTX / train_s,
          1000.0 * train_s / (double)o->steps, o->steps);
