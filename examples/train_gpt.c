@@ -172,7 +172,8 @@ static int gpt_report(gm_model *m, const gr_corpus *c, const gpt_opts *o,
     double scale;
     int64_t skipped;
     if (dispatch_optim_loss_scale(m->opt, &scale, &skipped) < 0) return -1;
-    printf("loss scale %g, %lld steps skipped\n", scale, (long long)skipped);
+    printf("grad scaler: scale %g, %lld steps skipped\n", scale,
+           (long long)skipped);
   }
   printf("tokens/s %.0f (%.1f ms/step over %ld steps)\n",
          (double)o->steps * GR_BATCH * GR_CTX / train_s,

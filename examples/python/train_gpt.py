@@ -207,7 +207,7 @@ def _train(dev, args, toks, vocab, n_train):
     print(f"baselines on the same val windows: bigram {big:.4f}  "
           f"unigram {uni:.4f}")
     if scaler.is_enabled():
-        print(f"loss scale {scaler.get_scale():g}, "
+        print(f"grad scaler: scale {scaler.get_scale():g}, "
               f"{scaler.skipped_steps} steps skipped")
     print(f"tokens/s {args.steps * G.BATCH * G.CTX / train_s:.0f} "
           f"({1000.0 * train_s / args.steps:.1f} ms/step over "
