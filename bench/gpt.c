@@ -5,6 +5,8 @@
  * weights and fed the same batches (examples/lib/gpt_data.h):
  *   local   LOCAL device, OpenBLAS on 2 threads
  *   remote  the server of DISPATCH_BENCH_REMOTE
+ *   bf16    LOCAL in bf16 mixed precision (gm_set_precision: autocast,
+ *           f32 master weights), issue 24
  *   torch   examples/python/gpt_torch.py --bench BLOCK --threads 2, the
  *           same step in PyTorch's CPU build (when /usr/bin/python3, or
  *           $PYTHON, imports torch; else its row is n/a)
@@ -13,8 +15,10 @@
  * torch starts a fresh process per round (its 3 warm-up steps are not
  * timed), so its figure is of the same minutes as the others'.
  * Rows: remote vs local (goal: within 1.10x, issue 23), local vs torch
- * (goal: dispatch LOCAL no slower, ratio <= 1), and the tokens per second
- * of local and remote (no goal). The model code is the example's, compiled
+ * (goal: dispatch LOCAL no slower, ratio <= 1), bf16 vs f32 LOCAL (no
+ * goal: on a CPU half is stored in 2 bytes but computed in f32, so the
+ * row shows what the conversions cost; a GPU's tensor cores are where it
+ * pays), and the tokens per second of local, remote and bf16 (no goal). The model code is the example's, compiled
  * into this program. */
 #include <cblas.h>
 
@@ -29,7 +33,7 @@
 #define GOAL_REMOTE 1.10
 #define GOAL_TORCH 1.0
 
-enum { LOCAL, REMOTE, TORCH, NVAR };
+enum { LOCAL, REMOTE, BF16, TORCH, NVAR };
 
 typedef struct variant {
   const char *name;
@@ -92,7 +96,8 @@ static double run_torch(variant *v, int block) {
 }
 
 /* remote: on spec (NULL: no server, the variant stays unmeasured) */
-static int setup(variant *v, int remote, const char *spec) {
+static int setup(variant *v, int remote, const char *spec,
+                 const char *precision) {
   dispatch_device *dev = remote ? bench_open(spec, v->why, sizeof v->why)
                                 : NULL;
   char err[256] = "";
@@ -105,8 +110,9 @@ static int setup(variant *v, int remote, const char *spec) {
     }
   }
   if (!dev) return -1;
-  if (gm_init(dev, g_corpus.nvocab, &v->m) < 0) {
-    snprintf(v->why, sizeof v->why, "model init failed");
+  if (gm_init(dev, g_corpus.nvocab, &v->m) < 0 ||
+      gm_set_precision(&v->m, precision) < 0) {
+    snprintf(v->why, sizeof v->why, "model init (%s) failed", precision);
     dispatch_device_close(dev);
     return -1;
   }
@@ -135,10 +141,15 @@ static void emit(const variant *vs, int n) {
                                      NULL, 0, BENCH_GOAL_NONE, 0};
   static const bench_def rtok_def = {"gpt", "GPT tokens/s remote", "tok/s",
                                      0, NULL, 0, BENCH_GOAL_NONE, 0};
-  double ms[NVAR][MAX_ROUNDS], tok[2][MAX_ROUNDS];
+  static const bench_def bf16_def = {
+      "gpt", "GPT train step local bf16 vs f32", "ms", 1, "local f32 step",
+      0, BENCH_GOAL_NONE, 0};
+  static const bench_def btok_def = {"gpt", "GPT tokens/s local bf16",
+                                     "tok/s", 0, NULL, 0, BENCH_GOAL_NONE, 0};
+  double ms[NVAR][MAX_ROUNDS], tok[TORCH][MAX_ROUNDS];
   for (int k = 0; k < NVAR; k++)
     for (int r = 0; r < n; r++) ms[k][r] = 1000.0 * vs[k].t[r];
-  for (int k = 0; k < 2; k++)
+  for (int k = 0; k < TORCH; k++)
     for (int r = 0; r < n; r++)
       tok[k][r] = GR_BATCH * GR_CTX / vs[k].t[r];
   bench_emit(&remote_def, ms[REMOTE], ms[LOCAL], n, "%s", vs[REMOTE].why);
@@ -154,12 +165,14 @@ static void emit(const variant *vs, int n) {
              vs[TORCH].why);
   bench_emit(&ltok_def, tok[LOCAL], NULL, n, "%s", vs[LOCAL].why);
   bench_emit(&rtok_def, tok[REMOTE], NULL, n, "%s", vs[REMOTE].why);
+  bench_emit(&bf16_def, ms[BF16], ms[LOCAL], n, "%s", vs[BF16].why);
+  bench_emit(&btok_def, tok[BF16], NULL, n, "%s", vs[BF16].why);
 }
 
 int main(void) {
   char err[512];
   variant vs[NVAR] = {{.name = "local"}, {.name = "remote"},
-                      {.name = "torch"}};
+                      {.name = "bf16"}, {.name = "torch"}};
   int quick = bench_quick(), block = quick ? 1 : 4;
   int max_rounds = quick ? 1 : MAX_ROUNDS, min_rounds = quick ? 1 : MIN_ROUNDS;
   if (gr_corpus_load(NULL, &g_corpus, err, sizeof err) < 0) {
@@ -171,8 +184,9 @@ int main(void) {
     emit(vs, 1);
     return 0;
   }
-  setup(&vs[LOCAL], 0, NULL);
-  setup(&vs[REMOTE], 1, bench_remote_spec());
+  setup(&vs[LOCAL], 0, NULL, "f32");
+  setup(&vs[REMOTE], 1, bench_remote_spec(), "f32");
+  setup(&vs[BF16], 0, NULL, "bf16");
   vs[TORCH].ready = 1;
   /* warm-up: first steps pay allocation and server-side setup */
   for (int k = 0; k < TORCH; k++)

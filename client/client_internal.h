@@ -78,6 +78,11 @@ struct dispatch_optim {
    * gradients are all-reduced through the group first; group 0: none */
   uint64_t group, group_seq;
   int group_reduce;
+  /* dynamic loss scaling (dispatch_optim_set_loss_scale), NULL when off:
+   * the scale (f32, shape []) and its counts (i64 [2]) on the device */
+  dispatch_tensor *ls_scale, *ls_counts;
+  double ls_growth, ls_backoff;
+  int64_t ls_interval;
   dispatch_optim *prev, *next;
 };
 
@@ -316,6 +321,8 @@ struct dispatch_device {
   dispatch_graph *graphs;            /* live graphs of the device */
   int sync; /* REMOTE: every call that sends a request waits for the
                server (option sync, env DISPATCH_SYNC=1) */
+  int autocast; /* dispatch_autocast's dtype: DSP_F32 (0) off, or the
+                   half dtype matmuls and the like run in */
 };
 
 /* The in-use guard: every public call that can fail enters it first, so
@@ -423,6 +430,15 @@ DISPATCH__HIDDEN void dispatch__graph_backward(dispatch_tensor *loss,
 DISPATCH__HIDDEN void dispatch__graph_grad(dispatch_grads *g,
                                            dispatch_tensor *leaf,
                                            dispatch_tensor *out);
+/* Autocast (autocast.c): casts the inputs of op that dev's policy
+ * changes, each into casts[i] (a new unscoped tensor, which the caller
+ * releases after the op ran) with cin[i] set to its inner tensor; inputs
+ * it keeps are left alone (casts[i] stays NULL). 0, or a cast's error. */
+DISPATCH__HIDDEN int dispatch__autocast_inputs(dispatch_device *dev,
+                                               dsp_opcode op,
+                                               dispatch_tensor *const *in,
+                                               int n_in, dispatch_tensor **cin,
+                                               dispatch_tensor **casts);
 DISPATCH__HIDDEN void dispatch__graph_step(dispatch_optim *opt,
                                            dispatch_grads *g,
                                            const dsp_attrs *a);

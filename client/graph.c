@@ -165,6 +165,12 @@ void dispatch__graph_step(dispatch_optim *opt, dispatch_grads *g,
                           const dsp_attrs *a) {
   struct dispatch__capture *c = opt->dev->capture;
   uint32_t n = (uint32_t)opt->n, k = (uint32_t)opt->k;
+  if (opt->ls_scale) {
+    /* a replay would need the scale's skip and update in the graph */
+    broken(c, DISPATCH_EUNSUPPORTED,
+           "graph: a step with loss scaling cannot be captured");
+    return;
+  }
   uint32_t *in = dsp_calloc(1 + n + n * k, sizeof *in);
   if (!in) {
     broken(c, DISPATCH_ENOMEM, "graph: out of memory for a step");

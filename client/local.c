@@ -182,30 +182,35 @@ static int local_step(dispatch_optim *opt, dispatch_grads *grads,
                        &gs[i]);
     if (rc == 0) n_got = i + 1;
   }
-  /* the server's order: every gradient, then the norm over all of them,
-   * then the updates */
-  int clip = opt->max_norm > 0.0;
-  double scale = 1.0, sq = 0.0;
-  if (rc == 0 && clip) {
-    rc = dsp_grads_sqnorm(dev->ctx, gs, (size_t)opt->n, &sq);
-    scale = dsp_clip_scale(opt->max_norm, sqrt(sq));
-    if (rc == 0 && opt->norm)
-      rc = dsp_step_store_norm(dev->ctx, opt->norm->local, sqrt(sq));
-  }
-  for (int i = 0; i < opt->n && rc == 0; i++) {
+  /* the server's order: every gradient, then the norm over all of them
+   * and the scaler's decision, then the updates */
+  dsp_attrs base = *a;
+  dsp_step_scaler sc = {0};
+  if (opt->ls_scale)
+    sc = (dsp_step_scaler){opt->ls_scale->local, opt->ls_counts->local,
+                           opt->ls_growth, opt->ls_backoff, opt->ls_interval};
+  dsp_step_plan plan = {0};
+  if (rc == 0)
+    rc = dsp_step_prepare(dev->ctx, gs, (size_t)opt->n, opt->max_norm,
+                          opt->max_norm > 0.0 && opt->norm ? opt->norm->local
+                                                           : NULL,
+                          opt->ls_scale ? &sc : NULL, &base, &plan);
+  for (int i = 0; i < opt->n && rc == 0 && !plan.skip; i++) {
     dsp_tensor *in[4], *res;
     in[0] = opt->params[i]->inner->local;
     in[1] = gs[i];
     for (int j = 0; j < opt->k; j++)
       in[2 + j] = opt->states[i * opt->k + j]->local;
     dsp_attrs pa;
-    dsp_step_param_attrs(opt->op, a, opt->wd, (size_t)i, clip, scale, &pa);
+    dsp_step_param_attrs(opt->op, &base, opt->wd, (size_t)i, plan.extra,
+                         plan.factor, &pa);
     rc = dsp_op(dev->ctx, opt->op, in, 2 + opt->k, &pa, &res);
     if (rc == 0) {
       dsp_tensor_unref(res);
       dev->local_stats.ops++;
     }
   }
+  if (rc == 0 && opt->ls_scale) rc = dsp_step_finish(dev->ctx, &sc, &plan);
   for (int i = 0; i < n_got; i++) dsp_tensor_unref(gs[i]);
   if (gs != gstack) dsp_free(gs);
   if (rc < 0) dev->local_stats.errors++; /* the server counts it too */

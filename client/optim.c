@@ -14,6 +14,8 @@ static void optim_destroy(dispatch_optim *o) {
   for (int i = 0; i < o->n * o->k; i++)
     if (o->states) dispatch__tensor_unref(o->states[i]);
   if (o->norm) dispatch__tensor_unref(o->norm);
+  if (o->ls_scale) dispatch__tensor_unref(o->ls_scale);
+  if (o->ls_counts) dispatch__tensor_unref(o->ls_counts);
   dsp_free(o->params);
   dsp_free(o->states);
   dsp_free(o->wd);
@@ -160,6 +162,109 @@ int dispatch_optim_last_norm(dispatch_optim *opt, double *norm) {
                                     "optim_last_norm: the optimizer has "
                                     "never clipped (dispatch_optim_set_clip)"));
   return dispatch_tensor_read(opt->norm, norm, sizeof *norm);
+}
+
+int dispatch_optim_set_loss_scale(dispatch_optim *opt, double init_scale,
+                                  double growth, double backoff,
+                                  int64_t interval) {
+  if (!opt) return DISPATCH_EINVAL;
+  dispatch_device *dev = opt->dev;
+  DISPATCH__GUARD(dev, "optim_set_loss_scale");
+  if (init_scale == 0.0) {
+    dispatch__tensor_unref(opt->ls_scale);
+    dispatch__tensor_unref(opt->ls_counts);
+    opt->ls_scale = opt->ls_counts = NULL;
+    return 0;
+  }
+  /* the scale is kept in f32, as torch's: it must be one */
+  if (!(init_scale > 0.0) || !isfinite((float)init_scale) ||
+      (float)init_scale == 0.0f || !(growth >= 1.0) || isinf(growth) ||
+      !(backoff > 0.0) || backoff > 1.0 || interval < 1)
+    return dispatch__ret(dev, dsp_seterr(dev->ctx, DISPATCH_EINVAL,
+                                         "optim_set_loss_scale: takes "
+                                         "init_scale > 0 and finite in f32 "
+                                         "(got %g), growth >= 1 (got %g), "
+                                         "backoff in (0, 1] (got %g) and "
+                                         "interval >= 1 (got %lld)",
+                                         init_scale, growth, backoff,
+                                         (long long)interval));
+  dsp_attrs fa = dsp_attrs_none(), za = dsp_attrs_none();
+  fa.ints[fa.n_ints++] = DSP_F32;
+  fa.floats[fa.n_floats++] = init_scale;
+  za.ints[za.n_ints++] = DSP_I64;
+  za.ints[za.n_ints++] = 2;
+  dispatch_tensor *sc = NULL, *counts = NULL;
+  int rc = dispatch__run(dev, DSP_OP_FULL, NULL, 0, &fa, 0, &sc);
+  if (rc == 0) rc = dispatch__run(dev, DSP_OP_ZEROS, NULL, 0, &za, 0, &counts);
+  if (rc < 0) {
+    dispatch__tensor_unref(sc);
+    return rc;
+  }
+  dispatch__tensor_unref(opt->ls_scale);
+  dispatch__tensor_unref(opt->ls_counts);
+  opt->ls_scale = sc;
+  opt->ls_counts = counts;
+  opt->ls_growth = growth;
+  opt->ls_backoff = backoff;
+  opt->ls_interval = interval;
+  return 0;
+}
+
+/* The scaler's tensors, or DISPATCH_EINVAL naming the caller. */
+static int loss_scaler_on(dispatch_optim *opt, const char *name) {
+  if (opt->ls_scale) return 0;
+  return dispatch__ret(opt->dev,
+                       dsp_seterr(opt->dev->ctx, DISPATCH_EINVAL,
+                                  "%s: the optimizer has no loss scale "
+                                  "(dispatch_optim_set_loss_scale)",
+                                  name));
+}
+
+int dispatch_optim_scale_loss(dispatch_optim *opt, dispatch_tensor *loss,
+                              dispatch_tensor **out) {
+  if (out) *out = NULL;
+  if (!opt || !out) return DISPATCH_EINVAL;
+  int rc = loss_scaler_on(opt, "optim_scale_loss");
+  if (rc < 0) return rc;
+  if (!loss) return dispatch__null_input(opt->dev, "optim_scale_loss", 0);
+  dsp_dtype dt = loss->meta.dtype;
+  if (dt != DSP_F32 && dt != DSP_F64 && dt != DSP_F16 &&
+      dt != DSP_BF16)
+    return dispatch__ret(opt->dev, dsp_seterr(opt->dev->ctx, DISPATCH_EDTYPE,
+                                              "optim_scale_loss: the loss "
+                                              "is %s, not a float",
+                                              dsp_dtype_name(dt)));
+  /* f32 and f64 keep their dtype; a half loss is scaled in f32, where
+   * the scale itself (up to 2^127) fits */
+  dsp_attrs ca = dsp_attrs_none();
+  ca.ints[ca.n_ints++] = dt == DSP_F64 ? DSP_F64 : DSP_F32;
+  dispatch_tensor *in[2] = {loss, opt->ls_scale}, *tmp = NULL;
+  int which = dt == DSP_F64 ? 1 : dt != DSP_F32 ? 0 : -1;
+  if (which >= 0) {
+    rc = dispatch__run(opt->dev, DSP_OP_CAST, &in[which], 1, &ca, 0, &tmp);
+    if (rc < 0) return rc;
+    in[which] = tmp;
+  }
+  rc = dispatch__run(opt->dev, DSP_OP_MUL, in, 2, NULL, 1, out);
+  dispatch__tensor_unref(tmp);
+  return rc;
+}
+
+int dispatch_optim_loss_scale(dispatch_optim *opt, double *scale,
+                              int64_t *skipped) {
+  if (scale) *scale = NAN;
+  if (skipped) *skipped = -1;
+  if (!opt || !scale) return DISPATCH_EINVAL;
+  int rc = loss_scaler_on(opt, "optim_loss_scale");
+  if (rc < 0) return rc;
+  float s;
+  int64_t c[2];
+  rc = dispatch_tensor_read(opt->ls_scale, &s, sizeof s);
+  if (rc == 0 && skipped) rc = dispatch_tensor_read(opt->ls_counts, c, sizeof c);
+  if (rc < 0) return rc;
+  *scale = s;
+  if (skipped) *skipped = c[1];
+  return 0;
 }
 
 double dispatch_lr_cosine(int64_t step, int64_t warmup, int64_t total,

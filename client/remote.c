@@ -123,28 +123,37 @@ static int req_grad(dispatch_device *dev, uint64_t grads, uint64_t tensor,
                          0);
 }
 
-/* wd: adamw's n weight decays (NULL: none); max_norm > 0: clip, and the
- * norm left in tensor id norm (0: none) (1.5) */
-static int req_step(dispatch_device *dev, dsp_opcode op, uint64_t grads,
-                    const uint64_t *params, int n, const uint64_t *states,
-                    int n_st, const dsp_attrs *a, const double *wd,
-                    double max_norm, uint64_t norm,
-                    const dispatch_optim *grp) {
+/* opt's step over params and states (ids): adamw's weight decays (1.5),
+ * the clip and the tensor that gets the norm (1.5), the loss scale
+ * (1.7) */
+static int req_step(dispatch_optim *opt, uint64_t grads,
+                    const uint64_t *params, const uint64_t *states,
+                    const dsp_attrs *a) {
   dsp_wreq w;
-  Dspwire__Request *req =
-      dsp_wreq_step(&w, (int32_t)op, grads, params, (size_t)n, states,
-                    (size_t)n_st, a->ints, (size_t)a->n_ints, a->floats,
-                    (size_t)a->n_floats);
-  w.body.step.max_norm = max_norm;
-  w.body.step.norm = norm;
-  w.body.step.group = grp ? grp->group : 0; /* 1.7, client/group.c */
-  w.body.step.group_seq = grp ? grp->group_seq : 0;
-  w.body.step.group_reduce = grp ? grp->group_reduce : 0;
-  if (wd) {
-    w.body.step.n_weight_decay = (size_t)n;
-    w.body.step.weight_decay = (double *)wd;
+  Dspwire__Request *req = dsp_wreq_step(
+      &w, (int32_t)opt->op, grads, params, (size_t)opt->n, states,
+      (size_t)opt->n * (size_t)opt->k, a->ints, (size_t)a->n_ints, a->floats,
+      (size_t)a->n_floats);
+  Dspwire__Step *st = &w.body.step;
+  st->max_norm = opt->max_norm;
+  st->norm = opt->max_norm > 0.0 && opt->norm ? opt->norm->id : 0;
+  if (opt->group) { /* 1.7, client/group.c: all-reduced through the group */
+    st->group = opt->group;
+    st->group_seq = opt->group_seq;
+    st->group_reduce = opt->group_reduce;
   }
-  return dispatch__queue(dev, req, 0, NULL, 0);
+  if (opt->wd) {
+    st->n_weight_decay = (size_t)opt->n;
+    st->weight_decay = opt->wd;
+  }
+  if (opt->ls_scale) {
+    st->loss_scale = opt->ls_scale->id;
+    st->loss_scale_counts = opt->ls_counts->id;
+    st->loss_scale_growth = opt->ls_growth;
+    st->loss_scale_backoff = opt->ls_backoff;
+    st->loss_scale_interval = opt->ls_interval;
+  }
+  return dispatch__queue(opt->dev, req, 0, NULL, 0);
 }
 
 static int req_read(dispatch_device *dev, uint64_t id, void *buf,
@@ -660,6 +669,13 @@ static int remote_step(dispatch_optim *opt, dispatch_grads *grads,
                       "\"%s\" speaks 1.%u",
                       opt->op == DSP_OP_ADAMW_STEP ? "adamw" : "clipping",
                       dev->spec, dev->conn->server_minor);
+  /* a 1.6 server would drop the scale unread and step on scaled
+   * gradients */
+  if (dev->conn->server_minor < 7 && opt->ls_scale)
+    return dsp_seterr(dev->ctx, DISPATCH_EUNSUPPORTED,
+                      "optim_step: loss scaling needs a server of protocol "
+                      "1.7, \"%s\" speaks 1.%u",
+                      dev->spec, dev->conn->server_minor);
   uint64_t pstack[64], sstack[128];
   uint64_t *pids = pstack, *sids = sstack;
   if (opt->n > 64) {
@@ -673,10 +689,7 @@ static int remote_step(dispatch_optim *opt, dispatch_grads *grads,
   }
   for (int i = 0; i < opt->n; i++) pids[i] = opt->params[i]->inner->id;
   for (int i = 0; i < opt->n * opt->k; i++) sids[i] = opt->states[i]->id;
-  int rc = req_step(dev, opt->op, grads->id, pids, opt->n, sids,
-                    opt->n * opt->k, a, opt->wd, opt->max_norm,
-                    opt->max_norm > 0.0 && opt->norm ? opt->norm->id : 0,
-                    opt->group ? opt : NULL);
+  int rc = req_step(opt, grads->id, pids, sids, a);
   if (pids != pstack) {
     dsp_free(pids);
     dsp_free(sids);

@@ -67,17 +67,24 @@ int dispatch__run(dispatch_device *dev, dsp_opcode op,
      * fails here, so the server never runs work that cannot succeed */
     if (cin[i]->status) return dispatch__poisoned_input(dev, in[i]);
   }
-  dispatch_tensor *t;
+  /* the device's mixed-precision policy: casts live until the op ran */
+  dispatch_tensor *casts[DSP_MAX_INPUTS] = {NULL};
+  int rc = 0;
+  if (dev->autocast != DSP_F32)
+    rc = dispatch__autocast_inputs(dev, op, in, n_in, cin, casts);
+  dispatch_tensor *t = NULL;
   int wrap = 0;
-  int rc = dev->ops->op(dev, op, cin, n_in, a, any_ad, &t, &wrap);
-  if (rc < 0) return dispatch__ret(dev, rc);
+  if (rc == 0) rc = dev->ops->op(dev, op, cin, n_in, a, any_ad, &t, &wrap);
   /* sync mode: the server's answer to this op is this call's (the Free
    * of the handle takes its poisoned id off the server) */
-  if ((rc = dispatch__sync_call(dev)) < 0) {
+  if (rc == 0 && (rc = dispatch__sync_call(dev)) < 0) {
     dispatch__tensor_unref(t);
-    return dispatch__ret(dev, rc);
+    t = NULL;
   }
-  if (dev->capture) dispatch__graph_op(dev, op, cin, n_in, a, !any_ad, t);
+  if (rc == 0 && dev->capture)
+    dispatch__graph_op(dev, op, cin, n_in, a, !any_ad, t);
+  for (int i = 0; i < n_in; i++) dispatch__tensor_unref(casts[i]);
+  if (rc < 0) return dispatch__ret(dev, rc);
   if (wrap) {
     rc = wrap_autodiff(op, t, &t);
     if (rc < 0) return dispatch__ret(dev, rc);

@@ -853,6 +853,55 @@ int dsp_step_store_norm(dsp_ctx *ctx, dsp_tensor *t, double norm);
 void dsp_step_param_attrs(int op, const dsp_attrs *base, const double *wd,
                           size_t i, int clip, double scale, dsp_attrs *out);
 
+/* Dynamic loss scaling inside a step (protocol 1.7), as
+ * torch.cuda.amp.GradScaler's unscale_, step and update in one: the
+ * gradients come from a loss multiplied by the scale. A gradient with an
+ * inf or NaN skips every update (no parameter or state changes) and
+ * multiplies the scale by backoff; otherwise each gradient is read as
+ * g / scale (times the clip's factor, taken on the unscaled norm), the
+ * updates run, and after `interval` such steps in a row the scale is
+ * multiplied by growth (kept when that is not finite in f32). Adam's step
+ * count skips the skipped steps (torch's optimizer never saw them). */
+typedef struct dsp_step_scaler {
+  dsp_tensor *scale;  /* f32, one element: the loss scale, > 0 */
+  dsp_tensor *counts; /* i64, two elements: clean steps since the scale
+                         last changed, steps skipped so far */
+  double growth;      /* >= 1 */
+  double backoff;     /* in (0, 1] */
+  int64_t interval;   /* >= 1 */
+} dsp_step_scaler;
+
+/* What a step decided before its first update. */
+typedef struct dsp_step_plan {
+  int extra;      /* the ops take a gradient factor (a clip or a scaler) */
+  double factor;  /* each gradient is read as g * factor (1: as is) */
+  int skip;       /* a non-finite gradient under a scaler: no update */
+  double scale;   /* the scaler's scale as read (1 without one) */
+  int64_t counts[2]; /* the scaler's counts as read */
+} dsp_step_plan;
+
+/* Checks a scaler's tensors (dtype, element count) and hyperparameters
+ * before anything changes. 0, or DISPATCH_EDTYPE / ESHAPE / EINVAL. */
+int dsp_step_check_scaler(dsp_ctx *ctx, const dsp_step_scaler *sc);
+
+/* The part of a step between fetching the gradients g[0..n-1] and the
+ * first update, shared by its three runners: sets p->extra (clip or sc),
+ * and, when there is a clip, a norm tensor or a scaler, takes the global
+ * norm (dsp_grads_sqnorm; under a scaler, of the unscaled gradients),
+ * stores it in norm_t (NULL: none), and decides p->factor and p->skip;
+ * Adam's step count, base->ints[0] (base may be NULL for a check alone),
+ * goes back by the steps the scaler has skipped. sc NULL: no scaler, and
+ * the step is what it was before 1.7. 0, or a DISPATCH_E* code. */
+int dsp_step_prepare(dsp_ctx *ctx, dsp_tensor *const *g, size_t n,
+                     double max_norm, dsp_tensor *norm_t,
+                     const dsp_step_scaler *sc, dsp_attrs *base,
+                     dsp_step_plan *p);
+
+/* After a step's updates ran (or were skipped: p->skip): the scaler's new
+ * scale and counts, written in place. sc NULL: nothing. */
+int dsp_step_finish(dsp_ctx *ctx, const dsp_step_scaler *sc,
+                    const dsp_step_plan *p);
+
 #define DSP_FAMILY_DECL_(fam)                                                \
   int dsp__infer_##fam(dsp_ctx *ctx, dsp_opcode op, const dsp_meta *in,      \
                        int n_in, const dsp_attrs *a, dsp_meta *out);

@@ -373,12 +373,11 @@ static int run_step(dsp_ctx *ctx, const dsp_gnode *n, void **vals,
     rc = dsp_op_infer(ctx, (dsp_opcode)n->op, metas, (int)(k + 2), &pa, &om);
   }
   /* the norm over every gradient before the first update, as the
-   * server's Step and the LOCAL optimizer take it */
-  double scale = 1.0, sq;
-  if (rc == 0 && clip) {
-    rc = dsp_grads_sqnorm(ctx, gs, np, &sq);
-    if (rc == 0) scale = dsp_clip_scale(n->max_norm, sqrt(sq));
-  }
+   * server's Step and the LOCAL optimizer take it (a graph has no loss
+   * scaler: the capture refuses a scaled step) */
+  dsp_step_plan plan = {0};
+  if (rc == 0)
+    rc = dsp_step_prepare(ctx, gs, np, n->max_norm, NULL, NULL, NULL, &plan);
   if (rc == 0) {
     int prev = dsp_set_grad_enabled(ctx, 0);
     for (uint32_t i = 0; i < np && rc == 0; i++) {
@@ -386,7 +385,7 @@ static int run_step(dsp_ctx *ctx, const dsp_gnode *n, void **vals,
       in[0] = vals[n->in[1 + i]];
       in[1] = gs[i];
       for (uint32_t q = 0; q < k; q++) in[2 + q] = vals[n->in[1 + np + i * k + q]];
-      dsp_step_param_attrs(n->op, &a, wd, i, clip, scale, &pa);
+      dsp_step_param_attrs(n->op, &a, wd, i, plan.extra, plan.factor, &pa);
       rc = dsp_op(ctx, (dsp_opcode)n->op, in, (int)(k + 2), &pa, &out);
       if (rc == 0) {
         dsp_tensor_unref(out);

@@ -36,7 +36,8 @@ static const optim_row *row_of(dsp_opcode op) {
 }
 
 /* lr, momentum, weight decay: any finite value (as torch); betas in
- * [0, 1); eps >= 0; the gradient scale in [0, 1], or NaN (a clip of a NaN
+ * [0, 1); eps >= 0; the gradient factor finite and >= 0 (a clip's is at
+ * most 1, a loss scaler's 1 / scale may be more), or NaN (a clip of a NaN
  * norm propagates, as PyTorch's does) */
 static int check_floats(dsp_ctx *ctx, const optim_row *r, const dsp_attrs *a) {
   for (int i = 0; i < r->n_floats; i++)
@@ -58,9 +59,9 @@ static int check_floats(dsp_ctx *ctx, const optim_row *r, const dsp_attrs *a) {
   }
   if (a->n_floats > r->n_floats) {
     double s = a->floats[r->n_floats];
-    if (!(s >= 0.0 && s <= 1.0) && !isnan(s))
+    if (!(s >= 0.0 && !isinf(s)) && !isnan(s))
       return dsp_seterr(ctx, DISPATCH_EINVAL,
-                        "%s: gradient scale = %g outside [0, 1]",
+                        "%s: gradient scale = %g is not finite and >= 0",
                         opname(r->op), s);
   }
   return 0;

@@ -71,22 +71,33 @@ int dsp_grads_sqnorm(dsp_ctx *ctx, dsp_tensor *const *g, size_t n,
   return 0;
 }
 
-int dsp_step_store_norm(dsp_ctx *ctx, dsp_tensor *t, double norm) {
-  if (t->meta.dtype != DSP_F64 || t->numel != 1)
-    return dsp_seterr(ctx, t->meta.dtype != DSP_F64 ? DISPATCH_EDTYPE
-                                                    : DISPATCH_ESHAPE,
-                      "step: the norm's tensor must be one f64, got %s of "
-                      "%lld elements",
-                      dsp_dtype_name(t->meta.dtype), (long long)t->numel);
+/* t is `numel` elements of dtype dt, or an error naming `what`. */
+static int check_small(dsp_ctx *ctx, const dsp_tensor *t, dsp_dtype dt,
+                       int64_t numel, const char *what) {
+  if (t->meta.dtype == dt && t->numel == numel) return 0;
+  return dsp_seterr(ctx, t->meta.dtype != dt ? DISPATCH_EDTYPE
+                                             : DISPATCH_ESHAPE,
+                    "step: %s must be %lld %s, got %s of %lld elements",
+                    what, (long long)numel, dsp_dtype_name(dt),
+                    dsp_dtype_name(t->meta.dtype), (long long)t->numel);
+}
+
+/* Overwrites all of t's bytes with src, in place on its backend. */
+static int store_bytes(dsp_ctx *ctx, dsp_tensor *t, const void *src) {
   /* a reader still sending the old value keeps its own copy */
   int rc = dsp__storage_prepare_write(ctx, t);
   dsp_stage st;
   if (rc == 0) rc = dsp_tensor_stage_in(ctx, t, &st);
   if (rc < 0) return rc;
-  memcpy(st.host, &norm, sizeof norm);
+  memcpy(st.host, src, st.nbytes);
   rc = dsp_stage_commit(ctx, &st);
   dsp_stage_release(&st);
   return rc;
+}
+
+int dsp_step_store_norm(dsp_ctx *ctx, dsp_tensor *t, double norm) {
+  int rc = check_small(ctx, t, DSP_F64, 1, "the norm's tensor");
+  return rc < 0 ? rc : store_bytes(ctx, t, &norm);
 }
 
 double dsp_clip_scale(double max_norm, double norm) {
@@ -102,4 +113,81 @@ void dsp_step_param_attrs(int op, const dsp_attrs *base, const double *wd,
     out->floats[out->n_floats++] = wd ? wd[i] : 0.0;
   if (clip && out->n_floats < DSP_MAX_ATTR_FLOATS)
     out->floats[out->n_floats++] = scale;
+}
+
+int dsp_step_check_scaler(dsp_ctx *ctx, const dsp_step_scaler *sc) {
+  int rc = check_small(ctx, sc->scale, DSP_F32, 1, "the loss scale");
+  if (rc == 0)
+    rc = check_small(ctx, sc->counts, DSP_I64, 2, "the loss scale's counts");
+  if (rc < 0) return rc;
+  if (!(sc->growth >= 1.0) || isinf(sc->growth) || !(sc->backoff > 0.0) ||
+      sc->backoff > 1.0 || sc->interval < 1)
+    return dsp_seterr(ctx, DISPATCH_EINVAL,
+                      "step: loss scaling takes growth >= 1 (got %g), "
+                      "backoff in (0, 1] (got %g) and interval >= 1 (got "
+                      "%lld)",
+                      sc->growth, sc->backoff, (long long)sc->interval);
+  return 0;
+}
+
+int dsp_step_prepare(dsp_ctx *ctx, dsp_tensor *const *g, size_t n,
+                     double max_norm, dsp_tensor *norm_t,
+                     const dsp_step_scaler *sc, dsp_attrs *base,
+                     dsp_step_plan *p) {
+  int clip = max_norm > 0.0;
+  memset(p, 0, sizeof *p);
+  p->extra = clip || sc;
+  p->factor = 1.0;
+  p->scale = 1.0;
+  if (sc) {
+    float s;
+    int rc = dsp_step_check_scaler(ctx, sc);
+    if (rc == 0) rc = dsp_tensor_read(ctx, sc->scale, &s, sizeof s);
+    if (rc == 0)
+      rc = dsp_tensor_read(ctx, sc->counts, p->counts, sizeof p->counts);
+    if (rc < 0) return rc;
+    if (!(s > 0.0f) || isinf(s) || p->counts[0] < 0 || p->counts[1] < 0)
+      return dsp_seterr(ctx, DISPATCH_EINVAL,
+                        "step: the loss scale %g (counts %lld, %lld) is not "
+                        "a positive finite scale with counts >= 0",
+                        (double)s, (long long)p->counts[0],
+                        (long long)p->counts[1]);
+    p->scale = s;
+    /* Adam's t counts the updates that ran, as torch's state["step"] */
+    if (base && base->n_ints >= 1) base->ints[0] -= p->counts[1];
+  }
+  if (!clip && !norm_t && !sc) return 0;
+  double sq;
+  int rc = dsp_grads_sqnorm(ctx, g, n, &sq);
+  if (rc < 0) return rc;
+  /* scaling by a power of two is exact: the unscaled norm has the bits
+   * an unscaled step would take */
+  double norm = sqrt(sq) / p->scale;
+  if (norm_t && (rc = dsp_step_store_norm(ctx, norm_t, norm)) < 0) return rc;
+  /* the squares are summed in double: only an inf or NaN element makes
+   * the sum non-finite */
+  if (sc && !isfinite(sq)) {
+    p->skip = 1;
+    return 0;
+  }
+  p->factor = (clip ? dsp_clip_scale(max_norm, norm) : 1.0) / p->scale;
+  return 0;
+}
+
+int dsp_step_finish(dsp_ctx *ctx, const dsp_step_scaler *sc,
+                    const dsp_step_plan *p) {
+  if (!sc) return 0;
+  float s = (float)p->scale;
+  int64_t c[2] = {p->counts[0] + 1, p->counts[1]};
+  if (p->skip) {
+    s = (float)(p->scale * sc->backoff);
+    c[0] = 0;
+    c[1]++;
+  } else if (c[0] >= sc->interval) {
+    float grown = (float)(p->scale * sc->growth);
+    if (isfinite(grown)) s = grown;
+    c[0] = 0;
+  }
+  int rc = store_bytes(ctx, sc->counts, c);
+  return rc < 0 ? rc : store_bytes(ctx, sc->scale, &s);
 }

@@ -5,6 +5,7 @@
  * batch 32 x 64, clip 1.0) on the fortunes corpus, on any device:
  *
  *   train_gpt --device local --steps 2000
+ *   train_gpt --precision bf16     (or f16: mixed precision, issue 24)
  *   train_gpt --device tcp://127.0.0.1:7000
  *   DISPATCH_DEVICE=tcp://127.0.0.1:7000 train_gpt
  *
@@ -26,6 +27,7 @@
 
 typedef struct gpt_opts {
   const char *device; /* NULL: env DISPATCH_DEVICE, else "local" */
+  const char *precision; /* f32, bf16 or f16 (gm_set_precision) */
   long steps;
   long log_every;
   long sample;
@@ -43,6 +45,10 @@ static void gpt_usage(FILE *f) {
           "  --device SPEC   local | tcp://HOST:PORT (default: env "
           "DISPATCH_DEVICE, else local)\n"
           "  --steps N       training steps (default %d)\n"
+          "  --precision P   f32 | bf16 | f16: mixed precision (f32 master "
+          "weights,\n"
+          "                  matmuls and attention in P; f16 with loss "
+          "scaling) (default f32)\n"
           "  --log-every N   training loss every N steps, 0: none "
           "(default 100)\n"
           "  --sample N      characters of generated text, 0: none "
@@ -78,6 +84,15 @@ static int gpt_parse(int argc, char **argv, gpt_opts *o) {
     const char *v = argv[++i];
     if (!strcmp(a, "--device")) {
       o->device = v;
+      continue;
+    }
+    if (!strcmp(a, "--precision")) {
+      if (strcmp(v, "f32") && strcmp(v, "bf16") && strcmp(v, "f16")) {
+        fprintf(stderr, "train_gpt: bad value for --precision: '%s' (f32, "
+                        "bf16 or f16)\n", v);
+        return -1;
+      }
+      o->precision = v;
       continue;
     }
     if (!strcmp(a, "--steps")) {
@@ -153,6 +168,13 @@ static int gpt_report(gm_model *m, const gr_corpus *c, const gpt_opts *o,
   }
   printf("baselines on the same val windows: bigram %.4f  unigram %.4f\n",
          big, uni);
+  if (m->scaled) {
+    double scale;
+    int64_t skipped;
+    if (dispatch_optim_loss_scale(m->opt, &scale, &skipped) < 0) return -1;
+    printf("grad scaler: scale %g, %lld steps skipped\n", scale,
+           (long long)skipped);
+  }
   printf("tokens/s %.0f (%.1f ms/step over %ld steps)\n",
          (double)o->steps * GR_BATCH * GR_CTX / train_s,
          1000.0 * train_s / (double)o->steps, o->steps);
@@ -171,7 +193,7 @@ static int gpt_report(gm_model *m, const gr_corpus *c, const gpt_opts *o,
 }
 
 int main(int argc, char **argv) {
-  gpt_opts o = {NULL, GR_TOTAL, 100, 300};
+  gpt_opts o = {NULL, "f32", GR_TOTAL, 100, 300};
   int pr = gpt_parse(argc, argv, &o);
   if (pr != 0) return pr > 0 ? 0 : 2;
 
@@ -191,10 +213,12 @@ int main(int argc, char **argv) {
     goto out;
   }
   if (gm_init(dev, c.nvocab, &m) < 0) goto out;
+  if (gm_set_precision(&m, o.precision) < 0) goto out;
   printf("train_gpt: device %s, %lld parameters, corpus %zu bytes (vocab "
-         "%d, train %zu, val %zu), %ld steps of %d x %d\n",
+         "%d, train %zu, val %zu), %ld steps of %d x %d, precision %s\n",
          dispatch_device_spec(dev), (long long)m.nweights, c.n, c.nvocab,
-         c.n_train, c.n - c.n_train, o.steps, GR_BATCH, GR_CTX);
+         c.n_train, c.n - c.n_train, o.steps, GR_BATCH, GR_CTX,
+         o.precision);
   fflush(stdout);
   double train_s;
   if (gpt_train(&m, &c, &o, &train_s) < 0) goto out;

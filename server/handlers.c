@@ -334,6 +334,20 @@ int sv_exec_step(sv_session *s, sv_job *j, char *why, size_t len) {
                     "step %s: the norm's tensor (id %llu) must be one f64",
                     name, (unsigned long long)st->norm);
   }
+  /* the loss scale (1.7), judged with the norm's tensor */
+  dsp_step_scaler sc = {NULL, NULL, st->loss_scale_growth,
+                        st->loss_scale_backoff, st->loss_scale_interval};
+  if (st->loss_scale) {
+    rc = sv_get_tensor(s, st->loss_scale, SV_LABEL("step: loss scale"), why,
+                       len, &sc.scale);
+    if (rc == 0)
+      rc = sv_get_tensor(s, st->loss_scale_counts,
+                         SV_LABEL("step: loss scale counts"), why, len,
+                         &sc.counts);
+    if (rc == 0 && (rc = dsp_step_check_scaler(s->ctx, &sc)) < 0)
+      rc = why_ctx(s, why, len, rc);
+    if (rc < 0) return rc;
+  }
   if (st->n_params == 0) return 0;
   dsp_tensor **args = dsp_calloc(st->n_params * (k + 2), sizeof *args);
   if (!args) return sv_why(why, len, DISPATCH_ENOMEM, "step: out of memory");
@@ -355,39 +369,36 @@ int sv_exec_step(sv_session *s, sv_job *j, char *why, size_t len) {
     n_grads = i + 1;
     dsp_meta metas[4], om;
     for (size_t q = 0; q < k + 2; q++) metas[q] = row[q]->meta;
-    /* checked with the scale it may get: a clip gives every op one more
-     * float, so the counts are judged here, before anything changes */
-    dsp_step_param_attrs(st->op, &base, wd, i, clip, 1.0, &a);
+    /* checked with the factor it may get: a clip or a scaler gives every
+     * op one more float, so the counts are judged here, before anything
+     * changes */
+    dsp_step_param_attrs(st->op, &base, wd, i, clip || sc.scale, 1.0, &a);
     rc = dsp_op_infer(s->ctx, (dsp_opcode)st->op, metas, (int)(k + 2), &a, &om);
     if (rc < 0) rc = why_ctx(s, why, len, rc);
   }
   /* 1.7 data-parallel: the gradients summed or averaged over the group
-   * first, so every member steps with the same ones (group.c) */
+   * first, so every member steps with the same ones (group.c), and a loss
+   * scaler decides on the reduced gradients alike on every member */
   if (rc == 0 && st->group)
     rc = sv_group_step_grads(s, args, st->n_params, k + 2, st, why, len);
-  /* the norm over every gradient, before the first parameter changes, in
-   * the LOCAL device's order (dsp_grads_sqnorm) */
-  double scale = 1.0;
-  if (rc == 0 && (clip || norm_t)) {
-    double sq;
+  /* the norm over every gradient and the scaler's decision, before the
+   * first parameter changes, in the LOCAL device's order */
+  dsp_step_plan plan = {0};
+  if (rc == 0) {
     dsp_tensor **gs = dsp_calloc(st->n_params, sizeof *gs);
     if (!gs) rc = sv_why(why, len, DISPATCH_ENOMEM, "step: out of memory");
     for (size_t i = 0; gs && i < st->n_params; i++) gs[i] = args[i * (k + 2) + 1];
-    if (gs) {
-      rc = dsp_grads_sqnorm(s->ctx, gs, st->n_params, &sq);
-      if (rc < 0) rc = why_ctx(s, why, len, rc);
-      else if (clip) scale = dsp_clip_scale(st->max_norm, sqrt(sq));
-      if (rc == 0 && norm_t &&
-          (rc = dsp_step_store_norm(s->ctx, norm_t, sqrt(sq))) < 0)
-        rc = why_ctx(s, why, len, rc);
-    }
+    if (gs &&
+        (rc = dsp_step_prepare(s->ctx, gs, st->n_params, st->max_norm, norm_t,
+                               sc.scale ? &sc : NULL, &base, &plan)) < 0)
+      rc = why_ctx(s, why, len, rc);
     dsp_free(gs);
   }
-  if (rc == 0) {
+  if (rc == 0 && !plan.skip) {
     int prev = dsp_set_grad_enabled(s->ctx, 0);
     for (size_t i = 0; i < st->n_params && rc == 0; i++) {
       dsp_tensor *out;
-      dsp_step_param_attrs(st->op, &base, wd, i, clip, scale, &a);
+      dsp_step_param_attrs(st->op, &base, wd, i, plan.extra, plan.factor, &a);
       rc = dsp_op(s->ctx, (dsp_opcode)st->op, args + i * (k + 2), (int)(k + 2),
                   &a, &out);
       if (rc < 0) {
@@ -403,6 +414,8 @@ int sv_exec_step(sv_session *s, sv_job *j, char *why, size_t len) {
     }
     dsp_set_grad_enabled(s->ctx, prev);
   }
+  if (rc == 0 && sc.scale && (rc = dsp_step_finish(s->ctx, &sc, &plan)) < 0)
+    rc = why_ctx(s, why, len, rc);
   for (size_t i = 0; i < n_grads; i++) dsp_tensor_unref(args[i * (k + 2) + 1]);
   dsp_free(args);
   return rc;

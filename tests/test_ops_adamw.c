@@ -222,9 +222,9 @@ Test(adamw_op, errors) {
   bad.floats[4] = NAN;
   expect(ctx, run4(ctx, DSP_OP_ADAMW_STEP, &bad, p, g, m, m), DISPATCH_EINVAL,
          "weight_decay = nan is not finite");
-  bad = adamw_attrs(0.1, 0.1, 1, 1, 1.5);
+  bad = adamw_attrs(0.1, 0.1, 1, 1, INFINITY);
   expect(ctx, run4(ctx, DSP_OP_ADAMW_STEP, &bad, p, g, m, m), DISPATCH_EINVAL,
-         "gradient scale = 1.5 outside [0, 1]");
+         "gradient scale = inf is not finite and >= 0");
   bad = adamw_attrs(0.1, 0.1, 1, 1, -0.5);
   expect(ctx, run4(ctx, DSP_OP_ADAMW_STEP, &bad, p, g, m, m), DISPATCH_EINVAL,
          "gradient scale = -0.5");
@@ -664,4 +664,31 @@ Test(adamw_client, last_norm_is_the_unclipped_global_norm,
     dispatch_device_close(dev);
   }
   cr_assert_eq(memcmp(&got[0], &got[1], sizeof got[0]), 0);
+}
+
+/* With loss scaling too (issue 24) the step stays one Step request: the
+ * scale's check, skip and update run inside it on the server */
+Test(adamw_client, loss_scaled_step_is_one_message, .fini = stop_server) {
+  const char *args[] = {"--metrics-listen", "127.0.0.1:0", NULL};
+  check_server_start(&g_srv, args);
+  int port = metrics_port(g_srv.out_fd);
+  cr_assert_gt(port, 0, "no metrics line");
+  dispatch_device *dev = open_dev(1);
+  dispatch_tensor *a = leaf(dev, NA, g_a0), *b = leaf(dev, NB, g_b0);
+  dispatch_tensor *ca = plain(dev, NA, g_ca), *cb = plain(dev, NB, g_cb);
+  dispatch_tensor *ps[2] = {a, b};
+  dispatch_optim *opt;
+  OK(dev, dispatch_adamw_new(ps, 2, 0.01, 0.9, 0.999, 1e-8, NULL, &opt));
+  OK(dev, dispatch_optim_set_clip(opt, 1.0));
+  OK(dev, dispatch_optim_set_loss_scale(opt, 1024, 2, 0.5, 2));
+  double before = steps_done(port), s = 0, pa[NA];
+  for (int i = 0; i < 3; i++) one_step(dev, opt, a, b, ca, cb, 1);
+  OK(dev, dispatch_tensor_read(a, pa, sizeof pa)); /* every step ran */
+  cr_assert_eq(steps_done(port) - before, 3.0);
+  OK(dev, dispatch_optim_loss_scale(opt, &s, NULL));
+  cr_assert_eq(s, 2048.0, "grown once after 2 clean steps: %g", s);
+  dispatch_optim_free(opt);
+  dispatch_tensor_free(a), dispatch_tensor_free(b);
+  dispatch_tensor_free(ca), dispatch_tensor_free(cb);
+  dispatch_device_close(dev);
 }

@@ -907,6 +907,32 @@ int dispatch_conv2d_bias(dispatch_tensor *x, dispatch_tensor *w,
                          int64_t dil_h, int64_t dil_w, dispatch_tensor **out);
 
 /* ------------------------------------------------------------------ */
+/* mixed precision                                                     */
+
+/* Autocast, torch.autocast's policy for the device's later ops (LOCAL and
+ * REMOTE alike; the casts are ordinary CAST ops, sent like any op):
+ *   - matmul, conv2d (with or without bias) and attention cast their f32
+ *     inputs to `dtype` and run in it (f64 inputs stay);
+ *   - sum, mean, var, std, softmax, log_softmax, cross_entropy (both),
+ *     mse, layer_norm, rms_norm, batch_norm, exp, log, pow_scalar and
+ *     softplus cast f16 / bf16 inputs to f32;
+ *   - an elementwise op (and cat, stack) of several inputs of different
+ *     float dtypes casts them to the widest (f16 with bf16: f32), as
+ *     torch's type promotion;
+ *   - every other op runs in its inputs' dtype.
+ * A tracked input gives a tracked cast, so gradients flow back through
+ * the casts and reach f32 leaves (the master weights) in f32; the
+ * optimizer and its state stay in f32. dtype: DISPATCH_BF16 or
+ * DISPATCH_F16 to turn it on, DISPATCH_F32 to turn it off (the default);
+ * anything else: DISPATCH_EINVAL. *prev (NULL ok) gets the policy it
+ * replaces, for nesting. The policy is the device's (its peers keep
+ * theirs) and is not captured by a graph: a graph records the casts it
+ * saw. */
+DISPATCH_API
+int dispatch_autocast(dispatch_device *dev, dispatch_dtype dtype,
+                      dispatch_dtype *prev);
+
+/* ------------------------------------------------------------------ */
 /* autodiff                                                            */
 
 /* Wraps a LOCAL or REMOTE float tensor t as AUTODIFF(t), a tracked leaf
@@ -1094,6 +1120,54 @@ int dispatch_optim_set_clip(dispatch_optim *opt, double max_norm);
  * that never clipped: DISPATCH_EINVAL (*norm NaN). */
 DISPATCH_API
 int dispatch_optim_last_norm(dispatch_optim *opt, double *norm);
+
+/* Dynamic loss scaling for f16 training, as torch.cuda.amp.GradScaler,
+ * with its unscale, skip and update inside each step (REMOTE: still one
+ * Step message). Multiply the loss by the scale before the backward
+ * (dispatch_optim_scale_loss); each later dispatch_optim_step then looks
+ * at every gradient:
+ *   - an inf or NaN anywhere: no parameter or optimizer state changes,
+ *     the scale is multiplied by backoff (torch: 0.5);
+ *   - else each gradient is read as g / scale (the clip of
+ *     dispatch_optim_set_clip, and dispatch_optim_last_norm, take the
+ *     unscaled norm), the update runs, and after `interval` (torch: 2000)
+ *     such steps in a row the scale is multiplied by growth (torch: 2).
+ * Adam's step count counts the updates that ran, as torch's. The scale
+ * and its counts live in two small tensors on the device (an f32 scale:
+ * init_scale must be finite in f32; torch's default is 65536), made here
+ * and freed with the optimizer; calling again starts over from
+ * init_scale, and init_scale 0 turns scaling off. With a power-of-two
+ * scale, growth and backoff (the defaults) the unscaled gradients have
+ * exactly the bits an unscaled backward gives, unless one overflowed or
+ * underflowed. growth >= 1, backoff in (0, 1], interval >= 1, else
+ * DISPATCH_EINVAL. REMOTE needs a server of protocol 1.7
+ * (DISPATCH_EUNSUPPORTED at the step); a step with loss scaling cannot be
+ * captured in a graph (DISPATCH_EUNSUPPORTED at dispatch_graph_end).
+ * Checkpoints do not hold the scale or its counts: the optimizer's saved
+ * step count includes the skipped steps, and a reloaded optimizer starts
+ * its scale over from the init_scale given again. */
+DISPATCH_API
+int dispatch_optim_set_loss_scale(dispatch_optim *opt, double init_scale,
+                                  double growth, double backoff,
+                                  int64_t interval);
+
+/* *out = loss times the optimizer's current loss scale, computed on the
+ * device (no wait; tracked when loss is, so a backward from *out gives
+ * scaled gradients). f32 and f64 losses keep their dtype; an f16 or bf16
+ * loss is cast to f32 first (the scale may exceed f16's range). *out is
+ * scoped like an op's result. No loss scale set: DISPATCH_EINVAL; a loss
+ * that is not a float: DISPATCH_EDTYPE. */
+DISPATCH_API
+int dispatch_optim_scale_loss(dispatch_optim *opt, dispatch_tensor *loss,
+                              dispatch_tensor **out);
+
+/* *scale = the current loss scale and, when skipped is not NULL,
+ * *skipped = the steps skipped since dispatch_optim_set_loss_scale. A read
+ * of the device (REMOTE: one round trip, which also waits for the steps
+ * queued before it). No loss scale set: DISPATCH_EINVAL (*scale NaN). */
+DISPATCH_API
+int dispatch_optim_loss_scale(dispatch_optim *opt, double *scale,
+                              int64_t *skipped);
 
 /* Cosine learning rate with linear warmup, for step = 0, 1, ...:
  *   step < warmup:   lr_max * (step + 1) / warmup

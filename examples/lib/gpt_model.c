@@ -88,6 +88,28 @@ int gm_init(dispatch_device *dev, int nvocab, gm_model *m) {
   return rc;
 }
 
+int gm_set_precision(gm_model *m, const char *precision) {
+  dispatch_dtype dt;
+  if (!strcmp(precision, "f32")) dt = DISPATCH_F32;
+  else if (!strcmp(precision, "bf16")) dt = DISPATCH_BF16;
+  else if (!strcmp(precision, "f16")) dt = DISPATCH_F16;
+  else {
+    fprintf(stderr, "gpt: precision '%s' is not f32, bf16 or f16\n",
+            precision);
+    return DISPATCH_EINVAL;
+  }
+  int rc = gm_report(m->dev, dispatch_autocast(m->dev, dt, NULL),
+                     "dispatch_autocast");
+  m->scaled = dt == DISPATCH_F16;
+  if (rc == 0)
+    rc = gm_report(m->dev,
+                   dispatch_optim_set_loss_scale(m->opt,
+                                                 m->scaled ? 65536.0 : 0.0,
+                                                 2.0, 0.5, 2000),
+                   "dispatch_optim_set_loss_scale");
+  return rc;
+}
+
 void gm_free(gm_model *m) {
   dispatch_optim_free(m->opt);
   m->opt = NULL;
@@ -184,7 +206,13 @@ int gm_step(gm_model *m, int64_t step, const int64_t *xb, const int64_t *yb,
   gm_upload(m, xb, yb, GR_BATCH, &x, &y);
   gm_forward(m, x, 1, &logits);
   dispatch_cross_entropy(logits, y, &l);
-  dispatch_backward(l, &grads);
+  if (m->scaled) {
+    dispatch_tensor *ls;
+    dispatch_optim_scale_loss(m->opt, l, &ls);
+    dispatch_backward(ls, &grads);
+  } else {
+    dispatch_backward(l, &grads);
+  }
   dispatch_optim_set_lr(m->opt, dispatch_lr_cosine(step, GR_WARMUP, GR_TOTAL,
                                                    GR_LR_MAX, GR_LR_MIN));
   dispatch_optim_step(m->opt, grads);

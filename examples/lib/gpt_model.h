@@ -29,7 +29,17 @@ typedef struct gm_model {
   dispatch_tensor *p[GR_NPARAMS]; /* AUTODIFF leaves, spec order */
   dispatch_optim *opt;
   int64_t nweights;
+  int scaled; /* the loss is scaled (f16: dispatch_optim_set_loss_scale) */
 } gm_model;
+
+/* The training precision: "f32" (the default), or "bf16" / "f16" mixed
+ * precision: dispatch_autocast on the model's device (matmuls and
+ * attention in half, f32 master weights and optimizer state), and for
+ * f16 dynamic loss scaling inside the step (torch's GradScaler defaults:
+ * 65536, growth 2 after 2000 clean steps, backoff 0.5). Call after
+ * gm_init; it applies to training, validation and sampling alike. 0, or
+ * DISPATCH_EINVAL for another name (printed), or the library's error. */
+int gm_set_precision(gm_model *m, const char *precision);
 
 /* Parameters from GR_INIT_SEED on dev, and the AdamW optimizer. */
 int gm_init(dispatch_device *dev, int nvocab, gm_model *m);

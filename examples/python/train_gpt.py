@@ -9,12 +9,17 @@ seed it prints the same losses as the C example:
     examples/python/train_gpt.py                  # starts its own server
     examples/python/train_gpt.py --device local --steps 200
     examples/python/train_gpt.py --device tcp://127.0.0.1:7070
+    examples/python/train_gpt.py --precision bf16   # or f16 (issue 24)
 
 With no --device and no DISPATCH_DEVICE it starts build/dispatch-server on
 127.0.0.1 with a free port and trains through it. Prints the training loss
 every --log-every steps, the validation loss at step 1000 and at the end
 beside the add-one bigram and unigram baselines, tokens/s and a sample.
+--precision bf16 or f16 trains in mixed precision as the C example does:
+dispatch.autocast around the whole run (f32 master weights, matmuls and
+attention in half) and, for f16, dispatch.GradScaler.
 """
+import contextlib
 import argparse
 import os
 import pathlib
@@ -145,6 +150,17 @@ def sample(dev, model, vocab, n):
 
 
 def train(dev, args, toks, vocab, n_train):
+    half = args.precision != "f32"
+    amp = dispatch.autocast(dtype={"bf16": "bfloat16", "f16": "float16"}
+                            [args.precision], device=dev) if half \
+        else contextlib.nullcontext()
+    with amp:
+        _train(dev, args, toks, vocab, n_train)
+
+
+def _train(dev, args, toks, vocab, n_train):
+    # f16: torch.cuda.amp.GradScaler's defaults, inside the step
+    scaler = dispatch.GradScaler(enabled=args.precision == "f16")
     model = GPT(dev, len(vocab))
     model.load_state_dict(recipe_state_dict(len(vocab)))
     params = list(model.parameters())
@@ -159,7 +175,8 @@ def train(dev, args, toks, vocab, n_train):
                                           lr_min=G.LR_MIN)
     print(f"== training on {dev.spec}: "
           f"{sum(p.size for p in params)} parameters, "
-          f"{args.steps} steps of {G.BATCH} x {G.CTX}", flush=True)
+          f"{args.steps} steps of {G.BATCH} x {G.CTX}, precision "
+          f"{args.precision}", flush=True)
     rng = G.Rng(G.BATCH_SEED)
     train_s = 0.0
     for step in range(args.steps):
@@ -169,9 +186,10 @@ def train(dev, args, toks, vocab, n_train):
         with dev.scope():
             loss = F.cross_entropy(model(dev.tensor(x)),
                                    dev.tensor(y.ravel()))
-            grads = loss.backward()
+            grads = scaler.scale(loss).backward()
             nn.utils.clip_grad_norm_(params, G.CLIP)  # inside the step
-            opt.step(grads)
+            scaler.step(opt, grads)  # opt.step(grads) when not f16
+            scaler.update()
             lv = loss.item()  # remote: waits for the step
         sched.step()
         train_s += time.perf_counter() - t0
@@ -188,6 +206,9 @@ def train(dev, args, toks, vocab, n_train):
     big, uni = G.baselines(toks, n_train, len(vocab))
     print(f"baselines on the same val windows: bigram {big:.4f}  "
           f"unigram {uni:.4f}")
+    if scaler.is_enabled():
+        print(f"grad scaler: scale {scaler.get_scale():g}, "
+              f"{scaler.skipped_steps} steps skipped")
     print(f"tokens/s {args.steps * G.BATCH * G.CTX / train_s:.0f} "
           f"({1000.0 * train_s / args.steps:.1f} ms/step over "
           f"{args.steps} steps)")
@@ -202,6 +223,8 @@ def main():
     ap.add_argument("--steps", type=int, default=G.TOTAL)
     ap.add_argument("--log-every", type=int, default=100)
     ap.add_argument("--sample", type=int, default=300)
+    ap.add_argument("--precision", choices=("f32", "bf16", "f16"),
+                    default="f32", help="mixed precision (default f32)")
     args = ap.parse_args()
     toks, vocab, n_train = G.load_corpus()
     server = None

@@ -32,8 +32,9 @@ from ._core import _as_tensor
 from ._lib import ffi as _ffi, lib as _lib, path as library_path
 from .optim import SGD, Adam, AdamW, Optimizer, lr_cosine  # noqa: F401
 from .checkpoint import load, save  # noqa: F401
+from .amp import GradScaler, autocast  # noqa: F401
 from .devices import DeviceInfo, device_list  # noqa: F401
-from . import nn, optim  # noqa: F401,E402 (dispatch.nn, dispatch.optim)
+from . import amp, nn, optim  # noqa: F401,E402 (dispatch.amp, .nn, .optim)
 
 # the public functions' annotations
 _Shape = Union[int, Sequence[int]]

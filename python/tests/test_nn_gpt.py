@@ -9,6 +9,8 @@ import sys
 
 import pytest
 
+import dispatch
+
 from conftest import ROOT
 
 sys.path.insert(0, str(ROOT / "examples" / "python"))
@@ -21,9 +23,15 @@ C_BIN = ROOT / "build" / "examples" / "train_gpt"
                     reason="no fortunes corpus (Debian fortunes, fortunes-min)")
 @pytest.mark.skipif(not C_BIN.exists(), reason="build/examples/train_gpt "
                     "not built")
-def test_python_gpt_prints_the_c_losses():
+@pytest.mark.parametrize("precision", ["f32", "bf16", "f16"])
+def test_python_gpt_prints_the_c_losses(precision):
+    if precision != "f32" and not hasattr(dispatch, "bfloat16"):
+        pytest.skip("this package has no half dtypes to read a bf16 or f16 "
+                    "tensor's dtype with (issue 24's Python half support)")
+    # bf16 / f16: dispatch.autocast and GradScaler against the C example's
+    # dispatch_autocast and loss-scaled optimizer (issue 24)
     args = ["--device", "local", "--steps", "3", "--log-every", "1",
-            "--sample", "0"]
+            "--sample", "0", "--precision", precision]
     runs = [subprocess.run(cmd + args, capture_output=True, text=True,
                            timeout=300)
             for cmd in ([str(C_BIN)],
