@@ -321,6 +321,8 @@ $(BUILD)/tests/fake-cuda-plugin.so: tests/fake_cuda_plugin.c common/cuda_plugin.
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) -shared -o $@ $<
 $(BUILD)/tests/test_cuda_plugin: $(BUILD)/tests/fake-cuda-plugin.so
+# test_group runs the data-parallel example against its ranks
+$(BUILD)/tests/test_group: $(BUILD)/examples/train_mlp_dp
 
 $(BUILD)/tests/gpu/%: tests/gpu/%.c $(CLIENT_A) $(PLUGIN_DEP)
 	@mkdir -p $(dir $@)

@@ -256,6 +256,7 @@ Test(group, ranks_beyond_loopback_need_mpi_insecure) {
            "self,tcp --mca btl_tcp_if_include lo --mca oob_tcp_if_include lo "
            "-np 1 %s --mpi --listen 0.0.0.0:0 --insecure 2>&1",
            bin);
+  gp_rank_env();
   FILE *f = popen(cmd, "r");
   cr_assert_not_null(f);
   char out[8192];

@@ -30,6 +30,10 @@ typedef struct gp_group {
 } gp_group;
 
 int gp_start(gp_group *g, int n, const char *const *extra_args);
+/* Sets this process's environment for MPI ranks it is about to start
+ * (under ASan: no leak check, Open MPI's leaks are not ours); gp_start's
+ * ranks get it, a test that runs mpirun itself calls it first. */
+void gp_rank_env(void);
 int gp_stop(gp_group *g);
 
 #endif
