@@ -93,17 +93,6 @@ int gp_start(gp_group *g, int n, const char *const *extra_args) {
   for (int i = 0; extra_args && extra_args[i] && a < 63; i++)
     argv[a++] = extra_args[i];
   argv[a] = NULL;
-  /* Open MPI's own libraries under LeakSanitizer: see gp_rank_env */
-  char *supp = g->supp;
-  snprintf(g->supp, sizeof g->supp, "/tmp/dispatch-lsan-mpi-%d.supp",
-           (int)getpid());
-  FILE *sf = fopen(supp, "w");
-  if (sf) {
-    fputs("leak:libmpi.so\nleak:libopen-pal.so\nleak:libopen-rte.so\n"
-          "leak:libpmix.so\nleak:libhwloc.so\nleak:libevent\nleak:mca_\n",
-          sf);
-    fclose(sf);
-  }
   int fds[2];
   if (pipe(fds) < 0) return -1;
   pid_t pid = fork();
@@ -113,11 +102,6 @@ int gp_start(gp_group *g, int n, const char *const *extra_args) {
     return -1;
   }
   if (pid == 0) {
-    char lsan[512];
-    const char *prev = getenv("LSAN_OPTIONS");
-    snprintf(lsan, sizeof lsan, "%s%ssuppressions=%s", prev ? prev : "",
-             prev && *prev ? ":" : "", supp);
-    setenv("LSAN_OPTIONS", lsan, 1);
     gp_rank_env();
     setpgid(0, 0); /* gp_stop can end mpirun and every rank together */
     dup2(fds[1], 1);
@@ -156,7 +140,6 @@ int gp_stop(gp_group *g) {
   kill(-g->pid, SIGKILL); /* a rank mpirun left behind */
   if (g->out_fd >= 0) close(g->out_fd);
   g->out_fd = -1;
-  if (g->supp[0]) unlink(g->supp);
   g->pid = 0;
   return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
 }

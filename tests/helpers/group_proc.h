@@ -26,7 +26,6 @@ typedef struct gp_group {
   pid_t rank_pid[GP_MAX]; /* by rank */
   char specs[GP_MAX][48]; /* "tcp://127.0.0.1:PORT", as ports */
   int out_fd;
-  char supp[64]; /* the LeakSanitizer suppressions written for the ranks */
 } gp_group;
 
 int gp_start(gp_group *g, int n, const char *const *extra_args);
