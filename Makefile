@@ -509,13 +509,13 @@ demo-gpt: deps
 # the programs and the server, then scripts/bench.sh runs them and writes
 # bench/results.csv
 bench: deps
-	@$(MAKE) --no-print-directory $(if $(wildcard server/main.c),$(SERVER_BIN)) $(BENCH_BIN) $(CLIENT_SO)
+	@$(MAKE) --no-print-directory $(if $(wildcard server/main.c),$(SERVER_BIN)) $(BENCH_BIN) $(CLIENT_SO) $(MPI_BIN)
 	@BUILD=$(BUILD) PYTHON=$(PYTHON) scripts/bench.sh
 
 # every benchmark row at tiny sizes, no goal judged; fails unless the CSV
 # holds every row of bench/expected-rows.txt with numeric fields (for CI)
 bench-quick: deps
-	@$(MAKE) --no-print-directory $(if $(wildcard server/main.c),$(SERVER_BIN)) $(BENCH_BIN) $(CLIENT_SO)
+	@$(MAKE) --no-print-directory $(if $(wildcard server/main.c),$(SERVER_BIN)) $(BENCH_BIN) $(CLIENT_SO) $(MPI_BIN)
 	@BENCH_QUICK=1 BUILD=$(BUILD) PYTHON=$(PYTHON) scripts/bench.sh
 
 # Applies each mutation of tests/mutations.txt to a scratch copy of the
