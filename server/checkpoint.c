@@ -358,10 +358,7 @@ static int load_reply(sv_job *j, const dsp_st_file *f, char *why, size_t len) {
     rc = sv_why(why, len, DISPATCH_ENOMEM, "out of memory for the reply");
   } else {
     for (int i = 0; i < n; i++) {
-      metas[i] = (Dspwire__TensorMeta)DSPWIRE__TENSOR_META__INIT;
-      metas[i].dtype = (int32_t)f->es[i].meta.dtype;
-      metas[i].n_shape = (size_t)f->es[i].meta.ndim;
-      metas[i].shape = (int64_t *)f->es[i].meta.shape;
+      sv_wire_meta(&metas[i], &f->es[i].meta);
       mp[i] = &metas[i];
       names[i] = f->es[i].name;
     }

@@ -156,6 +156,13 @@ void sv_job_free(sv_job *j) {
   dsp_free(j);
 }
 
+void sv_wire_meta(Dspwire__TensorMeta *w, const dsp_meta *m) {
+  *w = (Dspwire__TensorMeta)DSPWIRE__TENSOR_META__INIT;
+  w->dtype = (int32_t)m->dtype;
+  w->n_shape = (size_t)m->ndim;
+  w->shape = (int64_t *)m->shape;
+}
+
 int sv_encode_reply(const Dspwire__Reply *r, const void *bulk,
                     size_t bulk_len, uint8_t **out, size_t *out_len) {
   *out = NULL;

@@ -325,10 +325,7 @@ int sv_graph_replay(sv_session *s, sv_job *j, char *why, size_t len) {
       sv_why(why, len, rc, "%s", msg);
       break;
     }
-    dspwire__tensor_meta__init(&metas[i]);
-    metas[i].dtype = (int32_t)out[i]->meta.dtype;
-    metas[i].n_shape = (size_t)out[i]->meta.ndim;
-    metas[i].shape = out[i]->meta.shape;
+    sv_wire_meta(&metas[i], &out[i]->meta);
     mp[i] = &metas[i];
   }
   if (rc == 0) {

@@ -459,10 +459,8 @@ int sv_exec_read(sv_session *s, sv_job *j, char *why, size_t len) {
     return rc;
   Dspwire__Reply r = DSPWIRE__REPLY__INIT;
   Dspwire__ReadReply rr = DSPWIRE__READ_REPLY__INIT;
-  Dspwire__TensorMeta m = DSPWIRE__TENSOR_META__INIT;
-  m.dtype = (int32_t)t->meta.dtype;
-  m.n_shape = (size_t)t->meta.ndim;
-  m.shape = t->meta.shape;
+  Dspwire__TensorMeta m;
+  sv_wire_meta(&m, &t->meta);
   rr.meta = &m;
   r.req_id = j->req->req_id;
   r.body_case = DSPWIRE__REPLY__BODY_READ;

@@ -133,10 +133,8 @@ int sv_exec_peer_grant(sv_session *s, sv_job *j, char *why, size_t len) {
   }
   Dspwire__Reply r = DSPWIRE__REPLY__INIT;
   Dspwire__PeerGrantReply g = DSPWIRE__PEER_GRANT_REPLY__INIT;
-  Dspwire__TensorMeta m = DSPWIRE__TENSOR_META__INIT;
-  m.dtype = (int32_t)c.meta.dtype;
-  m.n_shape = (size_t)c.meta.ndim;
-  m.shape = c.meta.shape;
+  Dspwire__TensorMeta m;
+  sv_wire_meta(&m, &c.meta);
   g.capability.data = c.key;
   g.capability.len = CAP_LEN;
   g.name = (char *)cfg->name;
@@ -183,10 +181,8 @@ int sv_exec_peer_fetch(sv_session *s, sv_job *j, char *why, size_t len) {
            s->log_id, (unsigned long long)c.id, dsp_pin_nbytes(c.pin));
   Dspwire__Reply r = DSPWIRE__REPLY__INIT;
   Dspwire__ReadReply rr = DSPWIRE__READ_REPLY__INIT;
-  Dspwire__TensorMeta m = DSPWIRE__TENSOR_META__INIT;
-  m.dtype = (int32_t)c.meta.dtype;
-  m.n_shape = (size_t)c.meta.ndim;
-  m.shape = c.meta.shape;
+  Dspwire__TensorMeta m;
+  sv_wire_meta(&m, &c.meta);
   rr.meta = &m;
   r.req_id = j->req->req_id;
   r.body_case = DSPWIRE__REPLY__BODY_READ;

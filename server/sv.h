@@ -587,6 +587,9 @@ int sv_graph_replay_prepare(const sv_config *cfg, dsp_ctx *io_ctx,
                             sv_session *s, sv_job *j, uint64_t bulk_len,
                             int may_wait);
 
+/* Sets w to the wire form of m (dtype and shape); w->shape points into
+ * m->shape, which must outlive the encoding of w. */
+void sv_wire_meta(Dspwire__TensorMeta *w, const dsp_meta *m);
 /* Encodes a reply frame (header + message + bulk copy) into one buffer
  * from dsp_malloc. 0 or DISPATCH_ENOMEM / DISPATCH_ETOOLARGE. */
 int sv_encode_reply(const Dspwire__Reply *r, const void *bulk,
