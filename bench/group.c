@@ -14,13 +14,51 @@
  *          once (bench/raw_server, DISPATCH_BENCH_RAW): an all-reduce of
  *          two ranks moves each byte at least once each way, so the raw
  *          socket is a limit.
+ * allreduce vs MPI the same all-reduce against Open MPI alone: MPI_Allreduce
+ *          of the same bytes between two ranks of a job of its own
+ *          (bench/mpi/allreduce.c, started per repetition under the
+ *          servers' mpirun options), the fair limit: the group runs that
+ *          very call, plus copying the tensors out and back and the
+ *          requests and answers.
  *
  * BENCH_QUICK: batch 16, 1 MiB, a rep or two. */
 #include "bench.h"
 
 #include "../tests/helpers/group_proc.c"
 
+#include <libgen.h>
+#include <limits.h>
+
 #define HIDDEN 256
+
+/* One MPI_Allreduce of bytes between 2 ranks of a job of its own
+ * (bench/mpi/allreduce.c beside this program): MB/s, or NAN with why. */
+static double mpi_alone(size_t bytes, char *why, size_t len) {
+  char exe[PATH_MAX];
+  ssize_t k = readlink("/proc/self/exe", exe, sizeof exe - 1);
+  if (k <= 0) return snprintf(why, len, "no /proc/self/exe"), NAN;
+  exe[k] = '\0';
+  char cmd[PATH_MAX + 512];
+  const char *mpirun = getenv("MPIRUN");
+  int at = snprintf(cmd, sizeof cmd, "%s", mpirun && *mpirun ? mpirun : "mpirun");
+  for (int i = 0; gp_mpirun_opts[i]; i++)
+    at += snprintf(cmd + at, sizeof cmd - (size_t)at, " %s", gp_mpirun_opts[i]);
+  snprintf(cmd + at, sizeof cmd - (size_t)at, " -np 2 %s/mpi_allreduce %zu 1 2>&1",
+           dirname(exe), bytes);
+  FILE *p = popen(cmd, "r");
+  if (!p) return snprintf(why, len, "cannot run mpirun"), NAN;
+  char line[256];
+  double v = NAN;
+  while (fgets(line, sizeof line, p))
+    if (sscanf(line, "mbps %lf", &v) == 1) break;
+  while (fgets(line, sizeof line, p)) {
+  }
+  if (pclose(p) != 0 || !isfinite(v)) {
+    snprintf(why, len, "the Open MPI reference (mpi_allreduce) failed");
+    return NAN;
+  }
+  return v;
+}
 
 typedef struct member {
   dispatch_device *dev;
@@ -72,8 +110,11 @@ int main(void) {
   snprintf(arm, sizeof arm, "all-reduce %zu MiB f32 on 2 servers", mib);
   bench_def dstep = {"group", stepm, "ms", 1, "1 server", 0, BENCH_GOAL_NONE, 0};
   bench_def dar = {"group", arm, "MB/s", 0, "raw socket", 1, BENCH_GOAL_NONE, 0};
+  char mpim[112];
+  snprintf(mpim, sizeof mpim, "%s vs MPI alone", arm);
+  bench_def dmpi = {"group", mpim, "MB/s", 0, "MPI_Allreduce", 1, BENCH_GOAL_NONE, 0};
   enum { MAXR = 30 };
-  double ours[MAXR], ref[MAXR], aours[MAXR], aref[MAXR];
+  double ours[MAXR], ref[MAXR], aours[MAXR], aref[MAXR], mref[MAXR];
   int n = 0, an = 0;
   gp_group gp;
   const char *extra[] = {"--log-level", "warn", NULL};
@@ -170,9 +211,14 @@ int main(void) {
         if (bench_raw_call(fd, BENCH_RAW_PUT, buf, bytes, BENCH_WAIT_BLOCK) == 0)
           tr = bench_now() - a;
       }
+      char mwhy[128] = "";
+      double tm = r > 0 ? mpi_alone(bytes, mwhy, sizeof mwhy) : NAN;
+      if (r > 0 && !isfinite(tm) && !note[0])
+        snprintf(note, sizeof note, "%s", mwhy);
       if (r > 0 && an < MAXR) {
         aours[an] = bench_mbps(bytes, ta);
         aref[an] = bench_mbps(bytes, tr);
+        mref[an] = tm;
         an++;
       }
     }
@@ -187,11 +233,12 @@ int main(void) {
     n = 1;
   }
   if (an == 0) {
-    aours[0] = aref[0] = NAN;
+    aours[0] = aref[0] = mref[0] = NAN;
     an = 1;
   }
   bench_emit(&dstep, ours, ref, n, "%s", note);
   bench_emit(&dar, aours, aref, an, "%s", note);
+  bench_emit(&dmpi, aours, mref, an, "%s", note);
   dispatch_device_close(solo);
   dispatch_group_close(g);
   if (gp.pid) gp_stop(&gp);

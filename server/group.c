@@ -33,6 +33,7 @@
 #include <errno.h>
 #include <limits.h>
 #include <math.h>
+#include <stdatomic.h>
 #include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -90,6 +91,7 @@ static struct {
   pthread_mutex_t mu;
   pthread_cond_t cv; /* any change: broadcast */
   sv_gop *head;      /* queued and running, oldest first */
+  atomic_int queued; /* how many of them are queued (has_queued) */
   int stop;
   int broken;
   char broken_why[384];
@@ -157,6 +159,7 @@ static void break_locked(const char *why) {
   }
   for (sv_gop *p = G.head; p; p = p->next)
     if (p->state == GOP_QUEUED) {
+      atomic_fetch_sub(&G.queued, 1);
       p->state = GOP_DONE;
       p->rc = DISPATCH_EGROUP;
       snprintf(p->why, sizeof p->why, "%s", G.broken_why);
@@ -209,6 +212,13 @@ static void divide(sv_gop *op) {
   }
 }
 
+/* bcast's hurry: this rank holds an all-reduce waiting for rank 0's word
+ * (G.queued counts them; read without the lock, a stale answer only
+ * changes how long the next sleep is) */
+static int has_queued(void) {
+  return atomic_load_explicit(&G.queued, memory_order_relaxed) > 0;
+}
+
 /* One all-reduce, chosen by rank 0: 0 to go on, -1 to stop the loop. */
 static int one_round(void) {
   char why[384];
@@ -221,7 +231,7 @@ static int one_round(void) {
     else k.group = op->group, k.seq = op->seq;
     pthread_mutex_unlock(&G.mu);
   }
-  if (G.api->bcast(&k, sizeof k, why, sizeof why) < 0) {
+  if (G.api->bcast(&k, sizeof k, has_queued, why, sizeof why) < 0) {
     pthread_mutex_lock(&G.mu);
     break_locked(why);
     pthread_mutex_unlock(&G.mu);
@@ -235,6 +245,7 @@ static int one_round(void) {
     wait_until(until);
   ghdr mine = {k.group, k.seq, 0, 0, 0, 0, 0, 0};
   if (op) {
+    atomic_fetch_sub(&G.queued, 1);
     op->state = GOP_RUNNING;
     op->refs++;
     mine = (ghdr){k.group, k.seq, 1,        op->type,
@@ -534,6 +545,7 @@ int sv_group_reduce(dsp_ctx *ctx, dsp_budget *budget, dsp_tensor *const *ts,
   sv_gop **tail = &G.head;
   while (*tail) tail = &(*tail)->next;
   *tail = op;
+  atomic_fetch_add(&G.queued, 1);
   pthread_cond_broadcast(&G.cv);
   double until = now_s() + 3.0 * G.timeout_s;
   while (op->state != GOP_DONE && now_s() < until) wait_until(until);
@@ -542,6 +554,7 @@ int sv_group_reduce(dsp_ctx *ctx, dsp_budget *budget, dsp_tensor *const *ts,
     rc = op->rc;
     if (rc < 0) sv_why(why, len, rc, "%s", op->why);
   } else if (op->state == GOP_QUEUED) {
+    atomic_fetch_sub(&G.queued, 1);
     unlink_locked(op);
     rc = sv_why(why, len, DISPATCH_EGROUP,
                 "all-reduce (group %llx, seq %llu): the group did not take it "

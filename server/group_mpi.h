@@ -9,7 +9,7 @@
 
 #include <stddef.h>
 
-#define SV_MPI_ABI 1
+#define SV_MPI_ABI 2
 
 /* element types of reduce_bcast */
 enum { SV_MPI_F32 = 0, SV_MPI_F64 = 1, SV_MPI_I64 = 2 };
@@ -18,9 +18,14 @@ typedef struct sv_mpi_api {
   int abi; /* SV_MPI_ABI */
   /* MPI_Init_thread (funneled) and the calling process's place */
   int (*init)(int *rank, int *size, char *why, size_t len);
-  /* MPI_Bcast of bytes from rank 0 */
-  int (*bcast)(void *buf, size_t bytes, char *why, size_t len);
-  /* MPI_Allgather of bytes from each rank into all (size * bytes) */
+  /* MPI_Bcast of bytes from rank 0. A rank other than 0 may wait long
+   * for it and sleeps between polls, up to 1 ms, or up to 50 us while
+   * hurry (NULL: never) returns non-zero (it has work of its own waiting
+   * for rank 0's word) */
+  int (*bcast)(void *buf, size_t bytes, int (*hurry)(void), char *why,
+               size_t len);
+  /* MPI_Allgather of bytes from each rank into all (size * bytes),
+   * sleeping up to 100 us between polls while a slower rank arrives */
   int (*allgather)(const void *mine, void *all, size_t bytes, char *why,
                    size_t len);
   /* MPI_Allreduce (MPI_SUM) of count elements in place; when every rank

@@ -28,35 +28,46 @@ static int e_init(int *rank, int *size, char *why, size_t len) {
   return 0;
 }
 
-/* A rank other than 0 waits here for rank 0's next word, which may be
- * minutes away: a blocking MPI_Bcast would spin a core all that time
- * (Open MPI polls), so the wait is MPI_Ibcast tested with sleeps growing
- * to 1 ms, which costs an idle rank nothing and a new all-reduce at most
- * a millisecond. */
-static int e_bcast(void *buf, size_t bytes, char *why, size_t len) {
-  if (bytes > INT_MAX) return fail(MPI_ERR_COUNT, "MPI_Ibcast", why, len);
-  MPI_Request req;
-  int rc = MPI_Ibcast(buf, (int)bytes, MPI_BYTE, 0, MPI_COMM_WORLD, &req);
-  if (rc != MPI_SUCCESS) return fail(rc, "MPI_Ibcast", why, len);
+/* Waits for req with MPI_Test and sleeps that grow from 20 us to cap
+ * (or to 50 us while hurry says there is work): Open MPI's blocking
+ * calls poll, and a rank that spins while a slower one is still packing
+ * its tensors takes a core that rank needs when the ranks share a host;
+ * an idle rank costs nothing. */
+static int wait_req(MPI_Request *req, long cap, int (*hurry)(void),
+                    const char *what, char *why, size_t len) {
   long nap = 0;
   for (;;) {
     int done = 0;
-    rc = MPI_Test(&req, &done, MPI_STATUS_IGNORE);
-    if (rc != MPI_SUCCESS) return fail(rc, "MPI_Ibcast", why, len);
+    int rc = MPI_Test(req, &done, MPI_STATUS_IGNORE);
+    if (rc != MPI_SUCCESS) return fail(rc, what, why, len);
     if (done) return 0;
-    if (nap < 1000000) nap = nap ? nap * 2 : 20000;
-    if (nap > 1000000) nap = 1000000;
+    long top = hurry && hurry() ? 50000 : cap;
+    nap = nap ? nap * 2 : 20000;
+    if (nap > top) nap = top;
     struct timespec ts = {0, nap};
     nanosleep(&ts, NULL);
   }
 }
 
+/* A rank other than 0 waits here for rank 0's next word, which may be
+ * minutes away: a blocking MPI_Bcast would spin a core all that time. */
+static int e_bcast(void *buf, size_t bytes, int (*hurry)(void), char *why,
+                   size_t len) {
+  if (bytes > INT_MAX) return fail(MPI_ERR_COUNT, "MPI_Ibcast", why, len);
+  MPI_Request req;
+  int rc = MPI_Ibcast(buf, (int)bytes, MPI_BYTE, 0, MPI_COMM_WORLD, &req);
+  if (rc != MPI_SUCCESS) return fail(rc, "MPI_Ibcast", why, len);
+  return wait_req(&req, 1000000, hurry, "MPI_Ibcast", why, len);
+}
+
 static int e_allgather(const void *mine, void *all, size_t bytes, char *why,
                        size_t len) {
-  if (bytes > INT_MAX) return fail(MPI_ERR_COUNT, "MPI_Allgather", why, len);
-  int rc = MPI_Allgather(mine, (int)bytes, MPI_BYTE, all, (int)bytes,
-                         MPI_BYTE, MPI_COMM_WORLD);
-  return rc == MPI_SUCCESS ? 0 : fail(rc, "MPI_Allgather", why, len);
+  if (bytes > INT_MAX) return fail(MPI_ERR_COUNT, "MPI_Iallgather", why, len);
+  MPI_Request req;
+  int rc = MPI_Iallgather(mine, (int)bytes, MPI_BYTE, all, (int)bytes,
+                          MPI_BYTE, MPI_COMM_WORLD, &req);
+  if (rc != MPI_SUCCESS) return fail(rc, "MPI_Iallgather", why, len);
+  return wait_req(&req, 100000, NULL, "MPI_Iallgather", why, len);
 }
 
 /* in pieces of at most INT_MAX elements (MPI counts are int) */

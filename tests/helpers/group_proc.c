@@ -75,6 +75,11 @@ void gp_rank_env(void) {
   }
 }
 
+const char *const gp_mpirun_opts[] = {
+    "--allow-run-as-root", "--oversubscribe", "--mca", "btl", "self,tcp",
+    "--mca", "btl_tcp_if_include", "lo", "--mca", "oob_tcp_if_include", "lo",
+    NULL};
+
 int gp_start(gp_group *g, int n, const char *const *extra_args) {
   memset(g, 0, sizeof *g);
   g->out_fd = -1;
@@ -84,12 +89,11 @@ int gp_start(gp_group *g, int n, const char *const *extra_args) {
   if (!mpirun || !*mpirun) mpirun = "mpirun";
   char np[16];
   snprintf(np, sizeof np, "%d", n);
-  const char *argv[64] = {mpirun, "--allow-run-as-root", "--oversubscribe",
-                          "--mca", "btl", "self,tcp",
-                          "--mca", "btl_tcp_if_include", "lo",
-                          "--mca", "oob_tcp_if_include", "lo",
-                          "-np", np, bin, "--mpi", "--listen", "127.0.0.1:0"};
-  int a = 18;
+  const char *argv[64] = {mpirun};
+  int a = 1;
+  for (int i = 0; gp_mpirun_opts[i]; i++) argv[a++] = gp_mpirun_opts[i];
+  const char *tail[] = {"-np", np, bin, "--mpi", "--listen", "127.0.0.1:0"};
+  for (size_t i = 0; i < sizeof tail / sizeof *tail; i++) argv[a++] = tail[i];
   for (int i = 0; extra_args && extra_args[i] && a < 63; i++)
     argv[a++] = extra_args[i];
   argv[a] = NULL;

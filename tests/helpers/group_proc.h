@@ -28,6 +28,11 @@ typedef struct gp_group {
   int out_fd;
 } gp_group;
 
+/* mpirun's options gp_start passes before -np (NULL-terminated): every
+ * MPI channel on loopback; a program that runs mpirun itself uses them
+ * too (bench/group.c's Open MPI reference) */
+extern const char *const gp_mpirun_opts[];
+
 int gp_start(gp_group *g, int n, const char *const *extra_args);
 /* Sets this process's environment for MPI ranks it is about to start
  * (under ASan: no leak check, Open MPI's leaks are not ours); gp_start's
