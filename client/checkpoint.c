@@ -134,6 +134,12 @@ static int plan_put(dispatch_device *dev, ck_plan *p, const char *name,
   return 0;
 }
 
+/* the dynamic loss scale's state (dispatch_optim_set_loss_scale): the
+ * scale, f32 [], and its counts, i64 [2] (good steps since the last
+ * change, steps skipped) */
+#define LS_SCALE "optim.loss_scale"
+#define LS_COUNTS "optim.loss_scale.counts"
+
 /* The checks and the entries of a save (dispatch_save, and the one the
  * server makes): every name and tensor given, then opt's state under the
  * documented names optim.<i>.momentum (SGD), optim.<i>.m and optim.<i>.v
@@ -151,7 +157,9 @@ static int plan_save(dispatch_device *dev, const char *path,
                       path, opt->dev->spec, dev->spec);
   int per = opt ? opt->k : 0;
   int64_t total64 =
-      (int64_t)n + (opt ? (int64_t)opt->n * per + optim_has_t(opt) : 0);
+      (int64_t)n + (opt ? (int64_t)opt->n * per + optim_has_t(opt) +
+                              (opt->ls_scale ? 2 : 0)
+                        : 0);
   if (total64 > INT32_MAX)
     return dsp_seterr(dev->ctx, DISPATCH_EINVAL,
                       "save \"%s\": too many tensors", path);
@@ -186,6 +194,10 @@ static int plan_save(dispatch_device *dev, const char *path,
   if (opt && rc == 0 && optim_has_t(opt)) {
     p->step = opt->t;
     rc = plan_put(dev, p, "optim.step", NULL);
+  }
+  if (opt && rc == 0 && opt->ls_scale) {
+    rc = plan_put(dev, p, LS_SCALE, opt->ls_scale);
+    if (rc == 0) rc = plan_put(dev, p, LS_COUNTS, opt->ls_counts);
   }
   if (opt) {
     snprintf(p->nparams, sizeof p->nparams, "%d", opt->n);
@@ -607,6 +619,17 @@ int dispatch_optim_load(dispatch_optim *opt, const dispatch_checkpoint *ck) {
                           dsp_shape_str(want, b, sizeof b)));
     }
   }
+  /* the loss scale comes back when both sides have one; a checkpoint
+   * without it leaves the optimizer's (freshly set) scale alone */
+  dispatch_tensor *ls = opt->ls_scale ? dispatch_checkpoint_get(ck, LS_SCALE)
+                                      : NULL;
+  dispatch_tensor *lc = ls ? dispatch_checkpoint_get(ck, LS_COUNTS) : NULL;
+  if (ls && (!lc || !dsp_meta_equal(&ls->meta, &opt->ls_scale->meta) ||
+             !dsp_meta_equal(&lc->meta, &opt->ls_counts->meta)))
+    return dispatch__ret(dev, dsp_seterr(ctx, DISPATCH_ESHAPE,
+                                         "optim_load: \"" LS_SCALE "\" must "
+                                         "be an f32 scalar and \"" LS_COUNTS
+                                         "\" an i64 [2] beside it"));
   int64_t step = opt->t;
   if (optim_has_t(opt)) {
     dispatch_tensor *t = dispatch_checkpoint_get(ck, "optim.step");
@@ -632,5 +655,11 @@ int dispatch_optim_load(dispatch_optim *opt, const dispatch_checkpoint *ck) {
     opt->states[i] = t;
   }
   opt->t = step;
+  if (ls) {
+    dispatch__tensor_unref(opt->ls_scale);
+    dispatch__tensor_unref(opt->ls_counts);
+    opt->ls_scale = dispatch_tensor_ref(ls);
+    opt->ls_counts = dispatch_tensor_ref(lc);
+  }
   return 0;
 }

@@ -8,6 +8,7 @@
 #include <criterion/criterion.h>
 #include <math.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "dispatch_client.h"
 #include "helpers/client_check.h"
@@ -173,6 +174,56 @@ Test(loss_scale, grows_after_interval_clean_steps, .fini = stop_server) {
     cr_assert_eq(o.scale, 8.0, "%g", o.scale);
     cr_assert_eq(o.skipped, 1);
     dispatch_device_close(dev);
+  }
+}
+
+/* A checkpoint holds the scale and its counts: 3 steps, save, load into a
+ * new optimizer (its scale set afresh, as a resuming program does), 4
+ * more steps give the bits, scale and skip count of 7 steps straight.
+ * The skip at step 1 and interval 3 put the scale (8 -> 4 -> 8 at step 4)
+ * and the clean-step count mid-way at the save. */
+Test(loss_scale, resumes_from_a_checkpoint, .fini = stop_server) {
+  check_server_start(&g_srv, NULL);
+  char path[64];
+  snprintf(path, sizeof path, "/tmp/dsp_ls_ck_%d.safetensors", (int)getpid());
+  for (int r = 0; r < 2; r++) {
+    dispatch_device *dev = open_dev(r);
+    run_out want;
+    run_cfg c = {8, 3, 0, 7, 1, INFINITY};
+    run(dev, &c, &want);
+    cr_assert_eq(want.skipped, 1);
+    double wd[1] = {0.1};
+    dispatch_tensor *t = f32(dev, g_p0), *p;
+    OK(dev, dispatch_autodiff(t, &p));
+    dispatch_tensor_free(t);
+    dispatch_optim *opt;
+    OK(dev, dispatch_adamw_new(&p, 1, 0.05, 0.9, 0.95, 1e-8, wd, &opt));
+    OK(dev, dispatch_optim_set_loss_scale(opt, 8, 2.0, 0.5, 3));
+    for (int s = 0; s < 3; s++) one_step(dev, opt, p, 1, s == 1 ? INFINITY : 0);
+    const char *name = "p";
+    OK(dev, dispatch_save(dev, path, &name, &p, 1, opt));
+    dispatch_optim_free(opt);
+    dispatch_tensor_free(p);
+    dispatch_checkpoint *ck;
+    OK(dev, dispatch_load(dev, path, &ck));
+    cr_assert_not_null(dispatch_checkpoint_get(ck, "optim.loss_scale"));
+    OK(dev, dispatch_autodiff(dispatch_checkpoint_get(ck, "p"), &p));
+    OK(dev, dispatch_adamw_new(&p, 1, 0.05, 0.9, 0.95, 1e-8, wd, &opt));
+    OK(dev, dispatch_optim_set_loss_scale(opt, 8, 2.0, 0.5, 3));
+    OK(dev, dispatch_optim_load(opt, ck));
+    for (int s = 3; s < 7; s++) one_step(dev, opt, p, 1, 0);
+    run_out got;
+    OK(dev, dispatch_tensor_read(p, got.p, sizeof got.p));
+    OK(dev, dispatch_optim_loss_scale(opt, &got.scale, &got.skipped));
+    same_bits(got.p, want.p, "resumed vs straight");
+    cr_assert_eq(got.scale, want.scale, "scale %g, straight %g", got.scale,
+                 want.scale);
+    cr_assert_eq(got.skipped, want.skipped);
+    dispatch_optim_free(opt);
+    dispatch_tensor_free(p);
+    dispatch_checkpoint_free(ck);
+    dispatch_device_close(dev);
+    remove(path);
   }
 }
 

@@ -1143,9 +1143,11 @@ int dispatch_optim_last_norm(dispatch_optim *opt, double *norm);
  * DISPATCH_EINVAL. REMOTE needs a server of protocol 1.7
  * (DISPATCH_EUNSUPPORTED at the step); a step with loss scaling cannot be
  * captured in a graph (DISPATCH_EUNSUPPORTED at dispatch_graph_end).
- * Checkpoints do not hold the scale or its counts: the optimizer's saved
- * step count includes the skipped steps, and a reloaded optimizer starts
- * its scale over from the init_scale given again. */
+ * Checkpoints hold the scale and its counts (optim.loss_scale,
+ * optim.loss_scale.counts): dispatch_optim_load on an optimizer given a
+ * loss scale again restores them (growth, backoff and interval are the
+ * ones given again); a checkpoint without them leaves the new scale as
+ * set. The optimizer's saved step count includes the skipped steps. */
 DISPATCH_API
 int dispatch_optim_set_loss_scale(dispatch_optim *opt, double init_scale,
                                   double growth, double backoff,
@@ -1201,6 +1203,10 @@ void dispatch_optim_free(dispatch_optim *opt);
  *   optim.<i>.m          Adam (and AdamW) first moment
  *   optim.<i>.v          Adam (and AdamW) second moment
  *   optim.step           their step count t, an I64 scalar (shape [])
+ *   optim.loss_scale     the dynamic loss scale, an F32 scalar, and
+ *   optim.loss_scale.counts  its counts, I64 [2] (clean steps since the
+ *                        scale last changed, steps skipped), when the
+ *                        optimizer has one (dispatch_optim_set_loss_scale)
  * and the metadata "dispatch.optim" ("sgd", "adam" or "adamw") and
  * "dispatch.optim.params" (the parameter count). Hyperparameters (lr,
  * betas, weight decays, the clip's max_norm, ...) are not saved: the
