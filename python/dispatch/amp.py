@@ -127,6 +127,14 @@ class GradScaler:
             self._opt._dev._raise(rc)
         return outputs._dev._adopt(out[0])
 
+    def attach(self, optimizer):
+        """Binds the scaler to optimizer now (its first step() does it
+        otherwise) with the scale set to init_scale. A resume calls it
+        before dispatch.load(path, device, optimizer=optimizer), which then
+        restores the saved scale and counts."""
+        if self._enabled:
+            self._attach(optimizer)
+
     def _attach(self, optimizer):
         if self._opt is optimizer:
             return

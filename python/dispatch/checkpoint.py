@@ -7,8 +7,11 @@ C program read it, and a file a C program wrote loads here. An
 optimizer's state (SGD's velocities, Adam's and AdamW's two moments and
 step count) goes in under the names "optim.<i>.m", "optim.<i>.v",
 "optim.<i>.momentum" and "optim.step", with the metadata
-"dispatch.optim"; its hyperparameters do not: make the optimizer again,
-with the same ones, over the loaded parameters, and hand it to load.
+"dispatch.optim"; with a GradScaler attached to the optimizer, also its
+scale and counts ("optim.loss_scale", "optim.loss_scale.counts"). The
+hyperparameters do not: make the optimizer (and the scaler) again, with
+the same ones, over the loaded parameters, attach the scaler
+(GradScaler.attach) and hand the optimizer to load.
 """
 import os
 from collections.abc import Mapping
@@ -106,9 +109,10 @@ def save(path: _PathLike,
 
 
 def _is_optim_state(name: str) -> bool:
-    return name == "optim.step" or (name.startswith("optim.") and
-                                    name.rsplit(".", 1)[-1] in
-                                    ("m", "v", "momentum"))
+    return name in ("optim.step", "optim.loss_scale",
+                    "optim.loss_scale.counts") or (
+        name.startswith("optim.") and
+        name.rsplit(".", 1)[-1] in ("m", "v", "momentum"))
 
 
 def load(path: _PathLike, device: Device,

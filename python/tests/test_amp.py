@@ -67,6 +67,46 @@ def test_scale_grows_after_interval(dev):
     assert scaler.get_scale() == 16.0
 
 
+def test_scaler_state_survives_a_checkpoint(dev, tmp_path):
+    """3 steps (a skip at step 1), save, load into a new optimizer and a
+    scaler attached before the load, 4 more: the bits, scale and skip
+    count of 7 steps straight; the scale is not a model tensor."""
+    scaler = dispatch.GradScaler(init_scale=8.0, growth_interval=3)
+    want, _ = _run(dev, 7, scaler, poison_at=1)
+    scaler = dispatch.GradScaler(init_scale=8.0, growth_interval=3)
+    p = dev.tensor(P0.copy(), requires_grad=True)
+    opt = dispatch.AdamW([p], lr=0.05, betas=(0.9, 0.95), weight_decay=0.1,
+                         clip=1.0)
+
+    def step(p, opt, scaler, poison=False):
+        c = C.copy()
+        if poison:
+            c[0] = np.inf
+        loss = scaler.scale((p * p * dev.tensor(c)).sum())
+        scaler.step(opt, loss.backward())
+        scaler.update()
+
+    for s in range(3):
+        step(p, opt, scaler, s == 1)
+    path = tmp_path / "ck.safetensors"
+    dispatch.save(path, {"p": p}, optimizer=opt)
+    state = dispatch.load(path, dev)
+    assert list(state) == ["p"]
+    p = state["p"].track()
+    opt = dispatch.AdamW([p], lr=0.05, betas=(0.9, 0.95), weight_decay=0.1,
+                         clip=1.0)
+    scaler = dispatch.GradScaler(init_scale=8.0, growth_interval=3)
+    scaler.attach(opt)
+    dispatch.load(path, dev, optimizer=opt)
+    for s in range(3, 7):
+        step(p, opt, scaler)
+    assert np.array_equal(p.numpy().view(np.uint32), want.view(np.uint32))
+    assert scaler.skipped_steps == 1
+    straight = dispatch.GradScaler(init_scale=8.0, growth_interval=3)
+    _run(dev, 7, straight, poison_at=1)
+    assert scaler.get_scale() == straight.get_scale()
+
+
 def test_scaler_errors_and_disabled(local):
     with pytest.raises(ValueError):
         dispatch.GradScaler(backoff_factor=0.0)
