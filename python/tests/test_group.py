@@ -13,7 +13,12 @@ does; the module is skipped where mpirun or the MPI plugin is missing):
 - a data-parallel MLP trained with Group.step (and GroupOptimizer) has the
   same parameters, bit for bit, on both members after every step, within
   a derived bound of one server's step on the whole batch;
-- opening a plain server, or too few ranks, is refused."""
+- opening a plain server, or too few ranks, is refused;
+- a member killed while the group works gives the client an error (Open
+  MPI ends the whole job), never a hang."""
+import os
+import signal
+
 import numpy as np
 import pytest
 
@@ -21,6 +26,7 @@ import dispatch
 import dispatch.nn as nn
 import dispatch.nn.functional as F
 from dispatch.distributed import Group, ReduceOp
+from conftest import MpiGroup, mpi_missing
 
 
 @pytest.fixture
@@ -244,3 +250,29 @@ def test_a_step_with_another_members_optimizer_is_refused(group):
         group.step(opts[::-1])
     with pytest.raises(ValueError, match="1 optimizers for a group of 2"):
         group.step(opts[:1])
+
+
+def test_a_killed_member_raises_an_error_not_a_hang(monkeypatch):
+    why = mpi_missing()
+    if why:
+        pytest.skip(why)
+    # the job ends with the member (Open MPI 4.1), so there is no session
+    # to resume: without this the client would retry for its resume
+    # timeout (30 s by default) before raising ECONN
+    monkeypatch.setenv("DISPATCH_RESUME", "0")
+    job = MpiGroup(2, ["--mpi-timeout", "2", "--log-level", "error"])
+    try:
+        with Group(job.specs) as g:
+            ts = [d.tensor(np.ones(4, np.float32)) for d in g.devices]
+            g.device(0).sync()
+            os.kill(job.rank_pid[1], signal.SIGKILL)
+            try:  # rank 1's socket may be found closed already
+                g.all_reduce(ts)
+            except ConnectionError:
+                pass
+            with pytest.raises((dispatch.ECONN, dispatch.EGROUP,
+                                dispatch.ESHUTDOWN)) as ei:
+                ts[0].numpy()
+            assert ei.value.message, ei.value
+    finally:
+        job.stop()
