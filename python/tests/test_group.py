@@ -250,6 +250,11 @@ def test_a_step_with_another_members_optimizer_is_refused(group):
         group.step(opts[::-1])
     with pytest.raises(ValueError, match="1 optimizers for a group of 2"):
         group.step(opts[:1])
+    # the library's own check, its message taken from the member it is
+    # recorded on (rank 1's device, not rank 0's)
+    fewer = dispatch.optim.SGD(list(members[1].parameters())[:2], lr=0.1)
+    with pytest.raises(dispatch.EINVAL, match="rank 1 needs an optimizer"):
+        group.step([opts[0], fewer])
 
 
 def test_a_killed_member_raises_an_error_not_a_hang(monkeypatch):
