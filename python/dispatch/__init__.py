@@ -34,7 +34,8 @@ from .optim import SGD, Adam, AdamW, Optimizer, lr_cosine  # noqa: F401
 from .checkpoint import load, save  # noqa: F401
 from .amp import GradScaler, autocast  # noqa: F401
 from .devices import DeviceInfo, device_list  # noqa: F401
-from . import amp, nn, optim  # noqa: F401,E402 (dispatch.amp, .nn, .optim)
+# dispatch.amp, .distributed, .nn, .optim
+from . import amp, distributed, nn, optim  # noqa: F401,E402
 
 # the public functions' annotations
 _Shape = Union[int, Sequence[int]]

@@ -148,7 +148,8 @@ _ALSO = {"ENOMEM": MemoryError, "EINVAL": ValueError, "ESHAPE": ValueError,
          "EDTYPE": TypeError, "EDIM": IndexError, "EINDEX": IndexError,
          "EOVERFLOW": OverflowError, "ECONN": ConnectionError,
          "ESHUTDOWN": ConnectionError,
-         "ETIMEDOUT": TimeoutError, "EUNSUPPORTED": NotImplementedError}
+         "ETIMEDOUT": TimeoutError, "EUNSUPPORTED": NotImplementedError,
+         "EGROUP": RuntimeError}
 
 _ERROR_CLASSES = {}
 error_classes = {}  # "ESHAPE" -> class, for the package namespace
@@ -247,6 +248,36 @@ def _close_all():
         st.close()
 
 
+def _cstr(s, keep):
+    """s (str or bytes) as a C string that lives as long as keep."""
+    b = ffi.new("char[]", s.encode() if isinstance(s, str) else s)
+    keep.append(b)
+    return b
+
+
+def _options(token=None, timeout_ms=None, ca_file=None, cert_file=None,
+             key_file=None, server_name=None, client_name=None, sync=False):
+    """A dispatch_options from dispatch.device()'s keywords (None: the
+    library's default, from the environment), and the list that keeps its
+    strings alive: hold both until the open returns."""
+    keep = []
+
+    def cstr(s):
+        return ffi.NULL if s is None else _cstr(s, keep)
+
+    opts = ffi.new("dispatch_options *")
+    lib.dispatch_options_init(opts)
+    opts.token = cstr(token)
+    opts.client_name = cstr(client_name or "dispatch-python")
+    opts.timeout_ms = int(timeout_ms or 0)
+    opts.ca_file = cstr(ca_file)
+    opts.cert_file = cstr(cert_file)
+    opts.key_file = cstr(key_file)
+    opts.server_name = cstr(server_name)
+    opts.sync = 1 if sync else 0
+    return opts, keep
+
+
 class Device:
     """A dispatch device: "local" (this process) or "tcp://HOST:PORT" /
     "tls://HOST:PORT" (a dispatch-server). Open it with dispatch.device().
@@ -261,39 +292,32 @@ class Device:
     def __init__(self, spec=None, *, token=None, timeout_ms=None,
                  ca_file=None, cert_file=None, key_file=None,
                  server_name=None, client_name=None, sync=False):
-        keep = []
-
-        def cstr(s):
-            if s is None:
-                return ffi.NULL
-            b = ffi.new("char[]", s.encode() if isinstance(s, str) else s)
-            keep.append(b)
-            return b
-
-        opts = ffi.new("dispatch_options *")
-        lib.dispatch_options_init(opts)
-        opts.token = cstr(token)
-        opts.client_name = cstr(client_name or "dispatch-python")
-        opts.timeout_ms = int(timeout_ms or 0)
-        opts.ca_file = cstr(ca_file)
-        opts.cert_file = cstr(cert_file)
-        opts.key_file = cstr(key_file)
-        opts.server_name = cstr(server_name)
-        opts.sync = 1 if sync else 0
+        opts, keep = _options(token=token, timeout_ms=timeout_ms,
+                              ca_file=ca_file, cert_file=cert_file,
+                              key_file=key_file, server_name=server_name,
+                              client_name=client_name, sync=sync)
         out = ffi.new("dispatch_device **")
         msg = ffi.new("char[512]")
-        rc = lib.dispatch_device_open(cstr(spec), opts, out, msg, 512)
+        cspec = ffi.NULL if spec is None else _cstr(spec, keep)
+        rc = lib.dispatch_device_open(cspec, opts, out, msg, 512)
         if rc < 0:
             raise _error(rc, ffi.string(msg).decode(errors="replace"))
         self._init_handle(out[0])
+        self._remember()
+
+    def _remember(self):
+        """Makes this the device t.to(self.spec) finds, unless an open one
+        of that spec already is."""
         known = _devices_by_spec.get(self.spec)
         if known is None or known.closed:
             _devices_by_spec[self.spec] = self  # for t.to(spec)
 
-    def _init_handle(self, h) -> None:
+    def _init_handle(self, h, state=None) -> None:
         """Makes this Device the owner of the open dispatch_device h (as
-        dispatch_device_open or dispatch_device_open_peer gave it)."""
-        self._state = _DeviceState(h)
+        dispatch_device_open or dispatch_device_open_peer gave it), or,
+        given state, its user through that state (a group's member, whose
+        handle the group owns: see dispatch.distributed)."""
+        self._state = _DeviceState(h) if state is None else state
         self._scopes = []       # Python scopes, innermost last
         self._last_grads = None  # for Tensor.grad
         self.spec = ffi.string(lib.dispatch_device_spec(h)).decode()

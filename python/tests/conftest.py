@@ -17,10 +17,12 @@ import os
 import pathlib
 import re
 import select
+import shutil
 import signal
 import subprocess
 import sys
 import tempfile
+import time
 
 import pytest
 
@@ -55,12 +57,17 @@ def _die_with_parent():
     ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
+def server_binary():
+    """$DISPATCH_SERVER_BIN, else build/dispatch-server of this checkout."""
+    return os.environ.get("DISPATCH_SERVER_BIN") or \
+        str(ROOT / "build" / "dispatch-server")
+
+
 class Server:
     """A running dispatch-server child; .spec is its tcp:// address."""
 
     def __init__(self, extra=()):
-        binary = os.environ.get("DISPATCH_SERVER_BIN") or \
-            str(ROOT / "build" / "dispatch-server")
+        binary = server_binary()
         self.log = tempfile.TemporaryFile()
         self.proc = subprocess.Popen(
             [binary, "--listen", "127.0.0.1:0", *SERVER_ARGS, *extra],
@@ -122,3 +129,104 @@ def remote(server):
 def dev(request):
     """Each test that takes `dev` runs once per device kind."""
     return request.getfixturevalue(request.param)
+
+
+# ------------------------------------------------------------ MPI groups
+
+def mpi_missing():
+    """Why a group of dispatch-servers cannot start here (None: it can):
+    no mpirun on the path ($MPIRUN names another), or no MPI plugin
+    (dispatch-mpi.so beside the server binary, or $DISPATCH_MPI_PLUGIN)."""
+    mpirun = os.environ.get("MPIRUN") or "mpirun"
+    if not shutil.which(mpirun):
+        return f"{mpirun} is not installed (make deps: openmpi-bin)"
+    plugin = os.environ.get("DISPATCH_MPI_PLUGIN") or os.path.join(
+        os.path.dirname(server_binary()), "dispatch-mpi.so")
+    if not os.path.exists(plugin):
+        return (f"no MPI plugin at {plugin} (make deps: libopenmpi-dev, "
+                "then make build/dispatch-mpi.so)")
+    return None
+
+
+RANK = re.compile(rb"^dispatch-server: MPI rank (\d+) of (\d+) \(pid (\d+)\)$")
+RANK_PORT = re.compile(rb"^dispatch-server listening on 127\.0\.0\.1:(\d+)$")
+
+
+class MpiGroup:
+    """n dispatch-servers started as one MPI job, exactly as
+    tests/helpers/group_proc.c starts them: mpirun --allow-run-as-root with
+    every MPI channel on loopback (btl self,tcp; btl_tcp_if_include and
+    oob_tcp_if_include lo), each rank on 127.0.0.1 with an ephemeral port
+    (--listen 127.0.0.1:0), in a process group of its own. .specs are the
+    ranks' tcp:// addresses in the order they announced them (not by
+    rank: a Group numbers its members itself), .rank_pid the ranks' pids
+    by rank."""
+
+    def __init__(self, n=2, extra=()):
+        env = dict(os.environ)
+        if "ASAN_OPTIONS" in env:  # as gp_rank_env: Open MPI's own leaks
+            env["ASAN_OPTIONS"] += ":detect_leaks=0"
+        mpirun = os.environ.get("MPIRUN") or "mpirun"
+        self.proc = subprocess.Popen(
+            [mpirun, "--allow-run-as-root", "--oversubscribe",
+             "--mca", "btl", "self,tcp", "--mca", "btl_tcp_if_include", "lo",
+             "--mca", "oob_tcp_if_include", "lo", "-np", str(n),
+             server_binary(), "--mpi", "--listen", "127.0.0.1:0", *extra],
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env,
+            start_new_session=True, preexec_fn=_die_with_parent)
+        self.n = n
+        self.specs, self.rank_pid = [], {}
+        try:
+            self._read_announcements(60)
+        except Exception:
+            self.stop()
+            raise
+
+    def _read_announcements(self, seconds):
+        until = time.monotonic() + seconds
+        buf = b""
+        while len(self.specs) < self.n or len(self.rank_pid) < self.n:
+            left = until - time.monotonic()
+            ready = select.select([self.proc.stdout], [], [], max(left, 0))[0]
+            chunk = os.read(self.proc.stdout.fileno(), 4096) if ready else b""
+            if not chunk:
+                raise RuntimeError(f"mpirun did not start {self.n} ranks "
+                                   f"(ranks {self.rank_pid}, {self.specs})")
+            buf += chunk
+            *lines, buf = buf.split(b"\n")
+            for line in lines:
+                m, p = RANK.match(line), RANK_PORT.match(line)
+                if m and int(m.group(1)) < self.n:
+                    self.rank_pid[int(m.group(1))] = int(m.group(3))
+                elif p:
+                    self.specs.append(f"tcp://127.0.0.1:{int(p.group(1))}")
+
+    def stop(self):
+        """SIGTERM to mpirun (it ends the ranks), at most 20 s, then
+        SIGKILL to the whole process group; the exit status."""
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            status = self.proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            status = None
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)  # a rank left behind
+        except ProcessLookupError:
+            pass
+        if status is None:
+            status = self.proc.wait()
+        self.proc.stdout.close()
+        return status
+
+
+@pytest.fixture(scope="module")
+def mpi_group():
+    """A 2-rank group for a test module (skipped, with the reason, where
+    mpirun or the MPI plugin is missing)."""
+    why = mpi_missing()
+    if why:
+        pytest.skip(why)
+    g = MpiGroup(2, ["--mpi-timeout", "5", "--threads", "2",
+                     "--log-level", "warn"])
+    yield g
+    g.stop()

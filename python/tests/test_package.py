@@ -31,13 +31,19 @@ def test_help_shows_the_docstrings_of_the_new_api():
                       (dispatch.load, "optimizer"),
                       (dispatch.device_list, "devices"),
                       (dispatch.Device.peer, "same connection"),
-                      (dispatch.Device.set_timeout, "timeout")):
+                      (dispatch.Device.set_timeout, "timeout"),
+                      (dispatch.distributed.Group, "MPI job"),
+                      (dispatch.distributed.Group.all_reduce, "torch"),
+                      (dispatch.distributed.Group.step, "data-parallel")):
         assert words in pydoc.render_doc(fn), fn.__name__
 
 
 def test_public_functions_have_type_hints():
     for fn in (dispatch.save, dispatch.load, dispatch.device_list,
                dispatch.Device.peer, dispatch.tensor, dispatch.zeros,
-               dispatch.device):
+               dispatch.device, dispatch.distributed.Group.all_reduce,
+               dispatch.distributed.Group.all_reduce_grads,
+               dispatch.distributed.Group.step,
+               dispatch.distributed.init_group):
         hints = typing.get_type_hints(fn)
         assert "return" in hints, fn.__name__

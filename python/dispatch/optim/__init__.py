@@ -149,6 +149,17 @@ class Optimizer:
         """One update of every parameter with its gradient in grads (by
         default the device's last backward). Remote: one Step message,
         queued; errors surface at the next wait (a read, sync or stats)."""
+        h, grads, clip = self._prepare(grads)
+        rc = lib.dispatch_optim_step(h, grads._h)
+        if rc < 0:
+            self._dev._raise(rc)
+        self._stepped(clip)
+
+    def _prepare(self, grads):
+        """Everything a step does before the C call (also for a group's
+        step, dispatch.distributed): the Grads (default: the device's
+        last), the groups' lr handed over, this step's clip set. Returns
+        (the C optimizer, the Grads, the clip of this step)."""
         if grads is None:
             grads = self._dev._last_grads
         if not isinstance(grads, Grads) or grads._h is None:
@@ -159,9 +170,10 @@ class Optimizer:
         self._clip_once = None
         if (clip or 0.0) != self._c_clip:
             self._set_clip(clip or 0.0)
-        rc = lib.dispatch_optim_step(h, grads._h)
-        if rc < 0:
-            self._dev._raise(rc)
+        return h, grads, clip
+
+    def _stepped(self, clip):
+        """After a step the C library took (GradNorm counts clipped ones)."""
         if clip:
             self._clipped += 1
 
