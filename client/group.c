@@ -193,9 +193,11 @@ static int allreduce(dispatch_group *g, dispatch_tensor *const *ts,
                                                 "%s: no tensors", fn));
   int rc = check_reduce(g, reduce, fn);
   if (rc < 0) return rc;
-  uint64_t *ids = calloc(k, sizeof *ids);
+  /* every member's part is checked before any is sent: a member that
+   * refused after another had sent would leave that one waiting in its
+   * group for --mpi-timeout */
+  uint64_t *ids = calloc((size_t)g->n * k, sizeof *ids);
   if (!ids) return DISPATCH_ENOMEM;
-  uint64_t seq = ++g->seq;
   for (int r = 0; r < g->n && rc == 0; r++) {
     dispatch_device *dev = g->devs[r];
     dispatch__hold hold = {NULL};
@@ -207,30 +209,35 @@ static int allreduce(dispatch_group *g, dispatch_tensor *const *ts,
                                          grads[r] ? "on another device"
                                                   : "NULL"));
     for (size_t i = 0; i < k && rc == 0; i++)
-      rc = member_id(g, r, ts[(size_t)r * k + i], i, fn, &ids[i]);
-    if (rc == 0) {
-      Dspwire__GroupAllreduce ga = DSPWIRE__GROUP_ALLREDUCE__INIT;
-      Dspwire__Request req = DSPWIRE__REQUEST__INIT;
-      ga.group = g->key;
-      ga.seq = seq;
-      ga.reduce = reduce == DISPATCH_REDUCE_MEAN; /* the wire's 0 sum, 1 mean */
-      if (grads) {
-        ga.grads = grads[r]->id;
-        ga.n_params = k;
-        ga.params = ids;
-      } else {
-        ga.n_tensors = k;
-        ga.tensors = ids;
-      }
-      req.body_case = DSPWIRE__REQUEST__BODY_GROUP_ALLREDUCE;
-      req.group_allreduce = &ga;
-      rc = dispatch__remote_queue(dev, &req);
-      /* sent now: the other members wait for this one's part, and the
-       * caller's next wait may be on another member */
-      if (rc == 0) rc = dispatch__flush(dev);
-      if (rc == 0) rc = dispatch__sync_call(dev);
-      if (rc < 0) rc = dispatch__ret(dev, rc);
+      rc = member_id(g, r, ts[(size_t)r * k + i], i, fn, &ids[(size_t)r * k + i]);
+    dispatch__leave(&hold);
+  }
+  uint64_t seq = ++g->seq;
+  for (int r = 0; r < g->n && rc == 0; r++) {
+    dispatch_device *dev = g->devs[r];
+    dispatch__hold hold = {NULL};
+    if ((rc = dispatch__enter(dev, fn, &hold)) < 0) break;
+    Dspwire__GroupAllreduce ga = DSPWIRE__GROUP_ALLREDUCE__INIT;
+    Dspwire__Request req = DSPWIRE__REQUEST__INIT;
+    ga.group = g->key;
+    ga.seq = seq;
+    ga.reduce = reduce == DISPATCH_REDUCE_MEAN; /* the wire's 0 sum, 1 mean */
+    if (grads) {
+      ga.grads = grads[r]->id;
+      ga.n_params = k;
+      ga.params = ids + (size_t)r * k;
+    } else {
+      ga.n_tensors = k;
+      ga.tensors = ids + (size_t)r * k;
     }
+    req.body_case = DSPWIRE__REQUEST__BODY_GROUP_ALLREDUCE;
+    req.group_allreduce = &ga;
+    rc = dispatch__remote_queue(dev, &req);
+    /* sent now: the other members wait for this one's part, and the
+     * caller's next wait may be on another member */
+    if (rc == 0) rc = dispatch__flush(dev);
+    if (rc == 0) rc = dispatch__sync_call(dev);
+    if (rc < 0) rc = dispatch__ret(dev, rc);
     dispatch__leave(&hold);
   }
   free(ids);

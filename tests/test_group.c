@@ -143,6 +143,35 @@ Test(group, members_with_other_shapes_all_refuse_and_keep_their_tensors) {
   dispatch_group_close(grp);
 }
 
+/* A call the library refuses for one member sends nothing to any: rank 1's
+ * tensor is NULL, and rank 0 is left with no request its group waits
+ * --mpi-timeout for (it failed with that timeout's EGROUP, and the next
+ * all-reduce behind it, when rank 0's part went out first). */
+Test(group, a_refused_member_sends_nothing_to_the_others) {
+  dispatch_group *grp = open_group("3");
+  float v[4] = {1, 2, 3, 4};
+  int64_t sh[1] = {4};
+  dispatch_tensor *t[2];
+  for (int r = 0; r < 2; r++)
+    cr_assert_eq(dispatch_tensor_from_data(dispatch_group_device(grp, r),
+                                           DISPATCH_F32, 1, sh, v, sizeof v,
+                                           &t[r]), 0);
+  dispatch_tensor *bad[2] = {t[0], NULL};
+  cr_assert_eq(dispatch_group_allreduce(grp, bad, 1, DISPATCH_REDUCE_SUM),
+               DISPATCH_EINVAL);
+  dispatch_device_clear_error(dispatch_group_device(grp, 1));
+  cr_assert_eq(dispatch_group_allreduce(grp, t, 1, DISPATCH_REDUCE_SUM), 0);
+  for (int r = 0; r < 2; r++) {
+    dispatch_device *dev = dispatch_group_device(grp, r);
+    int rc = dispatch_device_sync(dev);
+    cr_assert_eq(rc, 0, "rank %d: %d %s", r, rc, dispatch_device_errmsg(dev));
+    float got[4];
+    cr_assert_eq(dispatch_tensor_read(t[r], got, sizeof got), 0);
+    for (int i = 0; i < 4; i++) cr_assert_eq(got[i], 2 * v[i], "rank %d", r);
+  }
+  dispatch_group_close(grp);
+}
+
 /* loss_r = sum((x_r @ w)^2) on each member; one grouped SGD step with the
  * mean of the two gradients */
 Test(group, a_data_parallel_step_leaves_identical_parameters) {
