@@ -422,7 +422,7 @@ PY_SAN_ENV = $(if $(filter 1,$(SAN)),LD_PRELOAD="$(PY_SAN_PRELOAD)" \
 # cffi, pytest, torch are Debian's), and the suite runs with its
 # interpreter; conftest stops the run if dispatch comes from the source tree.
 PYVENV = $(BUILD)/pyvenv
-python-test: $(CLIENT_SO) $(BUILD)/tests/ckpt_tool $(if $(wildcard server/main.c),$(SERVER_BIN))
+python-test: $(CLIENT_SO) $(BUILD)/tests/ckpt_tool $(if $(wildcard server/main.c),$(SERVER_BIN)) $(MPI_BIN)
 	@echo "== python/tests (pytest$(if $(filter 1,$(SAN)), with the ASan library), the package pip-installed in $(PYVENV))"; \
 	PYTHON=$(PYTHON) scripts/python-package.sh venv $(PYVENV) || exit 1; \
 	log=$$(mktemp); \
