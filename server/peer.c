@@ -192,8 +192,6 @@ int sv_exec_peer_fetch(sv_session *s, sv_job *j, char *why, size_t len) {
   return 0;
 }
 
-/* ------------------------------------------------------------ the pull */
-
 /* ------------------------------------------------------------ credentials */
 
 /* What a pull presents to its peer: --peer-token-file's token and, with
@@ -305,6 +303,8 @@ static int creds_take(char **tok, size_t *tok_len, SSL_CTX **ctx, char *why,
   pthread_mutex_unlock(&g_cred_mu);
   return rc;
 }
+
+/* ------------------------------------------------------------ the pull */
 
 /* One connection to a peer: a blocking socket whose every wait is held to
  * --peer-timeout (SO_RCVTIMEO/SO_SNDTIMEO), with TLS over it or not. */
