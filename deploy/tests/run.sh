@@ -15,7 +15,8 @@
 #           owned by the service's user), is started as nobody and serves;
 #           its ExecReload sends SIGHUP, after which the server takes the
 #           token then in %d/token and refuses the one it had.
-#  files    deploy/make-certs.sh --group nogroup writes server.key and
+#  files    deploy/make-certs.sh with a comma list of names puts them all in
+#           the certificate; make-certs.sh --group nogroup writes server.key and
 #           token 0640 root:nogroup, ca.key and client.key 0600, the
 #           certificates 0644; another user (daemon) can read neither the
 #           key nor the token, and a server started as daemon stops with
@@ -141,6 +142,12 @@ check "token is 640 root:nogroup" mode_is "$certs/token" "640 root:nogroup"
 check "ca.key is 600" mode_is "$certs/ca.key" "600 root:root"
 check "client.key is 600" mode_is "$certs/client.key" "600 root:root"
 check "server.pem is 644" mode_is "$certs/server.pem" "644 root:root"
+# a comma list of names: every one in the one certificate (the pods of a
+# StatefulSet sharing its Secret, deploy/README.md section 4)
+check "make-certs.sh with a comma list puts every name in the certificate" \
+  bash -c 'deploy/make-certs.sh "$0/multi" a-0.svc,a-1.svc >/dev/null &&
+           openssl x509 -in "$0/multi/server.pem" -noout -ext subjectAltName |
+           grep -q "DNS:a-0.svc, DNS:a-1.svc, DNS:localhost"' "$tmp"
 check "another user (daemon) cannot read server.key" bash -c '! "$@" cat "$0" >/dev/null 2>&1' "$certs/server.key" "${as_daemon[@]}"
 check "another user (daemon) cannot read token" bash -c '! "$@" cat "$0" >/dev/null 2>&1' "$certs/token" "${as_daemon[@]}"
 srv_args=(--listen 127.0.0.1:0 --tls-cert "$certs/server.pem" --tls-key "$certs/server.key" --token-file "$certs/token")
