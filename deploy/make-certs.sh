@@ -7,7 +7,9 @@
 # OUTDIR gets ca.pem/ca.key, server.pem/server.key (subjectAltName
 # DNS:SERVER_NAME, DNS:localhost, IP:127.0.0.1), client.pem/client.key
 # (for mutual TLS) and token (32 random bytes, base64; an existing token
-# is kept). SERVER_NAME defaults to localhost, DAYS to 365. A negative
+# is kept). SERVER_NAME defaults to localhost, DAYS to 365; a comma
+# separated list (a,b,c) puts every name in the certificate, the first as
+# its CN (the pods of a StatefulSet that share one Secret). A negative
 # DAYS makes certificates that are already expired (for tests).
 #
 # Modes: certificates 0644. The secrets the server reads (server.key,
@@ -27,6 +29,12 @@ esac
 out=${1:?$usage}
 name=${2:-localhost}
 days=${3:-365}
+IFS=, read -r -a names <<<"$name,"
+sans=
+for n in "${names[@]}"; do
+  [ -n "$n" ] || { echo "make-certs.sh: an empty name in '$name'" >&2; exit 2; }
+  sans+="DNS:$n,"
+done
 mkdir -p "$out"
 cd "$out"
 umask 077
@@ -68,7 +76,7 @@ CNF
 }
 
 cat > server.ext <<EXT
-subjectAltName=DNS:$name,DNS:localhost,IP:127.0.0.1
+subjectAltName=${sans}DNS:localhost,IP:127.0.0.1
 extendedKeyUsage=serverAuth
 keyUsage=critical,digitalSignature
 EXT
@@ -76,7 +84,7 @@ cat > client.ext <<EXT
 extendedKeyUsage=clientAuth
 keyUsage=critical,digitalSignature
 EXT
-sign server "/CN=$name" server.ext
+sign server "/CN=${names[0]}" server.ext
 sign client "/CN=dispatch client" client.ext
 rm -f server.ext client.ext ca.srl
 # base64 of random bytes: no newline or quote in it to trip a shell or YAML

@@ -598,12 +598,14 @@ static const opt_row g_rows[] = {
              "repeatable; it connects to no other address"},
     {"peer-token-file", "FILE", OPT_FN, .set = read_peer_token,
      .help = "the token this server sends in its hello\n"
-             "to a peer (the peer's --token-file)"},
+             "to a peer (the peer's --token-file; reread\n"
+             "on SIGHUP)"},
     {"peer-ca", "FILE", OPT_PATH, .off = offsetof(sv_config, peer_ca),
      .help = "TLS to peers, their certificates verified\n"
              "against this CA and their host name (without\n"
              "it: plain TCP, to loopback peers only unless\n"
-             "--insecure)"},
+             "--insecure); with --peer-cert/--peer-key,\n"
+             "reread on SIGHUP"},
     {"peer-cert", "FILE", OPT_PATH, .off = offsetof(sv_config, peer_cert),
      .help = "client certificate for peers that require\n"
              "mutual TLS (with --peer-key)"},

@@ -98,5 +98,16 @@ int sv_exec_peer_fetch(sv_session *s, sv_job *j, char *why, size_t len);
 /* Revokes the capabilities of s's tensor id (0: all of s's), on a Free
  * and at the session's end; any thread. */
 void sv_peer_revoke(const sv_session *s, uint64_t id);
+/* The credentials pulls present to peers (reload.c calls these on the
+ * loop thread; the pulls read them on workers). sv_peer_creds_start:
+ * --peer-token-file's token and the --peer-ca/--peer-cert/--peer-key TLS
+ * context from cfg, 0 or a code with why. sv_peer_set_token takes tok
+ * (dsp_malloc'd, NULL: none) for the next pulls and frees the old one.
+ * sv_peer_reload_tls builds a new context from the files: 0, or -1 with
+ * why and the old one kept. sv_peer_creds_free drops both. */
+int sv_peer_creds_start(const sv_config *cfg, char *why, size_t len);
+void sv_peer_set_token(char *tok, size_t len);
+int sv_peer_reload_tls(const sv_config *cfg, char *why, size_t len);
+void sv_peer_creds_free(void);
 
 #endif

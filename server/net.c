@@ -658,7 +658,7 @@ int sv_run(const sv_config *cfg) {
   } else if (cfg->tls_cert && !(srv->tls = sv_tls_ctx_new(cfg))) {
     err = DISPATCH_ETLS;
   } else if ((err = sv_reload_start(srv)) < 0) {
-    sv_log(SV_LOG_ERROR, "out of memory for the token");
+    /* it printed why */
   }
   if (err < 0) {
     /* the reason is on stderr already */

@@ -192,6 +192,118 @@ int sv_exec_peer_fetch(sv_session *s, sv_job *j, char *why, size_t len) {
   return 0;
 }
 
+/* ------------------------------------------------------------ credentials */
+
+/* What a pull presents to its peer: --peer-token-file's token and, with
+ * --peer-ca, one TLS client context built from --peer-ca, --peer-cert and
+ * --peer-key. Both are made at start and replaced on SIGHUP (reload.c),
+ * each on its own: a file that cannot be used is refused there and the
+ * one in use stays. A pull takes a copy of the token and a reference to
+ * the context under g_cred_mu, so a reload during a pull changes nothing
+ * for it; the next pull presents what the reload put. */
+static pthread_mutex_t g_cred_mu = PTHREAD_MUTEX_INITIALIZER;
+static char *g_token; /* NULL: the hello carries no token */
+static size_t g_token_len;
+static SSL_CTX *g_ctx; /* NULL: no --peer-ca, plain TCP */
+
+/* A TLS client context from the --peer-* files: the context, or NULL
+ * with why (which step, OpenSSL's reason). */
+static SSL_CTX *ctx_build(const sv_config *cfg, char *why, size_t len) {
+  char step[600];
+  snprintf(step, sizeof step, "setting up TLS");
+  SSL_CTX *ctx = SSL_CTX_new(TLS_client_method());
+  if (!ctx || !SSL_CTX_set_min_proto_version(ctx, TLS1_2_VERSION)) goto fail;
+  SSL_CTX_set_verify(ctx, SSL_VERIFY_PEER, NULL);
+  snprintf(step, sizeof step, "loading --peer-ca %s", cfg->peer_ca);
+  if (SSL_CTX_load_verify_locations(ctx, cfg->peer_ca, NULL) != 1) goto fail;
+  if (cfg->peer_cert) {
+    snprintf(step, sizeof step, "loading --peer-cert %s with --peer-key %s",
+             cfg->peer_cert, cfg->peer_key);
+    if (SSL_CTX_use_certificate_chain_file(ctx, cfg->peer_cert) != 1 ||
+        SSL_CTX_use_PrivateKey_file(ctx, cfg->peer_key, SSL_FILETYPE_PEM) !=
+            1 ||
+        SSL_CTX_check_private_key(ctx) != 1)
+      goto fail;
+  }
+  return ctx;
+fail:;
+  unsigned long err = ERR_get_error();
+  ERR_clear_error();
+  char buf[256] = "";
+  if (err) ERR_error_string_n(err, buf, sizeof buf);
+  snprintf(why, len, "%s failed%s%s", step, buf[0] ? ": " : "", buf);
+  SSL_CTX_free(ctx);
+  return NULL;
+}
+
+void sv_peer_set_token(char *tok, size_t len) {
+  pthread_mutex_lock(&g_cred_mu);
+  char *old = g_token;
+  size_t old_len = g_token_len;
+  g_token = tok;
+  g_token_len = len;
+  pthread_mutex_unlock(&g_cred_mu);
+  sv_secret_free(&old, &old_len);
+}
+
+int sv_peer_reload_tls(const sv_config *cfg, char *why, size_t len) {
+  SSL_CTX *ctx = ctx_build(cfg, why, len);
+  if (!ctx) return -1;
+  pthread_mutex_lock(&g_cred_mu);
+  SSL_CTX *old = g_ctx;
+  g_ctx = ctx;
+  pthread_mutex_unlock(&g_cred_mu);
+  SSL_CTX_free(old); /* a pull that holds it keeps its own reference */
+  return 0;
+}
+
+int sv_peer_creds_start(const sv_config *cfg, char *why, size_t len) {
+  if (cfg->peer_token) {
+    char *t = dsp_malloc(cfg->peer_token_len + 1);
+    if (!t) {
+      snprintf(why, len, "out of memory for the peer token");
+      return DISPATCH_ENOMEM;
+    }
+    memcpy(t, cfg->peer_token, cfg->peer_token_len + 1);
+    sv_peer_set_token(t, cfg->peer_token_len);
+  }
+  if (cfg->peer_ca && sv_peer_reload_tls(cfg, why, len) < 0) {
+    sv_peer_creds_free();
+    return DISPATCH_ETLS;
+  }
+  return 0;
+}
+
+void sv_peer_creds_free(void) {
+  sv_peer_set_token(NULL, 0);
+  pthread_mutex_lock(&g_cred_mu);
+  SSL_CTX *old = g_ctx;
+  g_ctx = NULL;
+  pthread_mutex_unlock(&g_cred_mu);
+  SSL_CTX_free(old);
+}
+
+/* The credentials for one pull: a copy of the token in *tok (free with
+ * sv_secret_free; NULL: none) and a reference to the TLS context in *ctx
+ * (NULL: plain TCP). 0, or ENOMEM with why. */
+static int creds_take(char **tok, size_t *tok_len, SSL_CTX **ctx, char *why,
+                      size_t len) {
+  int rc = 0;
+  *tok = NULL;
+  *tok_len = 0;
+  pthread_mutex_lock(&g_cred_mu);
+  if (g_token && (*tok = dsp_malloc(g_token_len + 1)) != NULL) {
+    memcpy(*tok, g_token, g_token_len + 1);
+    *tok_len = g_token_len;
+  } else if (g_token) {
+    rc = sv_why(why, len, DISPATCH_ENOMEM,
+                "peer_pull: out of memory for the peer token");
+  }
+  *ctx = rc == 0 && g_ctx && SSL_CTX_up_ref(g_ctx) == 1 ? g_ctx : NULL;
+  pthread_mutex_unlock(&g_cred_mu);
+  return rc;
+}
+
 /* ------------------------------------------------------------ the pull */
 
 /* One connection to a peer: a blocking socket whose every wait is held to
@@ -315,28 +427,11 @@ static int pc_connect(const sv_config *cfg, peer_conn *p, const char *host,
   return 0;
 }
 
-/* TLS over p->fd with the --peer-* credentials, the peer's certificate
- * verified against --peer-ca and its host name (or IP). */
-static int pc_tls(const sv_config *cfg, peer_conn *p, const char *host,
-                  char *why, size_t len) {
+/* TLS over p->fd with p->ctx (the --peer-* credentials), the peer's
+ * certificate verified against --peer-ca and its host name (or IP). */
+static int pc_tls(peer_conn *p, const char *host, char *why, size_t len) {
   unsigned long err = 0;
   const char *step = "setting up TLS";
-  p->ctx = SSL_CTX_new(TLS_client_method());
-  if (!p->ctx) goto fail;
-  if (!SSL_CTX_set_min_proto_version(p->ctx, TLS1_2_VERSION)) goto fail;
-  SSL_CTX_set_verify(p->ctx, SSL_VERIFY_PEER, NULL);
-  step = "loading --peer-ca";
-  if (SSL_CTX_load_verify_locations(p->ctx, cfg->peer_ca, NULL) != 1)
-    goto fail;
-  if (cfg->peer_cert) {
-    step = "loading --peer-cert/--peer-key";
-    if (SSL_CTX_use_certificate_chain_file(p->ctx, cfg->peer_cert) != 1 ||
-        SSL_CTX_use_PrivateKey_file(p->ctx, cfg->peer_key, SSL_FILETYPE_PEM) !=
-            1 ||
-        SSL_CTX_check_private_key(p->ctx) != 1)
-      goto fail;
-  }
-  step = "setting up TLS";
   p->ssl = SSL_new(p->ctx);
   if (!p->ssl || SSL_set_fd(p->ssl, p->fd) != 1) goto fail;
   struct in6_addr a6;
@@ -448,14 +543,14 @@ static int peer_find(const sv_config *cfg, const char *name, char *host,
 /* Fetches the capability's bytes from peer p into t (staged), after the
  * hello: 0, or a code with why. */
 static int fetch(const sv_config *cfg, sv_session *s, peer_conn *p,
-                 const Dspwire__PeerPull *m, dsp_tensor *t, char *why,
-                 size_t len) {
+                 const char *token, const Dspwire__PeerPull *m, dsp_tensor *t,
+                 char *why, size_t len) {
   dsp_wreq w;
   char name[128];
   snprintf(name, sizeof name, "dispatch-server %s (peer pull)",
            cfg->name ? cfg->name : "");
   Dspwire__Request *req = dsp_wreq_hello(&w, DSP_PROTO_MAJOR, DSP_PROTO_MINOR,
-                                         cfg->peer_token, name);
+                                         token, name);
   req->req_id = 1;
   int rc = pc_send(p, req, why, len);
   Dspwire__Reply *r = NULL;
@@ -553,10 +648,18 @@ int sv_exec_peer_pull(sv_session *s, sv_job *j, char *why, size_t len) {
                   (size_t)numel * dsp_dtype_size(mt.dtype),
                   dsp_ctx_errmsg(s->ctx));
   peer_conn p = {.fd = -1, .name = m->peer};
-  rc = pc_connect(cfg, &p, host, port, why, len);
-  if (rc == 0 && cfg->peer_ca) rc = pc_tls(cfg, &p, host, why, len);
-  if (rc == 0) rc = fetch(cfg, s, &p, m, t, why, len);
+  char *tok;
+  size_t tok_len;
+  /* what SIGHUP last put, taken once for the whole pull */
+  rc = creds_take(&tok, &tok_len, &p.ctx, why, len);
+  if (rc == 0) rc = pc_connect(cfg, &p, host, port, why, len);
+  if (rc == 0 && cfg->peer_ca)
+    rc = p.ctx ? pc_tls(&p, host, why, len)
+               : sv_why(why, len, DISPATCH_ETLS,
+                        "peer_pull: no TLS context for --peer-ca");
+  if (rc == 0) rc = fetch(cfg, s, &p, tok, m, t, why, len);
   pc_close(&p);
+  sv_secret_free(&tok, &tok_len);
   if (rc < 0) {
     dsp_tensor_unref(t); /* nothing half-written is left behind */
     return rc;

@@ -1,9 +1,11 @@
 /* SIGHUP: the files an operator rotates are read again without a restart:
  * --token-file (the token a hello must present), --metrics-token-file,
- * and --tls-cert / --tls-key (with --tls-client-ca) into a new TLS
- * context. What is taken applies to new connections and scrapes only: a
- * connection already made keeps its TLS session and its session, whatever
- * changed. Each file that cannot be used (missing, unreadable, an empty
+ * --tls-cert / --tls-key (with --tls-client-ca) into a new TLS context,
+ * and what this server presents to its peers: --peer-token-file and
+ * --peer-ca / --peer-cert / --peer-key (peer.c). What is taken applies to
+ * new connections, scrapes and pulls only: a connection already made (a
+ * pull in flight included) keeps its TLS session and its session,
+ * whatever changed. Each file that cannot be used (missing, unreadable, an empty
  * token, a key that does not match the certificate) is refused on its
  * own: the one in use stays, and the log says which and why. A detached
  * session opened with the old token is bound to the new one, so it
@@ -16,6 +18,7 @@
 #include <string.h>
 
 #include "conn.h"
+#include "handlers.h"
 
 /* One refused file: logged, counted by the caller. */
 static void refused(const char *opt, const char *why, const char *kept) {
@@ -82,6 +85,37 @@ static int reload_tls(sv_server *srv) {
   return 0;
 }
 
+/* --peer-token-file: the token the next pulls send to their peers. */
+static int reload_peer_token(sv_server *srv) {
+  char *tok;
+  size_t len;
+  const char *path = srv->cfg->peer_token_file;
+  if (read_token("--peer-token-file", path, &tok, &len) < 0) return -1;
+  sv_peer_set_token(tok, len);
+  sv_log(SV_LOG_INFO,
+         "reload (SIGHUP): peer token reloaded from --peer-token-file %s: "
+         "the next pulls present it (pulls in flight go on)",
+         path);
+  return 0;
+}
+
+/* --peer-ca (with --peer-cert/--peer-key): a new TLS client context for
+ * the next pulls. */
+static int reload_peer_tls(sv_server *srv) {
+  char why[1024];
+  if (sv_peer_reload_tls(srv->cfg, why, sizeof why) < 0) {
+    refused("the --peer-ca/--peer-cert/--peer-key files", why,
+            "the peer TLS files in use stay (no file of them is taken)");
+    return -1;
+  }
+  sv_log(SV_LOG_INFO,
+         "reload (SIGHUP): peer TLS files reloaded (--peer-ca %s%s%s): the "
+         "next pulls use them",
+         srv->cfg->peer_ca, srv->cfg->peer_cert ? ", --peer-cert " : "",
+         srv->cfg->peer_cert ? srv->cfg->peer_cert : "");
+  return 0;
+}
+
 static void on_sighup(uv_signal_t *h, int signum) {
   sv_server *srv = h->data;
   const sv_config *cfg = srv->cfg;
@@ -90,9 +124,12 @@ static void on_sighup(uv_signal_t *h, int signum) {
   if (cfg->token_file) n++, bad += reload_token(srv) < 0;
   if (cfg->metrics_token_file) n++, bad += reload_metrics_token(srv) < 0;
   if (srv->tls) n++, bad += reload_tls(srv) < 0;
+  if (cfg->peer_token_file) n++, bad += reload_peer_token(srv) < 0;
+  if (cfg->peer_ca) n++, bad += reload_peer_tls(srv) < 0;
   if (n == 0) {
     sv_log(SV_LOG_INFO, "reload (SIGHUP): nothing to reload (no "
-                        "--token-file, --metrics-token-file or --tls-cert)");
+                        "--token-file, --metrics-token-file, --tls-cert, "
+                        "--peer-token-file or --peer-ca)");
     return;
   }
   atomic_fetch_add_explicit(&srv->g.m.reloads[bad ? 1 : 0], 1,
@@ -101,13 +138,29 @@ static void on_sighup(uv_signal_t *h, int signum) {
          "reload (SIGHUP): done: %d reloaded, %d refused", n - bad, bad);
 }
 
+/* Prints why the server cannot start (main prints nothing more). */
+static int start_failed(int rc, const char *why) {
+  fprintf(stderr, "dispatch-server: %s\n", why);
+  sv_start_reason_printed = 1;
+  return rc;
+}
+
 int sv_reload_start(sv_server *srv) {
   const sv_config *cfg = srv->cfg;
+  char why[1024];
   if (cfg->token) {
     srv->token = dsp_malloc(cfg->token_len + 1);
-    if (!srv->token) return DISPATCH_ENOMEM;
+    if (!srv->token) return start_failed(DISPATCH_ENOMEM,
+                                         "out of memory for the token");
     memcpy(srv->token, cfg->token, cfg->token_len + 1);
     srv->token_len = cfg->token_len;
+  }
+  /* a bad --peer-ca/--peer-cert/--peer-key stops the server here, as a
+   * bad --tls-cert does, rather than failing every pull later */
+  int rc = sv_peer_creds_start(cfg, why, sizeof why);
+  if (rc < 0) {
+    sv_secret_free(&srv->token, &srv->token_len);
+    return start_failed(rc, why);
   }
   return 0;
 }
@@ -127,4 +180,5 @@ void sv_reload_close(sv_server *srv) {
 
 void sv_reload_free(sv_server *srv) {
   sv_secret_free(&srv->token, &srv->token_len);
+  sv_peer_creds_free();
 }

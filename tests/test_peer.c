@@ -4,6 +4,9 @@
  * - dispatch_to_device from A to B moves the bytes server to server (A
  *   logs the peer fetch) and they arrive bit for bit;
  * - B refuses a peer it has not configured, A refuses B's wrong token;
+ * - SIGHUP rereads B's --peer-token-file (a rotation on both sides works,
+ *   on A alone is refused, an empty file is refused and the old token
+ *   kept) and its --peer-ca/--peer-cert/--peer-key files;
  * - a capability works once, not after its --peer-cap-ttl, not after its
  *   tensor was freed;
  * - B charges the session before it connects: a pull over quota fails
@@ -14,6 +17,7 @@
 #include <fcntl.h>
 #include <libgen.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -211,6 +215,109 @@ Test(peer, refuses_unknown_peer_and_wrong_token, .fini = teardown) {
                dispatch_err_name(rc), dispatch_device_errmsg(b));
   cr_assert_null(tb);
   cr_assert_eq(server_tensors(g_b.port, NULL), 0);
+  free(x);
+  dispatch_tensor_free(ta);
+  dispatch_device_close(b);
+  dispatch_device_close(a);
+  stop_clean();
+}
+
+/* Writes text to g_dir/name (a rotation: a new file where a server reads) */
+static void put_file(const char *name, const char *text) {
+  FILE *f = fopen(path(name), "w");
+  cr_assert_not_null(f, "%s", path(name));
+  fputs(text, f);
+  cr_assert_eq(fclose(f), 0);
+}
+
+static int log_count(const char *log, const char *what) {
+  FILE *f = fopen(path(log), "r");
+  cr_assert_not_null(f);
+  char line[1024];
+  int n = 0;
+  while (fgets(line, sizeof line, f)) n += strstr(line, what) != NULL;
+  fclose(f);
+  return n;
+}
+
+/* SIGHUP to s, then a bounded wait for its n-th "done" line in log */
+static void hup(sp_server *s, const char *log, int n) {
+  cr_assert_eq(sp_signal(s, SIGHUP), 0);
+  for (int i = 0; i < 1500 && log_count(log, "reload (SIGHUP): done:") < n;
+       i++)
+    usleep(20 * 1000);
+  cr_assert_eq(log_count(log, "reload (SIGHUP): done:"), n,
+               "%s: no reload %d", log, n);
+}
+
+/* a move of ta to b: 0 and the bytes equal to x's, or the code */
+static int move_check(dispatch_tensor *ta, dispatch_device *b,
+                      const float *x) {
+  dispatch_tensor *tb = NULL;
+  int rc = dispatch_to_device(ta, b, &tb);
+  if (rc < 0) {
+    cr_assert_null(tb);
+    return rc;
+  }
+  size_t nb = dispatch_tensor_nbytes(tb);
+  float *y = malloc(nb);
+  cr_assert_not_null(y);
+  OK(b, dispatch_tensor_read(tb, y, nb));
+  cr_assert_eq(memcmp(x, y, nb), 0, "the pulled bytes differ");
+  free(y);
+  dispatch_tensor_free(tb);
+  return 0;
+}
+
+/* --peer-token-file is reread on SIGHUP: the token rotated on A (its
+ * --token-file) and on B (its --peer-token-file), each with a SIGHUP.
+ * With only A rotated B's pull is refused by A; with both, it works; an
+ * empty file on B is refused and B keeps presenting the token it had. */
+Test(peer, peer_token_rotates_on_sighup, .fini = teardown) {
+  make_dir();
+  put_file("a-live.tok", "tok-a\n");
+  put_file("b-peer.tok", "tok-a\n");
+  const char *a_args[] = {"--token-file", path("a-live.tok"), NULL};
+  start_a(a_args);
+  static char peer[64];
+  snprintf(peer, sizeof peer, "a=127.0.0.1:%d", g_a.port);
+  const char *b_args[] = {"--log-level", "info", "--peer", peer,
+                          "--peer-token-file", path("b-peer.tok"), NULL};
+  int fd = open(path("b.log"), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+  cr_assert_geq(fd, 0);
+  int st = sp_start_logged(&g_b, b_args, fd);
+  close(fd);
+  cr_assert_eq(st, 0, "B did not start");
+  dispatch_device *a = open_dev(g_a.port, "tok-a");
+  dispatch_device *b = open_dev(g_b.port, NULL);
+  float *x;
+  dispatch_tensor *ta = pattern(a, 37, 41, &x);
+  cr_assert_eq(move_check(ta, b, x), 0, "%s", dispatch_device_errmsg(b));
+  /* A alone rotated: B still presents tok-a, which A now refuses (the
+   * client's own session on A, opened before, goes on) */
+  put_file("a-live.tok", "tok-new\n");
+  hup(&g_a, "a.log", 1);
+  int rc = move_check(ta, b, x);
+  cr_assert_eq(rc, DISPATCH_EAUTH, "one side rotated gave %s: %s",
+               dispatch_err_name(rc), dispatch_device_errmsg(b));
+  cr_assert(strstr(dispatch_device_errmsg(b), "peer 'a' refused"), "%s",
+            dispatch_device_errmsg(b));
+  cr_assert_eq(server_tensors(g_b.port, NULL), 0);
+  /* B rotated too: the next pull presents tok-new */
+  put_file("b-peer.tok", "tok-new\n");
+  hup(&g_b, "b.log", 1);
+  cr_assert_eq(log_count("b.log", "peer token reloaded from "
+                                  "--peer-token-file"), 1);
+  cr_assert_eq(move_check(ta, b, x), 0, "both rotated: %s",
+               dispatch_device_errmsg(b));
+  /* a broken file is refused (counted as a refused reload) and B keeps
+   * presenting tok-new */
+  put_file("b-peer.tok", "");
+  hup(&g_b, "b.log", 2);
+  cr_assert_eq(log_count("b.log", "refused --peer-token-file"), 1);
+  cr_assert_eq(log_count("b.log", "done: 0 reloaded, 1 refused"), 1);
+  cr_assert_eq(move_check(ta, b, x), 0, "after a refused file: %s",
+               dispatch_device_errmsg(b));
   free(x);
   dispatch_tensor_free(ta);
   dispatch_device_close(b);
@@ -476,6 +583,66 @@ Test(peer, mutual_tls_both_ways_verified, .fini = teardown) {
   stop_clean();
 }
 
+/* --peer-ca/--peer-cert/--peer-key are reread on SIGHUP as one set: a
+ * CA file that does not parse is refused and the pulls go on with the
+ * context in use; a CA that did not sign A's certificate is taken, and
+ * the next pull refuses A. */
+Test(peer, peer_tls_files_reread_on_sighup, .fini = teardown) {
+  make_dir();
+  make_certs("c");
+  make_certs("other");
+  char cp[512];
+  snprintf(cp, sizeof cp, "cp '%s' '%s'", path("c/ca.pem"), path("peer-ca.pem"));
+  cr_assert_eq(system(cp), 0);
+  const char *a_args[] = {"--tls-cert", path("c/server.pem"), "--tls-key",
+                          path("c/server.key"), "--tls-client-ca",
+                          path("c/ca.pem"), NULL};
+  start_a(a_args);
+  static char peer[64];
+  snprintf(peer, sizeof peer, "a=127.0.0.1:%d", g_a.port);
+  const char *b_args[] = {"--log-level", "info", "--peer", peer,
+                          "--peer-ca", path("peer-ca.pem"), "--peer-cert",
+                          path("c/client.pem"), "--peer-key",
+                          path("c/client.key"), NULL};
+  int fd = open(path("b.log"), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+  cr_assert_geq(fd, 0);
+  int st = sp_start_logged(&g_b, b_args, fd);
+  close(fd);
+  cr_assert_eq(st, 0, "B did not start");
+  char spec[64], msg[256] = "";
+  snprintf(spec, sizeof spec, "tls://127.0.0.1:%d", g_a.port);
+  dispatch_options o;
+  dispatch_options_init(&o);
+  o.ca_file = path("c/ca.pem");
+  o.cert_file = path("c/client.pem");
+  o.key_file = path("c/client.key");
+  dispatch_device *a = NULL;
+  cr_assert_eq(dispatch_device_open(spec, &o, &a, msg, sizeof msg), 0, "%s",
+               msg);
+  dispatch_device *b = open_dev(g_b.port, NULL);
+  float *x;
+  dispatch_tensor *ta = pattern(a, 19, 23, &x);
+  cr_assert_eq(move_check(ta, b, x), 0, "%s", dispatch_device_errmsg(b));
+  put_file("peer-ca.pem", "not a certificate\n");
+  hup(&g_b, "b.log", 1);
+  cr_assert_eq(log_count("b.log", "refused the --peer-ca"), 1);
+  cr_assert_eq(move_check(ta, b, x), 0, "after a refused CA file: %s",
+               dispatch_device_errmsg(b));
+  snprintf(cp, sizeof cp, "cp '%s' '%s'", path("other/ca.pem"),
+           path("peer-ca.pem"));
+  cr_assert_eq(system(cp), 0);
+  hup(&g_b, "b.log", 2);
+  cr_assert_eq(log_count("b.log", "peer TLS files reloaded"), 1);
+  int rc = move_check(ta, b, x);
+  cr_assert_eq(rc, DISPATCH_ETLS, "another CA gave %s: %s",
+               dispatch_err_name(rc), dispatch_device_errmsg(b));
+  free(x);
+  dispatch_tensor_free(ta);
+  dispatch_device_close(b);
+  dispatch_device_close(a);
+  stop_clean();
+}
+
 /* A destination without --peer, or a source without --name, takes part
  * in no server-to-server transfer: the client copies the bytes itself, as
  * before protocol 1.7, and the move still works. */
@@ -572,7 +739,8 @@ Test(peer, a_pull_leaves_the_loop_serving, .fini = teardown) {
 }
 
 /* The peer options are checked at start: each bad one stops the server
- * with a line naming it (exit status 2, as any bad command line). */
+ * with a line naming it (exit status 2 for a bad command line, 1 for a
+ * file it cannot use). */
 Test(peer, bad_peer_options_stop_the_server) {
   check_server_bin();
   static const struct {
@@ -590,6 +758,9 @@ Test(peer, bad_peer_options_stop_the_server) {
       {{"--name", "a:b"}, "--name: 'a:b' must be"},
       {{"--peer-cap-ttl", "0"}, "--peer-cap-ttl: '0' is out of range"},
       {{"--peer-token-file", "/nonexistent/tok"}, "--peer-token-file"},
+      /* read at start (not only at the first pull): it stops the server */
+      {{"--peer-ca", "/nonexistent/ca.pem"},
+       "loading --peer-ca /nonexistent/ca.pem failed"},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     const char *argv[8];

@@ -10,10 +10,17 @@ misspelt or misplaced field fails. Then what a schema cannot see:
   the only rule without ports admits the group's own pods and nothing
   else; the clients' rule admits exactly the ranks' ports (BASE .. BASE +
   np - 1); egress goes only to the group's pods or to DNS (port 53);
-- the launcher runs mpirun with -np equal to workers x slotsPerWorker,
-  starting dispatch-server --mpi --mpi-insecure (ranks on separate pods
-  are not on loopback: without the flag they refuse to start) with
-  --listen 0.0.0.0:BASE, TLS and a token for the clients;
+- the launcher runs mpirun with one app context per rank (-np 1 each,
+  separated by ":"; as many as workers x slotsPerWorker), each starting
+  the same dispatch-server command line but for --name: --mpi
+  --mpi-insecure (ranks on separate pods are not on loopback: without the
+  flag they refuse to start) with --listen 0.0.0.0:BASE, TLS and a token
+  for the clients;
+- peers: each rank has its own --name, and every rank lists every rank
+  with --peer at its worker's stable DNS name (JOB-worker-R.JOB-worker)
+  and its port BASE + R, with --peer-ca and --peer-token-file;
+- every /etc/dispatch file the ranks read is a key of the Secret they
+  mount (deploy/k8s/secret.yaml, the template of that Secret);
 - each worker declares the ranks' ports, and the grace period exceeds an
   explicit --drain-timeout by at least 10 s;
 - the job restarts as a whole: the launcher's restartPolicy is OnFailure
@@ -150,12 +157,25 @@ def main():
           selects(la["template"]["metadata"]["labels"]) and selects(wo["template"]["metadata"]["labels"]))
     args = la["template"]["spec"]["containers"][0].get("args", [])
     cmd = la["template"]["spec"]["containers"][0].get("command", [])
-    np_ = opt(args, "-np")
     n = wo["replicas"] * spec.get("slotsPerWorker", 1)
-    check("the launcher runs mpirun -np workers x slotsPerWorker (%d)" % n,
-          cmd[:1] == ["mpirun"] and np_ is not None and np_.isdigit() and int(np_) == n,
-          "command %s, -np %s" % (cmd, np_))
-    srv = args[args.index("dispatch-server") + 1:] if "dispatch-server" in args else []
+    contexts, cur = [], []
+    for a in args:
+        if a == ":":
+            contexts.append(cur)
+            cur = []
+        else:
+            cur.append(a)
+    contexts.append(cur)
+    nps = [opt(c, "-np") for c in contexts]
+    check("the launcher runs mpirun with one app context of -np 1 per rank (%d)" % n,
+          cmd[:1] == ["mpirun"] and nps == ["1"] * n, "command %s, -np %s" % (cmd, nps))
+    srvs = [c[c.index("dispatch-server") + 1:] if "dispatch-server" in c else [] for c in contexts]
+    srv = srvs[0]
+
+    def but_name(a):
+        return [x for i, x in enumerate(a) if x != "--name" and (i == 0 or a[i - 1] != "--name")]
+    check("every rank runs the same dispatch-server command line but for --name",
+          all(srvs) and all(but_name(x) == but_name(srv) for x in srvs))
     check("mpirun starts dispatch-server --mpi --mpi-insecure",
           "--mpi" in srv and "--mpi-insecure" in srv, " ".join(srv))
     listen = opt(srv, "--listen") or ""
@@ -167,6 +187,29 @@ def main():
     ranks = set(range(base, base + n)) if base is not None else set()
     wports = {p["containerPort"] for p in wo["template"]["spec"]["containers"][0].get("ports", [])}
     check("each worker declares the ranks' ports %s" % sorted(ranks), wports == ranks, str(sorted(wports)))
+
+    # peers: every rank by its worker's stable name and its own port
+    names = [opt(x, "--name") for x in srvs]
+    check("each rank has its own --name", all(names) and len(set(names)) == len(names), str(names))
+    job_name = job["metadata"]["name"]
+    want = sorted("%s=%s-worker-%d.%s-worker:%d" % (names[r], job_name, r, job_name, base + r)
+                  for r in range(min(n, len(names)))) if base is not None and all(names) else None
+    got = sorted(srv[i + 1] for i, a in enumerate(srv[:-1]) if a == "--peer")
+    check("--peer lists every rank at its worker's stable name and its port (BASE + r)",
+          want is not None and got == want, "%s vs %s" % (got, want))
+    check("the ranks present --peer-ca and --peer-token-file to their peers",
+          bool(opt(srv, "--peer-ca")) and bool(opt(srv, "--peer-token-file")))
+    vols = wo["template"]["spec"].get("volumes", [])
+    mounts = wo["template"]["spec"]["containers"][0].get("volumeMounts", [])
+    mount = next((m for m in mounts if m["mountPath"] == "/etc/dispatch"), None)
+    vol = next((v for v in vols if mount and v["name"] == mount["name"] and "secret" in v), None)
+    tmpl = os.path.join(d, "..", "k8s", "secret.yaml")
+    secret = yaml.safe_load(open(tmpl)) if os.path.exists(tmpl) else {}
+    keys = set(secret.get("stringData", {})) | set(secret.get("data", {}))
+    same = vol is not None and vol["secret"]["secretName"] == secret.get("metadata", {}).get("name")
+    files = sorted({a[len("/etc/dispatch/"):] for x in srvs for a in x if a.startswith("/etc/dispatch/")})
+    check("every /etc/dispatch file the ranks read is a key of the Secret the workers mount there",
+          same and set(files) <= keys, "files %s, %s keys %s" % (files, tmpl, sorted(keys)))
 
     rules = pol["spec"]["ingress"]
     open_rules = [r for r in rules if not r.get("ports")]
@@ -197,7 +240,7 @@ def main():
     if binp:
         help_ = subprocess.run([binp, "--help"], capture_output=True, text=True).stdout
         known = set(re.findall(r"(--[a-z][-a-z]*)", help_))
-        unknown = [a for a in srv if a.startswith("--") and a not in known]
+        unknown = sorted({a for x in srvs for a in x if a.startswith("--") and a not in known})
         check("every dispatch-server option is one --help lists", not unknown, " ".join(unknown))
     return 1 if failures else 0
 

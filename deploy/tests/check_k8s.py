@@ -44,7 +44,14 @@ Then, for each variant, what a schema cannot see:
   Service port for it; the NetworkPolicy admits exactly the two ports,
   clients (a podSelector) to the server's only, and to the metrics port
   one peer only, which names both a namespace and pods (the scraper);
-  every rule names its peers and ports; all egress is denied;
+  every rule names its peers and ports;
+- peers (server-to-server transfers): --name is the pod's own name
+  ($(VAR) of an env var from metadata.name), --peer lists every pod of
+  the set, NAME-i=NAME-i.SERVICE:PORT for i below replicas, on the port
+  the ENTRYPOINT listens on; --peer-ca and --peer-token-file are files of
+  the Secret; the NetworkPolicy admits the set's own pods (its selector)
+  to the listen port, and its egress goes only to them on that port and
+  to the cluster DNS on port 53;
 - each option in args is one `dispatch-server --help` lists (the binary in
   $DISPATCH_SERVER_BIN, when set);
 - the Secret carries placeholders only: no PEM block, no key material.
@@ -115,7 +122,11 @@ CONTAINER = obj({
         "name": STR, "mountPath": STR, "readOnly": BOOL, "subPath": STR},
         ["name", "mountPath"])},
     "readinessProbe": PROBE, "livenessProbe": PROBE, "startupProbe": PROBE,
-    "env": {"type": "array"},
+    "env": {"type": "array", "items": obj({
+        "name": STR, "value": STR,
+        "valueFrom": obj({"fieldRef": obj({"fieldPath": STR, "apiVersion": STR},
+                                          ["fieldPath"])}, ["fieldRef"])},
+        ["name"])},
 }, ["name", "image"])
 POD_SPEC = obj({
     "automountServiceAccountToken": BOOL,
@@ -178,7 +189,12 @@ SCHEMAS = {
                     "podSelector": SELECTOR, "namespaceSelector": SELECTOR})},
                 "ports": {"type": "array", "items": obj({
                     "port": INT_OR_NAME, "protocol": PROTOCOL})}})},
-            "egress": {"type": "array"}}, ["podSelector"])},
+            "egress": {"type": "array", "items": obj({
+                "to": {"type": "array", "minItems": 1, "items": obj({
+                    "podSelector": SELECTOR, "namespaceSelector": SELECTOR})},
+                "ports": {"type": "array", "items": obj({
+                    "port": INT_OR_NAME, "protocol": PROTOCOL})}}, ["to", "ports"])}},
+            ["podSelector"])},
         ["metadata", "spec"]),
 }
 
@@ -445,17 +461,51 @@ def variant_checks(objs, secret, uidgid, entry, gpu):
     check("NetworkPolicy admits the listen port and the metrics port, nothing else",
           allp == {lport, mport}, repr(sorted(allp, key=str)))
     lrules = [r for r in rules if lport in rule_ports(r)]
-    check("clients reach the listen port only, chosen by pod label",
-          len(lrules) == 1 and rule_ports(lrules[0]) == {lport}
-          and all(set(peer) == {"podSelector"} for peer in lrules[0].get("from", [])))
+    check("clients and peers reach the listen port only, each rule choosing pods by label",
+          len(lrules) >= 1 and all(rule_ports(r) == {lport} and
+                                   all(set(peer) == {"podSelector"} for peer in r.get("from", []))
+                                   for r in lrules))
+    own = sts["spec"]["selector"]["matchLabels"]
+    check("peers: an ingress rule admits the set's own pods (its selector) to the listen port",
+          any(peer.get("podSelector", {}).get("matchLabels") == own for r in lrules for peer in r["from"]))
+    check("clients (pods labelled dispatch-client) reach the listen port",
+          any(peer.get("podSelector", {}).get("matchLabels") == {"dispatch-client": "true"}
+              for r in lrules for peer in r["from"]))
     mrules = [r for r in rules if mport in rule_ports(r)]
     peers = mrules[0].get("from", []) if len(mrules) == 1 else []
     check("only the scraper reaches the metrics port: one peer naming a namespace and pods",
           len(mrules) == 1 and rule_ports(mrules[0]) == {mport} and len(peers) == 1
           and all(peers[0].get(k, {}).get("matchLabels") for k in ("namespaceSelector", "podSelector")),
           repr(mrules))
-    check("all egress denied", "Egress" in netpol["spec"].get("policyTypes", [])
-          and not netpol["spec"].get("egress"))
+    egress = netpol["spec"].get("egress") or []
+
+    def egress_ok(r):
+        ports = {resolve(p.get("port")) for p in r.get("ports", [])}
+        to_own = [set(t) == {"podSelector"} and t["podSelector"]["matchLabels"] == own for t in r["to"]]
+        to_dns = [t.get("namespaceSelector", {}).get("matchLabels") ==
+                  {"kubernetes.io/metadata.name": "kube-system"} and
+                  t.get("podSelector", {}).get("matchLabels") == {"k8s-app": "kube-dns"} for t in r["to"]]
+        return (all(to_own) and ports == {lport}) or (all(to_dns) and ports == {53})
+    check("egress only to the set's own pods on the listen port and to the cluster DNS on 53",
+          "Egress" in netpol["spec"].get("policyTypes", []) and all(map(egress_ok, egress))
+          and any(egress_ok(r) and lport in {resolve(p.get("port")) for p in r["ports"]} for r in egress),
+          repr(egress))
+
+    # peers: the pod's own name, every sibling by its DNS name and port
+    name = opt(args, "--name") or ""
+    ref = re.match(r"^\$\((\w+)\)$", name)
+    env = {e["name"]: e for e in c.get("env", [])}
+    field = env.get(ref.group(1), {}).get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") if ref else None
+    check("--name is the pod's name ($(VAR), VAR from metadata.name)", field == "metadata.name",
+          "--name %r, env %r" % (name, env))
+    sname, n = sts["metadata"]["name"], sts["spec"].get("replicas", 1)
+    want = ["%s-%d=%s-%d.%s:%s" % (sname, i, sname, i, svc["metadata"]["name"], lport) for i in range(n)]
+    got = [args[i + 1] for i, a in enumerate(args[:-1]) if a == "--peer"]
+    check("--peer lists every pod of the set (replicas %d) at its stable name on the listen port" % n,
+          sorted(got) == sorted(want), "%r vs %r" % (got, want))
+    check("--peer-ca and --peer-token-file are files of the Secret volume",
+          opt(args, "--peer-ca") in projected and opt(args, "--peer-token-file") in projected,
+          "%r %r" % (opt(args, "--peer-ca"), opt(args, "--peer-token-file")))
 
     server = os.environ.get("DISPATCH_SERVER_BIN")
     if server:
