@@ -114,6 +114,13 @@ MPI_PKG := $(shell pkg-config --exists ompi-c 2>/dev/null && echo 1)
 MPI_CFLAGS = $(shell pkg-config --cflags ompi-c 2>/dev/null)
 MPI_LIBS = $(shell pkg-config --libs ompi-c 2>/dev/null)
 MPI_BIN := $(if $(MPI_PKG),$(MPI_PLUGIN))
+# The NCCL plugin (server/nccl/): the all-reduce of CUDA tensors on the
+# GPUs, dlopen-ed by the group thread of dispatch-server --mpi when the
+# server has a CUDA device; built with the CUDA backend when the toolkit
+# holds nccl.h (NCCL_HOME to look elsewhere). The server links no NCCL.
+NCCL_PLUGIN := $(BUILD)/dispatch-nccl.so
+NCCL_HOME ?= $(CUDA_HOME)
+NCCL_BIN := $(if $(filter 1,$(CUDA)),$(if $(wildcard $(NCCL_HOME)/include/nccl.h),$(NCCL_PLUGIN)))
 
 # ---------------------------------------------------------------- sources
 PROTO_SRC := $(wildcard proto/*.proto)
@@ -170,7 +177,7 @@ SERVER_A := $(BUILD)/libdspserver.a
 .SECONDARY:
 
 .PHONY: all deps test test-run python-test deploy-test container sanitize demo demo-gpt bench bench-quick mutate fuzz install uninstall clean test-gpu bench-gpu gpu-bundle gpu-bundle-check
-all: $(if $(wildcard server/main.c),$(SERVER_BIN)) $(CLIENT_A) $(CLIENT_SO) $(TEST_BIN) $(EXAMPLE_BIN) $(BENCH_BIN) $(CUDA_BIN) $(MPI_BIN)
+all: $(if $(wildcard server/main.c),$(SERVER_BIN)) $(CLIENT_A) $(CLIENT_SO) $(TEST_BIN) $(EXAMPLE_BIN) $(BENCH_BIN) $(CUDA_BIN) $(MPI_BIN) $(NCCL_BIN)
 
 deps:
 	@scripts/deps.sh
@@ -272,6 +279,13 @@ $(MPI_PLUGIN): server/mpi/engine.c server/group_mpi.h
 	$(CC) $(ALL_CFLAGS) $(MPI_CFLAGS) -fPIC -shared -Wl,-z,defs -o $@ $< \
 	  $(LDFLAGS) $(MPI_LIBS)
 
+# exports dispatch_nccl_engine_v1 only (-fvisibility=hidden elsewhere)
+$(NCCL_PLUGIN): server/nccl/engine.c server/group_nccl.h server/group_mpi.h
+	$(CC) $(ALL_CFLAGS) $(addprefix -I,$(addsuffix /include,$(sort $(NCCL_HOME) $(CUDA_HOME)))) \
+	  -fPIC -shared -Wl,-z,defs -o $@ $< $(LDFLAGS) \
+	  $(foreach d,$(sort $(NCCL_HOME) $(CUDA_HOME)),-L$(d)/lib64 -Wl,-rpath,$(d)/lib64) \
+	  -lnccl -lcudart
+
 # the name of the CUDA server before the plugin, kept for scripts and
 # units that use it: the same binary
 $(BUILD)/dispatch-server-cuda: $(SERVER_BIN)
@@ -321,6 +335,15 @@ $(BUILD)/tests/fake-cuda-plugin.so: tests/fake_cuda_plugin.c common/cuda_plugin.
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) -shared -o $@ $<
 $(BUILD)/tests/test_cuda_plugin: $(BUILD)/tests/fake-cuda-plugin.so
+# a NCCL plugin of another ABI number, which the group's loader must
+# refuse; the suite also checks the real plugin when it is built
+$(BUILD)/tests/fake-nccl-plugin.so: tests/fake_nccl_plugin.c server/group_nccl.h
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_CFLAGS) -shared -o $@ $<
+$(BUILD)/tests/test_nccl_plugin: tests/test_nccl_plugin.c $(TEST_HELPER_OBJ) $(CLIENT_A) $(SERVER_A) $(GEN_H) $(BUILD)/tests/fake-nccl-plugin.so $(NCCL_BIN) $(SERVER_BIN)
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_CFLAGS) -Itests -DDSP_NCCL_BUILT=$(if $(NCCL_BIN),1,0) -MMD -MP \
+	  -o $@ $< $(TEST_HELPER_OBJ) $(SERVER_A) $(CLIENT_A) $(LDFLAGS) -lcriterion $(LIBS)
 # test_group runs the data-parallel example against its ranks
 $(BUILD)/tests/test_group: $(BUILD)/examples/train_mlp_dp
 
