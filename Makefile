@@ -360,7 +360,7 @@ $(BUILD)/tests/gpu/nccl_check: tests/gpu/nccl_check.c server/group_nccl.h $(CLIE
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) $(CUDA_CFLAGS) -MMD -MP -o $@ $< $(CLIENT_A) $(LDFLAGS) \
 	  $(LIBS) -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart -ldl
-$(BUILD)/tests/gpu/mpi-single.so: tests/gpu/mpi_single.c server/group_mpi.h
+$(BUILD)/tests/gpu/mpi-single.so: tests/gpu/mpi_single.c server/group_mpi.h server/group_nccl.h
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) -shared -Wl,-z,defs -o $@ $<
 

@@ -19,7 +19,9 @@
 #                          --device cuda:0 (the one-rank MPI stand-in
 #                          tests/gpu/mpi-single.so, see below) all-reduces
 #                          cuda:0 tensors, f16 and bf16 included, and its
-#                          log must show the NCCL communicator made
+#                          log must show the NCCL communicator made;
+#                          and again with the NCCL init made to fail (the
+#                          refusal, then the host path with CUDA tensors)
 #   scripts/gpu.sh bench   matmul 4096 f32 and 8192 bf16: the backend and
 #                          the remote cuda:0 beside cuBLAS called directly
 #                          (cublasSgemm, cublasGemmEx); bench/bulk
@@ -169,6 +171,16 @@ run_nccl() {
       echo "gpu: FAILED: the all-reduces of cuda:0 tensors did not take the NCCL path"
       status=1
     fi
+    stop_server
+  else
+    status=1
+  fi
+  [ "$half" = ok ] || return
+  # the NCCL init failing (the id spoiled): refused alike, then the host
+  # path with the CUDA tensors staged by their worker
+  if DISPATCH_MPI_PLUGIN=$BUILD/tests/gpu/mpi-single.so DISPATCH_MPI_SINGLE_SPOIL_NCCL_ID=1 \
+    DISPATCH_NCCL_PLUGIN=$BUILD/dispatch-nccl.so start_server --mpi --mpi-timeout 10 --device "$dev"; then
+    step "$BUILD/tests/gpu/nccl_check" --server "$SERVER" --init-fails
     stop_server
   else
     status=1

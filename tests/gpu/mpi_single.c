@@ -5,10 +5,19 @@
  * prefix Debian compiled in) the bundle does not carry. Every collective
  * of one rank is a copy or nothing, so the server's own group code (the
  * rounds, the headers, the NCCL communicator's bootstrap and the NCCL
- * all-reduce of dispatch-nccl.so) runs as it would in a real job. */
+ * all-reduce of dispatch-nccl.so) runs as it would in a real job.
+ *
+ * DISPATCH_MPI_SINGLE_SPOIL_NCCL_ID=1 zeroes the NCCL id the group
+ * broadcasts (the one broadcast larger than a round's key), so the
+ * communicator's init fails as it would on a rank that received garbage:
+ * the GPU check then sees that all-reduce refused, and the later ones
+ * over that device take the host path (CUDA tensors staged by their
+ * worker). */
+#include <stdlib.h>
 #include <string.h>
 
 #include "group_mpi.h"
+#include "group_nccl.h"
 
 static int s_init(int *rank, int *size, char *why, size_t len) {
   (void)why, (void)len;
@@ -17,7 +26,10 @@ static int s_init(int *rank, int *size, char *why, size_t len) {
   return 0;
 }
 static int s_bcast(void *buf, size_t bytes, char *why, size_t len) {
-  (void)buf, (void)bytes, (void)why, (void)len;
+  (void)why, (void)len;
+  const char *spoil = getenv("DISPATCH_MPI_SINGLE_SPOIL_NCCL_ID");
+  if (spoil && *spoil == '1' && bytes > SV_NCCL_ID_BYTES)
+    memset(buf, 0, SV_NCCL_ID_BYTES);
   return 0;
 }
 static int s_allgather(const void *mine, void *all, size_t bytes, char *why,

@@ -22,6 +22,14 @@
  *     all-reduced (sum, then mean) and read back, equal to a + b; f16 and
  *     bf16 all-reduces succeed (--half ok: every member on CUDA with NCCL)
  *     or are refused with EDTYPE (--half refused: the host path).
+ *
+ *   nccl_check --server tcp://HOST:PORT --init-fails
+ *     against a group of one whose NCCL init fails (the stand-in started
+ *     with DISPATCH_MPI_SINGLE_SPOIL_NCCL_ID=1, on cuda:0): the first
+ *     all-reduce is refused with DISPATCH_EGROUP naming the NCCL init, the
+ *     tensor unchanged; the next ones take the host path (the CUDA tensor
+ *     staged through host memory) and are right; f16 is refused since NCCL
+ *     could not start for that device.
  * Exits 0 when every check passed, 1 otherwise. */
 #include <cuda_runtime_api.h>
 #include <dlfcn.h>
@@ -244,7 +252,65 @@ static int server_checks(const char *spec, int half_ok) {
   return g_fail;
 }
 
+static int init_fails_checks(const char *spec) {
+  dispatch_group *grp;
+  char err[512] = "";
+  const char *specs[1] = {spec};
+  if (dispatch_group_open(specs, 1, NULL, &grp, err, sizeof err) != 0) {
+    printf("nccl_check: FAILED: group_open %s: %s\n", spec, err);
+    return 1;
+  }
+  dispatch_device *dev = dispatch_group_device(grp, 0);
+  enum { N = 1031 };
+  static float a[N], got[N];
+  fill(SV_MPI_F32, a, N, 9);
+  int64_t shape[1] = {N};
+  dispatch_tensor *t;
+  CHECK(dispatch_tensor_from_data(dev, DISPATCH_F32, 1, shape, a, sizeof a, &t) == 0,
+        "upload");
+  int rc = dispatch_group_allreduce(grp, &t, 1, DISPATCH_REDUCE_SUM);
+  if (rc == 0) rc = dispatch_device_sync(dev);
+  CHECK(rc == DISPATCH_EGROUP && strstr(dispatch_device_errmsg(dev), "NCCL init"),
+        "first all-reduce: want DISPATCH_EGROUP naming the NCCL init, got %d %s",
+        rc, dispatch_device_errmsg(dev));
+  printf("nccl_check: refused alike: %s\n", dispatch_device_errmsg(dev));
+  dispatch_device_clear_error(dev);
+  CHECK(dispatch_tensor_read(t, got, sizeof got) == 0 &&
+            memcmp(got, a, sizeof a) == 0, "the refused tensor changed");
+  for (int k = 0; k < 2; k++) {
+    int reduce = k ? DISPATCH_REDUCE_MEAN : DISPATCH_REDUCE_SUM;
+    rc = dispatch_group_allreduce(grp, &t, 1, reduce);
+    CHECK(rc == 0 && dispatch_tensor_read(t, got, sizeof got) == 0 &&
+              memcmp(got, a, sizeof a) == 0,
+          "host path %s: %d %s", k ? "mean" : "sum", rc,
+          dispatch_device_errmsg(dev));
+  }
+  printf("nccl_check: then the host path, the CUDA tensor staged: %s\n",
+         g_fail ? "FAILED" : "ok");
+  uint16_t v[N];
+  fill(SV_NCCL_F16, v, N, 4);
+  dispatch_tensor *h;
+  CHECK(dispatch_tensor_from_data(dev, DISPATCH_F16, 1, shape, v, sizeof v, &h) == 0,
+        "upload f16");
+  rc = dispatch_group_allreduce(grp, &h, 1, DISPATCH_REDUCE_SUM);
+  if (rc == 0) rc = dispatch_device_sync(dev);
+  CHECK(rc == DISPATCH_EDTYPE &&
+            strstr(dispatch_device_errmsg(dev), "NCCL could not start"),
+        "f16 after the failed init: %d %s", rc, dispatch_device_errmsg(dev));
+  dispatch_device_clear_error(dev);
+  dispatch_tensor_free(h);
+  dispatch_tensor_free(t);
+  dispatch_group_close(grp);
+  return g_fail;
+}
+
 int main(int argc, char **argv) {
+  if (argc >= 4 && strcmp(argv[1], "--server") == 0 &&
+      strcmp(argv[3], "--init-fails") == 0) {
+    int rc = init_fails_checks(argv[2]);
+    printf("nccl_check --init-fails: %s\n", rc ? "FAILED" : "passed");
+    return rc ? 1 : 0;
+  }
   if (argc >= 3 && strcmp(argv[1], "--server") == 0) {
     int half_ok = !(argc >= 5 && strcmp(argv[3], "--half") == 0 &&
                     strcmp(argv[4], "refused") == 0);
