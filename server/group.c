@@ -108,11 +108,13 @@ typedef struct gverdict {
   char why[248];
 } gverdict;
 
-/* An NCCL communicator over the ranks' devices devs[0..size-1] (the
- * places of the all-reduce that made it), or the reason its init failed */
+/* An NCCL communicator over the ranks' devices (key: a hash of their
+ * ordinals, by rank), or the reason its init failed. A fixed table, so
+ * that recording an outcome never fails on one rank alone: every rank
+ * holds the same entries in the same order. */
+#define G_MAX_COMMS 16
 typedef struct gcomm {
-  struct gcomm *next;
-  int64_t *devs;
+  uint64_t key;
   void *comm;
   int failed;
   char why[384];
@@ -155,7 +157,8 @@ static struct {
   int cuda;
   const dsp_cuda_plugin *cu;
   const sv_nccl_api *nccl;
-  gcomm *comms;
+  gcomm comms[G_MAX_COMMS];
+  int n_comms;
   /* G.size of each, for choose and agree (made at start: a round never
    * allocates between collectives) */
   sv_gplace *pbuf;
@@ -278,14 +281,22 @@ static int judge(const ghdr *all, char *why, size_t len) {
   return 0;
 }
 
-/* The communicator made for the ranks' devices of all[], or NULL. */
+/* FNV-1a over the ranks' device ordinals */
+static uint64_t devs_key(const ghdr *all) {
+  uint64_t h = 1469598103934665603ULL;
+  for (int r = 0; r < G.size; r++)
+    for (int b = 0; b < 8; b++)
+      h = (h ^ (uint8_t)((uint64_t)all[r].place.dev >> (8 * b))) *
+          1099511628211ULL;
+  return h;
+}
+
+/* The communicator made (or failed) for the ranks' devices of all[], or
+ * NULL. */
 static gcomm *comm_find(const ghdr *all) {
-  for (gcomm *c = G.comms; c; c = c->next) {
-    int same = 1;
-    for (int r = 0; r < G.size && same; r++)
-      same = c->devs[r] == all[r].place.dev;
-    if (same) return c;
-  }
+  uint64_t key = devs_key(all);
+  for (int i = 0; i < G.n_comms; i++)
+    if (G.comms[i].key == key) return &G.comms[i];
   return NULL;
 }
 
@@ -299,6 +310,8 @@ static int choose(const ghdr *all, char *why, size_t len) {
   int nccl = sv_group_nccl_path(p, G.size);
   gcomm *c = nccl ? comm_find(all) : NULL;
   if (c && c->failed) nccl = 0;
+  /* more device combinations than the table holds: the host path */
+  if (nccl && !c && G.n_comms == G_MAX_COMMS) nccl = 0;
   if (nccl || !is_half(all[0].type)) return nccl;
   int r = 0;
   while (r < G.size && p[r].kind == SV_GK_CUDA && p[r].nccl) r++;
@@ -362,29 +375,20 @@ static int comm_get(const ghdr *all, gcomm **out, char *why, size_t len,
     *mpi_failed = 1;
     return DISPATCH_EGROUP;
   }
-  gcomm *c = calloc(1, sizeof *c);
-  int64_t *devs = calloc((size_t)G.size, sizeof *devs);
   void *comm = NULL;
   char mine[248] = "";
   int64_t dev = all[G.rank].place.dev;
   int lrc = 0;
   if (gid.v.rc < 0)
     lrc = (int)gid.v.rc, snprintf(mine, sizeof mine, "%s", gid.v.why);
-  else if (!c || !devs)
-    lrc = DISPATCH_ENOMEM, snprintf(mine, sizeof mine, "out of memory");
   else if (G.nccl->comm_init(&comm, (int)dev, G.size, G.rank, gid.id,
                              G.timeout_s, mine, sizeof mine) < 0)
     lrc = DISPATCH_EGROUP;
   int rc = agree(all, "NCCL init", lrc, mine, why, len, mpi_failed);
   if (rc < 0 && comm) G.nccl->comm_destroy(comm, 1), comm = NULL;
-  if (!c || !devs || *mpi_failed) {
-    free(c);
-    free(devs);
-    return rc < 0 ? rc : DISPATCH_ENOMEM;
-  }
-  for (int r = 0; r < G.size; r++) devs[r] = all[r].place.dev;
-  *c = (gcomm){.next = G.comms, .devs = devs, .comm = comm, .failed = rc < 0};
-  G.comms = c;
+  if (*mpi_failed) return rc;
+  gcomm *c = &G.comms[G.n_comms++];
+  *c = (gcomm){.key = devs_key(all), .comm = comm, .failed = rc < 0};
   if (rc < 0) {
     snprintf(c->why, sizeof c->why, "%s", why);
     sv_log(SV_LOG_WARN, "group: %s; all-reduces over these devices take "
@@ -704,13 +708,9 @@ static void *group_main(void *arg) {
   int clean = inited && !G.broken;
   pthread_mutex_unlock(&G.mu);
   /* every rank stops in the same round, so their communicators are idle */
-  for (gcomm *c = G.comms, *next; c; c = next) {
-    next = c->next;
-    if (c->comm) G.nccl->comm_destroy(c->comm, !clean);
-    free(c->devs);
-    free(c);
-  }
-  G.comms = NULL;
+  for (int i = 0; i < G.n_comms; i++)
+    if (G.comms[i].comm) G.nccl->comm_destroy(G.comms[i].comm, !clean);
+  G.n_comms = 0;
   free(G.pbuf);
   free(G.vbuf);
   G.pbuf = NULL, G.vbuf = NULL;
