@@ -339,11 +339,19 @@ $(BUILD)/tests/fake-cuda-plugin.so: tests/fake_cuda_plugin.c common/cuda_plugin.
 	$(CC) $(ALL_CFLAGS) -shared -o $@ $<
 $(BUILD)/tests/test_cuda_plugin: $(BUILD)/tests/fake-cuda-plugin.so
 # a NCCL plugin of another ABI number, which the group's loader must
-# refuse; the suite also checks the real plugin when it is built
+# refuse, and stand-ins of both plugins for a mixed group (rank 0's
+# tensors called CUDA tensors, NCCL never started); the suite also checks
+# the real plugin when it is built
 $(BUILD)/tests/fake-nccl-plugin.so: tests/fake_nccl_plugin.c server/group_nccl.h
 	@mkdir -p $(dir $@)
+	$(CC) $(ALL_CFLAGS) -DFAKE_NCCL_STALE=1 -shared -o $@ $<
+$(BUILD)/tests/fake-nccl-host.so: tests/fake_nccl_plugin.c server/group_nccl.h
+	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) -shared -o $@ $<
-$(BUILD)/tests/test_nccl_plugin: tests/test_nccl_plugin.c $(TEST_HELPER_OBJ) $(CLIENT_A) $(SERVER_A) $(GEN_H) $(BUILD)/tests/fake-nccl-plugin.so $(NCCL_BIN) $(SERVER_BIN)
+$(BUILD)/tests/fake-cuda-place.so: tests/fake_cuda_place_plugin.c common/cuda_plugin.h
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_CFLAGS) -shared -o $@ $<
+$(BUILD)/tests/test_nccl_plugin: tests/test_nccl_plugin.c $(TEST_HELPER_OBJ) $(CLIENT_A) $(SERVER_A) $(GEN_H) $(BUILD)/tests/fake-nccl-plugin.so $(BUILD)/tests/fake-nccl-host.so $(BUILD)/tests/fake-cuda-place.so $(NCCL_BIN) $(SERVER_BIN)
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) -Itests -DDSP_NCCL_BUILT=$(if $(NCCL_BIN),1,0) -MMD -MP \
 	  -o $@ $< $(TEST_HELPER_OBJ) $(SERVER_A) $(CLIENT_A) $(LDFLAGS) -lcriterion $(LIBS)

@@ -4,9 +4,11 @@
  * tensors and loaded NCCL); the plugin loader refusing a missing plugin
  * and a stale one with one line; the real plugin, when built, loading
  * (NCCL's version read), exporting its entry point only, while the server
- * links no NCCL; and a 2-rank group whose servers have NCCL loaded
+ * links no NCCL; a 2-rank group whose servers have NCCL loaded
  * (--device all) reducing CPU tensors on the host path bit for bit, and
- * refusing f16 (only NCCL reduces it) on every member with one message. */
+ * refusing f16 (only NCCL reduces it) on every member with one message;
+ * and the same in a mixed group whose rank 0 declares CUDA tensors
+ * (stand-in plugins), its worker staging them through host memory. */
 #include <criterion/criterion.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -129,39 +131,55 @@ static void stop(void) {
   if (g_grp.pid) gp_stop(&g_grp);
 }
 
-/* --device all: cpu:0 first, then every GPU (none here); the group thread
- * loads the CUDA plugin and dispatch-nccl.so, and the CPU tensors still
- * take the host path */
-Test(nccl, cpu_tensors_take_the_host_path_with_nccl_loaded, .fini = stop,
-     .timeout = 120) {
-  unsetenv("DISPATCH_NCCL_PLUGIN");
+/* A 2-rank group of `--device all` servers, opened; *grp set. */
+static void open_pair(dispatch_group **grp) {
   const char *extra[] = {"--mpi-timeout", "5", "--device", "all", NULL};
   cr_assert_eq(gp_start(&g_grp, 2, extra), 0, "mpirun did not start 2 ranks");
   const char *specs[2] = {g_grp.specs[0], g_grp.specs[1]};
-  dispatch_group *grp;
   char err[256] = "";
-  cr_assert_eq(dispatch_group_open(specs, 2, NULL, &grp, err, sizeof err), 0,
+  cr_assert_eq(dispatch_group_open(specs, 2, NULL, grp, err, sizeof err), 0,
                "%s", err);
-  enum { N = 7 };
-  float v[2][N];
-  uint16_t h[N] = {0};
-  int64_t shape[1] = {N};
-  dispatch_tensor *t[2], *half[2];
+}
+
+enum { N0 = 7, N1 = 300 };
+
+/* Two f32 tensors per member in one request, summed then averaged: every
+ * member ends with the local loop's bits (two members: exact). Then an f16
+ * all-reduce, refused on both members with the same message, which names
+ * `who` (the first member off the NCCL path); the group goes on. */
+static void reduce_and_refuse_half(dispatch_group *grp, const char *who) {
+  static float v[2][N0 + N1];
+  uint16_t h[N0] = {0};
+  int64_t s0[1] = {N0}, s1[1] = {N1};
+  dispatch_tensor *t[4], *half[2];
   for (int r = 0; r < 2; r++) {
-    for (int i = 0; i < N; i++) v[r][i] = 0.1f * (float)(i + 1) * (float)(r + 3);
+    for (int i = 0; i < N0 + N1; i++)
+      v[r][i] = 0.1f * (float)(i + 1) * (float)(r + 3) - 7.0f;
     dispatch_device *dev = dispatch_group_device(grp, r);
-    cr_assert_eq(dispatch_tensor_from_data(dev, DISPATCH_F32, 1, shape, v[r],
-                                           sizeof v[r], &t[r]), 0);
-    cr_assert_eq(dispatch_tensor_from_data(dev, DISPATCH_F16, 1, shape, h,
+    cr_assert_eq(dispatch_tensor_from_data(dev, DISPATCH_F32, 1, s0, v[r],
+                                           N0 * sizeof(float), &t[2 * r]), 0);
+    cr_assert_eq(dispatch_tensor_from_data(dev, DISPATCH_F32, 1, s1, v[r] + N0,
+                                           N1 * sizeof(float), &t[2 * r + 1]), 0);
+    cr_assert_eq(dispatch_tensor_from_data(dev, DISPATCH_F16, 1, s0, h,
                                            sizeof h, &half[r]), 0);
   }
-  cr_assert_eq(dispatch_group_allreduce(grp, t, 1, DISPATCH_REDUCE_SUM), 0,
-               "%s", dispatch_device_errmsg(dispatch_group_device(grp, 0)));
-  for (int r = 0; r < 2; r++) {
-    float got[N], want[N];
-    for (int i = 0; i < N; i++) want[i] = v[0][i] + v[1][i];
-    cr_assert_eq(dispatch_tensor_read(t[r], got, sizeof got), 0);
-    cr_assert_eq(memcmp(got, want, sizeof got), 0, "rank %d differs", r);
+  const int reds[2] = {DISPATCH_REDUCE_SUM, DISPATCH_REDUCE_MEAN};
+  float want[N0 + N1];
+  for (int i = 0; i < N0 + N1; i++) want[i] = v[0][i] + v[1][i];
+  for (int k = 0; k < 2; k++) {
+    cr_assert_eq(dispatch_group_allreduce(grp, t, 2, reds[k]), 0, "%s",
+                 dispatch_device_errmsg(dispatch_group_device(grp, 0)));
+    /* the mean reduces the sums again: (s + s) / 2 = s exactly */
+    for (int r = 0; r < 2; r++) {
+      float got[N0 + N1];
+      cr_assert_eq(dispatch_tensor_read(t[2 * r], got, N0 * sizeof(float)), 0,
+                   "rank %d: %s", r,
+                   dispatch_device_errmsg(dispatch_group_device(grp, r)));
+      cr_assert_eq(dispatch_tensor_read(t[2 * r + 1], got + N0,
+                                        N1 * sizeof(float)), 0);
+      cr_assert_eq(memcmp(got, want, sizeof got), 0, "rank %d, %s differs", r,
+                   k ? "mean" : "sum");
+    }
   }
   /* refused on every member alike, after the headers (all-reduces are
    * pipelined: the error comes back at the next sync) */
@@ -174,16 +192,44 @@ Test(nccl, cpu_tensors_take_the_host_path_with_nccl_loaded, .fini = stop,
     cr_assert_eq(rc, DISPATCH_EDTYPE, "rank %d: %d %s", r, rc, msg[r]);
     cr_assert(strstr(msg[r], "f16 tensors are reduced only through NCCL"),
               "rank %d: %s", r, msg[r]);
-    cr_assert(strstr(msg[r], "rank 0 holds them on the CPU"), "rank %d: %s",
-              r, msg[r]);
+    cr_assert(strstr(msg[r], who), "rank %d: %s (want %s)", r, msg[r], who);
     dispatch_device_clear_error(dev);
   }
   cr_assert_str_eq(msg[0], msg[1], "the members' messages differ");
-  /* the group goes on after the refusal */
-  cr_assert_eq(dispatch_group_allreduce(grp, t, 1, DISPATCH_REDUCE_MEAN), 0);
-  for (int r = 0; r < 2; r++) {
-    dispatch_tensor_free(t[r]);
-    dispatch_tensor_free(half[r]);
-  }
+  cr_assert_eq(dispatch_group_allreduce(grp, t, 2, DISPATCH_REDUCE_SUM), 0);
+  cr_assert_eq(dispatch_device_sync(dispatch_group_device(grp, 1)), 0,
+               "the group after the refusal: %s",
+               dispatch_device_errmsg(dispatch_group_device(grp, 1)));
+  for (int i = 0; i < 4; i++) dispatch_tensor_free(t[i]);
+  for (int r = 0; r < 2; r++) dispatch_tensor_free(half[r]);
+}
+
+/* --device all: cpu:0 first, then every GPU (none here); the group thread
+ * loads the CUDA plugin and dispatch-nccl.so, and the CPU tensors still
+ * take the host path */
+Test(nccl, cpu_tensors_take_the_host_path_with_nccl_loaded, .fini = stop,
+     .timeout = 120) {
+  unsetenv("DISPATCH_NCCL_PLUGIN");
+  dispatch_group *grp;
+  open_pair(&grp);
+  reduce_and_refuse_half(grp, "rank 0 holds them on the CPU");
+  dispatch_group_close(grp);
+}
+
+/* A mixed group: rank 0's tensors declared CUDA tensors (a stand-in CUDA
+ * plugin; their bytes are CPU storage) with NCCL loaded (a stand-in that
+ * never starts), rank 1 on the CPU: the host path, rank 0's worker
+ * staging its tensors when the group thread asks and writing the sums
+ * back, exactly as a GPU member of a mixed group would. */
+Test(nccl, a_mixed_group_stages_the_cuda_member_through_the_host,
+     .fini = stop, .timeout = 120) {
+  char cu[4096], nc[4096];
+  beside_server("tests/fake-cuda-place.so", cu, sizeof cu);
+  beside_server("tests/fake-nccl-host.so", nc, sizeof nc);
+  setenv("DISPATCH_CUDA_PLUGIN", cu, 1);
+  setenv("DISPATCH_NCCL_PLUGIN", nc, 1);
+  dispatch_group *grp;
+  open_pair(&grp);
+  reduce_and_refuse_half(grp, "rank 1 holds them on the CPU");
   dispatch_group_close(grp);
 }
