@@ -119,13 +119,15 @@ static ncclDataType_t nccl_type(int type) {
 }
 
 /* Several tensors: one ncclAllReduce each inside ncclGroupStart/End, not
- * one packed buffer. Reasoning (this session had no GPU to measure on):
- * NCCL fuses the operations of a group into one launch per channel, so
- * the group costs what one call of the total size costs plus a little per
- * tensor, while packing adds a device-to-device copy of every byte in and
- * out (two full passes over the gradients at memory speed) and a scratch
- * buffer as large as the gradients; tests/gpu/nccl_check.c times both on
- * a GPU host. */
+ * one packed buffer. Reasoning, not a measurement (no GPU where this was
+ * written, and a one-rank communicator, all one GPU allows, reduces
+ * nothing worth timing): NCCL fuses the operations of a group into one
+ * launch, so the group costs about what one call of the total size costs
+ * plus a little per tensor, while packing adds a device-to-device copy of
+ * every byte in and out (two more passes over the gradients at memory
+ * speed, small beside the network but not free) and a scratch buffer as
+ * large as the gradients, charged to nobody's budget. Worth timing on a
+ * host with two GPUs: many small tensors are where packing could win. */
 static int e_allreduce(void *comm_, int device, void *stream_, size_t n,
                        void *const *bufs, const size_t *counts, int type,
                        int avg, int timeout_s, char *why, size_t len) {
