@@ -116,6 +116,16 @@ MPI_LIBS = $(shell pkg-config --libs ompi-c 2>/dev/null)
 MPI_BIN := $(if $(MPI_PKG),$(MPI_PLUGIN))
 # Open MPI alone (bench/mpi/allreduce.c): the group bench's fair limit
 MPI_BENCH := $(if $(MPI_PKG),$(BUILD)/bench/mpi_allreduce)
+# The NCCL plugin (server/nccl/): the all-reduce of CUDA tensors on the
+# GPUs, dlopen-ed by the group thread of dispatch-server --mpi when the
+# server has a CUDA device; built with the CUDA backend when the toolkit
+# holds nccl.h (NCCL_HOME to look elsewhere). The server links no NCCL.
+NCCL_PLUGIN := $(BUILD)/dispatch-nccl.so
+NCCL_HOME ?= $(CUDA_HOME)
+NCCL_BIN := $(if $(filter 1,$(CUDA)),$(if $(wildcard $(NCCL_HOME)/include/nccl.h),$(NCCL_PLUGIN)))
+# its GPU check (tests/gpu/nccl_check) and the one-rank MPI stand-in the
+# GPU bundle's group of one runs with (tests/gpu/mpi_single.c)
+NCCL_GPU_BIN := $(if $(NCCL_BIN),$(NCCL_BIN) $(BUILD)/tests/gpu/nccl_check $(BUILD)/tests/gpu/mpi-single.so)
 
 # ---------------------------------------------------------------- sources
 PROTO_SRC := $(wildcard proto/*.proto)
@@ -172,7 +182,7 @@ SERVER_A := $(BUILD)/libdspserver.a
 .SECONDARY:
 
 .PHONY: all deps test test-run python-test deploy-test container sanitize demo demo-gpt bench bench-quick mutate fuzz install uninstall clean test-gpu bench-gpu gpu-bundle gpu-bundle-check
-all: $(if $(wildcard server/main.c),$(SERVER_BIN)) $(CLIENT_A) $(CLIENT_SO) $(TEST_BIN) $(EXAMPLE_BIN) $(BENCH_BIN) $(CUDA_BIN) $(MPI_BIN) $(MPI_BENCH)
+all: $(if $(wildcard server/main.c),$(SERVER_BIN)) $(CLIENT_A) $(CLIENT_SO) $(TEST_BIN) $(EXAMPLE_BIN) $(BENCH_BIN) $(CUDA_BIN) $(MPI_BIN) $(MPI_BENCH) $(NCCL_GPU_BIN)
 
 deps:
 	@scripts/deps.sh
@@ -278,6 +288,13 @@ $(MPI_BENCH): bench/mpi/allreduce.c
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) $(MPI_CFLAGS) -o $@ $< $(LDFLAGS) $(MPI_LIBS)
 
+# exports dispatch_nccl_engine_v1 only (-fvisibility=hidden elsewhere)
+$(NCCL_PLUGIN): server/nccl/engine.c server/group_nccl.h server/group_mpi.h
+	$(CC) $(ALL_CFLAGS) $(addprefix -I,$(addsuffix /include,$(sort $(NCCL_HOME) $(CUDA_HOME)))) \
+	  -fPIC -shared -Wl,-z,defs -o $@ $< $(LDFLAGS) \
+	  $(foreach d,$(sort $(NCCL_HOME) $(CUDA_HOME)),-L$(d)/lib64 -Wl,-rpath,$(d)/lib64) \
+	  -lnccl -lcudart
+
 # the name of the CUDA server before the plugin, kept for scripts and
 # units that use it: the same binary
 $(BUILD)/dispatch-server-cuda: $(SERVER_BIN)
@@ -327,12 +344,39 @@ $(BUILD)/tests/fake-cuda-plugin.so: tests/fake_cuda_plugin.c common/cuda_plugin.
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) -shared -o $@ $<
 $(BUILD)/tests/test_cuda_plugin: $(BUILD)/tests/fake-cuda-plugin.so
+# a NCCL plugin of another ABI number, which the group's loader must
+# refuse, and stand-ins of both plugins for a mixed group (rank 0's
+# tensors called CUDA tensors, NCCL never started); the suite also checks
+# the real plugin when it is built
+$(BUILD)/tests/fake-nccl-plugin.so: tests/fake_nccl_plugin.c server/group_nccl.h
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_CFLAGS) -DFAKE_NCCL_STALE=1 -shared -o $@ $<
+$(BUILD)/tests/fake-nccl-host.so: tests/fake_nccl_plugin.c server/group_nccl.h
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_CFLAGS) -shared -o $@ $<
+$(BUILD)/tests/fake-cuda-place.so: tests/fake_cuda_place_plugin.c common/cuda_plugin.h
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_CFLAGS) -shared -o $@ $<
+$(BUILD)/tests/test_nccl_plugin: tests/test_nccl_plugin.c $(TEST_HELPER_OBJ) $(CLIENT_A) $(SERVER_A) $(GEN_H) $(BUILD)/tests/fake-nccl-plugin.so $(BUILD)/tests/fake-nccl-host.so $(BUILD)/tests/fake-cuda-place.so $(NCCL_BIN) $(SERVER_BIN)
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_CFLAGS) -Itests -DDSP_NCCL_BUILT=$(if $(NCCL_BIN),1,0) -MMD -MP \
+	  -o $@ $< $(TEST_HELPER_OBJ) $(SERVER_A) $(CLIENT_A) $(LDFLAGS) -lcriterion $(LIBS)
 # test_group runs the data-parallel example against its ranks
 $(BUILD)/tests/test_group: $(BUILD)/examples/train_mlp_dp
 
 $(BUILD)/tests/gpu/%: tests/gpu/%.c $(CLIENT_A) $(PLUGIN_DEP)
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) -MMD -MP -o $@ $< $(CLIENT_A) $(LDFLAGS) $(LIBS)
+
+# the NCCL plugin driven directly on cuda:0: links the CUDA runtime for its
+# own device memory, loads the plugin with dlopen
+$(BUILD)/tests/gpu/nccl_check: tests/gpu/nccl_check.c server/group_nccl.h $(CLIENT_A) $(NCCL_BIN)
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_CFLAGS) $(CUDA_CFLAGS) -MMD -MP -o $@ $< $(CLIENT_A) $(LDFLAGS) \
+	  $(LIBS) -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart -ldl
+$(BUILD)/tests/gpu/mpi-single.so: tests/gpu/mpi_single.c server/group_mpi.h server/group_nccl.h
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_CFLAGS) -shared -Wl,-z,defs -o $@ $<
 
 # cuBLAS called directly beside the backend: this one links CUDA
 $(BUILD)/bench/gpu/%: bench/gpu/%.c $(CLIENT_A) $(PLUGIN_DEP)
@@ -462,7 +506,8 @@ sanitize: deps
 # "cuda: skipped (no GPU)" and exits 0 when no device can be opened; it
 # never reports a pass it did not run.
 GPU_TEST_BIN = $(CUDA_PLUGIN) $(BUILD)/tests/gpu/cuda_ops $(BUILD)/tests/gpu/cuda_server \
-  $(BUILD)/tests/test_backend_ops $(SERVER_BIN) $(BUILD)/examples/train_mlp
+  $(BUILD)/tests/test_backend_ops $(SERVER_BIN) $(BUILD)/examples/train_mlp \
+  $(NCCL_GPU_BIN)
 GPU_BENCH_BIN = $(CUDA_PLUGIN) $(BUILD)/tests/gpu/cuda_ops $(BUILD)/bench/gpu/matmul_cuda \
   $(BUILD)/bench/bulk $(BUILD)/bench/mlp $(BUILD)/bench/gpt \
   $(SERVER_BIN) $(BUILD)/fortunes
@@ -478,7 +523,8 @@ GPU_BENCH_BIN = $(CUDA_PLUGIN) $(BUILD)/tests/gpu/cuda_ops $(BUILD)/bench/gpu/ma
 GPU_BUNDLE_BIN = $(CUDA_PLUGIN) $(SERVER_BIN) $(BUILD)/tests/gpu/cuda_ops \
   $(BUILD)/tests/gpu/cuda_server $(BUILD)/tests/test_backend_ops \
   $(BUILD)/bench/gpu/matmul_cuda $(BUILD)/bench/bulk $(BUILD)/bench/mlp \
-  $(BUILD)/bench/gpt $(BUILD)/examples/train_mlp $(BUILD)/fortunes
+  $(BUILD)/bench/gpt $(BUILD)/examples/train_mlp $(BUILD)/fortunes \
+  $(NCCL_GPU_BIN)
 gpu-bundle:
 	@if [ "$(CUDA)" != 1 ]; then echo "gpu-bundle: no nvcc (or CUDA=0): nothing to bundle"; exit 1; fi
 	@$(MAKE) --no-print-directory $(GPU_BUNDLE_BIN)
@@ -540,7 +586,8 @@ fuzz: deps
 # make install [PREFIX=/usr/local] [DESTDIR=/staging]: dispatch-server and
 # dispatch-probe, the CUDA backend plugin when it is built
 # (PREFIX/lib/dispatch/dispatch-cuda.so, where the server and the library
-# look for it), libdispatch-client (shared with its soname links, static),
+# look for it) and beside it the group's MPI and NCCL plugins
+# (dispatch-mpi.so, dispatch-nccl.so) when they are built, libdispatch-client (shared with its soname links, static),
 # the public headers of include/ and client/include/ side by side in one
 # folder (self-contained: -I PREFIX/include is all a program needs), the
 # pkg-config file, the CMake package, the man pages, and in
@@ -571,7 +618,7 @@ SUBST = sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@VERSION@|$(VERSION)|g' \
 # ldconfig when installing into (or removing from) the running system as root
 RUN_LDCONFIG = if [ -z "$(DESTDIR)" ] && [ -n "$(LDCONFIG)" ] && [ "$$(id -u)" = 0 ]; then \
   echo "$(LDCONFIG)"; $(LDCONFIG); fi
-install: $(if $(wildcard server/main.c),$(SERVER_BIN)) $(BUILD)/dispatch-probe $(CLIENT_A) $(CLIENT_SO) $(PLUGIN_DEP) $(MPI_BIN)
+install: $(if $(wildcard server/main.c),$(SERVER_BIN)) $(BUILD)/dispatch-probe $(CLIENT_A) $(CLIENT_SO) $(PLUGIN_DEP) $(MPI_BIN) $(NCCL_BIN)
 	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(LIBDIR)/pkgconfig \
 	  $(DESTDIR)$(INCDIR) $(DESTDIR)$(CMAKEDIR) \
 	  $(DESTDIR)$(MANDIR)/man1 $(DESTDIR)$(MANDIR)/man3 $(DESTDIR)$(PYDATADIR) \
@@ -582,6 +629,8 @@ install: $(if $(wildcard server/main.c),$(SERVER_BIN)) $(BUILD)/dispatch-probe $
 	  install -m 755 $(INSTALL_PLUGIN) $(DESTDIR)$(PLUGINDIR)/; fi
 	if [ -f $(MPI_PLUGIN) ]; then install -d $(DESTDIR)$(PLUGINDIR) && \
 	  install -m 755 $(MPI_PLUGIN) $(DESTDIR)$(PLUGINDIR)/; fi
+	if [ -f $(NCCL_PLUGIN) ]; then install -d $(DESTDIR)$(PLUGINDIR) && \
+	  install -m 755 $(NCCL_PLUGIN) $(DESTDIR)$(PLUGINDIR)/; fi
 	install -m 644 $(CLIENT_A) $(DESTDIR)$(LIBDIR)/
 	install -m 755 $(CLIENT_SO) $(DESTDIR)$(LIBDIR)/
 	ln -sf $(notdir $(CLIENT_SO)) $(DESTDIR)$(LIBDIR)/$(CLIENT_SONAME)
@@ -605,6 +654,7 @@ uninstall:
 	  $(DESTDIR)$(BINDIR)/dispatch-probe \
 	  $(DESTDIR)$(PLUGINDIR)/dispatch-cuda.so \
 	  $(DESTDIR)$(PLUGINDIR)/dispatch-mpi.so \
+	  $(DESTDIR)$(PLUGINDIR)/dispatch-nccl.so \
 	  $(DESTDIR)$(LIBDIR)/libdispatch-client.a \
 	  $(DESTDIR)$(LIBDIR)/$(notdir $(CLIENT_SO)) \
 	  $(DESTDIR)$(LIBDIR)/$(CLIENT_SONAME) \

@@ -36,7 +36,7 @@
 
 /* Raised whenever the table below or a structure the plugin shares with
  * its host changes in a way the sizes do not show. */
-#define DSP_CUDA_PLUGIN_ABI 1u
+#define DSP_CUDA_PLUGIN_ABI 2u
 #define DSP_CUDA_PLUGIN_FILE "dispatch-cuda.so"
 #define DSP_CUDA_PLUGIN_ENTRY "dispatch_cuda_plugin_v1"
 
@@ -75,6 +75,14 @@ typedef struct dsp_cuda_plugin {
   uint64_t (*pool_used)(const dsp_backend *be);
   int (*sync)(const dsp_backend *be, dsp_ctx *ctx);
   int (*has_kernel)(dsp_opcode op, dsp_dtype key);
+  /* ABI 2 (the NCCL all-reduce of server/group.c): 1 when t's storage
+   * lives on a CUDA backend, with the device's ordinal, the storage's
+   * device pointer (t's bytes, contiguous) and the cudaStream_t the
+   * backend's kernels run on; 0 when t is elsewhere (outputs untouched).
+   * Borrowed: valid while t holds its storage; a caller that writes in
+   * place calls dsp__storage_prepare_write first, then this. */
+  int (*tensor_place)(const dsp_tensor *t, int *device, void **data,
+                      void **stream);
 } dsp_cuda_plugin;
 
 /* The sizes of this build, an initializer of dsp_cuda_layout for the

@@ -8,7 +8,9 @@
 #   dispatch-gpu/build/...       dispatch-server, dispatch-cuda.so (the
 #                                plugin), tests/gpu/*, tests/test_backend_ops,
 #                                bench/gpu/matmul_cuda, bench/{bulk,mlp,gpt},
-#                                examples/train_mlp (debug info stripped),
+#                                examples/train_mlp, and when built
+#                                dispatch-nccl.so, tests/gpu/nccl_check and
+#                                tests/gpu/mpi-single.so (debug info stripped),
 #                                fortunes/ (bench/gpt's corpus) and
 #                                fashion-mnist/ (the MLP demo's data, cut)
 #   dispatch-gpu/lib/            every shared library those load (ldd), but
@@ -16,7 +18,11 @@
 #                                CUDA's: libcuda.so.1 is the driver's, and
 #                                libcudart/libcublas/libcublasLt (over 500 MiB)
 #                                are the toolkit's, found through the RUNPATH
-#                                $CUDA_HOME/lib64 the plugin was linked with
+#                                $CUDA_HOME/lib64 the plugin was linked with,
+#                                and so is libnccl.so.2 (218 MiB; NCCL_HOME/
+#                                lib64 when built elsewhere: a host without
+#                                it gets nccl_check's one-line dlopen error)
+#   no Open MPI: see scripts/gpu.sh (a group of one runs without it)
 #   dispatch-gpu/examples/python/gpt_torch.py  bench/gpt's PyTorch row
 # Prints the archive's size. Expects the programs built (make does that).
 set -euo pipefail
@@ -27,6 +33,10 @@ out=$BUILD/gpu-bundle.tar.xz
 progs=(dispatch-server dispatch-cuda.so tests/gpu/cuda_ops tests/gpu/cuda_server
   tests/test_backend_ops bench/gpu/matmul_cuda bench/bulk bench/mlp bench/gpt
   examples/train_mlp)
+# the NCCL path's plugin, its check and the one-rank MPI stand-in, when built
+for p in dispatch-nccl.so tests/gpu/nccl_check tests/gpu/mpi-single.so; do
+  [ -f "$BUILD/$p" ] && progs+=("$p")
+done
 rm -rf "$stage"
 root=$stage/$name
 mkdir -p "$root/lib" "$root/build" "$root/examples/python"
@@ -73,7 +83,7 @@ RUN
 chmod +x "$root/run.sh" "$root/gpu.sh"
 
 # glibc's libraries and CUDA's stay out (see above)
-skip='^(libc|libm|libdl|libpthread|librt|libresolv|libutil|ld-linux-x86-64)\.so|^libcuda\.so|^libcudart\.so|^libcublas(Lt)?\.so'
+skip='^(libc|libm|libdl|libpthread|librt|libresolv|libutil|ld-linux-x86-64)\.so|^libcuda\.so|^libcudart\.so|^libcublas(Lt)?\.so|^libnccl\.so'
 for p in "${progs[@]}"; do ldd "$BUILD/$p"; done |
   awk '$2 == "=>" && $3 ~ /^\// { print $1, $3 }' | sort -u |
   while read -r soname path; do

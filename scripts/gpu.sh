@@ -11,7 +11,17 @@
 #                          across the staging parts, four sessions at once,
 #                          moves to cpu:0 and back); then the MLP demo
 #                          (examples/train_mlp, one epoch) on local:cuda:0
-#                          and on the server's cuda:0
+#                          and on the server's cuda:0; then the NCCL path
+#                          of the group all-reduce (when dispatch-nccl.so
+#                          is built): tests/gpu/nccl_check drives the
+#                          plugin on a one-rank communicator on cuda:0,
+#                          then a group of one dispatch-server --mpi
+#                          --device cuda:0 (the one-rank MPI stand-in
+#                          tests/gpu/mpi-single.so, see below) all-reduces
+#                          cuda:0 tensors, f16 and bf16 included, and its
+#                          log must show the NCCL communicator made;
+#                          and again with the NCCL init made to fail (the
+#                          refusal, then the host path with CUDA tensors)
 #   scripts/gpu.sh bench   matmul 4096 f32 and 8192 bf16: the backend and
 #                          the remote cuda:0 beside cuBLAS called directly
 #                          (cublasSgemm, cublasGemmEx); bench/bulk
@@ -30,6 +40,13 @@
 # fortunes, else $BUILD/fortunes; the MLP demo's is FASHION_MNIST_DIR, else
 # Debian's dataset-fashion-mnist, else $BUILD/fashion-mnist (the copies
 # make gpu-bundle packs for a host without Debian's packages).
+# Open MPI is not in the bundle: Debian's build finds its runtime (orted,
+# about a hundred component and PMIx plugins, help files) through the
+# prefix compiled in (/usr), so a copy would need OPAL_PREFIX and PMIx
+# relocation this machine cannot prove, since its own /usr holds the same
+# files. A group of one needs no MPI at all, so the GPU checks run the
+# server's real group code with tests/gpu/mpi-single.so in MPI's place; a
+# 2-rank NCCL group needs two GPUs and mpirun on the host.
 # Without a GPU (test, bench, all) it prints "cuda: skipped (no GPU):
 # REASON" and exits 0, claiming nothing. Expects the programs built (the
 # Makefile targets and make gpu-bundle build them first). Exits 1 when
@@ -72,10 +89,12 @@ cleanup() {
 }
 trap cleanup EXIT
 
-# dispatch-server --device all (cpu:0, then every GPU: cuda:0 ...), the
-# line of what it found printed; sets SERVER (tcp://127.0.0.1:PORT)
+# dispatch-server --device all (cpu:0, then every GPU: cuda:0 ...), or
+# with the arguments given, the line of what it found printed; sets SERVER
+# (tcp://127.0.0.1:PORT)
 start_server() {
-  "$BUILD/dispatch-server" --listen 127.0.0.1:0 --device all >"$log" 2>&1 &
+  [ $# -eq 0 ] && set -- --device all
+  "$BUILD/dispatch-server" --listen 127.0.0.1:0 "$@" >"$log" 2>&1 &
   pid=$!
   local port=""
   for _ in $(seq 1 200); do
@@ -91,7 +110,7 @@ start_server() {
     return 1
   fi
   SERVER="tcp://127.0.0.1:$port"
-  echo "== dispatch-server --device all, pid $pid on 127.0.0.1:$port"
+  echo "== dispatch-server $*, pid $pid on 127.0.0.1:$port"
   for _ in $(seq 1 100); do # the log's devices lines follow the port
     grep -q 'devices: ' "$log" && break
     sleep 0.05
@@ -130,6 +149,38 @@ run_tests() {
   if start_server; then
     DISPATCH_GPU_REMOTE=$SERVER step "$BUILD/tests/gpu/cuda_server"
     step "$BUILD/examples/train_mlp" --device "$SERVER/cuda:0" --epochs "$epochs" --min-acc 60
+    stop_server
+  else
+    status=1
+  fi
+  run_nccl cuda:0 ok
+}
+
+# The NCCL path (issue 25): the plugin by itself, then a group of one
+# server on cuda:0 (or, check mode, on cpu:0: the host path, which refuses
+# half types). Nothing when dispatch-nccl.so is not built.
+run_nccl() {
+  [ -f "$BUILD/dispatch-nccl.so" ] || { echo "== NCCL: dispatch-nccl.so not built, skipped"; return; }
+  local dev=${1:-cuda:0} half=${2:-ok}
+  step "$BUILD/tests/gpu/nccl_check" "$BUILD/dispatch-nccl.so"
+  if DISPATCH_MPI_PLUGIN=$BUILD/tests/gpu/mpi-single.so \
+    DISPATCH_NCCL_PLUGIN=$BUILD/dispatch-nccl.so start_server --mpi --device "$dev"; then
+    step "$BUILD/tests/gpu/nccl_check" --server "$SERVER" --half "$half"
+    grep -E 'group: NCCL|communicator' "$log" | sed 's/^.*: group: /   group: /'
+    if [ "$half" = ok ] && ! grep -q 'communicator of 1 ranks made' "$log"; then
+      echo "gpu: FAILED: the all-reduces of cuda:0 tensors did not take the NCCL path"
+      status=1
+    fi
+    stop_server
+  else
+    status=1
+  fi
+  [ "$half" = ok ] || return
+  # the NCCL init failing (the id spoiled): refused alike, then the host
+  # path with the CUDA tensors staged by their worker
+  if DISPATCH_MPI_PLUGIN=$BUILD/tests/gpu/mpi-single.so DISPATCH_MPI_SINGLE_SPOIL_NCCL_ID=1 \
+    DISPATCH_NCCL_PLUGIN=$BUILD/dispatch-nccl.so start_server --mpi --mpi-timeout 10 --device "$dev"; then
+    step "$BUILD/tests/gpu/nccl_check" --server "$SERVER" --init-fails
     stop_server
   else
     status=1
@@ -179,6 +230,7 @@ run_check() {
   else
     status=1
   fi
+  run_nccl all refused
 }
 
 case "$mode" in

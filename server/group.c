@@ -27,7 +27,24 @@
  * will never finish), so this and every later all-reduce fail at once
  * with DISPATCH_EGROUP; the group must be restarted (README). Open MPI
  * 4.1 itself ends the whole job when a rank dies (mpirun kills the
- * survivors), so clients of the others see their connection close. */
+ * survivors), so clients of the others see their connection close.
+ *
+ * CUDA tensors. When every member holds the tensors of an all-reduce on a
+ * CUDA device and loaded the NCCL plugin (dispatch-nccl.so, loaded by
+ * the group thread when the server has a CUDA device), the reduction
+ * runs through NCCL on the GPUs, in place on the tensors' storage and on
+ * their session's stream, with no host copy. The header says where each
+ * rank holds them (sv_gplace), so all ranks choose the path alike
+ * (sv_group_nccl_path); with any member on the CPU or without NCCL the
+ * host path runs, CUDA tensors staged through host memory by their worker
+ * when the group thread asks (GOP_STAGE). One NCCL communicator per
+ * combination of the ranks' devices, made at the first all-reduce that
+ * needs it, inside that round: rank 0's ncclGetUniqueId broadcast over
+ * MPI, ncclCommInitRankConfig on every rank, the outcomes exchanged so a
+ * failed init refuses that all-reduce on every rank with the same message;
+ * those devices then take the host path. An NCCL all-reduce that fails or
+ * passes --mpi-timeout aborts its communicator and breaks the group, as
+ * a failed MPI call does. */
 #include <arpa/inet.h>
 #include <dlfcn.h>
 #include <errno.h>
@@ -41,11 +58,16 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "cuda_plugin.h"
 #include "group.h"
 #include "group_mpi.h"
+#include "group_nccl.h"
 #include "handlers.h"
 
-enum { GOP_QUEUED, GOP_RUNNING, GOP_DONE };
+/* GOP_STAGE: the group thread chose the host path for an all-reduce whose
+ * CUDA tensors are not staged yet; the worker stages them and sets it
+ * back to GOP_RUNNING */
+enum { GOP_QUEUED, GOP_RUNNING, GOP_STAGE, GOP_DONE };
 
 typedef struct sv_gop {
   struct sv_gop *next;
@@ -58,6 +80,18 @@ typedef struct sv_gop {
   int refs; /* the worker and, while it works on it, the group thread */
   int rc;
   char why[384];
+  sv_gplace place;
+  /* place.kind SV_GK_CUDA with NCCL loaded: buf stays NULL until the host
+   * path asks for it; ts holds references to the tensors, whose device
+   * bytes (ptrs, counts elements each, on stream) NCCL reduces in place */
+  int lazy;
+  size_t n_ts;
+  dsp_tensor **ts;
+  void **ptrs;
+  size_t *counts;
+  void *stream;
+  int stage_rc; /* the worker's staging on GOP_STAGE */
+  char stage_why[248];
 } sv_gop;
 
 /* What every rank sends before the data (allgather): equal on every rank,
@@ -65,7 +99,27 @@ typedef struct sv_gop {
 typedef struct ghdr {
   uint64_t group, seq;
   int64_t present, type, reduce, count, n, hash;
+  sv_gplace place;
 } ghdr;
+
+/* One rank's outcome of a local step (a staging, an NCCL init), gathered
+ * so every rank reaches the same verdict (agree). */
+typedef struct gverdict {
+  int64_t rc;
+  char why[248];
+} gverdict;
+
+/* An NCCL communicator over the ranks' devices (key: a hash of their
+ * ordinals, by rank), or the reason its init failed. A fixed table, so
+ * that recording an outcome never fails on one rank alone: every rank
+ * holds the same entries in the same order. */
+#define G_MAX_COMMS 16
+typedef struct gcomm {
+  uint64_t key;
+  void *comm;
+  int failed;
+  char why[384];
+} gcomm;
 
 /* What rank 0 broadcasts: the next all-reduce, or stop. */
 typedef struct gkey {
@@ -99,6 +153,18 @@ static struct {
   char start_why[512];
   int finished;
   const sv_config *cfg;
+  /* the server has a CUDA device: the CUDA plugin's table (tensor
+   * places), and the NCCL plugin when it loaded; comms only the group
+   * thread touches */
+  int cuda;
+  const dsp_cuda_plugin *cu;
+  const sv_nccl_api *nccl;
+  gcomm comms[G_MAX_COMMS];
+  int n_comms;
+  /* G.size of each, for choose and agree (made at start: a round never
+   * allocates between collectives) */
+  sv_gplace *pbuf;
+  gverdict *vbuf;
 } G = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
 
 static double now_s(void) {
@@ -123,6 +189,10 @@ static void wait_until(double until) {
 
 static void gop_unref_locked(sv_gop *op) {
   if (--op->refs > 0) return;
+  for (size_t i = 0; i < op->n_ts; i++) dsp_tensor_unref(op->ts[i]);
+  free(op->ts);
+  free(op->ptrs);
+  free(op->counts);
   free(op->buf);
   dsp_budget_uncharge(op->budget, op->charged);
   free(op);
@@ -168,7 +238,19 @@ static void break_locked(const char *why) {
 }
 
 static const char *type_name(int64_t t) {
-  return t == SV_MPI_F32 ? "f32" : t == SV_MPI_F64 ? "f64" : "i64";
+  return t == SV_MPI_F32   ? "f32"
+         : t == SV_MPI_F64 ? "f64"
+         : t == SV_MPI_I64 ? "i64"
+         : t == SV_NCCL_F16 ? "f16"
+                            : "bf16";
+}
+
+static int is_half(int64_t t) { return t == SV_NCCL_F16 || t == SV_NCCL_BF16; }
+
+int sv_group_nccl_path(const sv_gplace *p, int n) {
+  for (int r = 0; r < n; r++)
+    if (p[r].kind != SV_GK_CUDA || !p[r].nccl) return 0;
+  return n > 0;
 }
 
 /* The verdict on the headers of all ranks: 0, or DISPATCH_EGROUP with the
@@ -199,6 +281,195 @@ static int judge(const ghdr *all, char *why, size_t len) {
           (long long)b->n, type_name(b->type), (long long)b->count,
           (unsigned long long)b->hash, b->reduce ? "mean" : "sum");
   }
+  return 0;
+}
+
+/* FNV-1a over the ranks' device ordinals */
+static uint64_t devs_key(const ghdr *all) {
+  uint64_t h = 1469598103934665603ULL;
+  for (int r = 0; r < G.size; r++)
+    for (int b = 0; b < 8; b++)
+      h = (h ^ (uint8_t)((uint64_t)all[r].place.dev >> (8 * b))) *
+          1099511628211ULL;
+  return h;
+}
+
+/* The communicator made (or failed) for the ranks' devices of all[], or
+ * NULL. */
+static gcomm *comm_find(const ghdr *all) {
+  uint64_t key = devs_key(all);
+  for (int i = 0; i < G.n_comms; i++)
+    if (G.comms[i].key == key) return &G.comms[i];
+  return NULL;
+}
+
+/* The path the headers all[] lead to: 1 NCCL, 0 the host, or a refusal
+ * (the same on every rank: it depends on the headers and on the outcome
+ * of earlier NCCL inits, which every rank shares) of half types, which
+ * only NCCL reduces. */
+static int choose(const ghdr *all, char *why, size_t len) {
+  sv_gplace *p = G.pbuf;
+  for (int r = 0; r < G.size; r++) p[r] = all[r].place;
+  int nccl = sv_group_nccl_path(p, G.size);
+  gcomm *c = nccl ? comm_find(all) : NULL;
+  if (c && c->failed) nccl = 0;
+  /* more device combinations than the table holds: the host path */
+  if (nccl && !c && G.n_comms == G_MAX_COMMS) nccl = 0;
+  if (nccl || !is_half(all[0].type)) return nccl;
+  int r = 0;
+  while (r < G.size && p[r].kind == SV_GK_CUDA && p[r].nccl) r++;
+  char where[448];
+  if (r == G.size)
+    snprintf(where, sizeof where, "NCCL could not start for these devices (%s)",
+             c ? c->why : "?");
+  else
+    snprintf(where, sizeof where, "rank %d %s", r,
+             p[r].kind != SV_GK_CUDA ? "holds them on the CPU (or on more "
+                                       "than one device)"
+                                     : "has no NCCL plugin");
+  return sv_why(why, len, DISPATCH_EDTYPE,
+                "all-reduce (group %llx, seq %llu): %s tensors are reduced "
+                "only through NCCL, with every member's tensors on one CUDA "
+                "device; %s",
+                (unsigned long long)all[0].group,
+                (unsigned long long)all[0].seq, type_name(all[0].type),
+                where);
+}
+
+/* Every rank's outcome rc (why: its message) of a local step, exchanged:
+ * 0 when all succeeded, else the first failing rank's code and message,
+ * the same on every rank; DISPATCH_EGROUP with *mpi_failed when MPI
+ * itself failed. */
+static int agree(const ghdr *h, const char *what, int rc, const char *mine,
+                 char *why, size_t len, int *mpi_failed) {
+  gverdict me;
+  memset(&me, 0, sizeof me);
+  me.rc = rc;
+  if (rc < 0) snprintf(me.why, sizeof me.why, "%s", mine);
+  if (G.api->allgather(&me, G.vbuf, sizeof me, why, len) < 0) {
+    *mpi_failed = 1;
+    return DISPATCH_EGROUP;
+  }
+  for (int r = 0; r < G.size; r++)
+    if (G.vbuf[r].rc < 0)
+      return sv_why(why, len, (int)G.vbuf[r].rc,
+                    "all-reduce (group %llx, seq %llu): %s failed on rank "
+                    "%d: %s",
+                    (unsigned long long)h->group, (unsigned long long)h->seq,
+                    what, r, G.vbuf[r].why);
+  return 0;
+}
+
+/* The communicator for the ranks' devices of all[], made now when new:
+ * every rank calls this in the same round. 0 with *out; else a negative
+ * code and why, the same on every rank, the failure kept (those devices
+ * take the host path from then on); *mpi_failed when MPI failed. */
+static int comm_get(const ghdr *all, gcomm **out, char *why, size_t len,
+                    int *mpi_failed) {
+  if ((*out = comm_find(all))) return 0;
+  struct {
+    char id[SV_NCCL_ID_BYTES];
+    gverdict v;
+  } gid;
+  memset(&gid, 0, sizeof gid);
+  if (G.rank == 0 && G.nccl->unique_id(gid.id, gid.v.why, sizeof gid.v.why) < 0)
+    gid.v.rc = DISPATCH_EGROUP;
+  if (G.api->bcast(&gid, sizeof gid, NULL, why, len) < 0) {
+    *mpi_failed = 1;
+    return DISPATCH_EGROUP;
+  }
+  void *comm = NULL;
+  char mine[248] = "";
+  int64_t dev = all[G.rank].place.dev;
+  int lrc = 0;
+  if (gid.v.rc < 0)
+    lrc = (int)gid.v.rc, snprintf(mine, sizeof mine, "%s", gid.v.why);
+  else if (G.nccl->comm_init(&comm, (int)dev, G.size, G.rank, gid.id,
+                             G.timeout_s, mine, sizeof mine) < 0)
+    lrc = DISPATCH_EGROUP;
+  int rc = agree(all, "NCCL init", lrc, mine, why, len, mpi_failed);
+  if (rc < 0 && comm) G.nccl->comm_destroy(comm, 1), comm = NULL;
+  if (*mpi_failed) return rc;
+  gcomm *c = &G.comms[G.n_comms++];
+  *c = (gcomm){.key = devs_key(all), .comm = comm, .failed = rc < 0};
+  if (rc < 0) {
+    snprintf(c->why, sizeof c->why, "%s", why);
+    sv_log(SV_LOG_WARN, "group: %s; all-reduces over these devices take "
+                        "the host path", why);
+    return rc;
+  }
+  sv_log(SV_LOG_INFO, "group: %s communicator of %d ranks made (this rank "
+                      "on cuda:%lld)",
+         G.nccl->describe(), G.size, (long long)dev);
+  *out = c;
+  return 0;
+}
+
+/* The NCCL path: in place on the tensors' device bytes. A failure has
+ * aborted the communicator: *nccl_failed (the group breaks). */
+static int run_nccl(sv_gop *op, const ghdr *all, char *why, size_t len,
+                    int *mpi_failed, int *nccl_failed) {
+  gcomm *c;
+  int rc = comm_get(all, &c, why, len, mpi_failed);
+  if (rc < 0) return rc;
+  char mine[320];
+  if (G.nccl->allreduce(c->comm, (int)op->place.dev, op->stream, op->n_ts,
+                        op->ptrs, op->counts, (int)op->type, (int)op->reduce,
+                        G.timeout_s, mine, sizeof mine) == 0)
+    return 0;
+  c->comm = NULL; /* aborted */
+  c->failed = 1;
+  snprintf(c->why, sizeof c->why, "%s", mine);
+  *nccl_failed = 1;
+  return sv_why(why, len, DISPATCH_EGROUP,
+                "all-reduce (group %llx, seq %llu): %s; restart the group",
+                (unsigned long long)op->group, (unsigned long long)op->seq,
+                mine);
+}
+
+/* The host path for an op whose CUDA tensors are not staged: the worker
+ * stages them (it owns the session's ctx); at most --mpi-timeout. */
+static int ask_stage(sv_gop *op, char *why, size_t len) {
+  pthread_mutex_lock(&G.mu);
+  op->state = GOP_STAGE;
+  pthread_cond_broadcast(&G.cv);
+  double until = now_s() + G.timeout_s;
+  while (op->state == GOP_STAGE && now_s() < until) wait_until(until);
+  int rc;
+  if (op->state == GOP_STAGE) {
+    op->state = GOP_RUNNING;
+    rc = sv_why(why, len, DISPATCH_EGROUP,
+                "its worker did not stage the tensors within %d s",
+                G.timeout_s);
+  } else {
+    rc = op->stage_rc;
+    if (rc < 0) snprintf(why, len, "%s", op->stage_why);
+  }
+  pthread_mutex_unlock(&G.mu);
+  return rc;
+}
+
+static void divide(sv_gop *op);
+
+/* The host path: MPI_Allreduce of the host block (CUDA tensors staged
+ * first where NCCL would have read them in place). */
+static int run_host(sv_gop *op, const ghdr *all, char *why, size_t len,
+                    int *mpi_failed) {
+  int rc = 0, lazy = 0;
+  char mine[248] = "";
+  if (op->lazy) rc = ask_stage(op, mine, sizeof mine);
+  for (int r = 0; r < G.size; r++)
+    if (all[r].place.kind == SV_GK_CUDA && all[r].place.nccl) lazy = 1;
+  if (lazy)
+    rc = agree(all, "staging the CUDA tensors through host memory", rc, mine,
+               why, len, mpi_failed);
+  if (rc < 0) return rc;
+  if (G.api->allreduce_sum(op->buf, (size_t)op->count, (int)op->type,
+                           G.size > 2, why, len) < 0) {
+    *mpi_failed = 1;
+    return DISPATCH_EGROUP;
+  }
+  if (op->reduce) divide(op);
   return 0;
 }
 
@@ -243,27 +514,28 @@ static int one_round(void) {
   sv_gop *op;
   while (!(op = find_locked(k.group, k.seq)) && !G.stop && now_s() < until)
     wait_until(until);
-  ghdr mine = {k.group, k.seq, 0, 0, 0, 0, 0, 0};
+  ghdr mine = {.group = k.group, .seq = k.seq};
   if (op) {
     atomic_fetch_sub(&G.queued, 1);
     op->state = GOP_RUNNING;
     op->refs++;
-    mine = (ghdr){k.group, k.seq, 1,        op->type,
-                  op->reduce, op->count, op->n, op->hash};
+    mine = (ghdr){k.group,  k.seq,     1,     op->type, op->reduce,
+                  op->count, op->n, op->hash, op->place};
   }
   pthread_mutex_unlock(&G.mu);
   ghdr *all = calloc((size_t)G.size, sizeof *all);
   int rc = all ? 0 : DISPATCH_ENOMEM;
   if (!all) snprintf(why, sizeof why, "group: out of memory");
-  int mpi_failed = 0;
+  int mpi_failed = 0, nccl_failed = 0;
   if (rc == 0 && G.api->allgather(&mine, all, sizeof mine, why, sizeof why) < 0)
     rc = DISPATCH_EGROUP, mpi_failed = 1;
   if (rc == 0) rc = judge(all, why, sizeof why);
-  if (rc == 0 &&
-      G.api->allreduce_sum(op->buf, (size_t)op->count, (int)op->type,
-                           G.size > 2, why, sizeof why) < 0)
-    rc = DISPATCH_EGROUP, mpi_failed = 1;
-  if (rc == 0 && op->reduce) divide(op);
+  int nccl = 0;
+  if (rc == 0 && (nccl = choose(all, why, sizeof why)) < 0) rc = nccl;
+  if (rc == 0 && nccl)
+    rc = run_nccl(op, all, why, sizeof why, &mpi_failed, &nccl_failed);
+  else if (rc == 0)
+    rc = run_host(op, all, why, sizeof why, &mpi_failed);
   free(all);
   pthread_mutex_lock(&G.mu);
   if (op) {
@@ -273,53 +545,116 @@ static int one_round(void) {
     unlink_locked(op);
     gop_unref_locked(op);
   }
-  if (mpi_failed) break_locked(why);
+  if (mpi_failed || nccl_failed) break_locked(why);
   pthread_cond_broadcast(&G.cv);
   pthread_mutex_unlock(&G.mu);
-  return mpi_failed ? -1 : 0;
+  return mpi_failed || nccl_failed ? -1 : 0;
 }
 
-/* The plugin: DISPATCH_MPI_PLUGIN, else beside the binary, else
- * ../lib/dispatch/ from it (make install). */
-static int load_plugin(char *why, size_t len) {
-  char exe[PATH_MAX], path[PATH_MAX + 64];
-  const char *env = getenv("DISPATCH_MPI_PLUGIN");
+/* dlopen-s a plugin: $env when set and not empty, else `file` beside the
+ * binary, else ../lib/dispatch/`file` from it (make install). 0 with *dl
+ * and *entry (the symbol sym), the file in path; else
+ * DISPATCH_EUNSUPPORTED and one line in why ("WHAT: cannot load the KIND
+ * plugin FILE (dlopen's reason; ENV names another)"). */
+static int open_plugin(const char *env_name, const char *kind,
+                       const char *file, const char *sym, const char *what,
+                       int flags,
+                       void **dl, void **entry, char *path, size_t plen,
+                       char *why, size_t len) {
+  char exe[PATH_MAX], p1[PATH_MAX + 64], p2[PATH_MAX + 64];
+  const char *env = getenv(env_name);
   const char *tries[2] = {NULL, NULL};
-  char p2[PATH_MAX + 64];
   if (env && *env) {
     tries[0] = env;
   } else {
     ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
     if (n <= 0) return sv_why(why, len, DISPATCH_EUNSUPPORTED,
-                              "--mpi: cannot find the server's own path");
+                              "%s: cannot find the server's own path", what);
     exe[n] = '\0';
     char *slash = strrchr(exe, '/');
     if (slash) *slash = '\0';
-    snprintf(path, sizeof path, "%s/dispatch-mpi.so", exe);
-    snprintf(p2, sizeof p2, "%s/../lib/dispatch/dispatch-mpi.so", exe);
-    tries[0] = path;
+    snprintf(p1, sizeof p1, "%s/%s", exe, file);
+    snprintf(p2, sizeof p2, "%s/../lib/dispatch/%s", exe, file);
+    tries[0] = p1;
     tries[1] = p2;
   }
   const char *err = "not found";
   for (int i = 0; i < 2 && tries[i]; i++) {
-    /* global: Open MPI loads its components with dlopen and they need
-     * libmpi's symbols */
-    G.dl = dlopen(tries[i], RTLD_NOW | RTLD_GLOBAL);
-    if (!G.dl) {
+    *dl = dlopen(tries[i], flags);
+    if (!*dl) {
       err = dlerror();
       continue;
     }
-    sv_mpi_entry_fn fn = (sv_mpi_entry_fn)dlsym(G.dl, SV_MPI_ENTRY);
-    G.api = fn ? fn() : NULL;
-    if (G.api && G.api->abi == SV_MPI_ABI) return 0;
-    return sv_why(why, len, DISPATCH_EUNSUPPORTED,
-                  "--mpi: %s is not a dispatch MPI plugin of ABI %d", tries[i],
-                  SV_MPI_ABI);
+    snprintf(path, plen, "%s", tries[i]);
+    *entry = dlsym(*dl, sym);
+    return 0;
   }
   return sv_why(why, len, DISPATCH_EUNSUPPORTED,
-                "--mpi: cannot load the MPI plugin dispatch-mpi.so (%s; "
-                "DISPATCH_MPI_PLUGIN names another)",
-                err ? err : "?");
+                "%s: cannot load the %s plugin %s (%s; %s names another)",
+                what, kind, file, err ? err : "?", env_name);
+}
+
+/* The MPI plugin, its table checked. */
+static int load_plugin(char *why, size_t len) {
+  char path[PATH_MAX + 64];
+  void *entry = NULL;
+  /* global: Open MPI loads its components with dlopen and they need
+   * libmpi's symbols */
+  int rc = open_plugin("DISPATCH_MPI_PLUGIN", "MPI", "dispatch-mpi.so",
+                       SV_MPI_ENTRY, "--mpi", RTLD_NOW | RTLD_GLOBAL, &G.dl,
+                       &entry, path, sizeof path, why, len);
+  if (rc < 0) return rc;
+  sv_mpi_entry_fn fn = (sv_mpi_entry_fn)entry;
+  G.api = fn ? fn() : NULL;
+  if (G.api && G.api->abi == SV_MPI_ABI) return 0;
+  return sv_why(why, len, DISPATCH_EUNSUPPORTED,
+                "--mpi: %s is not a dispatch MPI plugin of ABI %d", path,
+                SV_MPI_ABI);
+}
+
+int sv_nccl_load(const sv_nccl_api **out, const char **path, char *why,
+                 size_t len) {
+  static char where[PATH_MAX + 64];
+  void *dl = NULL, *entry = NULL;
+  *out = NULL;
+  *path = "";
+  int rc = open_plugin("DISPATCH_NCCL_PLUGIN", "NCCL", SV_NCCL_FILE, SV_NCCL_ENTRY,
+                       "group", RTLD_NOW | RTLD_LOCAL, &dl, &entry, where,
+                       sizeof where, why, len);
+  if (rc < 0) return rc;
+  sv_nccl_entry_fn fn = (sv_nccl_entry_fn)entry;
+  const sv_nccl_api *api = fn ? fn() : NULL;
+  if (!api || api->abi != SV_NCCL_ABI) {
+    dlclose(dl);
+    return sv_why(why, len, DISPATCH_EUNSUPPORTED,
+                  "group: %s is not a dispatch NCCL plugin of ABI %d (stale? "
+                  "rebuild it from this tree: make build/%s)",
+                  where, SV_NCCL_ABI, SV_NCCL_FILE);
+  }
+  *out = api; /* the handle stays open for the process's life */
+  *path = where;
+  return 0;
+}
+
+/* The server has a CUDA device: its plugin's table (where tensors live)
+ * and the NCCL plugin; without NCCL, CUDA tensors take the host path. */
+static void nccl_start(void) {
+  char why[1536];
+  if (dsp_cuda_plugin_load(&G.cu, why, sizeof why) < 0) {
+    G.cu = NULL;
+    sv_log(SV_LOG_INFO, "group: no NCCL path: %s", why);
+    return;
+  }
+  const char *path;
+  if (sv_nccl_load(&G.nccl, &path, why, sizeof why) < 0) {
+    sv_log(SV_LOG_WARN, "%s: all-reduces of CUDA tensors stage through "
+                        "host memory",
+           why);
+    return;
+  }
+  sv_log(SV_LOG_INFO, "group: NCCL plugin %s loaded (%s): an all-reduce "
+                      "whose members all hold CUDA tensors runs on the GPUs",
+         path, G.nccl->describe());
 }
 
 /* Init, the ranks' places, the trust rule; then rounds until stopped. */
@@ -361,6 +696,13 @@ static void *group_main(void *arg) {
                           "authenticated nor encrypted");
   }
   free(all);
+  if (rc == 0) {
+    G.pbuf = calloc((size_t)G.size, sizeof *G.pbuf);
+    G.vbuf = calloc((size_t)G.size, sizeof *G.vbuf);
+    if (!G.pbuf || !G.vbuf)
+      rc = sv_why(why, sizeof why, DISPATCH_ENOMEM, "--mpi: out of memory");
+  }
+  if (rc == 0 && G.cuda) nccl_start();
   pthread_mutex_lock(&G.mu);
   G.started = 1;
   G.start_rc = rc;
@@ -376,6 +718,13 @@ static void *group_main(void *arg) {
   pthread_mutex_lock(&G.mu);
   int clean = inited && !G.broken;
   pthread_mutex_unlock(&G.mu);
+  /* every rank stops in the same round, so their communicators are idle */
+  for (int i = 0; i < G.n_comms; i++)
+    if (G.comms[i].comm) G.nccl->comm_destroy(G.comms[i].comm, !clean);
+  G.n_comms = 0;
+  free(G.pbuf);
+  free(G.vbuf);
+  G.pbuf = NULL, G.vbuf = NULL;
   if (clean) G.api->finalize();
   pthread_mutex_lock(&G.mu);
   G.finished = 1;
@@ -393,6 +742,10 @@ int sv_group_start(sv_config *cfg) {
   }
   G.cfg = cfg;
   G.timeout_s = cfg->mpi_timeout_s;
+  for (int i = 0; i < cfg->n_devices; i++)
+    if (strncmp(cfg->devices[i], "cuda", 4) == 0 ||
+        strcmp(cfg->devices[i], "all") == 0)
+      G.cuda = 1;
   if (pthread_create(&G.th, NULL, group_main, NULL) != 0) {
     fprintf(stderr, "dispatch-server: --mpi: cannot start the group thread\n");
     return DISPATCH_ENOMEM;
@@ -474,6 +827,80 @@ static int write_back(dsp_ctx *ctx, dsp_tensor *t, const void *src) {
   return rc;
 }
 
+/* The host block: every tensor's bytes one after the other, charged to
+ * budget (the session's) until the op lets go of it. */
+static int pack(dsp_ctx *ctx, dsp_budget *budget, dsp_tensor *const *ts,
+                size_t n, size_t total, sv_gop *op, char *why, size_t len) {
+  int rc = dsp_budget_charge_why(budget, total, "all-reduce", why, len);
+  if (rc < 0) return rc;
+  void *buf = malloc(total ? total : 1);
+  if (!buf) {
+    dsp_budget_uncharge(budget, total);
+    return sv_why(why, len, DISPATCH_ENOMEM, "all-reduce: out of memory");
+  }
+  size_t at = 0;
+  for (size_t i = 0; i < n; i++) {
+    size_t nb = dsp_tensor_nbytes(ts[i]);
+    rc = dsp_tensor_read(ctx, ts[i], (char *)buf + at, nb);
+    if (rc < 0) {
+      free(buf);
+      dsp_budget_uncharge(budget, total);
+      return sv_why(why, len, rc, "all-reduce: tensor %zu: %s", i,
+                    dsp_ctx_errmsg(ctx));
+    }
+    at += nb;
+  }
+  op->buf = buf;
+  op->budget = budget;
+  op->charged = total;
+  return 0;
+}
+
+/* Where this rank holds ts: SV_GK_CUDA when every tensor lives on one CUDA
+ * backend (a session's view: one stream), else SV_GK_HOST. */
+static sv_gplace place_of(dsp_tensor *const *ts, size_t n) {
+  sv_gplace pl = {SV_GK_HOST, -1, G.nccl != NULL};
+  if (!G.cu) return pl;
+  int dev = -1;
+  void *data, *stream;
+  for (size_t i = 0; i < n; i++)
+    if (!G.cu->tensor_place(ts[i], &dev, &data, &stream) ||
+        ts[i]->storage->backend != ts[0]->storage->backend)
+      return pl;
+  pl.kind = SV_GK_CUDA;
+  pl.dev = dev;
+  return pl;
+}
+
+/* The NCCL path's side of an op: references to ts, each made writable
+ * (copy-on-write) before its device pointer is taken, and the stream
+ * synchronized so that the group's wait bound covers the reduction only
+ * (and an earlier kernel's error comes back here, not as an NCCL one). */
+static int borrow(dsp_ctx *ctx, dsp_tensor *const *ts, size_t n, sv_gop *op,
+                  char *why, size_t len) {
+  op->ts = calloc(n, sizeof *op->ts);
+  op->ptrs = calloc(n, sizeof *op->ptrs);
+  op->counts = calloc(n, sizeof *op->counts);
+  if (!op->ts || !op->ptrs || !op->counts)
+    return sv_why(why, len, DISPATCH_ENOMEM, "all-reduce: out of memory");
+  for (size_t i = 0; i < n; i++) {
+    int rc = dsp__storage_prepare_write(ctx, ts[i]);
+    if (rc < 0)
+      return sv_why(why, len, rc, "all-reduce: tensor %zu: %s", i,
+                    dsp_ctx_errmsg(ctx));
+    int dev;
+    if (!G.cu->tensor_place(ts[i], &dev, &op->ptrs[i], &op->stream))
+      return sv_why(why, len, DISPATCH_EINTERNAL,
+                    "all-reduce: tensor %zu left its CUDA device", i);
+    op->ts[op->n_ts++] = dsp_tensor_ref(ts[i]);
+    op->counts[i] = (size_t)ts[i]->numel;
+  }
+  int rc = G.cu->sync(ts[0]->storage->backend, ctx);
+  if (rc < 0)
+    return sv_why(why, len, rc, "all-reduce: %s", dsp_ctx_errmsg(ctx));
+  return 0;
+}
+
 int sv_group_reduce(dsp_ctx *ctx, dsp_budget *budget, dsp_tensor *const *ts,
                     size_t n, uint64_t group, uint64_t seq, int reduce,
                     char *why, size_t len) {
@@ -488,12 +915,17 @@ int sv_group_reduce(dsp_ctx *ctx, dsp_budget *budget, dsp_tensor *const *ts,
   if (n == 0)
     return sv_why(why, len, DISPATCH_EINVAL, "all-reduce: no tensors");
   dsp_dtype dt = ts[0]->meta.dtype;
-  int type = dt == DSP_F32 ? SV_MPI_F32 : dt == DSP_F64 ? SV_MPI_F64
-             : dt == DSP_I64 ? SV_MPI_I64 : -1;
+  int type = dt == DSP_F32    ? SV_MPI_F32
+             : dt == DSP_F64  ? SV_MPI_F64
+             : dt == DSP_I64  ? SV_MPI_I64
+             : dt == DSP_F16  ? SV_NCCL_F16
+             : dt == DSP_BF16 ? SV_NCCL_BF16
+                              : -1;
   if (type < 0 || (type == SV_MPI_I64 && reduce))
     return sv_why(why, len, DISPATCH_EDTYPE,
                   "all-reduce: %s tensors cannot be %s-reduced (f32 and f64: "
-                  "sum or mean; i64: sum)",
+                  "sum or mean; i64: sum; f16 and bf16: sum or mean through "
+                  "NCCL, every member's tensors on CUDA)",
                   dsp_dtype_name(dt), reduce ? "mean" : "sum");
   size_t total = 0;
   for (size_t i = 0; i < n; i++) {
@@ -504,40 +936,25 @@ int sv_group_reduce(dsp_ctx *ctx, dsp_budget *budget, dsp_tensor *const *ts,
                     i, dsp_dtype_name(ts[i]->meta.dtype), dsp_dtype_name(dt));
     total += dsp_tensor_nbytes(ts[i]);
   }
-  /* the host block is the session's until the group thread lets go of
-   * it too (it may outlive this request when a worker gives up) */
-  int crc = dsp_budget_charge_why(budget, total, "all-reduce", why, len);
-  if (crc < 0) return crc;
   sv_gop *op = calloc(1, sizeof *op);
-  void *buf = total ? malloc(total) : malloc(1);
-  if (!op || !buf) {
-    free(op);
-    free(buf);
-    dsp_budget_uncharge(budget, total);
-    return sv_why(why, len, DISPATCH_ENOMEM, "all-reduce: out of memory");
-  }
-  size_t at = 0;
-  for (size_t i = 0; i < n; i++) {
-    size_t nb = dsp_tensor_nbytes(ts[i]);
-    int rc = dsp_tensor_read(ctx, ts[i], (char *)buf + at, nb);
-    if (rc < 0) {
-      free(op);
-      free(buf);
-      dsp_budget_uncharge(budget, total);
-      return sv_why(why, len, rc, "all-reduce: tensor %zu: %s", i,
-                    dsp_ctx_errmsg(ctx));
-    }
-    at += nb;
-  }
+  if (!op) return sv_why(why, len, DISPATCH_ENOMEM, "all-reduce: out of memory");
   *op = (sv_gop){.group = group, .seq = seq, .reduce = reduce, .type = type,
-                 .count = (int64_t)(total / (type == SV_MPI_F32 ? 4 : 8)),
+                 .count = (int64_t)(total / dsp_dtype_size(dt)),
                  .n = (int64_t)n, .hash = (int64_t)shape_hash(ts, n),
-                 .buf = buf, .budget = budget, .charged = total,
-                 .state = GOP_QUEUED, .refs = 1};
+                 .state = GOP_QUEUED, .refs = 1, .place = place_of(ts, n)};
+  /* CUDA tensors with NCCL loaded stay where they are until the path is
+   * known; half types are never staged (only NCCL reduces them); the rest
+   * is copied into the host block now. The block is the session's until
+   * the group thread lets go of it too (it may outlive this request when
+   * a worker gives up). */
+  op->lazy = op->place.kind == SV_GK_CUDA && op->place.nccl;
+  int rc = op->lazy ? borrow(ctx, ts, n, op, why, len)
+           : is_half(type) ? 0
+                           : pack(ctx, budget, ts, n, total, op, why, len);
   pthread_mutex_lock(&G.mu);
-  if (G.broken) {
-    int rc = sv_why(why, len, DISPATCH_EGROUP, "all-reduce: %s",
-                    G.broken_why);
+  if (rc == 0 && G.broken)
+    rc = sv_why(why, len, DISPATCH_EGROUP, "all-reduce: %s", G.broken_why);
+  if (rc < 0) {
     gop_unref_locked(op);
     pthread_mutex_unlock(&G.mu);
     return rc;
@@ -548,8 +965,22 @@ int sv_group_reduce(dsp_ctx *ctx, dsp_budget *budget, dsp_tensor *const *ts,
   atomic_fetch_add(&G.queued, 1);
   pthread_cond_broadcast(&G.cv);
   double until = now_s() + 3.0 * G.timeout_s;
-  while (op->state != GOP_DONE && now_s() < until) wait_until(until);
-  int rc;
+  while (op->state != GOP_DONE && now_s() < until) {
+    if (op->state == GOP_STAGE) {
+      /* the host path for our CUDA tensors: staged here, where the
+       * session's ctx is ours */
+      pthread_mutex_unlock(&G.mu);
+      char w[sizeof op->stage_why];
+      int src = pack(ctx, budget, ts, n, total, op, w, sizeof w);
+      pthread_mutex_lock(&G.mu);
+      op->stage_rc = src;
+      if (src < 0) snprintf(op->stage_why, sizeof op->stage_why, "%s", w);
+      if (op->state == GOP_STAGE) op->state = GOP_RUNNING;
+      pthread_cond_broadcast(&G.cv);
+      continue;
+    }
+    wait_until(until);
+  }
   if (op->state == GOP_DONE) {
     rc = op->rc;
     if (rc < 0) sv_why(why, len, rc, "%s", op->why);
@@ -566,19 +997,20 @@ int sv_group_reduce(dsp_ctx *ctx, dsp_budget *budget, dsp_tensor *const *ts,
     char b[256];
     snprintf(b, sizeof b,
              "an all-reduce did not finish within %d s: a member stalled or "
-             "died inside MPI; restart the group",
+             "died inside MPI or NCCL; restart the group",
              3 * G.timeout_s);
     break_locked(b);
     rc = sv_why(why, len, DISPATCH_EGROUP, "all-reduce (group %llx, seq %llu): %s",
                 (unsigned long long)group, (unsigned long long)seq, b);
   }
-  int ok = rc == 0;
+  /* only this thread holds op once it is DONE or withdrawn: buf is ours;
+   * none on the NCCL path (the tensors were reduced in place) */
+  int copy = rc == 0 && op->buf;
   pthread_mutex_unlock(&G.mu);
-  /* only this thread holds op once it is DONE or withdrawn: buf is ours */
-  at = 0;
-  for (size_t i = 0; ok && i < n; i++) {
+  size_t at = 0;
+  for (size_t i = 0; copy && i < n; i++) {
     size_t nb = dsp_tensor_nbytes(ts[i]);
-    rc = write_back(ctx, ts[i], (char *)buf + at);
+    rc = write_back(ctx, ts[i], (char *)op->buf + at);
     if (rc < 0) {
       rc = sv_why(why, len, rc, "all-reduce: tensor %zu: %s", i,
                   dsp_ctx_errmsg(ctx));

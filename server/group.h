@@ -19,6 +19,20 @@ void sv_group_stop(void);
 int sv_group_reduce(dsp_ctx *ctx, dsp_budget *budget, dsp_tensor *const *ts,
                     size_t n, uint64_t group, uint64_t seq, int reduce,
                     char *why, size_t len);
+/* Where one rank holds the tensors of an all-reduce, in the header every
+ * rank sends before the data: kind SV_GK_CUDA when all of them live on
+ * one CUDA backend (dev its ordinal), else SV_GK_HOST; nccl 1 when the
+ * rank loaded the NCCL plugin. */
+enum { SV_GK_HOST = 0, SV_GK_CUDA = 1 };
+typedef struct sv_gplace {
+  int64_t kind, dev, nccl;
+} sv_gplace;
+/* The path of one all-reduce from the n members' places: 1 (NCCL on the
+ * GPUs) when every member holds its tensors on CUDA and has NCCL, else 0
+ * (host memory and MPI_Allreduce; CUDA tensors are staged through the
+ * host). Depends on the places only, so every rank chooses alike. */
+int sv_group_nccl_path(const sv_gplace *p, int n);
+
 /* The kinds' handlers (kinds.c) */
 int sv_exec_group_join(sv_session *s, sv_job *j, char *why, size_t len);
 int sv_exec_group_allreduce(sv_session *s, sv_job *j, char *why, size_t len);

@@ -41,6 +41,17 @@ static int device_count(char *why, size_t why_len) {
   return n > 0 ? n : 0;
 }
 
+/* where a CUDA tensor's bytes are (cuda_plugin.h, ABI 2: for NCCL) */
+static int tensor_place(const dsp_tensor *t, int *device, void **data,
+                        void **stream) {
+  if (!t || !t->storage || !dsp__cu_is(t->storage->backend)) return 0;
+  const cu_be *b = t->storage->backend->bctx;
+  *device = b->device;
+  *data = t->storage->data;
+  *stream = (void *)b->stream;
+  return 1;
+}
+
 static const dsp_cuda_plugin g_table = {
     .abi = DSP_CUDA_PLUGIN_ABI,
     .version = DISPATCH_VERSION_STRING,
@@ -57,6 +68,7 @@ static const dsp_cuda_plugin g_table = {
     .pool_used = dsp_cuda_pool_used,
     .sync = dsp_cuda_sync,
     .has_kernel = dsp__cuda_has_kernel,
+    .tensor_place = tensor_place,
 };
 
 __attribute__((visibility("default"))) const dsp_cuda_plugin *
