@@ -25,8 +25,9 @@ static int s_init(int *rank, int *size, char *why, size_t len) {
   *size = 1;
   return 0;
 }
-static int s_bcast(void *buf, size_t bytes, char *why, size_t len) {
-  (void)why, (void)len;
+static int s_bcast(void *buf, size_t bytes, int (*hurry)(void), char *why,
+                   size_t len) {
+  (void)hurry, (void)why, (void)len;
   const char *spoil = getenv("DISPATCH_MPI_SINGLE_SPOIL_NCCL_ID");
   if (spoil && *spoil == '1' && bytes > SV_NCCL_ID_BYTES)
     memset(buf, 0, SV_NCCL_ID_BYTES);
