@@ -617,7 +617,7 @@ SUBST = sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@VERSION@|$(VERSION)|g' \
   -e 's|@MAJOR@|$(VERSION_MAJOR)|g'
 # ldconfig when installing into (or removing from) the running system as root
 RUN_LDCONFIG = if [ -z "$(DESTDIR)" ] && [ -n "$(LDCONFIG)" ] && [ "$$(id -u)" = 0 ]; then \
-  echo "$(LDCONFIG)"; $(LDCONFIG); fi
+  echo "$(LDCONFIG)"; $(or $(LDCONFIG),:); fi
 install: $(if $(wildcard server/main.c),$(SERVER_BIN)) $(BUILD)/dispatch-probe $(CLIENT_A) $(CLIENT_SO) $(PLUGIN_DEP) $(MPI_BIN) $(NCCL_BIN)
 	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(LIBDIR)/pkgconfig \
 	  $(DESTDIR)$(INCDIR) $(DESTDIR)$(CMAKEDIR) \
