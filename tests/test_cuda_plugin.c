@@ -13,23 +13,7 @@
 
 #include "dispatch_client.h"
 #include "helpers/server_proc.h"
-
-static const char *server_bin(void) {
-  const char *b = getenv("DISPATCH_SERVER_BIN");
-  if (!b || !*b)
-    cr_assert_fail("DISPATCH_SERVER_BIN is not set: this suite needs "
-                   "dispatch-server (make test sets it); failing rather "
-                   "than skipping");
-  return b;
-}
-
-/* A file beside dispatch-server (the build tree's build/NAME). */
-static void beside_server(const char *name, char *out, size_t len) {
-  const char *b = server_bin();
-  const char *slash = strrchr(b, '/');
-  int n = slash ? (int)(slash - b) : 1;
-  snprintf(out, len, "%.*s/%s", n, slash ? b : ".", name);
-}
+#include "helpers/beside_server.h"
 
 /* readelf -d's NEEDED lines of file into out; asserts readelf ran. */
 static void needed_of(const char *file, char *out, size_t len) {

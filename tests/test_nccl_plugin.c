@@ -19,26 +19,11 @@
 #include "group.h"
 #include "group_nccl.h"
 #include "helpers/group_proc.h"
+#include "helpers/beside_server.h"
 
 #ifndef DSP_NCCL_BUILT
 #define DSP_NCCL_BUILT 0
 #endif
-
-static const char *server_bin(void) {
-  const char *b = getenv("DISPATCH_SERVER_BIN");
-  if (!b || !*b)
-    cr_assert_fail("DISPATCH_SERVER_BIN is not set: this suite needs "
-                   "dispatch-server (make test sets it)");
-  return b;
-}
-
-/* build/NAME: beside dispatch-server */
-static void beside_server(const char *name, char *out, size_t len) {
-  const char *b = server_bin();
-  const char *slash = strrchr(b, '/');
-  int n = slash ? (int)(slash - b) : 1;
-  snprintf(out, len, "%.*s/%s", n, slash ? b : ".", name);
-}
 
 static void run(const char *cmd, char *out, size_t len) {
   FILE *p = popen(cmd, "r");

@@ -190,14 +190,20 @@ static int plugin_checks(const char *arg) {
   return g_fail;
 }
 
-static int server_checks(const char *spec, int half_ok) {
+/* a group of the one server at spec, or NULL with the failure printed */
+static dispatch_group *open_one(const char *spec) {
   dispatch_group *grp;
   char err[512] = "";
   const char *specs[1] = {spec};
-  if (dispatch_group_open(specs, 1, NULL, &grp, err, sizeof err) != 0) {
-    printf("nccl_check: FAILED: group_open %s: %s\n", spec, err);
-    return 1;
-  }
+  if (dispatch_group_open(specs, 1, NULL, &grp, err, sizeof err) == 0)
+    return grp;
+  printf("nccl_check: FAILED: group_open %s: %s\n", spec, err);
+  return NULL;
+}
+
+static int server_checks(const char *spec, int half_ok) {
+  dispatch_group *grp = open_one(spec);
+  if (!grp) return 1;
   dispatch_device *dev = dispatch_group_device(grp, 0);
   enum { N = 4099 };
   static float a[N], b[N], want[N], got[N];
@@ -253,13 +259,8 @@ static int server_checks(const char *spec, int half_ok) {
 }
 
 static int init_fails_checks(const char *spec) {
-  dispatch_group *grp;
-  char err[512] = "";
-  const char *specs[1] = {spec};
-  if (dispatch_group_open(specs, 1, NULL, &grp, err, sizeof err) != 0) {
-    printf("nccl_check: FAILED: group_open %s: %s\n", spec, err);
-    return 1;
-  }
+  dispatch_group *grp = open_one(spec);
+  if (!grp) return 1;
   dispatch_device *dev = dispatch_group_device(grp, 0);
   enum { N = 1031 };
   static float a[N], got[N];
