@@ -182,17 +182,17 @@ static int check_reduce(dispatch_group *g, int reduce, const char *fn) {
 }
 
 /* Queues one GroupAllreduce on every member (no reply): tensors (k per
- * member, rank-major) or the gradients of params in grads. */
+ * member, rank-major) or the gradients of params in grads; wire is the
+ * wire's reduction (0 sum, 1 mean, 2 + r broadcast from rank r), already
+ * checked. */
 static int allreduce(dispatch_group *g, dispatch_tensor *const *ts,
-                     dispatch_grads *const *grads, size_t k, int reduce,
+                     dispatch_grads *const *grads, size_t k, int wire,
                      const char *fn) {
-  if (!g) return DISPATCH_EINVAL;
   if (!ts || k == 0)
     return dispatch__ret(g->devs[0], dsp_seterr(g->devs[0]->ctx,
                                                 DISPATCH_EINVAL,
                                                 "%s: no tensors", fn));
-  int rc = check_reduce(g, reduce, fn);
-  if (rc < 0) return rc;
+  int rc = 0;
   /* every member's part is checked before any is sent: a member that
    * refused after another had sent would leave that one waiting in its
    * group for --mpi-timeout */
@@ -221,7 +221,7 @@ static int allreduce(dispatch_group *g, dispatch_tensor *const *ts,
     Dspwire__Request req = DSPWIRE__REQUEST__INIT;
     ga.group = g->key;
     ga.seq = seq;
-    ga.reduce = reduce == DISPATCH_REDUCE_MEAN; /* the wire's 0 sum, 1 mean */
+    ga.reduce = wire;
     if (grads) {
       ga.grads = grads[r]->id;
       ga.n_params = k;
@@ -244,9 +244,28 @@ static int allreduce(dispatch_group *g, dispatch_tensor *const *ts,
   return rc;
 }
 
+/* the wire's 0 sum, 1 mean */
+static int wire_reduce(int reduce) { return reduce == DISPATCH_REDUCE_MEAN; }
+
 int dispatch_group_allreduce(dispatch_group *g, dispatch_tensor *const *tensors,
                              size_t k, int reduce) {
-  return allreduce(g, tensors, NULL, k, reduce, "group_allreduce");
+  if (!g) return DISPATCH_EINVAL;
+  int rc = check_reduce(g, reduce, "group_allreduce");
+  if (rc < 0) return rc;
+  return allreduce(g, tensors, NULL, k, wire_reduce(reduce),
+                   "group_allreduce");
+}
+
+int dispatch_group_broadcast(dispatch_group *g, dispatch_tensor *const *tensors,
+                             size_t k, int root) {
+  if (!g) return DISPATCH_EINVAL;
+  if (root < 0 || root >= g->n)
+    return dispatch__ret(g->devs[0],
+                         dsp_seterr(g->devs[0]->ctx, DISPATCH_EINVAL,
+                                    "group_broadcast: root %d is not a rank "
+                                    "of this group of %d",
+                                    root, g->n));
+  return allreduce(g, tensors, NULL, k, 2 + root, "group_broadcast");
 }
 
 int dispatch_group_allreduce_grads(dispatch_group *g,
@@ -254,7 +273,10 @@ int dispatch_group_allreduce_grads(dispatch_group *g,
                                    dispatch_tensor *const *params, size_t k,
                                    int reduce) {
   if (!g || !grads) return DISPATCH_EINVAL;
-  return allreduce(g, params, grads, k, reduce, "group_allreduce_grads");
+  int rc = check_reduce(g, reduce, "group_allreduce_grads");
+  if (rc < 0) return rc;
+  return allreduce(g, params, grads, k, wire_reduce(reduce),
+                   "group_allreduce_grads");
 }
 
 int dispatch_group_step(dispatch_group *g, dispatch_optim *const *opts,
@@ -282,7 +304,7 @@ int dispatch_group_step(dispatch_group *g, dispatch_optim *const *opts,
     dispatch_optim *o = opts[r];
     o->group = g->key;
     o->group_seq = seq;
-    o->group_reduce = reduce == DISPATCH_REDUCE_MEAN;
+    o->group_reduce = wire_reduce(reduce);
     rc = dispatch_optim_step(o, grads[r]);
     o->group = 0;
     if (rc == 0) {

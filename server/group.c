@@ -247,6 +247,19 @@ static const char *type_name(int64_t t) {
 
 static int is_half(int64_t t) { return t == SV_NCCL_F16 || t == SV_NCCL_BF16; }
 
+/* an op's reduction: 0 sum, 1 mean, 2 + r the broadcast of rank r's
+ * tensors (the wire's GroupAllreduce.reduce) */
+enum { RED_SUM = 0, RED_MEAN = 1, RED_BCAST = 2 };
+
+const char *sv_group_reduce_name(int64_t reduce, char *buf, size_t len) {
+  if (reduce >= RED_BCAST)
+    snprintf(buf, len, "broadcast from rank %lld",
+             (long long)(reduce - RED_BCAST));
+  else
+    snprintf(buf, len, "%s", reduce == RED_MEAN ? "mean" : "sum");
+  return buf;
+}
+
 int sv_group_nccl_path(const sv_gplace *p, int n) {
   for (int r = 0; r < n; r++)
     if (p[r].kind != SV_GK_CUDA || !p[r].nccl) return 0;
@@ -268,7 +281,8 @@ static int judge(const ghdr *all, char *why, size_t len) {
   for (int r = 1; r < G.size; r++) {
     const ghdr *b = &all[r];
     if (b->type != a->type || b->count != a->count || b->n != a->n ||
-        b->hash != a->hash || b->reduce != a->reduce)
+        b->hash != a->hash || b->reduce != a->reduce) {
+      char ra[40], rb[40];
       return sv_why(
           why, len, DISPATCH_EGROUP,
           "all-reduce (group %llx, seq %llu): the members disagree: rank 0 "
@@ -277,9 +291,10 @@ static int judge(const ghdr *all, char *why, size_t len) {
           "%s); every member must hold the same dtypes and shapes",
           (unsigned long long)a->group, (unsigned long long)a->seq,
           (long long)a->n, type_name(a->type), (long long)a->count,
-          (unsigned long long)a->hash, a->reduce ? "mean" : "sum", r,
-          (long long)b->n, type_name(b->type), (long long)b->count,
-          (unsigned long long)b->hash, b->reduce ? "mean" : "sum");
+          (unsigned long long)a->hash, sv_group_reduce_name(a->reduce, ra, sizeof ra),
+          r, (long long)b->n, type_name(b->type), (long long)b->count,
+          (unsigned long long)b->hash, sv_group_reduce_name(b->reduce, rb, sizeof rb));
+    }
   }
   return 0;
 }
@@ -308,6 +323,7 @@ static gcomm *comm_find(const ghdr *all) {
  * of earlier NCCL inits, which every rank shares) of half types, which
  * only NCCL reduces. */
 static int choose(const ghdr *all, char *why, size_t len) {
+  if (all[0].reduce >= RED_BCAST) return 0; /* bytes: the host path */
   sv_gplace *p = G.pbuf;
   for (int r = 0; r < G.size; r++) p[r] = all[r].place;
   int nccl = sv_group_nccl_path(p, G.size);
@@ -464,12 +480,15 @@ static int run_host(sv_gop *op, const ghdr *all, char *why, size_t len,
     rc = agree(all, "staging the CUDA tensors through host memory", rc, mine,
                why, len, mpi_failed);
   if (rc < 0) return rc;
-  if (G.api->allreduce_sum(op->buf, (size_t)op->count, (int)op->type,
-                           G.size > 2, why, len) < 0) {
+  if (op->reduce >= RED_BCAST
+          ? G.api->bcast_from(op->buf, op->charged,
+                              (int)(op->reduce - RED_BCAST), why, len) < 0
+          : G.api->allreduce_sum(op->buf, (size_t)op->count, (int)op->type,
+                                 G.size > 2, why, len) < 0) {
     *mpi_failed = 1;
     return DISPATCH_EGROUP;
   }
-  if (op->reduce) divide(op);
+  if (op->reduce == RED_MEAN) divide(op);
   return 0;
 }
 
@@ -801,15 +820,16 @@ void sv_group_stop(void) {
 
 /* ------------------------------------------------------------ requests */
 
-/* FNV-1a over each tensor's rank and dims */
+/* FNV-1a over each tensor's dtype, rank and dims */
 static uint64_t shape_hash(dsp_tensor *const *ts, size_t n) {
   uint64_t h = 1469598103934665603ULL;
   for (size_t i = 0; i < n; i++) {
-    int64_t v[DSP_MAX_DIMS + 1];
-    v[0] = ts[i]->meta.ndim;
-    for (int d = 0; d < ts[i]->meta.ndim; d++) v[d + 1] = ts[i]->meta.shape[d];
+    int64_t v[DSP_MAX_DIMS + 2];
+    v[0] = ts[i]->meta.dtype;
+    v[1] = ts[i]->meta.ndim;
+    for (int d = 0; d < ts[i]->meta.ndim; d++) v[d + 2] = ts[i]->meta.shape[d];
     const unsigned char *p = (const unsigned char *)v;
-    for (size_t b = 0; b < sizeof(int64_t) * (size_t)(v[0] + 1); b++)
+    for (size_t b = 0; b < sizeof(int64_t) * (size_t)(v[1] + 2); b++)
       h = (h ^ p[b]) * 1099511628211ULL;
   }
   return h;
@@ -908,10 +928,11 @@ int sv_group_reduce(dsp_ctx *ctx, dsp_budget *budget, dsp_tensor *const *ts,
     return sv_why(why, len, DISPATCH_EUNSUPPORTED,
                   "all-reduce: this server is in no group (start the group's "
                   "servers with mpirun ... dispatch-server --mpi)");
-  if (reduce != 0 && reduce != 1)
+  if (reduce < RED_SUM || reduce >= RED_BCAST + G.size)
     return sv_why(why, len, DISPATCH_EINVAL,
-                  "all-reduce: reduction %d is not sum (0) or mean (1)",
-                  reduce);
+                  "all-reduce: reduction %d is not sum (0), mean (1) or the "
+                  "broadcast from a rank r of %d (2 + r)",
+                  reduce, G.size);
   if (n == 0)
     return sv_why(why, len, DISPATCH_EINVAL, "all-reduce: no tensors");
   dsp_dtype dt = ts[0]->meta.dtype;
@@ -921,25 +942,36 @@ int sv_group_reduce(dsp_ctx *ctx, dsp_budget *budget, dsp_tensor *const *ts,
              : dt == DSP_F16  ? SV_NCCL_F16
              : dt == DSP_BF16 ? SV_NCCL_BF16
                               : -1;
-  if (type < 0 || (type == SV_MPI_I64 && reduce))
+  if (type < 0 || (type == SV_MPI_I64 && reduce == RED_MEAN)) {
+    char rn[40];
     return sv_why(why, len, DISPATCH_EDTYPE,
-                  "all-reduce: %s tensors cannot be %s-reduced (f32 and f64: "
+                  "all-reduce: %s tensors cannot take a %s (f32 and f64: "
                   "sum or mean; i64: sum; f16 and bf16: sum or mean through "
-                  "NCCL, every member's tensors on CUDA)",
-                  dsp_dtype_name(dt), reduce ? "mean" : "sum");
+                  "NCCL, every member's tensors on CUDA; a broadcast: any "
+                  "of these)",
+                  dsp_dtype_name(dt), sv_group_reduce_name(reduce, rn, sizeof rn));
+  }
   size_t total = 0;
+  /* a broadcast moves bytes: its tensors may mix these dtypes (the
+   * shape hash holds each one's) */
+  int bcast = reduce >= RED_BCAST;
   for (size_t i = 0; i < n; i++) {
-    if (ts[i]->meta.dtype != dt)
+    dsp_dtype di = ts[i]->meta.dtype;
+    int ok = bcast ? di == DSP_F32 || di == DSP_F64 || di == DSP_I64 ||
+                         di == DSP_F16 || di == DSP_BF16
+                   : di == dt;
+    if (!ok)
       return sv_why(why, len, DISPATCH_EDTYPE,
                     "all-reduce: tensor %zu is %s, tensor 0 %s (one request "
-                    "reduces one dtype)",
-                    i, dsp_dtype_name(ts[i]->meta.dtype), dsp_dtype_name(dt));
+                    "reduces one dtype; a broadcast takes f32, f64, i64, f16 "
+                    "and bf16)",
+                    i, dsp_dtype_name(di), dsp_dtype_name(dt));
     total += dsp_tensor_nbytes(ts[i]);
   }
   sv_gop *op = calloc(1, sizeof *op);
   if (!op) return sv_why(why, len, DISPATCH_ENOMEM, "all-reduce: out of memory");
   *op = (sv_gop){.group = group, .seq = seq, .reduce = reduce, .type = type,
-                 .count = (int64_t)(total / dsp_dtype_size(dt)),
+                 .count = (int64_t)(bcast ? total : total / dsp_dtype_size(dt)),
                  .n = (int64_t)n, .hash = (int64_t)shape_hash(ts, n),
                  .state = GOP_QUEUED, .refs = 1, .place = place_of(ts, n)};
   /* CUDA tensors with NCCL loaded stay where they are until the path is
@@ -949,7 +981,7 @@ int sv_group_reduce(dsp_ctx *ctx, dsp_budget *budget, dsp_tensor *const *ts,
    * a worker gives up). */
   op->lazy = op->place.kind == SV_GK_CUDA && op->place.nccl;
   int rc = op->lazy ? borrow(ctx, ts, n, op, why, len)
-           : is_half(type) ? 0
+           : is_half(type) && reduce < RED_BCAST ? 0
                            : pack(ctx, budget, ts, n, total, op, why, len);
   pthread_mutex_lock(&G.mu);
   if (rc == 0 && G.broken)

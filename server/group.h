@@ -33,6 +33,10 @@ typedef struct sv_gplace {
  * host). Depends on the places only, so every rank chooses alike. */
 int sv_group_nccl_path(const sv_gplace *p, int n);
 
+/* A GroupAllreduce's reduction in words ("sum", "mean", "broadcast from
+ * rank R") into buf; returns buf. */
+const char *sv_group_reduce_name(int64_t reduce, char *buf, size_t len);
+
 /* The kinds' handlers (kinds.c) */
 int sv_exec_group_join(sv_session *s, sv_job *j, char *why, size_t len);
 int sv_exec_group_allreduce(sv_session *s, sv_job *j, char *why, size_t len);

@@ -9,7 +9,7 @@
 
 #include <stddef.h>
 
-#define SV_MPI_ABI 2
+#define SV_MPI_ABI 3
 
 /* element types of reduce_bcast */
 enum { SV_MPI_F32 = 0, SV_MPI_F64 = 1, SV_MPI_I64 = 2 };
@@ -33,6 +33,8 @@ typedef struct sv_mpi_api {
    * for MPI_Reduce to rank 0 followed by MPI_Bcast instead */
   int (*allreduce_sum)(void *buf, size_t count, int type, int same_bits,
                        char *why, size_t len);
+  /* MPI_Bcast of bytes from rank root (in pieces of at most INT_MAX) */
+  int (*bcast_from)(void *buf, size_t bytes, int root, char *why, size_t len);
   /* MPI_Finalize */
   void (*finalize)(void);
 } sv_mpi_api;

@@ -188,9 +188,11 @@ static void describe_group_join(const Dspwire__Request *r, char *buf,
 static void describe_group_allreduce(const Dspwire__Request *r, char *buf,
                                      size_t len) {
   const Dspwire__GroupAllreduce *g = r->group_allreduce;
+  char rn[40];
   snprintf(buf, len, "group_allreduce %llx seq %llu %s of %zu %s",
            (unsigned long long)g->group, (unsigned long long)g->seq,
-           g->reduce ? "mean" : "sum", g->grads ? g->n_params : g->n_tensors,
+           sv_group_reduce_name(g->reduce, rn, sizeof rn),
+           g->grads ? g->n_params : g->n_tensors,
            g->grads ? "gradients" : "tensors");
 }
 

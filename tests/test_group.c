@@ -143,6 +143,74 @@ Test(group, members_with_other_shapes_all_refuse_and_keep_their_tensors) {
   dispatch_group_close(grp);
 }
 
+/* dispatch_group_broadcast: rank 1's f32, i64 and f16 tensors land on
+ * rank 0 bit for bit and rank 1's stay; a root out of range is refused
+ * here; other shapes are refused by both members, which keep theirs. */
+Test(group, broadcast_gives_every_member_the_roots_bits) {
+  dispatch_group *grp = open_group("5");
+  float a[2][12];
+  int64_t b[2][5];
+  uint16_t h[2][3] = {{0x3c00, 0xc000, 0x7bff}, {0x0001, 0x8400, 0x3555}};
+  int64_t sa[2] = {3, 4}, sb[1] = {5}, sh[1] = {3};
+  dispatch_tensor *t[6];
+  for (int r = 0; r < 2; r++) {
+    dispatch_device *dev = dispatch_group_device(grp, r);
+    fill(a[r], 12, 30 + (unsigned)r);
+    for (int i = 0; i < 5; i++) b[r][i] = (int64_t)(r + 1) * 1000003 * (i - 2);
+    cr_assert_eq(dispatch_tensor_from_data(dev, DISPATCH_F32, 2, sa, a[r],
+                                           sizeof a[r], &t[r * 3]), 0);
+    cr_assert_eq(dispatch_tensor_from_data(dev, DISPATCH_I64, 1, sb, b[r],
+                                           sizeof b[r], &t[r * 3 + 1]), 0);
+    cr_assert_eq(dispatch_tensor_from_data(dev, DISPATCH_F16, 1, sh, h[r],
+                                           sizeof h[r], &t[r * 3 + 2]), 0);
+  }
+  cr_assert_eq(dispatch_group_broadcast(grp, t, 3, 2), DISPATCH_EINVAL);
+  cr_assert_eq(dispatch_group_broadcast(grp, t, 3, -1), DISPATCH_EINVAL);
+  dispatch_device_clear_error(dispatch_group_device(grp, 0));
+  /* only f32 and i64 first (two tensors per member), then the f16 */
+  dispatch_tensor *two[4] = {t[0], t[1], t[3], t[4]};
+  cr_assert_eq(dispatch_group_broadcast(grp, two, 2, 1), 0);
+  dispatch_tensor *halfs[2] = {t[2], t[5]};
+  cr_assert_eq(dispatch_group_broadcast(grp, halfs, 1, 1), 0);
+  for (int r = 0; r < 2; r++) {
+    dispatch_device *dev = dispatch_group_device(grp, r);
+    float ga[12];
+    int64_t gb[5];
+    uint16_t gh[3];
+    cr_assert_eq(dispatch_tensor_read(t[r * 3], ga, sizeof ga), 0, "rank %d: %s",
+                 r, dispatch_device_errmsg(dev));
+    cr_assert_eq(dispatch_tensor_read(t[r * 3 + 1], gb, sizeof gb), 0);
+    cr_assert_eq(dispatch_tensor_read(t[r * 3 + 2], gh, sizeof gh), 0);
+    cr_assert_eq(memcmp(ga, a[1], sizeof ga), 0, "rank %d: f32 differs", r);
+    cr_assert_eq(memcmp(gb, b[1], sizeof gb), 0, "rank %d: i64 differs", r);
+    cr_assert_eq(memcmp(gh, h[1], sizeof gh), 0, "rank %d: f16 differs", r);
+  }
+  /* rank 0 holds [3,4], rank 1 a [4,3]: both refuse, both keep theirs */
+  int64_t st[2] = {4, 3};
+  dispatch_tensor *u[2];
+  cr_assert_eq(dispatch_tensor_from_data(dispatch_group_device(grp, 0),
+                                         DISPATCH_F32, 2, sa, a[0],
+                                         sizeof a[0], &u[0]), 0);
+  cr_assert_eq(dispatch_tensor_from_data(dispatch_group_device(grp, 1),
+                                         DISPATCH_F32, 2, st, a[1],
+                                         sizeof a[1], &u[1]), 0);
+  cr_assert_eq(dispatch_group_broadcast(grp, u, 1, 0), 0);
+  for (int r = 0; r < 2; r++) {
+    dispatch_device *dev = dispatch_group_device(grp, r);
+    int rc = dispatch_device_sync(dev);
+    cr_assert_eq(rc, DISPATCH_EGROUP, "rank %d: %d %s", r, rc,
+                 dispatch_device_errmsg(dev));
+    cr_assert_not_null(strstr(dispatch_device_errmsg(dev),
+                              "broadcast from rank 0"),
+                       "rank %d: %s", r, dispatch_device_errmsg(dev));
+    dispatch_device_clear_error(dev);
+    float got[12];
+    cr_assert_eq(dispatch_tensor_read(u[r], got, sizeof got), 0);
+    cr_assert_eq(memcmp(got, a[r], sizeof got), 0, "rank %d changed", r);
+  }
+  dispatch_group_close(grp);
+}
+
 /* A call the library refuses for one member sends nothing to any: rank 1's
  * tensor is NULL, and rank 0 is left with no request its group waits
  * --mpi-timeout for (it failed with that timeout's EGROUP, and the next

@@ -1070,6 +1070,18 @@ DISPATCH_API
 int dispatch_group_allreduce(dispatch_group *g, dispatch_tensor *const *tensors,
                              size_t k, int reduce);
 
+/* Broadcasts rank root's k tensors to every member, in place: tensors as
+ * in dispatch_group_allreduce; afterwards every member's tensor i holds
+ * rank root's bytes (a data-parallel run starts its members from one
+ * model this way). Any dtype of the all-reduce (f32, f64, i64, f16,
+ * bf16); the members check dtypes, count and shapes as there, and refuse
+ * alike (DISPATCH_EGROUP). root outside 0 .. size-1: DISPATCH_EINVAL. A
+ * server older than 0.4.0 refuses it (DISPATCH_EINVAL at the next wait).
+ * Queued (no wait); the argument checks here fail at once. */
+DISPATCH_API
+int dispatch_group_broadcast(dispatch_group *g, dispatch_tensor *const *tensors,
+                             size_t k, int root);
+
 /* The same for gradients: the gradients of params[r * k + i] in container
  * grads[r] (on rank r's device), in place in the container. */
 DISPATCH_API

@@ -271,6 +271,23 @@ class Group:
         h = self._handle()
         self._call(lib.dispatch_group_allreduce, h, arr, k, code)
 
+    def broadcast(self, tensors: Sequence[Any], src: int = 0) -> None:
+        """Broadcasts member src's tensors to every member, in place, as
+        torch.distributed.broadcast: tensors as in all_reduce (one entry
+        per member, the same count, dtypes and shapes on every member;
+        float32, float64, int64, float16 and bfloat16, which one call may
+        mix). Afterwards every member's tensor i holds src's bytes: the
+        way a data-parallel run starts its members from one model.
+        Queued and checked as all_reduce; src outside 0 .. size-1 raises
+        ValueError."""
+        src = int(src)
+        if not 0 <= src < self.size:
+            raise ValueError(f"broadcast: src {src} is not a rank of this "
+                             f"group of {self.size}")
+        arr, k = self._tensor_rows(tensors, "broadcast", "tensors")
+        h = self._handle()
+        self._call(lib.dispatch_group_broadcast, h, arr, k, src)
+
     def _tensor_rows(self, entries, fn, what):
         """The members' entries (_row) as the library's rank-major array
         and the count per member. Every member's tensors are Tensors of

@@ -75,6 +75,28 @@ def test_all_reduce_is_numpys_sum_bit_for_bit(group, op):
             assert got.tobytes() == want.tobytes(), (r, got, want)
 
 
+def test_broadcast_gives_every_member_srcs_bytes(group):
+    """src 1's float32 and int64 tensors (one call mixes them) land on
+    member 0 bit for bit; a model built from different seeds is the same
+    on both after a broadcast of its parameters."""
+    a = [_data(40 + r, 3, 4) for r in range(2)]
+    b = [np.array([r, -7 * r, 1 << 50], np.int64) for r in range(2)]
+    ta = [d.tensor(x) for d, x in zip(group.devices, a)]
+    tb = [d.tensor(x) for d, x in zip(group.devices, b)]
+    group.broadcast([[ta[0], tb[0]], [ta[1], tb[1]]], src=1)
+    for r in range(2):
+        assert ta[r].numpy().tobytes() == a[1].tobytes(), r
+        assert tb[r].numpy().tobytes() == b[1].tobytes(), r
+    models = [_mlp(d, 100 + r) for r, d in enumerate(group.devices)]
+    ps = [list(m.parameters()) for m in models]
+    assert ps[0][0].numpy().tobytes() != ps[1][0].numpy().tobytes()
+    group.broadcast(ps)  # src 0
+    for p0, p1 in zip(*ps):
+        assert p0.numpy().tobytes() == p1.numpy().tobytes()
+    with pytest.raises(ValueError):
+        group.broadcast(ta, src=2)
+
+
 def test_all_reduce_sums_int64(group):
     xs = [np.array([1, -2, 3 << 40], np.int64), np.array([5, 7, -1], np.int64)]
     ts = [d.tensor(x) for d, x in zip(group.devices, xs)]

@@ -98,6 +98,18 @@ static int e_allreduce_sum(void *buf, size_t count, int type, int same_bits,
   return 0;
 }
 
+static int e_bcast_from(void *buf, size_t bytes, int root, char *why,
+                        size_t len) {
+  for (size_t at = 0; at < bytes;) {
+    size_t n = bytes - at > INT_MAX ? INT_MAX : bytes - at;
+    int rc = MPI_Bcast((char *)buf + at, (int)n, MPI_BYTE, root,
+                       MPI_COMM_WORLD);
+    if (rc != MPI_SUCCESS) return fail(rc, "MPI_Bcast", why, len);
+    at += n;
+  }
+  return 0;
+}
+
 static void e_finalize(void) { MPI_Finalize(); }
 
 static const sv_mpi_api g_api = {
@@ -106,6 +118,7 @@ static const sv_mpi_api g_api = {
     .bcast = e_bcast,
     .allgather = e_allgather,
     .allreduce_sum = e_allreduce_sum,
+    .bcast_from = e_bcast_from,
     .finalize = e_finalize,
 };
 
