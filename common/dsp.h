@@ -338,6 +338,12 @@ void dsp_stage_release(dsp_stage *st);
  * size) through its backend's copy_out. */
 int dsp_tensor_read(dsp_ctx *ctx, const dsp_tensor *t, void *dst,
                     size_t nbytes);
+/* The other way: overwrites all of t's bytes with host memory src (nbytes
+ * must be its byte size), in place on its backend, after
+ * dsp__storage_prepare_write (a reader still sending the old value, or an
+ * alias, keeps its own copy). */
+int dsp_tensor_write(dsp_ctx *ctx, dsp_tensor *t, const void *src,
+                     size_t nbytes);
 
 /* Read snapshots (pin.c). A pin holds t's bytes as they are when it is
  * taken, for a reader on another thread (a server's Read reply leaving

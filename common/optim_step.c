@@ -82,22 +82,9 @@ static int check_small(dsp_ctx *ctx, const dsp_tensor *t, dsp_dtype dt,
                     dsp_dtype_name(t->meta.dtype), (long long)t->numel);
 }
 
-/* Overwrites all of t's bytes with src, in place on its backend. */
-static int store_bytes(dsp_ctx *ctx, dsp_tensor *t, const void *src) {
-  /* a reader still sending the old value keeps its own copy */
-  int rc = dsp__storage_prepare_write(ctx, t);
-  dsp_stage st;
-  if (rc == 0) rc = dsp_tensor_stage_in(ctx, t, &st);
-  if (rc < 0) return rc;
-  memcpy(st.host, src, st.nbytes);
-  rc = dsp_stage_commit(ctx, &st);
-  dsp_stage_release(&st);
-  return rc;
-}
-
 int dsp_step_store_norm(dsp_ctx *ctx, dsp_tensor *t, double norm) {
   int rc = check_small(ctx, t, DSP_F64, 1, "the norm's tensor");
-  return rc < 0 ? rc : store_bytes(ctx, t, &norm);
+  return rc < 0 ? rc : dsp_tensor_write(ctx, t, &norm, sizeof norm);
 }
 
 double dsp_clip_scale(double max_norm, double norm) {
@@ -188,6 +175,6 @@ int dsp_step_finish(dsp_ctx *ctx, const dsp_step_scaler *sc,
     if (isfinite(grown)) s = grown;
     c[0] = 0;
   }
-  int rc = store_bytes(ctx, sc->counts, c);
-  return rc < 0 ? rc : store_bytes(ctx, sc->scale, &s);
+  int rc = dsp_tensor_write(ctx, sc->counts, c, sizeof c);
+  return rc < 0 ? rc : dsp_tensor_write(ctx, sc->scale, &s, sizeof s);
 }

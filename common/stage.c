@@ -73,6 +73,22 @@ void dsp_stage_release(dsp_stage *st) {
   memset(st, 0, sizeof *st);
 }
 
+int dsp_tensor_write(dsp_ctx *ctx, dsp_tensor *t, const void *src,
+                     size_t nbytes) {
+  if (nbytes != dsp_tensor_nbytes(t))
+    return dsp_seterr(ctx, DISPATCH_EINVAL,
+                      "write: %zu bytes given for a tensor of %zu", nbytes,
+                      dsp_tensor_nbytes(t));
+  int rc = dsp__storage_prepare_write(ctx, t);
+  dsp_stage st;
+  if (rc == 0) rc = dsp_tensor_stage_in(ctx, t, &st);
+  if (rc < 0) return rc;
+  memcpy(st.host, src, nbytes);
+  rc = dsp_stage_commit(ctx, &st);
+  dsp_stage_release(&st);
+  return rc;
+}
+
 int dsp_tensor_read(dsp_ctx *ctx, const dsp_tensor *t, void *dst,
                     size_t nbytes) {
   if (nbytes != dsp_tensor_nbytes(t))
