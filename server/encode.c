@@ -182,6 +182,16 @@ int sv_encode_reply(const Dspwire__Reply *r, const void *bulk,
   return 0;
 }
 
+int sv_job_reply(sv_job *j, Dspwire__Reply *r, const char *what, char *why,
+                 size_t len) {
+  r->req_id = j->req->req_id;
+  int rc = sv_encode_reply(r, NULL, 0, &j->out, &j->out_len);
+  if (rc < 0)
+    return sv_why(why, len, rc, "%s%sout of memory for the reply",
+                  what ? what : "", what ? ": " : "");
+  return 0;
+}
+
 /* Below this a copy is cheaper than the second write buffer. */
 #define READ_COPY_MAX (64u << 10)
 

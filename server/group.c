@@ -835,18 +835,6 @@ static uint64_t shape_hash(dsp_tensor *const *ts, size_t n) {
   return h;
 }
 
-static int write_back(dsp_ctx *ctx, dsp_tensor *t, const void *src) {
-  int rc = dsp__storage_prepare_write(ctx, t);
-  dsp_stage st;
-  if (rc == 0) rc = dsp_tensor_stage_in(ctx, t, &st);
-  if (rc < 0) return rc;
-  memcpy(st.host, src, st.nbytes);
-  dsp_stage_progress(&st, st.nbytes);
-  rc = dsp_stage_commit(ctx, &st);
-  dsp_stage_release(&st);
-  return rc;
-}
-
 /* The host block: every tensor's bytes one after the other, charged to
  * budget (the session's) until the op lets go of it. */
 static int pack(dsp_ctx *ctx, dsp_budget *budget, dsp_tensor *const *ts,
@@ -1042,7 +1030,7 @@ int sv_group_reduce(dsp_ctx *ctx, dsp_budget *budget, dsp_tensor *const *ts,
   size_t at = 0;
   for (size_t i = 0; copy && i < n; i++) {
     size_t nb = dsp_tensor_nbytes(ts[i]);
-    rc = write_back(ctx, ts[i], (char *)op->buf + at);
+    rc = dsp_tensor_write(ctx, ts[i], (char *)op->buf + at, nb);
     if (rc < 0) {
       rc = sv_why(why, len, rc, "all-reduce: tensor %zu: %s", i,
                   dsp_ctx_errmsg(ctx));
@@ -1073,12 +1061,9 @@ int sv_exec_group_join(sv_session *s, sv_job *j, char *why, size_t len) {
   gr.rank = (uint32_t)G.rank;
   gr.size = (uint32_t)G.size;
   gr.job = G.job;
-  r.req_id = j->req->req_id;
   r.body_case = DSPWIRE__REPLY__BODY_GROUP;
   r.group = &gr;
-  int rc = sv_encode_reply(&r, NULL, 0, &j->out, &j->out_len);
-  if (rc < 0) return sv_why(why, len, rc, "group: out of memory for the reply");
-  return 0;
+  return sv_job_reply(j, &r, "group", why, len);
 }
 
 int sv_exec_group_allreduce(sv_session *s, sv_job *j, char *why, size_t len) {

@@ -249,10 +249,7 @@ static int backward(sv_session *s, sv_job *j, char *why, size_t len) {
 
 static int empty_reply(sv_job *j, char *why, size_t len) {
   Dspwire__Reply r = DSPWIRE__REPLY__INIT;
-  r.req_id = j->req->req_id;
-  int rc = sv_encode_reply(&r, NULL, 0, &j->out, &j->out_len);
-  if (rc < 0) return sv_why(why, len, rc, "out of memory for the reply");
-  return 0;
+  return sv_job_reply(j, &r, NULL, why, len);
 }
 
 /* A Backward that waits is answered with an empty reply; one sent with
@@ -504,12 +501,9 @@ int sv_exec_stats(sv_session *s, sv_job *j, char *why, size_t len) {
   Dspwire__DeviceInfo infos[SV_MAX_DEVICES], *ip[SV_MAX_DEVICES];
   st.n_devices = sv_device_infos(g, infos, ip);
   st.devices = ip;
-  r.req_id = j->req->req_id;
   r.body_case = DSPWIRE__REPLY__BODY_STATS;
   r.stats = &st;
-  int rc = sv_encode_reply(&r, NULL, 0, &j->out, &j->out_len);
-  if (rc < 0) return sv_why(why, len, rc, "stats: out of memory for the reply");
-  return 0;
+  return sv_job_reply(j, &r, "stats", why, len);
 }
 
 /* A Sync only waits for what came before it: an empty reply. */

@@ -140,14 +140,12 @@ int sv_exec_peer_grant(sv_session *s, sv_job *j, char *why, size_t len) {
   g.name = (char *)cfg->name;
   g.meta = &m;
   g.ttl_ms = (uint32_t)ttl_ms;
-  r.req_id = j->req->req_id;
   r.body_case = DSPWIRE__REPLY__BODY_PEER_GRANT;
   r.peer_grant = &g;
-  rc = sv_encode_reply(&r, NULL, 0, &j->out, &j->out_len);
+  /* on failure the client never learns it: it may as well not exist */
+  rc = sv_job_reply(j, &r, "peer_grant", why, len);
   OPENSSL_cleanse(&c, sizeof c);
-  if (rc < 0) /* the client never learns it: it may as well not exist */
-    return sv_why(why, len, rc, "peer_grant: out of memory for the reply");
-  return 0;
+  return rc;
 }
 
 int sv_exec_peer_fetch(sv_session *s, sv_job *j, char *why, size_t len) {
@@ -666,8 +664,5 @@ int sv_exec_peer_pull(sv_session *s, sv_job *j, char *why, size_t len) {
   }
   if ((rc = sv_insert(s, m->output, t, why, len)) < 0) return rc;
   Dspwire__Reply r = DSPWIRE__REPLY__INIT;
-  r.req_id = j->req->req_id;
-  if (sv_encode_reply(&r, NULL, 0, &j->out, &j->out_len) < 0)
-    return sv_why(why, len, DISPATCH_ENOMEM, "out of memory for the reply");
-  return 0;
+  return sv_job_reply(j, &r, NULL, why, len);
 }

@@ -594,6 +594,11 @@ void sv_wire_meta(Dspwire__TensorMeta *w, const dsp_meta *m);
  * from dsp_malloc. 0 or DISPATCH_ENOMEM / DISPATCH_ETOOLARGE. */
 int sv_encode_reply(const Dspwire__Reply *r, const void *bulk,
                     size_t bulk_len, uint8_t **out, size_t *out_len);
+/* j's answer without bulk: r (its body set by the caller, or none) with
+ * j's req_id, encoded into j->out. 0, or the code with "WHAT: out of
+ * memory for the reply" in why (what NULL: no prefix). */
+int sv_job_reply(struct sv_job *j, Dspwire__Reply *r, const char *what,
+                 char *why, size_t len);
 /* A Read reply for t into j: with j->bulk_by_ref and a tensor past a few
  * pages, j->out is the header and message only and j->out_pin a pin of t
  * (the bytes as they are now, whatever later requests write in place,
