@@ -13,7 +13,7 @@
 
 #include "dispatch_client.h"
 #include "helpers/server_proc.h"
-#include "helpers/beside_server.h"
+#include "helpers/client_check.h"
 
 /* readelf -d's NEEDED lines of file into out; asserts readelf ran. */
 static void needed_of(const char *file, char *out, size_t len) {
@@ -29,7 +29,7 @@ static void needed_of(const char *file, char *out, size_t len) {
 
 Test(cuda_plugin, server_and_library_link_no_cuda_library) {
   char lib[4096], out[8192];
-  const char *files[2] = {server_bin(), lib};
+  const char *files[2] = {check_server_bin(), lib};
   beside_server("libdispatch-client.so", lib, sizeof lib);
   for (int i = 0; i < 2; i++) {
     needed_of(files[i], out, sizeof out);
@@ -107,7 +107,7 @@ Test(cuda_plugin, malformed_local_cuda_specs_are_einval) {
 /* sp_run_capture's server with --device cuda:0: fails at start with one
  * line holding `want`. */
 static void server_refuses(const char *want) {
-  server_bin();
+  check_server_bin();
   char out[4096];
   const char *a[] = {"--listen", "127.0.0.1:0", "--device", "cuda:0", NULL};
   int st = sp_run_capture(a, out, sizeof out);

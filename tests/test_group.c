@@ -42,6 +42,18 @@ static dispatch_group *open_group(const char *timeout) {
   return grp;
 }
 
+/* rank r's device dev fails its next wait with code (the message holding
+ * needle when not NULL); the error is cleared after */
+static void refused_here(dispatch_device *dev, int r, int code,
+                         const char *needle) {
+  int rc = dispatch_device_sync(dev);
+  cr_assert_eq(rc, code, "rank %d: %d %s", r, rc, dispatch_device_errmsg(dev));
+  if (needle)
+    cr_assert_not_null(strstr(dispatch_device_errmsg(dev), needle),
+                       "rank %d: %s", r, dispatch_device_errmsg(dev));
+  dispatch_device_clear_error(dev);
+}
+
 static void fill(float *v, size_t n, unsigned seed) {
   srand(seed);
   for (size_t i = 0; i < n; i++)
@@ -120,12 +132,7 @@ Test(group, members_with_other_shapes_all_refuse_and_keep_their_tensors) {
   cr_assert_eq(dispatch_group_allreduce(grp, t, 1, DISPATCH_REDUCE_SUM), 0);
   for (int r = 0; r < 2; r++) {
     dispatch_device *dev = dispatch_group_device(grp, r);
-    int rc = dispatch_device_sync(dev);
-    cr_assert_eq(rc, DISPATCH_EGROUP, "rank %d: %d %s", r, rc,
-                 dispatch_device_errmsg(dev));
-    cr_assert_not_null(strstr(dispatch_device_errmsg(dev), "disagree"),
-                       "rank %d: %s", r, dispatch_device_errmsg(dev));
-    dispatch_device_clear_error(dev);
+    refused_here(dev, r, DISPATCH_EGROUP, "disagree");
     float got[12];
     cr_assert_eq(dispatch_tensor_read(t[r], got, sizeof got), 0);
     cr_assert_eq(memcmp(got, v, sizeof v), 0, "rank %d changed", r);
@@ -197,13 +204,7 @@ Test(group, broadcast_gives_every_member_the_roots_bits) {
   cr_assert_eq(dispatch_group_broadcast(grp, u, 1, 0), 0);
   for (int r = 0; r < 2; r++) {
     dispatch_device *dev = dispatch_group_device(grp, r);
-    int rc = dispatch_device_sync(dev);
-    cr_assert_eq(rc, DISPATCH_EGROUP, "rank %d: %d %s", r, rc,
-                 dispatch_device_errmsg(dev));
-    cr_assert_not_null(strstr(dispatch_device_errmsg(dev),
-                              "broadcast from rank 0"),
-                       "rank %d: %s", r, dispatch_device_errmsg(dev));
-    dispatch_device_clear_error(dev);
+    refused_here(dev, r, DISPATCH_EGROUP, "broadcast from rank 0");
     float got[12];
     cr_assert_eq(dispatch_tensor_read(u[r], got, sizeof got), 0);
     cr_assert_eq(memcmp(got, a[r], sizeof got), 0, "rank %d changed", r);
@@ -445,10 +446,7 @@ Test(group, the_all_reduce_copy_counts_against_the_session_quota) {
   cr_assert_eq(dispatch_group_allreduce(grp, t, 1, DISPATCH_REDUCE_SUM), 0);
   for (int r = 0; r < 2; r++) {
     dispatch_device *dev = dispatch_group_device(grp, r);
-    int rc = dispatch_device_sync(dev);
-    cr_assert_eq(rc, DISPATCH_EQUOTA, "rank %d: %d %s", r, rc,
-                 dispatch_device_errmsg(dev));
-    dispatch_device_clear_error(dev);
+    refused_here(dev, r, DISPATCH_EQUOTA, NULL);
     float got[8];
     float *all = calloc((size_t)n, sizeof *all);
     cr_assert_eq(dispatch_tensor_read(t[r], all, (size_t)n * sizeof *all), 0);

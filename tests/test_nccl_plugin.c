@@ -19,7 +19,7 @@
 #include "group.h"
 #include "group_nccl.h"
 #include "helpers/group_proc.h"
-#include "helpers/beside_server.h"
+#include "helpers/client_check.h"
 
 #ifndef DSP_NCCL_BUILT
 #define DSP_NCCL_BUILT 0
@@ -84,7 +84,7 @@ Test(nccl, the_built_plugin_loads_and_exports_its_entry_only) {
   char out[8192];
   /* the server never links NCCL or the CUDA runtime */
   char cmd[4200];
-  snprintf(cmd, sizeof cmd, "readelf -d '%s' 2>&1 | grep NEEDED", server_bin());
+  snprintf(cmd, sizeof cmd, "readelf -d '%s' 2>&1 | grep NEEDED", check_server_bin());
   run(cmd, out, sizeof out);
   cr_assert(strstr(out, "libc.so"), "readelf: %s", out);
   cr_assert_null(strstr(out, "libnccl"), "%s", out);

@@ -31,6 +31,15 @@ static inline const char *check_server_bin(void) {
   return bin;
 }
 
+/* out = the folder of dispatch-server + "/" + name: a file of the build
+ * tree beside it (build/NAME) */
+static inline void beside_server(const char *name, char *out, size_t len) {
+  const char *b = check_server_bin();
+  const char *slash = strrchr(b, '/');
+  int n = slash ? (int)(slash - b) : 1;
+  snprintf(out, len, "%.*s/%s", n, slash ? b : ".", name);
+}
+
 /* Starts dispatch-server into s with args (sp_start), or fails. */
 static inline void check_server_start(sp_server *s, const char *const *args) {
   check_server_bin();
