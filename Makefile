@@ -340,7 +340,9 @@ $(BUILD)/tests/test_backend_ops $(BUILD)/tests/test_cuda_plugin: $(BUILD)/tests/
 	  $(TEST_HELPER_OBJ) $(SERVER_A) $(CLIENT_A) $(LDFLAGS) -lcriterion $(LIBS)
 
 # a plugin of another ABI number, which the loader must refuse
-$(BUILD)/tests/fake-cuda-plugin.so: tests/fake_cuda_plugin.c common/cuda_plugin.h
+# (the plugin stand-ins carry the version the loader compares: rebuilt
+# when it changes)
+$(BUILD)/tests/fake-cuda-plugin.so: tests/fake_cuda_plugin.c common/cuda_plugin.h include/dispatch_version.h
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) -shared -o $@ $<
 $(BUILD)/tests/test_cuda_plugin: $(BUILD)/tests/fake-cuda-plugin.so
@@ -354,7 +356,7 @@ $(BUILD)/tests/fake-nccl-plugin.so: tests/fake_nccl_plugin.c server/group_nccl.h
 $(BUILD)/tests/fake-nccl-host.so: tests/fake_nccl_plugin.c server/group_nccl.h
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) -shared -o $@ $<
-$(BUILD)/tests/fake-cuda-place.so: tests/fake_cuda_place_plugin.c common/cuda_plugin.h
+$(BUILD)/tests/fake-cuda-place.so: tests/fake_cuda_place_plugin.c common/cuda_plugin.h include/dispatch_version.h
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) -shared -o $@ $<
 $(BUILD)/tests/test_nccl_plugin: tests/test_nccl_plugin.c $(TEST_HELPER_OBJ) $(CLIENT_A) $(SERVER_A) $(GEN_H) $(BUILD)/tests/fake-nccl-plugin.so $(BUILD)/tests/fake-nccl-host.so $(BUILD)/tests/fake-cuda-place.so $(NCCL_BIN) $(SERVER_BIN)
