@@ -585,7 +585,7 @@ int dsp__autodiff_rule(dsp_ctx *ctx, const dsp_node *n, dsp_tensor *g,
       for (int i = 0; i < 3; i++) {
         GRAD(i, reshape(R, slice(R, all, 0, off, off + in[i]->numel),
                         &in[i]->meta));
-        off += in[i]->numel;
+        off += in[i]->numel; /* q, then k, then v */
       }
       break;
     }
@@ -610,7 +610,7 @@ int dsp__autodiff_rule(dsp_ctx *ctx, const dsp_node *n, dsp_tensor *g,
       for (int i = 1; i <= hw + hb; i++) {
         GRAD(i, reshape(R, slice(R, flat, 0, off, off + in[i]->numel),
                         &in[i]->meta));
-        off += in[i]->numel;
+        off += in[i]->numel; /* the weight, then the bias */
       }
       break;
     }
@@ -629,7 +629,7 @@ int dsp__autodiff_rule(dsp_ctx *ctx, const dsp_node *n, dsp_tensor *g,
       for (int i = k; i < k + hw + hb; i++) {
         GRAD(i, reshape(R, slice(R, flat, 0, off, off + in[i]->numel),
                         &in[i]->meta));
-        off += in[i]->numel;
+        off += in[i]->numel; /* the weight, then the bias (batch) */
       }
       break;
     }
